@@ -1,0 +1,5 @@
+"""Prefix-cache policies: one base class (:mod:`.base`), one file per policy."""
+from radixkv.policies.base import Admission, PoolStats, PrefixCache
+from radixkv.policies.no_cache import NoCache
+
+__all__ = ["Admission", "PoolStats", "PrefixCache", "NoCache"]

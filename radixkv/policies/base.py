@@ -1,0 +1,191 @@
+"""The one interface every prefix-cache policy implements.
+
+A policy manages a fixed-size pool of ``num_slots`` slots of ``slot_tokens`` tokens each
+(1 for a token pool such as SGLang's page-1 allocator; ``block_size`` / ``page_size``
+otherwise). A replay drives it through the life of each request:
+
+``admit``   look up the cached prefix of the prompt, then allocate slots so the first
+            ``n_tokens`` tokens (default: the whole prompt) have KV, evicting cached
+            content as the policy's engine would; or refuse (return None, state unchanged)
+            when even eviction cannot make room.
+``extend``  the request computes ``n`` more tokens (a prefill chunk or decode steps).
+``finish``  the request is done: its KV becomes cached and evictable by the engine's rules.
+``preempt`` the request is preempted by recompute (vLLM: freed as on finish).
+
+The replay loop knows only this interface (DESIGN.md: data flows one way). A new policy
+subclasses :class:`PrefixCache`, implements the abstract hooks, and runs
+:func:`radixkv.policies.check.check_policy` to see which contract it breaks.
+
+Slots vs tokens: every count named ``*_slots`` is in slots, ``*_tokens`` in tokens.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from radixkv.trace.types import KVSeq
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What admitting one request did.
+
+    Attributes
+    ----------
+    hit_tokens : int
+        Prompt tokens served from the cache under the engine's rules (rounding, cap).
+    held_tokens : int
+        Length in tokens of the longest prefix of the prompt that the pool held at
+        token granularity before admission, without block/page rounding and without the
+        last-token cap (capped at the prompt length). ``held_tokens − hit_tokens`` is the
+        request's *alignment loss* (DESIGN.md).
+    evicted_tokens : int
+        Valid cached tokens evicted to make room for this admission.
+    """
+
+    hit_tokens: int
+    held_tokens: int
+    evicted_tokens: int
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """The pool at one moment. ``used + cached + free == num_slots`` always.
+
+    Attributes
+    ----------
+    num_slots : int
+        Usable slots in the pool.
+    slot_tokens : int
+        Tokens per slot.
+    used_slots : int
+        Slots held by running requests (referenced; never evicted).
+    cached_slots : int
+        Slots holding cached KV that no running request references (evictable).
+    free_slots : int
+        Slots holding nothing reusable.
+    valid_tokens : int
+        Tokens of valid KV in used and cached slots (duplicates counted each time).
+    cached_tokens : int
+        Distinct tokens a lookup could hit (the cached content, running or not).
+    duplicate_tokens : int
+        Valid tokens stored more than once (vLLM: blocks with a key already cached).
+    metadata_bytes : int
+        Estimated host bytes of the policy's index (hash-table entries, tree nodes).
+    largest_free_run : int
+        Largest run of contiguous free slots, or −1 when the policy does not model slot
+        positions.
+    """
+
+    num_slots: int
+    slot_tokens: int
+    used_slots: int
+    cached_slots: int
+    free_slots: int
+    valid_tokens: int
+    cached_tokens: int
+    duplicate_tokens: int = 0
+    metadata_bytes: int = 0
+    largest_free_run: int = -1
+
+
+class PrefixCache(ABC):
+    """Base of every policy: a fixed pool of slots and the request life cycle.
+
+    Parameters
+    ----------
+    num_slots : int
+        Usable slots (≥ 1).
+    slot_tokens : int
+        Tokens per slot (≥ 1).
+
+    Attributes
+    ----------
+    evicted_tokens_total : int
+        Valid cached tokens evicted since construction.
+    evictions : int
+        Eviction events (slots, blocks or tree nodes freed from the cache).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When the pool has no usable slot.
+    """
+
+    #: short name used on the command line (``--policy NAME``)
+    name: str = "base"
+
+    def __init__(self, num_slots: int, slot_tokens: int):
+        from radixkv.errors import ConfigError
+
+        if int(num_slots) < 1:
+            raise ConfigError(f"the pool needs at least one usable slot, got {num_slots}", field="num_slots")
+        if int(slot_tokens) < 1:
+            raise ConfigError(f"slot_tokens must be ≥ 1, got {slot_tokens}", field="slot_tokens")
+        self.num_slots = int(num_slots)
+        self.slot_tokens = int(slot_tokens)
+        self.evicted_tokens_total = 0
+        self.evictions = 0
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Pool size in tokens: ``num_slots × slot_tokens``."""
+        return self.num_slots * self.slot_tokens
+
+    # ------------------------------------------------------------------ hooks
+    @abstractmethod
+    def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
+        """Look up *seq*'s prompt and allocate KV for its first *n_tokens* tokens.
+
+        Parameters
+        ----------
+        rid : int
+            Handle of the request (unique among running requests).
+        seq : KVSeq
+            The request's KV content.
+        n_tokens : int or None
+            Tokens that must have KV after admission (hit + newly computed); default
+            ``seq.prompt_len``. A chunked prefill admits its first chunk and extends.
+
+        Returns
+        -------
+        Admission, or None when the pool cannot make room even by evicting everything
+        evictable (the state is then unchanged).
+        """
+
+    @abstractmethod
+    def extend(self, rid: int, n_tokens: int) -> bool:
+        """Request *rid* computes *n_tokens* more tokens of its sequence.
+
+        Returns False, with the state unchanged, when the pool cannot make room.
+        """
+
+    @abstractmethod
+    def finish(self, rid: int) -> None:
+        """Request *rid* ends; its KV is cached by the engine's rules and unreferenced."""
+
+    def preempt(self, rid: int) -> None:
+        """Request *rid* is preempted by recompute. Default: the same as :meth:`finish`."""
+        self.finish(rid)
+
+    @abstractmethod
+    def stats(self) -> PoolStats:
+        """The pool now (see :class:`PoolStats`)."""
+
+    # ------------------------------------------------------------------ derived
+    def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
+        """Sequential life of one request: admit the prompt, decode to the KV extent, finish.
+
+        Returns the admission, or None if the request did not fit (nothing changed).
+        Policies may override this with a fused fast path giving the same result.
+        """
+        adm = self.admit(rid, seq)
+        if adm is None:
+            return None
+        if seq.kv_len > seq.prompt_len:
+            if not self.extend(rid, seq.kv_len - seq.prompt_len):
+                # a lone request whose decode does not fit: free what it holds
+                self.finish(rid)
+                return None
+        self.finish(rid)
+        return adm

@@ -1,0 +1,67 @@
+"""``NoCache``: the baseline with prefix caching off.
+
+Every prompt is computed in full; a request's slots are freed when it finishes and nothing
+is kept (vLLM ``--no-enable-prefix-caching``; SGLang ``--disable-radix-cache``). The pool
+is counted in tokens (``slot_tokens`` = 1) unless a block size is given, in which case each
+request takes ``ceil(tokens / block_size)`` blocks as vLLM would allocate them.
+"""
+from __future__ import annotations
+
+from radixkv.policies.base import Admission, PoolStats, PrefixCache
+from radixkv.trace.types import KVSeq
+
+
+class NoCache(PrefixCache):
+    """No prefix caching: hits are always 0 and finished requests free everything.
+
+    Parameters
+    ----------
+    num_slots : int
+        Usable slots.
+    block_size : int
+        Tokens per slot (1 = a token pool).
+    """
+
+    name = "none"
+
+    def __init__(self, num_slots: int, block_size: int = 1):
+        super().__init__(num_slots, block_size)
+        self._tokens: dict[int, int] = {}  # rid -> tokens with KV
+        self._used = 0  # slots held
+
+    def _slots(self, tokens: int) -> int:
+        return -(-tokens // self.slot_tokens)
+
+    def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
+        n = seq.prompt_len if n_tokens is None else int(n_tokens)
+        need = self._slots(n)
+        if self._used + need > self.num_slots:
+            return None
+        self._used += need
+        self._tokens[rid] = n
+        return Admission(hit_tokens=0, held_tokens=0, evicted_tokens=0)
+
+    def extend(self, rid: int, n_tokens: int) -> bool:
+        t = self._tokens[rid]
+        extra = self._slots(t + n_tokens) - self._slots(t)
+        if self._used + extra > self.num_slots:
+            return False
+        self._used += extra
+        self._tokens[rid] = t + n_tokens
+        return True
+
+    def finish(self, rid: int) -> None:
+        t = self._tokens.pop(rid)
+        self._used -= self._slots(t)
+
+    def stats(self) -> PoolStats:
+        valid = sum(self._tokens.values())
+        return PoolStats(
+            num_slots=self.num_slots,
+            slot_tokens=self.slot_tokens,
+            used_slots=self._used,
+            cached_slots=0,
+            free_slots=self.num_slots - self._used,
+            valid_tokens=valid,
+            cached_tokens=0,
+        )
