@@ -173,6 +173,16 @@ class PrefixCache(ABC):
         """The pool now (see :class:`PoolStats`)."""
 
     # ------------------------------------------------------------------ derived
+    def fits_alone(self, seq: KVSeq) -> int:
+        """Tokens by which *seq*'s KV extent overflows the empty pool; 0 when it fits.
+
+        The sequential replay refuses (as an input error) a request that cannot fit in
+        the whole pool. Policies that need headroom beyond the KV extent (SGLang's extra
+        page) or that allow larger requests (``unit-lru``) override this.
+        """
+        need = -(-seq.kv_len // self.slot_tokens)
+        return max(0, need - self.num_slots) * self.slot_tokens
+
     def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
         """Sequential life of one request: admit the prompt, decode to the KV extent, finish.
 

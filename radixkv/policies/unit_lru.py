@@ -1,0 +1,179 @@
+"""``UnitLRUCache``: the cache-study model behind published hit-rate-vs-capacity curves.
+
+This is the cache that the Mooncake paper's Figure 9 (Qin et al., FAST'25, §4 "cache
+capacity" study), kvcache-simulator and llmtrafficlens simulate: a cache of trace units
+(Mooncake's 512-token hash ids, WEKA's 64-token ids, single tokens of a token trace) with
+no running requests and no GPU pool rules:
+
+1. a request hits its *leading* cached units — units are keyed by prefix (a unit's key
+   chains every id before it, :mod:`radixkv.trace.keys`), so the hit stops at the first
+   miss; hit tokens = the tokens those units cover (hit units × U, the last one partial
+   when the prompt ends inside it — i.e. capped at the prompt length); no last-token cap;
+2. then it touches (hit) or inserts (miss) **all** its prompt units in prompt order, each
+   becoming most recently used, evicting the least recently used unit whenever the cache
+   holds ``capacity_units`` units;
+3. outputs are never cached; a WEKA-style unhashed tail is not a unit and is not cached;
+   a request with more units than the capacity is allowed (it evicts its own first units).
+
+Capacity in tokens becomes ``capacity_tokens // U`` units; a partial last unit takes a
+whole unit of capacity.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from numba import types
+from numba.typed import Dict
+
+from radixkv.errors import ConfigError
+from radixkv.policies.base import Admission, PoolStats, PrefixCache
+from radixkv.trace.keys import SEED, mix64
+from radixkv.trace.types import KVSeq
+
+# state vector indices
+_HEAD, _TAIL, _SIZE, _VALID, _EVICTIONS, _EVICTED_TOK = range(6)
+
+
+@nb.njit(cache=True)
+def _touch_request(seg_id, seg_end, prompt_len, index, slot_key, slot_tok, prev, nxt, state):
+    """Hit then touch/insert one prompt's units; returns (hit_tokens, evicted_tokens)."""
+    cap = slot_key.shape[0]
+    # units: leading prompt segments with a real id (>= 0)
+    n = 0
+    while n < seg_id.shape[0] and seg_id[n] >= 0 and seg_end[n] <= prompt_len:
+        n += 1
+    keys = np.empty(n, dtype=np.uint64)
+    h = SEED
+    for j in range(n):
+        h = mix64(h, np.uint64(seg_id[j]))
+        keys[j] = h
+    hit = 0
+    while hit < n and keys[hit] in index:
+        hit += 1
+    hit_tokens = seg_end[hit - 1] if hit > 0 else 0
+    evicted_tok = 0
+    for j in range(n):
+        k = keys[j]
+        ntok = seg_end[j] - (seg_end[j - 1] if j > 0 else 0)
+        if k in index:
+            s = index[k]
+            if state[_TAIL] == s:
+                continue
+            # unlink s
+            p = prev[s]
+            q = nxt[s]
+            if p >= 0:
+                nxt[p] = q
+            else:
+                state[_HEAD] = q
+            prev[q] = p  # q >= 0 because s is not the tail
+        else:
+            if state[_SIZE] == cap:
+                s = state[_HEAD]
+                q = nxt[s]
+                state[_HEAD] = q
+                if q >= 0:
+                    prev[q] = -1
+                else:
+                    state[_TAIL] = -1
+                del index[slot_key[s]]
+                state[_VALID] -= slot_tok[s]
+                evicted_tok += slot_tok[s]
+                state[_EVICTIONS] += 1
+            else:
+                s = state[_SIZE]
+                state[_SIZE] += 1
+            slot_key[s] = k
+            slot_tok[s] = ntok
+            state[_VALID] += ntok
+            index[k] = s
+        # append s at the MRU end
+        t = state[_TAIL]
+        prev[s] = t
+        nxt[s] = -1
+        if t >= 0:
+            nxt[t] = s
+        else:
+            state[_HEAD] = s
+        state[_TAIL] = s
+    state[_EVICTED_TOK] += evicted_tok
+    return hit_tokens, evicted_tok
+
+
+class UnitLRUCache(PrefixCache):
+    """LRU cache of prefix-keyed trace units (the cache-study policy ``unit-lru``).
+
+    Parameters
+    ----------
+    capacity_units : int
+        Units the cache holds (≥ 1).
+    unit_tokens : int
+        U, tokens per unit (the trace's ``unit_tokens``).
+
+    Raises
+    ------
+    ConfigError
+        When the capacity is below one unit.
+
+    Notes
+    -----
+    One request costs one Numba call: O(units) dictionary and linked-list operations.
+    """
+
+    name = "unit-lru"
+
+    def __init__(self, capacity_units: int, unit_tokens: int = 1):
+        if int(capacity_units) < 1:
+            raise ConfigError(
+                f"unit-lru needs a capacity of at least one unit ({unit_tokens} tokens), got {capacity_units} units",
+                field="capacity",
+            )
+        super().__init__(int(capacity_units), int(unit_tokens))
+        cap = self.num_slots
+        self._index = Dict.empty(key_type=types.uint64, value_type=types.int64)
+        self._slot_key = np.zeros(cap, dtype=np.uint64)
+        self._slot_tok = np.zeros(cap, dtype=np.int64)
+        self._prev = np.full(cap, -1, dtype=np.int64)
+        self._next = np.full(cap, -1, dtype=np.int64)
+        self._state = np.array([-1, -1, 0, 0, 0, 0], dtype=np.int64)
+
+    @classmethod
+    def from_capacity_tokens(cls, capacity_tokens: int, unit_tokens: int = 1) -> "UnitLRUCache":
+        """A cache of ``capacity_tokens // unit_tokens`` units."""
+        return cls(int(capacity_tokens) // int(unit_tokens), unit_tokens)
+
+    def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission:
+        hit, ev = _touch_request(
+            seq.seg_id, seq.seg_end, seq.prompt_len, self._index,
+            self._slot_key, self._slot_tok, self._prev, self._next, self._state,
+        )
+        self.evicted_tokens_total = int(self._state[_EVICTED_TOK])
+        self.evictions = int(self._state[_EVICTIONS])
+        return Admission(hit_tokens=int(hit), held_tokens=int(hit), evicted_tokens=int(ev))
+
+    def extend(self, rid: int, n_tokens: int) -> bool:
+        return True  # no running requests: nothing is allocated
+
+    def finish(self, rid: int) -> None:
+        return None
+
+    def run_request(self, rid: int, seq: KVSeq) -> Admission:
+        return self.admit(rid, seq)
+
+    def stats(self) -> PoolStats:
+        size = int(self._state[_SIZE])
+        valid = int(self._state[_VALID])
+        return PoolStats(
+            num_slots=self.num_slots,
+            slot_tokens=self.slot_tokens,
+            used_slots=0,
+            cached_slots=size,
+            free_slots=self.num_slots - size,
+            valid_tokens=valid,
+            cached_tokens=valid,
+            metadata_bytes=size * 48,  # key 8 + token count 8 + two links 16 + dict entry ~16
+        )
+
+    def fits_alone(self, seq: KVSeq) -> int:
+        """Always 0: a request larger than the capacity is allowed."""
+        return 0
