@@ -1,0 +1,344 @@
+"""``radixkv replay | compare | curve``: the main job on a trace.
+
+- ``replay``  one policy on one pool: a readable summary, ``--json`` and ``--per-request`` CSV.
+- ``compare`` several policies on one pool size, side by side in one table.
+- ``curve``   hit rate against pool capacity, one line per policy: JSON and a PNG.
+
+Pool size: ``--capacity-tokens N`` (usable tokens), or the engines' own terms
+``--num-gpu-blocks N`` (vLLM; block 0 reserved) / ``--max-total-num-tokens N`` (SGLang), or
+the memory model (``--model M --gpu G`` with ``--gpu-memory-utilization``,
+``--mem-fraction-static``, ``--kv-cache-dtype``, ``--tp``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from radixkv.errors import ConfigError, InputError
+from radixkv.policies.registry import PolicySpec, PoolSpec, parse_policy
+from radixkv.util import atomic_write_text, dumps_json
+
+
+# ---------------------------------------------------------------------- arguments
+def _int_tokens(text: str) -> int:
+    """Parse a token count such as ``32768``, ``1e6`` or ``2_000_000``."""
+    try:
+        v = float(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if v != int(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole non-negative number")
+    return int(v)
+
+
+def _add_trace_args(p):
+    p.add_argument("trace", metavar="TRACE", help="trace file or directory")
+    p.add_argument("--format", default=None, help="trace format (default: detected from content)")
+    p.add_argument("--limit", type=int, default=None, metavar="K", help="replay only the first K requests")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_pool_args(p):
+    g = p.add_argument_group("pool size (one of)")
+    g.add_argument("--capacity-tokens", type=_int_tokens, metavar="N", help="usable KV pool size in tokens")
+    g.add_argument("--num-gpu-blocks", type=_int_tokens, metavar="N", help="vLLM num_gpu_blocks (block 0 reserved)")
+    g.add_argument("--max-total-num-tokens", type=_int_tokens, metavar="N", help="SGLang max_total_num_tokens")
+    m = p.add_argument_group("pool from the memory model")
+    m.add_argument("--model", help="model preset or path to a Hugging Face config.json")
+    m.add_argument("--gpu", help="GPU preset")
+    m.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's knob")
+    m.add_argument("--mem-fraction-static", type=float, default=None, help="SGLang's knob")
+    m.add_argument("--kv-cache-dtype", default=None, help="e.g. fp8")
+    m.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    m.add_argument("--max-num-batched-tokens", type=int, default=None, help="vLLM profiling pass size")
+
+
+def _pool_given(args) -> int:
+    return sum(x is not None for x in (args.capacity_tokens, args.num_gpu_blocks, args.max_total_num_tokens)) + (
+        1 if args.model or args.gpu else 0
+    )
+
+
+def _check_pool_args(args):
+    k = _pool_given(args)
+    if k == 0:
+        raise ConfigError(
+            "give a pool size: --capacity-tokens N, --num-gpu-blocks N, --max-total-num-tokens N, or --model M --gpu G",
+            field="capacity",
+        )
+    if k > 1:
+        raise ConfigError("give only one way of sizing the pool", field="capacity")
+    if (args.model is None) != (args.gpu is None):
+        raise ConfigError("--model and --gpu go together", field="model" if args.model is None else "gpu")
+
+
+def _memory_pool(args, engine: str, spec: PolicySpec):
+    """The pool the memory model gives *engine* on ``--model``/``--gpu``."""
+    from radixkv.memory import pool_for
+
+    kw = {"tp": args.tp, "kv_cache_dtype": args.kv_cache_dtype}
+    if engine == "vllm":
+        kw["gpu_memory_utilization"] = args.gpu_memory_utilization
+        kw["block_size"] = spec.size if spec.name == "vllm" else 16
+        if args.max_num_batched_tokens is not None:
+            kw["max_num_batched_tokens"] = args.max_num_batched_tokens
+    else:
+        kw["mem_fraction_static"] = args.mem_fraction_static
+        kw["page_size"] = spec.size if spec.name == "sglang" else 1
+    kw = {k: v for k, v in kw.items() if v is not None}
+    return pool_for(engine, args.model, args.gpu, **kw)
+
+
+def pool_for_policy(args, spec: PolicySpec, *, per_engine_rule: bool = False) -> tuple[PoolSpec, dict]:
+    """The :class:`PoolSpec` a policy runs on, and a description of where it came from."""
+    if args.capacity_tokens is not None:
+        return PoolSpec(capacity_tokens=args.capacity_tokens), {"capacity_tokens": args.capacity_tokens}
+    if args.num_gpu_blocks is not None:
+        if spec.name == "vllm":
+            return PoolSpec(num_gpu_blocks=args.num_gpu_blocks), {"num_gpu_blocks": args.num_gpu_blocks}
+        bs = 16
+        tokens = (args.num_gpu_blocks - 1) * bs
+        return PoolSpec(capacity_tokens=tokens), {"num_gpu_blocks": args.num_gpu_blocks, "capacity_tokens": tokens}
+    if args.max_total_num_tokens is not None:
+        if spec.name == "sglang":
+            return PoolSpec(max_total_num_tokens=args.max_total_num_tokens), {
+                "max_total_num_tokens": args.max_total_num_tokens
+            }
+        return PoolSpec(capacity_tokens=args.max_total_num_tokens), {"capacity_tokens": args.max_total_num_tokens}
+    engine = "sglang" if (per_engine_rule and spec.name == "sglang") else "vllm"
+    ps = _memory_pool(args, engine, spec)
+    desc = {"engine_rule": engine, "model": args.model, "gpu": args.gpu, "tp": args.tp}
+    if engine == "vllm" and spec.name == "vllm":
+        desc["num_gpu_blocks"] = int(ps.num_gpu_blocks)
+        return PoolSpec(num_gpu_blocks=int(ps.num_gpu_blocks)), desc
+    if engine == "sglang":
+        desc["max_total_num_tokens"] = int(ps.max_total_num_tokens)
+        return PoolSpec(max_total_num_tokens=int(ps.max_total_num_tokens)), desc
+    desc["capacity_tokens"] = int(ps.capacity_tokens)
+    return PoolSpec(capacity_tokens=int(ps.capacity_tokens)), desc
+
+
+def _load(args):
+    from radixkv.trace.load import load_trace
+
+    t0 = time.perf_counter()
+    trace = load_trace(args.trace, format=args.format)
+    return trace, time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------- printing
+_ROWS = [
+    ("requests", "requests", "{:,}"),
+    ("pool_capacity_tokens", "pool (tokens)", "{:,}"),
+    ("pool_slots", "pool (slots)", "{:,}"),
+    ("prompt_tokens", "prompt tokens", "{:,}"),
+    ("hit_tokens", "hit tokens", "{:,}"),
+    ("token_hit_rate", "token hit rate", "{:.4f}"),
+    ("request_hit_rate", "request hit rate", "{:.4f}"),
+    ("mean_request_hit_ratio", "mean per-request hit ratio", "{:.4f}"),
+    ("hit_tokens_p50", "hit tokens p50", "{:,.0f}"),
+    ("hit_tokens_p99", "hit tokens p99", "{:,.0f}"),
+    ("alignment_loss_tokens", "alignment loss (tokens)", "{:,}"),
+    ("alignment_loss_share", "alignment loss / prompt", "{:.4f}"),
+    ("evicted_tokens", "evicted tokens", "{:,}"),
+    ("evictions", "evictions", "{:,}"),
+    ("cached_tokens_second_half_mean", "cached tokens (2nd half mean)", "{:,.0f}"),
+    ("cached_tokens_share_of_pool", "cached tokens / pool tokens", "{:.4f}"),
+    ("internal_fragmentation_share_mean", "internal fragmentation (mean)", "{:.4f}"),
+    ("duplicate_share_mean", "duplication (mean)", "{:.4f}"),
+    ("free_space_scatter_mean", "free-space scatter (mean)", "{:.4f}"),
+    ("metadata_bytes_peak", "metadata bytes (peak)", "{:,}"),
+]
+
+
+def _fmt(fmt, v):
+    if v is None:
+        return "n/a"
+    return fmt.format(v)
+
+
+def format_table(summaries: list[dict], timing: bool = True) -> str:
+    """A plain-text table: one row per metric, one column per policy."""
+    head = ["metric"] + [s["policy"] for s in summaries]
+    rows = [head]
+    for key, label, fmt in _ROWS:
+        rows.append([label] + [_fmt(fmt, s.get(key)) for s in summaries])
+    if timing:
+        rows.append(["replay time (s)"] + [f"{s['timing_s']['replay']:.3f}" for s in summaries])
+        rows.append(
+            ["prompt tokens/s"]
+            + [_fmt("{:,.0f}", s["timing_s"].get("prompt_tokens_per_s")) for s in summaries]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = []
+    for j, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _doc(trace, args, load_s, results, pools):
+    doc = {
+        "radixkv": __import__("radixkv").__version__,
+        "trace": {
+            "path": str(args.trace),
+            "name": trace.name,
+            "requests": len(trace) if args.limit is None else min(len(trace), args.limit),
+            "unit_tokens": trace.unit_tokens,
+        },
+        "limit": args.limit,
+        "results": [],
+    }
+    for (spec, summ), pool in zip(results, pools):
+        s = dict(summ)
+        timing = s.pop("timing_s")
+        entry = {"policy": spec.label, "pool": pool, "summary": s}
+        if not getattr(args, "no_timing", False):
+            entry["timing_s"] = timing
+        doc["results"].append(entry)
+    if not getattr(args, "no_timing", False):
+        doc["load_s"] = load_s
+    return doc
+
+
+# ---------------------------------------------------------------------- verbs
+def cmd_replay(args) -> int:
+    _check_pool_args(args)
+    spec = parse_policy(args.policy, block_size=args.block_size, page_size=args.page_size)
+    pool, desc = pool_for_policy(args, spec)
+    trace, load_s = _load(args)
+    from radixkv.replay.run import run_replay
+
+    options = {"verify": True} if args.verify else {}
+    rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **options)
+    print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; "
+          f"load {load_s:.2f} s, compile {summ['timing_s']['compile']:.2f} s")
+    print(format_table([summ]))
+    if args.json:
+        atomic_write_text(args.json, dumps_json(_doc(trace, args, load_s, [(spec, summ)], [desc])))
+        print(f"wrote {args.json}")
+    if args.per_request:
+        rec.write_csv(args.per_request)
+        print(f"wrote {args.per_request}")
+    return 0
+
+
+def _policies(args) -> list[PolicySpec]:
+    specs = [parse_policy(t, block_size=args.block_size, page_size=args.page_size)
+             for t in args.policies.split(",") if t.strip()]
+    if not specs:
+        raise ConfigError("--policies is empty", field="policies")
+    return specs
+
+
+def cmd_compare(args) -> int:
+    _check_pool_args(args)
+    specs = _policies(args)
+    pools = [pool_for_policy(args, s, per_engine_rule=args.per_engine_rule) for s in specs]
+    trace, load_s = _load(args)
+    from radixkv.replay.run import run_replay
+
+    results = []
+    for spec, (pool, _) in zip(specs, pools):
+        _, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet)
+        results.append((spec, summ))
+    n = results[0][1]["requests"]
+    print(f"trace {args.trace}: {n:,} requests, unit_tokens={trace.unit_tokens}, load {load_s:.2f} s")
+    print(format_table([s for _, s in results]))
+    if args.json:
+        atomic_write_text(args.json, dumps_json(_doc(trace, args, load_s, results, [d for _, d in pools])))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_curve(args) -> int:
+    specs = _policies(args)
+    try:
+        caps = [_int_tokens(c) for c in args.capacities.split(",") if c.strip()]
+    except argparse.ArgumentTypeError as e:
+        raise ConfigError(str(e), field="capacities") from None
+    if not caps:
+        raise ConfigError("--capacities is empty", field="capacities")
+    trace, load_s = _load(args)
+    from radixkv.replay.run import run_replay
+
+    curves = []
+    for spec in specs:
+        pts = []
+        for cap in caps:
+            try:
+                _, s = run_replay(trace, spec, PoolSpec(capacity_tokens=cap), limit=args.limit, quiet=args.quiet)
+            except ConfigError as e:
+                if not args.skip_too_small:
+                    raise
+                pts.append({"capacity_tokens": cap, "skipped": e.reason})
+                print(f"{spec.label} @ {cap:,}: skipped ({e.reason})", file=sys.stderr)
+                continue
+            pts.append({
+                "capacity_tokens": cap,
+                "token_hit_rate": s["token_hit_rate"],
+                "mean_request_hit_ratio": s["mean_request_hit_ratio"],
+                "request_hit_rate": s["request_hit_rate"],
+                "hit_tokens": s["hit_tokens"],
+                "evicted_tokens": s["evicted_tokens"],
+                **({} if args.no_timing else {"replay_s": s["timing_s"]["replay"]}),
+            })
+            print(f"{spec.label:>10} @ {cap:>12,} tokens: token hit rate {s['token_hit_rate']:.4f}, "
+                  f"mean per-request {s['mean_request_hit_ratio']:.4f} ({s['timing_s']['replay']:.2f} s)")
+        curves.append({"policy": spec.label, "points": pts})
+    doc = {
+        "radixkv": __import__("radixkv").__version__,
+        "trace": {"path": str(args.trace), "name": trace.name, "unit_tokens": trace.unit_tokens},
+        "limit": args.limit,
+        "curves": curves,
+    }
+    out_json = args.out + ".json"
+    out_png = args.out + ".png"
+    atomic_write_text(out_json, dumps_json(doc))
+    from radixkv.plots import plot_curves
+
+    plot_curves(doc, out_png, metric=args.metric)
+    print(f"wrote {out_json} and {out_png}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("replay", help="replay a trace through one policy", description=cmd_replay.__doc__)
+    _add_trace_args(p)
+    p.add_argument("--policy", required=True, help="vllm[:B] | sglang[:p] | unit-lru | none[:B]")
+    p.add_argument("--block-size", type=int, default=None, help="vLLM block_size (default 16)")
+    p.add_argument("--page-size", type=int, default=None, help="SGLang page_size (default 1)")
+    _add_pool_args(p)
+    p.add_argument("--json", metavar="OUT", help="write the summary as JSON")
+    p.add_argument("--per-request", metavar="OUT.csv", help="write one CSV row per request")
+    p.add_argument("--verify", action="store_true", help="compare ids on every hash hit (vllm)")
+    p.add_argument("--no-timing", action="store_true", help="leave run times out of the JSON (byte-identical runs)")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("compare", help="several policies on one pool, side by side")
+    _add_trace_args(p)
+    p.add_argument("--policies", required=True, help="comma-separated specs, e.g. vllm:16,vllm:32,sglang:1,none")
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--page-size", type=int, default=None)
+    _add_pool_args(p)
+    p.add_argument("--per-engine-rule", action="store_true",
+                   help="with --model/--gpu: size each engine's pool by its own rule (default: vLLM's rule for all)")
+    p.add_argument("--json", metavar="OUT")
+    p.add_argument("--no-timing", action="store_true")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("curve", help="hit rate against pool capacity (JSON + PNG)")
+    _add_trace_args(p)
+    p.add_argument("--policies", required=True)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--page-size", type=int, default=None)
+    p.add_argument("--capacities", default="1e4,1e5,1e6,2e6,3e6,5e6,1e7,5e7",
+                   help="comma-separated pool sizes in tokens")
+    p.add_argument("--metric", default="token_hit_rate", choices=["token_hit_rate", "mean_request_hit_ratio"])
+    p.add_argument("--skip-too-small", action="store_true",
+                   help="skip (policy, capacity) cells where a request does not fit instead of failing")
+    p.add_argument("--out", default="curve", help="output path without extension (writes OUT.json, OUT.png)")
+    p.add_argument("--no-timing", action="store_true")
+    p.set_defaults(func=cmd_curve)

@@ -1,0 +1,130 @@
+"""Metrics of a replay: pure functions of :class:`radixkv.replay.records.Records`.
+
+Definitions (DESIGN.md, "Metrics"); every key carries its unit (``_tokens``, ``_bytes``,
+``_s``) or is a ratio (``_rate``, ``_share``: dimensionless in [0, 1]).
+
+- ``token_hit_rate`` = Σ hit tokens / Σ prompt tokens — what vLLM's and SGLang's own
+  prefix-cache hit-rate metrics report (over first admissions).
+- ``request_hit_rate`` = share of requests with a hit > 0.
+- ``mean_request_hit_ratio`` = mean over requests of hit / prompt (the other common reading
+  of "hit rate", e.g. of cache-study papers that do not say which they use).
+- hit-length distribution: percentiles of hit tokens and a histogram with power-of-two bin
+  edges in tokens.
+- alignment loss = Σ (held − hit): prompt tokens the pool held as a token-level prefix but
+  could not reuse because of block/page rounding or the last-token cap
+  (``alignment_loss_share`` is over Σ prompt tokens).
+- internal fragmentation = allocated slot tokens not holding a valid token
+  (``(used + cached) × slot_tokens − valid``), as a share of the pool's tokens; mean and peak
+  over the samples taken after each request.
+- duplication = valid tokens stored more than once, as a share of the pool's tokens.
+- free-space scatter = 1 − largest contiguous free run / free slots (only where the policy
+  models slot positions and some slot is free).
+- metadata = host bytes of hash-table entries or tree nodes (peak).
+- cached-token capacity = distinct hittable tokens the pool holds, averaged over the
+  second half of the replay, absolute and per pool slot and per pool token.
+- evictions = eviction events and tokens evicted.
+
+"Time-averaged" in a sequential replay means averaged over the samples taken after each
+request (time is not modelled there: every request runs alone).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from radixkv.replay.records import Records
+
+_PCTS = (50, 90, 99)
+
+
+def _ratio(a: float, b: float) -> float:
+    return float(a) / float(b) if b else 0.0
+
+
+def hit_length_histogram(hit_tokens: np.ndarray) -> dict:
+    """Histogram of hit lengths with bin edges 0, 1, 16, 32, 64, … (tokens).
+
+    Parameters
+    ----------
+    hit_tokens : np.ndarray, int64, shape (n,)
+
+    Returns
+    -------
+    dict with ``edges_tokens`` (list of int, bin lower edges; the last bin is open) and
+    ``counts`` (list of int, requests per bin).
+    """
+    top = int(hit_tokens.max()) if hit_tokens.size else 0
+    edges = [0, 1, 16]
+    while edges[-1] <= top:
+        edges.append(edges[-1] * 2)
+    idx = np.searchsorted(np.asarray(edges), hit_tokens, side="right") - 1
+    counts = np.bincount(idx, minlength=len(edges))[: len(edges)]
+    # drop the empty open bin at the end
+    while len(edges) > 1 and counts[-1] == 0:
+        edges.pop()
+        counts = counts[:-1]
+    return {"edges_tokens": [int(e) for e in edges], "counts": [int(c) for c in counts]}
+
+
+def summarize(rec: Records, *, evictions: int | None = None) -> dict:
+    """Summary metrics of one replay (see the module docstring for definitions).
+
+    Parameters
+    ----------
+    rec : Records
+    evictions : int or None
+        The policy's count of eviction events (blocks, nodes or units), when known.
+
+    Returns
+    -------
+    dict of plain Python numbers and lists, ready for deterministic JSON.
+    """
+    c = rec.columns
+    n = len(rec)
+    prompt = c["prompt_tokens"]
+    hit = c["hit_tokens"]
+    pool_tokens = rec.capacity_tokens
+    total_prompt = int(prompt.sum())
+    total_hit = int(hit.sum())
+    out: dict = {
+        "policy": rec.policy,
+        "requests": n,
+        "pool_slots": rec.num_slots,
+        "pool_slot_tokens": rec.slot_tokens,
+        "pool_capacity_tokens": pool_tokens,
+        "prompt_tokens": total_prompt,
+        "hit_tokens": total_hit,
+        "computed_prompt_tokens": total_prompt - total_hit,
+        "token_hit_rate": _ratio(total_hit, total_prompt),
+        "request_hit_rate": _ratio(int((hit > 0).sum()), n),
+        "mean_request_hit_ratio": float(np.mean(hit / prompt)) if n else 0.0,
+    }
+    for p in _PCTS:
+        out[f"hit_tokens_p{p}"] = float(np.percentile(hit, p)) if n else 0.0
+    out["hit_tokens_max"] = int(hit.max()) if n else 0
+    out["hit_length_histogram"] = hit_length_histogram(hit)
+    loss = c["alignment_loss_tokens"]
+    out["alignment_loss_tokens"] = int(loss.sum())
+    out["alignment_loss_share"] = _ratio(int(loss.sum()), total_prompt)
+    out["held_tokens"] = int(c["held_tokens"].sum())
+    out["evicted_tokens"] = int(c["evicted_tokens"].sum())
+    if evictions is not None:
+        out["evictions"] = int(evictions)
+    alloc_tokens = (c["used_slots"] + c["cached_slots"]) * rec.slot_tokens
+    waste = alloc_tokens - c["valid_tokens"]
+    out["internal_fragmentation_share_mean"] = _ratio(float(waste.mean()) if n else 0.0, pool_tokens)
+    out["internal_fragmentation_share_peak"] = _ratio(int(waste.max()) if n else 0, pool_tokens)
+    dup = c["duplicate_tokens"]
+    out["duplicate_share_mean"] = _ratio(float(dup.mean()) if n else 0.0, pool_tokens)
+    out["duplicate_share_peak"] = _ratio(int(dup.max()) if n else 0, pool_tokens)
+    run = c["largest_free_run"]
+    free = c["free_slots"]
+    ok = (run >= 0) & (free > 0)
+    out["free_space_scatter_mean"] = float(np.mean(1.0 - run[ok] / free[ok])) if ok.any() else None
+    out["metadata_bytes_peak"] = int(c["metadata_bytes"].max()) if n else 0
+    half = c["cached_tokens"][n // 2 :]
+    cap = float(half.mean()) if half.size else 0.0
+    out["cached_tokens_second_half_mean"] = cap
+    out["cached_tokens_per_slot"] = _ratio(cap, rec.num_slots)
+    out["cached_tokens_share_of_pool"] = _ratio(cap, pool_tokens)
+    out["valid_tokens_second_half_mean"] = float(c["valid_tokens"][n // 2 :].mean()) if n else 0.0
+    return out

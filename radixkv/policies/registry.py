@@ -1,0 +1,158 @@
+"""Policies by name: parse ``--policy``/``--policies`` specs and build a policy on a pool.
+
+A spec is ``NAME`` or ``NAME:SIZE`` where SIZE is the block size (vLLM, ``none``) or the
+page size (SGLang):
+
+=========== ======================================= ==================================
+name        class                                   size (default)
+=========== ======================================= ==================================
+``vllm``    :class:`~radixkv.policies.block_hash.BlockHashCache`  ``block_size`` (16)
+``sglang``  :class:`~radixkv.policies.radix.RadixCache`           ``page_size`` (1)
+``unit-lru``:class:`~radixkv.policies.unit_lru.UnitLRUCache`      the trace's unit (fixed)
+``none``    :class:`~radixkv.policies.no_cache.NoCache`           block size (1)
+=========== ======================================= ==================================
+
+A pool is given in one of three ways (:class:`PoolSpec`): usable tokens
+(``capacity_tokens``: vLLM gets ``capacity // block_size`` usable blocks, SGLang the
+capacity rounded down to a page, ``unit-lru`` ``capacity // U`` units, ``none`` the
+capacity rounded down to its block size), or in an engine's own terms
+(``num_gpu_blocks`` for vLLM — block 0 is the null block, so one fewer is usable;
+``max_total_num_tokens`` for SGLang).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixkv.errors import ConfigError
+from radixkv.policies.base import PrefixCache
+
+POLICY_NAMES = ("vllm", "sglang", "unit-lru", "none")
+_DEFAULT_SIZE = {"vllm": 16, "sglang": 1, "unit-lru": None, "none": 1}
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A parsed policy spec: ``name`` and ``size`` (block or page size in tokens)."""
+
+    name: str
+    size: int | None
+
+    @property
+    def label(self) -> str:
+        return self.name if self.size is None else f"{self.name}:{self.size}"
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """How big the pool is: exactly one field should be set.
+
+    Attributes
+    ----------
+    capacity_tokens : int or None
+        Usable tokens, for any policy.
+    num_gpu_blocks : int or None
+        vLLM's ``num_gpu_blocks`` (block 0 reserved).
+    max_total_num_tokens : int or None
+        SGLang's ``max_total_num_tokens`` (all usable).
+    """
+
+    capacity_tokens: int | None = None
+    num_gpu_blocks: int | None = None
+    max_total_num_tokens: int | None = None
+
+
+def parse_policy(text: str, *, block_size: int | None = None, page_size: int | None = None) -> PolicySpec:
+    """Parse ``NAME[:SIZE]``; *block_size* / *page_size* fill in a missing size.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown name or a size that is not a positive integer.
+    """
+    name, _, size = text.strip().partition(":")
+    name = name.strip().lower()
+    aliases = {"vllm": "vllm", "block": "vllm", "sglang": "sglang", "radix": "sglang",
+               "unit-lru": "unit-lru", "unit_lru": "unit-lru", "none": "none", "off": "none"}
+    if name not in aliases:
+        raise ConfigError(f"unknown policy {text!r}; known: {', '.join(POLICY_NAMES)}", field="policy")
+    name = aliases[name]
+    if size:
+        if name == "unit-lru":
+            raise ConfigError("unit-lru takes no size: it caches whole trace units", field="policy")
+        try:
+            val = int(size)
+        except ValueError:
+            raise ConfigError(f"policy {text!r}: size {size!r} is not an integer", field="policy") from None
+        if val < 1:
+            raise ConfigError(f"policy {text!r}: size must be ≥ 1", field="policy")
+        return PolicySpec(name, val)
+    if name == "vllm" and block_size:
+        return PolicySpec(name, int(block_size))
+    if name == "sglang" and page_size:
+        return PolicySpec(name, int(page_size))
+    if name == "none" and block_size:
+        return PolicySpec(name, int(block_size))
+    return PolicySpec(name, _DEFAULT_SIZE[name])
+
+
+def build_policy(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **options) -> PrefixCache:
+    """A fresh policy of *spec* on *pool*.
+
+    Parameters
+    ----------
+    spec : PolicySpec
+    pool : PoolSpec
+    unit_tokens : int
+        The trace's U (used by ``unit-lru``).
+    **options
+        Passed to the policy's constructor (e.g. ``verify=True``, ``chunked_prefill_size``).
+
+    Raises
+    ------
+    ConfigError
+        When the pool has no usable slot or is given in terms the policy cannot use.
+    """
+    cap, ngb, mtt = pool.capacity_tokens, pool.num_gpu_blocks, pool.max_total_num_tokens
+    if spec.name == "vllm":
+        from radixkv.policies.block_hash import BlockHashCache
+
+        if ngb is not None:
+            return BlockHashCache(int(ngb), spec.size, **options)
+        tokens = cap if cap is not None else mtt
+        _need(tokens, spec)
+        if tokens // spec.size < 1:
+            raise ConfigError(f"{spec.label}: a pool of {tokens} tokens holds no {spec.size}-token block", field="capacity")
+        return BlockHashCache.from_capacity_tokens(int(tokens), spec.size, **options)
+    if spec.name == "sglang":
+        from radixkv.policies.radix import RadixCache
+
+        if mtt is not None:
+            return RadixCache(int(mtt) // spec.size * spec.size, spec.size, **options)
+        tokens = cap if cap is not None else _vllm_usable_tokens(ngb, 16)
+        _need(tokens, spec)
+        if tokens // spec.size < 1:
+            raise ConfigError(f"{spec.label}: a pool of {tokens} tokens holds no {spec.size}-token page", field="capacity")
+        return RadixCache.from_capacity_tokens(int(tokens), spec.size, **options)
+    tokens = cap if cap is not None else (mtt if mtt is not None else _vllm_usable_tokens(ngb, 16))
+    _need(tokens, spec)
+    if spec.name == "unit-lru":
+        from radixkv.policies.unit_lru import UnitLRUCache
+
+        return UnitLRUCache.from_capacity_tokens(int(tokens), unit_tokens)
+    from radixkv.policies.no_cache import NoCache
+
+    return NoCache(int(tokens) // spec.size, spec.size)
+
+
+def _vllm_usable_tokens(num_gpu_blocks, block_size):
+    if num_gpu_blocks is None:
+        return None
+    return (int(num_gpu_blocks) - 1) * block_size
+
+
+def _need(tokens, spec):
+    if tokens is None:
+        raise ConfigError(f"{spec.label}: no pool size given (capacity tokens, num_gpu_blocks or max_total_num_tokens)",
+                          field="capacity")
+    if tokens < 1:
+        raise ConfigError(f"{spec.label}: pool capacity must be ≥ 1 token, got {tokens}", field="capacity")

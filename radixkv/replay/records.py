@@ -1,0 +1,70 @@
+"""Per-request records of a replay: numpy columns, one row per request in replay order."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: columns of :class:`Records`, with their units (all int64, shape (n,))
+COLUMNS = {
+    "prompt_tokens": "tokens",
+    "hit_tokens": "tokens served from the cache (engine rules)",
+    "held_tokens": "tokens of the prompt the pool held as a token-level prefix",
+    "alignment_loss_tokens": "held_tokens - hit_tokens",
+    "evicted_tokens": "valid cached tokens evicted while admitting the request",
+    "used_slots": "slots held by running requests after the request",
+    "cached_slots": "evictable cached slots after the request",
+    "free_slots": "free slots after the request",
+    "valid_tokens": "valid KV tokens in used + cached slots after the request",
+    "cached_tokens": "distinct hittable tokens after the request",
+    "duplicate_tokens": "valid tokens stored more than once after the request",
+    "metadata_bytes": "host bytes of the policy's index after the request",
+    "largest_free_run": "largest contiguous run of free slots after the request (-1: not modelled)",
+}
+
+
+@dataclass
+class Records:
+    """What a replay saw, request by request.
+
+    Attributes
+    ----------
+    req_id : np.ndarray of str, shape (n,)
+    columns : dict[str, np.ndarray]
+        Every key of :data:`COLUMNS`, each int64 of shape (n,).
+    num_slots, slot_tokens : int
+        The pool the replay ran on.
+    policy : str
+        The policy's spec (e.g. ``vllm:16``).
+    """
+
+    req_id: np.ndarray
+    columns: dict
+    num_slots: int
+    slot_tokens: int
+    policy: str
+    meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.req_id)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.columns[name]
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_slots * self.slot_tokens
+
+    def write_csv(self, path) -> None:
+        """Write one row per request (``id`` then every column) atomically to *path*."""
+        from radixkv.util import atomic_write_text
+
+        names = ["prompt_tokens", "hit_tokens"] + [c for c in COLUMNS if c not in ("prompt_tokens", "hit_tokens")]
+        lines = ["id," + ",".join(names)]
+        cols = [self.columns[c] for c in names]
+        for i, rid in enumerate(self.req_id):
+            rid = str(rid)
+            if any(ch in rid for ch in ',"\n'):
+                rid = '"' + rid.replace('"', '""') + '"'
+            lines.append(rid + "," + ",".join(str(int(c[i])) for c in cols))
+        atomic_write_text(path, "\n".join(lines) + "\n")

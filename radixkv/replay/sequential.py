@@ -1,0 +1,117 @@
+"""Sequential replay: one request at a time, in replay order.
+
+This is the mode cache studies use and the one the golden files were produced in
+(../shared/golden/README.md, "How each request was run"): each request runs alone —
+nothing else holds memory while it runs — through the policy's life cycle
+(admit the prompt, decode to the KV extent ``P + max(N − 1, 0)``, finish).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.policies.base import PrefixCache
+from radixkv.replay.records import COLUMNS, Records
+from radixkv.trace.types import Trace
+
+
+def _progress(total: int, quiet: bool, desc: str):
+    """A tqdm bar on stderr that appears only after 2 s and only on a terminal."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="req", delay=2.0, file=sys.stderr, leave=False)
+
+
+def replay_sequential(
+    trace: Trace,
+    policy: PrefixCache,
+    *,
+    limit: int | None = None,
+    quiet: bool = True,
+    label: str | None = None,
+) -> Records:
+    """Replay *trace* through *policy*, one request at a time.
+
+    Parameters
+    ----------
+    trace : Trace
+        Requests in replay order.
+    policy : PrefixCache
+        A fresh policy (its pool is what the replay measures).
+    limit : int or None
+        Replay only the first *limit* requests (``--limit K``).
+    quiet : bool
+        No progress bar when True (the default for library calls).
+    label : str or None
+        The policy's spec for reports; default ``policy.name``.
+
+    Returns
+    -------
+    Records
+        One row per request; ``meta["replay_s"]`` is the wall time of the loop (seconds).
+
+    Raises
+    ------
+    ConfigError
+        When a request cannot fit in the whole pool (names the request and by how many
+        tokens it overflows), or when the policy refuses a request that should fit.
+    """
+    t = trace.head(limit)
+    n = len(t)
+    cols = {c: np.zeros(n, dtype=np.int64) for c in COLUMNS}
+    bar = _progress(n, quiet, label or policy.name)
+    t0 = time.perf_counter()
+    prev_evicted = policy.evicted_tokens_total
+    for i in range(n):
+        seq = t.kv_seq(i)
+        over = policy.fits_alone(seq)
+        if over > 0:
+            raise ConfigError(
+                f"request {t.req_id[i]!r} (#{i} in replay order) needs {seq.kv_len} tokens of KV "
+                f"(prompt {seq.prompt_len} + output {seq.kv_len - seq.prompt_len}), {over} tokens more than the "
+                f"whole pool of {policy.capacity_tokens} tokens under {label or policy.name}; "
+                f"give a larger capacity or --limit",
+                path=trace.name or None,
+                field="capacity",
+            )
+        adm = policy.run_request(i, seq)
+        if adm is None:
+            raise ConfigError(
+                f"request {t.req_id[i]!r} (#{i} in replay order) was refused by {label or policy.name} "
+                f"although it fits the empty pool ({seq.kv_len} tokens of KV, pool {policy.capacity_tokens})",
+                path=trace.name or None,
+                field="capacity",
+            )
+        st = policy.stats()
+        cols["prompt_tokens"][i] = seq.prompt_len
+        cols["hit_tokens"][i] = adm.hit_tokens
+        cols["held_tokens"][i] = adm.held_tokens
+        cols["evicted_tokens"][i] = policy.evicted_tokens_total - prev_evicted
+        prev_evicted = policy.evicted_tokens_total
+        cols["used_slots"][i] = st.used_slots
+        cols["cached_slots"][i] = st.cached_slots
+        cols["free_slots"][i] = st.free_slots
+        cols["valid_tokens"][i] = st.valid_tokens
+        cols["cached_tokens"][i] = st.cached_tokens
+        cols["duplicate_tokens"][i] = st.duplicate_tokens
+        cols["metadata_bytes"][i] = st.metadata_bytes
+        cols["largest_free_run"][i] = st.largest_free_run
+        if bar is not None:
+            bar.update(1)
+    elapsed = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    cols["alignment_loss_tokens"] = cols["held_tokens"] - cols["hit_tokens"]
+    return Records(
+        req_id=t.req_id,
+        columns=cols,
+        num_slots=policy.num_slots,
+        slot_tokens=policy.slot_tokens,
+        policy=label or policy.name,
+        meta={"replay_s": elapsed, "trace": trace.name, "requests": n},
+    )
