@@ -1,0 +1,114 @@
+"""Field checks shared by the trace readers.
+
+Each helper takes the decoded JSON object of one record and the location of that record
+(``path``, ``line``) and either returns the field's value in the type radixkv needs or
+raises :class:`radixkv.errors.TraceFormatError` naming the file, the line (or record) and
+the field. JSON booleans are rejected wherever a number is expected (Python's ``bool``
+is a subclass of ``int``, so an unchecked ``true`` would silently read as 1).
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from radixkv.errors import TraceFormatError
+
+_MISSING = object()
+
+
+def parse_json_line(text: str, path, line: int):
+    """Decode one JSONL line; the line must hold a JSON object.
+
+    Raises
+    ------
+    TraceFormatError
+        Invalid JSON, or a value that is not an object.
+    """
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TraceFormatError(f"invalid JSON: {e.msg} (column {e.colno})", path=path, line=line) from None
+    if not isinstance(obj, dict):
+        raise TraceFormatError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=line)
+    return obj
+
+
+def get(obj: dict, key: str, path, line, *, field: str | None = None, default=_MISSING):
+    """``obj[key]``, or *default*, or a 'missing field' error."""
+    if key in obj:
+        return obj[key]
+    if default is _MISSING:
+        raise TraceFormatError("missing field", path=path, line=line, field=field or key)
+    return default
+
+
+def as_int(value, path, line, field: str, *, minimum: int | None = 0) -> int:
+    """A JSON integer (not a bool, not a float) ≥ *minimum* (no bound when None)."""
+    if type(value) is not int:
+        raise TraceFormatError(
+            f"expected an integer, got {_describe(value)}", path=path, line=line, field=field
+        )
+    if minimum is not None and value < minimum:
+        raise TraceFormatError(f"must be ≥ {minimum}, got {value}", path=path, line=line, field=field)
+    return value
+
+
+def as_float(value, path, line, field: str, *, minimum: float | None = 0.0) -> float:
+    """A finite JSON number (int or float, not a bool) ≥ *minimum*."""
+    if type(value) not in (int, float):
+        raise TraceFormatError(f"expected a number, got {_describe(value)}", path=path, line=line, field=field)
+    v = float(value)
+    if not math.isfinite(v):
+        raise TraceFormatError(f"must be finite, got {value}", path=path, line=line, field=field)
+    if minimum is not None and v < minimum:
+        raise TraceFormatError(f"must be ≥ {minimum}, got {value}", path=path, line=line, field=field)
+    return v
+
+
+def as_str(value, path, line, field: str) -> str:
+    """A JSON string."""
+    if type(value) is not str:
+        raise TraceFormatError(f"expected a string, got {_describe(value)}", path=path, line=line, field=field)
+    return value
+
+
+def as_id_array(value, path, line, field: str) -> np.ndarray:
+    """A JSON list of integers ≥ 0 as an int64 array of shape (len,).
+
+    The element-type check runs at C speed (``map(type, ...)``), so a 5 M-id file costs
+    about 0.1 s here; no per-id Python bytecode.
+    """
+    if type(value) is not list:
+        raise TraceFormatError(f"expected a list of integers, got {_describe(value)}", path=path, line=line, field=field)
+    if not value:
+        return np.zeros(0, dtype=np.int64)
+    types = set(map(type, value))
+    if types != {int}:
+        bad = next(x for x in value if type(x) is not int)
+        pos = value.index(bad) if type(bad) is not bool else next(i for i, x in enumerate(value) if type(x) is bool)
+        raise TraceFormatError(
+            f"element {pos} is {_describe(bad)}, expected an integer", path=path, line=line, field=field
+        )
+    try:
+        arr = np.array(value, dtype=np.int64)
+    except OverflowError:
+        raise TraceFormatError("an id does not fit in a signed 64-bit integer", path=path, line=line, field=field) from None
+    if arr.min() < 0:
+        pos = int(np.flatnonzero(arr < 0)[0])
+        raise TraceFormatError(f"element {pos} is negative ({arr[pos]}); ids must be ≥ 0", path=path, line=line, field=field)
+    return arr
+
+
+def _describe(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"{type(value).__name__} {value!r}"
+    if isinstance(value, str):
+        s = value if len(value) <= 20 else value[:17] + "..."
+        return f"a string ({s!r})"
+    return f"a {type(value).__name__}"

@@ -1,0 +1,79 @@
+"""One entry point for every trace format: :func:`load_trace`, and :func:`save_trace`."""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from radixkv.errors import TraceFormatError
+from radixkv.trace.detect import FORMATS, canonical_format, detect_format
+from radixkv.trace.types import Trace
+
+#: format → (module, reader function); imported on first use
+_READERS = {
+    "native": ("radixkv.trace.native", "read_native"),
+    "mooncake": ("radixkv.trace.mooncake", "read_mooncake"),
+    "weka": ("radixkv.trace.weka", "read_weka"),
+    "ragpulse": ("radixkv.trace.ragpulse", "read_ragpulse"),
+    "azure": ("radixkv.trace.azure", "read_azure"),
+    "npz": ("radixkv.trace.binary", "read_npz"),
+}
+assert set(_READERS) == set(FORMATS)
+
+
+def load_trace(path, format: str | None = None, **options) -> Trace:  # noqa: A002 (the CLI's --format)
+    """Read a trace in any supported format.
+
+    Parameters
+    ----------
+    path : str or Path
+        A file, or a directory (WEKA conversations, RAGPulse's ``data`` folder).
+    format : str, optional
+        ``native``, ``mooncake``, ``weka``, ``ragpulse``, ``azure`` or ``npz`` (aliases:
+        ``binary``, ``jsonl``, ``kv-cache-tester``); detected from the content when None
+        (rules: :mod:`radixkv.trace.detect`).
+    **options
+        Passed to the format's reader (e.g. ``conversation_spacing_s`` for ``weka``).
+
+    Returns
+    -------
+    Trace
+        In replay order.
+
+    Raises
+    ------
+    radixkv.errors.TraceFormatError
+        Unknown format name, undetectable content, or any malformed record (the reader's
+        error names file, line/record and field).
+    """
+    fmt = detect_format(path) if format is None else canonical_format(format)
+    if not Path(path).exists():
+        raise TraceFormatError("no such file or directory", path=path)
+    module, func = _READERS[fmt]
+    reader = getattr(importlib.import_module(module), func)
+    try:
+        return reader(path, **options)
+    except TypeError as e:
+        if options and "unexpected keyword" in str(e):
+            raise TraceFormatError(f"option not understood by the {fmt} reader: {e}", path=path) from None
+        raise
+
+
+def save_trace(trace: Trace, path) -> None:
+    """Write *trace* as ``.npz`` (binary) or ``.jsonl`` (native), chosen by the extension.
+
+    Raises
+    ------
+    radixkv.errors.TraceFormatError
+        Any other extension.
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix == ".npz":
+        from radixkv.trace.binary import write_npz
+
+        write_npz(trace, path)
+    elif suffix in (".jsonl", ".json"):
+        from radixkv.trace.native import write_native
+
+        write_native(trace, path)
+    else:
+        raise TraceFormatError(f"cannot tell the output format from {suffix!r}: use .npz or .jsonl", path=path)

@@ -1,0 +1,90 @@
+"""Reader for Mooncake-format JSONL traces (Kimi / Moonshot AI, FAST'25 release).
+
+Source of the format: ``kvcache-ai/Mooncake`` ``FAST25-release/traces/*.jsonl`` and the
+paper (Qin et al., "Mooncake: Trading More Storage for Less Computation", USENIX FAST
+2025, Table 2); see ``shared/traces/mooncake-fast25/SOURCE.md``. One request per line:
+
+=================  ===========================================================
+``timestamp``      int (or float) ≥ 0, **milliseconds** since the trace start
+``input_length``   int ≥ 1, prompt tokens
+``output_length``  int ≥ 0, output tokens
+``hash_ids``       list of int ≥ 0, one prefix-chained id per **512-token** block;
+                   the last block is partial when ``input_length`` is not a
+                   multiple of 512, so ``len(hash_ids) == ceil(input_length/512)``
+=================  ===========================================================
+
+Other keys are ignored. Outputs are unique content (the trace has no output ids).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from radixkv.errors import TraceFormatError
+from radixkv.trace import _fields as F
+from radixkv.trace._io import read_lines
+from radixkv.trace.types import Trace
+
+#: tokens per Mooncake hash id (Mooncake FAST'25 release, traces README and SOURCE.md)
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+def read_mooncake(path, *, unit_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
+    """Read a Mooncake JSONL trace.
+
+    Parameters
+    ----------
+    path : str or Path
+    unit_tokens : int
+        Tokens per hash id; 512 for every file Mooncake published.
+
+    Returns
+    -------
+    Trace
+        ``unit_tokens = 512``, ``partial_last_unit = True``; ``arrival_s = timestamp/1000``;
+        request ids ``r<i>`` with ``i`` the 0-based index of the request's line among the
+        non-blank lines (the golden convention, ``golden/README.md``); stable-sorted by
+        arrival (the public file is already non-decreasing).
+
+    Raises
+    ------
+    radixkv.errors.TraceFormatError
+        Naming file, 1-based line and field: invalid JSON, a missing field, a negative,
+        boolean or non-integer length or id, an empty prompt, or
+        ``len(hash_ids) != ceil(input_length / 512)``.
+    """
+    path = Path(path)
+    U = int(unit_tokens)
+    lines = read_lines(path)
+    n = len(lines)
+    arrival = np.zeros(n, dtype=np.float64)
+    plen = np.zeros(n, dtype=np.int64)
+    olen = np.zeros(n, dtype=np.int64)
+    pids = [None] * n
+    for k, (ln, text) in enumerate(lines):
+        obj = F.parse_json_line(text, path, ln)
+        arrival[k] = F.as_float(F.get(obj, "timestamp", path, ln), path, ln, "timestamp") / 1000.0
+        P = F.as_int(F.get(obj, "input_length", path, ln), path, ln, "input_length")
+        if P < 1:
+            raise TraceFormatError("empty prompt (input_length must be ≥ 1)", path=path, line=ln, field="input_length")
+        olen[k] = F.as_int(F.get(obj, "output_length", path, ln), path, ln, "output_length")
+        ids = F.as_id_array(F.get(obj, "hash_ids", path, ln), path, ln, "hash_ids")
+        expect = -(-P // U)
+        if len(ids) != expect:
+            raise TraceFormatError(
+                f"{len(ids)} hash_ids for input_length {P}; expected ceil({P}/{U}) = {expect}",
+                path=path, line=ln, field="hash_ids",
+            )
+        plen[k] = P
+        pids[k] = ids
+    return Trace.from_requests(
+        req_id=[f"r{k}" for k in range(n)],
+        arrival_s=arrival,
+        prompt_len=plen,
+        output_len=olen,
+        prompt_ids=pids,
+        unit_tokens=U,
+        partial_last_unit=True,
+        name=str(path),
+    )
