@@ -1,0 +1,185 @@
+"""``radixkv memory``: KV bytes per token, the engines' KV pool and its accounting table.
+
+Examples::
+
+    radixkv memory --model Llama-3.1-8B --gpu A100-80GB --gpu-memory-utilization 0.9
+    radixkv memory --model DeepSeek-V3 --gpu H200-141GB --tp 8 --json
+    radixkv memory --model path/to/config.json --gpu H100-80GB --mem-fraction-static 0.85
+
+With ``--gpu-memory-utilization`` only vLLM's pool is shown, with ``--mem-fraction-static``
+only SGLang's, with neither both (each with its default); ``--engine`` overrides.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from radixkv.errors import InputError
+from radixkv.memory.pool import (
+    GiB,
+    PoolSize,
+    VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    sglang_pool_size,
+    vllm_pool_size,
+)
+from radixkv.memory.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
+
+
+def _fraction_arg(field: str):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise InputError(f"must be a number in (0, 1], got {text!r}", field=field) from None
+        if not (0.0 < v <= 1.0) or math.isnan(v):
+            raise InputError(f"must be in (0, 1], got {text!r}", field=field)
+        return v
+    return parse
+
+
+def register(subparsers) -> None:
+    """Add the ``memory`` verb."""
+    p = subparsers.add_parser(
+        "memory", help="KV bytes per token and the KV pool vLLM/SGLang build on a GPU",
+        description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True,
+                   help=f"preset ({', '.join(MODEL_PRESETS)}; case-insensitive) or a "
+                        "path to a Hugging Face config.json")
+    p.add_argument("--gpu", required=True, help=f"preset: {', '.join(GPU_PRESETS)}")
+    frac = p.add_mutually_exclusive_group()
+    frac.add_argument("--gpu-memory-utilization", type=str, default=None,
+                      help="vLLM knob in (0, 1] (default 0.92)")
+    frac.add_argument("--mem-fraction-static", type=str, default=None,
+                      help="SGLang knob in (0, 1] (default: by GPU memory, as SGLang)")
+    p.add_argument("--engine", choices=["vllm", "sglang", "both"], default=None,
+                   help="which pool(s) to show (default: from the knob given, else both)")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="auto (model dtype), bf16, fp16, fp8, fp8_e4m3, fp8_e5m2, int8, fp32")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context length in tokens (default: the model's maximum)")
+    p.add_argument("--block-size", type=int, default=16, help="vLLM block_size (default 16)")
+    p.add_argument("--page-size", type=int, default=1, help="SGLang page_size (default 1)")
+    p.add_argument("--max-num-batched-tokens", type=int,
+                   default=VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                   help="vLLM profiling pass size in tokens (default 8192)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (sorted keys)")
+    p.set_defaults(func=run)
+
+
+def _pool_dict(pool: PoolSize, max_len: int) -> dict:
+    d = pool.to_dict()
+    d["max_concurrent_requests_at_max_model_len"] = pool.max_concurrent_requests(max_len)
+    return d
+
+
+def memory_report(args) -> dict:
+    """Compute everything ``radixkv memory`` prints, as a JSON-ready dict.
+
+    Raises
+    ------
+    InputError
+        Unknown model/GPU (listing the presets), a fraction outside (0, 1], or a
+        non-positive size.
+    """
+    util = None if args.gpu_memory_utilization is None else \
+        _fraction_arg("gpu_memory_utilization")(args.gpu_memory_utilization)
+    mfs = None if args.mem_fraction_static is None else \
+        _fraction_arg("mem_fraction_static")(args.mem_fraction_static)
+    for field in ("tp", "block_size", "page_size", "max_num_batched_tokens"):
+        v = getattr(args, field)
+        if v <= 0:
+            raise InputError(f"must be a positive integer, got {v}", field=field)
+    model = get_model(args.model)
+    gpu = get_gpu(args.gpu)
+    max_len = model.max_position_embeddings if args.max_model_len is None else args.max_model_len
+    if max_len <= 0:
+        raise InputError(f"must be a positive integer, got {max_len}", field="max_model_len")
+    engine = args.engine or ("vllm" if util is not None else
+                             "sglang" if mfs is not None else "both")
+    if engine == "vllm" and mfs is not None:
+        raise InputError("--mem-fraction-static is an SGLang knob", field="mem_fraction_static")
+    if engine == "sglang" and util is not None:
+        raise InputError("--gpu-memory-utilization is a vLLM knob",
+                         field="gpu_memory_utilization")
+
+    kv_dtype = args.kv_cache_dtype
+    per_rank = model.kv_bytes_per_token(args.tp, kv_dtype)
+    out = {
+        "model": model.name,
+        "gpu": gpu.name,
+        "gpu_total_bytes": gpu.total_bytes,
+        "tp": args.tp,
+        "kv_cache_dtype": kv_dtype if kv_dtype.lower() != "auto" else model.dtype,
+        "attention": "MLA" if model.is_mla else (
+            "MHA" if model.num_kv_heads == model.num_attention_heads else "GQA"),
+        "kv_heads_per_rank": model.kv_heads_per_rank(args.tp),
+        "kv_bytes_per_token_per_rank": per_rank,
+        "kv_bytes_per_token_total": model.kv_bytes_per_token_total(args.tp, kv_dtype),
+        "max_model_len": max_len,
+        "request_kv_bytes_per_rank": per_rank * max_len,
+        "request_kv_bytes_total": per_rank * args.tp * max_len,
+        "pools": {},
+    }
+    if engine in ("vllm", "both"):
+        pool = vllm_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
+                              gpu_memory_utilization=util, block_size=args.block_size,
+                              max_num_batched_tokens=args.max_num_batched_tokens)
+        out["pools"]["vllm"] = _pool_dict(pool, max_len)
+    if engine in ("sglang", "both"):
+        pool = sglang_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
+                                mem_fraction_static=mfs, page_size=args.page_size)
+        out["pools"]["sglang"] = _pool_dict(pool, max_len)
+    return out
+
+
+def _gib(b: int) -> str:
+    return f"{b / GiB:,.2f} GiB"
+
+
+def format_report(r: dict) -> str:
+    """The human-readable form of :func:`memory_report`'s dict."""
+    lines = [
+        f"model {r['model']} ({r['attention']}), GPU {r['gpu']} "
+        f"({r['gpu_total_bytes']:,} B = {_gib(r['gpu_total_bytes'])}), tp {r['tp']}, "
+        f"KV dtype {r['kv_cache_dtype']}",
+        f"KV bytes per token: {r['kv_bytes_per_token_per_rank']:,} B per rank "
+        f"({r['kv_heads_per_rank']} KV head(s) per rank), "
+        f"{r['kv_bytes_per_token_total']:,} B over {r['tp']} rank(s)",
+        f"KV of one {r['max_model_len']:,}-token request: "
+        f"{_gib(r['request_kv_bytes_per_rank'])} per rank, "
+        f"{_gib(r['request_kv_bytes_total'])} total",
+    ]
+    for eng, p in r["pools"].items():
+        knob = "gpu_memory_utilization" if eng == "vllm" else "mem_fraction_static"
+        unit = "block_size" if eng == "vllm" else "page_size"
+        lines.append("")
+        lines.append(f"[{eng}] {knob} {p['memory_fraction']}, {unit} {p['unit_tokens']}")
+        if eng == "vllm":
+            lines.append(f"  pool: {_gib(p['bytes'])} per rank, num_gpu_blocks "
+                         f"{p['num_gpu_blocks']:,} ({p['num_gpu_blocks'] - 1:,} usable), "
+                         f"{p['capacity_tokens']:,} tokens")
+        else:
+            lines.append(f"  pool: {_gib(p['bytes'])} per rank, max_total_num_tokens "
+                         f"{p['max_total_num_tokens']:,} ({p['blocks']:,} pages)")
+        lines.append(f"  max-length ({r['max_model_len']:,}-token) requests at once: "
+                     f"{p['max_concurrent_requests_at_max_model_len']:,}")
+        lines.append("  accounting (per rank):")
+        w = max(len(a["term"]) for a in p["accounting"])
+        for a in p["accounting"]:
+            lines.append(f"    {a['term']:<{w}}  {a['bytes']:>18,} B  {a['bytes'] / GiB:>9.2f} GiB"
+                         f"  [{a['basis']}]")
+    lines.append("")
+    lines.append("terms marked [estimate] are measured by the engine at start-up; "
+                 "radixkv uses documented estimates (radixkv.memory.pool)")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    """Entry of ``radixkv memory``; returns the exit status."""
+    report = memory_report(args)
+    if args.json:
+        print(json.dumps(report, sort_keys=True, indent=2))
+    else:
+        print(format_report(report))
+    return 0

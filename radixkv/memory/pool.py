@@ -1,0 +1,553 @@
+"""How big a KV pool vLLM and SGLang build on one GPU, with the accounting table.
+
+Both engines size the pool at start-up from measured memory. This module applies the same
+rules to a :class:`~radixkv.memory.specs.ModelSpec` and a
+:class:`~radixkv.memory.specs.GPUSpec`; the terms an engine *measures* (vLLM's non-torch
+memory, peak activations and CUDA-graph pool; SGLang's memory in use before the model
+loads) are parameters whose defaults are documented ESTIMATES, not measurements. Every
+quantity is per tensor-parallel rank (each rank builds the same pool; vLLM takes the
+minimum over ranks, SGLang the minimum free memory over ranks, which are equal here).
+Pipeline parallelism is not modelled.
+
+vLLM (``v1/worker/utils.py :: request_memory``, ``v1/worker/gpu_worker.py ::
+Worker.determine_available_memory``, ``v1/core/kv_cache_planning.py ::
+get_kv_cache_config_from_groups``)::
+
+    requested       = ceil(total × gpu_memory_utilization)
+    kv_budget       = requested − weights − non_torch − peak_activations − cuda_graphs
+    num_gpu_blocks  = kv_budget // bytes_per_block,  bytes_per_block = block_size × kv_bytes_per_token
+    usable          = num_gpu_blocks − 1   (block 0 is the permanent null block)
+
+SGLang (``mem_cache/kv_cache_configurator.py :: _profile_available_bytes``,
+``model_executor/pool_configurator.py :: calculate_pool_sizes``)::
+
+    pre_load_free        = free memory before the weights load
+    rest                 = (pre_load_free − weights) − pre_load_free × (1 − mem_fraction_static)
+    max_total_num_tokens = (rest // cell_size) rounded down to page_size
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from radixkv.errors import ConfigError, InputError
+from radixkv.memory.presets import get_gpu, get_model
+from radixkv.memory.specs import GPUSpec, ModelSpec
+
+GiB = 2**30
+MiB = 2**20
+
+#: vLLM's default ``gpu_memory_utilization`` (``config/cache.py :: CacheConfig``): 0.92
+#: since v0.21, which made CUDA-graph memory profiling the default (PR #38284); 0.9 before.
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+#: the pre-v0.21 default, for comparing with older deployments and logs.
+VLLM_LEGACY_GPU_MEMORY_UTILIZATION = 0.9
+#: vLLM ``CacheConfig.DEFAULT_BLOCK_SIZE``.
+VLLM_DEFAULT_BLOCK_SIZE = 16
+#: ``max_num_batched_tokens`` vLLM v1 uses for ``vllm serve`` on datacenter GPUs
+#: (``EngineArgs`` usage-context defaults); it sets the profiling forward pass's size.
+VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+#: ESTIMATE of vLLM's "non-torch memory" (cuBLAS/NCCL workspaces and other allocations
+#: outside PyTorch's allocator made while loading and profiling): 0.2 GiB. vLLM's own
+#: start-up logs show 0.16 GiB (Llama-3.2-11B, H100, PR #12126) and 0.20 GiB per worker
+#: (tensor-parallel run, PR #14447 thread).
+VLLM_DEFAULT_NON_TORCH_BYTES = int(0.2 * GiB)
+#: ESTIMATE of vLLM's CUDA-graph pool (subtracted by default since v0.21): 0.5 GiB. vLLM
+#: logs "Estimated CUDA graph memory" of 0.17–0.36 GiB per rank at TP 2–4 for mid-size
+#: models on 24 GB cards; large-batch capture sizes on big models take more.
+VLLM_DEFAULT_CUDA_GRAPH_BYTES = int(0.5 * GiB)
+#: factor of the activation ESTIMATE (see :func:`vllm_activation_bytes`), calibrated on
+#: vLLM PR #10511's log: Meta-Llama-3-8B, 8192-token profiling pass, "PyTorch activation
+#: peak memory 1.26GiB" at TP 1 and TP 2 alike; 2.5 × 8192 × (4096 + 2 × 14336) × 2 B =
+#: 1.25 GiB.
+VLLM_ACTIVATION_FACTOR = 2.5
+
+#: ESTIMATE of the memory in use on a GPU before SGLang loads the model, relative to
+#: ``nvidia-smi``'s total: ≈ 0.45 GiB the driver keeps out of ``cudaMemGetInfo``'s total
+#: (79.22 GiB reported vs 81,559 MiB on an H100) plus ≈ 0.5 GiB of CUDA context and
+#: PyTorch start-up, i.e. 1 GiB; plus 0.5 GiB for NCCL communicators when tp > 1.
+SGLANG_DEFAULT_PRELOAD_USED_BYTES = 1 * GiB
+SGLANG_PRELOAD_TP_EXTRA_BYTES = int(0.5 * GiB)
+
+
+@dataclass(frozen=True)
+class AccountingRow:
+    """One line of the accounting table.
+
+    Attributes
+    ----------
+    term : str
+        What the bytes are.
+    bytes : int
+        Bytes per TP rank (negative for terms subtracted from the line above them).
+    basis : str
+        ``"device"`` (the GPU), ``"knob"`` (an engine setting applied), ``"model"``
+        (computed from the model's shapes), ``"estimate"`` (a measured-at-start-up term
+        replaced by a documented estimate), ``"rule"`` (the engine's arithmetic) or
+        ``"result"``.
+    """
+
+    term: str
+    bytes: int
+    basis: str
+
+
+@dataclass(frozen=True)
+class PoolSize:
+    """The KV pool an engine builds on one GPU (per TP rank).
+
+    Attributes
+    ----------
+    engine : str
+        ``"vllm"`` or ``"sglang"``.
+    model, gpu : str
+        Names of the model and GPU.
+    tp : int
+        Tensor-parallel size.
+    kv_cache_dtype : str
+        The KV dtype used (``"auto"`` resolved to the model dtype).
+    memory_fraction : float
+        ``gpu_memory_utilization`` (vLLM) or ``mem_fraction_static`` (SGLang) applied.
+    unit_tokens : int
+        Tokens per allocation unit: ``block_size`` (vLLM) or ``page_size`` (SGLang).
+    kv_bytes_per_token : int
+        KV bytes of one token on one rank (SGLang's ``cell_size``).
+    kv_bytes_per_token_total : int
+        The same summed over the ``tp`` ranks.
+    bytes_per_unit : int
+        Bytes of one block/page on one rank.
+    budget_bytes : int
+        Memory the rule leaves for the KV cache on one rank (vLLM
+        ``available_kv_cache_memory``; SGLang ``rest``).
+    bytes : int
+        Bytes of the pool actually allocated on one rank (``blocks × bytes_per_unit``).
+    blocks : int
+        Allocation units in the pool: vLLM ``num_gpu_blocks`` (null block included),
+        SGLang ``max_total_num_tokens // page_size`` pages.
+    num_gpu_blocks : int or None
+        vLLM's ``num_gpu_blocks`` (None for SGLang).
+    max_total_num_tokens : int or None
+        SGLang's ``max_total_num_tokens`` (None for vLLM).
+    capacity_tokens : int
+        Tokens the pool can hold: vLLM ``(num_gpu_blocks − 1) × block_size``; SGLang
+        ``max_total_num_tokens``.
+    accounting : tuple of AccountingRow
+        The accounting table, top (device memory) to bottom (the pool).
+    """
+
+    engine: str
+    model: str
+    gpu: str
+    tp: int
+    kv_cache_dtype: str
+    memory_fraction: float
+    unit_tokens: int
+    kv_bytes_per_token: int
+    kv_bytes_per_token_total: int
+    bytes_per_unit: int
+    budget_bytes: int
+    bytes: int
+    blocks: int
+    num_gpu_blocks: int | None
+    max_total_num_tokens: int | None
+    capacity_tokens: int
+    accounting: tuple[AccountingRow, ...]
+
+    @property
+    def tokens(self) -> int:
+        """Alias of :attr:`capacity_tokens`."""
+        return self.capacity_tokens
+
+    @property
+    def usable_blocks(self) -> int:
+        """Allocation units a policy may use (vLLM: without the null block)."""
+        return self.capacity_tokens // self.unit_tokens
+
+    def request_units(self, length_tokens: int) -> int:
+        """Blocks/pages one request of ``length_tokens`` tokens occupies: ``ceil(L / unit)``."""
+        return -(-int(length_tokens) // self.unit_tokens)
+
+    def max_concurrent_requests(self, length_tokens: int) -> int:
+        """How many requests of ``length_tokens`` tokens fit at once with no sharing."""
+        if length_tokens <= 0:
+            raise ConfigError("must be positive", field="max_model_len")
+        return self.usable_blocks // self.request_units(length_tokens)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict (the accounting table as a list of ``{term, bytes, basis}``)."""
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "accounting"}
+        d["accounting"] = [
+            {"term": r.term, "bytes": r.bytes, "basis": r.basis} for r in self.accounting
+        ]
+        return d
+
+
+# --------------------------------------------------------------------------- helpers
+def _fraction(value, field: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"must be a number in (0, 1], got {value!r}", field=field) from None
+    if not (0.0 < v <= 1.0):
+        raise InputError(f"must be in (0, 1], got {value!r}", field=field)
+    return v
+
+
+def _nonneg_bytes(value, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+            or not math.isfinite(value):
+        raise InputError(f"must be a non-negative number of bytes, got {value!r}", field=field)
+    return int(value)
+
+
+def _pos_int(value, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(f"must be a positive integer, got {value!r}", field=field)
+    return value
+
+
+def _kv_dtype_name(model: ModelSpec, kv_cache_dtype) -> str:
+    if kv_cache_dtype is None or str(kv_cache_dtype).lower() == "auto":
+        return model.dtype
+    model.kv_dtype_bytes(kv_cache_dtype)  # validates
+    return str(kv_cache_dtype).lower()
+
+
+def vllm_activation_bytes(model: ModelSpec, max_num_batched_tokens: int) -> int:
+    """ESTIMATE of the peak activation memory of vLLM's profiling forward pass.
+
+    ``VLLM_ACTIVATION_FACTOR × max_num_batched_tokens × (hidden_size + 2 ×
+    intermediate_size) × bytes(model dtype)``: the largest live tensors of a pass are
+    the SwiGLU gate/up output (2 × intermediate wide) next to the residual stream; the
+    factor 2.5 is calibrated on one vLLM log (see :data:`VLLM_ACTIVATION_FACTOR`). vLLM
+    measures this term (``memory_profiling`` ``torch_peak_increase``); the log shows it
+    does not shrink with TP, so neither does the estimate.
+
+    Returns
+    -------
+    int
+        Bytes per rank.
+    """
+    _pos_int(max_num_batched_tokens, "max_num_batched_tokens")
+    b = model.kv_dtype_bytes(None)
+    return int(VLLM_ACTIVATION_FACTOR * max_num_batched_tokens
+               * (model.hidden_size + 2 * model.intermediate_size) * b)
+
+
+def _prefill_graph_sizes(max_bs: int) -> int:
+    """Number of SGLang prefill CUDA-graph capture sizes ≤ ``max_bs`` (token counts).
+
+    SGLang ``arg_groups/cuda_graph_hook.py :: generate_prefill_cuda_graph_batch_sizes``
+    captures 4..32 step 4, 48..256 step 16, 288..512 step 32, 576..1024 step 64,
+    1280..4096 step 256, then 4608.. step 512.
+    """
+    ladder = [(4, 32, 4), (48, 256, 16), (288, 512, 32), (576, 1024, 64),
+              (1280, 4096, 256), (4608, max(max_bs, 4608), 512)]
+    n = 0
+    for lo, hi, step in ladder:
+        top = min(hi, max_bs)
+        if top >= lo:
+            n += (top - lo) // step + 1
+    return n
+
+
+def sglang_default_mem_fraction_static(gpu: GPUSpec, tp: int = 1, *, is_mla: bool = False,
+                                       model_name: str = "",
+                                       chunked_prefill_size: int | None = None) -> float:
+    """SGLang's default ``mem_fraction_static`` for a GPU (current SGLang, 0.5.x).
+
+    Follows SGLang ``arg_groups/memory_hook.py :: handle_gpu_memory_settings`` and
+    ``reserve_for_graph_mb`` (GPU memory ``M`` in MiB as nvidia-smi reports it):
+
+    * ``chunked_prefill_size`` and the decode CUDA-graph ``max_bs`` by ``M``:
+      < 20 GiB: 2048, 8; < 35 GiB: 4096, 48 (160 at tp ≥ 4); < 60 GiB: 4096, 32 (160);
+      < 90 GiB: 8192, 256 (512); < 160 GiB: 8192, 256 (512); larger: 16384, 512.
+    * ``reserved = 512 + 1.5 × max(chunked_prefill_size, 2048) + tp / 8 × 1024
+      + 2 × max_bs + prefill-graph term`` (MiB), the prefill-graph term being 8 MiB per
+      capture size up to ``chunked_prefill_size`` (4096 for Llama-2 models), or a flat
+      1.5 GiB with an MLA attention backend; at least 10 GiB when ``M`` > 60 GiB.
+    * ``mem_fraction_static = round((M − reserved) / M, 3)``.
+
+    E.g. H100 (81,559 MiB), tp 1, non-MLA: 512 + 12,288 + 128 + 512 + 58 × 8 = 13,904 MiB
+    → 0.830. Not modelled: pipeline parallelism, DP attention, speculative decoding,
+    DeepEP buffers, the VLM cut and the "post-capture KV sizing" mode.
+
+    Returns
+    -------
+    float
+        The fraction, rounded to 3 decimals as SGLang does.
+    """
+    _pos_int(tp, "tp")
+    m = gpu.total_mib
+    if m < 20 * 1024:
+        chunk, max_bs = 2048, 8
+    elif m < 35 * 1024:
+        chunk, max_bs = 4096, (48 if tp < 4 else 160)
+    elif m < 60 * 1024:
+        chunk, max_bs = 4096, (32 if tp < 4 else 160)
+    elif m < 160 * 1024:
+        chunk, max_bs = 8192, (256 if tp < 4 else 512)
+    else:
+        chunk, max_bs = 16384, 512
+    if chunked_prefill_size is not None:
+        chunk = _pos_int(chunked_prefill_size, "chunked_prefill_size")
+    reserved = 512 + 1.5 * max(chunk, 2048) + tp / 8 * 1024 + 2 * max_bs
+    if is_mla:
+        reserved += 1.5 * 1024
+    else:
+        prefill_max = min(chunk, 4096) if "llama-2" in model_name.lower() else chunk
+        reserved += 8 * _prefill_graph_sizes(prefill_max)
+    if m > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((m - reserved) / m, 3)
+
+
+# --------------------------------------------------------------------------- vLLM
+def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype=None,
+                   gpu_memory_utilization: float | None = None,
+                   block_size: int = VLLM_DEFAULT_BLOCK_SIZE,
+                   max_num_batched_tokens: int = VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                   non_torch_bytes: int | None = None,
+                   activation_bytes: int | None = None,
+                   cuda_graph_bytes: int | None = None,
+                   total_bytes: int | None = None) -> PoolSize:
+    """vLLM v1's KV pool on one GPU: ``num_gpu_blocks`` and the accounting table.
+
+    Parameters
+    ----------
+    model, gpu : ModelSpec, GPUSpec
+    tp : int
+        Tensor-parallel size (``--tensor-parallel-size``).
+    kv_cache_dtype : str or None
+        ``--kv-cache-dtype``; None/``"auto"`` = model dtype.
+    gpu_memory_utilization : float or None
+        In (0, 1]; default :data:`VLLM_DEFAULT_GPU_MEMORY_UTILIZATION` (0.92).
+    block_size : int
+        Tokens per block (``--block-size``, default 16).
+    max_num_batched_tokens : int
+        Size of the profiling forward pass (tokens); drives the activation estimate.
+    non_torch_bytes, activation_bytes, cuda_graph_bytes : int or None
+        Terms vLLM measures at start-up; defaults are the ESTIMATES
+        :data:`VLLM_DEFAULT_NON_TORCH_BYTES`, :func:`vllm_activation_bytes` and
+        :data:`VLLM_DEFAULT_CUDA_GRAPH_BYTES`. Pass a value read from a vLLM log to
+        reproduce a real server.
+    total_bytes : int or None
+        Device memory as ``torch.cuda.mem_get_info`` reports it; default
+        ``gpu.total_bytes`` (nvidia-smi's figure, a few hundred MiB higher).
+
+    Returns
+    -------
+    PoolSize
+
+    Raises
+    ------
+    InputError
+        A knob out of range (utilization outside (0, 1], non-positive sizes).
+    ConfigError
+        The memory left for the KV cache is not enough for two blocks (vLLM refuses to
+        start: "No available memory for the cache blocks").
+    """
+    util = _fraction(VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None
+                     else gpu_memory_utilization, "gpu_memory_utilization")
+    _pos_int(tp, "tp")
+    B = _pos_int(block_size, "block_size")
+    _pos_int(max_num_batched_tokens, "max_num_batched_tokens")
+    total = gpu.total_bytes if total_bytes is None else _nonneg_bytes(total_bytes, "total_bytes")
+    non_torch = VLLM_DEFAULT_NON_TORCH_BYTES if non_torch_bytes is None else \
+        _nonneg_bytes(non_torch_bytes, "non_torch_bytes")
+    act = vllm_activation_bytes(model, max_num_batched_tokens) if activation_bytes is None \
+        else _nonneg_bytes(activation_bytes, "activation_bytes")
+    graphs = VLLM_DEFAULT_CUDA_GRAPH_BYTES if cuda_graph_bytes is None else \
+        _nonneg_bytes(cuda_graph_bytes, "cuda_graph_bytes")
+
+    kv_dtype = _kv_dtype_name(model, kv_cache_dtype)
+    per_tok = model.kv_bytes_per_token(tp, kv_dtype)
+    per_block = per_tok * B
+    weights = model.weight_bytes_per_rank(tp)
+    requested = math.ceil(total * util)
+    budget = requested - weights - non_torch - act - graphs
+    if budget < 2 * per_block:
+        raise ConfigError(
+            f"vLLM would leave {budget / GiB:.2f} GiB for the KV cache of {model.name} on "
+            f"{gpu.name} (tp={tp}, gpu_memory_utilization={util}): not enough for the null "
+            f"block and one block of {per_block:,} B; raise gpu_memory_utilization or tp",
+            field="gpu_memory_utilization")
+    n_blocks = budget // per_block
+    pool_bytes = n_blocks * per_block
+    rows = (
+        AccountingRow("GPU memory (device total)", total, "device"),
+        AccountingRow(f"outside vLLM's budget (1 − gpu_memory_utilization {util})",
+                      -(total - requested), "knob"),
+        AccountingRow("requested = total × gpu_memory_utilization", requested, "rule"),
+        AccountingRow(f"model weights ({model.weight_dtype}, per rank)", -weights, "model"),
+        AccountingRow("non-torch memory (NCCL/cuBLAS workspaces)", -non_torch, "estimate"),
+        AccountingRow(f"peak activations ({max_num_batched_tokens}-token profiling pass)",
+                      -act, "estimate"),
+        AccountingRow("CUDA-graph pool", -graphs, "estimate"),
+        AccountingRow("available KV cache memory", budget, "rule"),
+        AccountingRow(f"KV pool: {n_blocks:,} blocks × {per_block:,} B", pool_bytes, "result"),
+        AccountingRow("  of which the null block (block 0)", per_block, "rule"),
+        AccountingRow("left unused (less than one block)", budget - pool_bytes, "rule"),
+    )
+    return PoolSize(
+        engine="vllm", model=model.name, gpu=gpu.name, tp=tp, kv_cache_dtype=kv_dtype,
+        memory_fraction=util, unit_tokens=B, kv_bytes_per_token=per_tok,
+        kv_bytes_per_token_total=per_tok * tp, bytes_per_unit=per_block,
+        budget_bytes=budget, bytes=pool_bytes, blocks=n_blocks, num_gpu_blocks=n_blocks,
+        max_total_num_tokens=None, capacity_tokens=(n_blocks - 1) * B, accounting=rows)
+
+
+# --------------------------------------------------------------------------- SGLang
+def sglang_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype=None,
+                     mem_fraction_static: float | None = None, page_size: int = 1,
+                     chunked_prefill_size: int | None = None,
+                     preload_used_bytes: int | None = None) -> PoolSize:
+    """SGLang's KV pool on one GPU: ``max_total_num_tokens`` and the accounting table.
+
+    Parameters
+    ----------
+    model, gpu : ModelSpec, GPUSpec
+    tp : int
+        Tensor-parallel size (``--tp-size``).
+    kv_cache_dtype : str or None
+        ``--kv-cache-dtype``; None/``"auto"`` = model dtype.
+    mem_fraction_static : float or None
+        In (0, 1]; default :func:`sglang_default_mem_fraction_static` for this GPU.
+    page_size : int
+        Tokens per page (``--page-size``, default 1).
+    chunked_prefill_size : int or None
+        Only used by the default ``mem_fraction_static``.
+    preload_used_bytes : int or None
+        Memory in use before the model loads, measured from nvidia-smi's total (SGLang
+        measures free memory itself); default the ESTIMATE
+        :data:`SGLANG_DEFAULT_PRELOAD_USED_BYTES` (+
+        :data:`SGLANG_PRELOAD_TP_EXTRA_BYTES` when tp > 1).
+
+    Returns
+    -------
+    PoolSize
+
+    Raises
+    ------
+    InputError
+        A knob out of range.
+    ConfigError
+        ``rest`` is not enough for one page (SGLang: "Not enough memory. Please try to
+        increase --mem-fraction-static").
+
+    Notes
+    -----
+    Not modelled: SGLang's request-to-token table and other buffers allocated outside
+    ``rest`` (they come out of the ``1 − mem_fraction_static`` reserve), the hybrid
+    SWA/Mamba pools, and ``--max-total-tokens`` (use it directly when set).
+    """
+    _pos_int(tp, "tp")
+    p = _pos_int(page_size, "page_size")
+    if mem_fraction_static is None:
+        mfs = sglang_default_mem_fraction_static(
+            gpu, tp, is_mla=model.is_mla, model_name=model.name,
+            chunked_prefill_size=chunked_prefill_size)
+    else:
+        mfs = _fraction(mem_fraction_static, "mem_fraction_static")
+    if preload_used_bytes is None:
+        used0 = SGLANG_DEFAULT_PRELOAD_USED_BYTES + (SGLANG_PRELOAD_TP_EXTRA_BYTES if tp > 1 else 0)
+    else:
+        used0 = _nonneg_bytes(preload_used_bytes, "preload_used_bytes")
+    kv_dtype = _kv_dtype_name(model, kv_cache_dtype)
+    cell = model.kv_bytes_per_token(tp, kv_dtype)
+    weights = model.weight_bytes_per_rank(tp)
+    total = gpu.total_bytes
+    pre_free = total - used0
+    after_load = pre_free - weights
+    reserve = int(pre_free * (1 - mfs))
+    rest = after_load - reserve
+    tokens = (max(rest, 0) // cell) // p * p
+    if tokens < p:
+        raise ConfigError(
+            f"SGLang would leave {rest / GiB:.2f} GiB for the KV cache of {model.name} on "
+            f"{gpu.name} (tp={tp}, mem_fraction_static={mfs}): not enough for one page; "
+            f"raise mem_fraction_static or tp", field="mem_fraction_static")
+    pool_bytes = tokens * cell
+    rows = (
+        AccountingRow("GPU memory (device total)", total, "device"),
+        AccountingRow("in use before the model loads (CUDA context, ...)", -used0, "estimate"),
+        AccountingRow("free before loading (pre_model_load_memory)", pre_free, "rule"),
+        AccountingRow(f"model weights ({model.weight_dtype}, per rank)", -weights, "model"),
+        AccountingRow(f"reserve = pre-load × (1 − mem_fraction_static {mfs}): activations, "
+                      "CUDA graphs, buffers", -reserve, "knob"),
+        AccountingRow("rest for the KV cache", rest, "rule"),
+        AccountingRow(f"KV pool: {tokens:,} tokens × {cell:,} B", pool_bytes, "result"),
+        AccountingRow("left unused (rounding to cell and page)", rest - pool_bytes, "rule"),
+    )
+    return PoolSize(
+        engine="sglang", model=model.name, gpu=gpu.name, tp=tp, kv_cache_dtype=kv_dtype,
+        memory_fraction=mfs, unit_tokens=p, kv_bytes_per_token=cell,
+        kv_bytes_per_token_total=cell * tp, bytes_per_unit=cell * p, budget_bytes=rest,
+        bytes=pool_bytes, blocks=tokens // p, num_gpu_blocks=None,
+        max_total_num_tokens=tokens, capacity_tokens=tokens, accounting=rows)
+
+
+# --------------------------------------------------------------------------- entry
+def pool_for(engine: str, model, gpu, *, tp: int = 1, kv_cache_dtype=None,
+             gpu_memory_utilization: float | None = None,
+             mem_fraction_static: float | None = None, block_size: int = 16,
+             page_size: int = 1, max_num_batched_tokens: int = 8192,
+             **estimates) -> PoolSize:
+    """Size a replay pool the way ``engine`` would: the helper replay and experiments call.
+
+    Parameters
+    ----------
+    engine : {"vllm", "sglang"}
+    model : ModelSpec or str
+        A spec, a preset name (case-insensitive) or a path to a ``config.json``.
+    gpu : GPUSpec or str
+        A spec or a preset name (case-insensitive).
+    tp, kv_cache_dtype : see :func:`vllm_pool_size` / :func:`sglang_pool_size`.
+    gpu_memory_utilization : float or None
+        vLLM only (an error for SGLang).
+    mem_fraction_static : float or None
+        SGLang only (an error for vLLM).
+    block_size : int
+        vLLM block size (ignored for SGLang).
+    page_size : int
+        SGLang page size (ignored for vLLM).
+    max_num_batched_tokens : int
+        vLLM profiling pass size (ignored for SGLang).
+    **estimates
+        Overrides of the estimated terms: vLLM ``non_torch_bytes``, ``activation_bytes``,
+        ``cuda_graph_bytes``, ``total_bytes``; SGLang ``preload_used_bytes``,
+        ``chunked_prefill_size``.
+
+    Returns
+    -------
+    PoolSize
+        With ``num_gpu_blocks`` (vLLM), ``max_total_num_tokens`` (SGLang) and
+        ``capacity_tokens`` (usable tokens, both).
+
+    Raises
+    ------
+    InputError
+        Unknown engine/model/GPU, a knob of the other engine, or a knob out of range.
+    ConfigError
+        The pool would be empty.
+    """
+    m = model if isinstance(model, ModelSpec) else get_model(model)
+    g = gpu if isinstance(gpu, GPUSpec) else get_gpu(gpu)
+    eng = str(engine).lower()
+    if eng == "vllm":
+        if mem_fraction_static is not None:
+            raise InputError("mem_fraction_static is an SGLang knob; vLLM uses "
+                             "gpu_memory_utilization", field="mem_fraction_static")
+        return vllm_pool_size(m, g, tp=tp, kv_cache_dtype=kv_cache_dtype,
+                              gpu_memory_utilization=gpu_memory_utilization,
+                              block_size=block_size,
+                              max_num_batched_tokens=max_num_batched_tokens, **estimates)
+    if eng == "sglang":
+        if gpu_memory_utilization is not None:
+            raise InputError("gpu_memory_utilization is a vLLM knob; SGLang uses "
+                             "mem_fraction_static", field="gpu_memory_utilization")
+        return sglang_pool_size(m, g, tp=tp, kv_cache_dtype=kv_cache_dtype,
+                                mem_fraction_static=mem_fraction_static,
+                                page_size=page_size, **estimates)
+    raise InputError(f"unknown engine {engine!r}; one of: vllm, sglang", field="engine")

@@ -1,0 +1,291 @@
+"""Model and GPU descriptions, and the KV-cache size of one token.
+
+A :class:`ModelSpec` holds the shapes that decide how many bytes of KV cache one token
+takes (layers, KV heads, head dims, or the MLA latent) plus what the memory model needs
+around it (parameter count and weight dtype for the weights term, hidden and intermediate
+sizes for the activation estimate). A :class:`GPUSpec` holds a device's memory, peak dense
+bf16 FLOP/s and HBM bandwidth.
+
+KV bytes per token (both engines size their pool with the same per-token figure):
+
+* MHA / GQA, vLLM ``v1/kv_cache_interface.py :: AttentionSpec.page_size_bytes`` divided by
+  ``block_size``, SGLang ``model_executor/pool_configurator.py :: _compute_cell_size``::
+
+      layers × kv_heads_per_rank × (head_dim + v_head_dim) × dtype_bytes
+
+  with ``kv_heads_per_rank = max(1, kv_heads // tp)``: KV heads are split over the tensor
+  parallel ranks, and replicated (one per rank) when there are fewer KV heads than ranks
+  (vLLM ``model_executor/layers/linear.py :: QKVParallelLinear``, SGLang the same rule).
+* MLA (DeepSeek-V2/V3): one latent of ``kv_lora_rank + qk_rope_head_dim`` elements per
+  layer and token, the same on every rank (never split by TP): vLLM
+  ``MLAAttentionSpec`` (one "head" of 576, no V), SGLang
+  ``kv_cache_configurator.py :: calculate_mla_kv_cache_dim``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from radixkv.errors import ConfigError, InputError
+
+#: bytes per element of the dtype names vLLM (``--kv-cache-dtype``, ``--dtype``),
+#: SGLang and Hugging Face ``torch_dtype`` use. fp8 variants store one byte per element
+#: (vLLM ``fp8``/``fp8_e4m3``/``fp8_e5m2``; SGLang ``fp8_e4m3``/``fp8_e5m2``); int8 one byte.
+DTYPE_BYTES: dict[str, int] = {
+    "fp32": 4, "float32": 4, "float": 4,
+    "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "int8": 1,
+}
+
+
+def dtype_bytes(name: str, *, field: str = "dtype") -> int:
+    """Bytes per element of a dtype name (case-insensitive).
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`DTYPE_BYTES` (e.g. ``"bf16"``, ``"bfloat16"``, ``"fp8"``, ``"int8"``).
+    field : str
+        Field name to put in the error.
+
+    Returns
+    -------
+    int
+        Bytes per element: 4, 2 or 1.
+
+    Raises
+    ------
+    InputError
+        The name is not a known dtype.
+    """
+    key = str(name).lower()
+    if key not in DTYPE_BYTES:
+        raise InputError(
+            f"unknown dtype {name!r}; known: {', '.join(sorted(DTYPE_BYTES))}", field=field
+        )
+    return DTYPE_BYTES[key]
+
+
+def _positive_int(value, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"must be a positive integer, got {value!r}", field=field)
+    return value
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shapes of a decoder-only transformer that decide its memory.
+
+    Attributes
+    ----------
+    name : str
+        Display name (a preset's name or the config file's stem).
+    num_layers : int
+        Attention layers (HF ``num_hidden_layers``).
+    num_attention_heads : int
+        Query heads (HF ``num_attention_heads``).
+    num_kv_heads : int
+        KV heads before TP splitting (HF ``num_key_value_heads``; equals
+        ``num_attention_heads`` for MHA). For MLA models it is informational only.
+    head_dim : int
+        Per-head K width in elements (HF ``head_dim``, else ``hidden_size //
+        num_attention_heads``).
+    v_head_dim : int
+        Per-head V width in elements; equal to ``head_dim`` unless the model says otherwise.
+    hidden_size : int
+        Residual width (elements); used by the weights and activation estimates.
+    intermediate_size : int
+        Dense MLP width (elements); used by the activation estimate.
+    vocab_size : int
+        Vocabulary size.
+    num_params : int
+        Parameter count (published, or estimated from shapes by
+        :func:`radixkv.memory.hf_config.estimate_num_params`).
+    dtype : str
+        The model dtype (HF ``torch_dtype``): activations, and the KV cache when
+        ``kv_cache_dtype`` is ``"auto"`` (vLLM ``CacheConfig.cache_dtype="auto"``).
+    weight_dtype : str
+        The dtype the weights are stored in (``"fp8"`` for DeepSeek-V3's block-quantised
+        checkpoint, else ``dtype``).
+    kv_lora_rank : int or None
+        MLA latent rank (DeepSeek ``kv_lora_rank``); None for MHA/GQA models.
+    qk_rope_head_dim : int or None
+        MLA decoupled RoPE key width (DeepSeek ``qk_rope_head_dim``).
+    max_position_embeddings : int
+        Longest context the model supports (tokens); vLLM's default ``max_model_len``.
+    """
+
+    name: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    num_params: int
+    dtype: str = "bf16"
+    weight_dtype: str = "bf16"
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    max_position_embeddings: int = 4096
+
+    def __post_init__(self):
+        for f in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
+                  "v_head_dim", "hidden_size", "intermediate_size", "vocab_size",
+                  "num_params", "max_position_embeddings"):
+            _positive_int(getattr(self, f), f)
+        if (self.kv_lora_rank is None) != (self.qk_rope_head_dim is None):
+            raise ConfigError("an MLA model needs both kv_lora_rank and qk_rope_head_dim",
+                              field="kv_lora_rank")
+        if self.is_mla:
+            _positive_int(self.kv_lora_rank, "kv_lora_rank")
+            _positive_int(self.qk_rope_head_dim, "qk_rope_head_dim")
+        dtype_bytes(self.dtype, field="dtype")
+        dtype_bytes(self.weight_dtype, field="weight_dtype")
+
+    # -- KV cache --------------------------------------------------------------------
+    @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (one shared latent per token and layer)."""
+        return self.kv_lora_rank is not None
+
+    def kv_dtype_bytes(self, kv_cache_dtype: str | None = None) -> int:
+        """Bytes per KV element: ``kv_cache_dtype``, or the model dtype for None / ``"auto"``."""
+        if kv_cache_dtype is None or str(kv_cache_dtype).lower() == "auto":
+            return dtype_bytes(self.dtype, field="dtype")
+        return dtype_bytes(kv_cache_dtype, field="kv_cache_dtype")
+
+    def kv_heads_per_rank(self, tp: int = 1) -> int:
+        """KV heads one TP rank stores: ``max(1, num_kv_heads // tp)`` (1 for MLA).
+
+        Raises
+        ------
+        ConfigError
+            ``tp`` is not a positive integer, ``num_attention_heads`` is not divisible by
+            ``tp``, or neither of ``num_kv_heads`` and ``tp`` divides the other (vLLM
+            ``QKVParallelLinear`` and SGLang refuse these).
+        """
+        _positive_int(tp, "tp")
+        if self.num_attention_heads % tp:
+            raise ConfigError(
+                f"{self.name}: {self.num_attention_heads} attention heads are not divisible "
+                f"by tp={tp}", field="tp")
+        if self.is_mla:
+            return 1
+        if self.num_kv_heads % tp and tp % self.num_kv_heads:
+            raise ConfigError(
+                f"{self.name}: {self.num_kv_heads} KV heads cannot be split over or "
+                f"replicated across tp={tp} ranks", field="tp")
+        return max(1, self.num_kv_heads // tp)
+
+    def kv_elements_per_token_layer(self, tp: int = 1) -> int:
+        """KV elements one rank stores per token and layer.
+
+        MHA/GQA: ``kv_heads_per_rank × (head_dim + v_head_dim)``; MLA:
+        ``kv_lora_rank + qk_rope_head_dim`` (not split by TP).
+        """
+        if self.is_mla:
+            self.kv_heads_per_rank(tp)  # validates tp
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return self.kv_heads_per_rank(tp) * (self.head_dim + self.v_head_dim)
+
+    def kv_bytes_per_token(self, tp: int = 1, kv_cache_dtype: str | None = None) -> int:
+        """KV-cache bytes one token takes on one TP rank (SGLang's ``cell_size``).
+
+        Parameters
+        ----------
+        tp : int
+            Tensor-parallel size.
+        kv_cache_dtype : str or None
+            ``"auto"``/None (model dtype), ``"bf16"``, ``"fp16"``, ``"fp8"``, ``"int8"``, ...
+
+        Returns
+        -------
+        int
+            Bytes per token per rank. E.g. Llama-3.1-8B bf16: 2 × 32 × 8 × 128 × 2 =
+            131,072; DeepSeek-V3 bf16: 61 × 576 × 2 = 70,272 at every tp.
+        """
+        return (self.num_layers * self.kv_elements_per_token_layer(tp)
+                * self.kv_dtype_bytes(kv_cache_dtype))
+
+    def kv_bytes_per_token_total(self, tp: int = 1, kv_cache_dtype: str | None = None) -> int:
+        """KV-cache bytes one token takes summed over all ``tp`` ranks.
+
+        Equals :meth:`kv_bytes_per_token` × ``tp``: replicated KV heads (fewer KV heads
+        than ranks) and the MLA latent (held whole by every rank) are counted on each rank
+        that stores them.
+        """
+        return self.kv_bytes_per_token(tp, kv_cache_dtype) * tp
+
+    # -- weights ---------------------------------------------------------------------
+    def weight_bytes(self) -> int:
+        """Bytes of all weights: ``num_params × bytes(weight_dtype)``.
+
+        An estimate: it ignores the few tensors a quantised checkpoint keeps in higher
+        precision (DeepSeek-V3's embeddings, norms and router; its fp8 block scales add
+        1/16,384 per weight).
+        """
+        return self.num_params * dtype_bytes(self.weight_dtype, field="weight_dtype")
+
+    def weight_bytes_per_rank(self, tp: int = 1) -> int:
+        """Weights one TP rank loads: ``ceil(weight_bytes / tp)``.
+
+        An estimate: all weights are taken as split evenly (norms, which are replicated,
+        are < 0.01% of the parameters of every preset).
+        """
+        _positive_int(tp, "tp")
+        return -(-self.weight_bytes() // tp)
+
+    def with_name(self, name: str) -> "ModelSpec":
+        """A copy with another display name."""
+        return replace(self, name=name)
+
+    @classmethod
+    def from_hf_config(cls, path, *, name: str | None = None,
+                       num_params: int | None = None) -> "ModelSpec":
+        """Read a Hugging Face ``config.json``; see :func:`radixkv.memory.hf_config.load_hf_config`."""
+        from radixkv.memory.hf_config import load_hf_config
+
+        return load_hf_config(path, name=name, num_params=num_params)
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU model.
+
+    Attributes
+    ----------
+    name : str
+        Preset name, e.g. ``"H100-80GB"``.
+    total_bytes : int
+        Device memory as the driver reports it (``nvidia-smi --query-gpu=memory.total``,
+        MiB × 2**20). This is the figure SGLang's default ``mem_fraction_static``
+        heuristic reads (``get_device_memory_capacity``). vLLM reads
+        ``torch.cuda.mem_get_info()`` instead, which is a few hundred MiB lower (e.g.
+        79.22 GiB on an H100 in vLLM PR #10511's log vs 79.65 GiB = 81,559 MiB here);
+        :func:`radixkv.memory.pool.vllm_pool_size` takes a ``total_bytes`` override.
+    bf16_flops : float
+        Peak dense (no sparsity) bf16 tensor-core FLOP/s.
+    hbm_bytes_per_s : float
+        Peak memory bandwidth, bytes/s.
+    source : str
+        Where the numbers come from.
+    """
+
+    name: str
+    total_bytes: int
+    bf16_flops: float
+    hbm_bytes_per_s: float
+    source: str = ""
+
+    def __post_init__(self):
+        _positive_int(self.total_bytes, "total_bytes")
+        if not (self.bf16_flops > 0 and self.hbm_bytes_per_s > 0):
+            raise ConfigError("FLOP/s and bandwidth must be positive", field="bf16_flops")
+
+    @property
+    def total_mib(self) -> float:
+        """``total_bytes`` in MiB (the unit nvidia-smi and SGLang use)."""
+        return self.total_bytes / 2**20
