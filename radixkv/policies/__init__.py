@@ -1,5 +1,6 @@
 """Prefix-cache policies: one base class (:mod:`.base`), one file per policy."""
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.policies.no_cache import NoCache
+from radixkv.policies.block_hash import BlockHashCache
 
-__all__ = ["Admission", "PoolStats", "PrefixCache", "NoCache"]
+__all__ = ["Admission", "PoolStats", "PrefixCache", "NoCache", "BlockHashCache"]

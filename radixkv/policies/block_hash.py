@@ -1,0 +1,375 @@
+"""``BlockHashCache``: vLLM v1 Automatic Prefix Caching, block for block.
+
+A faithful model of vLLM 0.33.0's ``KVCacheManager`` + ``BlockPool`` with one
+full-attention KV cache group (``vllm/v1/core/kv_cache_manager.py``, ``block_pool.py``,
+``kv_cache_utils.py``, ``single_type_kv_cache_manager.py``). The rules, with their
+sources (../shared/SEMANTICS.md "vLLM v1", reference/vllm.md sections 1–4):
+
+- **Keys.** Only full blocks are cached. A block's key chains its parent's key with its
+  content (``kv_cache_utils.hash_block_tokens``); here a 64-bit hash over the block's
+  ``KVSeq`` pieces, see :mod:`radixkv.policies._hash_kernels`.
+- **Lookup.** Walk the prompt's block keys from the start and stop at the first miss
+  (``FullAttentionManager.find_longest_cache_hit``); with duplicates a key serves the
+  first block inserted under it that is still cached (``BlockPool.get_cached_block``).
+  The hit is capped so the last prompt token is recomputed:
+  ``hit = min(consecutive hit blocks, (P − 1) // B) × B``
+  (``KVCacheManager.get_computed_blocks``: ``max_cache_hit_length = num_tokens − 1``).
+- **Admission.** ``ceil(P / B) − hit_blocks`` new blocks plus the hit blocks that sit in
+  the free queue must fit in the free-queue length, else the request is refused and
+  nothing changes (``SingleTypeKVCacheManager.get_num_blocks_to_allocate``,
+  ``allocate_slots``; the whole prompt must fit, ``scheduler_reserve_full_isl``).
+  Hit blocks with ref_cnt 0 leave the free queue (``BlockPool.touch``); new blocks are
+  popped from the head, and a popped block that still has a key loses it: that is the
+  eviction (``get_new_blocks`` → ``_maybe_evict_cached_block``).
+- **Caching.** At the end of every step, each block completely covered by the tokens
+  computed so far gets its key (``cache_full_blocks``), prompt and decode alike, so a
+  running request's full blocks are hittable at once. No dedup: two blocks may carry the
+  same key.
+- **Release.** ``finish``/``preempt`` release the blocks tail first; a block whose
+  ref_cnt reaches 0 goes back to the free queue, unhashed (partial) blocks at the
+  **head**, hashed ones appended to the **tail** (``BlockPool.free_blocks``, vLLM PR
+  #42656), so a child is evicted before its parent.
+- **Pool.** ``num_gpu_blocks`` blocks, block 0 the permanent null block; the free queue
+  starts as blocks 1 … n−1 in ascending id order (``BlockPool.__init__``).
+
+Choices where the engine leaves the simulator a choice (stated, not hidden):
+
+- A refused admission changes nothing (vLLM's ``get_computed_blocks`` does not touch
+  ref counts or the free queue before ``allocate_slots`` succeeds, so this is exact).
+- ``admit(..., n_tokens)`` with ``n_tokens < P`` admits a first prefill chunk (the check
+  still needs the whole prompt to fit); ``n_tokens > P`` re-admits a preempted request
+  whose first ``n_tokens`` tokens (prompt + generated) are known: the lookup covers them
+  and the hit is capped at ``(n_tokens − 1) // B`` blocks, as for vLLM's resumed
+  requests (``num_tokens`` = prompt + output so far).
+- Several unhashed blocks of one request (not produced by this model, where only the
+  last block can be partial) would be pushed on the head one by one, tail first.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.policies import _hash_kernels as K
+from radixkv.policies.base import Admission, PoolStats, PrefixCache
+from radixkv.trace.types import KVSeq
+
+#: Estimated host bytes of one entry of vLLM's ``BlockHashToBlockMap``: the key, a
+#: ``BlockHashWithGroupId`` bytes object of 32 (sha256) + 4 (group id) bytes
+#: (``sys.getsizeof`` = 69 B in CPython 3.11), plus one slot of the Python dict
+#: (measured 52 B per entry amortised over a 100,000-entry dict, index and growth slack
+#: included).
+KEY_ENTRY_BYTES = 121
+#: Extra bytes for a key held by several blocks: vLLM then stores an inner
+#: ``{block_id: block}`` dict (``sys.getsizeof`` of a 2-entry dict = 224 B in CPython 3.11).
+DUPLICATE_DICT_BYTES = 224
+
+
+class HashCollisionError(RuntimeError):
+    """``verify=True`` found a hit whose stored content differs from the prompt's."""
+
+
+class _Running:
+    """Host-side record of one running request."""
+
+    __slots__ = ("seq", "keys", "tbl", "n_blocks", "n_tokens")
+
+    def __init__(self, seq, keys, tbl, n_blocks, n_tokens):
+        self.seq = seq
+        self.keys = keys
+        self.tbl = tbl
+        self.n_blocks = n_blocks
+        self.n_tokens = n_tokens
+
+
+class BlockHashCache(PrefixCache):
+    """vLLM v1 prefix cache: chained block hashes, ref counts and one LRU free queue.
+
+    Parameters
+    ----------
+    num_gpu_blocks : int
+        vLLM's ``num_gpu_blocks`` (``--num-gpu-blocks-override``); block 0 is the null
+        block, so ``num_gpu_blocks − 1`` blocks are usable (≥ 2 required).
+    block_size : int
+        Tokens per block, vLLM ``--block-size`` (default 16, ``CacheConfig``).
+    verify : bool
+        Compare the stored content of every hit block with the prompt and raise
+        :class:`HashCollisionError` if a 64-bit hash collision served the wrong block.
+
+    Attributes
+    ----------
+    slot_tokens : int
+        ``block_size``.
+    num_slots : int
+        ``num_gpu_blocks − 1``.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When ``num_gpu_blocks < 2`` or ``block_size < 1``.
+
+    Notes
+    -----
+    State is numpy arrays driven by numba kernels (:mod:`._hash_kernels`): one kernel
+    call per admit / extend / finish, one for :meth:`run_request`. Host memory is
+    about ``(10 × 8 + 2 × 8 + 3 × 8 × C) × num_gpu_blocks`` bytes plus two hash tables
+    of ``2 × num_gpu_blocks`` rounded up to a power of two entries (≈ 32 and 24 B each),
+    where C ≤ ``block_size`` is the most pieces any cached block needed (1–2 for
+    hash-id traces with large units, ``block_size`` for token traces).
+    """
+
+    name = "vllm"
+
+    def __init__(self, num_gpu_blocks: int, block_size: int = 16, *, verify: bool = False,
+                 _key_bits: int = 64):
+        nb = int(num_gpu_blocks)
+        B = int(block_size)
+        if B < 1:
+            raise ConfigError(f"block_size must be ≥ 1, got {block_size}", field="block_size")
+        if nb < 2:
+            raise ConfigError(
+                f"num_gpu_blocks must be ≥ 2 (block 0 is vLLM's null block), got {num_gpu_blocks}",
+                field="num_gpu_blocks",
+            )
+        super().__init__(nb - 1, B)
+        self.num_gpu_blocks = nb
+        self.block_size = B
+        self.verify = bool(verify)
+        self._key_mask = np.uint64((1 << int(_key_bits)) - 1) if _key_bits < 64 else np.uint64(0xFFFFFFFFFFFFFFFF)
+        cap = 8
+        while cap < 2 * nb:
+            cap *= 2
+        self._bi = np.zeros((K.NBI, nb), dtype=np.int64)
+        self._bk = np.zeros((2, nb), dtype=np.uint64)
+        self._C = min(B, 2)
+        self._pc = np.zeros((3, nb, self._C), dtype=np.int64)
+        self._tk = np.zeros(cap, dtype=np.uint64)
+        self._tv = np.zeros((3, cap), dtype=np.int64)
+        self._ck = np.zeros(cap, dtype=np.uint64)
+        self._cv = np.zeros((2, cap), dtype=np.int64)
+        self._st = np.zeros(K.NST, dtype=np.int64)
+        K.init_pool(self._bi, self._st)
+        self._running: dict[int, _Running] = {}
+        self._scratch = np.zeros(64, dtype=np.int64)
+
+    @classmethod
+    def from_capacity_tokens(cls, capacity_tokens: int, block_size: int = 16, **kw) -> "BlockHashCache":
+        """A pool of ``capacity_tokens // block_size`` usable blocks (plus the null block).
+
+        Raises
+        ------
+        radixkv.errors.ConfigError
+            When the capacity holds no whole block.
+        """
+        B = int(block_size)
+        if B < 1:
+            raise ConfigError(f"block_size must be ≥ 1, got {block_size}", field="block_size")
+        usable = int(capacity_tokens) // B
+        if usable < 1:
+            raise ConfigError(
+                f"capacity of {capacity_tokens} tokens holds no {B}-token block", field="capacity_tokens"
+            )
+        return cls(usable + 1, B, **kw)
+
+    # ------------------------------------------------------------------ helpers
+    def _keys(self, seq: KVSeq) -> np.ndarray:
+        """Chained keys of every full block of *seq*'s KV extent; grows piece storage."""
+        keys, max_pieces = K.seq_block_keys(seq.seg_id, seq.seg_end, self.block_size,
+                                            seq.kv_len // self.block_size, self._key_mask)
+        if max_pieces > self._C:
+            C = min(self.block_size, max(2 * self._C, int(max_pieces)))
+            pc = np.zeros((3, self.num_gpu_blocks, C), dtype=np.int64)
+            pc[:, :, : self._C] = self._pc
+            self._pc = pc
+            self._C = C
+        return keys
+
+    def _table(self, seq: KVSeq, persistent: bool) -> np.ndarray:
+        n = -(-seq.kv_len // self.block_size)
+        if persistent:
+            return np.empty(n, dtype=np.int64)
+        if self._scratch.shape[0] < n:
+            self._scratch = np.empty(max(n, 2 * self._scratch.shape[0]), dtype=np.int64)
+        return self._scratch
+
+    def _collision(self, seq: KVSeq):
+        raise HashCollisionError(
+            f"request row {seq.index}: a 64-bit block-hash collision served a block whose content "
+            "differs from the prompt (verify=True)"
+        )
+
+    # ------------------------------------------------------------------ hooks
+    def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
+        """Look up *seq*'s prompt and allocate blocks for its first *n_tokens* tokens.
+
+        Parameters
+        ----------
+        rid : int
+            Handle of the request; must not be running.
+        seq : KVSeq
+            The request's KV content.
+        n_tokens : int or None
+            Tokens that have KV after admission; default ``seq.prompt_len``. Fewer than P
+            admits a first prefill chunk; more than P re-admits a preempted request (see
+            the module docstring). Must satisfy ``1 ≤ n_tokens ≤ seq.kv_len``.
+
+        Returns
+        -------
+        Admission or None
+            None (state unchanged) when ``ceil(L / B) − hit_blocks`` new blocks plus the
+            touched hit blocks exceed the free queue (L = ``max(P, n_tokens)``).
+
+        Raises
+        ------
+        ValueError
+            When *rid* is already running or *n_tokens* is out of range.
+        HashCollisionError
+            With ``verify=True``, on a hash collision (state unchanged).
+        """
+        if rid in self._running:
+            raise ValueError(f"request {rid} is already running")
+        P = seq.prompt_len
+        n = P if n_tokens is None else int(n_tokens)
+        if not 1 <= n <= seq.kv_len:
+            raise ValueError(f"n_tokens must be in [1, kv_len={seq.kv_len}], got {n}")
+        keys = self._keys(seq)
+        tbl = self._table(seq, True)
+        code, hit_blocks, held, ev, nblk = K.admit(
+            self._bi, self._bk, self._tk, self._tv, self._ck, self._cv, self._pc, self._st, keys,
+            seq.seg_id, seq.seg_end, self.block_size, P, max(P, n), n, self.verify, tbl,
+        )
+        if code == K.COLLISION:
+            self._collision(seq)
+        if code == K.REFUSED:
+            return None
+        B = self.block_size
+        self._running[rid] = _Running(seq, keys, tbl, int(nblk), max(n, hit_blocks * B))
+        self.evictions += int(ev)
+        self.evicted_tokens_total += int(ev) * B
+        return Admission(hit_tokens=int(hit_blocks) * B, held_tokens=int(min(held, P)), evicted_tokens=int(ev) * B)
+
+    def extend(self, rid: int, n_tokens: int) -> bool:
+        """Request *rid* computes *n_tokens* more tokens (a prefill chunk or decode steps).
+
+        Blocks that become full are cached at the end of the step (vLLM
+        ``cache_blocks``). Returns False, state unchanged, when the new blocks exceed the
+        free queue.
+
+        Raises
+        ------
+        ValueError
+            When the request would pass its KV extent ``seq.kv_len`` (content unknown).
+        KeyError
+            When *rid* is not running.
+        """
+        r = self._running[rid]
+        n = int(n_tokens)
+        if n < 0 or r.n_tokens + n > r.seq.kv_len:
+            raise ValueError(
+                f"request {rid}: extending {r.n_tokens} tokens by {n} passes its KV extent {r.seq.kv_len}"
+            )
+        if n == 0:
+            return True
+        ok, nblk, ev = K.extend(
+            self._bi, self._bk, self._tk, self._tv, self._ck, self._cv, self._pc, self._st, r.keys,
+            r.seq.seg_id, r.seq.seg_end, self.block_size, r.tbl, r.n_blocks, r.n_tokens, n,
+        )
+        if not ok:
+            return False
+        r.n_blocks = int(nblk)
+        r.n_tokens += n
+        self.evictions += int(ev)
+        self.evicted_tokens_total += int(ev) * self.block_size
+        return True
+
+    def finish(self, rid: int) -> None:
+        """Release *rid*'s blocks tail first (hashed ones stay cached, evictable).
+
+        Raises
+        ------
+        KeyError
+            When *rid* is not running.
+        """
+        r = self._running.pop(rid)
+        K.free(self._bi, self._st, r.tbl, r.n_blocks)
+
+    def preempt(self, rid: int) -> None:
+        """Preemption by recompute: the blocks are freed exactly as on finish.
+
+        vLLM ``Scheduler._preempt_request`` → ``KVCacheManager.free`` (reference/vllm.md §4).
+        """
+        self.finish(rid)
+
+    def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
+        """Admit, decode to the KV extent, finish: one kernel call (same result as the base)."""
+        if rid in self._running:
+            raise ValueError(f"request {rid} is already running")
+        keys = self._keys(seq)
+        tbl = self._table(seq, False)
+        code, hit_blocks, held, ev, decoded = K.run_request(
+            self._bi, self._bk, self._tk, self._tv, self._ck, self._cv, self._pc, self._st, keys,
+            seq.seg_id, seq.seg_end, self.block_size, seq.prompt_len, seq.kv_len, self.verify, tbl,
+        )
+        if code == K.COLLISION:
+            self._collision(seq)
+        if code == K.REFUSED:
+            return None
+        B = self.block_size
+        # evictions by the decode step are the difference of the pool counter
+        total_ev = int(self._st[K.ST_EVICTIONS])
+        self.evictions = total_ev
+        self.evicted_tokens_total = total_ev * B
+        if not decoded:
+            return None
+        return Admission(hit_tokens=int(hit_blocks) * B, held_tokens=int(min(held, seq.prompt_len)),
+                         evicted_tokens=int(ev) * B)
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> PoolStats:
+        """The pool now. O(num_gpu_blocks) (reachable keys and the largest free run).
+
+        ``used_slots`` = blocks with ref_cnt > 0; ``cached_slots`` = blocks in the free
+        queue that keep a key; ``free_slots`` = the rest. ``valid_tokens`` = B × hashed
+        blocks + the filled part of each running request's partial block.
+        ``cached_tokens`` = B × distinct keys reachable from the start of a chain (every
+        ancestor key cached): what a lookup could hit. ``duplicate_tokens`` = B × (hashed
+        blocks − distinct keys). ``metadata_bytes`` = distinct keys × ``KEY_ENTRY_BYTES``
+        + keys held more than once × ``DUPLICATE_DICT_BYTES`` (vLLM's host-side map).
+        ``largest_free_run`` counts consecutive block ids that are free.
+        """
+        st = self._st
+        B = self.block_size
+        used = int(st[K.ST_NUSED])
+        cached = int(st[K.ST_NCACHED])
+        nhashed = int(st[K.ST_NHASHED])
+        nkeys = int(st[K.ST_NKEYS])
+        partial = sum(r.n_tokens % B for r in self._running.values())
+        reach = int(K.reachable_keys(self._bi, self._bk, self._tk, self._tv, self._ck, self._cv))
+        return PoolStats(
+            num_slots=self.num_slots,
+            slot_tokens=B,
+            used_slots=used,
+            cached_slots=cached,
+            free_slots=self.num_slots - used - cached,
+            valid_tokens=nhashed * B + partial,
+            cached_tokens=reach * B,
+            duplicate_tokens=(nhashed - nkeys) * B,
+            metadata_bytes=nkeys * KEY_ENTRY_BYTES + int(st[K.ST_NDUPKEYS]) * DUPLICATE_DICT_BYTES,
+            largest_free_run=int(K.largest_free_run(self._bi)),
+        )
+
+    # ------------------------------------------------------------------ inspection
+    def free_queue(self) -> np.ndarray:
+        """Block ids in the free queue, head (next to be taken) first; int64, O(length)."""
+        out = np.empty(int(self._st[K.ST_FQLEN]), dtype=np.int64)
+        b = int(self._st[K.ST_FQH])
+        i = 0
+        while b >= 0:
+            out[i] = b
+            i += 1
+            b = int(self._bi[K.BI_FNEXT, b])
+        return out
+
+    def block_table(self, rid: int) -> np.ndarray:
+        """Block ids held by running request *rid*, in order (int64 copy)."""
+        r = self._running[rid]
+        return r.tbl[: r.n_blocks].copy()
