@@ -1,0 +1,77 @@
+"""``radixkv memory``: output and exit codes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from radixkv.cli import main
+
+CONFIGS = Path(__file__).parent / "data" / "hf_configs"
+
+
+def _run(capsys, *argv):
+    rc = main(["memory", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_json_report(capsys):
+    rc, out, _ = _run(capsys, "--model", "llama-3.1-8b", "--gpu", "A100-80GB",
+                      "--gpu-memory-utilization", "0.9", "--max-model-len", "8192", "--json")
+    assert rc == 0
+    r = json.loads(out)
+    assert r["kv_bytes_per_token_per_rank"] == 131_072
+    assert r["request_kv_bytes_per_rank"] == 8192 * 131_072      # 1 GiB
+    assert list(r["pools"]) == ["vllm"]                          # only the knob's engine
+    v = r["pools"]["vllm"]
+    assert v["memory_fraction"] == 0.9
+    # fits = usable blocks // (8192 / 16 = 512 blocks per request)
+    assert v["max_concurrent_requests_at_max_model_len"] == (v["num_gpu_blocks"] - 1) // 512
+    assert out == json.dumps(r, sort_keys=True, indent=2) + "\n"  # sorted keys
+    rc2, out2, _ = _run(capsys, "--model", "llama-3.1-8b", "--gpu", "A100-80GB",
+                        "--gpu-memory-utilization", "0.9", "--max-model-len", "8192", "--json")
+    assert out2 == out                                           # deterministic
+
+
+def test_both_engines_and_mla_tp(capsys):
+    rc, out, _ = _run(capsys, "--model", "DeepSeek-V3", "--gpu", "h200-141gb", "--tp", "8",
+                      "--json")
+    r = json.loads(out)
+    assert rc == 0 and set(r["pools"]) == {"vllm", "sglang"}
+    assert r["kv_bytes_per_token_per_rank"] == 70_272            # not split by tp
+    assert r["kv_bytes_per_token_total"] == 8 * 70_272
+    assert r["pools"]["sglang"]["memory_fraction"] == 0.886
+
+
+def test_text_report_and_config_path(capsys):
+    rc, out, _ = _run(capsys, "--model", str(CONFIGS / "qwen2.5-7b.json"), "--gpu", "L40S",
+                      "--kv-cache-dtype", "fp8")
+    assert rc == 0
+    assert "28,672 B per rank" in out                            # 57,344 / 2
+    assert "num_gpu_blocks" in out and "max_total_num_tokens" in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["--model", "Llama-9-1T", "--gpu", "H100-80GB"],
+    ["--model", "Llama-3.1-8B", "--gpu", "TPUv5"],
+    ["--model", "Llama-3.1-8B", "--gpu", "H100-80GB", "--gpu-memory-utilization", "0"],
+    ["--model", "Llama-3.1-8B", "--gpu", "H100-80GB", "--gpu-memory-utilization", "1.5"],
+    ["--model", "Llama-3.1-8B", "--gpu", "H100-80GB", "--gpu-memory-utilization", "-0.2"],
+    ["--model", "Llama-3.1-8B", "--gpu", "H100-80GB", "--gpu-memory-utilization", "nan"],
+    ["--model", "Llama-3.1-8B", "--gpu", "H100-80GB", "--mem-fraction-static", "1.2"],
+    ["--model", "Llama-3.1-8B", "--gpu", "H100-80GB", "--tp", "0"],
+    ["--model", "Qwen2.5-7B", "--gpu", "H100-80GB", "--tp", "8"],
+    ["--model", "Llama-3.1-8B", "--gpu", "H100-80GB", "--kv-cache-dtype", "fp3"],
+    ["--model", "Llama-3.1-70B", "--gpu", "RTX-4090"],
+])
+def test_bad_input_exits_2(capsys, argv):
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 2 and out == ""
+    assert err.startswith("radixkv: error: ")
+
+
+def test_unknown_model_lists_presets(capsys):
+    rc, _, err = _run(capsys, "--model", "nope", "--gpu", "H100-80GB")
+    assert rc == 2 and "DeepSeek-V3" in err and "Llama-2-7B" in err
