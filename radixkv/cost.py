@@ -1,0 +1,207 @@
+"""Analytic roofline cost of one engine step (a batch of prefill chunks and decodes).
+
+A step runs a batch of *items*; item i computes ``n_i`` new tokens of a request whose KV
+already holds ``c_i`` tokens (``c_i`` = hit tokens + earlier chunks for a prefill chunk;
+the current KV length for a decode, where ``n_i = 1``). The model is a roofline:
+
+FLOPs (dense transformer, forward pass)
+    ``F = 2 · N_params · Σ n_i  +  4 · L · d_attn · Σ_i Σ_{t=c_i+1}^{c_i+n_i} t``
+
+    The first term is two FLOPs (one multiply-add) per parameter per token (Kaplan et al.
+    2020, "Scaling Laws for Neural Language Models", Table 1: ``C_forward ≈ 2N``). The
+    second term is causal attention: a token at position t (1-based) scores ``QKᵀ`` against
+    t keys and reads t values, ``2 · d_attn · t`` FLOPs each, in each of L layers
+    (Kaplan et al. Table 1 count the ``QKᵀ`` half as ``2 · n_layer · n_ctx · d_attn``; the
+    ``AV`` half is the same again, as in Chowdhery et al. 2022, "PaLM", Appendix B). The
+    inner sum is ``n_i · c_i + n_i (n_i + 1) / 2``: quadratic in the prompt for a prefill
+    from scratch, linear in the context for a decode.
+
+Bytes moved over HBM
+    ``M = W + kv_bytes_per_token · Σ_i (c_i + n_i)``: the weights once per step (W =
+    ``N_params × weight_dtype_bytes``) plus every KV byte the batch reads or writes
+    (Pope et al. 2022, "Efficiently Scaling Transformer Inference", §2; the same arithmetic
+    as kipply's "Transformer inference arithmetic", 2022). Activations are ignored.
+
+Step time
+    ``T = max(F / (peak_flops · mfu), M / (hbm_bytes_per_s · mbu)) + step_overhead_s``
+    with tensor parallelism dividing both terms by ``tp`` (communication ignored). ``mfu``
+    (model FLOP/s utilisation, default 0.6) and ``mbu`` (model bandwidth utilisation,
+    default 0.8) are *assumptions*, not measurements: large bf16 GEMMs reach about 60–70 %
+    of an A100's dense peak and decode kernels about 80 % of HBM bandwidth (the MBU term
+    and typical values: Databricks, "LLM Inference Performance Engineering: Best
+    Practices", 2023). Change them to fit a measured engine.
+
+Everything is in SI units: FLOPs, bytes, seconds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Roofline step-time model of one model replica.
+
+    Parameters
+    ----------
+    params : float
+        Parameter count N_params (all weights, embeddings included: a slight
+        over-count of the linear FLOPs, about 2 × vocab × hidden per token).
+    num_layers : int
+        L, transformer layers.
+    attn_dim : int
+        d_attn = query heads × head dim (= hidden size for Llama models), per layer.
+    kv_bytes_per_token : float
+        KV-cache bytes of one token over all layers (vLLM ``bytes_per_block / block_size``).
+    peak_flops : float
+        Dense peak FLOP/s of one GPU at the weight dtype (A100 bf16: 312e12).
+    hbm_bytes_per_s : float
+        HBM bandwidth of one GPU in bytes/s (A100-80GB SXM: 2.039e12).
+    weight_dtype_bytes : float
+        Bytes per weight (bf16: 2).
+    tp : int
+        Tensor-parallel degree: FLOPs and bytes split evenly over ``tp`` GPUs.
+    mfu, mbu : float
+        Achieved fractions of peak FLOP/s and of HBM bandwidth, in (0, 1].
+    step_overhead_s : float
+        Fixed time added to every step (scheduling, kernel launches), seconds; default 0.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When a parameter is not positive or an efficiency is outside (0, 1].
+    """
+
+    params: float
+    num_layers: int
+    attn_dim: int
+    kv_bytes_per_token: float
+    peak_flops: float
+    hbm_bytes_per_s: float
+    weight_dtype_bytes: float = 2.0
+    tp: int = 1
+    mfu: float = 0.6
+    mbu: float = 0.8
+    step_overhead_s: float = 0.0
+
+    def __post_init__(self):
+        for name in ("params", "num_layers", "attn_dim", "kv_bytes_per_token", "peak_flops",
+                     "hbm_bytes_per_s", "weight_dtype_bytes", "tp"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}", field=name)
+        for name in ("mfu", "mbu"):
+            v = getattr(self, name)
+            if not 0 < v <= 1:
+                raise ConfigError(f"{name} must be in (0, 1], got {v}", field=name)
+        if self.step_overhead_s < 0:
+            raise ConfigError("step_overhead_s must be ≥ 0", field="step_overhead_s")
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_specs(cls, model, gpu, *, tp: int = 1, **kw) -> "CostModel":
+        """Build from the memory model's ``ModelSpec`` and ``GPUSpec``.
+
+        Reads, by name, ``model.params`` (or ``num_params``), ``model.num_layers``,
+        ``model.num_heads × model.head_dim`` (or ``model.hidden_size``),
+        ``model.kv_bytes_per_token()`` (or the attribute), ``model.weight_dtype_bytes``
+        (default 2), ``gpu.peak_flops`` (or ``flops``/``bf16_flops``) and
+        ``gpu.hbm_bytes_per_s`` (or ``mem_bandwidth``). Extra keywords go to the
+        constructor (``mfu``, ``mbu``, ``step_overhead_s``).
+
+        Raises
+        ------
+        radixkv.errors.ConfigError
+            When a spec lacks one of these fields.
+        """
+
+        def pick(obj, names, what):
+            for n in names:
+                v = getattr(obj, n, None)
+                if v is not None:
+                    return v() if callable(v) else v
+            raise ConfigError(f"{what}: {type(obj).__name__} has none of {names}", field=names[0])
+
+        params = pick(model, ("params", "num_params", "param_count"), "model parameter count")
+        layers = pick(model, ("num_layers", "num_hidden_layers", "layers"), "model layers")
+        heads = getattr(model, "num_heads", None) or getattr(model, "num_attention_heads", None)
+        head_dim = getattr(model, "head_dim", None)
+        if heads and head_dim:
+            attn_dim = int(heads) * int(head_dim)
+        else:
+            attn_dim = pick(model, ("hidden_size", "hidden"), "model attention width")
+        kvb = pick(model, ("kv_bytes_per_token",), "model KV bytes per token")
+        wbytes = getattr(model, "weight_dtype_bytes", None) or getattr(model, "dtype_bytes", None) or 2
+        peak = pick(gpu, ("peak_flops", "flops", "bf16_flops", "peak_bf16_flops"), "GPU peak FLOP/s")
+        bw = pick(gpu, ("hbm_bytes_per_s", "mem_bandwidth", "hbm_bandwidth", "bandwidth"), "GPU HBM bandwidth")
+        return cls(params=float(params), num_layers=int(layers), attn_dim=int(attn_dim),
+                   kv_bytes_per_token=float(kvb), peak_flops=float(peak), hbm_bytes_per_s=float(bw),
+                   weight_dtype_bytes=float(wbytes), tp=int(tp), **kw)
+
+    # ---------------------------------------------------------------- FLOPs and bytes
+    def prefill_flops(self, new_tokens, context_tokens=0):
+        """FLOPs to compute *new_tokens* tokens after *context_tokens* tokens of KV.
+
+        Parameters
+        ----------
+        new_tokens, context_tokens : int or np.ndarray of int
+            n and c of the module formula (broadcast together).
+
+        Returns
+        -------
+        float or np.ndarray of float64
+            ``2 · N_params · n + 4 · L · d_attn · (n · c + n (n + 1) / 2)``.
+        """
+        n = np.asarray(new_tokens, dtype=np.float64)
+        c = np.asarray(context_tokens, dtype=np.float64)
+        f = 2.0 * self.params * n + 4.0 * self.num_layers * self.attn_dim * (n * c + n * (n + 1) / 2)
+        return float(f) if f.ndim == 0 else f
+
+    def step_time(self, new_tokens, context_tokens) -> float:
+        """Seconds of one step running a batch of items.
+
+        Parameters
+        ----------
+        new_tokens, context_tokens : array-like of int, shape (k,)
+            n_i and c_i of each item (see module docstring).
+
+        Returns
+        -------
+        float
+            ``max(F / (peak · mfu · tp), M / (bw · mbu · tp)) + step_overhead_s``; 0 for an
+            empty batch.
+        """
+        n = np.asarray(new_tokens, dtype=np.float64)
+        c = np.asarray(context_tokens, dtype=np.float64)
+        if n.size == 0:
+            return 0.0
+        flops = 2.0 * self.params * n.sum() + 4.0 * self.num_layers * self.attn_dim * float(
+            (n * c + n * (n + 1) / 2).sum()
+        )
+        bytes_ = self.params * self.weight_dtype_bytes + self.kv_bytes_per_token * float((c + n).sum())
+        return self._time(flops, bytes_)
+
+    def _time(self, flops, bytes_):
+        t_c = flops / (self.peak_flops * self.mfu * self.tp)
+        t_m = bytes_ / (self.hbm_bytes_per_s * self.mbu * self.tp)
+        return np.maximum(t_c, t_m) + self.step_overhead_s
+
+    def decode_steps_time(self, batch: int, context_sum: int, k: int) -> np.ndarray:
+        """Times of k consecutive pure-decode steps of the same *batch* requests.
+
+        Step j (0-based) feeds one token per request with ``context_sum + j · batch`` tokens
+        of KV in total before it; equal to ``step_time([1]*batch, contexts + j)``.
+
+        Returns
+        -------
+        np.ndarray, float64, shape (k,)
+            Seconds of each step.
+        """
+        j = np.arange(k, dtype=np.float64)
+        ctx = float(context_sum) + j * batch  # Σ c_i at step j
+        flops = 2.0 * self.params * batch + 4.0 * self.num_layers * self.attn_dim * (ctx + batch)
+        bytes_ = self.params * self.weight_dtype_bytes + self.kv_bytes_per_token * (ctx + batch)
+        return np.asarray(self._time(flops, bytes_), dtype=np.float64)

@@ -1,0 +1,323 @@
+"""Concurrent replay: requests arrive over time and share the pool while they run.
+
+The loop is a discrete-step simulation of a continuous-batching engine:
+
+1. requests whose arrival time has come join the waiting queue
+   (:mod:`radixkv.replay.arrivals` gives the times);
+2. the :class:`~radixkv.replay.scheduler.Scheduler` builds one step's batch (prefill
+   chunks and decodes), making the policy calls the step implies;
+3. the :class:`~radixkv.cost.CostModel` prices the step; the clock advances by its time;
+4. the scheduler applies the step (tokens sampled, requests finished).
+
+When the engine is idle the clock jumps to the next arrival. A run of identical
+pure-decode steps (nothing to admit until a request finishes or a request arrives) is
+priced and applied in one go (``Scheduler.fast_forward``); it gives the same result as
+stepping one token at a time, because nothing is looked up or freed in between.
+
+Per-request results are numpy columns (:class:`ConcurrentResult`); ``summary()`` gives the
+run's metrics with their units in the key names.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from radixkv.cost import CostModel
+from radixkv.errors import ConfigError
+from radixkv.replay.scheduler import Scheduler, SchedulerConfig
+
+#: per-request columns of :class:`ConcurrentResult` (shape (n,) each) and their units
+COLUMNS = {
+    "arrival_s": "arrival time, s from the start (float64)",
+    "admit_s": "first admission time, s (float64)",
+    "first_token_s": "time the first output token was sampled, s (float64; NaN if N = 0)",
+    "finish_s": "finish time, s (float64)",
+    "queue_s": "queueing delay: first admission − arrival, s (float64)",
+    "ttft_s": "time to first token: first token (or prefill end if N = 0) − arrival, s (float64)",
+    "tpot_s": "time per output token after the first: (finish − first token) / (N − 1), s (float64; NaN if N < 2)",
+    "e2e_s": "end-to-end latency: finish − arrival, s (float64)",
+    "prompt_tokens": "P (int64)",
+    "output_tokens": "N (int64)",
+    "hit_tokens": "prompt tokens served from the cache at the first admission (int64)",
+    "held_tokens": "prompt tokens the pool held as a token-level prefix at the first admission (int64)",
+    "evicted_tokens": "cached tokens evicted by the request's admissions (int64)",
+    "preemptions": "times the request was preempted by recompute (int64)",
+    "recomputed_tokens": "tokens computed again by re-admissions after preemption (int64)",
+}
+
+
+@dataclass
+class ConcurrentResult:
+    """What a concurrent replay saw.
+
+    Attributes
+    ----------
+    req_id : np.ndarray of str, shape (n,)
+    columns : dict[str, np.ndarray]
+        Every key of :data:`COLUMNS`, shape (n,), in replay order.
+    duration_s : float
+        From the first arrival to the last finish.
+    busy_s : float
+        Time with at least one request running.
+    running_area : float
+        ∫ (running requests) dt over the run, request·s.
+    peak_running : int
+        Most requests running in one step.
+    steps : int
+        Engine steps simulated.
+    prefill_flops : float
+        FLOPs of every prefill token computed (re-admissions included).
+    prefill_flops_saved : float
+        FLOPs the first admissions' hits avoided: Σ ``prefill_flops(hit, 0)``.
+    meta : dict
+        Configuration (policy, scheduler knobs, cost parameters).
+    """
+
+    req_id: np.ndarray
+    columns: dict
+    duration_s: float
+    busy_s: float
+    running_area: float
+    peak_running: int
+    steps: int
+    prefill_flops: float
+    prefill_flops_saved: float
+    meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.req_id)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.columns[name]
+
+    def summary(self) -> dict:
+        """Run metrics, units in the key names; plain Python numbers, deterministic.
+
+        Keys: ``requests``, ``duration_s``, ``concurrency_mean`` (time-weighted mean of
+        running requests over the duration), ``concurrency_busy_mean`` (over busy time
+        only), ``concurrency_peak``, ``queue_mean_s``, ``queue_p50_s``, ``queue_p99_s``,
+        ``ttft_{mean,p50,p90,p99}_s``, ``tpot_{mean,p50,p99}_s``, ``e2e_{p50,p99}_s``,
+        ``throughput_output_tokens_per_s``, ``throughput_total_tokens_per_s`` (prompt +
+        output), ``preemptions``, ``preempted_requests``, ``prompt_tokens``, ``hit_tokens``,
+        ``token_hit_rate`` (first admissions), ``recomputed_tokens``, ``prefill_flops``,
+        ``prefill_flops_saved``, ``steps``. Percentiles are numpy's linear interpolation;
+        NaN when no request has the quantity.
+        """
+        c = self.columns
+        d = self.duration_s
+
+        def pct(x, q):
+            x = x[~np.isnan(x)]
+            return float(np.percentile(x, q)) if x.size else float("nan")
+
+        def mean(x):
+            x = x[~np.isnan(x)]
+            return float(x.mean()) if x.size else float("nan")
+
+        prompt = int(c["prompt_tokens"].sum())
+        hit = int(c["hit_tokens"].sum())
+        out = int(c["output_tokens"].sum())
+        return {
+            "requests": int(len(self)),
+            "duration_s": float(d),
+            "concurrency_mean": float(self.running_area / d) if d > 0 else float("nan"),
+            "concurrency_busy_mean": float(self.running_area / self.busy_s) if self.busy_s > 0 else float("nan"),
+            "concurrency_peak": int(self.peak_running),
+            "queue_mean_s": mean(c["queue_s"]),
+            "queue_p50_s": pct(c["queue_s"], 50),
+            "queue_p99_s": pct(c["queue_s"], 99),
+            "ttft_mean_s": mean(c["ttft_s"]),
+            "ttft_p50_s": pct(c["ttft_s"], 50),
+            "ttft_p90_s": pct(c["ttft_s"], 90),
+            "ttft_p99_s": pct(c["ttft_s"], 99),
+            "tpot_mean_s": mean(c["tpot_s"]),
+            "tpot_p50_s": pct(c["tpot_s"], 50),
+            "tpot_p99_s": pct(c["tpot_s"], 99),
+            "e2e_p50_s": pct(c["e2e_s"], 50),
+            "e2e_p99_s": pct(c["e2e_s"], 99),
+            "throughput_output_tokens_per_s": float(out / d) if d > 0 else float("nan"),
+            "throughput_total_tokens_per_s": float((out + prompt) / d) if d > 0 else float("nan"),
+            "preemptions": int(c["preemptions"].sum()),
+            "preempted_requests": int((c["preemptions"] > 0).sum()),
+            "prompt_tokens": prompt,
+            "hit_tokens": hit,
+            "token_hit_rate": float(hit / prompt) if prompt else float("nan"),
+            "recomputed_tokens": int(c["recomputed_tokens"].sum()),
+            "prefill_flops": float(self.prefill_flops),
+            "prefill_flops_saved": float(self.prefill_flops_saved),
+            "steps": int(self.steps),
+        }
+
+
+def replay_concurrent(
+    trace,
+    policy,
+    cost: CostModel,
+    *,
+    arrivals: np.ndarray | None = None,
+    config: SchedulerConfig | None = None,
+    progress=None,
+) -> ConcurrentResult:
+    """Replay *trace* through *policy* with requests running concurrently.
+
+    Parameters
+    ----------
+    trace : radixkv.trace.Trace
+        Requests in replay order.
+    policy : radixkv.policies.base.PrefixCache
+        A fresh policy; the request row is its ``rid``.
+    cost : radixkv.cost.CostModel
+        Prices each step.
+    arrivals : np.ndarray of float64, shape (n,), or None
+        Arrival times in seconds, non-decreasing (default: the trace's, shifted to 0).
+    config : SchedulerConfig or None
+        Scheduler knobs (default ``SchedulerConfig()``).
+    progress : callable or None
+        Called as ``progress(done, total)`` after each step that finishes requests.
+
+    Returns
+    -------
+    ConcurrentResult
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When arrivals do not match the trace, or a request can never fit the pool.
+    """
+    config = config or SchedulerConfig()
+    n = len(trace)
+    if arrivals is None:
+        arrivals = np.asarray(trace.arrival_s, dtype=np.float64) - (float(trace.arrival_s[0]) if n else 0.0)
+    arrivals = np.asarray(arrivals, dtype=np.float64)
+    if arrivals.shape != (n,):
+        raise ConfigError(f"{arrivals.shape[0] if arrivals.ndim else 0} arrival times for {n} requests", field="arrivals")
+    if n and (np.any(np.diff(arrivals) < 0) or not np.all(np.isfinite(arrivals))):
+        raise ConfigError("arrival times must be finite and non-decreasing", field="arrivals")
+    sch = Scheduler(trace, policy, config)
+    arr = arrivals.tolist()
+    nan = float("nan")
+    admit_s = [nan] * n
+    first_tok = [nan] * n
+    finish = [nan] * n
+    now = arr[0] if n else 0.0
+    t0 = now
+    nxt = 0  # next request to arrive
+    done = 0
+    steps = 0
+    area = 0.0
+    busy = 0.0
+    peak = 0
+    pf_flops = 0.0
+    while done < n:
+        while nxt < n and arr[nxt] <= now:
+            sch.enqueue(nxt)
+            nxt += 1
+        if not sch.running and not sch.waiting:
+            now = max(now, arr[nxt])
+            continue
+        plan = sch.schedule()
+        for i in sch.admitted_now:
+            admit_s[i] = now
+        if plan.empty:
+            if not sch.running:
+                i = sch.waiting[0]
+                raise ConfigError(
+                    f"request {trace.req_id[i]!r} cannot be admitted into an otherwise idle pool "
+                    f"({policy.capacity_tokens} tokens)",
+                    path=trace.name or None,
+                    field="num_slots",
+                )
+            continue  # only preemptions happened; schedule again at the same time
+        peak = max(peak, plan.n_running)
+        if sch.can_fast_forward(plan):
+            k = sch.max_fast_forward()
+            batch = len(plan.req)
+            dts = cost.decode_steps_time(batch, int(sum(plan.ctx)), k)
+            if not sch.waiting and nxt < n:
+                ends = now + np.cumsum(dts)
+                j = int(np.searchsorted(ends, arr[nxt], side="left"))
+                if j + 1 < k:
+                    k = j + 1
+                    dts = dts[:k]
+            dt = float(dts.sum())
+            sch.fast_forward(k)
+            steps += k
+        else:
+            dt = float(cost.step_time(plan.new, plan.ctx))
+            pre_new = [c for c, p in zip(plan.new, plan.prefill) if p]
+            if pre_new:
+                pre_ctx = [c for c, p in zip(plan.ctx, plan.prefill) if p]
+                pf_flops += float(np.sum(cost.prefill_flops(np.asarray(pre_new), np.asarray(pre_ctx))))
+            sch.complete(plan)
+            steps += 1
+        area += plan.n_running * dt
+        busy += dt
+        now += dt
+        for i in sch.first_token_now:
+            if math.isnan(first_tok[i]):
+                first_tok[i] = now
+        sch.first_token_now = []
+        for i in sch.finished_now:
+            finish[i] = now
+        done += len(sch.finished_now)
+        if sch.finished_now and progress is not None:
+            progress(done, n)
+        sch.finished_now = []
+    return _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, finish,
+                   t0, now, busy, area, peak, steps, pf_flops)
+
+
+def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, finish,
+            t0, t_end, busy, area, peak, steps, pf_flops) -> ConcurrentResult:
+    admit = np.asarray(admit_s, dtype=np.float64)
+    ftok = np.asarray(first_tok, dtype=np.float64)
+    fin = np.asarray(finish, dtype=np.float64)
+    N = np.asarray(sch.N, dtype=np.int64)
+    P = np.asarray(sch.P, dtype=np.int64)
+    # prefill-only requests (N = 0): their "first token" time is the prefill end = finish
+    ttft_end = np.where(N > 0, ftok, fin)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(N >= 2, (fin - ftok) / np.maximum(N - 1, 1), np.nan)
+    hit = np.asarray(sch.hit, dtype=np.int64)
+    cols = {
+        "arrival_s": arrivals.copy(),
+        "admit_s": admit,
+        "first_token_s": ftok,
+        "finish_s": fin,
+        "queue_s": admit - arrivals,
+        "ttft_s": ttft_end - arrivals,
+        "tpot_s": tpot,
+        "e2e_s": fin - arrivals,
+        "prompt_tokens": P,
+        "output_tokens": N,
+        "hit_tokens": hit,
+        "held_tokens": np.asarray(sch.held, dtype=np.int64),
+        "evicted_tokens": np.asarray(sch.evicted, dtype=np.int64),
+        "preemptions": np.asarray(sch.preemptions, dtype=np.int64),
+        "recomputed_tokens": np.asarray(sch.recomputed, dtype=np.int64),
+    }
+    saved = float(np.sum(cost.prefill_flops(hit, 0))) if len(hit) else 0.0
+    meta = {
+        "policy": getattr(policy, "name", type(policy).__name__),
+        "num_slots": policy.num_slots,
+        "slot_tokens": policy.slot_tokens,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "schedule_policy": config.schedule_policy,
+        "admission": config.admission,
+        "cost": {k: getattr(cost, k) for k in cost.__dataclass_fields__},
+    }
+    return ConcurrentResult(
+        req_id=np.asarray(trace.req_id),
+        columns=cols,
+        duration_s=float(t_end - t0),
+        busy_s=float(busy),
+        running_area=float(area),
+        peak_running=int(peak),
+        steps=int(steps),
+        prefill_flops=float(pf_flops),
+        prefill_flops_saved=saved,
+        meta=meta,
+    )
