@@ -1,0 +1,374 @@
+"""BlockHashCache (vLLM v1 APC): hand-worked rules, golden replays, kernels.
+
+Every expected number below is worked out by hand in the comment beside it from the
+rules in ../shared/SEMANTICS.md ("vLLM v1") or taken from the real engine's golden files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from radixkv.errors import ConfigError
+from radixkv.policies import BlockHashCache
+from radixkv.policies import _hash_kernels as K
+from radixkv.policies.block_hash import HashCollisionError
+from radixkv.trace.types import Trace
+
+from _golden_traces import golden_trace
+from conftest import GOLDEN_LOCAL, shared_path
+
+ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def tok_trace(reqs):
+    """Token trace (U = 1) from [(prompt ids, output ids), ...] in this order."""
+    n = len(reqs)
+    return Trace.from_requests(
+        req_id=[f"q{i}" for i in range(n)], arrival_s=list(range(n)),
+        prompt_len=[len(p) for p, _ in reqs], output_len=[len(o) for _, o in reqs],
+        prompt_ids=[p for p, _ in reqs], output_ids=[o for _, o in reqs],
+    )
+
+
+def seq(prompt, output=()):
+    return tok_trace([(list(prompt), list(output))]).kv_seq(0)
+
+
+# ---------------------------------------------------------------------- rules
+def test_last_token_cap_rounds_down_to_a_block():
+    # reference/vllm.md §2, B = 16: P = 32 fully cached -> hit 16; P = 33 -> 32; P = 16 -> 0
+    c = BlockHashCache(100, 16)
+    base = list(range(32))
+    assert c.run_request(0, seq(base)).hit_tokens == 0
+    a = c.run_request(1, seq(base))
+    assert (a.hit_tokens, a.held_tokens) == (16, 32)  # (32−1)//16 = 1 block; all 32 held
+    a = c.run_request(2, seq(base + [7]))
+    assert (a.hit_tokens, a.held_tokens) == (32, 32)  # (33−1)//16 = 2 blocks; token 7 new
+    a = c.run_request(3, seq(base[:16]))
+    assert (a.hit_tokens, a.held_tokens) == (0, 16)  # (16−1)//16 = 0 blocks
+
+
+def test_initial_queue_allocation_and_tail_first_release():
+    # 10 blocks, 9 usable (ids 1..9). P = 40, N = 3 -> KV 42 tokens = blocks 1, 2, 3 from
+    # the head; blocks 1, 2 full (hashed), 3 partial. Release tail first: 3 (unhashed) to the
+    # head, then 2 and 1 appended: [3, 4, 5, 6, 7, 8, 9, 2, 1].
+    c = BlockHashCache(10, 16)
+    s = seq(range(40), [1, 2, 3])
+    assert c.admit(0, s).hit_tokens == 0
+    assert c.free_queue().tolist() == [4, 5, 6, 7, 8, 9]
+    assert c.extend(0, 2)
+    assert c.block_table(0).tolist() == [1, 2, 3]
+    c.finish(0)
+    assert c.free_queue().tolist() == [3, 4, 5, 6, 7, 8, 9, 2, 1]
+    st = c.stats()
+    # 2 cached blocks, 7 free; blocks 3..9 are contiguous ids (largest free run 7)
+    assert (st.used_slots, st.cached_slots, st.free_slots) == (0, 2, 7)
+    assert (st.valid_tokens, st.cached_tokens, st.largest_free_run) == (32, 32, 7)
+
+
+def test_eviction_takes_the_head_and_children_go_first():
+    # 3 usable blocks, B = 4. A = a0..a7 -> blocks 1 (A1), 2 (A2); queue [3, 2, 1].
+    a = [100 + i for i in range(8)]
+    b = [200 + i for i in range(8)]
+    c = BlockHashCache(4, 4)
+    c.run_request(0, seq(a))
+    assert c.free_queue().tolist() == [3, 2, 1]
+    # B needs 2 blocks: pops 3 (free) and 2 (A2's key dropped: 4 tokens evicted)
+    adm = c.run_request(1, seq(b))
+    assert (adm.hit_tokens, adm.evicted_tokens) == (0, 4)
+    # B's blocks [3, 2] released tail first: queue [1, 2, 3]
+    assert c.free_queue().tolist() == [1, 2, 3]
+    # A again: A1 hits (block 1), A2 gone -> chain 1 = cap 7//4 = 1 -> hit 4, held 4.
+    # Needs 1 new + 1 touched = 2 <= 3: touch 1, pop 2 (B's second block: 4 evicted).
+    adm = c.run_request(2, seq(a))
+    assert (adm.hit_tokens, adm.held_tokens, adm.evicted_tokens) == (4, 4, 4)
+    assert c.free_queue().tolist() == [3, 2, 1]
+    assert (c.evictions, c.evicted_tokens_total) == (2, 8)
+    # cached: 1 = A1, 2 = A2, 3 = B1 (its child B2 was evicted): all 3 reachable
+    st = c.stats()
+    assert (st.cached_slots, st.cached_tokens, st.free_slots) == (3, 12, 0)
+
+
+def test_admission_counts_touched_hit_blocks_and_refusal_changes_nothing():
+    # 3 usable blocks, B = 4. A = a0..a7 cached in 1, 2; queue [3, 2, 1].
+    a = [100 + i for i in range(8)]
+    c = BlockHashCache(4, 4)
+    c.run_request(0, seq(a))
+    before = (c.free_queue().tolist(), c.stats())
+    # P = 13 = A + 5 new: hit 2 blocks (cap 12//4 = 3); needs ceil(13/4) − 2 = 2 new + 2
+    # touched = 4 > 3 free -> refused (2 new alone would fit)
+    assert c.admit(1, seq(a + [1, 2, 3, 4, 5])) is None
+    assert c.run_request(1, seq(a + [1, 2, 3, 4, 5])) is None
+    assert (c.free_queue().tolist(), c.stats()) == before
+    assert c.evictions == 0
+    # the whole prompt must fit before a first chunk: 4 tokens would fit, 13 do not
+    assert c.admit(2, seq(a + [1, 2, 3, 4, 5]), n_tokens=4) is None
+    # P = 12: hit cap 11//4 = 2 blocks; 1 new + 2 touched = 3 <= 3 -> admitted, hit 8
+    adm = c.admit(3, seq(a + [1, 2, 3, 4]))
+    assert adm.hit_tokens == 8
+    assert c.block_table(3).tolist() == [1, 2, 3]
+    # a prompt longer than the pool: ceil(13/4) = 4 blocks > 3 usable
+    c2 = BlockHashCache(4, 4)
+    assert c2.admit(0, seq(range(13))) is None
+    assert c2.free_queue().tolist() == [1, 2, 3]
+
+
+def test_duplicates_first_inserted_served_and_evicting_one_keeps_the_other():
+    t = [10 + i for i in range(8)]  # K1 = t0..t3, K2 = t4..t7
+    c = BlockHashCache(13, 4)  # 12 usable
+    c.run_request(0, seq(t))  # blocks 1 (K1), 2 (K2); queue [3..12, 2, 1]
+    # same P = 8: cap 7//4 = 1 -> hit K1 (block 1); block 2 of the prompt recomputed into
+    # block 3, which also gets K2: a duplicate
+    assert c.admit(1, seq(t)).hit_tokens == 4
+    assert c.block_table(1).tolist() == [1, 3]
+    st = c.stats()
+    assert (st.duplicate_tokens, st.cached_tokens, st.valid_tokens) == (4, 8, 12)
+    c.finish(1)  # release 3 then 1: queue [4..12, 2, 3, 1]
+    assert c.free_queue().tolist() == list(range(4, 13)) + [2, 3, 1]
+    # an unrelated 40-token prompt takes 10 blocks: 4..12 and then 2, the FIRST K2 block
+    adm = c.run_request(2, seq(range(500, 540)))
+    assert adm.evicted_tokens == 4
+    assert c.stats().duplicate_tokens == 0
+    # K2 now served by block 3, the remaining duplicate: t + [z] hits K1 (1) and K2 (3)
+    adm = c.admit(3, seq(t + [99]))
+    assert adm.hit_tokens == 8
+    assert c.block_table(3).tolist()[:2] == [1, 3]
+
+
+def test_partial_block_of_a_running_request_is_not_cached():
+    # B = 4. A: prompt p0..p5, outputs o0..o5 -> KV 11 tokens
+    p = [1, 2, 3, 4, 5, 6]
+    o = [7, 8, 9, 10, 11, 12]
+    c = BlockHashCache(20, 4)
+    c.admit(0, seq(p, o))  # block 1 = p0..p3 full (hashed), block 2 = p4, p5 partial
+    # probe p0..p5 o0 o1 x (P = 9): only K1 matches (A's block 2 is unhashed):
+    # hit = min(1, 8//4) × 4 = 4; held = 4 + 0 (no hashed child of K1)
+    adm = c.admit(1, seq(p + [7, 8, 0]))
+    assert (adm.hit_tokens, adm.held_tokens) == (4, 4)
+
+
+def test_decode_block_hit_while_running():
+    p = [1, 2, 3, 4, 5, 6]
+    o = [7, 8, 9, 10, 11, 12]
+    c = BlockHashCache(20, 4)
+    c.admit(0, seq(p, o))
+    # A computes o0, o1: block 2 = p4 p5 o0 o1 is full and hashed at the end of the step
+    assert c.extend(0, 2)
+    adm = c.admit(1, seq(p + [7, 8, 0]))  # P = 9: chain 2, cap 8//4 = 2 -> hit 8
+    assert (adm.hit_tokens, adm.held_tokens) == (8, 8)
+    assert c.block_table(1).tolist()[:2] == c.block_table(0).tolist()[:2]
+    st = c.stats()
+    # A holds 2 blocks (8 tokens), B shares them and adds 1 block with 1 token:
+    # used 3; valid = 2 hashed × 4 + A's 8 % 4 + B's 9 % 4 = 9
+    assert (st.used_slots, st.valid_tokens, st.cached_slots) == (3, 9, 0)
+
+
+def test_held_tokens_token_granularity():
+    # B = 4
+    c = BlockHashCache(20, 4)
+    c.run_request(0, seq([1, 2, 3, 4, 5, 6, 7, 8]))  # K1 = 1..4, K2 = 5..8
+    a = c.run_request(1, seq([1, 2, 3, 4, 5, 6, 9]))  # chain 1, then [5,6,9] vs [5,6,7,8]
+    assert (a.hit_tokens, a.held_tokens) == (4, 6)  # cap 6//4 = 1; held 4 + 2
+    a = c.run_request(2, seq([1, 2, 3, 4, 5, 9, 9, 9, 9]))  # [5,9,9,9] vs [5,6,7,8]: 1
+    assert (a.hit_tokens, a.held_tokens) == (4, 5)
+    a = c.run_request(3, seq([9]))  # [9] vs K1's [1,2,3,4]: 0
+    assert (a.hit_tokens, a.held_tokens) == (0, 0)
+    a = c.run_request(4, seq([1, 2]))  # [1,2] vs [1,2,3,4]: 2; P = 2 < B: no hit possible
+    assert (a.hit_tokens, a.held_tokens) == (0, 2)
+
+
+def test_resumed_request_looks_up_prompt_and_generated_tokens():
+    p = [1, 2, 3, 4, 5, 6]
+    o = [7, 8, 9, 10, 11, 12]
+    c = BlockHashCache(20, 4)
+    s = seq(p, o)
+    c.run_request(0, s)  # KV 11: blocks p0..p3, p4 p5 o0 o1 hashed; o2..o4 partial
+    # as a new request (P = 6): cap 5//4 = 1 block
+    assert c.admit(1, s).hit_tokens == 4
+    c.preempt(1)
+    # resumed with 3 generated tokens: 9 known tokens, cap 8//4 = 2 blocks
+    adm = c.admit(2, s, n_tokens=9)
+    assert adm.hit_tokens == 8
+    assert c.extend(2, 2)  # to the KV extent 11
+    with pytest.raises(ValueError):
+        c.extend(2, 1)
+
+
+def test_unit_segments_partial_units_and_unique_tails():
+    # U = 4, partial last unit; B = 2. A = ids [10, 11] (8 tokens): 4 blocks cached.
+    t = Trace.from_requests(
+        req_id=["a", "b", "c"], arrival_s=[0, 1, 2], prompt_len=[8, 6, 3], output_len=[0, 0, 0],
+        prompt_ids=[[10, 11], [10, 12], [10]], unit_tokens=4, partial_last_unit=True,
+    )
+    c = BlockHashCache(40, 2)
+    c.run_request(0, t.kv_seq(0))
+    # B = [10 (4 tokens), 12 (2 tokens)]: blocks (10:0-1), (10:2-3) hit, (12:0-1) misses;
+    # cap (6−1)//2 = 2 -> hit 4; held 4 + common prefix of (12,0) vs (11,0) = 0
+    a = c.run_request(1, t.kv_seq(1))
+    assert (a.hit_tokens, a.held_tokens) == (4, 4)
+    # C = first 3 tokens of unit 10: block 0 hits; cap 2//2 = 1 -> hit 2; the partial block
+    # (10,2) is the first token of A's block (10,2),(10,3): held 3
+    a = c.run_request(2, t.kv_seq(2))
+    assert (a.hit_tokens, a.held_tokens) == (2, 3)
+    # WEKA-style unique tails never match: P = 9 = ids [10, 11] + 1 unique token, N = 3
+    w = Trace.from_requests(
+        req_id=["d", "e"], arrival_s=[0, 1], prompt_len=[9, 9], output_len=[3, 3],
+        prompt_ids=[[10, 11], [10, 11]], unit_tokens=4, partial_last_unit=False,
+    )
+    c = BlockHashCache(40, 2)
+    c.run_request(0, w.kv_seq(0))  # KV 11: block 4 = (unique tail, first output) hashed
+    a = c.run_request(1, w.kv_seq(1))
+    # chain 4 blocks = cap (9−1)//2 = 4 -> hit 8; the tail token is unique: held 8, not 9
+    assert (a.hit_tokens, a.held_tokens) == (8, 8)
+
+
+def test_verify_detects_hash_collisions():
+    # with 0 key bits every block has key 0: every lookup "hits"
+    a, b = seq([1, 2, 3, 4, 5, 6, 7, 8]), seq([9, 9, 9, 9, 9])
+    c = BlockHashCache(20, 4, verify=True, _key_bits=0)
+    c.run_request(0, a)
+    before = (c.free_queue().tolist(), c.stats())
+    with pytest.raises(HashCollisionError):
+        c.run_request(1, b)
+    assert (c.free_queue().tolist(), c.stats()) == before
+    # without verify the collision silently serves A's block: hit 4 (wrong content)
+    c = BlockHashCache(20, 4, _key_bits=0)
+    c.run_request(0, a)
+    assert c.run_request(1, b).hit_tokens == 4
+    # with 64-bit keys the same requests do not hit
+    c = BlockHashCache(20, 4, verify=True)
+    c.run_request(0, a)
+    assert c.run_request(1, b).hit_tokens == 0
+
+
+def test_config_and_misuse_errors():
+    with pytest.raises(ConfigError):
+        BlockHashCache(1, 16)  # only the null block
+    with pytest.raises(ConfigError):
+        BlockHashCache(10, 0)
+    with pytest.raises(ConfigError):
+        BlockHashCache.from_capacity_tokens(15, 16)
+    c = BlockHashCache.from_capacity_tokens(100, 16)  # 100 // 16 = 6 usable + null
+    assert (c.num_gpu_blocks, c.num_slots, c.slot_tokens, c.capacity_tokens) == (7, 6, 16, 96)
+    s = seq(range(20), [1, 2])
+    c.admit(0, s)
+    with pytest.raises(ValueError):
+        c.admit(0, s)
+    with pytest.raises(ValueError):
+        c.extend(0, 2)  # KV extent 21 = 20 + 1
+    with pytest.raises(ValueError):
+        c.admit(1, s, n_tokens=22)
+    with pytest.raises(KeyError):
+        c.finish(5)
+
+
+# ---------------------------------------------------------------------- kernels
+def test_keys_are_chained_on_the_parent():
+    a = seq([1, 2, 3, 4, 5, 6, 7, 8])
+    b = seq([9, 9, 9, 9, 5, 6, 7, 8])  # same second block content, different parent
+    c = seq([1, 2, 3, 4, 5, 6, 7, 8, 1])
+    ka, pa = K.seq_block_keys(a.seg_id, a.seg_end, 4, 2, ALL)
+    kb, _ = K.seq_block_keys(b.seg_id, b.seg_end, 4, 2, ALL)
+    kc, _ = K.seq_block_keys(c.seg_id, c.seg_end, 4, 2, ALL)
+    assert pa == 4  # token trace: 4 one-token pieces per block
+    assert ka.tolist() == kc.tolist()
+    assert ka[0] != kb[0] and ka[1] != kb[1]
+
+
+def test_hash_table_delete_keeps_every_probe_chain():
+    # cap 8; keys with equal home slot (low 3 bits) form one probe cluster that wraps
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        tk = np.zeros(8, dtype=np.uint64)
+        tv = np.zeros((3, 8), dtype=np.int64)
+        live = {}
+        for step in range(40):
+            if live and (len(live) == 7 or rng.random() < 0.45):
+                key = list(live)[rng.integers(len(live))]
+                i = K._find(tk, tv[2], np.uint64(key))
+                assert i >= 0
+                K._delete_slot(tk, tv, 2, i)
+                del live[key]
+            else:
+                key = int(rng.integers(0, 6)) * 8 + int(rng.choice([6, 7, 0]))
+                if key in live:
+                    continue
+                i = K._slot_for_insert(tk, tv[2], np.uint64(key))
+                tk[i] = key
+                tv[0, i] = step
+                tv[2, i] = 1
+                live[key] = step
+            for k in range(48):
+                i = K._find(tk, tv[2], np.uint64(k))
+                assert (i >= 0) == (k in live)
+                if i >= 0:
+                    assert tv[0, i] == live[k]
+
+
+# ---------------------------------------------------------------------- golden
+def _manifest():
+    """Golden runs whose per-request file is copied into tests/data/golden (token traces)."""
+    rows = (GOLDEN_LOCAL / "vllm" / "manifest.jsonl").read_text().splitlines()
+    return [m for m in map(json.loads, filter(None, rows)) if (GOLDEN_LOCAL / "vllm" / f"{m['name']}.jsonl").exists()]
+
+
+def _replay_golden(m, rows_path):
+    t = golden_trace(m["trace"], GOLDEN_LOCAL, shared_path)
+    rows = [json.loads(line) for line in Path(rows_path).read_text().splitlines() if line]
+    assert len(rows) == len(t)
+    c = BlockHashCache(m["num_gpu_blocks"], m["block_size"], verify=True)
+    bad = []
+    for i in range(len(t)):
+        assert rows[i]["id"] == t.req_id[i] and rows[i]["prompt_len"] == t.prompt_len[i]
+        a = c.run_request(i, t.kv_seq(i))
+        if a is None or a.hit_tokens != rows[i]["hit_tokens"]:
+            bad.append((rows[i]["id"], rows[i]["hit_tokens"], a))
+    assert bad == [], f"{len(bad)} mismatches, first: {bad[:3]}"
+
+
+@pytest.mark.parametrize("m", _manifest(), ids=lambda m: m["name"])
+def test_golden_local(m):
+    _replay_golden(m, GOLDEN_LOCAL / "vllm" / f"{m['name']}.jsonl")
+
+
+@pytest.mark.parametrize("name", ["vllm_mooncake_conv1500_b16_n20000", "vllm_mooncake_conv1500_b512_n600",
+                                  "vllm_weka0001_b64_n3300"])
+def test_golden_shared(name):
+    man = shared_path("golden", "vllm", "manifest.jsonl")
+    m = next(m for m in map(json.loads, man.read_text().splitlines()) if m["name"] == name)
+    _replay_golden(m, shared_path("golden", "vllm", f"{name}.jsonl"))
+
+
+def test_every_shared_golden_run_is_covered():
+    man = shared_path("golden", "vllm", "manifest.jsonl")
+    names = {json.loads(line)["name"] for line in man.read_text().splitlines() if line}
+    covered = {m["name"] for m in _manifest()} | {
+        "vllm_mooncake_conv1500_b16_n20000", "vllm_mooncake_conv1500_b512_n600", "vllm_weka0001_b64_n3300"}
+    assert names <= covered
+
+
+def test_kernels_without_jit_match_golden():
+    # the kernels are pure functions: run them as plain Python (NUMBA_DISABLE_JIT=1) on the
+    # edge300 golden run and compare with the real engine's hits
+    code = (
+        "import json, sys, numpy as np; np.seterr(over='ignore');"
+        "sys.path[:0] = [%r];"
+        "from _golden_traces import native_trace;"
+        "from radixkv.policies.block_hash import BlockHashCache;"
+        "t = native_trace(%r);"
+        "rows = [json.loads(l) for l in open(%r)];"
+        "c = BlockHashCache(40, 16, verify=True);"
+        "bad = sum(c.run_request(i, t.kv_seq(i)).hit_tokens != rows[i]['hit_tokens'] for i in range(len(t)));"
+        "print('BAD', bad)"
+    ) % (str(Path(__file__).parent), str(GOLDEN_LOCAL / "traces" / "edge300.jsonl"),
+         str(GOLDEN_LOCAL / "vllm" / "vllm_edge300_b16_n40.jsonl"))
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "BAD 0" in out.stdout
