@@ -6,6 +6,7 @@
 - ``convert IN OUT [--format F] [--limit K]``: read any supported format, write ``.npz``
   (binary) or ``.jsonl`` (native) by OUT's extension, atomically
   (:func:`radixkv.trace.load.save_trace`).
+- ``synth SCENARIO ...``: attached from :mod:`radixkv.cli.synth_cmd` when present.
 """
 from __future__ import annotations
 
@@ -76,3 +77,12 @@ def register(subparsers) -> None:
     pc.add_argument("--format", default=None, help=fmt_help)
     pc.add_argument("--limit", default=None, metavar="K", help="only the first K requests in replay order")
     pc.set_defaults(func=cmd_convert)
+
+    # ``trace synth`` lives in radixkv.cli.synth_cmd (the synthetic-workload owner's module)
+    try:
+        from radixkv.cli.synth_cmd import register_synth
+    except ModuleNotFoundError as e:
+        if e.name != "radixkv.cli.synth_cmd":
+            raise
+    else:
+        register_synth(sub)

@@ -1,0 +1,75 @@
+"""``radixkv trace inspect | convert`` end to end through the CLI entry point."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from conftest import GOLDEN_LOCAL, shared_path
+from radixkv.cli import main
+from radixkv.trace.load import load_trace
+
+TOKENS = (
+    '{"id": "a", "tokens": [1, 2, 3, 4], "output_length": 2, "arrival_s": 1.5}\n'
+    '{"id": "b", "tokens": [1, 2, 3, 9, 9, 9], "output_length": 0, "arrival_s": 0.5}\n'
+)
+
+
+def test_inspect_json_hand_worked(tmp_path, capsys):
+    p = tmp_path / "t.jsonl"
+    p.write_text(TOKENS)
+    assert main(["trace", "inspect", str(p), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    # replay order: b (0.5 s) then a (1.5 s); a hits [1,2,3] of b → 3 of 4 tokens
+    assert d["requests"] == 2 and d["unit_tokens"] == 1
+    assert d["prompt_tokens"]["total"] == 10 and d["output_tokens"]["total"] == 2
+    assert d["prompt_tokens"]["p50"] == 5.0  # median of 4 and 6
+    assert d["distinct_ids"] == 5  # 1, 2, 3, 4, 9
+    assert d["time_span_s"] == 1.0
+    assert d["infinite_cache_hit_ratio"]["hit_tokens"] == 3
+    assert d["infinite_cache_hit_ratio"]["token_weighted"] == 0.3
+    assert d["infinite_cache_hit_ratio"]["mean_per_request"] == (0 + 3 / 4) / 2
+
+
+def test_inspect_limit_and_table(tmp_path, capsys):
+    p = tmp_path / "t.jsonl"
+    p.write_text(TOKENS)
+    assert main(["trace", "inspect", str(p), "--limit", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "requests           1" in out and "hit ratio: 0.0000" in out
+
+
+def test_convert_round_trip_and_format_option(tmp_path, capsys):
+    src = shared_path("traces", "mooncake-fast25", "conversation_trace.jsonl")
+    out = tmp_path / "m.npz"
+    assert main(["trace", "convert", str(src), str(out), "--format", "mooncake", "--limit", "500"]) == 0
+    a = load_trace(src).head(500)
+    b = load_trace(out)
+    assert b.unit_tokens == 512 and b.partial_last_unit and len(b) == 500
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.id_offsets, b.id_offsets)
+    assert list(a.req_id) == list(b.req_id)
+    jl = tmp_path / "m.jsonl"
+    assert main(["trace", "convert", str(out), str(jl)]) == 0
+    c = load_trace(jl)
+    assert np.array_equal(c.ids, b.ids) and np.array_equal(c.arrival_s, b.arrival_s)
+
+
+def test_cli_errors_exit_2(tmp_path, capsys):
+    p = tmp_path / "t.jsonl"
+    p.write_text(TOKENS + '{"tokens": [1], "output_length": -1}\n')
+    assert main(["trace", "inspect", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert f"{p}, line 3, field 'output_length'" in err
+    q = tmp_path / "ok.jsonl"
+    q.write_text(TOKENS)
+    assert main(["trace", "convert", str(q), str(tmp_path / "out.parquet")]) == 2
+    assert not (tmp_path / "out.parquet").exists()
+    assert main(["trace", "inspect", str(q), "--format", "nope"]) == 2
+    assert main(["trace", "inspect", str(q), "--limit", "-3"]) == 2
+
+
+def test_convert_golden_native_to_npz_is_deterministic(tmp_path):
+    src = GOLDEN_LOCAL / "traces" / "mixed200.jsonl"
+    assert main(["trace", "convert", str(src), str(tmp_path / "a.npz")]) == 0
+    assert main(["trace", "convert", str(src), str(tmp_path / "b.npz")]) == 0
+    assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
