@@ -1,0 +1,225 @@
+"""A brute-force reference model of SGLang's radix cache, written for clarity, not speed.
+
+Independent of :mod:`radixkv.policies.radix`: it follows ../shared/SEMANTICS.md
+("SGLang RadixAttention") and ../shared/reference/sglang.md directly, in the engine's own
+shape — node keys are explicit token tuples, LRU times are SGLang's float counter (+1.0
+per draw, the matched path stamped ``c, c − 1e−5, …`` upwards), the eviction heap is
+rebuilt from all evictable leaves on every call as ``RadixCache.evict`` does, and memory
+is a free-slot count. Tokens are any hashable values; :func:`expand` turns a
+:class:`~radixkv.trace.types.KVSeq` into one tuple per token.
+
+It runs one request at a time (the golden harness's order, ../shared/golden/README.md):
+match (cap ``P − 1``, page-aligned) → lock → evict the shortfall and allocate each prefill
+chunk (checkpoint after a middle chunk, and after the prefill when decode follows) →
+decode one token at a time → finish (insert the KV computed, then the prompt; free the
+partial page; unlock).
+"""
+from __future__ import annotations
+
+import heapq
+
+
+def expand(seq) -> tuple:
+    """One hashable token per KV position of *seq*: ``(segment id, segment start, offset)``."""
+    out = []
+    start = 0
+    for sid, end in zip(seq.seg_id.tolist(), seq.seg_end.tolist()):
+        out.extend((sid, start, k) for k in range(end - start))
+        start = end
+    return tuple(out)
+
+
+class RefNode:
+    def __init__(self, key: tuple, parent):
+        self.key = key
+        self.parent = parent
+        self.children = {}
+        self.lock_ref = 0
+        self.last_access = 0.0
+
+
+class RefRadixCache:
+    """SGLang radix cache over ``capacity_tokens`` slots with page size *page_size*."""
+
+    def __init__(self, capacity_tokens: int, page_size: int = 1, chunked_prefill_size=None):
+        self.p = page_size
+        self.free_pages = capacity_tokens // page_size
+        self.capacity_pages = self.free_pages
+        self.chunk = None if not chunked_prefill_size else chunked_prefill_size // page_size * page_size
+        self.counter = 0.0
+        self.root = RefNode((), None)
+        self.root.lock_ref = 1
+
+    # ---------------------------------------------------------------- tree
+    def draw(self) -> float:
+        t = self.counter
+        self.counter += 1.0
+        return t
+
+    def child_key(self, tokens):
+        return tokens[0] if self.p == 1 else tuple(tokens[: self.p])
+
+    def key_match(self, a, b) -> int:
+        """Common prefix of *a* and *b* in whole pages (token by token at page 1)."""
+        p = self.p
+        i = 0
+        while i + p <= min(len(a), len(b)) and a[i : i + p] == b[i : i + p]:
+            i += p
+        return i
+
+    def split(self, child, k):
+        new = RefNode(child.key[:k], child.parent)
+        new.lock_ref = child.lock_ref
+        new.last_access = self.draw()
+        self.draw()  # creation_time
+        child.parent.children[self.child_key(child.key)] = new
+        child.key = child.key[k:]
+        child.parent = new
+        new.children[self.child_key(child.key)] = child
+        child.last_access = self.draw()
+        return new
+
+    def match_prefix(self, key):
+        key = key[: len(key) // self.p * self.p]
+        if not key:
+            return 0, self.root
+        node = self.root
+        matched = 0
+        while key and self.child_key(key) in node.children:
+            child = node.children[self.child_key(key)]
+            k = self.key_match(child.key, key)
+            matched += k
+            if k < len(child.key):
+                node = self.split(child, k)
+                break
+            node = child
+            key = key[k:]
+        t = self.draw()
+        n = node
+        while n is not None:
+            n.last_access = t
+            t -= 0.00001
+            n = n.parent
+        return matched, node
+
+    def insert(self, key):
+        key = key[: len(key) // self.p * self.p]
+        self.root.last_access = self.draw()
+        node = self.root
+        total = 0
+        while key and self.child_key(key) in node.children:
+            child = node.children[self.child_key(key)]
+            child.last_access = self.draw()
+            k = self.key_match(child.key, key)
+            if k < len(child.key):
+                child = self.split(child, k)
+            node = child
+            total += k
+            key = key[k:]
+        if key:
+            leaf = RefNode(tuple(key), node)
+            leaf.last_access = self.draw()
+            self.draw()  # creation_time
+            node.children[self.child_key(key)] = leaf
+            node = leaf
+        return total, node
+
+    def nodes(self):
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
+            for c in n.children.values():
+                yield c
+                stack.append(c)
+
+    def tree_tokens(self) -> int:
+        return sum(len(n.key) for n in self.nodes())
+
+    def evict(self, num_tokens: int) -> int:
+        heap = [(n.last_access, i, n) for i, n in enumerate(self.nodes()) if n.lock_ref == 0 and not n.children]
+        heapq.heapify(heap)
+        uid = len(heap)
+        evicted = 0
+        while evicted < num_tokens and heap:
+            _, _, n = heapq.heappop(heap)
+            del n.parent.children[self.child_key(n.key)]
+            self.free_pages += len(n.key) // self.p
+            evicted += len(n.key)
+            par = n.parent
+            if par is not self.root and par.lock_ref == 0 and not par.children:
+                uid += 1
+                heapq.heappush(heap, (par.last_access, uid, par))
+        return evicted
+
+    def lock(self, node, d):
+        while node is not self.root:
+            node.lock_ref += d
+            node = node.parent
+
+    def held(self, prompt) -> int:
+        """Longest token-level prefix of *prompt* on any root-to-node path (brute force)."""
+        best = 0
+        stack = [(self.root, ())]
+        while stack:
+            n, prefix = stack.pop()
+            s = prefix + n.key
+            k = 0
+            while k < min(len(s), len(prompt)) and s[k] == prompt[k]:
+                k += 1
+            best = max(best, k)
+            for c in n.children.values():
+                stack.append((c, s))
+        return best
+
+    # ---------------------------------------------------------------- one request
+    def ensure(self, need_tokens: int) -> int:
+        avail = self.free_pages * self.p
+        return self.evict(need_tokens - avail) if need_tokens > avail else 0
+
+    def take(self, pages: int):
+        assert self.free_pages >= pages, "the reference ran out of memory"
+        self.free_pages -= pages
+
+    def run(self, prompt: tuple, kv: tuple):
+        """Run one request alone; return ``(hit, held, evicted tokens)``.
+
+        *kv* is every token that gets KV (prompt, then outputs up to ``P + N − 1``).
+        """
+        p = self.p
+        P = len(prompt)
+        held = self.held(prompt)
+        hit, node = self.match_prefix(prompt[: P - 1])
+        self.lock(node, +1)
+        owned = hit  # positions [0, owned) are the tree's slots
+        done = hit  # positions [0, done) have KV
+        ev = 0
+        extra = p if p > 1 else 0
+        while done < P:
+            step = P - done
+            if self.chunk is not None and step > self.chunk:
+                step = self.chunk
+            ev += self.ensure(step + extra)
+            self.take(-(-(done + step) // p) - -(-done // p))
+            done += step
+            if done < P or len(kv) > P:
+                L = done // p * p
+                total, new_node = self.insert(kv[:L])
+                if L > owned:
+                    self.free_pages += (total - owned) // p  # duplicates
+                    owned = L
+                self.lock(new_node, +1)
+                self.lock(node, -1)
+                node = new_node
+        for pos in range(P, len(kv)):
+            ev += self.ensure(p)
+            if pos % p == 0:
+                self.take(1)
+        L1 = len(kv) // p * p
+        total, _ = self.insert(kv[:L1])
+        if L1 > owned:
+            self.free_pages += (total - owned) // p
+            owned = L1
+        self.insert(prompt[: P // p * p])
+        self.free_pages += -(-len(kv) // p) - owned // p
+        self.lock(node, -1)
+        return hit, held, ev
