@@ -35,7 +35,9 @@ class NoCache(PrefixCache):
     def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
         n = seq.prompt_len if n_tokens is None else int(n_tokens)
         need = self._slots(n)
-        if self._used + need > self.num_slots:
+        # a first prefill chunk (n < P) is admitted only if the whole prompt fits, as
+        # vLLM's KVCacheManager checks with prefix caching off (scheduler_reserve_full_isl)
+        if self._used + self._slots(max(n, seq.prompt_len)) > self.num_slots:
             return None
         self._used += need
         self._tokens[rid] = n
