@@ -102,44 +102,44 @@ class CostModel:
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_specs(cls, model, gpu, *, tp: int = 1, **kw) -> "CostModel":
-        """Build from the memory model's ``ModelSpec`` and ``GPUSpec``.
+    def from_specs(cls, model, gpu, *, tp: int = 1, kv_cache_dtype: str | None = None, **kw) -> "CostModel":
+        """Build from the memory model's specs (:mod:`radixkv.memory`).
 
-        Reads, by name, ``model.params`` (or ``num_params``), ``model.num_layers``,
-        ``model.num_heads × model.head_dim`` (or ``model.hidden_size``),
-        ``model.kv_bytes_per_token()`` (or the attribute), ``model.weight_dtype_bytes``
-        (default 2), ``gpu.peak_flops`` (or ``flops``/``bf16_flops``) and
-        ``gpu.hbm_bytes_per_s`` (or ``mem_bandwidth``). Extra keywords go to the
-        constructor (``mfu``, ``mbu``, ``step_overhead_s``).
+        Parameters
+        ----------
+        model : radixkv.memory.ModelSpec or str
+            A spec or a preset name: ``num_params``, ``num_layers``,
+            ``num_attention_heads × head_dim`` (d_attn), ``weight_dtype`` and the KV bytes
+            per token summed over the TP ranks (``kv_bytes_per_token_total``).
+        gpu : radixkv.memory.GPUSpec or str
+            A spec or a preset name: ``bf16_flops`` and ``hbm_bytes_per_s``.
+        tp : int
+            Tensor-parallel degree.
+        kv_cache_dtype : str or None
+            KV dtype (``None``/``"auto"`` = the model dtype).
+        **kw
+            ``mfu``, ``mbu``, ``step_overhead_s``.
 
         Raises
         ------
-        radixkv.errors.ConfigError
-            When a spec lacks one of these fields.
+        radixkv.errors.InputError
+            Unknown preset names or bad values.
         """
+        from radixkv.memory import GPUSpec, ModelSpec, dtype_bytes, get_gpu, get_model
 
-        def pick(obj, names, what):
-            for n in names:
-                v = getattr(obj, n, None)
-                if v is not None:
-                    return v() if callable(v) else v
-            raise ConfigError(f"{what}: {type(obj).__name__} has none of {names}", field=names[0])
-
-        params = pick(model, ("params", "num_params", "param_count"), "model parameter count")
-        layers = pick(model, ("num_layers", "num_hidden_layers", "layers"), "model layers")
-        heads = getattr(model, "num_heads", None) or getattr(model, "num_attention_heads", None)
-        head_dim = getattr(model, "head_dim", None)
-        if heads and head_dim:
-            attn_dim = int(heads) * int(head_dim)
-        else:
-            attn_dim = pick(model, ("hidden_size", "hidden"), "model attention width")
-        kvb = pick(model, ("kv_bytes_per_token",), "model KV bytes per token")
-        wbytes = getattr(model, "weight_dtype_bytes", None) or getattr(model, "dtype_bytes", None) or 2
-        peak = pick(gpu, ("peak_flops", "flops", "bf16_flops", "peak_bf16_flops"), "GPU peak FLOP/s")
-        bw = pick(gpu, ("hbm_bytes_per_s", "mem_bandwidth", "hbm_bandwidth", "bandwidth"), "GPU HBM bandwidth")
-        return cls(params=float(params), num_layers=int(layers), attn_dim=int(attn_dim),
-                   kv_bytes_per_token=float(kvb), peak_flops=float(peak), hbm_bytes_per_s=float(bw),
-                   weight_dtype_bytes=float(wbytes), tp=int(tp), **kw)
+        m = model if isinstance(model, ModelSpec) else get_model(model)
+        g = gpu if isinstance(gpu, GPUSpec) else get_gpu(gpu)
+        return cls(
+            params=float(m.num_params),
+            num_layers=int(m.num_layers),
+            attn_dim=int(m.num_attention_heads * m.head_dim),
+            kv_bytes_per_token=float(m.kv_bytes_per_token_total(tp, kv_cache_dtype)),
+            peak_flops=float(g.bf16_flops),
+            hbm_bytes_per_s=float(g.hbm_bytes_per_s),
+            weight_dtype_bytes=float(dtype_bytes(m.weight_dtype, field="weight_dtype")),
+            tp=int(tp),
+            **kw,
+        )
 
     # ---------------------------------------------------------------- FLOPs and bytes
     def prefill_flops(self, new_tokens, context_tokens=0):

@@ -484,12 +484,20 @@ class Scheduler:
             return max(k_fin, 1)
         S = self.policy.slot_tokens
         kv = np.fromiter((self.kv[r] for r in run), dtype=np.int64, count=len(run))
-        room = _room_slots(self.policy) - len(run)
         base = -(-kv // S)
 
         def need(k):
             return int((-(-(kv + k - 1) // S) - base).sum())
 
+        if getattr(self.policy, "room_slots", None) is not None:
+            room = int(self.policy.room_slots()) - len(run)
+        else:
+            # cheap lower bound first: running requests hold at most Σ ceil(kv / S) slots
+            # (shared hit blocks only lower it); the exact room needs stats(), which can
+            # cost a pass over the pool
+            room = self.policy.num_slots - int(base.sum()) - len(run)
+            if need(k_fin) > room:
+                room = _room_slots(self.policy) - len(run)
         if need(k_fin) <= room:
             return k_fin
         lo, hi = 1, k_fin  # need(lo) = 0 ≤ room < need(hi)
