@@ -201,3 +201,13 @@ def test_failed_write_leaves_existing_file(tmp_path):
     assert out.read_bytes() == before
     assert sorted(x.name for x in tmp_path.iterdir()) == ["t.jsonl"]  # no temp file left behind
     assert read_native(out).prompt_len.tolist() == [2]
+
+
+def test_bad_element_position_is_reported(tmp_path):
+    # element 2 (0-based) is the float 1.0, although it compares equal to element 0
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"tokens": [1, 2, 1.0], "output_length": 0}\n')
+    with pytest.raises(TraceFormatError) as ei:
+        read_native(p)
+    assert (ei.value.line, ei.value.field) == (1, "tokens")
+    assert "element 2 is float 1.0" in ei.value.reason

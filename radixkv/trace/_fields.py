@@ -86,8 +86,7 @@ def as_id_array(value, path, line, field: str) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     types = set(map(type, value))
     if types != {int}:
-        bad = next(x for x in value if type(x) is not int)
-        pos = value.index(bad) if type(bad) is not bool else next(i for i, x in enumerate(value) if type(x) is bool)
+        pos, bad = next((i, x) for i, x in enumerate(value) if type(x) is not int)  # error path only
         raise TraceFormatError(
             f"element {pos} is {_describe(bad)}, expected an integer", path=path, line=line, field=field
         )
