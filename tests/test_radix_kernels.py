@@ -1,0 +1,74 @@
+"""The numba kernels of the radix policy, compiled and as plain Python (``py_func``).
+
+``py_func`` is the function numba compiles, run by the interpreter: the same code path as
+``NUMBA_DISABLE_JIT=1``. Expected values are worked out by hand from the segment model
+(token at t = (id, start) of the segment holding t).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from radixkv.policies._radix_kernels import common_prefix_end, page_span, segment_at, token_key
+
+
+def _a(*xs):
+    return np.asarray(xs, dtype=np.int64)
+
+
+# a: ids 5 [0,4), 6 [4,6), -1 [6,9)
+A = (_a(5, 6, -1), _a(4, 6, 9))
+# b: ids 5 [0,4), 6 [4,8)  -> equal to a on [0,6), then a's -1 vs b's 6 (start 4) differ
+B = (_a(5, 6), _a(4, 8))
+# c: ids 5 [0,2), 5 [2,4) -> same ids as a on [0,4) but the segment at 2 starts at 2, not 0
+C = (_a(5, 5), _a(2, 4))
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_common_prefix_end(jit):
+    f = common_prefix_end if jit else common_prefix_end.py_func
+    assert f(*A, *B, 0, 8) == 6  # differ at 6
+    assert f(*A, *B, 0, 5) == 5  # equal up to the limit
+    assert f(*A, *B, 2, 6) == 6
+    assert f(*A, *B, 7, 7) == 7  # empty range
+    assert f(*A, *C, 0, 4) == 2  # token 2: (5, 0) in a, (5, 2) in c
+    assert f(*A, *C, 3, 4) == 3
+    assert f(*A, *A, 0, 9) == 9
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_token_key_and_segment_at(jit):
+    tk = token_key if jit else token_key.py_func
+    sa = segment_at if jit else segment_at.py_func
+    assert tuple(tk(*A, 0)) == (5, 0)
+    assert tuple(tk(*A, 3)) == (5, 0)
+    assert tuple(tk(*A, 4)) == (6, 4)
+    assert tuple(tk(*A, 8)) == (-1, 6)
+    assert [sa(A[1], t) for t in (0, 3, 4, 5, 6, 8)] == [0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_page_span(jit):
+    ps = page_span if jit else page_span.py_func
+    # page [4, 8) of a: segments 1 (6, [4,6)) and 2 (-1, [6,9)); first segment starts at 4
+    assert tuple(ps(*A, 4, 4)) == (1, 2, 4)
+    # page [0, 2): inside segment 0 (starts at 0)
+    assert tuple(ps(*A, 0, 2)) == (0, 0, 0)
+    # page [2, 4) of c: segment 1 starting at 2
+    assert tuple(ps(*C, 2, 2)) == (1, 1, 2)
+
+
+def test_jit_and_python_agree_on_random_runs():
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n = int(rng.integers(1, 30))
+        ta = rng.integers(0, 3, n)
+        tb = ta.copy()
+        if rng.random() < 0.7:
+            k = int(rng.integers(0, n))
+            tb[k:] = rng.integers(0, 3, n - k)
+        # token traces: one segment per token (id = token, start = position)
+        a = (ta.astype(np.int64), np.arange(1, n + 1, dtype=np.int64))
+        b = (tb.astype(np.int64), np.arange(1, n + 1, dtype=np.int64))
+        brute = next((t for t in range(n) if ta[t] != tb[t]), n)
+        assert common_prefix_end(*a, *b, 0, n) == brute == common_prefix_end.py_func(*a, *b, 0, n)

@@ -1,0 +1,244 @@
+"""Hand-worked checks of each SGLang rule RadixCache implements (arithmetic in comments)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from radixkv.errors import ConfigError
+from radixkv.policies.radix import BYTES_PER_TOKEN, NODE_OVERHEAD_BYTES, RadixCache
+from radixkv.trace.types import Trace
+
+
+def _seqs(prompts, outputs=None):
+    n = len(prompts)
+    outputs = outputs if outputs is not None else [[] for _ in range(n)]
+    t = Trace.from_requests(
+        req_id=[f"q{i}" for i in range(n)], arrival_s=[0.0] * n,
+        prompt_len=[len(p) for p in prompts], output_len=[len(o) for o in outputs],
+        prompt_ids=prompts, output_ids=outputs,
+    )
+    return [t.kv_seq(i) for i in range(n)]
+
+
+def _run(cache, seqs):
+    return [cache.run_request(i, s) for i, s in enumerate(seqs)]
+
+
+def test_last_token_cap_page1():
+    # P = 4, repeated: key capped at P - 1 = 3 tokens -> hit 3; the pool held all 4
+    a, b = _run(RadixCache(100), _seqs([[1, 2, 3, 4], [1, 2, 3, 4]]))
+    assert (a.hit_tokens, a.held_tokens) == (0, 0)
+    assert (b.hit_tokens, b.held_tokens) == (3, 4)
+
+
+def test_page_rounding_and_short_prompts():
+    c = RadixCache(100, 4)
+    # 10 tokens at p = 4: cached floor(10/4)*4 = 8; repeat: key min(9, ...) -> floor(9/4)*4 = 8
+    # a 4-token prompt (P <= p): key floor(3/4)*4 = 0 -> never hits
+    r = _run(c, _seqs([list(range(10)), list(range(10)), [50, 51, 52, 53], [50, 51, 52, 53]]))
+    assert [x.hit_tokens for x in r] == [0, 8, 0, 0]
+    assert [x.held_tokens for x in r] == [0, 8, 0, 4]
+    assert c.stats().cached_tokens == 8 + 4
+
+
+def test_outputs_up_to_kv_extent_are_cached():
+    # P = 3, N = 3: KV extent 3 + 2 = 5 tokens [1,2,3,7,8]; the next turn sends
+    # [1,2,3,7,8,9,5] (P = 7, cap 6): tokens 1,2,3,7,8 hit, 9 (never fed back) does not -> 5
+    c = RadixCache(100)
+    a, b = _run(c, _seqs([[1, 2, 3], [1, 2, 3, 7, 8, 9, 5]], [[7, 8, 9], []]))
+    assert b.hit_tokens == 5 and b.held_tokens == 5
+
+
+def test_lookup_splits_a_node():
+    c = RadixCache(100)
+    # A = [1..6] -> one node. B = [1,2,3,9,9]: key [1,2,3,9] matches 3 tokens inside A's
+    # node -> split [1,2,3] | [4,5,6]; B inserts [9,9] under [1,2,3]: 3 nodes, 3+3+2 = 8 tokens
+    _run(c, _seqs([[1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9]]))
+    assert c.num_nodes == 3 and c.stats().cached_tokens == 8
+    c.check_invariants()
+
+
+def test_eviction_whole_lru_leaves():
+    c = RadixCache(8)
+    # A = [1,1,1,1] and B = [2,2,2,2] fill the pool (8 of 8). C = [3,3] needs 2, 0 free ->
+    # shortfall 2 -> evict the oldest leaf, A, whole: 4 tokens (more than asked).
+    # D = [1,1,1,1] misses (A is gone), needs 4 with 8 - (4 + 2) = 2 free -> shortfall 2 ->
+    # evicts B (finished before C) -> 4 tokens.
+    seqs = _seqs([[1] * 4, [2] * 4, [3, 3], [1] * 4])
+    got = []
+    for i, s in enumerate(seqs):
+        before = c.evicted_tokens_total
+        adm = c.run_request(i, s)
+        got.append((adm.hit_tokens, c.evicted_tokens_total - before, c.stats().cached_tokens))
+    assert got == [(0, 0, 4), (0, 0, 8), (0, 4, 6), (0, 4, 6)]
+    assert c.evictions == 2
+
+
+def test_split_suffix_is_refreshed():
+    # A = [1,2,3,4] (node a), B = [5,5] (node b), C = [1,2,9,9]: C's lookup splits a into
+    # [1,2] | [3,4] and stamps the suffix [3,4] "now" -- newer than b. C adds [9,9].
+    # Pool 8 = 4 + 2 + 2, full. D = [7,7] needs 2 -> evicts the oldest leaf: b, not [3,4].
+    # So E = [1,2,3,4,6] (key [1,2,3,4]) hits 4, and F = [5,5,5] hits 0.
+    c = RadixCache(8)
+    r = _run(c, _seqs([[1, 2, 3, 4], [5, 5], [1, 2, 9, 9], [7, 7], [1, 2, 3, 4, 6], [5, 5, 5]]))
+    assert [x.hit_tokens for x in r] == [0, 0, 2, 0, 4, 0]
+
+
+def test_paged_decode_evicts_when_no_page_is_free():
+    # p = 2, pool 4 pages. A = [1,1] -> 1 page cached, 3 free.
+    # B = [2,2,2], N = 4 (KV extent 3 + 3 = 6): prefill needs 3 + 2 = 5 tokens <= 6 free
+    # tokens -> no eviction; takes ceil(3/2) = 2 pages -> 1 free. Decode position 3: same
+    # page. Position 4: new page -> 0 free. Position 5: same page, but with no free page
+    # SGLang still evicts for a page (alloc_paged_token_slots_decode) -> A goes (2 tokens).
+    # C = [1,1,5] (key [1,1]) therefore misses.
+    c = RadixCache(8, 2)
+    seqs = _seqs([[1, 1], [2, 2, 2], [1, 1, 5]], [[], [7, 7, 7, 7], []])
+    c.run_request(0, seqs[0])
+    before = c.evicted_tokens_total
+    c.run_request(1, seqs[1])
+    assert c.evicted_tokens_total - before == 2
+    assert c.run_request(2, seqs[2]).hit_tokens == 0
+
+
+def test_paged_prefill_asks_one_extra_page():
+    # p = 2, pool 3 pages. A = [1,1] cached (1 page), 2 pages free = 4 tokens.
+    # B = [2,2,2] (N = 0) needs 3 un-hit tokens + 2 (one page) = 5 > 4 -> shortfall 1 ->
+    # evicts A though 2 pages would have been enough.
+    c = RadixCache(6, 2)
+    seqs = _seqs([[1, 1], [2, 2, 2]])
+    c.run_request(0, seqs[0])
+    c.run_request(1, seqs[1])
+    assert c.evicted_tokens_total == 2
+
+
+def test_refused_admission_changes_nothing():
+    c = RadixCache(6)
+    a, x, y = _seqs([[1, 2, 3], [5, 5, 5], [1, 2, 7, 7, 7]])
+    c.run_request(0, a)  # cached [1,2,3], 3 free
+    assert c.admit(1, x) is not None  # running, holds 3 -> 0 free
+    before = (c.stats(), c.num_nodes, c.evicted_tokens_total)
+    # Y would hit [1,2] (splitting A's node and locking [1,2]); it needs 5 - 2 = 3 new slots,
+    # but only [3] (1 token) would stay evictable and nothing is free -> refused
+    assert c.admit(2, y) is None
+    assert (c.stats(), c.num_nodes, c.evicted_tokens_total) == before
+    c.check_invariants()
+    c.finish(1)
+    assert c.stats().used_slots == 0
+
+
+def test_held_uses_token_granularity_across_page_boundaries():
+    c = RadixCache(100, 4)
+    # A = [1..8] one node; C = [1,2,3,4,20..24]: key 8 tokens, 1st page matches, 2nd differs
+    # -> split at 4. B = [1..6, 99, 98, 97]: pages [1-4] hit (4); at position 4 no child has
+    # page [5,6,99,98], but the child [5..8] shares 2 more tokens -> held 6.
+    r = _run(c, _seqs([list(range(1, 9)), [1, 2, 3, 4, 20, 21, 22, 23, 24], [1, 2, 3, 4, 5, 6, 99, 98, 97]]))
+    assert (r[2].hit_tokens, r[2].held_tokens) == (4, 6)
+
+
+def test_chunked_prefill_leaves_a_node_per_chunk():
+    # P = 10, chunk 4: checkpoints at 4 and 8 (middle chunks), finish inserts [8, 10):
+    # nodes [0,4) [4,8) [8,10). Without chunking: one node.
+    s = _seqs([list(range(10))])[0]
+    c = RadixCache(100, chunked_prefill_size=4)
+    c.run_request(0, s)
+    assert c.num_nodes == 3 and c.stats().cached_tokens == 10
+    c2 = RadixCache(100)
+    c2.run_request(0, s)
+    assert c2.num_nodes == 1
+
+
+def test_preempt_frees_without_inserting_outputs():
+    # P = 4, N = 5 (extent 8): after prefill the prompt is inserted (decode follows); two
+    # decode steps; preempt -> the prompt stays cached, the 2 decoded tokens are freed.
+    c = RadixCache(20)
+    s = _seqs([[1, 2, 3, 4]], [[9, 9, 9, 9, 9]])[0]
+    c.admit(0, s)
+    assert c.extend(0, 2)
+    st = c.stats()
+    assert (st.used_slots, st.cached_tokens, st.valid_tokens) == (6, 4, 6)
+    c.preempt(0)
+    st = c.stats()
+    assert (st.used_slots, st.cached_slots, st.free_slots, st.cached_tokens) == (0, 4, 16, 4)
+
+
+def test_extend_past_the_extent_is_an_error_and_no_room_is_false():
+    c = RadixCache(5)
+    x, y = _seqs([[1, 2, 3], [4, 4]], [[8, 8, 8], []])
+    c.admit(0, x)  # extent 3 + 2 = 5
+    with pytest.raises(ValueError):
+        c.extend(0, 3)
+    c.admit(1, y)  # 2 slots: 0 free
+    assert c.extend(0, 1) is False  # the prompt [1,2,3] is locked by x: nothing evictable
+    c.check_invariants()
+
+
+def test_cache_last_token_on_stop():
+    # P = 3, N = 3: extent 5 normally, 6 with the overlap scheduler's extra decode step
+    s = _seqs([[1, 2, 3]], [[7, 8, 9]])[0]
+    c = RadixCache(100, cache_last_token_on_stop=True)
+    c.run_request(0, s)
+    assert c.stats().cached_tokens == 6
+
+
+def test_stats_metadata_and_accounting():
+    c = RadixCache(100)
+    _run(c, _seqs([[1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9]]))  # 3 nodes, 8 tokens
+    st = c.stats()
+    assert st.metadata_bytes == 3 * NODE_OVERHEAD_BYTES + 8 * BYTES_PER_TOKEN
+    assert (st.used_slots, st.cached_slots, st.free_slots) == (0, 8, 92)
+    assert st.largest_free_run == -1
+
+
+def test_config_errors_and_capacity_rounding():
+    with pytest.raises(ConfigError):
+        RadixCache(100, 0)
+    with pytest.raises(ConfigError):
+        RadixCache(100, 16)  # not a whole number of pages
+    with pytest.raises(ConfigError):
+        RadixCache(64, 16, chunked_prefill_size=8)
+    c = RadixCache.from_capacity_tokens(100, 16)  # 100 // 16 = 6 pages
+    assert (c.num_slots, c.slot_tokens, c.capacity_tokens) == (6, 16, 96)
+    assert RadixCache(7).num_slots == 7
+
+
+def test_deterministic_and_order_sensitive():
+    seqs = _seqs([[1, 2, 3, 4], [1, 2, 5, 5], [3, 3, 3], [1, 2, 3, 4, 4]], [[6, 6], [], [1], [2, 2]])
+    runs = []
+    for _ in range(2):
+        c = RadixCache(10)
+        runs.append([(a.hit_tokens, a.held_tokens, a.evicted_tokens) for a in _run(c, seqs)])
+    assert runs[0] == runs[1]
+
+
+def test_conformance_checker_passes():
+    from radixkv.policies.check import check_policy
+
+    check_policy(lambda capacity_tokens: RadixCache.from_capacity_tokens(capacity_tokens, 1))
+    check_policy(lambda capacity_tokens: RadixCache.from_capacity_tokens(capacity_tokens, 4))
+
+
+def test_interleaved_requests_keep_invariants():
+    # several requests in flight (the concurrent replay's use): accounting holds at each step
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 3, size=int(rng.integers(1, 12))).tolist() for _ in range(40)]
+    outs = [rng.integers(0, 3, size=int(rng.integers(0, 6))).tolist() for _ in range(40)]
+    seqs = _seqs(prompts, outs)
+    for p in (1, 2):
+        c = RadixCache(40, p, chunked_prefill_size=4)
+        running = {}
+        for i, s in enumerate(seqs):
+            if c.admit(i, s) is not None:
+                running[i] = s
+            c.check_invariants()
+            for rid in list(running):
+                r = c._reqs[rid]
+                if r.computed < r.kv_max and rng.random() < 0.6:
+                    c.extend(rid, 1)
+                elif rng.random() < 0.3:
+                    (c.preempt if rng.random() < 0.3 else c.finish)(rid)
+                    del running[rid]
+                c.check_invariants()
+        for rid in list(running):
+            c.finish(rid)
+        c.check_invariants()
+        assert c.stats().used_slots == 0
