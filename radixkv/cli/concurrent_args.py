@@ -1,0 +1,168 @@
+"""Command-line flags of the concurrent replay, shared by ``radixkv replay`` and ``compare``.
+
+``add_concurrent_args(parser)`` adds the flags (engine names where the engines have one);
+``run_concurrent_from_args(trace, policy, args)`` runs the replay they describe. A flag
+the verb already defines (``--max-num-batched-tokens``, which also sizes vLLM's profiling
+pass; ``--model``, ``--gpu``, ``--tp``, ``--kv-cache-dtype`` of the pool) is not added
+again: the concurrent replay reads the verb's value, so one knob means one thing.
+
+=============================================== =========================================
+flag                                            meaning (default)
+=============================================== =========================================
+``--mode {sequential,concurrent}``              replay mode (sequential)
+``--max-num-seqs N``                            most running requests (256)
+``--max-num-batched-tokens N``                  tokens per step, chunked prefill (8192)
+``--enable-prefix-caching`` /                   off: replace the policy by ``NoCache`` on
+``--no-enable-prefix-caching``                  the same pool (on)
+``--static-reserved-fraction F``                replace the policy by ``StaticReservedCache``
+                                                reserving F of the same pool (unset)
+``--arrival {trace,poisson,gamma}``             arrival process (trace)
+``--time-scale X``                              multiply the trace's times (1.0)
+``--request-rate R``                            req/s for poisson/gamma
+``--burstiness K``                              gamma shape, vLLM's benchmark flag (1.0)
+``--seed S``                                    arrival seed (0)
+``--schedule-policy {fcfs,lpm}``                waiting-queue order (fcfs)
+``--admission {vllm,sglang}``                   admission/preemption rules (vllm)
+``--mfu F``, ``--mbu F``                        cost-model efficiencies (0.6, 0.8)
+``--step-overhead-s T``                         fixed seconds per step (0)
+=============================================== =========================================
+"""
+from __future__ import annotations
+
+import argparse
+
+from radixkv.errors import ConfigError
+
+
+def _has(parser: argparse.ArgumentParser, flag: str) -> bool:
+    return flag in parser._option_string_actions  # argparse keeps every option string here
+
+
+def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
+    """Add the concurrent-replay flags to *parser* (skipping flags it already has)."""
+    g = parser.add_argument_group("concurrent replay (--mode concurrent)")
+
+    def add(flag, *more, **kw):
+        if not _has(parser, flag):
+            g.add_argument(flag, *more, **kw)
+
+    add("--mode", choices=["sequential", "concurrent"], default="sequential",
+        help="sequential: one request at a time (cache study); concurrent: arrivals, batching, preemption")
+    add("--max-num-seqs", type=int, default=256, help="most running requests (vLLM --max-num-seqs; default 256)")
+    add("--max-num-batched-tokens", type=int, default=None,
+        help="tokens per engine step, chunked prefill (vLLM's knob; default 8192)")
+    if not _has(parser, "--enable-prefix-caching"):
+        g.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", default=True,
+                       help="replay the given policy (default)")
+        g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                       help="replay with caching off (NoCache) on the same pool")
+    add("--static-reserved-fraction", type=float, default=None, metavar="F",
+        help="replay a statically partitioned pool reserving F of it for cached prefixes")
+    add("--arrival", choices=["trace", "poisson", "gamma"], default="trace",
+        help="trace timestamps, or re-timing at --request-rate")
+    add("--time-scale", type=float, default=1.0, help="multiply the trace's arrival times (<1 compresses)")
+    add("--request-rate", type=float, default=None, help="requests per second for --arrival poisson/gamma")
+    add("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson; <1 burstier)")
+    add("--seed", type=int, default=0, help="seed of the arrival process")
+    add("--schedule-policy", choices=["fcfs", "lpm"], default="fcfs",
+        help="waiting-queue order (SGLang --schedule-policy; lpm needs a policy with peek_hit)")
+    add("--admission", choices=["vllm", "sglang"], default="vllm", help="admission and preemption rules")
+    add("--mfu", type=float, default=0.6, help="achieved fraction of peak FLOP/s (cost model)")
+    add("--mbu", type=float, default=0.8, help="achieved fraction of HBM bandwidth (cost model)")
+    add("--step-overhead-s", type=float, default=0.0, help="fixed seconds added to every step")
+
+
+def concurrent_config_from_args(args):
+    """The :class:`~radixkv.replay.scheduler.SchedulerConfig` the flags describe."""
+    from radixkv.replay.scheduler import SchedulerConfig
+
+    mnbt = getattr(args, "max_num_batched_tokens", None)
+    return SchedulerConfig(
+        max_num_seqs=int(getattr(args, "max_num_seqs", 256)),
+        max_num_batched_tokens=8192 if mnbt is None else int(mnbt),
+        schedule_policy=getattr(args, "schedule_policy", "fcfs"),
+        admission=getattr(args, "admission", "vllm"),
+    )
+
+
+def cost_model_from_args(args):
+    """The :class:`~radixkv.cost.CostModel` of ``--model``/``--gpu``/``--tp``/``--kv-cache-dtype``.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When ``--model`` or ``--gpu`` is missing.
+    """
+    from radixkv.cost import CostModel
+
+    model, gpu = getattr(args, "model", None), getattr(args, "gpu", None)
+    if not model or not gpu:
+        raise ConfigError("--mode concurrent prices each step on a model and a GPU: give --model and --gpu",
+                          field="model" if not model else "gpu")
+    return CostModel.from_specs(
+        model, gpu, tp=int(getattr(args, "tp", 1) or 1), kv_cache_dtype=getattr(args, "kv_cache_dtype", None),
+        mfu=float(getattr(args, "mfu", 0.6)), mbu=float(getattr(args, "mbu", 0.8)),
+        step_overhead_s=float(getattr(args, "step_overhead_s", 0.0)),
+    )
+
+
+def policy_from_args(policy, args):
+    """*policy*, or the policy the caching flags ask for on the same pool.
+
+    ``--no-enable-prefix-caching`` gives ``NoCache(policy.num_slots, policy.slot_tokens)``;
+    ``--static-reserved-fraction F`` gives ``StaticReservedCache(policy.num_slots,
+    policy.slot_tokens, F)``. Both at once is a :class:`ConfigError`.
+    """
+    frac = getattr(args, "static_reserved_fraction", None)
+    on = getattr(args, "enable_prefix_caching", True)
+    if frac is not None and not on:
+        raise ConfigError("--static-reserved-fraction caches prefixes: drop --no-enable-prefix-caching",
+                          field="static_reserved_fraction")
+    if not on:
+        from radixkv.policies.no_cache import NoCache
+
+        return NoCache(policy.num_slots, policy.slot_tokens)
+    if frac is not None:
+        from radixkv.policies.static_reserved import StaticReservedCache
+
+        return StaticReservedCache(policy.num_slots, policy.slot_tokens, frac)
+    return policy
+
+
+def run_concurrent_from_args(trace, policy, args, progress=None):
+    """Run the concurrent replay the flags describe.
+
+    Parameters
+    ----------
+    trace : radixkv.trace.Trace
+    policy : radixkv.policies.base.PrefixCache
+        A fresh policy on the pool to replay (replaced per :func:`policy_from_args`).
+    args : argparse.Namespace
+        Parsed flags of :func:`add_concurrent_args` plus ``--model``/``--gpu``.
+    progress : callable or None
+        ``progress(done, total)``.
+
+    Returns
+    -------
+    radixkv.replay.concurrent.ConcurrentResult
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        On a bad flag combination or a request that can never fit.
+    """
+    from radixkv.replay.arrivals import arrival_times
+    from radixkv.replay.concurrent import replay_concurrent
+
+    cfg = concurrent_config_from_args(args)
+    cost = cost_model_from_args(args)
+    pol = policy_from_args(policy, args)
+    arr = arrival_times(
+        trace,
+        arrival=getattr(args, "arrival", "trace"),
+        time_scale=float(getattr(args, "time_scale", 1.0)),
+        request_rate=getattr(args, "request_rate", None),
+        burstiness=float(getattr(args, "burstiness", 1.0)),
+        seed=int(getattr(args, "seed", 0)),
+    )
+    return replay_concurrent(trace, pol, cost, arrivals=arr, config=cfg, progress=progress)
