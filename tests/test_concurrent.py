@@ -298,3 +298,15 @@ def test_cli_flags_build_the_run():
     assert isinstance(pol, StaticReservedCache) and pol.reserved_slots == 3
     with pytest.raises(ConfigError):
         run_concurrent_from_args(tr, BlockHashCache(13, 4), args2)  # no --model/--gpu
+
+
+def test_cli_admission_follows_the_policy_engine():
+    from radixkv.cli.concurrent_args import concurrent_config_from_args
+
+    p = argparse.ArgumentParser()
+    add_concurrent_args(p)
+    args = p.parse_args([])
+    assert concurrent_config_from_args(args, RadixCache(1000, 1)).admission == "sglang"
+    assert concurrent_config_from_args(args, BlockHashCache(100, 16)).admission == "vllm"
+    assert concurrent_config_from_args(p.parse_args(["--admission", "vllm"]), RadixCache(1000, 1)).admission == "vllm"
+    assert concurrent_config_from_args(args).max_num_batched_tokens == 8192

@@ -22,7 +22,8 @@ flag                                            meaning (default)
 ``--burstiness K``                              gamma shape, vLLM's benchmark flag (1.0)
 ``--seed S``                                    arrival seed (0)
 ``--schedule-policy {fcfs,lpm}``                waiting-queue order (fcfs)
-``--admission {vllm,sglang}``                   admission/preemption rules (vllm)
+``--admission {vllm,sglang}``                   admission/preemption rules (the policy's
+                                                engine: sglang for ``RadixCache``, else vllm)
 ``--mfu F``, ``--mbu F``                        cost-model efficiencies (0.6, 0.8)
 ``--step-overhead-s T``                         fixed seconds per step (0)
 =============================================== =========================================
@@ -66,22 +67,31 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=0, help="seed of the arrival process")
     add("--schedule-policy", choices=["fcfs", "lpm"], default="fcfs",
         help="waiting-queue order (SGLang --schedule-policy; lpm needs a policy with peek_hit)")
-    add("--admission", choices=["vllm", "sglang"], default="vllm", help="admission and preemption rules")
+    add("--admission", choices=["vllm", "sglang"], default=None,
+        help="admission and preemption rules (default: the policy's engine, vllm for every policy but sglang)")
     add("--mfu", type=float, default=0.6, help="achieved fraction of peak FLOP/s (cost model)")
     add("--mbu", type=float, default=0.8, help="achieved fraction of HBM bandwidth (cost model)")
     add("--step-overhead-s", type=float, default=0.0, help="fixed seconds added to every step")
 
 
-def concurrent_config_from_args(args):
-    """The :class:`~radixkv.replay.scheduler.SchedulerConfig` the flags describe."""
+def concurrent_config_from_args(args, policy=None):
+    """The :class:`~radixkv.replay.scheduler.SchedulerConfig` the flags describe.
+
+    Without ``--admission``, SGLang's rules go with SGLang's cache (a policy named
+    ``radix``, whose admission does not check that the whole prompt fits, as SGLang
+    leaves that to its scheduler's budget) and vLLM's with every other policy.
+    """
     from radixkv.replay.scheduler import SchedulerConfig
 
     mnbt = getattr(args, "max_num_batched_tokens", None)
+    admission = getattr(args, "admission", None)
+    if admission is None:
+        admission = "sglang" if getattr(policy, "name", "") in ("sglang", "radix") else "vllm"
     return SchedulerConfig(
         max_num_seqs=int(getattr(args, "max_num_seqs", 256)),
         max_num_batched_tokens=8192 if mnbt is None else int(mnbt),
         schedule_policy=getattr(args, "schedule_policy", "fcfs"),
-        admission=getattr(args, "admission", "vllm"),
+        admission=admission,
     )
 
 
@@ -154,9 +164,9 @@ def run_concurrent_from_args(trace, policy, args, progress=None):
     from radixkv.replay.arrivals import arrival_times
     from radixkv.replay.concurrent import replay_concurrent
 
-    cfg = concurrent_config_from_args(args)
     cost = cost_model_from_args(args)
     pol = policy_from_args(policy, args)
+    cfg = concurrent_config_from_args(args, pol)
     arr = arrival_times(
         trace,
         arrival=getattr(args, "arrival", "trace"),
