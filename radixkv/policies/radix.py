@@ -30,9 +30,13 @@ Rules (SGLang source in brackets)
   matched path is stamped with one draw ``c``: the deepest matched node gets ``c``, its
   parent ``c − 1e−5``, and so on up to the root (``_match_post_processor``). An insert
   touches every node it walks (fresh draw each, ``_touch_node``) before any split.
-  Times are therefore all distinct and no tie-breaking rule is ever needed. We keep
-  them as integers ``draw · 2**20 − k`` (k = distance from the deepest matched node),
-  which orders exactly like SGLang's floats while a path has fewer than 10**5 nodes.
+  Times are therefore all distinct and no tie-breaking rule is ever needed (the classic
+  ``RadixCache`` used ``time.monotonic()``, whose ties would fall to ``heapq``'s tuple
+  order; 0.5.23's default tree does not). We keep them as integers ``draw · 2**20 − k``
+  (k = distance from the deepest matched node), which orders exactly like SGLang's floats
+  while a path has fewer than 10**5 nodes. The per-level offsets only order a node
+  against its own ancestors, which never compete in the eviction heap, so they cannot
+  change a result; they are kept to mirror the engine.
 - **Insert** (``_insert_walk_step`` / ``_insert_commit_step``): key rounded down to whole
   pages; the part already in the tree keeps its slots and the request's duplicates are
   freed; the rest becomes **one** new leaf.
@@ -41,7 +45,8 @@ Rules (SGLang source in brackets)
   prefill of a request that does not finish at once, the prompt; at finish, prompt +
   outputs up to the KV computed (``P + N − 1``), then the prompt again so that a node
   boundary sits at the prompt end; then the partial last page is freed and the lock
-  released. Each insert is page-aligned down.
+  released. Each insert is page-aligned down. (When the prompt was checkpointed after
+  prefill the boundary already exists and the second insert only re-touches the path.)
 - **lock_ref** (``inc_lock_ref`` / ``dec_lock_ref``): the request's last tree node and its
   ancestors are locked while it runs ("protected"); the lock moves to the new node at
   every checkpoint.
