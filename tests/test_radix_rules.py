@@ -242,3 +242,23 @@ def test_interleaved_requests_keep_invariants():
             c.finish(rid)
         c.check_invariants()
         assert c.stats().used_slots == 0
+
+
+def test_duplicate_tokens_of_running_requests():
+    c = RadixCache(100)
+    a, b, x, y = _seqs([[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7], [5, 6, 7, 8]])
+    c.run_request(0, a)
+    # B repeats A: hit 3 (cap P - 1), it recomputes token 4, which the tree holds -> 1 duplicate
+    c.admit(1, b)
+    assert c.stats().duplicate_tokens == 1
+    c.finish(1)  # the duplicate is freed at insert
+    assert c.stats().duplicate_tokens == 0
+    # X and Y run together (N = 0: nothing inserted before finish); X finishes and inserts
+    # [5,6,7]; Y's private [5,6,7] now duplicates it -> 3
+    c.admit(2, x)
+    c.admit(3, y)
+    assert c.stats().duplicate_tokens == 0
+    c.finish(2)
+    assert c.stats().duplicate_tokens == 3
+    c.finish(3)
+    assert c.stats().duplicate_tokens == 0 and c.stats().cached_tokens == 4 + 4

@@ -317,17 +317,19 @@ class RadixCache(PrefixCache):
 
     def _held(self, seq: KVSeq) -> int:
         """Longest prefix of the prompt held at token granularity (no cap, no rounding)."""
-        P = seq.prompt_len
-        sid, send = seq.seg_id, seq.seg_end
+        return self._token_walk(seq.seg_id, seq.seg_end, self._root, 0, seq.prompt_len)
+
+    def _token_walk(self, sid, send, node, pos: int, limit: int) -> int:
+        """Read-only token-level match of ``[pos, limit)`` below *node* (which ends at *pos*);
+        returns the end of the match. With p > 1 a partial first page is found through the
+        children's first-token index."""
         p = self.page_size
-        node = self._root
-        pos = 0
-        while pos < P:
+        while pos < limit:
             child = None
-            if p == 1 or P - pos >= p:
+            if p == 1 or limit - pos >= p:
                 child = node.children.get(self._key_at(sid, send, pos))
             if child is not None:
-                m = self._lcp(sid, send, child, pos, min(child.end, P))
+                m = self._lcp(sid, send, child, pos, min(child.end, limit))
                 if m == child.end:
                     node = child
                     pos = m
@@ -336,7 +338,7 @@ class RadixCache(PrefixCache):
             if p > 1:
                 best = pos
                 for c in node.by_token.get(token_key(sid, send, pos), ()):
-                    best = max(best, self._lcp(sid, send, c, pos, min(c.end, P)))
+                    best = max(best, self._lcp(sid, send, c, pos, min(c.end, limit)))
                 return best
             return pos
         return pos
@@ -662,8 +664,10 @@ class RadixCache(PrefixCache):
 
         ``used`` = locked tree slots + running requests' private slots; ``cached`` =
         unlocked tree slots; ``cached_tokens`` = tokens in the tree; ``valid_tokens`` adds
-        the requests' private tokens. ``duplicate_tokens`` is not tracked (0): SGLang
-        frees duplicates at each insert, so they live only inside running requests.
+        the requests' private tokens. ``duplicate_tokens``: private tokens of running
+        requests that the tree also holds (SGLang frees duplicates at each insert, so they
+        live only inside running requests; e.g. the last prompt token of an exact repeat,
+        or a prefix two running requests computed at once) — a walk per running request.
         ``metadata_bytes`` = nodes × ``NODE_OVERHEAD_BYTES`` + tree tokens ×
         ``BYTES_PER_TOKEN`` (an estimate). ``largest_free_run`` is −1 (slot positions are
         not modelled).
@@ -681,7 +685,10 @@ class RadixCache(PrefixCache):
             free_slots=self.num_slots - used - cached,
             valid_tokens=tree_tok + private_tok,
             cached_tokens=tree_tok,
-            duplicate_tokens=0,
+            duplicate_tokens=sum(
+                self._token_walk(r.seq.seg_id, r.seq.seg_end, r.node, r.owned, r.computed) - r.owned
+                for r in self._reqs.values()
+            ),
             metadata_bytes=self._n_nodes * NODE_OVERHEAD_BYTES + tree_tok * BYTES_PER_TOKEN,
             largest_free_run=-1,
         )
