@@ -91,13 +91,13 @@ class AgentTools(Scenario):
     def session(self, world, params, rng, session, n_turns):
         si = int(rng.integers(params.n_system_prompts))
         ti = int(rng.integers(params.n_toolsets))
-        task = fresh_tokens(rng, int(params.task_len.sample(rng, 1)[0]))
+        task = fresh_tokens(rng, params.task_len.draw(rng))
         prompt = np.concatenate([world.system[si], world.tools[ti], task])
         out = []
         for k in range(n_turns):
             if k:
-                result = fresh_tokens(rng, int(params.tool_result_len.sample(rng, 1)[0]))
+                result = fresh_tokens(rng, params.tool_result_len.draw(rng))
                 prompt = np.concatenate([prompt, out[-1].output, result])
-            call = fresh_tokens(rng, int(params.output_len.sample(rng, 1)[0]))
+            call = fresh_tokens(rng, params.output_len.draw(rng))
             out.append(Turn(prompt, call))
         return out

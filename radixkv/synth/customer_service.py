@@ -58,6 +58,6 @@ class CustomerService(Scenario):
 
     def session(self, world, params, rng, session, n_turns):
         o = int(rng.integers(params.n_openings))
-        msg = fresh_tokens(rng, int(params.message_len.sample(rng, 1)[0]))
-        out = fresh_tokens(rng, int(params.output_len.sample(rng, 1)[0]))
+        msg = fresh_tokens(rng, params.message_len.draw(rng))
+        out = fresh_tokens(rng, params.output_len.draw(rng))
         return [Turn(np.concatenate([world[o], msg]), out)]

@@ -42,6 +42,10 @@ class IntDist:
         """Draw *size* values; int64 array of shape (size,)."""
         raise NotImplementedError
 
+    def draw(self, rng: np.random.Generator) -> int:
+        """Draw one value (a Python int); the same value as ``sample(rng, 1)[0]``."""
+        raise NotImplementedError
+
     def pmf(self) -> np.ndarray:
         """Probabilities of ``lo, lo+1, …, hi``; float64, shape (hi − lo + 1,), sums to 1."""
         raise NotImplementedError
@@ -69,6 +73,9 @@ class UniformInt(IntDist):
     def sample(self, rng, size):
         return rng.integers(self.lo, self.hi + 1, size=size, dtype=np.int64)
 
+    def draw(self, rng):
+        return int(rng.integers(self.lo, self.hi + 1, dtype=np.int64))
+
     def pmf(self):
         n = self.hi - self.lo + 1
         return np.full(n, 1.0 / n)
@@ -95,6 +102,10 @@ class LogUniformInt(IntDist):
     def sample(self, rng, size):
         x = rng.uniform(math.log(self.lo), math.log(self.hi + 1), size=size)
         return np.clip(np.floor(np.exp(x)).astype(np.int64), self.lo, self.hi)
+
+    def draw(self, rng):
+        x = rng.uniform(math.log(self.lo), math.log(self.hi + 1))
+        return min(max(math.floor(math.exp(x)), self.lo), self.hi)
 
     def pmf(self):
         k = np.arange(self.lo, self.hi + 1, dtype=np.float64)
@@ -125,6 +136,10 @@ class LogNormalInt(IntDist):
     def sample(self, rng, size):
         x = self.median * np.exp(self.sigma * rng.standard_normal(size))
         return np.clip(np.rint(x), self.lo, self.hi).astype(np.int64)
+
+    def draw(self, rng):
+        x = self.median * math.exp(self.sigma * rng.standard_normal())
+        return int(min(max(round(x), self.lo), self.hi))  # round(): half to even, as np.rint
 
     def pmf(self):
         k = np.arange(self.lo, self.hi + 1, dtype=np.float64)

@@ -51,6 +51,6 @@ class Enterprise(Scenario):
         return fresh_tokens(stream(seed, self.code, WORLD, 0), params.prompt_len)
 
     def session(self, world, params, rng, session, n_turns):
-        q = fresh_tokens(rng, int(params.question_len.sample(rng, 1)[0]))
-        out = fresh_tokens(rng, int(params.output_len.sample(rng, 1)[0]))
+        q = fresh_tokens(rng, params.question_len.draw(rng))
+        out = fresh_tokens(rng, params.output_len.draw(rng))
         return [Turn(np.concatenate([world, q]), out)]

@@ -56,6 +56,7 @@ class _World:
         self.system = fresh_tokens(stream(seed, code, WORLD, 0), p.system_len)
         self.doc_len = p.document_len.sample(stream(seed, code, WORLD, 1), p.n_documents)
         self.popularity = zipf_pmf(p.n_documents, p.zipf_s)
+        self.cdf = np.cumsum(self.popularity)
         self._docs: dict[int, np.ndarray] = {}
 
     def document(self, d: int) -> np.ndarray:
@@ -78,7 +79,8 @@ class LongDocQA(Scenario):
         return _World(params, seed, self.code)
 
     def session(self, world, params, rng, session, n_turns):
-        d = int(rng.choice(params.n_documents, p=world.popularity))
-        q = fresh_tokens(rng, int(params.question_len.sample(rng, 1)[0]))
-        out = fresh_tokens(rng, int(params.output_len.sample(rng, 1)[0]))
+        # inverse-CDF draw of the Zipf rank (document d has rank d + 1)
+        d = min(int(np.searchsorted(world.cdf, rng.random(), side="right")), params.n_documents - 1)
+        q = fresh_tokens(rng, params.question_len.draw(rng))
+        out = fresh_tokens(rng, params.output_len.draw(rng))
         return [Turn(np.concatenate([world.system, world.document(d), q]), out)]

@@ -73,8 +73,8 @@ class MultiTurn(Scenario):
         prompt = world[si]
         out = []
         for k in range(n_turns):
-            user = fresh_tokens(rng, int(params.user_len.sample(rng, 1)[0]))
+            user = fresh_tokens(rng, params.user_len.draw(rng))
             prompt = np.concatenate([prompt] + ([out[-1].output] if k else []) + [user])
-            answer = fresh_tokens(rng, int(params.output_len.sample(rng, 1)[0]))
+            answer = fresh_tokens(rng, params.output_len.draw(rng))
             out.append(Turn(prompt, answer))
         return out
