@@ -14,6 +14,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixkv.errors import InputError
 from radixkv.synth import SCENARIOS, VOCAB_SIZE, generate
@@ -327,3 +329,22 @@ def test_unknown_scenario():
     with pytest.raises(InputError) as e:
         generate("chatbot", 5, seed=1)
     assert e.value.field == "scenario"
+
+
+# ---------------------------------------------------------------- properties over seeds and parameters
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(1, 60), lo=st.integers(1, 4), span=st.integers(0, 5),
+       name=st.sampled_from(["multi_turn", "agent_tools"]), arrival=st.sampled_from(["poisson", "gamma"]))
+def test_sessions_resend_history_for_any_seed(seed, n, lo, span, name, arrival):
+    turns = f"{'turns' if name == 'multi_turn' else 'steps'}=uniform:{lo},{lo + span}"
+    small = (["system_len=uniform:3,40", "user_len=uniform:1,30", "output_len=uniform:0,20"] if name == "multi_turn"
+             else ["system_len=uniform:3,40", "toolset_len=uniform:3,40", "tool_result_len=uniform:1,30", "output_len=uniform:0,20"])
+    t = generate(name, n, seed, rate=3.0, arrival=arrival, params=small + [turns])
+    assert len(t) == n and np.all(np.diff(t.arrival_s) >= 0)
+    for rows in sessions(t).values():
+        assert [int(t.turn[i]) for i in rows] == list(range(len(rows)))
+        assert len(rows) <= lo + span
+        for a, b in zip(rows, rows[1:]):
+            prev = np.concatenate([t.prompt_ids(a), t.output_ids(a)])
+            assert np.array_equal(t.prompt_ids(b)[: prev.size], prev)
+            assert t.prompt_len[b] > prev.size
