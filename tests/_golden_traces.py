@@ -1,8 +1,9 @@
 """Build the golden runs' traces for the policy tests (shared by the policy test files).
 
 Private test helpers that follow ../shared/golden/README.md exactly ("Traces and
-conventions"); they stand in for ``radixkv.trace.load.load_trace`` until the readers
-land, and :func:`golden_trace` switches to ``load_trace`` when it exists.
+conventions"). :func:`golden_trace` reads with ``radixkv.trace.load.load_trace`` (the
+project's readers); the builders here are the fallback and an independent check of
+those readers (see ``test_block_hash.py::test_readers_agree_with_golden_conventions``).
 
 - native JSONL (``id``, ``tokens``, ``output_tokens``): token ids, U = 1, file order;
 - Mooncake: first *limit* lines, U = 512, partial last unit, ids ``r<line index>``,
@@ -83,20 +84,27 @@ SHARED_TRACES = {
 }
 
 
+def _load_trace():
+    """``radixkv.trace.load.load_trace`` when the readers have landed, else None."""
+    try:
+        from radixkv.trace.load import load_trace
+    except ImportError:
+        return None
+    return load_trace
+
+
 def golden_trace(name: str, local_dir: Path, shared_path) -> Trace:
     """The trace a golden manifest names: local token traces or shared hash-id traces.
 
+    Read with ``load_trace`` when it exists (the private builders above otherwise).
     *shared_path* is conftest's helper (skips the test when ``RADIXKV_SHARED`` is unset).
     """
+    load_trace = _load_trace()
     if name in SHARED_TRACES:
         parts, fmt, limit = SHARED_TRACES[name]
         p = shared_path(*parts)
-        try:  # the readers' module, once it has landed
-            from radixkv.trace.load import load_trace  # type: ignore
-
-            t = load_trace(p, format=fmt)
-            return t.head(limit)
-        except ImportError:
-            pass
+        if load_trace is not None:
+            return load_trace(p, format=fmt).head(limit)
         return mooncake_trace(p, limit) if fmt == "mooncake" else weka_trace(p)
-    return native_trace(local_dir / "traces" / name)
+    p = local_dir / "traces" / name
+    return load_trace(p, format="native") if load_trace is not None else native_trace(p)
