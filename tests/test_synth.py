@@ -348,3 +348,16 @@ def test_sessions_resend_history_for_any_seed(seed, n, lo, span, name, arrival):
             prev = np.concatenate([t.prompt_ids(a), t.output_ids(a)])
             assert np.array_equal(t.prompt_ids(b)[: prev.size], prev)
             assert t.prompt_len[b] > prev.size
+
+
+def test_params_as_object_dict_or_text():
+    from radixkv.synth.multi_turn import MultiTurnParams
+
+    a = generate("multi_turn", 20, seed=4, params=MultiTurnParams(turns=UniformInt(1, 2)))
+    b = generate("multi_turn", 20, seed=4, params={"turns": "uniform:1,2"})
+    c = generate("multi_turn", 20, seed=4, params=["turns=uniform:1,2"])
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.ids, c.ids)
+    assert int(a.turn.max()) <= 1  # at most 2 turns: 0 and 1
+    with pytest.raises(InputError) as e:
+        generate("long_doc_qa", 3, seed=1, params=MultiTurnParams())
+    assert e.value.field == "params"

@@ -125,5 +125,8 @@ def generate(scenario: str, n_requests: int, seed: int, *, rate: float = 1.0, ar
     """
     scn = get_scenario(scenario)
     if params is not None and not isinstance(params, scn.params_cls):
-        params = params_from_text(scn.params_cls, params)
+        if not isinstance(params, (dict, list, tuple)):
+            raise InputError(f"{scenario} takes {scn.params_cls.__name__}, a dict or a list of name=value, "
+                             f"got {type(params).__name__}", field="params")
+        params = params_from_text(scn.params_cls, list(params) if isinstance(params, tuple) else params)
     return scn.generate(n_requests, seed, rate=rate, arrival=arrival, cv=cv, params=params)
