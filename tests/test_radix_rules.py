@@ -262,3 +262,13 @@ def test_duplicate_tokens_of_running_requests():
     assert c.stats().duplicate_tokens == 3
     c.finish(3)
     assert c.stats().duplicate_tokens == 0 and c.stats().cached_tokens == 4 + 4
+
+
+def test_fits_alone():
+    # extent 3 + 2 = 5 tokens; at p = 2: 3 pages. A 2-page pool is short by 1 page = 2 tokens.
+    s = _seqs([[1, 2, 3]], [[7, 8, 9]])[0]
+    assert RadixCache(6, 2).fits_alone(s) == 0
+    assert RadixCache(4, 2).fits_alone(s) == 2
+    # with the overlap scheduler's extra token: 6 tokens in a 5-token pool -> 1 short
+    assert RadixCache(5, cache_last_token_on_stop=True).fits_alone(s) == 1
+    assert RadixCache(5).fits_alone(s) == 0

@@ -631,6 +631,14 @@ class RadixCache(PrefixCache):
         self._private -= slots
         self._dec_lock(r.node)
 
+    def fits_alone(self, seq: KVSeq) -> int:
+        """Tokens by which *seq* overflows the empty pool (0 when it fits); counts the
+        extra token of ``cache_last_token_on_stop``. A request that fits alone is always
+        admitted by a sequential replay: everything else in the tree is evictable."""
+        kv = seq.kv_len + (1 if self.cache_last_token_on_stop and seq.kv_len > seq.prompt_len else 0)
+        p = self.page_size
+        return max(0, -(-kv // p) - self.num_slots) * p
+
     def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
         """Admit, prefill the rest of the prompt, decode to the KV extent, finish."""
         adm = self.admit(rid, seq)
