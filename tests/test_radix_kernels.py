@@ -12,6 +12,11 @@ import pytest
 from radixkv.policies._radix_kernels import common_prefix_end, page_span, segment_at, token_key
 
 
+def _py(kernel):
+    """The interpreted function (``py_func``); the kernel itself under NUMBA_DISABLE_JIT=1."""
+    return getattr(kernel, "py_func", kernel)
+
+
 def _a(*xs):
     return np.asarray(xs, dtype=np.int64)
 
@@ -26,7 +31,7 @@ C = (_a(5, 5), _a(2, 4))
 
 @pytest.mark.parametrize("jit", [True, False])
 def test_common_prefix_end(jit):
-    f = common_prefix_end if jit else common_prefix_end.py_func
+    f = common_prefix_end if jit else _py(common_prefix_end)
     assert f(*A, *B, 0, 8) == 6  # differ at 6
     assert f(*A, *B, 0, 5) == 5  # equal up to the limit
     assert f(*A, *B, 2, 6) == 6
@@ -38,8 +43,8 @@ def test_common_prefix_end(jit):
 
 @pytest.mark.parametrize("jit", [True, False])
 def test_token_key_and_segment_at(jit):
-    tk = token_key if jit else token_key.py_func
-    sa = segment_at if jit else segment_at.py_func
+    tk = token_key if jit else _py(token_key)
+    sa = segment_at if jit else _py(segment_at)
     assert tuple(tk(*A, 0)) == (5, 0)
     assert tuple(tk(*A, 3)) == (5, 0)
     assert tuple(tk(*A, 4)) == (6, 4)
@@ -49,7 +54,7 @@ def test_token_key_and_segment_at(jit):
 
 @pytest.mark.parametrize("jit", [True, False])
 def test_page_span(jit):
-    ps = page_span if jit else page_span.py_func
+    ps = page_span if jit else _py(page_span)
     # page [4, 8) of a: segments 1 (6, [4,6)) and 2 (-1, [6,9)); first segment starts at 4
     assert tuple(ps(*A, 4, 4)) == (1, 2, 4)
     # page [0, 2): inside segment 0 (starts at 0)
@@ -71,4 +76,4 @@ def test_jit_and_python_agree_on_random_runs():
         a = (ta.astype(np.int64), np.arange(1, n + 1, dtype=np.int64))
         b = (tb.astype(np.int64), np.arange(1, n + 1, dtype=np.int64))
         brute = next((t for t in range(n) if ta[t] != tb[t]), n)
-        assert common_prefix_end(*a, *b, 0, n) == brute == common_prefix_end.py_func(*a, *b, 0, n)
+        assert common_prefix_end(*a, *b, 0, n) == brute == _py(common_prefix_end)(*a, *b, 0, n)
