@@ -272,3 +272,19 @@ def test_fits_alone():
     # with the overlap scheduler's extra token: 6 tokens in a 5-token pool -> 1 short
     assert RadixCache(5, cache_last_token_on_stop=True).fits_alone(s) == 1
     assert RadixCache(5).fits_alone(s) == 0
+
+
+def test_heap_rebuild_keeps_eviction_order():
+    # dropping stale heap entries must not change any result: a cache that rebuilds its
+    # heap after every request agrees with one that never does
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 3, size=int(rng.integers(1, 14))).tolist() for _ in range(300)]
+    outs = [rng.integers(0, 3, size=int(rng.integers(0, 5))).tolist() for _ in range(300)]
+    seqs = _seqs(prompts, outs)
+    for p in (1, 2):
+        a, b = RadixCache(40, p), RadixCache(40, p)
+        for i, s in enumerate(seqs):
+            ra, rb = a.run_request(i, s), b.run_request(i, s)
+            b._rebuild_heap()
+            assert (ra, a.evicted_tokens_total) == (rb, b.evicted_tokens_total)
+        assert a.evictions == b.evictions > 0

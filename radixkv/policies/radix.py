@@ -420,11 +420,10 @@ class RadixCache(PrefixCache):
             self.evictions += 1
             self._push_if_leaf(parent)
         self.evicted_tokens_total += freed
-        if len(heap) > 4 * self._n_nodes + 1024:
-            self._rebuild_heap()
         return freed
 
     def _rebuild_heap(self) -> None:
+        """Drop stale heap entries (called when they outnumber the nodes 4 to 1)."""
         live = []
         stack = [self._root]
         while stack:
@@ -630,6 +629,8 @@ class RadixCache(PrefixCache):
         self._free += slots
         self._private -= slots
         self._dec_lock(r.node)
+        if len(self._heap) > 4 * self._n_nodes + 1024:
+            self._rebuild_heap()
 
     def fits_alone(self, seq: KVSeq) -> int:
         """Tokens by which *seq* overflows the empty pool (0 when it fits); counts the
