@@ -8,8 +8,10 @@ Time is not known here: :mod:`radixkv.replay.concurrent` prices each step with a
 Request life (tokens)
 ---------------------
 A request with P prompt and N output tokens is *admitted* with ``policy.admit`` for its
-whole prompt, then computes the un-hit prompt in chunks of the step budget (chunked
-prefill); the step that completes the prompt samples output 1 (the first token, TTFT).
+first chunk, then computes the rest of its un-hit prompt in chunks of the step budget
+(chunked prefill), each chunk a ``policy.extend`` in the step that computes it — so the
+policy makes a chunk's blocks hittable exactly when the engine would (vLLM: when the
+chunk is scheduled). The step that completes the prompt samples output 1 (TTFT).
 Each later step is a decode: it feeds the last sampled token (``policy.extend(rid, 1)``,
 one more token of KV) and samples the next. After output N the request finishes
 (``policy.finish``), holding ``P + N − 1`` tokens of KV — the KV extent of SEMANTICS.md.
@@ -27,11 +29,19 @@ vLLM v1 rules (``vllm/v1/core/sched/scheduler.py :: Scheduler.schedule``; refere
 - WAITING requests are admitted only in a step with no preemption, in queue order, while
   fewer than ``max_num_seqs`` run and budget is left; admission stops at the first request
   the policy refuses (``policy.admit`` returns None: head-of-line blocking, as vLLM's loop
-  ``break``\\ s). The whole prompt must fit before its first chunk runs (vLLM's default
-  ``scheduler_reserve_full_isl``); this replay allocates it at admission.
+  ``break``\\ s). The admission asks for ``min(P, budget)`` tokens and the policy
+  decides whether the whole prompt must fit first (vLLM's default
+  ``scheduler_reserve_full_isl``: ``BlockHashCache``, ``NoCache`` and
+  ``StaticReservedCache`` check it; SGLang's ``RadixCache`` leaves it to the SGLang
+  budget below, so pair it with ``admission='sglang'``). If the hit covers more than the
+  first chunk, the same step extends to ``hit + min(P − hit, budget)`` tokens, as vLLM
+  schedules ``min(P − hit, budget)`` new tokens.
 - A re-admitted request looks up and recomputes prompt + generated tokens:
-  ``policy.admit(rid, seq, n_tokens=P + g)``. Its hit is not counted (hit rate counts
-  first admissions only, SEMANTICS.md).
+  ``policy.admit(rid, seq, n_tokens=P + g)``, KV for all of it at once. Its hit is not
+  counted (hit rate counts first admissions only, SEMANTICS.md). A policy that refuses
+  ``n_tokens > P`` (raises ValueError; SGLang's ``RadixCache``, whose engine looks up the
+  prompt + outputs too) is re-admitted on its prompt and recomputes the generated tokens
+  as further chunks: its lookup then covers the prompt only.
 
 SGLang options (``python/sglang/srt/managers/schedule_policy.py``, ``scheduler.py``)
 -------------------------------------------------------------------------------------
