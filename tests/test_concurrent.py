@@ -310,3 +310,21 @@ def test_cli_admission_follows_the_policy_engine():
     assert concurrent_config_from_args(args, BlockHashCache(100, 16)).admission == "vllm"
     assert concurrent_config_from_args(p.parse_args(["--admission", "vllm"]), RadixCache(1000, 1)).admission == "vllm"
     assert concurrent_config_from_args(args).max_num_batched_tokens == 8192
+
+
+def test_radix_readmission_falls_back_to_the_prompt():
+    """RadixCache refuses ``n_tokens > P``: the re-admission looks up the prompt only.
+
+    The tiny-pool trace of the NoCache test on RadixCache (page 1, 10 slots), vLLM rules:
+    steps 1–3 as there (B preempted in step 3; its 4 prompt tokens stay in the tree,
+    unlocked). Step 4: A's decode evicts B's prompt leaf (free 0); B's re-admission
+    (prompt only, hit 0) needs 4 slots, 3 free: refused; step 5 likewise (2 free), and A
+    finishes. Step 6: B is admitted on its prompt, evicting A's unlocked KV, and computes
+    4 + 2 generated tokens again: recomputed 6, hits 0.
+    """
+    tr = _trace([[1, 2, 3, 4], [5, 6, 7, 8]], [5, 5], [0.0, 0.0])
+    r = replay_concurrent(tr, RadixCache.from_capacity_tokens(10, 1), COST, config=SchedulerConfig(admission="vllm"))
+    assert r.summary()["preemptions"] == 1
+    assert r["hit_tokens"].tolist() == [0, 0]
+    assert r["recomputed_tokens"].tolist() == [0, 6]
+    assert r.steps == 8
