@@ -282,33 +282,31 @@ def test_keys_are_chained_on_the_parent():
 
 
 def test_hash_table_delete_keeps_every_probe_chain():
-    # cap 8; keys with equal home slot (low 3 bits) form one probe cluster that wraps
+    # cap 8; keys with equal home slot (low 3 bits) form one probe cluster that wraps;
+    # after every insert/delete each live key is found with its value, no other key is
     rng = np.random.default_rng(7)
     for _ in range(200):
-        tk = np.zeros(8, dtype=np.uint64)
-        tv = np.zeros((3, 8), dtype=np.int64)
+        t = np.zeros((8, K.NT), dtype=np.int64)
         live = {}
         for step in range(40):
             if live and (len(live) == 7 or rng.random() < 0.45):
                 key = list(live)[rng.integers(len(live))]
-                i = K._find(tk, tv[2], np.uint64(key))
+                i = K._find(t, key)
                 assert i >= 0
-                K._delete_slot(tk, tv, 2, i)
+                K._delete_slot(t, i)
                 del live[key]
             else:
                 key = int(rng.integers(0, 6)) * 8 + int(rng.choice([6, 7, 0]))
                 if key in live:
                     continue
-                i = K._slot_for_insert(tk, tv[2], np.uint64(key))
-                tk[i] = key
-                tv[0, i] = step
-                tv[2, i] = 1
+                i = K._slot_for_insert(t, key)
+                t[i] = (key, step, 0, 1)
                 live[key] = step
             for k in range(48):
-                i = K._find(tk, tv[2], np.uint64(k))
+                i = K._find(t, k)
                 assert (i >= 0) == (k in live)
                 if i >= 0:
-                    assert tv[0, i] == live[k]
+                    assert t[i, K.T_HEAD] == live[k]
 
 
 # ---------------------------------------------------------------------- golden

@@ -6,24 +6,26 @@ admission, extension, release, statistics) is one kernel call, so a request cost
 calls whatever its length.
 
 Pool layout (``nb`` = ``num_gpu_blocks`` blocks; block 0 is vLLM's null block and is
-never touched)
+never touched). Arrays of records, so that one block or one table slot is one or two
+cache lines: replaying is bound by memory latency once the pool outgrows the CPU cache.
 
-``bi`` : int64, shape (NBI, nb)
-    Per-block integers, rows named by the ``BI_*`` constants: ``ref_cnt``; free-queue
-    links (``prev``/``next``, −1 = none) and membership; whether the block carries a
-    block hash; the duplicate chain of its key (blocks holding the same key, in insertion
-    order, vLLM ``BlockHashToBlockMap``); the sibling chain of its parent key (blocks
-    whose parent hash is the same, for ``held_tokens``); the number of content pieces.
-``bk`` : uint64, shape (2, nb)
-    Block hash (key) and parent block hash of each hashed block.
-``pc`` : int64, shape (3, nb, C)
+``blk`` : int64, shape (nb, NF)
+    Per-block record, columns named by the ``F_*`` constants: ``ref_cnt``; free-queue
+    links (−1 = none; a usable block is in the free queue iff its ref_cnt is 0); whether
+    the block carries a block hash; the duplicate chain of its key (blocks holding the
+    same key, in insertion order, vLLM ``BlockHashToBlockMap``); the sibling chain of its
+    parent key (hashed blocks with the same parent hash, for ``held_tokens``); the number
+    of content pieces; its key and its parent's key (uint64 hashes stored bit for bit as
+    int64).
+``pc`` : int64, shape (nb, C, 3)
     Content of each hashed block as at most C pieces ``(segment id, offset in segment,
     end of the piece inside the block)``, for ``held_tokens`` and ``verify``.
-``tk``/``tv`` : key table, open addressing with linear probing and backward-shift
-    deletion; ``tk`` uint64 (cap,) keys; ``tv`` int64 (3, cap): first block, last block,
-    number of blocks (0 = empty slot). Maps block hash -> duplicate chain.
-``ck``/``cv`` : child table, same scheme; ``cv`` int64 (2, cap): first block of the
-    sibling chain, number of blocks. Maps parent block hash -> hashed blocks under it.
+``kt`` : int64, shape (cap, 4), the key table
+    Open addressing, linear probing, backward-shift deletion; row = ``(key, first block,
+    last block, number of blocks)``, count 0 = empty. Maps block hash -> duplicate chain.
+``ct`` : int64, shape (cap, 4), the child table
+    Same scheme; row = ``(parent key, first block of the sibling chain, unused, number of
+    blocks)``. Maps parent block hash -> hashed blocks under it.
 ``st`` : int64, shape (NST,)
     Pool counters, indices ``ST_*``.
 
@@ -45,22 +47,26 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# rows of bi
-BI_REF = 0  # ref_cnt (vLLM KVCacheBlock.ref_cnt)
-BI_FPREV = 1  # free-queue previous block, -1 = none
-BI_FNEXT = 2  # free-queue next block, -1 = none
-BI_INFQ = 3  # 1 when the block is in the free queue
-BI_HASKEY = 4  # 1 when the block carries a block hash (is in the key table)
-BI_DNEXT = 5  # next block with the same key (insertion order), -1 = none
-BI_DPREV = 6  # previous block with the same key, -1 = none
-BI_CNEXT = 7  # next block with the same parent key, -1 = none
-BI_CPREV = 8  # previous block with the same parent key, -1 = none
-BI_PCN = 9  # number of content pieces
-NBI = 10
+# columns of blk
+F_REF = 0  # ref_cnt (vLLM KVCacheBlock.ref_cnt)
+F_FPREV = 1  # free-queue previous block, -1 = none
+F_FNEXT = 2  # free-queue next block, -1 = none
+F_HASKEY = 3  # 1 when the block carries a block hash (is in the key table)
+F_DNEXT = 4  # next block with the same key (insertion order), -1 = none
+F_DPREV = 5  # previous block with the same key, -1 = none
+F_CNEXT = 6  # next block with the same parent key, -1 = none
+F_CPREV = 7  # previous block with the same parent key, -1 = none
+F_PCN = 8  # number of content pieces
+F_KEY = 9  # block hash (uint64 bits)
+F_PKEY = 10  # parent block hash (uint64 bits)
+NF = 11
 
-# rows of bk
-BK_KEY = 0
-BK_PKEY = 1
+# columns of kt / ct
+T_KEY = 0
+T_HEAD = 1
+T_TAIL = 2
+T_CNT = 3
+NT = 4
 
 # st
 ST_FQH = 0  # free-queue head block, -1 = empty
@@ -75,7 +81,7 @@ ST_NDUPKEYS = 8  # keys held by more than one block
 NST = 9
 
 #: seed of the hash chain: the parent key of a sequence's first block (vLLM NONE_HASH)
-SEED = np.uint64(0x9E3779B97F4A7C15)
+SEED = np.int64(0x1E3779B97F4A7C15)
 
 # return codes
 OK = 0
@@ -116,13 +122,14 @@ def seq_block_keys(seg_id, seg_end, block_size, n_blocks, key_mask):
 
     Returns
     -------
-    keys : uint64 array, shape (n_blocks,)
-        ``keys[j]`` = hash of block j chained on ``keys[j−1]`` (``SEED`` for j = 0).
+    keys : int64 array, shape (n_blocks,)
+        ``keys[j]`` = the 64 bits of block j's hash, chained on ``keys[j−1]`` (``SEED``
+        for j = 0).
     max_pieces : int
         Largest number of pieces (runs of one segment) in any of these blocks.
     """
-    keys = np.empty(n_blocks, dtype=np.uint64)
-    parent = SEED
+    keys = np.empty(n_blocks, dtype=np.int64)
+    parent = np.uint64(SEED)
     s = 0
     seg_start = 0
     max_pieces = 0
@@ -143,7 +150,7 @@ def seq_block_keys(seg_id, seg_end, block_size, n_blocks, key_mask):
             npieces += 1
             pos = stop
         h = h & key_mask
-        keys[j] = h
+        keys[j] = np.int64(h)
         parent = h
         if npieces > max_pieces:
             max_pieces = npieces
@@ -152,214 +159,215 @@ def seq_block_keys(seg_id, seg_end, block_size, n_blocks, key_mask):
 
 # ---------------------------------------------------------------------- hash tables
 @njit(cache=True, inline="always")
-def _find(tk, tcount, key):
-    """Slot of *key* in an open-addressing table, or −1. ``tcount[slot] == 0`` = empty."""
-    mask = tk.shape[0] - 1
-    i = np.int64(key & np.uint64(mask))
-    while tcount[i] != 0:
-        if tk[i] == key:
+def _find(t, key):
+    """Row of *key* in an open-addressing table (``kt``/``ct``), or −1."""
+    mask = t.shape[0] - 1
+    i = key & mask
+    while t[i, T_CNT] != 0:
+        if t[i, T_KEY] == key:
             return i
         i = (i + 1) & mask
     return -1
 
 
 @njit(cache=True, inline="always")
-def _slot_for_insert(tk, tcount, key):
-    """First empty slot on *key*'s probe path (the key must be absent)."""
-    mask = tk.shape[0] - 1
-    i = np.int64(key & np.uint64(mask))
-    while tcount[i] != 0:
+def _slot_for_insert(t, key):
+    """First empty row on *key*'s probe path (the key must be absent)."""
+    mask = t.shape[0] - 1
+    i = key & mask
+    while t[i, T_CNT] != 0:
         i = (i + 1) & mask
     return i
 
 
 @njit(cache=True)
-def _delete_slot(tk, tv, cnt_row, i):
-    """Empty slot *i* and close the gap (backward-shift deletion, Knuth vol. 3, 6.4 R).
-
-    ``tv`` is the value array (rows moved with the key); ``tv[cnt_row]`` is the
-    occupancy count (0 = empty).
-    """
-    mask = tk.shape[0] - 1
-    nrow = tv.shape[0]
+def _delete_slot(t, i):
+    """Empty row *i* and close the gap (backward-shift deletion, Knuth vol. 3, 6.4 R)."""
+    mask = t.shape[0] - 1
     j = i
     while True:
         j = (j + 1) & mask
-        if tv[cnt_row, j] == 0:
+        if t[j, T_CNT] == 0:
             break
-        k = np.int64(tk[j] & np.uint64(mask))
+        k = t[j, T_KEY] & mask
         # move j into the hole i unless its home k lies cyclically in (i, j]
         if i <= j:
             stay = i < k <= j
         else:
             stay = k > i or k <= j
         if not stay:
-            tk[i] = tk[j]
-            for r in range(nrow):
-                tv[r, i] = tv[r, j]
+            for c in range(NT):
+                t[i, c] = t[j, c]
             i = j
-    for r in range(nrow):
-        tv[r, i] = 0
-    tv[cnt_row, i] = 0
+    for c in range(NT):
+        t[i, c] = 0
 
 
 # ---------------------------------------------------------------------- free queue
 @njit(cache=True, inline="always")
-def _fq_remove(bi, st, b):
-    p = bi[BI_FPREV, b]
-    n = bi[BI_FNEXT, b]
+def _fq_remove(blk, st, b):
+    p = blk[b, F_FPREV]
+    n = blk[b, F_FNEXT]
     if p >= 0:
-        bi[BI_FNEXT, p] = n
+        blk[p, F_FNEXT] = n
     else:
         st[ST_FQH] = n
     if n >= 0:
-        bi[BI_FPREV, n] = p
+        blk[n, F_FPREV] = p
     else:
         st[ST_FQT] = p
-    bi[BI_FPREV, b] = -1
-    bi[BI_FNEXT, b] = -1
-    bi[BI_INFQ, b] = 0
+    blk[b, F_FPREV] = -1
+    blk[b, F_FNEXT] = -1
     st[ST_FQLEN] -= 1
 
 
 @njit(cache=True, inline="always")
-def _fq_append(bi, st, b):
+def _fq_append(blk, st, b):
     t = st[ST_FQT]
-    bi[BI_FPREV, b] = t
-    bi[BI_FNEXT, b] = -1
+    blk[b, F_FPREV] = t
+    blk[b, F_FNEXT] = -1
     if t >= 0:
-        bi[BI_FNEXT, t] = b
+        blk[t, F_FNEXT] = b
     else:
         st[ST_FQH] = b
     st[ST_FQT] = b
-    bi[BI_INFQ, b] = 1
     st[ST_FQLEN] += 1
 
 
 @njit(cache=True, inline="always")
-def _fq_prepend(bi, st, b):
+def _fq_prepend(blk, st, b):
     h = st[ST_FQH]
-    bi[BI_FNEXT, b] = h
-    bi[BI_FPREV, b] = -1
+    blk[b, F_FNEXT] = h
+    blk[b, F_FPREV] = -1
     if h >= 0:
-        bi[BI_FPREV, h] = b
+        blk[h, F_FPREV] = b
     else:
         st[ST_FQT] = b
     st[ST_FQH] = b
-    bi[BI_INFQ, b] = 1
     st[ST_FQLEN] += 1
 
 
 @njit(cache=True)
-def init_pool(bi, st):
+def init_pool(blk, st):
     """Empty pool: every usable block 1..nb−1 in the free queue in ascending id order.
 
     vLLM ``BlockPool.__init__``: ``FreeKVCacheBlockQueue(all blocks)`` then block 0 is
     popped as the permanent ``null_block``.
     """
-    nb = bi.shape[1]
-    bi[:, :] = 0
-    bi[BI_FPREV, :] = -1
-    bi[BI_FNEXT, :] = -1
-    bi[BI_DNEXT, :] = -1
-    bi[BI_DPREV, :] = -1
-    bi[BI_CNEXT, :] = -1
-    bi[BI_CPREV, :] = -1
+    nb = blk.shape[0]
+    blk[:, :] = 0
+    for b in range(nb):
+        blk[b, F_FPREV] = -1
+        blk[b, F_FNEXT] = -1
+        blk[b, F_DNEXT] = -1
+        blk[b, F_DPREV] = -1
+        blk[b, F_CNEXT] = -1
+        blk[b, F_CPREV] = -1
     st[:] = 0
     st[ST_FQH] = -1
     st[ST_FQT] = -1
     for b in range(1, nb):
-        _fq_append(bi, st, b)
+        _fq_append(blk, st, b)
+
+
+@njit(cache=True)
+def free_queue(blk, st):
+    """Block ids in the free queue, head (next to be taken) first; int64, O(length)."""
+    out = np.empty(st[ST_FQLEN], dtype=np.int64)
+    b = st[ST_FQH]
+    i = 0
+    while b >= 0:
+        out[i] = b
+        i += 1
+        b = blk[b, F_FNEXT]
+    return out
 
 
 # ---------------------------------------------------------------------- key table ops
 @njit(cache=True)
-def _drop_key(bi, bk, tk, tv, ck, cv, st, b):
-    """Remove block *b* from the key table and its parent's sibling chain."""
-    key = bk[BK_KEY, b]
-    i = _find(tk, tv[2], key)
-    n = bi[BI_DNEXT, b]
-    p = bi[BI_DPREV, b]
+def _drop_key(blk, kt, ct, st, b):
+    """Remove block *b* from the key table and from its parent's sibling chain."""
+    i = _find(kt, blk[b, F_KEY])
+    n = blk[b, F_DNEXT]
+    p = blk[b, F_DPREV]
     if p >= 0:
-        bi[BI_DNEXT, p] = n
+        blk[p, F_DNEXT] = n
     else:
-        tv[0, i] = n
+        kt[i, T_HEAD] = n
     if n >= 0:
-        bi[BI_DPREV, n] = p
+        blk[n, F_DPREV] = p
     else:
-        tv[1, i] = p
-    tv[2, i] -= 1
-    if tv[2, i] == 0:
-        _delete_slot(tk, tv, 2, i)
+        kt[i, T_TAIL] = p
+    kt[i, T_CNT] -= 1
+    if kt[i, T_CNT] == 0:
+        _delete_slot(kt, i)
         st[ST_NKEYS] -= 1
-    elif tv[2, i] == 1:
+    elif kt[i, T_CNT] == 1:
         st[ST_NDUPKEYS] -= 1
-    bi[BI_DNEXT, b] = -1
-    bi[BI_DPREV, b] = -1
-    # sibling chain under the parent key
-    pkey = bk[BK_PKEY, b]
-    j = _find(ck, cv[1], pkey)
-    n = bi[BI_CNEXT, b]
-    p = bi[BI_CPREV, b]
+    blk[b, F_DNEXT] = -1
+    blk[b, F_DPREV] = -1
+    j = _find(ct, blk[b, F_PKEY])
+    n = blk[b, F_CNEXT]
+    p = blk[b, F_CPREV]
     if p >= 0:
-        bi[BI_CNEXT, p] = n
+        blk[p, F_CNEXT] = n
     else:
-        cv[0, j] = n
+        ct[j, T_HEAD] = n
     if n >= 0:
-        bi[BI_CPREV, n] = p
-    cv[1, j] -= 1
-    if cv[1, j] == 0:
-        _delete_slot(ck, cv, 1, j)
-    bi[BI_CNEXT, b] = -1
-    bi[BI_CPREV, b] = -1
-    bi[BI_HASKEY, b] = 0
+        blk[n, F_CPREV] = p
+    ct[j, T_CNT] -= 1
+    if ct[j, T_CNT] == 0:
+        _delete_slot(ct, j)
+    blk[b, F_CNEXT] = -1
+    blk[b, F_CPREV] = -1
+    blk[b, F_HASKEY] = 0
     st[ST_NHASHED] -= 1
 
 
 @njit(cache=True)
-def _add_key(bi, bk, tk, tv, ck, cv, st, b, key, pkey):
+def _add_key(blk, kt, ct, st, b, key, pkey):
     """Give block *b* the key *key* (parent *pkey*); duplicates go to the chain's end.
 
     vLLM ``BlockPool.cache_full_blocks`` / ``BlockHashToBlockMap.insert``: no dedup.
     """
-    bk[BK_KEY, b] = key
-    bk[BK_PKEY, b] = pkey
-    bi[BI_HASKEY, b] = 1
+    blk[b, F_KEY] = key
+    blk[b, F_PKEY] = pkey
+    blk[b, F_HASKEY] = 1
     st[ST_NHASHED] += 1
-    i = _find(tk, tv[2], key)
+    i = _find(kt, key)
     if i < 0:
-        i = _slot_for_insert(tk, tv[2], key)
-        tk[i] = key
-        tv[0, i] = b
-        tv[1, i] = b
-        tv[2, i] = 1
-        bi[BI_DPREV, b] = -1
-        bi[BI_DNEXT, b] = -1
+        i = _slot_for_insert(kt, key)
+        kt[i, T_KEY] = key
+        kt[i, T_HEAD] = b
+        kt[i, T_TAIL] = b
+        kt[i, T_CNT] = 1
+        blk[b, F_DPREV] = -1
+        blk[b, F_DNEXT] = -1
         st[ST_NKEYS] += 1
     else:
-        t = tv[1, i]
-        bi[BI_DNEXT, t] = b
-        bi[BI_DPREV, b] = t
-        bi[BI_DNEXT, b] = -1
-        tv[1, i] = b
-        tv[2, i] += 1
-        if tv[2, i] == 2:
+        t = kt[i, T_TAIL]
+        blk[t, F_DNEXT] = b
+        blk[b, F_DPREV] = t
+        blk[b, F_DNEXT] = -1
+        kt[i, T_TAIL] = b
+        kt[i, T_CNT] += 1
+        if kt[i, T_CNT] == 2:
             st[ST_NDUPKEYS] += 1
-    j = _find(ck, cv[1], pkey)
+    j = _find(ct, pkey)
     if j < 0:
-        j = _slot_for_insert(ck, cv[1], pkey)
-        ck[j] = pkey
-        cv[0, j] = b
-        cv[1, j] = 1
-        bi[BI_CPREV, b] = -1
-        bi[BI_CNEXT, b] = -1
+        j = _slot_for_insert(ct, pkey)
+        ct[j, T_KEY] = pkey
+        ct[j, T_HEAD] = b
+        ct[j, T_CNT] = 1
+        blk[b, F_CPREV] = -1
+        blk[b, F_CNEXT] = -1
     else:
-        h = cv[0, j]
-        bi[BI_CNEXT, b] = h
-        bi[BI_CPREV, b] = -1
-        bi[BI_CPREV, h] = b
-        cv[0, j] = b
-        cv[1, j] += 1
+        h = ct[j, T_HEAD]
+        blk[b, F_CNEXT] = h
+        blk[b, F_CPREV] = -1
+        blk[h, F_CPREV] = b
+        ct[j, T_HEAD] = b
+        ct[j, T_CNT] += 1
 
 
 # ---------------------------------------------------------------------- content
@@ -370,9 +378,14 @@ def _seg_index(seg_end, pos):
 
 
 @njit(cache=True)
-def _store_pieces(bi, pc, b, seg_id, seg_end, start, block_size):
-    """Record the pieces of tokens ``[start, start + B)`` of the sequence as *b*'s content."""
-    s = _seg_index(seg_end, start)
+def _store_pieces(blk, pc, b, seg_id, seg_end, start, block_size, s):
+    """Record tokens ``[start, start + B)`` of the sequence as *b*'s content.
+
+    *s* is the index of a segment at or before the one holding *start*; returns the
+    index of the segment holding the block's last token (a cursor for the next block).
+    """
+    while seg_end[s] <= start:
+        s += 1
     seg_start = seg_end[s - 1] if s > 0 else 0
     end = start + block_size
     pos = start
@@ -382,30 +395,25 @@ def _store_pieces(bi, pc, b, seg_id, seg_end, start, block_size):
             seg_start = seg_end[s]
             s += 1
         stop = min(seg_end[s], end)
-        pc[0, b, k] = seg_id[s]
-        pc[1, b, k] = pos - seg_start
-        pc[2, b, k] = stop - start
+        pc[b, k, 0] = seg_id[s]
+        pc[b, k, 1] = pos - seg_start
+        pc[b, k, 2] = stop - start
         k += 1
         pos = stop
-    bi[BI_PCN, b] = k
+    blk[b, F_PCN] = k
+    return s
 
 
 @njit(cache=True)
-def _lcp_block(bi, pc, b, seg_id, seg_end, start, end):
+def _lcp_block(blk, pc, b, seg_id, seg_end, start, end, s):
     """Tokens that block *b*'s content shares with sequence tokens ``[start, end)``.
 
-    Length of the longest common prefix, at most ``end − start``. Two tokens are equal
-    iff their segment ids and their offsets in the segment are equal (``KVSeq``).
+    Length of the longest common prefix, at most ``end − start``; *s* = index of the
+    segment holding *start*. Two tokens are equal iff their segment ids and their
+    offsets in the segment are equal (``KVSeq``).
     """
-    s = _seg_index(seg_end, start)
-    return _lcp_block_at(bi, pc, b, seg_id, seg_end, start, end, s)
-
-
-@njit(cache=True)
-def _lcp_block_at(bi, pc, b, seg_id, seg_end, start, end, s):
-    """:func:`_lcp_block` with ``s`` = index of the segment holding *start*."""
     seg_start = seg_end[s - 1] if s > 0 else 0
-    npc = bi[BI_PCN, b]
+    npc = blk[b, F_PCN]
     k = 0
     piece_start = 0  # relative to start
     pos = start
@@ -414,29 +422,28 @@ def _lcp_block_at(bi, pc, b, seg_id, seg_end, start, end, s):
             seg_start = seg_end[s]
             s += 1
         r = pos - start
-        if pc[0, b, k] != seg_id[s] or pc[1, b, k] + (r - piece_start) != pos - seg_start:
+        if pc[b, k, 0] != seg_id[s] or pc[b, k, 1] + (r - piece_start) != pos - seg_start:
             break
-        step = min(pc[2, b, k] - r, seg_end[s] - pos, end - pos)
+        step = min(pc[b, k, 2] - r, seg_end[s] - pos, end - pos)
         pos += step
-        if r + step == pc[2, b, k]:
-            piece_start = pc[2, b, k]
+        if r + step == pc[b, k, 2]:
+            piece_start = pc[b, k, 2]
             k += 1
     return pos - start
 
 
 # ---------------------------------------------------------------------- lookup
 @njit(cache=True)
-def lookup(bi, bk, tk, tv, ck, cv, pc, keys, n_look, seg_id, seg_end, block_size,
-           prompt_len, verify, hit_out):
+def lookup(blk, kt, ct, pc, keys, n_look, seg_id, seg_end, block_size, prompt_len, verify, hit_out):
     """Longest chain of cached blocks and the prompt held at token granularity.
 
     vLLM ``FullAttentionManager.find_longest_cache_hit`` with ``BlockPool.get_cached_block``
-    (the first block inserted under a key, i.e. the head of its duplicate chain). Does not
-    change the pool.
+    (the first block inserted under a key that is still cached: the head of its duplicate
+    chain). Does not change the pool.
 
     Parameters
     ----------
-    keys : uint64 (≥ n_look,)
+    keys : int64 (≥ n_look,)
         The sequence's chained block keys.
     n_look : int
         Blocks that may be looked up (``lookup_len // B``).
@@ -450,44 +457,47 @@ def lookup(bi, bk, tk, tv, ck, cv, pc, keys, n_look, seg_id, seg_end, block_size
     Returns
     -------
     (code, n_hit, held) : ``n_hit`` = consecutive hit blocks (uncapped); ``held`` = the
-        prompt tokens held at token granularity (``PoolStats``/``Admission.held_tokens``);
-        ``code`` = ``COLLISION`` when *verify* found a wrong block.
+        prompt tokens held at token granularity (``Admission.held_tokens``): ``n_hit × B``
+        plus the longest common prefix of the next prompt block with any hashed block
+        whose parent key is the last hit key, capped at P; ``code`` = ``COLLISION`` when
+        *verify* found a wrong block.
     """
+    B = block_size
     h = 0
+    s = 0
     while h < n_look:
-        i = _find(tk, tv[2], keys[h])
+        i = _find(kt, keys[h])
         if i < 0:
             break
-        b = tv[0, i]
+        b = kt[i, T_HEAD]
         if verify:
-            if _lcp_block(bi, pc, b, seg_id, seg_end, h * block_size, (h + 1) * block_size) != block_size:
+            while seg_end[s] <= h * B:
+                s += 1
+            if _lcp_block(blk, pc, b, seg_id, seg_end, h * B, (h + 1) * B, s) != B:
                 return COLLISION, h, 0
         hit_out[h] = b
         h += 1
-    B = block_size
     if h * B >= prompt_len:
         return OK, h, prompt_len
-    # the next prompt block (possibly partial): best common prefix with any cached block
-    # continuing the chain
     start = h * B
     end = min(start + B, prompt_len)
     pkey = keys[h - 1] if h > 0 else SEED
     best = 0
-    j = _find(ck, cv[1], pkey)
+    j = _find(ct, pkey)
     if j >= 0:
         s0 = _seg_index(seg_end, start)
-        b = cv[0, j]
+        b = ct[j, T_HEAD]
         while b >= 0 and best < end - start:
-            m = _lcp_block_at(bi, pc, b, seg_id, seg_end, start, end, s0)
+            m = _lcp_block(blk, pc, b, seg_id, seg_end, start, end, s0)
             if m > best:
                 best = m
-            b = bi[BI_CNEXT, b]
+            b = blk[b, F_CNEXT]
     return OK, h, start + best
 
 
 # ---------------------------------------------------------------------- allocate
 @njit(cache=True)
-def _take_new(bi, bk, tk, tv, ck, cv, st, tbl, at, n_new, block_size):
+def _take_new(blk, kt, ct, st, tbl, at, n_new):
     """Pop *n_new* blocks from the free-queue head into ``tbl[at:]``; evict their keys.
 
     vLLM ``BlockPool.get_new_blocks`` → ``_maybe_evict_cached_block``. Returns the number
@@ -496,12 +506,12 @@ def _take_new(bi, bk, tk, tv, ck, cv, st, tbl, at, n_new, block_size):
     ev = 0
     for k in range(n_new):
         b = st[ST_FQH]
-        _fq_remove(bi, st, b)
-        if bi[BI_HASKEY, b] == 1:
-            _drop_key(bi, bk, tk, tv, ck, cv, st, b)
+        _fq_remove(blk, st, b)
+        if blk[b, F_HASKEY] == 1:
+            _drop_key(blk, kt, ct, st, b)
             st[ST_NCACHED] -= 1
             ev += 1
-        bi[BI_REF, b] = 1
+        blk[b, F_REF] = 1
         st[ST_NUSED] += 1
         tbl[at + k] = b
     st[ST_EVICTIONS] += ev
@@ -509,17 +519,18 @@ def _take_new(bi, bk, tk, tv, ck, cv, st, tbl, at, n_new, block_size):
 
 
 @njit(cache=True)
-def _cache_full(bi, bk, tk, tv, ck, cv, pc, st, tbl, keys, lo, hi, seg_id, seg_end, block_size):
-    """Give blocks ``tbl[lo:hi]`` their keys (vLLM ``BlockPool.cache_full_blocks``)."""
+def _cache_full(blk, kt, ct, pc, st, tbl, keys, lo, hi, seg_id, seg_end, block_size):
+    """Give blocks ``tbl[lo:hi]`` their keys and content (vLLM ``BlockPool.cache_full_blocks``)."""
+    s = _seg_index(seg_end, lo * block_size) if hi > lo else 0
     for j in range(lo, hi):
         pkey = keys[j - 1] if j > 0 else SEED
-        _add_key(bi, bk, tk, tv, ck, cv, st, tbl[j], keys[j], pkey)
-        _store_pieces(bi, pc, tbl[j], seg_id, seg_end, j * block_size, block_size)
+        _add_key(blk, kt, ct, st, tbl[j], keys[j], pkey)
+        s = _store_pieces(blk, pc, tbl[j], seg_id, seg_end, j * block_size, block_size, s)
 
 
 @njit(cache=True)
-def admit(bi, bk, tk, tv, ck, cv, pc, st, keys, seg_id, seg_end, block_size, prompt_len,
-          lookup_len, n_tokens, verify, tbl):
+def admit(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size, prompt_len, lookup_len, n_tokens,
+          verify, tbl):
     """Look up and allocate one request (vLLM ``get_computed_blocks`` + ``allocate_slots``).
 
     Parameters
@@ -530,7 +541,7 @@ def admit(bi, bk, tk, tv, ck, cv, pc, st, keys, seg_id, seg_end, block_size, pro
         The request's known tokens (P, or prompt + generated for a resumed request); the
         hit is capped at ``(lookup_len − 1) // B`` blocks and the whole of it must fit.
     n_tokens : int
-        Tokens that get KV now (≥ the hit): ``ceil(n_tokens / B)`` blocks are held.
+        Tokens that get KV now (at least the hit): ``ceil(n_tokens / B)`` blocks are held.
     tbl : int64 (≥ ceil(kv_len / B),)
         Receives the request's block table.
 
@@ -540,15 +551,14 @@ def admit(bi, bk, tk, tv, ck, cv, pc, st, keys, seg_id, seg_end, block_size, pro
         ``code`` OK, REFUSED (no state change) or COLLISION (no state change).
     """
     B = block_size
-    n_look = lookup_len // B
-    code, h, held = lookup(bi, bk, tk, tv, ck, cv, pc, keys, n_look, seg_id, seg_end, B,
-                           prompt_len, verify, tbl)
+    code, h, held = lookup(blk, kt, ct, pc, keys, lookup_len // B, seg_id, seg_end, B, prompt_len,
+                           verify, tbl)
     if code != OK:
         return code, 0, 0, 0, 0
     hcap = min(h, (lookup_len - 1) // B)
     n_touch = 0
     for k in range(hcap):
-        if bi[BI_REF, tbl[k]] == 0:
+        if blk[tbl[k], F_REF] == 0:
             n_touch += 1
     # admission check (vLLM get_num_blocks_to_allocate; the whole sequence must fit,
     # scheduler_reserve_full_isl): new blocks for the whole lookup length plus the hit
@@ -559,22 +569,20 @@ def admit(bi, bk, tk, tv, ck, cv, pc, st, keys, seg_id, seg_end, block_size, pro
     # touch (BlockPool.touch): hit blocks with ref_cnt 0 leave the free queue
     for k in range(hcap):
         b = tbl[k]
-        if bi[BI_REF, b] == 0:
-            _fq_remove(bi, st, b)
+        if blk[b, F_REF] == 0:
+            _fq_remove(blk, st, b)
             st[ST_NUSED] += 1
-            if bi[BI_HASKEY, b] == 1:
-                st[ST_NCACHED] -= 1
-        bi[BI_REF, b] += 1
+            st[ST_NCACHED] -= 1  # a hit block always has a key
+        blk[b, F_REF] += 1
     t = max(n_tokens, hcap * B)
     nblk = (t + B - 1) // B
-    ev = _take_new(bi, bk, tk, tv, ck, cv, st, tbl, hcap, nblk - hcap, B)
-    _cache_full(bi, bk, tk, tv, ck, cv, pc, st, tbl, keys, hcap, t // B, seg_id, seg_end, B)
+    ev = _take_new(blk, kt, ct, st, tbl, hcap, nblk - hcap)
+    _cache_full(blk, kt, ct, pc, st, tbl, keys, hcap, t // B, seg_id, seg_end, B)
     return OK, hcap, held, ev, nblk
 
 
 @njit(cache=True)
-def extend(bi, bk, tk, tv, ck, cv, pc, st, keys, seg_id, seg_end, block_size, tbl,
-           n_blocks, n_computed, n_more):
+def extend(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size, tbl, n_blocks, n_computed, n_more):
     """The request computes *n_more* tokens: allocate, then cache blocks that became full.
 
     vLLM ``allocate_slots`` for a decode step or a later prefill chunk, then
@@ -589,13 +597,13 @@ def extend(bi, bk, tk, tv, ck, cv, pc, st, keys, seg_id, seg_end, block_size, tb
         return False, n_blocks, 0
     ev = 0
     if n_new > 0:
-        ev = _take_new(bi, bk, tk, tv, ck, cv, st, tbl, n_blocks, n_new, B)
-    _cache_full(bi, bk, tk, tv, ck, cv, pc, st, tbl, keys, n_computed // B, t // B, seg_id, seg_end, B)
+        ev = _take_new(blk, kt, ct, st, tbl, n_blocks, n_new)
+    _cache_full(blk, kt, ct, pc, st, tbl, keys, n_computed // B, t // B, seg_id, seg_end, B)
     return True, nblk, ev
 
 
 @njit(cache=True)
-def free(bi, st, tbl, n_blocks):
+def free(blk, st, tbl, n_blocks):
     """Release a request's blocks tail first (vLLM ``KVCacheManager.free`` → ``BlockPool.free_blocks``).
 
     A block whose ref_cnt reaches 0 goes to the free queue: hashed blocks are appended to
@@ -603,19 +611,18 @@ def free(bi, st, tbl, n_blocks):
     """
     for k in range(n_blocks - 1, -1, -1):
         b = tbl[k]
-        bi[BI_REF, b] -= 1
-        if bi[BI_REF, b] == 0:
+        blk[b, F_REF] -= 1
+        if blk[b, F_REF] == 0:
             st[ST_NUSED] -= 1
-            if bi[BI_HASKEY, b] == 1:
-                _fq_append(bi, st, b)
+            if blk[b, F_HASKEY] == 1:
+                _fq_append(blk, st, b)
                 st[ST_NCACHED] += 1
             else:
-                _fq_prepend(bi, st, b)
+                _fq_prepend(blk, st, b)
 
 
 @njit(cache=True)
-def run_request(bi, bk, tk, tv, ck, cv, pc, st, keys, seg_id, seg_end, block_size, prompt_len,
-                kv_len, verify, tbl):
+def run_request(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size, prompt_len, kv_len, verify, tbl):
     """Admit the prompt, decode to the KV extent in one step, free: the fused fast path.
 
     Same result as ``admit`` + ``extend(kv_len − P)`` + ``free`` (the base class's
@@ -623,28 +630,28 @@ def run_request(bi, bk, tk, tv, ck, cv, pc, st, keys, seg_id, seg_end, block_siz
     ``decoded`` False when the decode did not fit (the request was freed after its
     prefill, as the base class does).
     """
-    code, hcap, held, ev, nblk = admit(bi, bk, tk, tv, ck, cv, pc, st, keys, seg_id, seg_end,
-                                       block_size, prompt_len, prompt_len, prompt_len, verify, tbl)
+    code, hcap, held, ev, nblk = admit(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size,
+                                       prompt_len, prompt_len, prompt_len, verify, tbl)
     if code != OK:
         return code, hcap, held, ev, False
     ok = True
     if kv_len > prompt_len:
-        ok, nblk2, ev2 = extend(bi, bk, tk, tv, ck, cv, pc, st, keys, seg_id, seg_end, block_size,
-                                tbl, nblk, prompt_len, kv_len - prompt_len)
+        ok, nblk2, ev2 = extend(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size, tbl, nblk,
+                                prompt_len, kv_len - prompt_len)
         if ok:
             nblk = nblk2
-    free(bi, st, tbl, nblk)
+    free(blk, st, tbl, nblk)
     return OK, hcap, held, ev, ok
 
 
 # ---------------------------------------------------------------------- statistics
 @njit(cache=True)
-def largest_free_run(bi):
+def largest_free_run(blk):
     """Longest run of consecutive block ids that are free (ref_cnt 0, no key); O(nb)."""
     best = 0
     cur = 0
-    for b in range(1, bi.shape[1]):
-        if bi[BI_REF, b] == 0 and bi[BI_HASKEY, b] == 0:
+    for b in range(1, blk.shape[0]):
+        if blk[b, F_REF] == 0 and blk[b, F_HASKEY] == 0:
             cur += 1
             if cur > best:
                 best = cur
@@ -654,14 +661,13 @@ def largest_free_run(bi):
 
 
 @njit(cache=True)
-def reachable_keys(bi, bk, tk, tv, ck, cv):
+def reachable_keys(blk, kt, ct):
     """Distinct keys a lookup can reach: chains from the seed with every ancestor cached.
 
     Breadth-first over the child table from ``SEED``; O(hashed blocks).
     """
-    nb = bi.shape[1]
-    queue = np.empty(nb + 1, dtype=np.uint64)
-    seen = np.zeros(tk.shape[0], dtype=np.uint8)
+    queue = np.empty(blk.shape[0] + 1, dtype=np.int64)
+    seen = np.zeros(kt.shape[0], dtype=np.uint8)
     queue[0] = SEED
     qh = 0
     qt = 1
@@ -669,16 +675,16 @@ def reachable_keys(bi, bk, tk, tv, ck, cv):
     while qh < qt:
         pkey = queue[qh]
         qh += 1
-        j = _find(ck, cv[1], pkey)
+        j = _find(ct, pkey)
         if j < 0:
             continue
-        b = cv[0, j]
+        b = ct[j, T_HEAD]
         while b >= 0:
-            i = _find(tk, tv[2], bk[BK_KEY, b])
+            i = _find(kt, blk[b, F_KEY])
             if seen[i] == 0:
                 seen[i] = 1
                 n += 1
-                queue[qt] = bk[BK_KEY, b]
+                queue[qt] = blk[b, F_KEY]
                 qt += 1
-            b = bi[BI_CNEXT, b]
+            b = blk[b, F_CNEXT]
     return n

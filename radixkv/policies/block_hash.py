@@ -111,10 +111,10 @@ class BlockHashCache(PrefixCache):
     -----
     State is numpy arrays driven by numba kernels (:mod:`._hash_kernels`): one kernel
     call per admit / extend / finish, one for :meth:`run_request`. Host memory is
-    about ``(10 × 8 + 2 × 8 + 3 × 8 × C) × num_gpu_blocks`` bytes plus two hash tables
-    of ``2 × num_gpu_blocks`` rounded up to a power of two entries (≈ 32 and 24 B each),
-    where C ≤ ``block_size`` is the most pieces any cached block needed (1–2 for
-    hash-id traces with large units, ``block_size`` for token traces).
+    ``(11 × 8 + 3 × 8 × C) × num_gpu_blocks`` bytes plus two hash tables of
+    ``1.5 × num_gpu_blocks`` entries rounded up to a power of two (32 B each), where
+    C ≤ ``block_size`` is the most pieces any cached block needed (2 for hash-id traces
+    with units of at least ``block_size`` tokens, ``block_size`` for token traces).
     """
 
     name = "vllm"
@@ -134,20 +134,17 @@ class BlockHashCache(PrefixCache):
         self.num_gpu_blocks = nb
         self.block_size = B
         self.verify = bool(verify)
-        self._key_mask = np.uint64((1 << int(_key_bits)) - 1) if _key_bits < 64 else np.uint64(0xFFFFFFFFFFFFFFFF)
-        cap = 8
-        while cap < 2 * nb:
+        self._key_mask = np.uint64((1 << int(_key_bits)) - 1 if _key_bits < 64 else 0xFFFFFFFFFFFFFFFF)
+        cap = 8  # hash tables: power of two, load factor ≤ 2/3 (each holds < nb keys)
+        while 2 * cap < 3 * nb:
             cap *= 2
-        self._bi = np.zeros((K.NBI, nb), dtype=np.int64)
-        self._bk = np.zeros((2, nb), dtype=np.uint64)
+        self._blk = np.zeros((nb, K.NF), dtype=np.int64)
         self._C = min(B, 2)
-        self._pc = np.zeros((3, nb, self._C), dtype=np.int64)
-        self._tk = np.zeros(cap, dtype=np.uint64)
-        self._tv = np.zeros((3, cap), dtype=np.int64)
-        self._ck = np.zeros(cap, dtype=np.uint64)
-        self._cv = np.zeros((2, cap), dtype=np.int64)
+        self._pc = np.zeros((nb, self._C, 3), dtype=np.int64)
+        self._kt = np.zeros((cap, K.NT), dtype=np.int64)
+        self._ct = np.zeros((cap, K.NT), dtype=np.int64)
         self._st = np.zeros(K.NST, dtype=np.int64)
-        K.init_pool(self._bi, self._st)
+        K.init_pool(self._blk, self._st)
         self._running: dict[int, _Running] = {}
         self._scratch = np.zeros(64, dtype=np.int64)
 
@@ -177,8 +174,8 @@ class BlockHashCache(PrefixCache):
                                             seq.kv_len // self.block_size, self._key_mask)
         if max_pieces > self._C:
             C = min(self.block_size, max(2 * self._C, int(max_pieces)))
-            pc = np.zeros((3, self.num_gpu_blocks, C), dtype=np.int64)
-            pc[:, :, : self._C] = self._pc
+            pc = np.zeros((self.num_gpu_blocks, C, 3), dtype=np.int64)
+            pc[:, : self._C, :] = self._pc
             self._pc = pc
             self._C = C
         return keys
@@ -234,7 +231,7 @@ class BlockHashCache(PrefixCache):
         keys = self._keys(seq)
         tbl = self._table(seq, True)
         code, hit_blocks, held, ev, nblk = K.admit(
-            self._bi, self._bk, self._tk, self._tv, self._ck, self._cv, self._pc, self._st, keys,
+            self._blk, self._kt, self._ct, self._pc, self._st, keys,
             seq.seg_id, seq.seg_end, self.block_size, P, max(P, n), n, self.verify, tbl,
         )
         if code == K.COLLISION:
@@ -270,7 +267,7 @@ class BlockHashCache(PrefixCache):
         if n == 0:
             return True
         ok, nblk, ev = K.extend(
-            self._bi, self._bk, self._tk, self._tv, self._ck, self._cv, self._pc, self._st, r.keys,
+            self._blk, self._kt, self._ct, self._pc, self._st, r.keys,
             r.seq.seg_id, r.seq.seg_end, self.block_size, r.tbl, r.n_blocks, r.n_tokens, n,
         )
         if not ok:
@@ -290,7 +287,7 @@ class BlockHashCache(PrefixCache):
             When *rid* is not running.
         """
         r = self._running.pop(rid)
-        K.free(self._bi, self._st, r.tbl, r.n_blocks)
+        K.free(self._blk, self._st, r.tbl, r.n_blocks)
 
     def preempt(self, rid: int) -> None:
         """Preemption by recompute: the blocks are freed exactly as on finish.
@@ -306,7 +303,7 @@ class BlockHashCache(PrefixCache):
         keys = self._keys(seq)
         tbl = self._table(seq, False)
         code, hit_blocks, held, ev, decoded = K.run_request(
-            self._bi, self._bk, self._tk, self._tv, self._ck, self._cv, self._pc, self._st, keys,
+            self._blk, self._kt, self._ct, self._pc, self._st, keys,
             seq.seg_id, seq.seg_end, self.block_size, seq.prompt_len, seq.kv_len, self.verify, tbl,
         )
         if code == K.COLLISION:
@@ -343,7 +340,7 @@ class BlockHashCache(PrefixCache):
         nhashed = int(st[K.ST_NHASHED])
         nkeys = int(st[K.ST_NKEYS])
         partial = sum(r.n_tokens % B for r in self._running.values())
-        reach = int(K.reachable_keys(self._bi, self._bk, self._tk, self._tv, self._ck, self._cv))
+        reach = int(K.reachable_keys(self._blk, self._kt, self._ct))
         return PoolStats(
             num_slots=self.num_slots,
             slot_tokens=B,
@@ -354,20 +351,13 @@ class BlockHashCache(PrefixCache):
             cached_tokens=reach * B,
             duplicate_tokens=(nhashed - nkeys) * B,
             metadata_bytes=nkeys * KEY_ENTRY_BYTES + int(st[K.ST_NDUPKEYS]) * DUPLICATE_DICT_BYTES,
-            largest_free_run=int(K.largest_free_run(self._bi)),
+            largest_free_run=int(K.largest_free_run(self._blk)),
         )
 
     # ------------------------------------------------------------------ inspection
     def free_queue(self) -> np.ndarray:
         """Block ids in the free queue, head (next to be taken) first; int64, O(length)."""
-        out = np.empty(int(self._st[K.ST_FQLEN]), dtype=np.int64)
-        b = int(self._st[K.ST_FQH])
-        i = 0
-        while b >= 0:
-            out[i] = b
-            i += 1
-            b = int(self._bi[K.BI_FNEXT, b])
-        return out
+        return K.free_queue(self._blk, self._st)
 
     def block_table(self, rid: int) -> np.ndarray:
         """Block ids held by running request *rid*, in order (int64 copy)."""
