@@ -328,3 +328,16 @@ def test_radix_readmission_falls_back_to_the_prompt():
     assert r["hit_tokens"].tolist() == [0, 0]
     assert r["recomputed_tokens"].tolist() == [0, 6]
     assert r.steps == 8
+
+
+def test_outputs_are_byte_identical_across_runs(tmp_path):
+    a, b = _run_tight(5), _run_tight(5)
+    a.write_csv(tmp_path / "a.csv")
+    b.write_csv(tmp_path / "b.csv")
+    a.write_json(tmp_path / "a.json")
+    b.write_json(tmp_path / "b.json")
+    assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    lines = (tmp_path / "a.csv").read_text().splitlines()
+    assert len(lines) == 201 and lines[0].startswith("id,arrival_s,")
+    assert json.loads((tmp_path / "a.json").read_text())["summary"]["requests"] == 200

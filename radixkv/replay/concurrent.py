@@ -92,6 +92,29 @@ class ConcurrentResult:
     def __getitem__(self, name: str) -> np.ndarray:
         return self.columns[name]
 
+    def write_csv(self, path) -> None:
+        """Write one row per request (``id``, then every column of :data:`COLUMNS`) to
+        *path* atomically (temporary file, then rename). Floats use ``repr`` (exact and
+        deterministic); NaN is written as ``nan``."""
+        from radixkv.util import atomic_write_text
+
+        names = list(COLUMNS)
+        cols = [self.columns[c].tolist() for c in names]
+        lines = ["id," + ",".join(names)]
+        for i, rid in enumerate(self.req_id):
+            rid = str(rid)
+            if any(ch in rid for ch in ',"\n'):
+                rid = '"' + rid.replace('"', '""') + '"'
+            lines.append(rid + "," + ",".join(repr(c[i]) for c in cols))
+        atomic_write_text(path, "\n".join(lines) + "\n")
+
+    def write_json(self, path) -> None:
+        """Write ``{"summary": summary(), "meta": meta}`` to *path* atomically (sorted keys;
+        NaN as JSON ``NaN``)."""
+        from radixkv.util import atomic_write_text, dumps_json
+
+        atomic_write_text(path, dumps_json({"summary": self.summary(), "meta": self.meta}))
+
     def summary(self) -> dict:
         """Run metrics, units in the key names; plain Python numbers, deterministic.
 
