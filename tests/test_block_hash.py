@@ -397,3 +397,10 @@ def test_readers_agree_with_golden_conventions(name):
         assert np.array_equal(sa.seg_id < 0, sb.seg_id < 0)  # unique content stays unique
         for x, y in zip(sa.seg_id[sa.seg_id >= 0].tolist(), sb.seg_id[sb.seg_id >= 0].tolist()):
             assert fwd.setdefault(x, y) == y and back.setdefault(y, x) == x
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_conformance_checker(block_size):
+    from radixkv.policies.check import check_policy
+
+    check_policy(lambda cap: BlockHashCache.from_capacity_tokens(max(cap, block_size), block_size, verify=True))

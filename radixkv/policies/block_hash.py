@@ -10,7 +10,10 @@ sources (../shared/SEMANTICS.md "vLLM v1", reference/vllm.md sections 1–4):
   ``KVSeq`` pieces, see :mod:`radixkv.policies._hash_kernels`.
 - **Lookup.** Walk the prompt's block keys from the start and stop at the first miss
   (``FullAttentionManager.find_longest_cache_hit``); with duplicates a key serves the
-  first block inserted under it that is still cached (``BlockPool.get_cached_block``).
+  first block inserted under it that is still cached (``BlockPool.get_cached_block`` →
+  ``BlockHashToBlockMap.get_one_block``: the first entry of an insertion-ordered
+  ``{block_id: block}`` dict; evicting one duplicate, ``BlockHashToBlockMap.pop``, removes
+  only that block and keeps the others in order).
   The hit is capped so the last prompt token is recomputed:
   ``hit = min(consecutive hit blocks, (P − 1) // B) × B``
   (``KVCacheManager.get_computed_blocks``: ``max_cache_hit_length = num_tokens − 1``).
@@ -37,7 +40,7 @@ Choices where the engine leaves the simulator a choice (stated, not hidden):
 - A refused admission changes nothing (vLLM's ``get_computed_blocks`` does not touch
   ref counts or the free queue before ``allocate_slots`` succeeds, so this is exact).
 - ``admit(..., n_tokens)`` with ``n_tokens < P`` admits a first prefill chunk (the check
-  still needs the whole prompt to fit); ``n_tokens > P`` re-admits a preempted request
+  still needs the whole prompt to fit; a chunk shorter than the hit is raised to it); ``n_tokens > P`` re-admits a preempted request
   whose first ``n_tokens`` tokens (prompt + generated) are known: the lookup covers them
   and the hit is capped at ``(n_tokens − 1) // B`` blocks, as for vLLM's resumed
   requests (``num_tokens`` = prompt + output so far).
