@@ -21,7 +21,9 @@ Definitions (DESIGN.md, "Metrics"); every key carries its unit (``_tokens``, ``_
   models slot positions and some slot is free).
 - metadata = host bytes of hash-table entries or tree nodes (peak).
 - cached-token capacity = distinct hittable tokens the pool holds, averaged over the
-  second half of the replay, absolute and per pool slot and per pool token.
+  second half of the replay, absolute and per pool slot and per pool token. It, the
+  duplication and the scatter are averaged over the rows where the replay sampled them
+  (−1 elsewhere; see :func:`radixkv.replay.sequential.replay_sequential`).
 - evictions = eviction events and tokens evicted.
 
 "Time-averaged" in a sequential replay means averaged over the samples taken after each
@@ -113,15 +115,16 @@ def summarize(rec: Records, *, evictions: int | None = None) -> dict:
     waste = alloc_tokens - c["valid_tokens"]
     out["internal_fragmentation_share_mean"] = _ratio(float(waste.mean()) if n else 0.0, pool_tokens)
     out["internal_fragmentation_share_peak"] = _ratio(int(waste.max()) if n else 0, pool_tokens)
-    dup = c["duplicate_tokens"]
-    out["duplicate_share_mean"] = _ratio(float(dup.mean()) if n else 0.0, pool_tokens)
-    out["duplicate_share_peak"] = _ratio(int(dup.max()) if n else 0, pool_tokens)
+    dup = c["duplicate_tokens"][c["duplicate_tokens"] >= 0]
+    out["duplicate_share_mean"] = _ratio(float(dup.mean()) if dup.size else 0.0, pool_tokens)
+    out["duplicate_share_peak"] = _ratio(int(dup.max()) if dup.size else 0, pool_tokens)
     run = c["largest_free_run"]
     free = c["free_slots"]
     ok = (run >= 0) & (free > 0)
     out["free_space_scatter_mean"] = float(np.mean(1.0 - run[ok] / free[ok])) if ok.any() else None
     out["metadata_bytes_peak"] = int(c["metadata_bytes"].max()) if n else 0
     half = c["cached_tokens"][n // 2 :]
+    half = half[half >= 0]  # rows where the replay sampled it
     cap = float(half.mean()) if half.size else 0.0
     out["cached_tokens_second_half_mean"] = cap
     out["cached_tokens_per_slot"] = _ratio(cap, rec.num_slots)

@@ -75,6 +75,9 @@ class PoolStats:
     largest_free_run : int
         Largest run of contiguous free slots, or −1 when the policy does not model slot
         positions.
+
+    ``cached_tokens``, ``duplicate_tokens`` and ``largest_free_run`` may be −1 (not
+    computed) in a ``stats(detail=False)`` answer.
     """
 
     num_slots: int
@@ -169,10 +172,24 @@ class PrefixCache(ABC):
         self.finish(rid)
 
     @abstractmethod
-    def stats(self) -> PoolStats:
-        """The pool now (see :class:`PoolStats`)."""
+    def stats(self, detail: bool = True) -> PoolStats:
+        """The pool now (see :class:`PoolStats`).
+
+        With ``detail=False`` a policy may leave fields that cost more than O(1) to compute
+        (``cached_tokens``, ``duplicate_tokens``, ``largest_free_run``) at −1; the
+        sequential replay asks for detail only at a few hundred evenly spaced requests.
+        """
 
     # ------------------------------------------------------------------ derived
+    def room_slots(self) -> int:
+        """Slots a new or growing request could get now: free plus evictable.
+
+        Default from ``stats(detail=False)``; policies whose evictable slots are not all
+        reclaimable by running requests (a static reservation) override it.
+        """
+        s = self.stats(detail=False)
+        return s.free_slots + s.cached_slots
+
     def fits_alone(self, seq: KVSeq) -> int:
         """Tokens by which *seq*'s KV extent overflows the empty pool; 0 when it fits.
 

@@ -324,7 +324,7 @@ class BlockHashCache(PrefixCache):
                          evicted_tokens=int(ev) * B)
 
     # ------------------------------------------------------------------ stats
-    def stats(self) -> PoolStats:
+    def stats(self, detail: bool = True) -> PoolStats:
         """The pool now. O(num_gpu_blocks) (reachable keys and the largest free run).
 
         ``used_slots`` = blocks with ref_cnt > 0; ``cached_slots`` = blocks in the free
@@ -335,6 +335,8 @@ class BlockHashCache(PrefixCache):
         blocks − distinct keys). ``metadata_bytes`` = distinct keys × ``KEY_ENTRY_BYTES``
         + keys held more than once × ``DUPLICATE_DICT_BYTES`` (vLLM's host-side map).
         ``largest_free_run`` counts consecutive block ids that are free.
+        With ``detail=False`` the two O(num_gpu_blocks) fields, ``cached_tokens`` and
+        ``largest_free_run``, are −1.
         """
         st = self._st
         B = self.block_size
@@ -343,7 +345,7 @@ class BlockHashCache(PrefixCache):
         nhashed = int(st[K.ST_NHASHED])
         nkeys = int(st[K.ST_NKEYS])
         partial = sum(r.n_tokens % B for r in self._running.values())
-        reach = int(K.reachable_keys(self._blk, self._kt, self._ct))
+        reach = int(K.reachable_keys(self._blk, self._kt, self._ct)) if detail else -1
         return PoolStats(
             num_slots=self.num_slots,
             slot_tokens=B,
@@ -351,10 +353,10 @@ class BlockHashCache(PrefixCache):
             cached_slots=cached,
             free_slots=self.num_slots - used - cached,
             valid_tokens=nhashed * B + partial,
-            cached_tokens=reach * B,
+            cached_tokens=reach * B if detail else -1,
             duplicate_tokens=(nhashed - nkeys) * B,
             metadata_bytes=nkeys * KEY_ENTRY_BYTES + int(st[K.ST_NDUPKEYS]) * DUPLICATE_DICT_BYTES,
-            largest_free_run=int(K.largest_free_run(self._blk)),
+            largest_free_run=int(K.largest_free_run(self._blk)) if detail else -1,
         )
 
     # ------------------------------------------------------------------ inspection

@@ -56,7 +56,7 @@ class NoCache(PrefixCache):
         t = self._tokens.pop(rid)
         self._used -= self._slots(t)
 
-    def stats(self) -> PoolStats:
+    def stats(self, detail: bool = True) -> PoolStats:
         valid = sum(self._tokens.values())
         return PoolStats(
             num_slots=self.num_slots,

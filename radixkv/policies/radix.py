@@ -668,7 +668,7 @@ class RadixCache(PrefixCache):
         """Tree nodes, root excluded."""
         return self._n_nodes
 
-    def stats(self) -> PoolStats:
+    def stats(self, detail: bool = True) -> PoolStats:
         """The pool now.
 
         ``used`` = locked tree slots + running requests' private slots; ``cached`` =
@@ -697,7 +697,7 @@ class RadixCache(PrefixCache):
             duplicate_tokens=sum(
                 self._token_walk(r.seq.seg_id, r.seq.seg_end, r.node, r.owned, r.computed) - r.owned
                 for r in self._reqs.values()
-            ),
+            ) if detail else -1,
             metadata_bytes=self._n_nodes * NODE_OVERHEAD_BYTES + tree_tok * BYTES_PER_TOKEN,
             largest_free_run=-1,
         )

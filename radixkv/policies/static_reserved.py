@@ -233,7 +233,7 @@ class StaticReservedCache(PrefixCache):
         r = self._reqs.pop(rid)
         self._used -= r.blocks
 
-    def stats(self) -> PoolStats:
+    def stats(self, detail: bool = True) -> PoolStats:
         """``used`` = working blocks held, ``cached`` = cache entries, ``free`` = the rest
         (free working blocks and unfilled reserved blocks)."""
         cached = len(self._lru)

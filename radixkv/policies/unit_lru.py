@@ -160,7 +160,7 @@ class UnitLRUCache(PrefixCache):
     def run_request(self, rid: int, seq: KVSeq) -> Admission:
         return self.admit(rid, seq)
 
-    def stats(self) -> PoolStats:
+    def stats(self, detail: bool = True) -> PoolStats:
         size = int(self._state[_SIZE])
         valid = int(self._state[_VALID])
         return PoolStats(

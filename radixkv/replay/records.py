@@ -16,8 +16,8 @@ COLUMNS = {
     "cached_slots": "evictable cached slots after the request",
     "free_slots": "free slots after the request",
     "valid_tokens": "valid KV tokens in used + cached slots after the request",
-    "cached_tokens": "distinct hittable tokens after the request",
-    "duplicate_tokens": "valid tokens stored more than once after the request",
+    "cached_tokens": "distinct hittable tokens after the request (-1: not sampled)",
+    "duplicate_tokens": "valid tokens stored more than once after the request (-1: not sampled)",
     "metadata_bytes": "host bytes of the policy's index after the request",
     "largest_free_run": "largest contiguous run of free slots after the request (-1: not modelled)",
 }

@@ -70,10 +70,10 @@ Optional policy hooks (duck-typed, not in the base interface)
 ``peek_hit(seq, n_tokens)``  hit tokens an admission would get, without changing state
                             (needed by ``lpm``; used by ``admission='sglang'``, which
                             otherwise assumes no hit, a conservative budget).
-``room_slots()``            slots a running request can still get (free + evictable);
-                            default ``stats().free_slots + stats().cached_slots``.
-                            :class:`radixkv.policies.static_reserved.StaticReservedCache`
-                            overrides it (its reserved part is never available).
+
+The scheduler also calls ``PrefixCache.room_slots()`` (free + evictable slots, in the base
+class), which :class:`radixkv.policies.static_reserved.StaticReservedCache` overrides
+(its reserved part is never available to running requests).
 """
 from __future__ import annotations
 
@@ -177,11 +177,7 @@ class StepPlan:
 
 
 def _room_slots(policy) -> int:
-    f = getattr(policy, "room_slots", None)
-    if f is not None:
-        return int(f())
-    s = policy.stats()
-    return int(s.free_slots + s.cached_slots)
+    return int(policy.room_slots())
 
 
 class Scheduler:
@@ -499,15 +495,7 @@ class Scheduler:
         def need(k):
             return int((-(-(kv + k - 1) // S) - base).sum())
 
-        if getattr(self.policy, "room_slots", None) is not None:
-            room = int(self.policy.room_slots()) - len(run)
-        else:
-            # cheap lower bound first: running requests hold at most Σ ceil(kv / S) slots
-            # (shared hit blocks only lower it); the exact room needs stats(), which can
-            # cost a pass over the pool
-            room = self.policy.num_slots - int(base.sum()) - len(run)
-            if need(k_fin) > room:
-                room = _room_slots(self.policy) - len(run)
+        room = _room_slots(self.policy) - len(run)
         if need(k_fin) <= room:
             return k_fin
         lo, hi = 1, k_fin  # need(lo) = 0 ≤ room < need(hi)
