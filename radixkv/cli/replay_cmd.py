@@ -15,7 +15,8 @@ import argparse
 import sys
 import time
 
-from radixkv.errors import ConfigError, InputError
+from radixkv.cli.concurrent_args import add_concurrent_args
+from radixkv.errors import ConfigError
 from radixkv.policies.registry import PolicySpec, PoolSpec, parse_policy
 from radixkv.util import atomic_write_text, dumps_json
 
@@ -54,23 +55,20 @@ def _add_pool_args(p):
     m.add_argument("--max-num-batched-tokens", type=int, default=None, help="vLLM profiling pass size")
 
 
-def _pool_given(args) -> int:
-    return sum(x is not None for x in (args.capacity_tokens, args.num_gpu_blocks, args.max_total_num_tokens)) + (
-        1 if args.model or args.gpu else 0
-    )
-
-
 def _check_pool_args(args):
-    k = _pool_given(args)
-    if k == 0:
+    """One explicit pool size, or ``--model`` and ``--gpu`` (which the concurrent mode's
+    cost model needs anyway; an explicit size then overrides the memory model's pool)."""
+    k = sum(x is not None for x in (args.capacity_tokens, args.num_gpu_blocks, args.max_total_num_tokens))
+    if k > 1:
+        raise ConfigError("give only one of --capacity-tokens, --num-gpu-blocks, --max-total-num-tokens",
+                          field="capacity")
+    if (args.model is None) != (args.gpu is None):
+        raise ConfigError("--model and --gpu go together", field="model" if args.model is None else "gpu")
+    if k == 0 and args.model is None:
         raise ConfigError(
             "give a pool size: --capacity-tokens N, --num-gpu-blocks N, --max-total-num-tokens N, or --model M --gpu G",
             field="capacity",
         )
-    if k > 1:
-        raise ConfigError("give only one way of sizing the pool", field="capacity")
-    if (args.model is None) != (args.gpu is None):
-        raise ConfigError("--model and --gpu go together", field="model" if args.model is None else "gpu")
 
 
 def _memory_pool(args, engine: str, spec: PolicySpec):
@@ -152,17 +150,36 @@ _ROWS = [
 ]
 
 
+_CONCURRENT_ROWS = [
+    ("requests", "requests", "{:,}"),
+    ("token_hit_rate", "token hit rate (first admissions)", "{:.4f}"),
+    ("concurrency_mean", "effective concurrency (mean)", "{:.2f}"),
+    ("concurrency_peak", "effective concurrency (peak)", "{:,}"),
+    ("ttft_p50_s", "TTFT p50 (s)", "{:.3f}"),
+    ("ttft_p99_s", "TTFT p99 (s)", "{:.3f}"),
+    ("tpot_p50_s", "TPOT p50 (s)", "{:.4f}"),
+    ("e2e_p50_s", "end-to-end p50 (s)", "{:.3f}"),
+    ("queue_p50_s", "queueing delay p50 (s)", "{:.3f}"),
+    ("throughput_total_tokens_per_s", "throughput, prompt+output (tok/s)", "{:,.0f}"),
+    ("throughput_output_tokens_per_s", "throughput, output (tok/s)", "{:,.0f}"),
+    ("preemptions", "preemptions", "{:,}"),
+    ("recomputed_tokens", "recomputed tokens", "{:,}"),
+    ("prefill_flops_saved", "prefill FLOPs saved", "{:.3e}"),
+    ("duration_s", "simulated duration (s)", "{:,.1f}"),
+]
+
+
 def _fmt(fmt, v):
-    if v is None:
+    if v is None or (isinstance(v, float) and v != v):
         return "n/a"
     return fmt.format(v)
 
 
-def format_table(summaries: list[dict], timing: bool = True) -> str:
+def format_table(summaries: list[dict], timing: bool = True, rows_spec=None) -> str:
     """A plain-text table: one row per metric, one column per policy."""
     head = ["metric"] + [s["policy"] for s in summaries]
     rows = [head]
-    for key, label, fmt in _ROWS:
+    for key, label, fmt in rows_spec or _ROWS:
         rows.append([label] + [_fmt(fmt, s.get(key)) for s in summaries])
     if timing:
         rows.append(["replay time (s)"] + [f"{s['timing_s']['replay']:.3f}" for s in summaries])
@@ -203,6 +220,36 @@ def _doc(trace, args, load_s, results, pools):
     return doc
 
 
+def _run_concurrent(trace, spec, pool, args):
+    """One concurrent replay of the ``--mode concurrent`` flags; returns (result, summary)."""
+    from radixkv.cli.concurrent_args import run_concurrent_from_args
+    from radixkv.policies.registry import build_policy
+    from radixkv.replay.run import warmup
+
+    compile_s = warmup(spec)
+    policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens)
+    bar = None
+    if not args.quiet and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(trace), desc=spec.label, unit="req", delay=2.0, leave=False)
+
+    def progress(done, total):
+        if bar is not None:
+            bar.n = done
+            bar.refresh()
+
+    t0 = time.perf_counter()
+    res = run_concurrent_from_args(trace, policy, args, progress=progress)
+    elapsed = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    summ = {"policy": spec.label, **res.summary()}
+    summ["timing_s"] = {"compile": compile_s, "replay": elapsed,
+                        "prompt_tokens_per_s": summ["prompt_tokens"] / elapsed if elapsed > 0 else None}
+    return res, summ
+
+
 # ---------------------------------------------------------------------- verbs
 def cmd_replay(args) -> int:
     _check_pool_args(args)
@@ -210,6 +257,19 @@ def cmd_replay(args) -> int:
     pool, desc = pool_for_policy(args, spec)
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
+
+    if args.mode == "concurrent":
+        res, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
+        print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; "
+              f"concurrent replay; load {load_s:.2f} s, compile {summ['timing_s']['compile']:.2f} s")
+        print(format_table([summ], rows_spec=_CONCURRENT_ROWS))
+        if args.json:
+            atomic_write_text(args.json, dumps_json(_doc(trace, args, load_s, [(spec, summ)], [desc])))
+            print(f"wrote {args.json}")
+        if args.per_request:
+            res.write_csv(args.per_request)
+            print(f"wrote {args.per_request}")
+        return 0
 
     options = {"verify": True} if args.verify else {}
     rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **options)
@@ -241,12 +301,17 @@ def cmd_compare(args) -> int:
     from radixkv.replay.run import run_replay
 
     results = []
+    concurrent = args.mode == "concurrent"
     for spec, (pool, _) in zip(specs, pools):
-        _, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet)
+        if concurrent:
+            _, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
+        else:
+            _, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet)
         results.append((spec, summ))
     n = results[0][1]["requests"]
-    print(f"trace {args.trace}: {n:,} requests, unit_tokens={trace.unit_tokens}, load {load_s:.2f} s")
-    print(format_table([s for _, s in results]))
+    mode = "concurrent replay" if concurrent else "sequential replay"
+    print(f"trace {args.trace}: {n:,} requests, unit_tokens={trace.unit_tokens}, {mode}, load {load_s:.2f} s")
+    print(format_table([s for _, s in results], rows_spec=_CONCURRENT_ROWS if concurrent else None))
     if args.json:
         atomic_write_text(args.json, dumps_json(_doc(trace, args, load_s, results, [d for _, d in pools])))
         print(f"wrote {args.json}")
@@ -307,7 +372,7 @@ def cmd_curve(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("replay", help="replay a trace through one policy", description=cmd_replay.__doc__)
     _add_trace_args(p)
-    p.add_argument("--policy", required=True, help="vllm[:B] | sglang[:p] | unit-lru | none[:B]")
+    p.add_argument("--policy", required=True, help="vllm[:B] | sglang[:p] | unit-lru | none[:B] | static[:B][@F]")
     p.add_argument("--block-size", type=int, default=None, help="vLLM block_size (default 16)")
     p.add_argument("--page-size", type=int, default=None, help="SGLang page_size (default 1)")
     _add_pool_args(p)
@@ -315,6 +380,7 @@ def register(sub) -> None:
     p.add_argument("--per-request", metavar="OUT.csv", help="write one CSV row per request")
     p.add_argument("--verify", action="store_true", help="compare ids on every hash hit (vllm)")
     p.add_argument("--no-timing", action="store_true", help="leave run times out of the JSON (byte-identical runs)")
+    add_concurrent_args(p)
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("compare", help="several policies on one pool, side by side")
@@ -327,6 +393,7 @@ def register(sub) -> None:
                    help="with --model/--gpu: size each engine's pool by its own rule (default: vLLM's rule for all)")
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--no-timing", action="store_true")
+    add_concurrent_args(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("curve", help="hit rate against pool capacity (JSON + PNG)")

@@ -10,7 +10,11 @@ name        class                                   size (default)
 ``sglang``  :class:`~radixkv.policies.radix.RadixCache`           ``page_size`` (1)
 ``unit-lru``:class:`~radixkv.policies.unit_lru.UnitLRUCache`      the trace's unit (fixed)
 ``none``    :class:`~radixkv.policies.no_cache.NoCache`           block size (1)
+``static``  :class:`~radixkv.policies.static_reserved.StaticReservedCache` block size (16)
 =========== ======================================= ==================================
+
+``static`` also takes the reserved share of the pool after ``@``: ``static:16@0.3``
+(default 0.3).
 
 A pool is given in one of three ways (:class:`PoolSpec`): usable tokens
 (``capacity_tokens``: vLLM gets ``capacity // block_size`` usable blocks, SGLang the
@@ -26,20 +30,24 @@ from dataclasses import dataclass
 from radixkv.errors import ConfigError
 from radixkv.policies.base import PrefixCache
 
-POLICY_NAMES = ("vllm", "sglang", "unit-lru", "none")
-_DEFAULT_SIZE = {"vllm": 16, "sglang": 1, "unit-lru": None, "none": 1}
+POLICY_NAMES = ("vllm", "sglang", "unit-lru", "none", "static")
+_DEFAULT_SIZE = {"vllm": 16, "sglang": 1, "unit-lru": None, "none": 1, "static": 16}
+_DEFAULT_FRACTION = 0.3
 
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A parsed policy spec: ``name`` and ``size`` (block or page size in tokens)."""
+    """A parsed policy spec: ``name``, ``size`` (block or page size in tokens) and, for
+    ``static``, the reserved ``fraction`` of the pool."""
 
     name: str
     size: int | None
+    fraction: float | None = None
 
     @property
     def label(self) -> str:
-        return self.name if self.size is None else f"{self.name}:{self.size}"
+        s = self.name if self.size is None else f"{self.name}:{self.size}"
+        return s if self.fraction is None else f"{s}@{self.fraction:g}"
 
 
 @dataclass(frozen=True)
@@ -69,13 +77,23 @@ def parse_policy(text: str, *, block_size: int | None = None, page_size: int | N
     ConfigError
         For an unknown name or a size that is not a positive integer.
     """
-    name, _, size = text.strip().partition(":")
+    body, _, frac = text.strip().partition("@")
+    name, _, size = body.partition(":")
     name = name.strip().lower()
     aliases = {"vllm": "vllm", "block": "vllm", "sglang": "sglang", "radix": "sglang",
-               "unit-lru": "unit-lru", "unit_lru": "unit-lru", "none": "none", "off": "none"}
+               "unit-lru": "unit-lru", "unit_lru": "unit-lru", "none": "none", "off": "none", "static": "static"}
     if name not in aliases:
         raise ConfigError(f"unknown policy {text!r}; known: {', '.join(POLICY_NAMES)}", field="policy")
     name = aliases[name]
+    if name == "static":
+        try:
+            f = float(frac) if frac else _DEFAULT_FRACTION
+        except ValueError:
+            raise ConfigError(f"policy {text!r}: reserved fraction {frac!r} is not a number", field="policy") from None
+        spec = parse_policy(body.replace("static", "none", 1), block_size=block_size or 16)
+        return PolicySpec("static", spec.size, f)
+    if frac:
+        raise ConfigError(f"policy {text!r}: only 'static' takes '@fraction'", field="policy")
     if size:
         if name == "unit-lru":
             raise ConfigError("unit-lru takes no size: it caches whole trace units", field="policy")
@@ -139,6 +157,10 @@ def build_policy(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **op
         from radixkv.policies.unit_lru import UnitLRUCache
 
         return UnitLRUCache.from_capacity_tokens(int(tokens), unit_tokens)
+    if spec.name == "static":
+        from radixkv.policies.static_reserved import StaticReservedCache
+
+        return StaticReservedCache(int(tokens) // spec.size, spec.size, spec.fraction)
     from radixkv.policies.no_cache import NoCache
 
     return NoCache(int(tokens) // spec.size, spec.size)

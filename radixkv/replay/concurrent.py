@@ -110,7 +110,7 @@ class ConcurrentResult:
 
     def write_json(self, path) -> None:
         """Write ``{"summary": summary(), "meta": meta}`` to *path* atomically (sorted keys;
-        NaN as JSON ``NaN``)."""
+        NaN as JSON ``null``)."""
         from radixkv.util import atomic_write_text, dumps_json
 
         atomic_write_text(path, dumps_json({"summary": self.summary(), "meta": self.meta}))

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from radixkv.errors import InputError, TraceFormatError
-from radixkv.trace._io import atomic_output
+from radixkv.util import atomic_output
 from radixkv.trace.types import Trace
 
 NPZ_VERSION = 1

@@ -45,7 +45,8 @@ import numpy as np
 
 from radixkv.errors import TraceFormatError
 from radixkv.trace import _fields as F
-from radixkv.trace._io import atomic_output, read_lines
+from radixkv.trace._io import read_lines
+from radixkv.util import atomic_output
 from radixkv.trace.types import Trace
 
 #: value of the header's ``radixkv_trace`` key understood by this reader
