@@ -19,7 +19,7 @@ from radixkv.trace.types import Trace
 
 
 #: requests at which the replay asks the policy for detailed (possibly O(pool)) stats
-DETAIL_SAMPLES = 256
+DETAIL_SAMPLES = 64
 
 
 def _progress(total: int, quiet: bool, desc: str):
@@ -59,7 +59,7 @@ def replay_sequential(
     Records
         One row per request; ``meta["replay_s"]`` is the wall time of the loop (seconds).
         ``cached_tokens``, ``duplicate_tokens`` and ``largest_free_run`` are sampled at
-        about :data:`DETAIL_SAMPLES` evenly spaced requests (every ``n // 256``-th and the
+        about :data:`DETAIL_SAMPLES` evenly spaced requests (every ``n // 64``-th and the
         last) and are −1 in the other rows.
 
     Raises
