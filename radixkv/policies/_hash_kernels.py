@@ -32,9 +32,10 @@ cache lines: replaying is bound by memory latency once the pool outgrows the CPU
 Hash function
 -------------
 A block's key is a 64-bit chained hash: starting from the parent block's key (or the
-fixed seed :data:`SEED` for the first block, vLLM ``init_none_hash``), every 64-bit word
-of the block's pieces ``(segment id, offset, length)`` is folded in with the splitmix64
-finaliser (Steele, Lea & Flood, "Fast splittable pseudorandom number generators",
+fixed seed :data:`SEED` for the first block, vLLM ``init_none_hash``), each piece
+``(segment id, offset, length)`` of the block is folded in with the splitmix64
+finaliser — the id as one word and, unless the piece is a whole single-token segment (a
+token of a token trace), ``offset << 32 | length`` as a second word (Steele, Lea & Flood, "Fast splittable pseudorandom number generators",
 OOPSLA 2014). It is not cryptographic (vLLM uses sha256 over a pickle of
 ``(parent hash, token ids, extra keys)``, ``kv_cache_utils.hash_block_tokens``); modelled
 as a random 64-bit function, the chance that any two of n distinct blocks collide is at
@@ -145,8 +146,10 @@ def seq_block_keys(seg_id, seg_end, block_size, n_blocks, key_mask):
                 s += 1
             stop = min(seg_end[s], end)
             h = _mix(h, np.uint64(seg_id[s]))
-            h = _mix(h, np.uint64(pos - seg_start))
-            h = _mix(h, np.uint64(stop - pos))
+            if pos != seg_start or stop - pos != 1:
+                # a piece other than one whole single-token segment (the token-trace
+                # case) also folds in its offset and length (each < 2^32 tokens)
+                h = _mix(h, (np.uint64(pos - seg_start) << np.uint64(32)) | np.uint64(stop - pos))
             npieces += 1
             pos = stop
         h = h & key_mask
