@@ -61,6 +61,31 @@ def atomic_write_text(path, text: str) -> None:
         f.write(text)
 
 
+def write_columns_csv(path, ids, names, columns, fmt=str) -> None:
+    """Write a CSV with an ``id`` column then *names*, one row per id, atomically.
+
+    Parameters
+    ----------
+    path : str or Path
+    ids : sequence of str, length n
+    names : list of str
+        Column names, in order.
+    columns : list of sequences, each of length n
+        The values of each column (plain Python numbers: call ``.tolist()`` on arrays).
+    fmt : callable
+        Formats one value (``str`` for integers; ``repr`` for exact floats).
+
+    Ids holding a comma, quote or newline are quoted as RFC 4180 says.
+    """
+    lines = ["id," + ",".join(names)]
+    for i, rid in enumerate(ids):
+        rid = str(rid)
+        if any(ch in rid for ch in ',"\n'):
+            rid = '"' + rid.replace('"', '""') + '"'
+        lines.append(rid + "," + ",".join(fmt(c[i]) for c in columns))
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
 def _finite(obj):
     """Replace NaN and infinities by None, recursively (JSON has no NaN)."""
     if isinstance(obj, float):

@@ -259,23 +259,13 @@ def cmd_replay(args) -> int:
     from radixkv.replay.run import run_replay
 
     if args.mode == "concurrent":
-        res, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
-        print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; "
-              f"concurrent replay; load {load_s:.2f} s, compile {summ['timing_s']['compile']:.2f} s")
-        print(format_table([summ], rows_spec=_CONCURRENT_ROWS))
-        if args.json:
-            atomic_write_text(args.json, dumps_json(_doc(trace, args, load_s, [(spec, summ)], [desc])))
-            print(f"wrote {args.json}")
-        if args.per_request:
-            res.write_csv(args.per_request)
-            print(f"wrote {args.per_request}")
-        return 0
-
-    options = {"verify": True} if args.verify else {}
-    rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **options)
-    print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; "
+        rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
+    else:
+        options = {"verify": True} if args.verify else {}
+        rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **options)
+    print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; {args.mode} replay; "
           f"load {load_s:.2f} s, compile {summ['timing_s']['compile']:.2f} s")
-    print(format_table([summ]))
+    print(format_table([summ], rows_spec=_CONCURRENT_ROWS if args.mode == "concurrent" else None))
     if args.json:
         atomic_write_text(args.json, dumps_json(_doc(trace, args, load_s, [(spec, summ)], [desc])))
         print(f"wrote {args.json}")

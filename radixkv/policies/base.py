@@ -181,6 +181,19 @@ class PrefixCache(ABC):
         """
 
     # ------------------------------------------------------------------ derived
+    @staticmethod
+    def _admit_length(running, rid: int, seq: KVSeq, n_tokens: int | None) -> int:
+        """Validate an ``admit`` call: *rid* not in *running*, ``1 ≤ n_tokens ≤ kv_len``.
+
+        Returns the tokens to admit (default the prompt). Raises ValueError otherwise.
+        """
+        if rid in running:
+            raise ValueError(f"request {rid} is already running")
+        n = seq.prompt_len if n_tokens is None else int(n_tokens)
+        if not 1 <= n <= seq.kv_len:
+            raise ValueError(f"n_tokens must be in [1, kv_len={seq.kv_len}], got {n}")
+        return n
+
     def room_slots(self) -> int:
         """Slots a new or growing request could get now: free plus evictable.
 

@@ -225,12 +225,8 @@ class BlockHashCache(PrefixCache):
         HashCollisionError
             With ``verify=True``, on a hash collision (state unchanged).
         """
-        if rid in self._running:
-            raise ValueError(f"request {rid} is already running")
         P = seq.prompt_len
-        n = P if n_tokens is None else int(n_tokens)
-        if not 1 <= n <= seq.kv_len:
-            raise ValueError(f"n_tokens must be in [1, kv_len={seq.kv_len}], got {n}")
+        n = self._admit_length(self._running, rid, seq, n_tokens)
         keys = self._keys(seq)
         tbl = self._table(seq, True)
         code, hit_blocks, held, ev, nblk = K.admit(

@@ -174,12 +174,8 @@ class StaticReservedCache(PrefixCache):
         ValueError
             When *rid* is running or *n_tokens* is outside ``[1, kv_len]``.
         """
-        if rid in self._reqs:
-            raise ValueError(f"request {rid} is already running")
         P = seq.prompt_len
-        n = P if n_tokens is None else int(n_tokens)
-        if not 1 <= n <= seq.kv_len:
-            raise ValueError(f"n_tokens must be in [1, kv_len={seq.kv_len}], got {n}")
+        n = self._admit_length(self._reqs, rid, seq, n_tokens)
         L = max(P, n)
         if self._blocks(L) > self.working_slots - self._used:
             return None

@@ -96,17 +96,10 @@ class ConcurrentResult:
         """Write one row per request (``id``, then every column of :data:`COLUMNS`) to
         *path* atomically (temporary file, then rename). Floats use ``repr`` (exact and
         deterministic); NaN is written as ``nan``."""
-        from radixkv.util import atomic_write_text
+        from radixkv.util import write_columns_csv
 
         names = list(COLUMNS)
-        cols = [self.columns[c].tolist() for c in names]
-        lines = ["id," + ",".join(names)]
-        for i, rid in enumerate(self.req_id):
-            rid = str(rid)
-            if any(ch in rid for ch in ',"\n'):
-                rid = '"' + rid.replace('"', '""') + '"'
-            lines.append(rid + "," + ",".join(repr(c[i]) for c in cols))
-        atomic_write_text(path, "\n".join(lines) + "\n")
+        write_columns_csv(path, self.req_id, names, [self.columns[c].tolist() for c in names], fmt=repr)
 
     def write_json(self, path) -> None:
         """Write ``{"summary": summary(), "meta": meta}`` to *path* atomically (sorted keys;

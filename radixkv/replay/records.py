@@ -57,14 +57,7 @@ class Records:
 
     def write_csv(self, path) -> None:
         """Write one row per request (``id`` then every column) atomically to *path*."""
-        from radixkv.util import atomic_write_text
+        from radixkv.util import write_columns_csv
 
         names = ["prompt_tokens", "hit_tokens"] + [c for c in COLUMNS if c not in ("prompt_tokens", "hit_tokens")]
-        lines = ["id," + ",".join(names)]
-        cols = [self.columns[c] for c in names]
-        for i, rid in enumerate(self.req_id):
-            rid = str(rid)
-            if any(ch in rid for ch in ',"\n'):
-                rid = '"' + rid.replace('"', '""') + '"'
-            lines.append(rid + "," + ",".join(str(int(c[i])) for c in cols))
-        atomic_write_text(path, "\n".join(lines) + "\n")
+        write_columns_csv(path, self.req_id, names, [self.columns[c].tolist() for c in names])
