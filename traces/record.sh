@@ -5,9 +5,9 @@
 set -euo pipefail
 synth() { python -m radixkv.cli.synth_cmd "$@"; }   # = radixkv trace synth "$@"
 
-synth long_doc_qa --requests 55 --seed 1 --rate 0.5 \
+synth long_doc_qa --requests 100 --seed 1 --rate 0.5 \
   --param n_documents=12 --param document_len=loguniform:5000,20000 \
-  --out traces/long_doc_qa.jsonl
+  --out traces/long_doc_qa.npz
 synth agent_tools --requests 100 --seed 1 --rate 1 --out traces/agent_tools.jsonl
 synth enterprise --requests 300 --seed 1 --rate 2 --out traces/enterprise.jsonl
 synth customer_service --requests 1000 --seed 1 --rate 5 --out traces/customer_service.jsonl

@@ -1,6 +1,6 @@
 """Binary columnar trace file (``.npz``): fast to load, exact round trip of any :class:`Trace`.
 
-Layout: an uncompressed numpy ``.npz`` archive (a zip of ``.npy`` arrays, read with
+Layout: a deflate-compressed numpy ``.npz`` archive (a zip of ``.npy`` arrays, read with
 ``allow_pickle=False``) holding the trace's columns under their attribute names plus
 scalars:
 
@@ -75,9 +75,10 @@ def write_npz(trace: Trace, path) -> None:
     with atomic_output(path, binary=True) as f:
         # Written entry by entry with a fixed date_time so the bytes are reproducible
         # (np.savez stamps the current time into the zip headers).
-        with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED) as zf:
+        with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_DEFLATED) as zf:
             for key in sorted(cols):
                 info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
                 with zf.open(info, "w", force_zip64=True) as entry:
                     np.lib.format.write_array(entry, np.asanyarray(cols[key]), allow_pickle=False)
 
