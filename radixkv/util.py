@@ -9,6 +9,46 @@ import tempfile
 from pathlib import Path
 
 
+def check_output_paths(*paths, inputs=()) -> None:
+    """Refuse, before any work is done, output paths that could not be written safely.
+
+    An output must not be an input, another output of the same command, a directory or a
+    special file (device, fifo), and its folder, if it exists, must be a directory. A
+    missing folder is created when the file is written.
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        Naming the path and why.
+    """
+    from radixkv.errors import InputError
+
+    seen = {}
+    ins = {Path(p).resolve() for p in inputs if p}
+    for p in paths:
+        if p is None:
+            continue
+        if str(p) == "":
+            raise InputError("an output path is empty", field="output")
+        path = Path(p)
+        real = path.resolve()
+        if real in ins:
+            raise InputError("the output would overwrite the input trace", path=p, field="output")
+        if real in seen:
+            raise InputError(f"the same file is given for two outputs ({seen[real]} and this one)", path=p, field="output")
+        seen[real] = str(p)
+        if path.exists() and not path.is_file():
+            raise InputError("exists and is not a regular file (a directory or a device): refusing to replace it",
+                             path=p, field="output")
+        parent = real.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise InputError(f"{parent} is not a directory", path=p, field="output")
+        if not os.access(parent, os.W_OK):
+            raise InputError(f"folder {parent} is not writable", path=p, field="output")
+
+
 def _default_mode() -> int:
     """The mode a plain ``open(path, "w")`` would give a new file (0o666 less the umask)."""
     mask = os.umask(0)
@@ -34,7 +74,10 @@ def atomic_output(path, *, binary: bool = False):
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write a file there ({e.strerror})", str(path)) from None
     try:
         os.chmod(tmp, _default_mode())
         f = os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8", newline="\n")

@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="radixkv",
         description="Replay request traces through models of vLLM's and SGLang's prefix caches.",
     )
+    from radixkv import __version__
+
+    parser.add_argument("--version", action="version", version=f"radixkv {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
     for name in _VERB_MODULES:
@@ -46,8 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"radixkv: error: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        return 0
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):
+            return 0
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"radixkv: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("radixkv: error: out of memory: the pool or trace is too large for this machine", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("radixkv: interrupted; no output was replaced", file=sys.stderr)
+        return 130
     return 0 if rc is None else int(rc)
 
 

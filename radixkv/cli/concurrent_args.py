@@ -35,6 +35,16 @@ import argparse
 from radixkv.errors import ConfigError
 
 
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {v}")
+    return v
+
+
 def _has(parser: argparse.ArgumentParser, flag: str) -> bool:
     return flag in parser._option_string_actions  # argparse keeps every option string here
 
@@ -64,7 +74,7 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
     add("--time-scale", type=float, default=1.0, help="multiply the trace's arrival times (<1 compresses)")
     add("--request-rate", type=float, default=None, help="requests per second for --arrival poisson/gamma")
     add("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson; <1 burstier)")
-    add("--seed", type=int, default=0, help="seed of the arrival process")
+    add("--seed", type=_nonneg_int, default=0, help="seed of the arrival process (≥ 0)")
     add("--schedule-policy", choices=["fcfs", "lpm"], default="fcfs",
         help="waiting-queue order (SGLang --schedule-policy; lpm needs a policy with peek_hit)")
     add("--admission", choices=["vllm", "sglang"], default=None,

@@ -18,7 +18,7 @@ import time
 from radixkv.cli.concurrent_args import add_concurrent_args
 from radixkv.errors import ConfigError
 from radixkv.policies.registry import PolicySpec, PoolSpec, parse_policy
-from radixkv.util import atomic_write_text, dumps_json
+from radixkv.util import atomic_write_text, check_output_paths, dumps_json
 
 
 # ---------------------------------------------------------------------- arguments
@@ -69,6 +69,18 @@ def _check_pool_args(args):
             "give a pool size: --capacity-tokens N, --num-gpu-blocks N, --max-total-num-tokens N, or --model M --gpu G",
             field="capacity",
         )
+    sized_by_model = k == 0
+    for flag in ("gpu_memory_utilization", "mem_fraction_static", "kv_cache_dtype", "max_num_batched_tokens"):
+        if getattr(args, flag, None) is not None and not sized_by_model and flag != "max_num_batched_tokens":
+            raise ConfigError(f"--{flag.replace('_', '-')} sizes the pool through the memory model, "
+                              f"but an explicit pool size is given: drop one", field=flag)
+    if k and args.model is not None and getattr(args, "mode", "sequential") == "sequential":
+        raise ConfigError("--model/--gpu size the pool (and price steps in --mode concurrent); "
+                          "with an explicit pool size in a sequential replay they would be ignored: drop one",
+                          field="model")
+    if args.gpu_memory_utilization is not None and args.mem_fraction_static is not None:
+        raise ConfigError("--gpu-memory-utilization is vLLM's knob and --mem-fraction-static SGLang's: give one",
+                          field="gpu_memory_utilization")
 
 
 def _memory_pool(args, engine: str, spec: PolicySpec):
@@ -226,6 +238,8 @@ def _run_concurrent(trace, spec, pool, args):
     from radixkv.policies.registry import build_policy
     from radixkv.replay.run import warmup
 
+    if len(trace) == 0:
+        raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
     compile_s = warmup(spec)
     policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens)
     bar = None
@@ -252,6 +266,7 @@ def _run_concurrent(trace, spec, pool, args):
 
 # ---------------------------------------------------------------------- verbs
 def cmd_replay(args) -> int:
+    check_output_paths(args.json, args.per_request, inputs=[args.trace])
     _check_pool_args(args)
     spec = parse_policy(args.policy, block_size=args.block_size, page_size=args.page_size)
     pool, desc = pool_for_policy(args, spec)
@@ -284,6 +299,7 @@ def _policies(args) -> list[PolicySpec]:
 
 
 def cmd_compare(args) -> int:
+    check_output_paths(args.json, inputs=[args.trace])
     _check_pool_args(args)
     specs = _policies(args)
     pools = [pool_for_policy(args, s, per_engine_rule=args.per_engine_rule) for s in specs]
@@ -309,6 +325,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_curve(args) -> int:
+    check_output_paths(args.out + ".json", args.out + ".png", inputs=[args.trace])
     specs = _policies(args)
     try:
         caps = [_int_tokens(c) for c in args.capacities.split(",") if c.strip()]

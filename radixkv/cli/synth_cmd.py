@@ -80,6 +80,9 @@ def synth_to_file(scenario: str, n_requests: int, seed: int, out: str, *, rate: 
 
 def run_synth(args) -> int:
     """CLI entry: generate, write, print a one-line summary to stderr."""
+    from radixkv.util import check_output_paths
+
+    check_output_paths(args.out)
     t = synth_to_file(args.scenario, args.requests, args.seed, args.out, rate=args.rate,
                       arrival=args.arrival, cv=args.cv, params=args.param or None)
     span = float(t.arrival_s[-1]) if len(t) else 0.0

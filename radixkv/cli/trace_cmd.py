@@ -51,7 +51,9 @@ def cmd_inspect(args) -> int:
 def cmd_convert(args) -> int:
     """Read IN, write OUT (format by extension); prints one line saying what was written."""
     from radixkv.trace.load import save_trace
+    from radixkv.util import check_output_paths
 
+    check_output_paths(args.out, inputs=[args.path])
     trace = _load(args)
     save_trace(trace, args.out)
     print(f"wrote {len(trace):,} requests (unit_tokens {trace.unit_tokens}) to {args.out}")

@@ -90,10 +90,17 @@ def parse_policy(text: str, *, block_size: int | None = None, page_size: int | N
             f = float(frac) if frac else _DEFAULT_FRACTION
         except ValueError:
             raise ConfigError(f"policy {text!r}: reserved fraction {frac!r} is not a number", field="policy") from None
-        spec = parse_policy(body.replace("static", "none", 1), block_size=block_size or 16)
+        spec = parse_policy(body.replace("static", "none", 1), block_size=16 if block_size is None else block_size)
         return PolicySpec("static", spec.size, f)
     if frac:
         raise ConfigError(f"policy {text!r}: only 'static' takes '@fraction'", field="policy")
+    for flag, v in (("--block-size", block_size), ("--page-size", page_size)):
+        if v is not None and int(v) < 1:
+            raise ConfigError(f"{flag} must be ≥ 1, got {v}", field=flag.lstrip("-").replace("-", "_"))
+    given = {"vllm": block_size, "none": block_size, "sglang": page_size}.get(name)
+    if size and given is not None and int(size) != int(given):
+        flag = "--page-size" if name == "sglang" else "--block-size"
+        raise ConfigError(f"policy {text!r} says size {size} but {flag} says {given}", field="policy")
     if size:
         if name == "unit-lru":
             raise ConfigError("unit-lru takes no size: it caches whole trace units", field="policy")
@@ -104,16 +111,33 @@ def parse_policy(text: str, *, block_size: int | None = None, page_size: int | N
         if val < 1:
             raise ConfigError(f"policy {text!r}: size must be ≥ 1", field="policy")
         return PolicySpec(name, val)
-    if name == "vllm" and block_size:
+    if name in ("vllm", "none") and block_size is not None:
         return PolicySpec(name, int(block_size))
-    if name == "sglang" and page_size:
+    if name == "sglang" and page_size is not None:
         return PolicySpec(name, int(page_size))
-    if name == "none" and block_size:
-        return PolicySpec(name, int(block_size))
     return PolicySpec(name, _DEFAULT_SIZE[name])
 
 
+#: largest pool radixkv models, in slots (every policy keeps a few words per slot)
+MAX_POOL_SLOTS = 1 << 28
+
+
 def build_policy(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **options) -> PrefixCache:
+    """A fresh policy of *spec* on *pool* (see :func:`_build`); a pool too large for this
+    machine's memory is a :class:`ConfigError`, not a crash."""
+    for name in ("capacity_tokens", "num_gpu_blocks", "max_total_num_tokens"):
+        v = getattr(pool, name)
+        if v is not None and v // max(1, spec.size or 1) > MAX_POOL_SLOTS:
+            raise ConfigError(f"{spec.label}: a pool of {v:,} ({name}) is more than the {MAX_POOL_SLOTS:,} slots "
+                              f"radixkv models; pools that never evict need only the trace's distinct tokens", field=name)
+    try:
+        return _build(spec, pool, unit_tokens=unit_tokens, **options)
+    except MemoryError:
+        raise ConfigError(f"{spec.label}: not enough memory to model this pool; try a smaller one",
+                          field="capacity") from None
+
+
+def _build(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **options) -> PrefixCache:
     """A fresh policy of *spec* on *pool*.
 
     Parameters

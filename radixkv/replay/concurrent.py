@@ -240,7 +240,7 @@ def replay_concurrent(
             if not sch.running:
                 i = sch.waiting[0]
                 raise ConfigError(
-                    f"request {trace.req_id[i]!r} cannot be admitted into an otherwise idle pool "
+                    f"request {str(trace.req_id[i])!r} cannot be admitted into an otherwise idle pool "
                     f"({policy.capacity_tokens} tokens)",
                     path=trace.name or None,
                     field="num_slots",

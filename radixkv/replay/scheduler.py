@@ -245,7 +245,7 @@ class Scheduler:
                 over = fits(trace.kv_seq(i))
                 if over > 0:
                     raise ConfigError(
-                        f"request {trace.req_id[i]!r} needs {over} tokens more than the whole pool "
+                        f"request {str(trace.req_id[i])!r} needs {over} tokens more than the whole pool "
                         f"({policy.capacity_tokens} tokens); it could never run",
                         path=trace.name or None,
                         field="num_slots",

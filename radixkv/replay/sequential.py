@@ -65,11 +65,13 @@ def replay_sequential(
     Raises
     ------
     ConfigError
-        When a request cannot fit in the whole pool (names the request and by how many
+        When there is no request to replay, when a request cannot fit in the whole pool (names the request and by how many
         tokens it overflows), or when the policy refuses a request that should fit.
     """
     t = trace.head(limit)
     n = len(t)
+    if n == 0:
+        raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
     cols = {c: np.zeros(n, dtype=np.int64) for c in COLUMNS}
     bar = _progress(n, quiet, label or policy.name)
     t0 = time.perf_counter()
@@ -81,7 +83,7 @@ def replay_sequential(
         over = policy.fits_alone(seq)
         if over > 0:
             raise ConfigError(
-                f"request {t.req_id[i]!r} (#{i} in replay order) needs {seq.kv_len} tokens of KV "
+                f"request {str(t.req_id[i])!r} (#{i} in replay order) needs {seq.kv_len} tokens of KV "
                 f"(prompt {seq.prompt_len} + output {seq.kv_len - seq.prompt_len}), {over} tokens more than the "
                 f"whole pool of {policy.capacity_tokens} tokens under {label or policy.name}; "
                 f"give a larger capacity or --limit",
@@ -91,7 +93,7 @@ def replay_sequential(
         adm = policy.run_request(i, seq)
         if adm is None:
             raise ConfigError(
-                f"request {t.req_id[i]!r} (#{i} in replay order) was refused by {label or policy.name} "
+                f"request {str(t.req_id[i])!r} (#{i} in replay order) was refused by {label or policy.name} "
                 f"although it fits the empty pool ({seq.kv_len} tokens of KV, pool {policy.capacity_tokens})",
                 path=trace.name or None,
                 field="capacity",

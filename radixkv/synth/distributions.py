@@ -32,6 +32,11 @@ import numpy as np
 from radixkv.errors import InputError
 
 
+#: largest value an integer distribution may take (tokens or counts): a longer prompt
+#: than any model serves, and small enough that ``pmf`` (O(hi − lo)) stays in memory
+MAX_VALUE = 10_000_000
+
+
 class IntDist:
     """A distribution of non-negative integers over ``lo..hi`` (tokens or counts)."""
 
@@ -58,6 +63,9 @@ class IntDist:
     def _check(self) -> None:
         if not (0 <= self.lo <= self.hi):
             raise InputError(f"{self}: need 0 ≤ lo ≤ hi", field="distribution")
+        if self.hi > MAX_VALUE:
+            raise InputError(f"{self}: values above {MAX_VALUE:,} (tokens or counts) are not supported",
+                             field="distribution")
 
 
 @dataclass(frozen=True)

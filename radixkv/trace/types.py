@@ -219,10 +219,10 @@ class Trace:
             raise InputError("requests are not in replay order (arrival_s decreases)", path=self.name or None)
         bad = np.flatnonzero(self.prompt_len < 1)
         if bad.size:
-            raise InputError(f"request {self.req_id[bad[0]]!r}: empty prompt", path=self.name or None, field="prompt_len")
+            raise InputError(f"request {str(self.req_id[bad[0]])!r}: empty prompt", path=self.name or None, field="prompt_len")
         bad = np.flatnonzero(self.output_len < 0)
         if bad.size:
-            raise InputError(f"request {self.req_id[bad[0]]!r}: negative output length", path=self.name or None, field="output_len")
+            raise InputError(f"request {str(self.req_id[bad[0]])!r}: negative output length", path=self.name or None, field="output_len")
         if self.ids.size and self.ids.min() < 0:
             raise InputError("ids must be ≥ 0", path=self.name or None, field="ids")
         nids = np.diff(self.id_offsets)
@@ -236,7 +236,7 @@ class Trace:
         if bad.size:
             i = bad[0]
             raise InputError(
-                f"request {self.req_id[i]!r}: {nids[i]} ids for a {self.prompt_len[i]}-token prompt, "
+                f"request {str(self.req_id[i])!r}: {nids[i]} ids for a {self.prompt_len[i]}-token prompt, "
                 f"expected {expect[i]} at unit_tokens={U}",
                 path=self.name or None,
                 field="ids",
@@ -249,7 +249,7 @@ class Trace:
             if bad.size:
                 i = bad[0]
                 raise InputError(
-                    f"request {self.req_id[i]!r}: {olen[i]} output ids but output_len {self.output_len[i]}",
+                    f"request {str(self.req_id[i])!r}: {olen[i]} output ids but output_len {self.output_len[i]}",
                     path=self.name or None,
                     field="output_tokens",
                 )
