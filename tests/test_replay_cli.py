@@ -81,10 +81,34 @@ def test_compare_concurrent_mode(tmp_path, capsys):
     (["replay", MIXED, "--policy", "vllm", "--model", "Llama-3.1-8B"], "--model and --gpu go together"),
     (["replay", "/nonexistent/trace.jsonl", "--policy", "vllm", "--capacity-tokens", "1000"], "/nonexistent/trace.jsonl"),
     (["curve", MIXED, "--policies", "vllm", "--capacities", "1e4,abc"], "'abc' is not a number"),
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--json", MIXED], "overwrite the input"),
+    (["replay", MIXED, "--policy", "vllm", "--block-size", "0", "--capacity-tokens", "99999"], "--block-size must be ≥ 1"),
+    (["replay", MIXED, "--policy", "vllm:16", "--block-size", "32", "--capacity-tokens", "99999"], "says size 16"),
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--model", "Llama-3.1-8B", "--gpu",
+      "A100-80GB"], "would be ignored"),
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--gpu-memory-utilization", "0.5"],
+     "explicit pool size"),
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--limit", "0"], "no requests to replay"),
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "1e20"], "slots radixkv models"),
 ])
 def test_bad_input_exits_2_with_a_message(argv, needle, capsys):
     assert main(argv + ["--quiet"]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_two_outputs_on_one_path_are_refused_before_running(tmp_path, capsys):
+    out = tmp_path / "same"
+    out.write_text("keep me")
+    assert main(["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--json", str(out),
+                 "--per-request", str(out), "--quiet"]) == 2
+    assert "two outputs" in capsys.readouterr().err
+    assert out.read_text() == "keep me"
+
+
+def test_output_into_a_directory_is_refused(tmp_path, capsys):
+    assert main(["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--json", str(tmp_path),
+                 "--quiet"]) == 2
+    assert "not a regular file" in capsys.readouterr().err
 
 
 def test_weka_block64_equals_radix_page64_without_eviction():

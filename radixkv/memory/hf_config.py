@@ -167,6 +167,8 @@ def load_hf_config(path, *, name: str | None = None, num_params: int | None = No
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise InputError(f"cannot read model config: {e.strerror or e}", path=p) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text ({e.reason} at byte {e.start}): not a config.json", path=p) from None
     try:
         cfg = json.loads(text)
     except json.JSONDecodeError as e:
