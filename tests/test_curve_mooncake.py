@@ -3,16 +3,16 @@
 Definition stated (and used in the closing note / paper): token hit rate = Σ hit tokens /
 Σ prompt tokens over all 12,031 requests, no warm-up excluded, hit = leading cached 512-token
 units × 512 capped at the prompt length; the request touches its units in prompt order.
-The expected values come from a plain-Python OrderedDict model (below), not from radixkv.
+The expected values come from a plain-Python OrderedDict model (tests/test_unit_lru.py), not
+from radixkv.
 """
 from __future__ import annotations
-
-from collections import OrderedDict
 
 import numpy as np
 import pytest
 
 from conftest import shared_path
+from test_unit_lru import oracle
 from radixkv.policies.registry import PoolSpec, parse_policy
 from radixkv.replay.run import run_replay
 
@@ -20,23 +20,9 @@ CAPACITIES = [10_000, 100_000, 1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_00
 
 
 def oracle_hit_tokens(trace, capacity_tokens):
-    C = capacity_tokens // 512
-    cache: OrderedDict = OrderedDict()
-    total = 0
-    for i in range(len(trace)):
-        ids = trace.prompt_ids(i).tolist()  # Mooncake ids are prefix-chained already
-        h = 0
-        while h < len(ids) and ids[h] in cache:
-            h += 1
-        total += min(h * 512, int(trace.prompt_len[i]))
-        for k in ids:
-            if k in cache:
-                cache.move_to_end(k)
-            else:
-                if len(cache) == C:
-                    cache.popitem(last=False)
-                cache[k] = True
-    return total
+    """Σ hit tokens of the plain-Python OrderedDict model of tests/test_unit_lru.py."""
+    prompts = [trace.prompt_ids(i).tolist() for i in range(len(trace))]
+    return sum(oracle(prompts, trace.prompt_len.tolist(), 512, True, capacity_tokens // 512))
 
 
 @pytest.fixture(scope="module")
