@@ -23,7 +23,8 @@ Definitions (DESIGN.md, "Metrics"); every key carries its unit (``_tokens``, ``_
 - cached-token capacity = distinct hittable tokens the pool holds, averaged over the
   second half of the replay, absolute and per pool slot and per pool token. It, the
   duplication and the scatter are averaged over the rows where the replay sampled them
-  (−1 elsewhere; see :func:`radixkv.replay.sequential.replay_sequential`).
+  (32 evenly spaced requests of the second half; −1 elsewhere; see
+  :func:`radixkv.replay.sequential.replay_sequential`).
 - evictions = eviction events and tokens evicted.
 
 "Time-averaged" in a sequential replay means averaged over the samples taken after each

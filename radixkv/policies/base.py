@@ -177,7 +177,7 @@ class PrefixCache(ABC):
 
         With ``detail=False`` a policy may leave fields that cost more than O(1) to compute
         (``cached_tokens``, ``duplicate_tokens``, ``largest_free_run``) at −1; the
-        sequential replay asks for detail only at about 64 evenly spaced requests.
+        sequential replay asks for detail only at about 32 requests of its second half.
         """
 
     # ------------------------------------------------------------------ derived

@@ -18,8 +18,9 @@ from radixkv.replay.records import COLUMNS, Records
 from radixkv.trace.types import Trace
 
 
-#: requests at which the replay asks the policy for detailed (possibly O(pool)) stats
-DETAIL_SAMPLES = 64
+#: requests of the replay's second half at which it asks the policy for detailed
+#: (possibly O(pool)) stats; the metrics that use them are second-half averages
+DETAIL_SAMPLES = 32
 
 
 def _progress(total: int, quiet: bool, desc: str):
@@ -59,8 +60,8 @@ def replay_sequential(
     Records
         One row per request; ``meta["replay_s"]`` is the wall time of the loop (seconds).
         ``cached_tokens``, ``duplicate_tokens`` and ``largest_free_run`` are sampled at
-        about :data:`DETAIL_SAMPLES` evenly spaced requests (every ``n // 64``-th and the
-        last) and are −1 in the other rows.
+        about :data:`DETAIL_SAMPLES` evenly spaced requests of the second half (and the
+        last request) and are −1 in the other rows.
 
     Raises
     ------
@@ -76,8 +77,10 @@ def replay_sequential(
     bar = _progress(n, quiet, label or policy.name)
     t0 = time.perf_counter()
     prev_evicted = policy.evicted_tokens_total
-    # detailed stats (O(pool) for some policies) at about DETAIL_SAMPLES evenly spaced requests
-    every = max(1, n // DETAIL_SAMPLES)
+    # detailed stats (O(pool) for some policies) at about DETAIL_SAMPLES evenly spaced
+    # requests of the second half, and at the last request
+    half = n // 2
+    every = max(1, (n - half) // DETAIL_SAMPLES)
     for i in range(n):
         seq = t.kv_seq(i)
         over = policy.fits_alone(seq)
@@ -98,7 +101,7 @@ def replay_sequential(
                 path=trace.name or None,
                 field="capacity",
             )
-        st = policy.stats(detail=(i % every == 0 or i == n - 1))
+        st = policy.stats(detail=(i >= half and (i - half) % every == 0) or i == n - 1)
         cols["prompt_tokens"][i] = seq.prompt_len
         cols["hit_tokens"][i] = adm.hit_tokens
         cols["held_tokens"][i] = adm.held_tokens
