@@ -288,3 +288,51 @@ def test_heap_rebuild_keeps_eviction_order():
             b._rebuild_heap()
             assert (ra, a.evicted_tokens_total) == (rb, b.evicted_tokens_total)
         assert a.evictions == b.evictions > 0
+
+
+
+def test_peek_hit_equals_admit_hit_and_changes_nothing():
+    # A = [1..6] (one node of 6); B = [1,2,3,9,9]: key [1,2,3,9] matches 3 tokens inside
+    # A's node -> admit splits it and hits 3; peek_hit must say 3 without the split.
+    # Page 2: key floor(4/2)*2 = 4 tokens [1,2,3,9]; match 3 -> rounded down to 2.
+    for p, want in ((1, 3), (2, 2)):
+        c = RadixCache(100, p)
+        a, b = _seqs([[1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9]])
+        c.run_request(0, a)
+        st, evicted = c.stats(), c.evicted_tokens_total
+        assert c.peek_hit(b) == want and c.peek_hit(b, 2) == want
+        assert c.num_nodes == 1 and c.stats() == st and c.evicted_tokens_total == evicted
+        c.check_invariants()
+        assert c.admit(1, b).hit_tokens == want
+        assert c.num_nodes == 2  # the admission did split
+
+
+def test_peek_hit_has_no_lru_side_effect():
+    # pool of 8 tokens: X = [1,2,3,4] then Y = [5,6,7,8] fill it (X older). Had peeking X
+    # touched the LRU, Z = [9,9,9,9] would evict Y; it must evict X (the oldest leaf), so
+    # afterwards X hits 0 and Y hits 3 (cap P - 1 = 3).
+    c = RadixCache(8)
+    x, y, z = _seqs([[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]])
+    c.run_request(0, x)
+    c.run_request(1, y)
+    assert c.peek_hit(x) == 3 and c.peek_hit(y) == 3
+    assert c.peek_hit(x) == 3
+    c.run_request(2, z)
+    assert c.evicted_tokens_total == 4
+    assert c.peek_hit(x) == 0 and c.peek_hit(y) == 3
+    # random traces: a cache peeked at old and new prompts before every request agrees
+    # with one never peeked, and each peek equals the admission's hit
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 3, size=int(rng.integers(1, 12))).tolist() for _ in range(200)]
+    outs = [rng.integers(0, 3, size=int(rng.integers(0, 4))).tolist() for _ in range(200)]
+    seqs = _seqs(prompts, outs)
+    for p in (1, 2):
+        a, b = RadixCache(30, p), RadixCache(30, p)
+        for i, s in enumerate(seqs):
+            for j in range(max(0, i - 5), i):
+                b.peek_hit(seqs[j])
+            h = b.peek_hit(s)
+            ra, rb = a.run_request(i, s), b.run_request(i, s)
+            assert ra == rb and rb.hit_tokens == h
+            assert (a.evicted_tokens_total, a.num_nodes) == (b.evicted_tokens_total, b.num_nodes)
+        assert a.evictions == b.evictions > 0

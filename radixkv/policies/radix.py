@@ -552,6 +552,32 @@ class RadixCache(PrefixCache):
         self._after_prefill(r)
         return Admission(hit_tokens=hit, held_tokens=held, evicted_tokens=ev)
 
+    def peek_hit(self, seq: KVSeq, n_tokens: int | None = None) -> int:
+        """Hit tokens :meth:`admit` would get now, with no side effect (no split, no LRU touch).
+
+        The same lookup as :meth:`admit` (key: the prompt capped at ``P − 1`` tokens,
+        rounded down to *page_size*; the match inside a node rounded down to pages), run
+        read-only. It is what SGLang's ``--schedule-policy lpm`` sorts the waiting queue
+        by (``schedule_policy.py :: SchedulePolicy._compute_prefix_matches``) and what
+        the ``PrefillAdder`` budget subtracts.
+
+        Parameters
+        ----------
+        seq : KVSeq
+            The request's KV content.
+        n_tokens : int or None
+            As in :meth:`admit`; the lookup key does not depend on it (≤ P).
+
+        Returns
+        -------
+        int
+            Tokens (page-aligned). An :meth:`admit` may still refuse the request (None)
+            when the pool cannot make room.
+        """
+        p = self.page_size
+        K = (seq.prompt_len - 1) // p * p
+        return int(self._match_plan(seq.seg_id, seq.seg_end, K)[0])
+
     def extend(self, rid: int, n_tokens: int) -> bool:
         """Compute *n_tokens* more tokens: the rest of the prompt (in chunks), then decode.
 
