@@ -119,6 +119,26 @@ def test_admission_counts_touched_hit_blocks_and_refusal_changes_nothing():
     assert c2.free_queue().tolist() == [1, 2, 3]
 
 
+def test_peek_hit_is_the_admission_hit_without_side_effects():
+    # B = 4, 20 blocks. A = 0..11 (3 full blocks) cached by a finished request.
+    c = BlockHashCache(20, 4)
+    c.run_request(0, seq(range(12)))
+    q, st = c.free_queue().tolist(), c.stats()
+    s = seq(list(range(12)) + [50], [51, 52])  # P = 13: (13−1)//4 = 3 blocks hit -> 12
+    assert c.peek_hit(s) == 12
+    assert c.peek_hit(seq(range(12))) == 8  # P = 12: cap (12−1)//4 = 2 blocks
+    assert c.peek_hit(s, n_tokens=5) == 12  # a first chunk looks up the whole prompt
+    assert c.peek_hit(seq([7, 7, 7, 7, 7])) == 0  # first block differs
+    assert (c.free_queue().tolist(), c.stats()) == (q, st)  # nothing touched
+    a = c.admit(1, s)
+    assert a.hit_tokens == 12
+    # while running, request 1's hit blocks and its own blocks are still hittable: s's
+    # resumed lookup of 14 tokens (P + 1 output): (14−1)//4 = 3 blocks -> 12
+    assert c.peek_hit(s, n_tokens=14) == 12
+    with pytest.raises(ValueError):
+        c.peek_hit(s, n_tokens=0)
+
+
 def test_duplicates_first_inserted_served_and_evicting_one_keeps_the_other():
     t = [10 + i for i in range(8)]  # K1 = t0..t3, K2 = t4..t7
     c = BlockHashCache(13, 4)  # 12 usable

@@ -148,7 +148,15 @@ def test_interleaved_requests_match_reference(tb, nb):
                 n = rng.randint(1, s.prompt_len)
             elif how == "resume" and s.kv_len > s.prompt_len:
                 n = rng.randint(s.prompt_len + 1, s.kv_len)
+            # peek_hit: no side effect (pool arrays, queue, stats) and equal to the admission's hit
+            before = [x.copy() for x in (c._blk, c._kt, c._ct, c._pc, c._st)]
+            q_before, st_before = c.free_queue().tolist(), _stats(c)
+            peek = c.peek_hit(s, n)
+            assert all((x == y).all() for x, y in zip(before, (c._blk, c._kt, c._ct, c._pc, c._st)))
+            assert c.free_queue().tolist() == q_before and _stats(c) == st_before
             a, e = c.admit(next_rid, s, n), r.admit(next_rid, s, n)
+            if e is not None:
+                assert peek == e.hit_tokens, (peek, e)
             assert _same(a, e), (op, a, e)
             if a is not None:
                 running[next_rid] = s

@@ -498,6 +498,16 @@ def lookup(blk, kt, ct, pc, keys, n_look, seg_id, seg_end, block_size, prompt_le
     return OK, h, start + best
 
 
+@njit(cache=True)
+def peek(blk, kt, ct, pc, keys, n_look, seg_id, seg_end, block_size, lookup_len, verify, hit_out):
+    """Capped hit blocks of a lookup, as ``admit`` computes them; changes nothing.
+
+    Returns ``(code, min(n_hit, (lookup_len − 1) // B))``.
+    """
+    code, h, _ = lookup(blk, kt, ct, pc, keys, n_look, seg_id, seg_end, block_size, 0, verify, hit_out)
+    return code, min(h, (lookup_len - 1) // block_size)
+
+
 # ---------------------------------------------------------------------- allocate
 @njit(cache=True)
 def _take_new(blk, kt, ct, st, tbl, at, n_new):

@@ -149,6 +149,7 @@ class BlockHashCache(PrefixCache):
         self._st = np.zeros(K.NST, dtype=np.int64)
         K.init_pool(self._blk, self._st)
         self._running: dict[int, _Running] = {}
+        self._partial = 0  # Σ over running requests of their partial block's tokens
         self._scratch = np.zeros(64, dtype=np.int64)
 
     @classmethod
@@ -238,10 +239,53 @@ class BlockHashCache(PrefixCache):
         if code == K.REFUSED:
             return None
         B = self.block_size
-        self._running[rid] = _Running(seq, keys, tbl, int(nblk), max(n, hit_blocks * B))
+        ntok = max(n, int(hit_blocks) * B)
+        self._running[rid] = _Running(seq, keys, tbl, int(nblk), ntok)
+        self._partial += ntok % B
         self.evictions += int(ev)
         self.evicted_tokens_total += int(ev) * B
         return Admission(hit_tokens=int(hit_blocks) * B, held_tokens=int(min(held, P)), evicted_tokens=int(ev) * B)
+
+    def peek_hit(self, seq: KVSeq, n_tokens: int | None = None) -> int:
+        """Hit tokens that ``admit(rid, seq, n_tokens)`` would get now, without side effects.
+
+        The lookup of :meth:`admit` (first-miss walk, hit capped at ``(L − 1) // B``
+        blocks, L = ``max(P, n_tokens)``) with no touch, no free-queue change and no
+        allocation. The value is returned whether or not the admission would fit (the
+        scheduler's ``lpm`` ordering and SGLang-style admission budget use it; vLLM's
+        ``get_computed_blocks`` is likewise side-effect free).
+
+        Parameters
+        ----------
+        seq : KVSeq
+            The request's KV content.
+        n_tokens : int or None
+            As for :meth:`admit`; default ``seq.prompt_len``.
+
+        Returns
+        -------
+        int
+            Hit tokens, a multiple of ``block_size``.
+
+        Raises
+        ------
+        ValueError
+            When *n_tokens* is out of ``[1, seq.kv_len]``.
+        HashCollisionError
+            With ``verify=True``, on a hash collision.
+        """
+        P = seq.prompt_len
+        n = self._admit_length((), -1, seq, n_tokens)
+        L = max(P, n)
+        B = self.block_size
+        n_look = L // B
+        keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, B, n_look, self._key_mask)
+        tbl = self._table(seq, False)
+        code, h = K.peek(self._blk, self._kt, self._ct, self._pc, keys, n_look, seq.seg_id, seq.seg_end,
+                         B, L, self.verify, tbl)
+        if code == K.COLLISION:
+            self._collision(seq)
+        return int(h) * B
 
     def extend(self, rid: int, n_tokens: int) -> bool:
         """Request *rid* computes *n_tokens* more tokens (a prefill chunk or decode steps).
@@ -272,6 +316,8 @@ class BlockHashCache(PrefixCache):
         if not ok:
             return False
         r.n_blocks = int(nblk)
+        B = self.block_size
+        self._partial += (r.n_tokens + n) % B - r.n_tokens % B
         r.n_tokens += n
         self.evictions += int(ev)
         self.evicted_tokens_total += int(ev) * self.block_size
@@ -286,6 +332,7 @@ class BlockHashCache(PrefixCache):
             When *rid* is not running.
         """
         r = self._running.pop(rid)
+        self._partial -= r.n_tokens % self.block_size
         K.free(self._blk, self._st, r.tbl, r.n_blocks)
 
     def preempt(self, rid: int) -> None:
@@ -340,7 +387,7 @@ class BlockHashCache(PrefixCache):
         cached = int(st[K.ST_NCACHED])
         nhashed = int(st[K.ST_NHASHED])
         nkeys = int(st[K.ST_NKEYS])
-        partial = sum(r.n_tokens % B for r in self._running.values())
+        partial = self._partial
         reach = int(K.reachable_keys(self._blk, self._kt, self._ct)) if detail else -1
         return PoolStats(
             num_slots=self.num_slots,
