@@ -102,3 +102,683 @@ def page_span(seg_id, seg_end, t, p):
     last = np.searchsorted(seg_end, t + p - 1, side="right")
     start = seg_end[first - 1] if first > 0 else 0
     return first, last, start
+
+
+# ---------------------------------------------------------------------------------------
+# The radix tree in arrays (used by :class:`radixkv.policies.radix.RadixCache`)
+# ---------------------------------------------------------------------------------------
+# The tree, its child index, its eviction heap and the token runs the nodes refer to live
+# in a handful of int64 arrays, so that a whole request (lookup, split, insert, eviction,
+# lock moves) runs in one compiled call. Layout:
+#
+# S, shape (NS,): scalars (indices S_*).
+# N, shape (node capacity, NF): one row per node (fields F_*); node 0 is the root. A
+#     free row has F_ALIVE = 0 and links the free list through F_PARENT.
+# H1, shape (2**k, 4): open-addressing (linear probing) table of children:
+#     (parent, key1, key2, child); child = -1 marks an empty slot. The key is the
+#     child's first token (id, segment start) when p = 1, and a hash of its first page
+#     plus the page's first segment start when p > 1 (a match is then confirmed by
+#     comparing the page's tokens, so hash collisions cannot change a result).
+# H2, same shape: p > 1 only, children by first token (several may share one), for the
+#     token-granular walk (held tokens).
+# HP, shape (heap capacity, 3): binary min-heap of (time, push id, node), lazily
+#     invalidated; entries [0, S[S_HLEN]).
+# G, shape (2, store capacity): the segment store: ids (row 0) and ends (row 1) of every
+#     stored KV sequence, back to back; Q, shape (seq capacity, 4): per stored sequence
+#     (offset in G, number of segments, references, free-list link). References: one per
+#     node whose run points into the sequence, one per running request.
+# R, shape (NR,): one running request (fields R_*).
+
+F_PARENT, F_START, F_END, F_SEQ, F_LOCK, F_TIME, F_NCHILD, F_ALIVE, F_K1, F_K2, F_T1, F_T2 = range(12)
+NF = 12
+(S_CLOCK, S_PUSH, S_HLEN, S_NNODES, S_FREE, S_PRIV, S_EVTOK, S_PROT, S_EVTOT, S_EVN, S_NFREE,
+ S_HW, S_GUSED, S_GGARB, S_QFREE, S_QHW, S_P, S_CHUNK) = range(18)
+NS = 18
+Q_OFF, Q_LEN, Q_REFS, Q_NEXT = range(4)
+R_NODE, R_OWNED, R_COMP, R_KVMAX, R_EVICTED, R_SEQ, R_PLEN = range(7)
+NR = 7
+#: bits of an LRU time stamp below the counter draw (room for the per-level steps)
+STAMP_SHIFT = 20
+
+_C1 = -7046029254386353131
+_C2 = -4658895280553007687
+_C3 = 7640891576956012809
+
+
+@njit(cache=True)
+def _hslot(H, a, b, c):
+    h = a * _C1 + b * _C2 + c * _C3
+    h ^= h >> 29
+    h *= _C2
+    h ^= h >> 32
+    return h & (H.shape[0] - 1)
+
+
+@njit(cache=True)
+def _h_insert(H, a, b, c, x):
+    mask = H.shape[0] - 1
+    i = _hslot(H, a, b, c)
+    while H[i, 3] != -1:
+        i = (i + 1) & mask
+    H[i, 0] = a
+    H[i, 1] = b
+    H[i, 2] = c
+    H[i, 3] = x
+
+
+@njit(cache=True)
+def _h_delete(H, a, b, c, x):
+    mask = H.shape[0] - 1
+    i = _hslot(H, a, b, c)
+    while H[i, 3] != x:
+        i = (i + 1) & mask
+    j = i
+    while True:  # backward-shift deletion
+        j = (j + 1) & mask
+        if H[j, 3] == -1:
+            break
+        k = _hslot(H, H[j, 0], H[j, 1], H[j, 2])
+        if i <= j:
+            stays = i < k <= j
+        else:
+            stays = k > i or k <= j
+        if not stays:
+            for f in range(4):
+                H[i, f] = H[j, f]
+            i = j
+    H[i, 3] = -1
+
+
+@njit(cache=True)
+def child_key(qid, qend, t, p):
+    """Child key of the run starting at *t*: ``(id, start)`` of its first token (p = 1),
+    or (hash of the first page's run-length encoding, start of its first segment)."""
+    if p == 1:
+        return token_key(qid, qend, t)
+    first, last, start = page_span(qid, qend, t, p)
+    h = start * _C1 + 1
+    for s in range(first, last + 1):
+        h = (h ^ qid[s]) * _C2
+        h ^= h >> 31
+        if s < last:
+            h = (h ^ qend[s]) * _C3
+    return h, start
+
+
+@njit(cache=True)
+def _lcp(N, G, Q, c, qid, qend, qref, pos, limit):
+    s = N[c, F_SEQ]
+    if s == qref:
+        return limit
+    off = Q[s, Q_OFF]
+    n = Q[s, Q_LEN]
+    return common_prefix_end(qid, qend, G[0, off:off + n], G[1, off:off + n], pos, limit)
+
+
+@njit(cache=True)
+def _find_child(S, N, H1, G, Q, node, qid, qend, qref, pos):
+    p = S[S_P]
+    k1, k2 = child_key(qid, qend, pos, p)
+    mask = H1.shape[0] - 1
+    i = _hslot(H1, node, k1, k2)
+    while H1[i, 3] != -1:
+        if H1[i, 0] == node and H1[i, 1] == k1 and H1[i, 2] == k2:
+            c = H1[i, 3]
+            if p == 1 or _lcp(N, G, Q, c, qid, qend, qref, pos, pos + p) == pos + p:
+                return c
+        i = (i + 1) & mask
+    return -1
+
+
+@njit(cache=True)
+def _tick(S):
+    t = S[S_CLOCK] << STAMP_SHIFT
+    S[S_CLOCK] += 1
+    return t
+
+
+@njit(cache=True)
+def _heap_less(HP, i, j):
+    return HP[i, 0] < HP[j, 0] or (HP[i, 0] == HP[j, 0] and HP[i, 1] < HP[j, 1])
+
+
+@njit(cache=True)
+def _heap_swap(HP, i, j):
+    for f in range(3):
+        v = HP[i, f]
+        HP[i, f] = HP[j, f]
+        HP[j, f] = v
+
+
+@njit(cache=True)
+def _sift_down(HP, i, n):
+    while True:
+        a = 2 * i + 1
+        if a >= n:
+            return
+        b = a + 1
+        m = b if b < n and _heap_less(HP, b, a) else a
+        if _heap_less(HP, m, i):
+            _heap_swap(HP, i, m)
+            i = m
+        else:
+            return
+
+
+@njit(cache=True)
+def heap_rebuild(S, N, HP):
+    """Replace the heap by one entry per evictable leaf (drops stale entries)."""
+    k = 0
+    for x in range(1, S[S_HW]):
+        if N[x, F_ALIVE] == 1 and N[x, F_LOCK] == 0 and N[x, F_NCHILD] == 0:
+            S[S_PUSH] += 1
+            HP[k, 0] = N[x, F_TIME]
+            HP[k, 1] = S[S_PUSH]
+            HP[k, 2] = x
+            k += 1
+    S[S_HLEN] = k
+    for i in range(k // 2 - 1, -1, -1):
+        _sift_down(HP, i, k)
+
+
+@njit(cache=True)
+def _push_if_leaf(S, N, HP, x):
+    if N[x, F_LOCK] == 0 and N[x, F_NCHILD] == 0 and N[x, F_PARENT] != -1:
+        if S[S_HLEN] == HP.shape[0]:
+            heap_rebuild(S, N, HP)  # x is an evictable leaf: it is in the rebuilt heap
+            return
+        S[S_PUSH] += 1
+        i = S[S_HLEN]
+        S[S_HLEN] = i + 1
+        HP[i, 0] = N[x, F_TIME]
+        HP[i, 1] = S[S_PUSH]
+        HP[i, 2] = x
+        while i > 0:
+            up = (i - 1) // 2
+            if _heap_less(HP, i, up):
+                _heap_swap(HP, i, up)
+                i = up
+            else:
+                break
+
+
+@njit(cache=True)
+def _heap_pop(S, HP):
+    n = S[S_HLEN] - 1
+    t = HP[0, 0]
+    x = HP[0, 2]
+    if n > 0:
+        for f in range(3):
+            HP[0, f] = HP[n, f]
+        _sift_down(HP, 0, n)
+    S[S_HLEN] = n
+    return t, x
+
+
+@njit(cache=True)
+def _set_keys(S, N, G, Q, x):
+    s = N[x, F_SEQ]
+    off = Q[s, Q_OFF]
+    n = Q[s, Q_LEN]
+    qid = G[0, off:off + n]
+    qend = G[1, off:off + n]
+    t = N[x, F_START]
+    k1, k2 = child_key(qid, qend, t, S[S_P])
+    N[x, F_K1] = k1
+    N[x, F_K2] = k2
+    t1, t2 = token_key(qid, qend, t)
+    N[x, F_T1] = t1
+    N[x, F_T2] = t2
+
+
+@njit(cache=True)
+def _attach(S, N, H1, H2, parent, x):
+    N[x, F_PARENT] = parent
+    _h_insert(H1, parent, N[x, F_K1], N[x, F_K2], x)
+    if S[S_P] > 1:
+        _h_insert(H2, parent, N[x, F_T1], N[x, F_T2], x)
+    N[parent, F_NCHILD] += 1
+
+
+@njit(cache=True)
+def _detach(S, N, H1, H2, parent, x):
+    _h_delete(H1, parent, N[x, F_K1], N[x, F_K2], x)
+    if S[S_P] > 1:
+        _h_delete(H2, parent, N[x, F_T1], N[x, F_T2], x)
+    N[parent, F_NCHILD] -= 1
+
+
+@njit(cache=True)
+def _new_node(S, N, Q, seq, start, end):
+    x = S[S_NFREE]
+    if x != -1:
+        S[S_NFREE] = N[x, F_PARENT]
+    else:
+        x = S[S_HW]
+        S[S_HW] = x + 1
+    for f in range(NF):
+        N[x, f] = 0
+    N[x, F_PARENT] = -1
+    N[x, F_SEQ] = seq
+    N[x, F_START] = start
+    N[x, F_END] = end
+    N[x, F_ALIVE] = 1
+    Q[seq, Q_REFS] += 1
+    return x
+
+
+@njit(cache=True)
+def _seq_decref(S, Q, s):
+    Q[s, Q_REFS] -= 1
+    if Q[s, Q_REFS] == 0:
+        S[S_GGARB] += Q[s, Q_LEN]
+        Q[s, Q_OFF] = -1
+        Q[s, Q_NEXT] = S[S_QFREE]
+        S[S_QFREE] = s
+
+
+@njit(cache=True)
+def register_seq(S, G, Q, sid, send):
+    """Copy a sequence into the store (room checked by the caller); one reference."""
+    s = S[S_QFREE]
+    if s != -1:
+        S[S_QFREE] = Q[s, Q_NEXT]
+    else:
+        s = S[S_QHW]
+        S[S_QHW] = s + 1
+    off = S[S_GUSED]
+    n = sid.shape[0]
+    for k in range(n):
+        G[0, off + k] = sid[k]
+        G[1, off + k] = send[k]
+    S[S_GUSED] = off + n
+    Q[s, Q_OFF] = off
+    Q[s, Q_LEN] = n
+    Q[s, Q_REFS] = 1
+    Q[s, Q_NEXT] = -1
+    return s
+
+
+@njit(cache=True)
+def compact_store(S, G, G2, Q):
+    """Copy the live sequences of *G* into *G2*, back to back; update their offsets."""
+    u = 0
+    for s in range(S[S_QHW]):
+        if Q[s, Q_REFS] > 0:
+            off = Q[s, Q_OFF]
+            n = Q[s, Q_LEN]
+            for k in range(n):
+                G2[0, u + k] = G[0, off + k]
+                G2[1, u + k] = G[1, off + k]
+            Q[s, Q_OFF] = u
+            u += n
+    S[S_GUSED] = u
+    S[S_GGARB] = 0
+
+
+@njit(cache=True)
+def rehash(S, N, H1, H2):
+    """Fill empty tables *H1*, *H2* from the live nodes."""
+    for x in range(1, S[S_HW]):
+        if N[x, F_ALIVE] == 1:
+            _h_insert(H1, N[x, F_PARENT], N[x, F_K1], N[x, F_K2], x)
+            if S[S_P] > 1:
+                _h_insert(H2, N[x, F_PARENT], N[x, F_T1], N[x, F_T2], x)
+
+
+@njit(cache=True)
+def _split(S, N, H1, H2, HP, G, Q, child, at):
+    parent = N[child, F_PARENT]
+    upper = _new_node(S, N, Q, N[child, F_SEQ], N[child, F_START], at)
+    N[upper, F_LOCK] = N[child, F_LOCK]
+    for f in (F_K1, F_K2, F_T1, F_T2):
+        N[upper, f] = N[child, f]
+    _detach(S, N, H1, H2, parent, child)
+    _attach(S, N, H1, H2, parent, upper)
+    N[child, F_START] = at
+    _set_keys(S, N, G, Q, child)
+    _attach(S, N, H1, H2, upper, child)
+    N[upper, F_TIME] = _tick(S)  # new node: fresh draw
+    N[child, F_TIME] = _tick(S)  # the suffix half is "used now"
+    _push_if_leaf(S, N, HP, child)
+    S[S_NNODES] += 1
+    return upper
+
+
+@njit(cache=True)
+def match_plan(S, N, H1, G, Q, qid, qend, K):
+    """Read-only lookup of the first *K* tokens: (hit, last whole node, split node or −1,
+    tokens of unlocked nodes the match would lock)."""
+    p = S[S_P]
+    node = 0
+    pos = 0
+    gain = 0
+    while pos < K:
+        c = _find_child(S, N, H1, G, Q, node, qid, qend, -1, pos)
+        if c == -1:
+            break
+        end = N[c, F_END]
+        m = _lcp(N, G, Q, c, qid, qend, -1, pos, min(end, K))
+        if p > 1:
+            m = pos + (m - pos) // p * p
+        if m < end:
+            if N[c, F_LOCK] == 0:
+                gain += m - N[c, F_START]
+            return m, node, c, gain
+        if N[c, F_LOCK] == 0:
+            gain += end - N[c, F_START]
+        node = c
+        pos = end
+    return pos, node, -1, gain
+
+
+@njit(cache=True)
+def token_walk(S, N, H1, H2, G, Q, qid, qend, qref, node, pos, limit):
+    """Read-only token-level match of ``[pos, limit)`` below *node* (which ends at
+    *pos*); returns the end of the match. With p > 1 a partial first page is found
+    through the children's first-token index *H2*."""
+    p = S[S_P]
+    while pos < limit:
+        c = -1
+        if p == 1 or limit - pos >= p:
+            c = _find_child(S, N, H1, G, Q, node, qid, qend, qref, pos)
+        if c != -1:
+            end = N[c, F_END]
+            m = _lcp(N, G, Q, c, qid, qend, qref, pos, min(end, limit))
+            if m == end:
+                node = c
+                pos = m
+                continue
+            return m
+        if p > 1:
+            best = pos
+            t1, t2 = token_key(qid, qend, pos)
+            mask = H2.shape[0] - 1
+            i = _hslot(H2, node, t1, t2)
+            while H2[i, 3] != -1:
+                if H2[i, 0] == node and H2[i, 1] == t1 and H2[i, 2] == t2:
+                    c = H2[i, 3]
+                    m = _lcp(N, G, Q, c, qid, qend, qref, pos, min(N[c, F_END], limit))
+                    if m > best:
+                        best = m
+                i = (i + 1) & mask
+            return best
+        return pos
+    return pos
+
+
+@njit(cache=True)
+def token_walk_seq(S, N, H1, H2, G, Q, s, node, pos, limit):
+    """:func:`token_walk` of stored sequence *s*."""
+    off = Q[s, Q_OFF]
+    n = Q[s, Q_LEN]
+    return token_walk(S, N, H1, H2, G, Q, G[0, off:off + n], G[1, off:off + n], s, node, pos, limit)
+
+
+@njit(cache=True)
+def _insert(S, N, H1, H2, HP, G, Q, s, L):
+    """Insert tokens ``[0, L)`` of stored sequence *s* (L page-aligned): (overlap, target)."""
+    off = Q[s, Q_OFF]
+    n = Q[s, Q_LEN]
+    qid = G[0, off:off + n]
+    qend = G[1, off:off + n]
+    p = S[S_P]
+    node = 0
+    pos = 0
+    while pos < L:
+        c = _find_child(S, N, H1, G, Q, node, qid, qend, s, pos)
+        if c == -1:
+            break
+        N[c, F_TIME] = _tick(S)
+        end = N[c, F_END]
+        m = _lcp(N, G, Q, c, qid, qend, s, pos, min(end, L))
+        if p > 1:
+            m = pos + (m - pos) // p * p
+        if m < end:
+            node = _split(S, N, H1, H2, HP, G, Q, c, m)
+            pos = m
+            break
+        _push_if_leaf(S, N, HP, c)
+        node = c
+        pos = end
+    overlap = pos
+    if pos < L:
+        leaf = _new_node(S, N, Q, s, pos, L)
+        _set_keys(S, N, G, Q, leaf)
+        _attach(S, N, H1, H2, node, leaf)
+        N[leaf, F_TIME] = _tick(S)
+        S[S_EVTOK] += L - pos
+        S[S_NNODES] += 1
+        _push_if_leaf(S, N, HP, leaf)
+        node = leaf
+    return overlap, node
+
+
+@njit(cache=True)
+def _inc_lock(S, N, x):
+    while x != 0:
+        if N[x, F_LOCK] == 0:
+            n = N[x, F_END] - N[x, F_START]
+            S[S_EVTOK] -= n
+            S[S_PROT] += n
+        N[x, F_LOCK] += 1
+        x = N[x, F_PARENT]
+
+
+@njit(cache=True)
+def _dec_lock(S, N, HP, x):
+    while x != 0:
+        N[x, F_LOCK] -= 1
+        if N[x, F_LOCK] == 0:
+            n = N[x, F_END] - N[x, F_START]
+            S[S_EVTOK] += n
+            S[S_PROT] -= n
+            _push_if_leaf(S, N, HP, x)
+        x = N[x, F_PARENT]
+
+
+@njit(cache=True)
+def _evict(S, N, H1, H2, HP, Q, num_tokens):
+    """Evict whole LRU leaves until *num_tokens* tokens are freed."""
+    freed = 0
+    p = S[S_P]
+    while freed < num_tokens and S[S_HLEN] > 0:
+        t, x = _heap_pop(S, HP)
+        if N[x, F_ALIVE] == 0 or N[x, F_LOCK] != 0 or N[x, F_NCHILD] != 0 or N[x, F_TIME] != t:
+            continue  # stale entry
+        parent = N[x, F_PARENT]
+        _detach(S, N, H1, H2, parent, x)
+        N[x, F_ALIVE] = 0
+        n = N[x, F_END] - N[x, F_START]
+        _seq_decref(S, Q, N[x, F_SEQ])
+        N[x, F_PARENT] = S[S_NFREE]
+        S[S_NFREE] = x
+        freed += n
+        S[S_EVTOK] -= n
+        S[S_FREE] += n // p
+        S[S_NNODES] -= 1
+        S[S_EVN] += 1
+        _push_if_leaf(S, N, HP, parent)
+    S[S_EVTOT] += freed
+    return freed
+
+
+@njit(cache=True)
+def _evict_for(S, N, H1, H2, HP, Q, need):
+    avail = S[S_FREE] * S[S_P]
+    if need > avail:
+        return _evict(S, N, H1, H2, HP, Q, need - avail)
+    return 0
+
+
+@njit(cache=True)
+def _alloc(S, R, end):
+    p = S[S_P]
+    slots = -(-end // p) - -(-R[R_COMP] // p)
+    S[S_FREE] -= slots
+    S[S_PRIV] += slots
+    R[R_COMP] = end
+
+
+@njit(cache=True)
+def _checkpoint(S, N, H1, H2, HP, G, Q, R, L):
+    overlap, target = _insert(S, N, H1, H2, HP, G, Q, R[R_SEQ], L)
+    if L > R[R_OWNED]:
+        p = S[S_P]
+        dup = (overlap - R[R_OWNED]) // p
+        S[S_FREE] += dup
+        S[S_PRIV] -= dup + (L - overlap) // p
+        R[R_OWNED] = L
+    return target
+
+
+@njit(cache=True)
+def _after_prefill(S, N, H1, H2, HP, G, Q, R):
+    P = R[R_PLEN]
+    c = R[R_COMP]
+    if c > P or (c == P and R[R_KVMAX] == P):
+        return
+    p = S[S_P]
+    target = _checkpoint(S, N, H1, H2, HP, G, Q, R, c // p * p)
+    if target != R[R_NODE]:
+        _inc_lock(S, N, target)
+        _dec_lock(S, N, HP, R[R_NODE])
+        R[R_NODE] = target
+
+
+@njit(cache=True)
+def admit(S, N, H1, H2, HP, G, Q, R, sid, send, P, n_tokens):
+    """Lookup, room check, split, LRU stamp, lock, evict, allocate, checkpoint.
+
+    *sid*, *send*: the request's KV content (stored on success). *n_tokens* < 0: the
+    default target. Returns (admitted, hit, held, evicted); R is filled on success.
+    """
+    p = S[S_P]
+    chunk = S[S_CHUNK]
+    held = token_walk(S, N, H1, H2, G, Q, sid, send, -1, 0, 0, P)
+    K = (P - 1) // p * p
+    hit, last, split, gain = match_plan(S, N, H1, G, Q, sid, send, K)
+    if n_tokens < 0:
+        target = P
+        if chunk > 0 and P - hit > chunk:
+            target = hit + chunk
+    else:
+        target = max(n_tokens, hit)
+    new_slots = -(-target // p) - hit // p
+    if new_slots > S[S_FREE] + (S[S_EVTOK] - gain) // p:
+        return False, hit, held, 0
+    s = register_seq(S, G, Q, sid, send)
+    if split != -1:
+        last = _split(S, N, H1, H2, HP, G, Q, split, hit)
+    if K > 0:
+        cur = _tick(S)
+        x = last
+        k = 0
+        while x != 0:
+            N[x, F_TIME] = cur - k
+            k += 1
+            x = N[x, F_PARENT]
+        _push_if_leaf(S, N, HP, last)
+    _inc_lock(S, N, last)
+    extra = p if p > 1 else 0
+    ev = _evict_for(S, N, H1, H2, HP, Q, target - hit + extra)
+    R[R_NODE] = last
+    R[R_OWNED] = hit
+    R[R_COMP] = hit
+    R[R_KVMAX] = send[send.shape[0] - 1]
+    R[R_SEQ] = s
+    R[R_PLEN] = P
+    _alloc(S, R, target)
+    R[R_EVICTED] = ev
+    _after_prefill(S, N, H1, H2, HP, G, Q, R)
+    return True, hit, held, ev
+
+
+@njit(cache=True)
+def _decode(S, N, H1, H2, HP, Q, R, end):
+    p = S[S_P]
+    q = R[R_COMP]
+    while q < end:
+        if S[S_FREE] == 0:
+            R[R_EVICTED] += _evict(S, N, H1, H2, HP, Q, p)
+        first_b = -(-q // p) * p
+        nb = 0 if first_b >= end else (end - 1 - first_b) // p + 1
+        if nb < S[S_FREE] or nb == 0:
+            S[S_FREE] -= nb
+            S[S_PRIV] += nb
+            q = end
+        else:
+            F = S[S_FREE]
+            if F == 0:  # excluded by the room check in ``extend``
+                return False
+            S[S_FREE] = 0
+            S[S_PRIV] += F
+            q = first_b + (F - 1) * p + 1
+    R[R_COMP] = end
+    return True
+
+
+@njit(cache=True)
+def extend(S, N, H1, H2, HP, G, Q, R, n_tokens):
+    """Compute *n_tokens* more tokens (end ≤ kv_max checked by the caller). Returns 1,
+    0 (no room, state unchanged) or −1 (decode found no page: cannot happen)."""
+    p = S[S_P]
+    end = R[R_COMP] + n_tokens
+    need = -(-end // p) - -(-R[R_COMP] // p)
+    if need > S[S_FREE] + S[S_EVTOK] // p:
+        return 0
+    P = R[R_PLEN]
+    chunk = S[S_CHUNK]
+    extra = p if p > 1 else 0
+    while R[R_COMP] < P and R[R_COMP] < end:
+        step = min(end, P) - R[R_COMP]
+        if chunk > 0 and step > chunk:
+            step = chunk
+        R[R_EVICTED] += _evict_for(S, N, H1, H2, HP, Q, step + extra)
+        _alloc(S, R, R[R_COMP] + step)
+        _after_prefill(S, N, H1, H2, HP, G, Q, R)
+    if R[R_COMP] < end:
+        if not _decode(S, N, H1, H2, HP, Q, R, end):
+            return -1
+    return 1
+
+
+@njit(cache=True)
+def release(S, N, HP, Q, R):
+    """Free the request's private slots, unlock its path, drop its sequence reference."""
+    p = S[S_P]
+    slots = -(-R[R_COMP] // p) - R[R_OWNED] // p
+    S[S_FREE] += slots
+    S[S_PRIV] -= slots
+    _dec_lock(S, N, HP, R[R_NODE])
+    _seq_decref(S, Q, R[R_SEQ])
+    if S[S_HLEN] > 4 * S[S_NNODES] + 1024:
+        heap_rebuild(S, N, HP)
+
+
+@njit(cache=True)
+def finish(S, N, H1, H2, HP, G, Q, R):
+    """Insert the KV computed, then the prompt; free the rest; unlock."""
+    p = S[S_P]
+    _checkpoint(S, N, H1, H2, HP, G, Q, R, R[R_COMP] // p * p)
+    _insert(S, N, H1, H2, HP, G, Q, R[R_SEQ], min(R[R_PLEN], R[R_COMP]) // p * p)
+    release(S, N, HP, Q, R)
+
+
+@njit(cache=True)
+def run_request(S, N, H1, H2, HP, G, Q, R, sid, send, P):
+    """admit, extend to the KV extent, finish, in one call: (status, hit, held, evicted);
+    status 1 done, 0 refused at admission, 2 refused at extension (finished), −1 decode
+    found no page."""
+    ok, hit, held, ev = admit(S, N, H1, H2, HP, G, Q, R, sid, send, P, -1)
+    if not ok:
+        return 0, hit, held, ev
+    if R[R_COMP] < R[R_KVMAX]:
+        e = extend(S, N, H1, H2, HP, G, Q, R, R[R_KVMAX] - R[R_COMP])
+        if e < 0:
+            return -1, hit, held, ev
+        if e == 0:
+            finish(S, N, H1, H2, HP, G, Q, R)
+            return 2, hit, held, ev
+    finish(S, N, H1, H2, HP, G, Q, R)
+    return 1, hit, held, ev

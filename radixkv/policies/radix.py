@@ -11,11 +11,16 @@ Tree
 ----
 Each node holds a run of tokens ``[start, end)`` (its depth in the tree is its first token
 position) and the same number of KV slots. Runs are stored as references into the
-:class:`~radixkv.trace.types.KVSeq` of the request that inserted them, so no token array is
-ever built; comparisons run segment by segment in the numba kernel
-:func:`~radixkv.policies._radix_kernels.common_prefix_end`. Children are keyed by their
+segments of the request that inserted them (copied once into a segment store), so no
+token array is ever built; comparisons run segment by segment
+(:func:`~radixkv.policies._radix_kernels.common_prefix_end`). Children are keyed by their
 first token (``page_size`` p = 1) or by their first page (p > 1)
 (``radix_cache.py :: get_child_key`` / ``RadixKey.child_key``).
+
+The whole tree — nodes, child hash table, eviction heap, segment store — lives in int64
+arrays, and every operation (a whole sequential request: lookup, split, insert,
+eviction, lock moves) is one numba call into :mod:`radixkv.policies._radix_kernels`;
+this class only checks arguments, keeps the arrays large enough and wraps results.
 
 Rules (SGLang source in brackets)
 ---------------------------------
@@ -88,17 +93,16 @@ Choices (SEMANTICS.md "Choices the golden replays make")
 """
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.policies._radix_kernels import common_prefix_end, page_span, token_key
+from radixkv.policies import _radix_kernels as K
+from radixkv.policies._radix_kernels import child_key, token_key
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.types import KVSeq
 
 #: bits of an LRU time stamp below the counter draw (room for the per-level −1e-5 steps)
-_STAMP_SHIFT = 20
+_STAMP_SHIFT = K.STAMP_SHIFT
 
 #: estimated host bytes per tree node (SGLang's Python ``TreeNode``: object and
 #: ``__dict__``, children dict, ``RadixKey`` and value-tensor headers) — an
@@ -109,37 +113,39 @@ NODE_OVERHEAD_BYTES = 1024
 BYTES_PER_TOKEN = 16
 
 
-class _Node:
-    """One radix-tree node: tokens ``[start, end)`` of the sequence ``(sid, send)``."""
-
-    __slots__ = ("parent", "children", "by_token", "sid", "send", "start", "end", "lock_ref", "time", "key", "alive")
-
-    def __init__(self, parent, sid, send, start, end, key, paged):
-        self.parent = parent
-        self.children = {}
-        self.by_token = {} if paged else None  # first token -> children (p > 1, held walk)
-        self.sid = sid
-        self.send = send
-        self.start = start
-        self.end = end
-        self.lock_ref = 0
-        self.time = 0
-        self.key = key
-        self.alive = True
-
-
 class _Req:
-    """A running request: its content, locked node, and KV positions."""
+    """A running request: its content and its row of kernel state (``R_*`` fields)."""
 
-    __slots__ = ("seq", "node", "owned", "computed", "kv_max", "evicted")
+    __slots__ = ("seq", "row")
 
-    def __init__(self, seq, node, owned, computed, kv_max):
+    def __init__(self, seq):
         self.seq = seq
-        self.node = node  # last tree node, locked (with its ancestors)
-        self.owned = owned  # tokens [0, owned) use tree slots (page-aligned)
-        self.computed = computed  # tokens [0, computed) have KV; [owned, computed) private
-        self.kv_max = kv_max
-        self.evicted = 0
+        self.row = np.zeros(K.NR, dtype=np.int64)
+
+    @property
+    def node(self) -> int:
+        """Last tree node, locked (with its ancestors)."""
+        return int(self.row[K.R_NODE])
+
+    @property
+    def owned(self) -> int:
+        """Tokens ``[0, owned)`` use tree slots (page-aligned)."""
+        return int(self.row[K.R_OWNED])
+
+    @property
+    def computed(self) -> int:
+        """Tokens ``[0, computed)`` have KV; ``[owned, computed)`` are private."""
+        return int(self.row[K.R_COMP])
+
+    @property
+    def kv_max(self) -> int:
+        """The request's KV extent (tokens)."""
+        return int(self.row[K.R_KVMAX])
+
+    @property
+    def evicted(self) -> int:
+        """Tokens evicted on the request's behalf."""
+        return int(self.row[K.R_EVICTED])
 
 
 def _with_extra_token(seq: KVSeq) -> KVSeq:
@@ -215,17 +221,32 @@ class RadixCache(PrefixCache):
         self._chunk = None if chunk is None else chunk // p * p
         self.cache_last_token_on_stop = bool(cache_last_token_on_stop)
         self._paged = p > 1
-        self._root = _Node(None, None, None, 0, 0, None, self._paged)
-        self._root.lock_ref = 1  # the root is never evicted (``reset``)
-        self._clock = 0
-        self._heap: list = []  # (time, push id, node): candidates for eviction
-        self._push_id = 0
-        self._n_nodes = 0
-        self._free = self.num_slots  # free slots
-        self._private = 0  # slots held by running requests outside the tree
-        self._evictable_tok = 0  # tokens in unlocked nodes (``evictable_size_``)
-        self._protected_tok = 0  # tokens in locked nodes (``protected_size_``)
+        S = np.zeros(K.NS, dtype=np.int64)
+        S[K.S_FREE] = self.num_slots
+        S[K.S_NFREE] = -1
+        S[K.S_QFREE] = -1
+        S[K.S_HW] = 1
+        S[K.S_P] = p
+        S[K.S_CHUNK] = 0 if self._chunk is None else self._chunk
+        self._S = S
+        N = np.zeros((256, K.NF), dtype=np.int64)
+        N[0, K.F_PARENT] = -1
+        N[0, K.F_SEQ] = -1
+        N[0, K.F_LOCK] = 1  # the root is never evicted (``reset``)
+        N[0, K.F_ALIVE] = 1
+        self._N = N
+        self._H1 = self._empty_table(1024)
+        self._H2 = self._empty_table(1024 if self._paged else 1)
+        self._HP = np.zeros((1024, 3), dtype=np.int64)
+        self._G = np.zeros((2, 4096), dtype=np.int64)
+        self._Q = np.zeros((256, 4), dtype=np.int64)
         self._reqs: dict[int, _Req] = {}
+
+    @staticmethod
+    def _empty_table(n: int) -> np.ndarray:
+        h = np.zeros((n, 4), dtype=np.int64)
+        h[:, 3] = -1
+        return h
 
     @classmethod
     def from_capacity_tokens(cls, capacity_tokens: int, page_size: int = 1, **kwargs) -> "RadixCache":
@@ -236,243 +257,59 @@ class RadixCache(PrefixCache):
             raise ConfigError(f"page_size must be ≥ 1, got {page_size}", field="page_size")
         return cls(int(capacity_tokens) // p * p, p, **kwargs)
 
-    # ------------------------------------------------------------------ small helpers
-    def _tick(self) -> int:
-        t = self._clock << _STAMP_SHIFT
-        self._clock += 1
-        return t
+    # ------------------------------------------------------------------ array capacity
+    def _state(self):
+        return self._S, self._N, self._H1, self._H2, self._HP, self._G, self._Q
 
-    def _key_at(self, sid, send, t):
-        """Child key of the run starting at position *t* (first token or first page)."""
-        if not self._paged:
-            return token_key(sid, send, t)
-        first, last, start = page_span(sid, send, t, self.page_size)
-        if first == last:
-            return (int(sid[first]), int(start))
-        return (tuple(sid[first : last + 1].tolist()), tuple(send[first:last].tolist()), int(start))
+    def _reserve(self, new_nodes: int, new_segments: int) -> None:
+        """Make the arrays hold *new_nodes* more nodes and a sequence of *new_segments*."""
+        S = self._S
+        if S[K.S_NNODES] + 1 + new_nodes > self._N.shape[0]:
+            self._grow_nodes(int(S[K.S_NNODES]) + 1 + new_nodes)
+        if new_segments:
+            G = self._G
+            used = int(S[K.S_GUSED])
+            if used + new_segments > G.shape[1]:
+                live = used - int(S[K.S_GGARB])
+                size = G.shape[1]
+                while live + new_segments > size // 2:
+                    size *= 2
+                G2 = np.zeros((2, size), dtype=np.int64)
+                K.compact_store(S, G, G2, self._Q)
+                self._G = G2
+            if S[K.S_QFREE] == -1 and S[K.S_QHW] >= self._Q.shape[0]:
+                Q2 = np.zeros((2 * self._Q.shape[0], 4), dtype=np.int64)
+                Q2[: self._Q.shape[0]] = self._Q
+                self._Q = Q2
 
-    @staticmethod
-    def _lcp(sid, send, node, pos, limit) -> int:
-        if node.sid is sid:
-            return limit
-        return common_prefix_end(sid, send, node.sid, node.send, pos, limit)
+    def _grow_nodes(self, need: int) -> None:
+        cap = self._N.shape[0]
+        while cap < need:
+            cap *= 2
+        N2 = np.zeros((cap, K.NF), dtype=np.int64)
+        N2[: self._N.shape[0]] = self._N
+        self._N = N2
+        self._H1 = self._empty_table(4 * cap)
+        self._H2 = self._empty_table(4 * cap if self._paged else 1)
+        K.rehash(self._S, N2, self._H1, self._H2)
+        hp = max(4 * cap, self._HP.shape[0])
+        if hp > self._HP.shape[0]:
+            HP2 = np.zeros((hp, 3), dtype=np.int64)
+            HP2[: self._HP.shape[0]] = self._HP
+            self._HP = HP2
 
-    def _push_if_leaf(self, node) -> None:
-        if node.lock_ref == 0 and not node.children and node.parent is not None:
-            self._push_id += 1
-            heapq.heappush(self._heap, (node.time, self._push_id, node))
+    def _node_budget(self, P: int) -> int:
+        """Upper bound on the nodes one request's calls can create (≤ 2 per checkpoint)."""
+        chunks = 1 if self._chunk is None else P // self._chunk + 2
+        return 2 * chunks + 8
 
-    def _attach(self, parent, node) -> None:
-        parent.children[node.key] = node
-        if self._paged:
-            tk = token_key(node.sid, node.send, node.start)
-            parent.by_token.setdefault(tk, []).append(node)
-
-    def _detach(self, parent, node) -> None:
-        del parent.children[node.key]
-        if self._paged:
-            tk = token_key(node.sid, node.send, node.start)
-            lst = parent.by_token[tk]
-            lst.remove(node)
-            if not lst:
-                del parent.by_token[tk]
-
-    # ------------------------------------------------------------------ tree operations
-    def _split(self, child, at: int):
-        """Split *child* at position *at* (``_split_node``); return the new upper node."""
-        parent = child.parent
-        upper = _Node(parent, child.sid, child.send, child.start, at, child.key, self._paged)
-        upper.lock_ref = child.lock_ref
-        self._detach(parent, child)
-        self._attach(parent, upper)
-        child.start = at
-        child.key = self._key_at(child.sid, child.send, at)
-        child.parent = upper
-        self._attach(upper, child)
-        upper.time = self._tick()  # new node: fresh draw
-        child.time = self._tick()  # the suffix half is "used now"
-        self._push_if_leaf(child)
-        self._n_nodes += 1
-        return upper
-
-    def _match_plan(self, sid, send, K: int):
-        """Read-only lookup of the first *K* tokens: (hit, full path nodes, split or None)."""
-        p = self.page_size
-        node = self._root
-        pos = 0
-        path = []
-        while pos < K:
-            child = node.children.get(self._key_at(sid, send, pos))
-            if child is None:
-                break
-            m = self._lcp(sid, send, child, pos, min(child.end, K))
-            if p > 1:
-                m = pos + (m - pos) // p * p
-            if m < child.end:
-                return m, path, child
-            path.append(child)
-            node = child
-            pos = child.end
-        return pos, path, None
-
-    def _held(self, seq: KVSeq) -> int:
-        """Longest prefix of the prompt held at token granularity (no cap, no rounding)."""
-        return self._token_walk(seq.seg_id, seq.seg_end, self._root, 0, seq.prompt_len)
-
-    def _token_walk(self, sid, send, node, pos: int, limit: int) -> int:
-        """Read-only token-level match of ``[pos, limit)`` below *node* (which ends at *pos*);
-        returns the end of the match. With p > 1 a partial first page is found through the
-        children's first-token index."""
-        p = self.page_size
-        while pos < limit:
-            child = None
-            if p == 1 or limit - pos >= p:
-                child = node.children.get(self._key_at(sid, send, pos))
-            if child is not None:
-                m = self._lcp(sid, send, child, pos, min(child.end, limit))
-                if m == child.end:
-                    node = child
-                    pos = m
-                    continue
-                return m
-            if p > 1:
-                best = pos
-                for c in node.by_token.get(token_key(sid, send, pos), ()):
-                    best = max(best, self._lcp(sid, send, c, pos, min(c.end, limit)))
-                return best
-            return pos
-        return pos
-
-    def _insert(self, seq: KVSeq, L: int):
-        """Insert tokens ``[0, L)`` of *seq* (L page-aligned): (overlap, target node).
-
-        ``_insert_walk_step``: touch each walked node, split on a partial overlap; then
-        ``_insert_commit_step``: one new leaf for the rest.
-        """
-        sid, send = seq.seg_id, seq.seg_end
-        p = self.page_size
-        node = self._root
-        pos = 0
-        while pos < L:
-            child = node.children.get(self._key_at(sid, send, pos))
-            if child is None:
-                break
-            child.time = self._tick()
-            m = self._lcp(sid, send, child, pos, min(child.end, L))
-            if p > 1:
-                m = pos + (m - pos) // p * p
-            if m < child.end:
-                node = self._split(child, m)
-                pos = m
-                break
-            self._push_if_leaf(child)
-            node = child
-            pos = child.end
-        overlap = pos
-        if pos < L:
-            leaf = _Node(node, sid, send, pos, L, self._key_at(sid, send, pos), self._paged)
-            self._attach(node, leaf)
-            leaf.time = self._tick()
-            self._evictable_tok += L - pos
-            self._n_nodes += 1
-            self._push_if_leaf(leaf)
-            node = leaf
-        return overlap, node
-
-    def _inc_lock(self, node) -> None:
-        root = self._root
-        while node is not root:
-            if node.lock_ref == 0:
-                n = node.end - node.start
-                self._evictable_tok -= n
-                self._protected_tok += n
-            node.lock_ref += 1
-            node = node.parent
-
-    def _dec_lock(self, node) -> None:
-        root = self._root
-        while node is not root:
-            node.lock_ref -= 1
-            if node.lock_ref == 0:
-                n = node.end - node.start
-                self._evictable_tok += n
-                self._protected_tok -= n
-                self._push_if_leaf(node)
-            node = node.parent
-
-    def _evict(self, num_tokens: int) -> int:
-        """Evict whole LRU leaves until *num_tokens* tokens are freed (``RadixCache.evict``)."""
-        freed = 0
-        heap = self._heap
-        p = self.page_size
-        while freed < num_tokens and heap:
-            t, _, node = heapq.heappop(heap)
-            if not node.alive or node.lock_ref or node.children or node.time != t:
-                continue  # stale entry
-            parent = node.parent
-            self._detach(parent, node)
-            node.alive = False
-            n = node.end - node.start
-            freed += n
-            self._evictable_tok -= n
-            self._free += n // p
-            self._n_nodes -= 1
-            self.evictions += 1
-            self._push_if_leaf(parent)
-        self.evicted_tokens_total += freed
-        return freed
+    def _sync(self) -> None:
+        self.evicted_tokens_total = int(self._S[K.S_EVTOT])
+        self.evictions = int(self._S[K.S_EVN])
 
     def _rebuild_heap(self) -> None:
-        """Drop stale heap entries (called when they outnumber the nodes 4 to 1)."""
-        live = []
-        stack = [self._root]
-        while stack:
-            n = stack.pop()
-            for c in n.children.values():
-                if c.children:
-                    stack.append(c)
-                elif c.lock_ref == 0:
-                    self._push_id += 1
-                    live.append((c.time, self._push_id, c))
-        heapq.heapify(live)
-        self._heap = live
-
-    def _checkpoint(self, r: _Req, L: int):
-        """Insert ``[0, L)`` of the request, free its duplicates, adopt the rest."""
-        overlap, target = self._insert(r.seq, L)
-        if L > r.owned:
-            p = self.page_size
-            dup = (overlap - r.owned) // p
-            self._free += dup
-            self._private -= dup + (L - overlap) // p
-            r.owned = L
-        return target
-
-    def _after_prefill(self, r: _Req) -> None:
-        """``checkpoint_kv_cache`` after a middle chunk, or after the prefill of a request
-        that goes on to decode; the lock moves to the new last node."""
-        P = r.seq.prompt_len
-        if r.computed > P or (r.computed == P and r.kv_max == P):
-            return
-        p = self.page_size
-        target = self._checkpoint(r, r.computed // p * p)
-        if target is not r.node:
-            self._inc_lock(target)
-            self._dec_lock(r.node)
-            r.node = target
-
-    def _evict_for(self, need_tokens: int) -> int:
-        avail = self._free * self.page_size
-        if need_tokens > avail:
-            return self._evict(need_tokens - avail)
-        return 0
-
-    def _alloc(self, r: _Req, end: int) -> None:
-        p = self.page_size
-        slots = -(-end // p) - -(-r.computed // p)
-        self._free -= slots
-        self._private += slots
-        r.computed = end
+        """Drop stale heap entries (done by the kernels when they outnumber the nodes)."""
+        K.heap_rebuild(self._S, self._N, self._HP)
 
     # ------------------------------------------------------------------ public API
     def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
@@ -504,53 +341,19 @@ class RadixCache(PrefixCache):
         if rid in self._reqs:
             raise ValueError(f"request {rid} is already running")
         P = seq.prompt_len
-        p = self.page_size
-        sid, send = seq.seg_id, seq.seg_end
-        held = self._held(seq)
-        K = (P - 1) // p * p  # ``_compute_max_prefix_len`` then ``page_aligned``
-        hit, path, split = self._match_plan(sid, send, K)
-        if n_tokens is None:
-            target = P
-            if self._chunk is not None and P - hit > self._chunk:
-                target = hit + self._chunk
-        else:
-            target = int(n_tokens)
-            if target > P:
-                raise ValueError(f"n_tokens={target} exceeds the prompt ({P} tokens)")
-            target = max(target, hit)
-        new_slots = -(-target // p) - hit // p
-        gain = sum(n.end - n.start for n in path if n.lock_ref == 0)
-        if split is not None and split.lock_ref == 0:
-            gain += hit - split.start
-        if new_slots > self._free + (self._evictable_tok - gain) // p:
-            return None
-        # the lookup's side effects: split, then stamp the matched path
-        if split is not None:
-            last = self._split(split, hit)
-        else:
-            last = path[-1] if path else self._root
-        if K > 0:
-            cur = self._tick()
-            n = last
-            k = 0
-            while n is not self._root:
-                n.time = cur - k
-                k += 1
-                n = n.parent
-            self._push_if_leaf(last)
-        self._inc_lock(last)
-        extra = p if p > 1 else 0
-        ev = self._evict_for(target - hit + extra)
-        kv_max = seq.kv_len
+        if n_tokens is not None and int(n_tokens) > P:
+            raise ValueError(f"n_tokens={int(n_tokens)} exceeds the prompt ({P} tokens)")
         if self.cache_last_token_on_stop and seq.kv_len > P:
             seq = _with_extra_token(seq)
-            kv_max = seq.kv_len
-        r = _Req(seq, last, hit, hit, kv_max)
-        self._alloc(r, target)
-        r.evicted = ev
+        self._reserve(self._node_budget(P), len(seq.seg_id))
+        r = _Req(seq)
+        ok, hit, held, ev = K.admit(*self._state(), r.row, seq.seg_id, seq.seg_end, P,
+                                    -1 if n_tokens is None else int(n_tokens))
+        if not ok:
+            return None
         self._reqs[rid] = r
-        self._after_prefill(r)
-        return Admission(hit_tokens=hit, held_tokens=held, evicted_tokens=ev)
+        self._sync()
+        return Admission(hit_tokens=int(hit), held_tokens=int(held), evicted_tokens=int(ev))
 
     def peek_hit(self, seq: KVSeq, n_tokens: int | None = None) -> int:
         """Hit tokens :meth:`admit` would get now, with no side effect (no split, no LRU touch).
@@ -575,14 +378,17 @@ class RadixCache(PrefixCache):
             when the pool cannot make room.
         """
         p = self.page_size
-        K = (seq.prompt_len - 1) // p * p
-        return int(self._match_plan(seq.seg_id, seq.seg_end, K)[0])
+        key = (seq.prompt_len - 1) // p * p
+        return int(K.match_plan(self._S, self._N, self._H1, self._G, self._Q, seq.seg_id, seq.seg_end, key)[0])
 
     def extend(self, rid: int, n_tokens: int) -> bool:
         """Compute *n_tokens* more tokens: the rest of the prompt (in chunks), then decode.
 
         Returns False, state unchanged, when the new slots exceed free + evictable.
         Duplicates freed by a checkpoint in the middle are not counted in that check.
+        Decode steps (``alloc_for_decode``): if no slot/page is free, evict for ``p``
+        tokens (one leaf); then take a new page when the position starts one; they run
+        in O(evictions), jumping over steps that change nothing.
 
         Raises
         ------
@@ -590,73 +396,27 @@ class RadixCache(PrefixCache):
             When the request would pass its KV extent.
         """
         r = self._reqs[rid]
-        p = self.page_size
         end = r.computed + int(n_tokens)
         if end > r.kv_max:
             raise ValueError(f"request {rid}: {end} tokens exceed its KV extent {r.kv_max}")
-        need = -(-end // p) - -(-r.computed // p)
-        if need > self._free + self._evictable_tok // p:
-            return False
-        P = r.seq.prompt_len
-        extra = p if p > 1 else 0
-        while r.computed < P and r.computed < end:
-            step = min(end, P) - r.computed
-            if self._chunk is not None and step > self._chunk:
-                step = self._chunk
-            r.evicted += self._evict_for(step + extra)
-            self._alloc(r, r.computed + step)
-            self._after_prefill(r)
-        if r.computed < end:
-            self._decode(r, end)
-        return True
-
-    def _decode(self, r: _Req, end: int) -> None:
-        """Decode steps up to position *end*, one slot (p = 1) or page (p > 1) at a time.
-
-        Per step (``alloc_for_decode``): if no slot/page is free, evict for ``p`` tokens
-        (one leaf); then take a new page when the position starts one. Runs in
-        O(evictions), jumping over steps that change nothing.
-        """
-        p = self.page_size
-        q = r.computed
-        while q < end:
-            if self._free == 0:
-                r.evicted += self._evict(p)
-            first_b = -(-q // p) * p  # first position in [q, end) that starts a page
-            nb = 0 if first_b >= end else (end - 1 - first_b) // p + 1
-            if nb < self._free or nb == 0:
-                self._free -= nb
-                self._private += nb
-                q = end
-            else:
-                F = self._free
-                if F == 0:  # excluded by the check in ``extend``
-                    raise RuntimeError("decode needs a page but none is free or evictable")
-                self._free = 0
-                self._private += F
-                q = first_b + (F - 1) * p + 1
-        r.computed = end
+        self._reserve(self._node_budget(r.seq.prompt_len), 0)
+        e = K.extend(*self._state(), r.row, int(n_tokens))
+        self._sync()
+        if e < 0:
+            raise RuntimeError("decode needs a page but none is free or evictable")
+        return e == 1
 
     def finish(self, rid: int) -> None:
         """``release_kv_cache``: insert the KV computed, then the prompt; free the rest; unlock."""
         r = self._reqs.pop(rid)
-        p = self.page_size
-        self._checkpoint(r, r.computed // p * p)
-        self._insert(r.seq, min(r.seq.prompt_len, r.computed) // p * p)
-        self._release(r)
+        self._reserve(8, 0)
+        K.finish(*self._state(), r.row)
+        self._sync()
 
     def preempt(self, rid: int) -> None:
         """Retraction (``release_kv_cache(..., is_insert=False)``): free, unlock, insert nothing."""
-        self._release(self._reqs.pop(rid))
-
-    def _release(self, r: _Req) -> None:
-        p = self.page_size
-        slots = -(-r.computed // p) - r.owned // p
-        self._free += slots
-        self._private -= slots
-        self._dec_lock(r.node)
-        if len(self._heap) > 4 * self._n_nodes + 1024:
-            self._rebuild_heap()
+        r = self._reqs.pop(rid)
+        K.release(self._S, self._N, self._HP, self._Q, r.row)
 
     def fits_alone(self, seq: KVSeq) -> int:
         """Tokens by which *seq* overflows the empty pool (0 when it fits); counts the
@@ -667,32 +427,38 @@ class RadixCache(PrefixCache):
         return max(0, -(-kv // p) - self.num_slots) * p
 
     def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
-        """Admit, prefill the rest of the prompt, decode to the KV extent, finish."""
-        adm = self.admit(rid, seq)
-        if adm is None:
+        """Admit, prefill the rest of the prompt, decode to the KV extent, finish (one
+        kernel call)."""
+        if rid in self._reqs:
+            raise ValueError(f"request {rid} is already running")
+        P = seq.prompt_len
+        if self.cache_last_token_on_stop and seq.kv_len > P:
+            seq = _with_extra_token(seq)
+        self._reserve(self._node_budget(P) + 8, len(seq.seg_id))
+        row = np.empty(K.NR, dtype=np.int64)
+        status, hit, held, ev = K.run_request(*self._state(), row, seq.seg_id, seq.seg_end, P)
+        self._sync()
+        if status < 0:
+            raise RuntimeError("decode needs a page but none is free or evictable")
+        if status != 1:
             return None
-        r = self._reqs[rid]
-        if r.computed < r.kv_max and not self.extend(rid, r.kv_max - r.computed):
-            self.finish(rid)
-            return None
-        self.finish(rid)
-        return adm
+        return Admission(hit_tokens=int(hit), held_tokens=int(held), evicted_tokens=int(ev))
 
     # ------------------------------------------------------------------ inspection
     @property
     def evictable_size(self) -> int:
         """Tokens in unlocked tree nodes (SGLang ``evictable_size_``)."""
-        return self._evictable_tok
+        return int(self._S[K.S_EVTOK])
 
     @property
     def protected_size(self) -> int:
         """Tokens in locked tree nodes (SGLang ``protected_size_``)."""
-        return self._protected_tok
+        return int(self._S[K.S_PROT])
 
     @property
     def num_nodes(self) -> int:
         """Tree nodes, root excluded."""
-        return self._n_nodes
+        return int(self._S[K.S_NNODES])
 
     def stats(self, detail: bool = True) -> PoolStats:
         """The pool now.
@@ -708,10 +474,12 @@ class RadixCache(PrefixCache):
         not modelled).
         """
         p = self.page_size
-        tree_tok = self._evictable_tok + self._protected_tok
+        S = self._S
+        ev_tok, prot_tok = int(S[K.S_EVTOK]), int(S[K.S_PROT])
+        tree_tok = ev_tok + prot_tok
         private_tok = sum(r.computed - r.owned for r in self._reqs.values())
-        used = self._private + self._protected_tok // p
-        cached = self._evictable_tok // p
+        used = int(S[K.S_PRIV]) + prot_tok // p
+        cached = ev_tok // p
         return PoolStats(
             num_slots=self.num_slots,
             slot_tokens=self.slot_tokens,
@@ -721,32 +489,61 @@ class RadixCache(PrefixCache):
             valid_tokens=tree_tok + private_tok,
             cached_tokens=tree_tok,
             duplicate_tokens=sum(
-                self._token_walk(r.seq.seg_id, r.seq.seg_end, r.node, r.owned, r.computed) - r.owned
+                K.token_walk_seq(S, self._N, self._H1, self._H2, self._G, self._Q, r.row[K.R_SEQ], r.row[K.R_NODE],
+                                 r.row[K.R_OWNED], r.row[K.R_COMP]) - r.owned
                 for r in self._reqs.values()
             ) if detail else -1,
-            metadata_bytes=self._n_nodes * NODE_OVERHEAD_BYTES + tree_tok * BYTES_PER_TOKEN,
+            metadata_bytes=int(S[K.S_NNODES]) * NODE_OVERHEAD_BYTES + tree_tok * BYTES_PER_TOKEN,
             largest_free_run=-1,
         )
 
     def check_invariants(self) -> None:
-        """Recount the tree and the pool; raise AssertionError on any disagreement (tests)."""
+        """Recount the tree, its child index, the sequence store and the pool; raise
+        AssertionError on any disagreement (tests)."""
         p = self.page_size
-        ev = pr = nodes = 0
-        stack = [self._root]
-        while stack:
-            n = stack.pop()
-            for key, c in n.children.items():
-                assert c.parent is n and c.alive and c.key == key
-                assert c.start == n.end and c.end > c.start
-                assert c.start % p == 0 and c.end % p == 0
-                nodes += 1
-                if c.lock_ref:
-                    pr += c.end - c.start
-                else:
-                    ev += c.end - c.start
-                stack.append(c)
-        assert (ev, pr, nodes) == (self._evictable_tok, self._protected_tok, self._n_nodes)
+        S, N, G, Q = self._S, self._N, self._G, self._Q
+        hw = int(S[K.S_HW])
+        alive = [x for x in range(1, hw) if N[x, K.F_ALIVE] == 1]
+        children: dict = {}
+        ev = pr = 0
+        for x in alive:
+            par, start, end = int(N[x, K.F_PARENT]), int(N[x, K.F_START]), int(N[x, K.F_END])
+            assert N[par, K.F_ALIVE] == 1
+            assert start == N[par, K.F_END] and end > start
+            assert start % p == 0 and end % p == 0
+            s = int(N[x, K.F_SEQ])
+            assert Q[s, K.Q_REFS] > 0
+            off, n = int(Q[s, K.Q_OFF]), int(Q[s, K.Q_LEN])
+            sid, send = G[0, off:off + n], G[1, off:off + n]
+            assert end <= send[-1]
+            key = tuple(int(v) for v in child_key(sid, send, start, p))
+            assert key == (int(N[x, K.F_K1]), int(N[x, K.F_K2]))
+            assert tuple(int(v) for v in token_key(sid, send, start)) == (int(N[x, K.F_T1]), int(N[x, K.F_T2]))
+            children.setdefault(par, []).append(x)
+            if N[x, K.F_LOCK]:
+                pr += end - start
+            else:
+                ev += end - start
+        for x in [0] + alive:
+            assert N[x, K.F_NCHILD] == len(children.get(x, []))
+        entries = {(int(h[0]), int(h[1]), int(h[2]), int(h[3])) for h in self._H1 if h[3] != -1}
+        assert len(entries) == len(alive) and all(
+            (int(N[x, K.F_PARENT]), int(N[x, K.F_K1]), int(N[x, K.F_K2]), x) in entries for x in alive)
+        assert (ev, pr, len(alive)) == (int(S[K.S_EVTOK]), int(S[K.S_PROT]), int(S[K.S_NNODES]))
+        free_list, x = set(), int(S[K.S_NFREE])
+        while x != -1:
+            assert N[x, K.F_ALIVE] == 0 and x not in free_list
+            free_list.add(x)
+            x = int(N[x, K.F_PARENT])
+        assert len(free_list) + len(alive) + 1 == hw
+        refs: dict = {}
+        for x in alive:
+            refs[int(N[x, K.F_SEQ])] = refs.get(int(N[x, K.F_SEQ]), 0) + 1
+        for r in self._reqs.values():
+            refs[int(r.row[K.R_SEQ])] = refs.get(int(r.row[K.R_SEQ]), 0) + 1
+        for s in range(int(S[K.S_QHW])):
+            assert Q[s, K.Q_REFS] == refs.get(s, 0)
         private = sum(-(-r.computed // p) - r.owned // p for r in self._reqs.values())
-        assert private == self._private
-        assert self._free >= 0
-        assert self._free + self._private + (ev + pr) // p == self.num_slots
+        assert private == S[K.S_PRIV]
+        assert S[K.S_FREE] >= 0
+        assert S[K.S_FREE] + S[K.S_PRIV] + (ev + pr) // p == self.num_slots
