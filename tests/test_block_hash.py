@@ -307,6 +307,7 @@ def test_hash_table_delete_keeps_every_probe_chain():
     rng = np.random.default_rng(7)
     for _ in range(200):
         t = np.zeros((8, K.NT), dtype=np.int64)
+        t32 = t.view(np.int32)
         live = {}
         for step in range(40):
             if live and (len(live) == 7 or rng.random() < 0.45):
@@ -320,13 +321,15 @@ def test_hash_table_delete_keeps_every_probe_chain():
                 if key in live:
                     continue
                 i = K._slot_for_insert(t, key)
-                t[i] = (key, step, 0, 1)
+                t[i, K.T_KEY] = key
+                t32[i, K.T_HEAD] = step
+                t32[i, K.T_CNT] = 1  # occupied
                 live[key] = step
             for k in range(48):
                 i = K._find(t, k)
                 assert (i >= 0) == (k in live)
                 if i >= 0:
-                    assert t[i, K.T_HEAD] == live[k]
+                    assert t32[i, K.T_HEAD] == live[k]
 
 
 # ---------------------------------------------------------------------- golden

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixkv.policies import BlockHashCache
+from radixkv.policies import _hash_kernels as K
 from radixkv.trace.types import Trace
 
 from reference_vllm import ReferenceVLLM
@@ -29,6 +30,8 @@ STAT_FIELDS = ("used_slots", "cached_slots", "free_slots", "valid_tokens", "cach
 def _stats(c):
     s = c.stats()
     assert s.used_slots + s.cached_slots + s.free_slots == s.num_slots
+    # the incrementally kept reachable-key count equals a breadth-first search
+    assert s.cached_tokens == K.reachable_keys(c._blk, c._b32, c._kt, c._k32) * c.block_size
     return {f: getattr(s, f) for f in STAT_FIELDS}
 
 
@@ -149,10 +152,10 @@ def test_interleaved_requests_match_reference(tb, nb):
             elif how == "resume" and s.kv_len > s.prompt_len:
                 n = rng.randint(s.prompt_len + 1, s.kv_len)
             # peek_hit: no side effect (pool arrays, queue, stats) and equal to the admission's hit
-            before = [x.copy() for x in (c._blk, c._kt, c._ct, c._pc, c._st)]
+            before = [x.copy() for x in (c._blk, c._kt, c._pcid, c._pcs, c._st)]
             q_before, st_before = c.free_queue().tolist(), _stats(c)
             peek = c.peek_hit(s, n)
-            assert all((x == y).all() for x, y in zip(before, (c._blk, c._kt, c._ct, c._pc, c._st)))
+            assert all((x == y).all() for x, y in zip(before, (c._blk, c._kt, c._pcid, c._pcs, c._st)))
             assert c.free_queue().tolist() == q_before and _stats(c) == st_before
             a, e = c.admit(next_rid, s, n), r.admit(next_rid, s, n)
             if e is not None:

@@ -6,26 +6,35 @@ admission, extension, release, statistics) is one kernel call, so a request cost
 calls whatever its length.
 
 Pool layout (``nb`` = ``num_gpu_blocks`` blocks; block 0 is vLLM's null block and is
-never touched). Arrays of records, so that one block or one table slot is one or two
-cache lines: replaying is bound by memory latency once the pool outgrows the CPU cache.
+never touched). Records are one 64-byte cache line (block) or half of one (table row),
+64-/32-byte aligned: replaying is bound by memory latency once the pool outgrows the CPU
+cache, so a block costs about three cache misses (its record, its key's row, the row
+of its parent key, which the previous block of the same chain has just touched).
 
-``blk`` : int64, shape (nb, NF)
-    Per-block record, columns named by the ``F_*`` constants: ``ref_cnt``; free-queue
-    links (−1 = none; a usable block is in the free queue iff its ref_cnt is 0); whether
-    the block carries a block hash; the duplicate chain of its key (blocks holding the
-    same key, in insertion order, vLLM ``BlockHashToBlockMap``); the sibling chain of its
-    parent key (hashed blocks with the same parent hash, for ``held_tokens``); the number
-    of content pieces; its key and its parent's key (uint64 hashes stored bit for bit as
-    int64).
-``pc`` : int64, shape (nb, C, 3)
-    Content of each hashed block as at most C pieces ``(segment id, offset in segment,
-    end of the piece inside the block)``, for ``held_tokens`` and ``verify``.
-``kt`` : int64, shape (cap, 4), the key table
-    Open addressing, linear probing, backward-shift deletion; row = ``(key, first block,
-    last block, number of blocks)``, count 0 = empty. Maps block hash -> duplicate chain.
-``ct`` : int64, shape (cap, 4), the child table
-    Same scheme; row = ``(parent key, first block of the sibling chain, unused, number of
-    blocks)``. Maps parent block hash -> hashed blocks under it.
+``blk`` : int64, shape (nb, 8), with ``b32 = blk.view(int32)``, shape (nb, 16)
+    Per-block record. int32 fields (``b32`` columns ``R_*``): ``ref_cnt``; free-queue
+    links (−1 = none; a usable block is in the free queue iff its ref_cnt is 0); the
+    duplicate chain of its key (blocks holding the same key, in insertion order, vLLM
+    ``BlockHashToBlockMap``); the sibling chain of its parent key (hashed blocks with
+    the same parent hash, for ``held_tokens``); the number of content pieces (0 = the
+    block carries no block hash). int64 fields (``blk`` columns ``W_*``): its key and
+    its parent's key (uint64 hashes stored bit for bit), and the first content piece.
+``pcid`` : int64, shape (nb, C − 1); ``pcs`` : int32, shape (nb, C − 1)
+    Content pieces 1 … C − 1 of each hashed block (segment id; first position of the
+    piece inside the block), for ``held_tokens`` and ``verify``. A block's content is
+    its pieces ``(segment id, offset in segment, start in block)``: piece 0 (in ``blk``)
+    may start inside its segment, every later piece starts at its segment's first token
+    (offset 0); a piece ends where the next starts (the last at ``block_size``). C is the
+    most pieces any cached block needed (1 for hash-id traces whose units are multiples
+    of ``block_size``, ``block_size`` for token traces).
+``kt`` : int64, shape (cap, 4), with ``k32 = kt.view(int32)``, shape (cap, 8): the key table
+    Open addressing, linear probing, backward-shift deletion. One row per hash that is
+    the key or the parent key of a hashed block: ``kt[:, T_KEY]`` the hash; int32
+    fields (``k32`` columns): number of blocks holding it as key and head / tail of
+    their duplicate chain; number of hashed blocks whose parent key it is and head of
+    their sibling chain; ``reach`` = number of blocks holding it whose parent key is the
+    seed or reachable (the key is reachable, a lookup can hit it, iff ``reach > 0``). A
+    row is occupied iff its two counts (the int64 word ``W_OCC``) are not both 0.
 ``st`` : int64, shape (NST,)
     Pool counters, indices ``ST_*``.
 
@@ -41,33 +50,40 @@ OOPSLA 2014). It is not cryptographic (vLLM uses sha256 over a pickle of
 as a random 64-bit function, the chance that any two of n distinct blocks collide is at
 most ``n² / 2⁶⁵``: about 2.7 % for n = 10⁹ distinct blocks, 2.7·10⁻⁸ for n = 10⁶. The
 class's ``verify=True`` compares the stored content on every hit and raises on a
-collision.
+collision. (Under a collision the incremental reachable-key count may also differ from
+a breadth-first search, :func:`reachable_keys`, if a key becomes its own ancestor.)
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-# columns of blk
-F_REF = 0  # ref_cnt (vLLM KVCacheBlock.ref_cnt)
-F_FPREV = 1  # free-queue previous block, -1 = none
-F_FNEXT = 2  # free-queue next block, -1 = none
-F_HASKEY = 3  # 1 when the block carries a block hash (is in the key table)
-F_DNEXT = 4  # next block with the same key (insertion order), -1 = none
-F_DPREV = 5  # previous block with the same key, -1 = none
-F_CNEXT = 6  # next block with the same parent key, -1 = none
-F_CPREV = 7  # previous block with the same parent key, -1 = none
-F_PCN = 8  # number of content pieces
-F_KEY = 9  # block hash (uint64 bits)
-F_PKEY = 10  # parent block hash (uint64 bits)
-NF = 11
+# int32 fields of a block record (b32 columns)
+R_REF = 0  # ref_cnt (vLLM KVCacheBlock.ref_cnt)
+R_FPREV = 1  # free-queue previous block, -1 = none
+R_FNEXT = 2  # free-queue next block, -1 = none
+R_DNEXT = 3  # next block with the same key (insertion order), -1 = none
+R_DPREV = 4  # previous block with the same key, -1 = none
+R_CNEXT = 5  # next block with the same parent key, -1 = none
+R_CPREV = 6  # previous block with the same parent key, -1 = none
+R_PCN = 7  # number of content pieces; 0 = no block hash
+# int64 fields of a block record (blk columns)
+W_KEY = 4  # block hash (uint64 bits)
+W_PKEY = 5  # parent block hash (uint64 bits)
+W_ID0 = 6  # segment id of the first content piece
+W_OFF0 = 7  # offset in its segment of the block's first token
+NF = 8  # int64 words per block record
 
-# columns of kt / ct
-T_KEY = 0
-T_HEAD = 1
-T_TAIL = 2
-T_CNT = 3
-NT = 4
+# key-table row: int64 columns of kt, int32 columns of k32
+T_KEY = 0  # the hash (int64 word 0)
+W_OCC = 1  # int64 word 1 = (T_CNT, T_CCNT): non-zero iff the row is occupied
+T_CNT = 2  # blocks holding this key
+T_CCNT = 3  # hashed blocks whose parent key this is
+T_HEAD = 4  # first block of the duplicate chain (served on a hit)
+T_TAIL = 5  # last block of the duplicate chain
+T_CHEAD = 6  # first block of the sibling chain
+T_REACH = 7  # blocks holding this key whose parent key is the seed or reachable
+NT = 4  # int64 words per table row
 
 # st
 ST_FQH = 0  # free-queue head block, -1 = empty
@@ -79,7 +95,8 @@ ST_EVICTIONS = 5  # blocks evicted (key dropped when taken from the free queue)
 ST_NUSED = 6  # blocks with ref_cnt > 0
 ST_NCACHED = 7  # blocks with ref_cnt 0 and a key
 ST_NDUPKEYS = 8  # keys held by more than one block
-NST = 9
+ST_NREACH = 9  # keys with reach > 0 (reachable from the seed)
+NST = 10
 
 #: seed of the hash chain: the parent key of a sequence's first block (vLLM NONE_HASH)
 SEED = np.int64(0x1E3779B97F4A7C15)
@@ -160,39 +177,56 @@ def seq_block_keys(seg_id, seg_end, block_size, n_blocks, key_mask):
     return keys, max_pieces
 
 
-# ---------------------------------------------------------------------- hash tables
+
+# ---------------------------------------------------------------------- hash table
 @njit(cache=True, inline="always")
-def _find(t, key):
-    """Row of *key* in an open-addressing table (``kt``/``ct``), or −1."""
-    mask = t.shape[0] - 1
+def _find(kt, key):
+    """Row of *key* in the key table, or −1."""
+    mask = kt.shape[0] - 1
     i = key & mask
-    while t[i, T_CNT] != 0:
-        if t[i, T_KEY] == key:
+    while kt[i, W_OCC] != 0:
+        if kt[i, T_KEY] == key:
             return i
         i = (i + 1) & mask
     return -1
 
 
 @njit(cache=True, inline="always")
-def _slot_for_insert(t, key):
+def _slot_for_insert(kt, key):
     """First empty row on *key*'s probe path (the key must be absent)."""
-    mask = t.shape[0] - 1
+    mask = kt.shape[0] - 1
     i = key & mask
-    while t[i, T_CNT] != 0:
+    while kt[i, W_OCC] != 0:
         i = (i + 1) & mask
     return i
 
 
+@njit(cache=True, inline="always")
+def _find_or_add(kt, key):
+    """Row of *key*; an absent key gets a zeroed row (unoccupied until a count is set)."""
+    mask = kt.shape[0] - 1
+    i = key & mask
+    while kt[i, W_OCC] != 0:
+        if kt[i, T_KEY] == key:
+            return i
+        i = (i + 1) & mask
+    kt[i, 0] = key
+    kt[i, 1] = 0
+    kt[i, 2] = 0
+    kt[i, 3] = 0
+    return i
+
+
 @njit(cache=True)
-def _delete_slot(t, i):
+def _delete_slot(kt, i):
     """Empty row *i* and close the gap (backward-shift deletion, Knuth vol. 3, 6.4 R)."""
-    mask = t.shape[0] - 1
+    mask = kt.shape[0] - 1
     j = i
     while True:
         j = (j + 1) & mask
-        if t[j, T_CNT] == 0:
+        if kt[j, W_OCC] == 0:
             break
-        k = t[j, T_KEY] & mask
+        k = kt[j, T_KEY] & mask
         # move j into the hole i unless its home k lies cyclically in (i, j]
         if i <= j:
             stay = i < k <= j
@@ -200,37 +234,37 @@ def _delete_slot(t, i):
             stay = k > i or k <= j
         if not stay:
             for c in range(NT):
-                t[i, c] = t[j, c]
+                kt[i, c] = kt[j, c]
             i = j
     for c in range(NT):
-        t[i, c] = 0
+        kt[i, c] = 0
 
 
 # ---------------------------------------------------------------------- free queue
 @njit(cache=True, inline="always")
-def _fq_remove(blk, st, b):
-    p = blk[b, F_FPREV]
-    n = blk[b, F_FNEXT]
+def _fq_remove(b32, st, b):
+    p = b32[b, R_FPREV]
+    n = b32[b, R_FNEXT]
     if p >= 0:
-        blk[p, F_FNEXT] = n
+        b32[p, R_FNEXT] = n
     else:
         st[ST_FQH] = n
     if n >= 0:
-        blk[n, F_FPREV] = p
+        b32[n, R_FPREV] = p
     else:
         st[ST_FQT] = p
-    blk[b, F_FPREV] = -1
-    blk[b, F_FNEXT] = -1
+    b32[b, R_FPREV] = -1
+    b32[b, R_FNEXT] = -1
     st[ST_FQLEN] -= 1
 
 
 @njit(cache=True, inline="always")
-def _fq_append(blk, st, b):
+def _fq_append(b32, st, b):
     t = st[ST_FQT]
-    blk[b, F_FPREV] = t
-    blk[b, F_FNEXT] = -1
+    b32[b, R_FPREV] = t
+    b32[b, R_FNEXT] = -1
     if t >= 0:
-        blk[t, F_FNEXT] = b
+        b32[t, R_FNEXT] = b
     else:
         st[ST_FQH] = b
     st[ST_FQT] = b
@@ -238,12 +272,12 @@ def _fq_append(blk, st, b):
 
 
 @njit(cache=True, inline="always")
-def _fq_prepend(blk, st, b):
+def _fq_prepend(b32, st, b):
     h = st[ST_FQH]
-    blk[b, F_FNEXT] = h
-    blk[b, F_FPREV] = -1
+    b32[b, R_FNEXT] = h
+    b32[b, R_FPREV] = -1
     if h >= 0:
-        blk[h, F_FPREV] = b
+        b32[h, R_FPREV] = b
     else:
         st[ST_FQT] = b
     st[ST_FQH] = b
@@ -251,7 +285,7 @@ def _fq_prepend(blk, st, b):
 
 
 @njit(cache=True)
-def init_pool(blk, st):
+def init_pool(blk, b32, st):
     """Empty pool: every usable block 1..nb−1 in the free queue in ascending id order.
 
     vLLM ``BlockPool.__init__``: ``FreeKVCacheBlockQueue(all blocks)`` then block 0 is
@@ -260,21 +294,17 @@ def init_pool(blk, st):
     nb = blk.shape[0]
     blk[:, :] = 0
     for b in range(nb):
-        blk[b, F_FPREV] = -1
-        blk[b, F_FNEXT] = -1
-        blk[b, F_DNEXT] = -1
-        blk[b, F_DPREV] = -1
-        blk[b, F_CNEXT] = -1
-        blk[b, F_CPREV] = -1
+        for c in (R_FPREV, R_FNEXT, R_DNEXT, R_DPREV, R_CNEXT, R_CPREV):
+            b32[b, c] = -1
     st[:] = 0
     st[ST_FQH] = -1
     st[ST_FQT] = -1
     for b in range(1, nb):
-        _fq_append(blk, st, b)
+        _fq_append(b32, st, b)
 
 
 @njit(cache=True)
-def free_queue(blk, st):
+def free_queue(b32, st):
     """Block ids in the free queue, head (next to be taken) first; int64, O(length)."""
     out = np.empty(st[ST_FQLEN], dtype=np.int64)
     b = st[ST_FQH]
@@ -282,95 +312,143 @@ def free_queue(blk, st):
     while b >= 0:
         out[i] = b
         i += 1
-        b = blk[b, F_FNEXT]
+        b = b32[b, R_FNEXT]
     return out
+
+
+# ---------------------------------------------------------------------- reachability
+@njit(cache=True)
+def _cascade(blk, b32, kt, k32, st, stk, key, delta):
+    """*key* just became reachable (delta +1) or unreachable (−1): update its subtree.
+
+    Every hashed block whose parent key is *key* gains (loses) its contribution to its
+    own key's ``reach``; keys whose ``reach`` crosses 0 are pushed on *stk* in turn.
+    """
+    stk[0] = key
+    top = 1
+    while top > 0:
+        top -= 1
+        i = _find(kt, stk[top])
+        if i < 0:
+            continue
+        c = k32[i, T_CHEAD]
+        while c >= 0:
+            ck = blk[c, W_KEY]
+            ki = _find(kt, ck)
+            old = k32[ki, T_REACH]
+            k32[ki, T_REACH] = old + delta
+            if delta > 0 and old == 0:
+                st[ST_NREACH] += 1
+                stk[top] = ck
+                top += 1
+            elif delta < 0 and old == 1:
+                st[ST_NREACH] -= 1
+                stk[top] = ck
+                top += 1
+            c = b32[c, R_CNEXT]
 
 
 # ---------------------------------------------------------------------- key table ops
 @njit(cache=True)
-def _drop_key(blk, kt, ct, st, b):
-    """Remove block *b* from the key table and from its parent's sibling chain."""
-    i = _find(kt, blk[b, F_KEY])
-    n = blk[b, F_DNEXT]
-    p = blk[b, F_DPREV]
+def _drop_key(blk, b32, kt, k32, st, stk, b):
+    """Remove block *b*'s key: its duplicate chain, its parent's sibling chain, reach.
+
+    A row whose two counts reach 0 is deleted at once (an all-zero row reads as empty
+    to the probes); deletion moves rows, so rows are found again after it.
+    """
+    key = blk[b, W_KEY]
+    pkey = blk[b, W_PKEY]
+    parent_ok = pkey == SEED or k32[_find(kt, pkey), T_REACH] > 0
+    # the key's row: duplicate chain and reach
+    i = _find(kt, key)
+    n = b32[b, R_DNEXT]
+    p = b32[b, R_DPREV]
     if p >= 0:
-        blk[p, F_DNEXT] = n
+        b32[p, R_DNEXT] = n
     else:
-        kt[i, T_HEAD] = n
+        k32[i, T_HEAD] = n
     if n >= 0:
-        blk[n, F_DPREV] = p
+        b32[n, R_DPREV] = p
     else:
-        kt[i, T_TAIL] = p
-    kt[i, T_CNT] -= 1
-    if kt[i, T_CNT] == 0:
-        _delete_slot(kt, i)
+        k32[i, T_TAIL] = p
+    b32[b, R_DNEXT] = -1
+    b32[b, R_DPREV] = -1
+    c = k32[i, T_CNT] - 1
+    k32[i, T_CNT] = c
+    if c == 0:
         st[ST_NKEYS] -= 1
-    elif kt[i, T_CNT] == 1:
+    elif c == 1:
         st[ST_NDUPKEYS] -= 1
-    blk[b, F_DNEXT] = -1
-    blk[b, F_DPREV] = -1
-    j = _find(ct, blk[b, F_PKEY])
-    n = blk[b, F_CNEXT]
-    p = blk[b, F_CPREV]
+    flip = False
+    if parent_ok:
+        k32[i, T_REACH] -= 1
+        if k32[i, T_REACH] == 0:
+            st[ST_NREACH] -= 1
+            flip = True
+    if c == 0 and k32[i, T_CCNT] == 0:
+        _delete_slot(kt, i)
+    # the parent key's row: sibling chain
+    j = _find(kt, pkey)
+    n = b32[b, R_CNEXT]
+    p = b32[b, R_CPREV]
     if p >= 0:
-        blk[p, F_CNEXT] = n
+        b32[p, R_CNEXT] = n
     else:
-        ct[j, T_HEAD] = n
+        k32[j, T_CHEAD] = n
     if n >= 0:
-        blk[n, F_CPREV] = p
-    ct[j, T_CNT] -= 1
-    if ct[j, T_CNT] == 0:
-        _delete_slot(ct, j)
-    blk[b, F_CNEXT] = -1
-    blk[b, F_CPREV] = -1
-    blk[b, F_HASKEY] = 0
+        b32[n, R_CPREV] = p
+    b32[b, R_CNEXT] = -1
+    b32[b, R_CPREV] = -1
+    k32[j, T_CCNT] -= 1
+    if k32[j, T_CCNT] == 0 and k32[j, T_CNT] == 0:
+        _delete_slot(kt, j)
+    b32[b, R_PCN] = 0
     st[ST_NHASHED] -= 1
+    if flip:
+        _cascade(blk, b32, kt, k32, st, stk, key, -1)
 
 
-@njit(cache=True)
-def _add_key(blk, kt, ct, st, b, key, pkey):
+@njit(cache=True, inline="always")
+def _add_key(blk, b32, kt, k32, st, stk, b, key, pkey):
     """Give block *b* the key *key* (parent *pkey*); duplicates go to the chain's end.
 
     vLLM ``BlockPool.cache_full_blocks`` / ``BlockHashToBlockMap.insert``: no dedup.
     """
-    blk[b, F_KEY] = key
-    blk[b, F_PKEY] = pkey
-    blk[b, F_HASKEY] = 1
+    blk[b, W_KEY] = key
+    blk[b, W_PKEY] = pkey
     st[ST_NHASHED] += 1
-    i = _find(kt, key)
-    if i < 0:
-        i = _slot_for_insert(kt, key)
-        kt[i, T_KEY] = key
-        kt[i, T_HEAD] = b
-        kt[i, T_TAIL] = b
-        kt[i, T_CNT] = 1
-        blk[b, F_DPREV] = -1
-        blk[b, F_DNEXT] = -1
+    i = _find_or_add(kt, key)
+    c = k32[i, T_CNT]
+    if c == 0:
+        k32[i, T_HEAD] = b
+        b32[b, R_DPREV] = -1
         st[ST_NKEYS] += 1
     else:
-        t = kt[i, T_TAIL]
-        blk[t, F_DNEXT] = b
-        blk[b, F_DPREV] = t
-        blk[b, F_DNEXT] = -1
-        kt[i, T_TAIL] = b
-        kt[i, T_CNT] += 1
-        if kt[i, T_CNT] == 2:
+        t = k32[i, T_TAIL]
+        b32[t, R_DNEXT] = b
+        b32[b, R_DPREV] = t
+        if c == 1:
             st[ST_NDUPKEYS] += 1
-    j = _find(ct, pkey)
-    if j < 0:
-        j = _slot_for_insert(ct, pkey)
-        ct[j, T_KEY] = pkey
-        ct[j, T_HEAD] = b
-        ct[j, T_CNT] = 1
-        blk[b, F_CPREV] = -1
-        blk[b, F_CNEXT] = -1
+    b32[b, R_DNEXT] = -1
+    k32[i, T_TAIL] = b
+    k32[i, T_CNT] = c + 1
+    j = _find_or_add(kt, pkey)
+    if k32[j, T_CCNT] == 0:
+        b32[b, R_CNEXT] = -1
     else:
-        h = ct[j, T_HEAD]
-        blk[b, F_CNEXT] = h
-        blk[b, F_CPREV] = -1
-        blk[h, F_CPREV] = b
-        ct[j, T_HEAD] = b
-        ct[j, T_CNT] += 1
+        h = k32[j, T_CHEAD]
+        b32[b, R_CNEXT] = h
+        b32[h, R_CPREV] = b
+    b32[b, R_CPREV] = -1
+    k32[j, T_CHEAD] = b
+    k32[j, T_CCNT] += 1
+    if pkey == SEED or k32[j, T_REACH] > 0:
+        i = _find(kt, key)
+        k32[i, T_REACH] += 1
+        if k32[i, T_REACH] == 1:
+            st[ST_NREACH] += 1
+            if k32[i, T_CCNT] > 0:
+                _cascade(blk, b32, kt, k32, st, stk, key, 1)
 
 
 # ---------------------------------------------------------------------- content
@@ -380,8 +458,8 @@ def _seg_index(seg_end, pos):
     return np.searchsorted(seg_end, pos, side="right")
 
 
-@njit(cache=True)
-def _store_pieces(blk, pc, b, seg_id, seg_end, start, block_size, s):
+@njit(cache=True, inline="always")
+def _store_pieces(blk, b32, pcid, pcs, b, seg_id, seg_end, start, block_size, s):
     """Record tokens ``[start, start + B)`` of the sequence as *b*'s content.
 
     *s* is the index of a segment at or before the one holding *start*; returns the
@@ -391,24 +469,24 @@ def _store_pieces(blk, pc, b, seg_id, seg_end, start, block_size, s):
         s += 1
     seg_start = seg_end[s - 1] if s > 0 else 0
     end = start + block_size
-    pos = start
-    k = 0
+    blk[b, W_ID0] = seg_id[s]
+    blk[b, W_OFF0] = start - seg_start
+    pos = min(seg_end[s], end)
+    k = 1
     while pos < end:
+        s += 1
         while seg_end[s] <= pos:
-            seg_start = seg_end[s]
             s += 1
-        stop = min(seg_end[s], end)
-        pc[b, k, 0] = seg_id[s]
-        pc[b, k, 1] = pos - seg_start
-        pc[b, k, 2] = stop - start
+        pcid[b, k - 1] = seg_id[s]
+        pcs[b, k - 1] = pos - start
         k += 1
-        pos = stop
-    blk[b, F_PCN] = k
+        pos = min(seg_end[s], end)
+    b32[b, R_PCN] = k
     return s
 
 
 @njit(cache=True)
-def _lcp_block(blk, pc, b, seg_id, seg_end, start, end, s):
+def _lcp_block(blk, b32, pcid, pcs, b, block_size, seg_id, seg_end, start, end, s):
     """Tokens that block *b*'s content shares with sequence tokens ``[start, end)``.
 
     Length of the longest common prefix, at most ``end − start``; *s* = index of the
@@ -416,28 +494,36 @@ def _lcp_block(blk, pc, b, seg_id, seg_end, start, end, s):
     offsets in the segment are equal (``KVSeq``).
     """
     seg_start = seg_end[s - 1] if s > 0 else 0
-    npc = blk[b, F_PCN]
+    npc = b32[b, R_PCN]
     k = 0
-    piece_start = 0  # relative to start
     pos = start
     while pos < end and k < npc:
         while seg_end[s] <= pos:
             seg_start = seg_end[s]
             s += 1
         r = pos - start
-        if pc[b, k, 0] != seg_id[s] or pc[b, k, 1] + (r - piece_start) != pos - seg_start:
+        if k == 0:
+            pid = blk[b, W_ID0]
+            poff = blk[b, W_OFF0]
+            pstart = 0
+        else:
+            pid = pcid[b, k - 1]
+            poff = 0
+            pstart = pcs[b, k - 1]
+        pend = pcs[b, k] if k + 1 < npc else block_size
+        if pid != seg_id[s] or poff + (r - pstart) != pos - seg_start:
             break
-        step = min(pc[b, k, 2] - r, seg_end[s] - pos, end - pos)
+        step = min(pend - r, seg_end[s] - pos, end - pos)
         pos += step
-        if r + step == pc[b, k, 2]:
-            piece_start = pc[b, k, 2]
+        if r + step == pend:
             k += 1
     return pos - start
 
 
 # ---------------------------------------------------------------------- lookup
 @njit(cache=True)
-def lookup(blk, kt, ct, pc, keys, n_look, seg_id, seg_end, block_size, prompt_len, verify, hit_out):
+def lookup(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_size, prompt_len, verify,
+           hit_out):
     """Longest chain of cached blocks and the prompt held at token granularity.
 
     vLLM ``FullAttentionManager.find_longest_cache_hit`` with ``BlockPool.get_cached_block``
@@ -451,7 +537,7 @@ def lookup(blk, kt, ct, pc, keys, n_look, seg_id, seg_end, block_size, prompt_le
     n_look : int
         Blocks that may be looked up (``lookup_len // B``).
     prompt_len : int
-        P, for ``held``.
+        P, for ``held`` (0: skip it).
     verify : bool
         Compare each hit block's stored content with the sequence.
     hit_out : int64 (≥ n_look,)
@@ -470,13 +556,13 @@ def lookup(blk, kt, ct, pc, keys, n_look, seg_id, seg_end, block_size, prompt_le
     s = 0
     while h < n_look:
         i = _find(kt, keys[h])
-        if i < 0:
+        if i < 0 or k32[i, T_CNT] == 0:
             break
-        b = kt[i, T_HEAD]
+        b = k32[i, T_HEAD]
         if verify:
             while seg_end[s] <= h * B:
                 s += 1
-            if _lcp_block(blk, pc, b, seg_id, seg_end, h * B, (h + 1) * B, s) != B:
+            if _lcp_block(blk, b32, pcid, pcs, b, B, seg_id, seg_end, h * B, (h + 1) * B, s) != B:
                 return COLLISION, h, 0
         hit_out[h] = b
         h += 1
@@ -486,31 +572,33 @@ def lookup(blk, kt, ct, pc, keys, n_look, seg_id, seg_end, block_size, prompt_le
     end = min(start + B, prompt_len)
     pkey = keys[h - 1] if h > 0 else SEED
     best = 0
-    j = _find(ct, pkey)
-    if j >= 0:
+    j = _find(kt, pkey)
+    if j >= 0 and k32[j, T_CCNT] > 0:
         s0 = _seg_index(seg_end, start)
-        b = ct[j, T_HEAD]
+        b = k32[j, T_CHEAD]
         while b >= 0 and best < end - start:
-            m = _lcp_block(blk, pc, b, seg_id, seg_end, start, end, s0)
+            m = _lcp_block(blk, b32, pcid, pcs, b, B, seg_id, seg_end, start, end, s0)
             if m > best:
                 best = m
-            b = blk[b, F_CNEXT]
+            b = b32[b, R_CNEXT]
     return OK, h, start + best
 
 
 @njit(cache=True)
-def peek(blk, kt, ct, pc, keys, n_look, seg_id, seg_end, block_size, lookup_len, verify, hit_out):
+def peek(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_size, lookup_len, verify,
+         hit_out):
     """Capped hit blocks of a lookup, as ``admit`` computes them; changes nothing.
 
     Returns ``(code, min(n_hit, (lookup_len − 1) // B))``.
     """
-    code, h, _ = lookup(blk, kt, ct, pc, keys, n_look, seg_id, seg_end, block_size, 0, verify, hit_out)
+    code, h, _ = lookup(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_size, 0,
+                        verify, hit_out)
     return code, min(h, (lookup_len - 1) // block_size)
 
 
 # ---------------------------------------------------------------------- allocate
 @njit(cache=True)
-def _take_new(blk, kt, ct, st, tbl, at, n_new):
+def _take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new):
     """Pop *n_new* blocks from the free-queue head into ``tbl[at:]``; evict their keys.
 
     vLLM ``BlockPool.get_new_blocks`` → ``_maybe_evict_cached_block``. Returns the number
@@ -519,31 +607,32 @@ def _take_new(blk, kt, ct, st, tbl, at, n_new):
     ev = 0
     for k in range(n_new):
         b = st[ST_FQH]
-        _fq_remove(blk, st, b)
-        if blk[b, F_HASKEY] == 1:
-            _drop_key(blk, kt, ct, st, b)
-            st[ST_NCACHED] -= 1
+        _fq_remove(b32, st, b)
+        if b32[b, R_PCN] != 0:
+            _drop_key(blk, b32, kt, k32, st, stk, b)
             ev += 1
-        blk[b, F_REF] = 1
-        st[ST_NUSED] += 1
+        b32[b, R_REF] = 1
         tbl[at + k] = b
+    st[ST_NCACHED] -= ev
+    st[ST_NUSED] += n_new
     st[ST_EVICTIONS] += ev
     return ev
 
 
 @njit(cache=True)
-def _cache_full(blk, kt, ct, pc, st, tbl, keys, lo, hi, seg_id, seg_end, block_size):
+def _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id, seg_end, block_size):
     """Give blocks ``tbl[lo:hi]`` their keys and content (vLLM ``BlockPool.cache_full_blocks``)."""
     s = _seg_index(seg_end, lo * block_size) if hi > lo else 0
     for j in range(lo, hi):
         pkey = keys[j - 1] if j > 0 else SEED
-        _add_key(blk, kt, ct, st, tbl[j], keys[j], pkey)
-        s = _store_pieces(blk, pc, tbl[j], seg_id, seg_end, j * block_size, block_size, s)
+        b = tbl[j]
+        _add_key(blk, b32, kt, k32, st, stk, b, keys[j], pkey)
+        s = _store_pieces(blk, b32, pcid, pcs, b, seg_id, seg_end, j * block_size, block_size, s)
 
 
 @njit(cache=True)
-def admit(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size, prompt_len, lookup_len, n_tokens,
-          verify, tbl):
+def admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, prompt_len, lookup_len,
+          n_tokens, verify, tbl):
     """Look up and allocate one request (vLLM ``get_computed_blocks`` + ``allocate_slots``).
 
     Parameters
@@ -564,14 +653,14 @@ def admit(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size, prompt_len, lo
         ``code`` OK, REFUSED (no state change) or COLLISION (no state change).
     """
     B = block_size
-    code, h, held = lookup(blk, kt, ct, pc, keys, lookup_len // B, seg_id, seg_end, B, prompt_len,
-                           verify, tbl)
+    code, h, held = lookup(blk, b32, kt, k32, pcid, pcs, keys, lookup_len // B, seg_id, seg_end, B,
+                           prompt_len, verify, tbl)
     if code != OK:
         return code, 0, 0, 0, 0
     hcap = min(h, (lookup_len - 1) // B)
     n_touch = 0
     for k in range(hcap):
-        if blk[tbl[k], F_REF] == 0:
+        if b32[tbl[k], R_REF] == 0:
             n_touch += 1
     # admission check (vLLM get_num_blocks_to_allocate; the whole sequence must fit,
     # scheduler_reserve_full_isl): new blocks for the whole lookup length plus the hit
@@ -582,20 +671,21 @@ def admit(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size, prompt_len, lo
     # touch (BlockPool.touch): hit blocks with ref_cnt 0 leave the free queue
     for k in range(hcap):
         b = tbl[k]
-        if blk[b, F_REF] == 0:
-            _fq_remove(blk, st, b)
+        if b32[b, R_REF] == 0:
+            _fq_remove(b32, st, b)
             st[ST_NUSED] += 1
             st[ST_NCACHED] -= 1  # a hit block always has a key
-        blk[b, F_REF] += 1
+        b32[b, R_REF] += 1
     t = max(n_tokens, hcap * B)
     nblk = (t + B - 1) // B
-    ev = _take_new(blk, kt, ct, st, tbl, hcap, nblk - hcap)
-    _cache_full(blk, kt, ct, pc, st, tbl, keys, hcap, t // B, seg_id, seg_end, B)
+    ev = _take_new(blk, b32, kt, k32, st, stk, tbl, hcap, nblk - hcap)
+    _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, hcap, t // B, seg_id, seg_end, B)
     return OK, hcap, held, ev, nblk
 
 
 @njit(cache=True)
-def extend(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size, tbl, n_blocks, n_computed, n_more):
+def extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, tbl, n_blocks,
+           n_computed, n_more):
     """The request computes *n_more* tokens: allocate, then cache blocks that became full.
 
     vLLM ``allocate_slots`` for a decode step or a later prefill chunk, then
@@ -610,13 +700,13 @@ def extend(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size, tbl, n_blocks
         return False, n_blocks, 0
     ev = 0
     if n_new > 0:
-        ev = _take_new(blk, kt, ct, st, tbl, n_blocks, n_new)
-    _cache_full(blk, kt, ct, pc, st, tbl, keys, n_computed // B, t // B, seg_id, seg_end, B)
+        ev = _take_new(blk, b32, kt, k32, st, stk, tbl, n_blocks, n_new)
+    _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, n_computed // B, t // B, seg_id, seg_end, B)
     return True, nblk, ev
 
 
 @njit(cache=True)
-def free(blk, st, tbl, n_blocks):
+def free(b32, st, tbl, n_blocks):
     """Release a request's blocks tail first (vLLM ``KVCacheManager.free`` → ``BlockPool.free_blocks``).
 
     A block whose ref_cnt reaches 0 goes to the free queue: hashed blocks are appended to
@@ -624,18 +714,19 @@ def free(blk, st, tbl, n_blocks):
     """
     for k in range(n_blocks - 1, -1, -1):
         b = tbl[k]
-        blk[b, F_REF] -= 1
-        if blk[b, F_REF] == 0:
+        b32[b, R_REF] -= 1
+        if b32[b, R_REF] == 0:
             st[ST_NUSED] -= 1
-            if blk[b, F_HASKEY] == 1:
-                _fq_append(blk, st, b)
+            if b32[b, R_PCN] != 0:
+                _fq_append(b32, st, b)
                 st[ST_NCACHED] += 1
             else:
-                _fq_prepend(blk, st, b)
+                _fq_prepend(b32, st, b)
 
 
 @njit(cache=True)
-def run_request(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size, prompt_len, kv_len, verify, tbl):
+def run_request(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, prompt_len, kv_len,
+                verify, tbl):
     """Admit the prompt, decode to the KV extent in one step, free: the fused fast path.
 
     Same result as ``admit`` + ``extend(kv_len − P)`` + ``free`` (the base class's
@@ -643,28 +734,28 @@ def run_request(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size, prompt_l
     ``decoded`` False when the decode did not fit (the request was freed after its
     prefill, as the base class does).
     """
-    code, hcap, held, ev, nblk = admit(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size,
-                                       prompt_len, prompt_len, prompt_len, verify, tbl)
+    code, hcap, held, ev, nblk = admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end,
+                                       block_size, prompt_len, prompt_len, prompt_len, verify, tbl)
     if code != OK:
         return code, hcap, held, ev, False
     ok = True
     if kv_len > prompt_len:
-        ok, nblk2, ev2 = extend(blk, kt, ct, pc, st, keys, seg_id, seg_end, block_size, tbl, nblk,
-                                prompt_len, kv_len - prompt_len)
+        ok, nblk2, ev2 = extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size,
+                                tbl, nblk, prompt_len, kv_len - prompt_len)
         if ok:
             nblk = nblk2
-    free(blk, st, tbl, nblk)
+    free(b32, st, tbl, nblk)
     return OK, hcap, held, ev, ok
 
 
 # ---------------------------------------------------------------------- statistics
 @njit(cache=True)
-def largest_free_run(blk):
+def largest_free_run(b32):
     """Longest run of consecutive block ids that are free (ref_cnt 0, no key); O(nb)."""
     best = 0
     cur = 0
-    for b in range(1, blk.shape[0]):
-        if blk[b, F_REF] == 0 and blk[b, F_HASKEY] == 0:
+    for b in range(1, b32.shape[0]):
+        if b32[b, R_REF] == 0 and b32[b, R_PCN] == 0:
             cur += 1
             if cur > best:
                 best = cur
@@ -674,10 +765,12 @@ def largest_free_run(blk):
 
 
 @njit(cache=True)
-def reachable_keys(blk, kt, ct):
-    """Distinct keys a lookup can reach: chains from the seed with every ancestor cached.
+def reachable_keys(blk, b32, kt, k32):
+    """Distinct keys a lookup can reach, by breadth-first search from ``SEED``; O(hashed blocks).
 
-    Breadth-first over the child table from ``SEED``; O(hashed blocks).
+    A key is reachable when some block holds it whose parent key is the seed or a
+    reachable key. The pool maintains the same count incrementally (``st[ST_NREACH]``,
+    used by ``stats``); this search is its independent check.
     """
     queue = np.empty(blk.shape[0] + 1, dtype=np.int64)
     seen = np.zeros(kt.shape[0], dtype=np.uint8)
@@ -688,16 +781,16 @@ def reachable_keys(blk, kt, ct):
     while qh < qt:
         pkey = queue[qh]
         qh += 1
-        j = _find(ct, pkey)
-        if j < 0:
+        j = _find(kt, pkey)
+        if j < 0 or k32[j, T_CCNT] == 0:
             continue
-        b = ct[j, T_HEAD]
+        b = k32[j, T_CHEAD]
         while b >= 0:
-            i = _find(kt, blk[b, F_KEY])
+            i = _find(kt, blk[b, W_KEY])
             if seen[i] == 0:
                 seen[i] = 1
                 n += 1
-                queue[qt] = blk[b, F_KEY]
+                queue[qt] = blk[b, W_KEY]
                 qt += 1
-            b = blk[b, F_CNEXT]
+            b = b32[b, R_CNEXT]
     return n

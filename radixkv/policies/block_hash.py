@@ -67,6 +67,14 @@ KEY_ENTRY_BYTES = 121
 DUPLICATE_DICT_BYTES = 224
 
 
+def _aligned(rows: int, cols: int, align: int) -> np.ndarray:
+    """Zeroed C-contiguous int64 array (rows, cols) whose data starts on an *align*-byte boundary."""
+    extra = align // 8
+    buf = np.zeros(rows * cols + extra, dtype=np.int64)
+    off = (-buf.ctypes.data % align) // 8
+    return buf[off: off + rows * cols].reshape(rows, cols)
+
+
 class HashCollisionError(RuntimeError):
     """``verify=True`` found a hit whose stored content differs from the prompt's."""
 
@@ -138,16 +146,23 @@ class BlockHashCache(PrefixCache):
         self.block_size = B
         self.verify = bool(verify)
         self._key_mask = np.uint64((1 << int(_key_bits)) - 1 if _key_bits < 64 else 0xFFFFFFFFFFFFFFFF)
-        cap = 8  # hash tables: power of two, load factor ≤ 2/3 (each holds < nb keys)
-        while 2 * cap < 3 * nb:
+        if nb >= 2**31:
+            raise ConfigError(f"num_gpu_blocks must be < 2**31 (32-bit block ids), got {num_gpu_blocks}",
+                              field="num_gpu_blocks")
+        # key table: power of two with a free row left when every hashed block has a key
+        # and a parent key of its own (≤ 2 (nb − 1) rows); typical load ≤ 1/2
+        cap = 8
+        while cap < 2 * nb + 2:
             cap *= 2
-        self._blk = np.zeros((nb, K.NF), dtype=np.int64)
-        self._C = min(B, 2)
-        self._pc = np.zeros((nb, self._C, 3), dtype=np.int64)
-        self._kt = np.zeros((cap, K.NT), dtype=np.int64)
-        self._ct = np.zeros((cap, K.NT), dtype=np.int64)
+        self._blk = _aligned(nb, K.NF, 64)
+        self._b32 = self._blk.view(np.int32)
+        self._kt = _aligned(cap, K.NT, 32)
+        self._k32 = self._kt.view(np.int32)
+        self._pcid = np.zeros((nb, 0), dtype=np.int64)
+        self._pcs = np.zeros((nb, 0), dtype=np.int32)
         self._st = np.zeros(K.NST, dtype=np.int64)
-        K.init_pool(self._blk, self._st)
+        self._stk = np.empty(nb + 1, dtype=np.int64)
+        K.init_pool(self._blk, self._b32, self._st)
         self._running: dict[int, _Running] = {}
         self._partial = 0  # Σ over running requests of their partial block's tokens
         self._scratch = np.zeros(64, dtype=np.int64)
@@ -176,12 +191,14 @@ class BlockHashCache(PrefixCache):
         """Chained keys of every full block of *seq*'s KV extent; grows piece storage."""
         keys, max_pieces = K.seq_block_keys(seq.seg_id, seq.seg_end, self.block_size,
                                             seq.kv_len // self.block_size, self._key_mask)
-        if max_pieces > self._C:
-            C = min(self.block_size, max(2 * self._C, int(max_pieces)))
-            pc = np.zeros((self.num_gpu_blocks, C, 3), dtype=np.int64)
-            pc[:, : self._C, :] = self._pc
-            self._pc = pc
-            self._C = C
+        if max_pieces - 1 > self._pcid.shape[1]:
+            cx = self._pcid.shape[1]
+            c = min(self.block_size - 1, max(2 * cx, int(max_pieces) - 1))
+            pcid = np.zeros((self.num_gpu_blocks, c), dtype=np.int64)
+            pcs = np.zeros((self.num_gpu_blocks, c), dtype=np.int32)
+            pcid[:, :cx] = self._pcid
+            pcs[:, :cx] = self._pcs
+            self._pcid, self._pcs = pcid, pcs
         return keys
 
     def _table(self, seq: KVSeq, persistent: bool) -> np.ndarray:
@@ -231,7 +248,7 @@ class BlockHashCache(PrefixCache):
         keys = self._keys(seq)
         tbl = self._table(seq, True)
         code, hit_blocks, held, ev, nblk = K.admit(
-            self._blk, self._kt, self._ct, self._pc, self._st, keys,
+            self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, keys,
             seq.seg_id, seq.seg_end, self.block_size, P, max(P, n), n, self.verify, tbl,
         )
         if code == K.COLLISION:
@@ -281,7 +298,7 @@ class BlockHashCache(PrefixCache):
         n_look = L // B
         keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, B, n_look, self._key_mask)
         tbl = self._table(seq, False)
-        code, h = K.peek(self._blk, self._kt, self._ct, self._pc, keys, n_look, seq.seg_id, seq.seg_end,
+        code, h = K.peek(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, keys, n_look, seq.seg_id, seq.seg_end,
                          B, L, self.verify, tbl)
         if code == K.COLLISION:
             self._collision(seq)
@@ -310,7 +327,7 @@ class BlockHashCache(PrefixCache):
         if n == 0:
             return True
         ok, nblk, ev = K.extend(
-            self._blk, self._kt, self._ct, self._pc, self._st, r.keys,
+            self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, r.keys,
             r.seq.seg_id, r.seq.seg_end, self.block_size, r.tbl, r.n_blocks, r.n_tokens, n,
         )
         if not ok:
@@ -333,7 +350,7 @@ class BlockHashCache(PrefixCache):
         """
         r = self._running.pop(rid)
         self._partial -= r.n_tokens % self.block_size
-        K.free(self._blk, self._st, r.tbl, r.n_blocks)
+        K.free(self._b32, self._st, r.tbl, r.n_blocks)
 
     def preempt(self, rid: int) -> None:
         """Preemption by recompute: the blocks are freed exactly as on finish.
@@ -349,7 +366,7 @@ class BlockHashCache(PrefixCache):
         keys = self._keys(seq)
         tbl = self._table(seq, False)
         code, hit_blocks, held, ev, decoded = K.run_request(
-            self._blk, self._kt, self._ct, self._pc, self._st, keys,
+            self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, keys,
             seq.seg_id, seq.seg_end, self.block_size, seq.prompt_len, seq.kv_len, self.verify, tbl,
         )
         if code == K.COLLISION:
@@ -381,31 +398,29 @@ class BlockHashCache(PrefixCache):
         With ``detail=False`` the two O(num_gpu_blocks) fields, ``cached_tokens`` and
         ``largest_free_run``, are −1.
         """
-        st = self._st
+        st = self._st.tolist()
         B = self.block_size
-        used = int(st[K.ST_NUSED])
-        cached = int(st[K.ST_NCACHED])
-        nhashed = int(st[K.ST_NHASHED])
-        nkeys = int(st[K.ST_NKEYS])
-        partial = self._partial
-        reach = int(K.reachable_keys(self._blk, self._kt, self._ct)) if detail else -1
+        used = st[K.ST_NUSED]
+        cached = st[K.ST_NCACHED]
+        nhashed = st[K.ST_NHASHED]
+        nkeys = st[K.ST_NKEYS]
         return PoolStats(
             num_slots=self.num_slots,
             slot_tokens=B,
             used_slots=used,
             cached_slots=cached,
             free_slots=self.num_slots - used - cached,
-            valid_tokens=nhashed * B + partial,
-            cached_tokens=reach * B if detail else -1,
+            valid_tokens=nhashed * B + self._partial,
+            cached_tokens=st[K.ST_NREACH] * B if detail else -1,
             duplicate_tokens=(nhashed - nkeys) * B,
-            metadata_bytes=nkeys * KEY_ENTRY_BYTES + int(st[K.ST_NDUPKEYS]) * DUPLICATE_DICT_BYTES,
-            largest_free_run=int(K.largest_free_run(self._blk)) if detail else -1,
+            metadata_bytes=nkeys * KEY_ENTRY_BYTES + st[K.ST_NDUPKEYS] * DUPLICATE_DICT_BYTES,
+            largest_free_run=int(K.largest_free_run(self._b32)) if detail else -1,
         )
 
     # ------------------------------------------------------------------ inspection
     def free_queue(self) -> np.ndarray:
         """Block ids in the free queue, head (next to be taken) first; int64, O(length)."""
-        return K.free_queue(self._blk, self._st)
+        return K.free_queue(self._b32, self._st)
 
     def block_table(self, rid: int) -> np.ndarray:
         """Block ids held by running request *rid*, in order (int64 copy)."""
