@@ -35,6 +35,26 @@ def segment_at(seg_end, t):
 
 
 @njit(cache=True)
+def _equal_blocks(a_id, a_end, b_id, b_end, i0, j0, limit):
+    """Segments to skip from (i0, j0): a multiple of 8 (see :func:`common_prefix_end`)."""
+    na = a_end.shape[0] - i0
+    nb = b_end.shape[0] - j0
+    a_id = a_id[i0:]
+    a_end = a_end[i0:]
+    b_id = b_id[j0:]
+    b_end = b_end[j0:]
+    i = 0
+    while i + 8 < na and i + 8 < nb and a_end[i + 7] < limit:
+        d = 0
+        for k in range(8):
+            d |= (a_end[i + k] ^ b_end[i + k]) | (a_id[i + k + 1] ^ b_id[i + k + 1])
+        if d != 0:
+            break
+        i += 8
+    return i
+
+
+@njit(cache=True)
 def common_prefix_end(a_id, a_end, b_id, b_end, pos, limit):
     """First position in ``[pos, limit)`` where sequences *a* and *b* hold different tokens.
 
@@ -64,21 +84,31 @@ def common_prefix_end(a_id, a_end, b_id, b_end, pos, limit):
         return limit
     i = np.searchsorted(a_end, pos, side="right")
     j = np.searchsorted(b_end, pos, side="right")
-    t = pos
-    while t < limit:
-        a_start = a_end[i - 1] if i > 0 else 0
-        b_start = b_end[j - 1] if j > 0 else 0
-        if a_id[i] != b_id[j] or a_start != b_start:
-            return t
-        e = a_end[i] if a_end[i] < b_end[j] else b_end[j]
-        if e >= limit:
+    a_start = a_end[i - 1] if i > 0 else 0
+    b_start = b_end[j - 1] if j > 0 else 0
+    if a_id[i] != b_id[j] or a_start != b_start:
+        return pos
+    # here and at the top of the scalar loop, segments i and j start at the same
+    # position with the same id. Skip blocks of 8 segment pairs that are equal (same
+    # ends, same next ids) and end before *limit*, branch-free so the compiler can
+    # vectorise (token traces have one segment per token).
+    k = _equal_blocks(a_id, a_end, b_id, b_end, i, j, limit)
+    i += k
+    j += k
+    while True:
+        ae = a_end[i]
+        be = b_end[j]
+        if ae != be:
+            # the segment ending first is followed by one starting at its end, the
+            # other continues a segment that started earlier: the tokens differ there
+            e = ae if ae < be else be
+            return limit if e >= limit else e
+        if ae >= limit:
             return limit
-        t = e
-        if a_end[i] == e:
-            i += 1
-        if b_end[j] == e:
-            j += 1
-    return limit
+        i += 1
+        j += 1
+        if a_id[i] != b_id[j]:
+            return ae
 
 
 @njit(cache=True)
@@ -516,8 +546,11 @@ def token_walk_seq(S, N, H1, H2, G, Q, s, node, pos, limit):
 
 
 @njit(cache=True)
-def _insert(S, N, H1, H2, HP, G, Q, s, L):
-    """Insert tokens ``[0, L)`` of stored sequence *s* (L page-aligned): (overlap, target)."""
+def _insert(S, N, H1, H2, HP, G, Q, s, L, known):
+    """Insert tokens ``[0, L)`` of stored sequence *s* (L page-aligned): (overlap, target).
+
+    *known*: a node whose path from the root holds the sequence's tokens (the request's
+    locked node), or 0."""
     off = Q[s, Q_OFF]
     n = Q[s, Q_LEN]
     qid = G[0, off:off + n]
@@ -525,6 +558,32 @@ def _insert(S, N, H1, H2, HP, G, Q, s, L):
     p = S[S_P]
     node = 0
     pos = 0
+    if known != 0 and L > 0:
+        # the path root -> *known* holds this sequence's tokens: the walk below would
+        # find exactly these nodes and match each in full, so it runs without comparing
+        depth = 0
+        x = known
+        while x != 0:
+            depth += 1
+            x = N[x, F_PARENT]
+        path = np.empty(depth, dtype=np.int64)
+        x = known
+        for k in range(depth - 1, -1, -1):
+            path[k] = x
+            x = N[x, F_PARENT]
+        for k in range(depth):
+            c = path[k]
+            N[c, F_TIME] = _tick(S)
+            end = N[c, F_END]
+            if L < end:
+                node = _split(S, N, H1, H2, HP, G, Q, c, L)
+                pos = L
+                break
+            _push_if_leaf(S, N, HP, c)
+            node = c
+            pos = end
+            if pos >= L:
+                break
     while pos < L:
         c = _find_child(S, N, H1, G, Q, node, qid, qend, s, pos)
         if c == -1:
@@ -622,7 +681,7 @@ def _alloc(S, R, end):
 
 @njit(cache=True)
 def _checkpoint(S, N, H1, H2, HP, G, Q, R, L):
-    overlap, target = _insert(S, N, H1, H2, HP, G, Q, R[R_SEQ], L)
+    overlap, target = _insert(S, N, H1, H2, HP, G, Q, R[R_SEQ], L, R[R_NODE])
     if L > R[R_OWNED]:
         p = S[S_P]
         dup = (overlap - R[R_OWNED]) // p
@@ -655,9 +714,19 @@ def admit(S, N, H1, H2, HP, G, Q, R, sid, send, P, n_tokens):
     """
     p = S[S_P]
     chunk = S[S_CHUNK]
-    held = token_walk(S, N, H1, H2, G, Q, sid, send, -1, 0, 0, P)
     K = (P - 1) // p * p
     hit, last, split, gain = match_plan(S, N, H1, G, Q, sid, send, K)
+    if p > 1:
+        held = token_walk(S, N, H1, H2, G, Q, sid, send, -1, 0, 0, P)
+    elif hit < K:
+        held = hit  # the token walk to P stops where the lookup did
+    elif split != -1:  # the lookup ended inside *split*: go on from there
+        end = N[split, F_END]
+        held = _lcp(N, G, Q, split, sid, send, -1, K, min(end, P))
+        if held == end:
+            held = token_walk(S, N, H1, H2, G, Q, sid, send, -1, split, end, P)
+    else:
+        held = token_walk(S, N, H1, H2, G, Q, sid, send, -1, last, K, P)
     if n_tokens < 0:
         target = P
         if chunk > 0 and P - hit > chunk:
@@ -667,7 +736,12 @@ def admit(S, N, H1, H2, HP, G, Q, R, sid, send, P, n_tokens):
     new_slots = -(-target // p) - hit // p
     if new_slots > S[S_FREE] + (S[S_EVTOK] - gain) // p:
         return False, hit, held, 0
-    s = register_seq(S, G, Q, sid, send)
+    # the request's tokens before the hit are never read from the store (its inserts
+    # walk its locked path without comparing): store from the segment before the one
+    # holding position *hit*, whose end gives that segment's start
+    f = np.searchsorted(send, hit, side="right")
+    f = f - 1 if f > 0 else 0
+    s = register_seq(S, G, Q, sid[f:], send[f:])
     if split != -1:
         last = _split(S, N, H1, H2, HP, G, Q, split, hit)
     if K > 0:
@@ -761,24 +835,25 @@ def finish(S, N, H1, H2, HP, G, Q, R):
     """Insert the KV computed, then the prompt; free the rest; unlock."""
     p = S[S_P]
     _checkpoint(S, N, H1, H2, HP, G, Q, R, R[R_COMP] // p * p)
-    _insert(S, N, H1, H2, HP, G, Q, R[R_SEQ], min(R[R_PLEN], R[R_COMP]) // p * p)
+    _insert(S, N, H1, H2, HP, G, Q, R[R_SEQ], min(R[R_PLEN], R[R_COMP]) // p * p, R[R_NODE])
     release(S, N, HP, Q, R)
 
 
 @njit(cache=True)
 def run_request(S, N, H1, H2, HP, G, Q, R, sid, send, P):
-    """admit, extend to the KV extent, finish, in one call: (status, hit, held, evicted);
+    """admit, extend to the KV extent, finish, in one call: (status, hit, held, evicted,
+    evicted tokens in total, evictions in total);
     status 1 done, 0 refused at admission, 2 refused at extension (finished), −1 decode
     found no page."""
     ok, hit, held, ev = admit(S, N, H1, H2, HP, G, Q, R, sid, send, P, -1)
     if not ok:
-        return 0, hit, held, ev
+        return 0, hit, held, ev, S[S_EVTOT], S[S_EVN]
+    status = 1
     if R[R_COMP] < R[R_KVMAX]:
         e = extend(S, N, H1, H2, HP, G, Q, R, R[R_KVMAX] - R[R_COMP])
         if e < 0:
-            return -1, hit, held, ev
+            return -1, hit, held, ev, S[S_EVTOT], S[S_EVN]
         if e == 0:
-            finish(S, N, H1, H2, HP, G, Q, R)
-            return 2, hit, held, ev
+            status = 2
     finish(S, N, H1, H2, HP, G, Q, R)
-    return 1, hit, held, ev
+    return status, hit, held, ev, S[S_EVTOT], S[S_EVN]

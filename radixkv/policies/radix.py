@@ -241,6 +241,7 @@ class RadixCache(PrefixCache):
         self._G = np.zeros((2, 4096), dtype=np.int64)
         self._Q = np.zeros((256, 4), dtype=np.int64)
         self._reqs: dict[int, _Req] = {}
+        self._row = np.zeros(K.NR, dtype=np.int64)  # scratch request row (run_request)
 
     @staticmethod
     def _empty_table(n: int) -> np.ndarray:
@@ -264,12 +265,13 @@ class RadixCache(PrefixCache):
     def _reserve(self, new_nodes: int, new_segments: int) -> None:
         """Make the arrays hold *new_nodes* more nodes and a sequence of *new_segments*."""
         S = self._S
-        if S[K.S_NNODES] + 1 + new_nodes > self._N.shape[0]:
-            self._grow_nodes(int(S[K.S_NNODES]) + 1 + new_nodes)
+        nn, used, qfree, qhw = S[K.S_NNODES], S[K.S_GUSED], S[K.S_QFREE], S[K.S_QHW]
+        if nn + 1 + new_nodes > self._N.shape[0]:
+            self._grow_nodes(int(nn) + 1 + new_nodes)
         if new_segments:
             G = self._G
-            used = int(S[K.S_GUSED])
             if used + new_segments > G.shape[1]:
+                used = int(used)
                 live = used - int(S[K.S_GGARB])
                 size = G.shape[1]
                 while live + new_segments > size // 2:
@@ -277,7 +279,7 @@ class RadixCache(PrefixCache):
                 G2 = np.zeros((2, size), dtype=np.int64)
                 K.compact_store(S, G, G2, self._Q)
                 self._G = G2
-            if S[K.S_QFREE] == -1 and S[K.S_QHW] >= self._Q.shape[0]:
+            if qfree == -1 and qhw >= self._Q.shape[0]:
                 Q2 = np.zeros((2 * self._Q.shape[0], 4), dtype=np.int64)
                 Q2[: self._Q.shape[0]] = self._Q
                 self._Q = Q2
@@ -435,14 +437,14 @@ class RadixCache(PrefixCache):
         if self.cache_last_token_on_stop and seq.kv_len > P:
             seq = _with_extra_token(seq)
         self._reserve(self._node_budget(P) + 8, len(seq.seg_id))
-        row = np.empty(K.NR, dtype=np.int64)
-        status, hit, held, ev = K.run_request(*self._state(), row, seq.seg_id, seq.seg_end, P)
-        self._sync()
+        status, hit, held, ev, self.evicted_tokens_total, self.evictions = K.run_request(
+            self._S, self._N, self._H1, self._H2, self._HP, self._G, self._Q, self._row,
+            seq.seg_id, seq.seg_end, P)
         if status < 0:
             raise RuntimeError("decode needs a page but none is free or evictable")
         if status != 1:
             return None
-        return Admission(hit_tokens=int(hit), held_tokens=int(held), evicted_tokens=int(ev))
+        return Admission(hit, held, ev)
 
     # ------------------------------------------------------------------ inspection
     @property
@@ -475,10 +477,11 @@ class RadixCache(PrefixCache):
         """
         p = self.page_size
         S = self._S
-        ev_tok, prot_tok = int(S[K.S_EVTOK]), int(S[K.S_PROT])
+        v = S.tolist()
+        ev_tok, prot_tok = v[K.S_EVTOK], v[K.S_PROT]
         tree_tok = ev_tok + prot_tok
-        private_tok = sum(r.computed - r.owned for r in self._reqs.values())
-        used = int(S[K.S_PRIV]) + prot_tok // p
+        private_tok = sum(r.computed - r.owned for r in self._reqs.values()) if self._reqs else 0
+        used = v[K.S_PRIV] + prot_tok // p
         cached = ev_tok // p
         return PoolStats(
             num_slots=self.num_slots,
@@ -493,7 +496,7 @@ class RadixCache(PrefixCache):
                                  r.row[K.R_OWNED], r.row[K.R_COMP]) - r.owned
                 for r in self._reqs.values()
             ) if detail else -1,
-            metadata_bytes=int(S[K.S_NNODES]) * NODE_OVERHEAD_BYTES + tree_tok * BYTES_PER_TOKEN,
+            metadata_bytes=v[K.S_NNODES] * NODE_OVERHEAD_BYTES + tree_tok * BYTES_PER_TOKEN,
             largest_free_run=-1,
         )
 
