@@ -341,3 +341,23 @@ def test_outputs_are_byte_identical_across_runs(tmp_path):
     lines = (tmp_path / "a.csv").read_text().splitlines()
     assert len(lines) == 201 and lines[0].startswith("id,arrival_s,")
     assert json.loads((tmp_path / "a.json").read_text())["summary"]["requests"] == 200
+
+
+def test_internal_fragmentation_peak_by_hand():
+    """One request, P = 10, N = 3, NoCache with 4-token blocks and a 40-token pool.
+
+    After the prefill step it holds KV for 10 tokens in ceil(10/4) = 3 blocks = 12 slot
+    tokens: 2 allocated tokens hold nothing, the peak. After it finishes nothing is held.
+    Peak share = 2 / 40 = 0.05.
+    """
+    from radixkv.cost import CostModel
+    from radixkv.policies.no_cache import NoCache
+    from radixkv.replay.concurrent import replay_concurrent
+    from radixkv.trace.types import Trace
+
+    t = Trace.from_requests(req_id=["a"], arrival_s=[0.0], prompt_len=[10], output_len=[3],
+                            prompt_ids=[list(range(10))])
+    res = replay_concurrent(t, NoCache(10, 4), CostModel.from_specs("Llama-3.1-8B", "A100-80GB"))
+    s = res.summary()
+    assert s["internal_fragmentation_share_peak"] == pytest.approx(2 / 40)
+    assert 0 < s["internal_fragmentation_share_mean"] <= 2 / 40

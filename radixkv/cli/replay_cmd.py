@@ -177,6 +177,9 @@ _CONCURRENT_ROWS = [
     ("preemptions", "preemptions", "{:,}"),
     ("recomputed_tokens", "recomputed tokens", "{:,}"),
     ("prefill_flops_saved", "prefill FLOPs saved", "{:.3e}"),
+    ("pool_used_share_mean", "pool held by running requests (mean)", "{:.4f}"),
+    ("pool_cached_share_mean", "pool held by evictable cache (mean)", "{:.4f}"),
+    ("internal_fragmentation_share_mean", "internal fragmentation (mean)", "{:.5f}"),
     ("duration_s", "simulated duration (s)", "{:,.1f}"),
 ]
 

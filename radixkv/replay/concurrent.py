@@ -71,6 +71,11 @@ class ConcurrentResult:
         FLOPs of every prefill token computed (re-admissions included).
     prefill_flops_saved : float
         FLOPs the first admissions' hits avoided: Σ ``prefill_flops(hit, 0)``.
+    pool : dict
+        Time-weighted pool occupancy over busy time, from ``policy.stats(detail=False)``
+        after every step: ``waste_area`` (∫ allocated-but-invalid tokens dt: partial
+        blocks/pages, token·s), ``waste_peak`` (tokens), ``used_area`` (∫ slots held by
+        running requests dt), ``cached_area`` (∫ evictable slots dt), ``capacity_tokens``.
     meta : dict
         Configuration (policy, scheduler knobs, cost parameters).
     """
@@ -84,6 +89,7 @@ class ConcurrentResult:
     steps: int
     prefill_flops: float
     prefill_flops_saved: float
+    pool: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -108,6 +114,20 @@ class ConcurrentResult:
 
         atomic_write_text(path, dumps_json({"summary": self.summary(), "meta": self.meta}))
 
+    def _pool_summary(self) -> dict:
+        """Pool occupancy means over busy time (shares of the pool's slots or tokens)."""
+        p, b = self.pool, self.busy_s
+        if not p or b <= 0:
+            return {}
+        cap = p["capacity_tokens"]
+        slots = cap / self.meta.get("slot_tokens", 1)
+        return {
+            "internal_fragmentation_share_mean": p["waste_area"] / b / cap,
+            "internal_fragmentation_share_peak": p["waste_peak"] / cap,
+            "pool_used_share_mean": p["used_area"] / b / slots,
+            "pool_cached_share_mean": p["cached_area"] / b / slots,
+        }
+
     def summary(self) -> dict:
         """Run metrics, units in the key names; plain Python numbers, deterministic.
 
@@ -118,7 +138,10 @@ class ConcurrentResult:
         ``throughput_output_tokens_per_s``, ``throughput_total_tokens_per_s`` (prompt +
         output), ``preemptions``, ``preempted_requests``, ``prompt_tokens``, ``hit_tokens``,
         ``token_hit_rate`` (first admissions), ``recomputed_tokens``, ``prefill_flops``,
-        ``prefill_flops_saved``, ``steps``. Percentiles are numpy's linear interpolation;
+        ``prefill_flops_saved``, ``steps``, and over busy time
+        ``internal_fragmentation_share_mean`` / ``_peak`` (allocated tokens holding no valid
+        KV, share of the pool's tokens), ``pool_used_share_mean`` (slots held by running
+        requests) and ``pool_cached_share_mean`` (evictable cached slots). Percentiles are numpy's linear interpolation;
         NaN when no request has the quantity.
         """
         c = self.columns
@@ -164,6 +187,7 @@ class ConcurrentResult:
             "prefill_flops": float(self.prefill_flops),
             "prefill_flops_saved": float(self.prefill_flops_saved),
             "steps": int(self.steps),
+            **self._pool_summary(),
         }
 
 
@@ -226,6 +250,9 @@ def replay_concurrent(
     busy = 0.0
     peak = 0
     pf_flops = 0.0
+    pool = {"waste_area": 0.0, "waste_peak": 0, "used_area": 0.0, "cached_area": 0.0,
+            "capacity_tokens": policy.capacity_tokens}
+    S = policy.slot_tokens
     while done < n:
         while nxt < n and arr[nxt] <= now:
             sch.enqueue(nxt)
@@ -270,6 +297,12 @@ def replay_concurrent(
             steps += 1
         area += plan.n_running * dt
         busy += dt
+        st = policy.stats(detail=False)
+        waste = (st.used_slots + st.cached_slots) * S - st.valid_tokens
+        pool["waste_area"] += waste * dt
+        pool["waste_peak"] = max(pool["waste_peak"], waste)
+        pool["used_area"] += st.used_slots * dt
+        pool["cached_area"] += st.cached_slots * dt
         now += dt
         for i in sch.first_token_now:
             if math.isnan(first_tok[i]):
@@ -282,11 +315,11 @@ def replay_concurrent(
             progress(done, n)
         sch.finished_now = []
     return _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, finish,
-                   t0, now, busy, area, peak, steps, pf_flops)
+                   t0, now, busy, area, peak, steps, pf_flops, pool)
 
 
 def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, finish,
-            t0, t_end, busy, area, peak, steps, pf_flops) -> ConcurrentResult:
+            t0, t_end, busy, area, peak, steps, pf_flops, pool) -> ConcurrentResult:
     admit = np.asarray(admit_s, dtype=np.float64)
     ftok = np.asarray(first_tok, dtype=np.float64)
     fin = np.asarray(finish, dtype=np.float64)
@@ -335,5 +368,6 @@ def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, fini
         steps=int(steps),
         prefill_flops=float(pf_flops),
         prefill_flops_saved=saved,
+        pool=pool,
         meta=meta,
     )
