@@ -55,8 +55,12 @@ a breadth-first search, :func:`reachable_keys`, if a key becomes its own ancesto
 """
 from __future__ import annotations
 
+import llvmlite.ir as ir
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.core import config as numba_config
+from numba.extending import intrinsic
 
 # int32 fields of a block record (b32 columns)
 R_REF = 0  # ref_cnt (vLLM KVCacheBlock.ref_cnt)
@@ -147,6 +151,12 @@ def seq_block_keys(seg_id, seg_end, block_size, n_blocks, key_mask):
         Largest number of pieces (runs of one segment) in any of these blocks.
     """
     keys = np.empty(n_blocks, dtype=np.int64)
+    return keys, _block_keys_into(seg_id, seg_end, block_size, n_blocks, key_mask, keys)
+
+
+@njit(cache=True, inline="always")
+def _block_keys_into(seg_id, seg_end, block_size, n_blocks, key_mask, keys):
+    """:func:`seq_block_keys` writing into ``keys[:n_blocks]``; returns ``max_pieces``."""
     parent = np.uint64(SEED)
     s = 0
     seg_start = 0
@@ -174,8 +184,41 @@ def seq_block_keys(seg_id, seg_end, block_size, n_blocks, key_mask):
         parent = h
         if npieces > max_pieces:
             max_pieces = npieces
-    return keys, max_pieces
+    return max_pieces
 
+
+
+# ---------------------------------------------------------------------- prefetch
+@intrinsic
+def _prefetch_row(typingctx, arr, i):
+    """Hint the CPU to load the cache line of ``arr[i, 0]`` (LLVM ``llvm.prefetch``, read,
+    high locality). No effect on results; without the JIT it is not called."""
+    sig = types.void(arr, i)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        zero = context.get_constant(types.intp, 0)
+        idx = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx, zero], wraparound=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic cannot run
+
+    def _prefetch_row(arr, i):  # noqa: F811
+        """No-op stand-in for the prefetch hint."""
+
+
+#: blocks handled per batch of prefetches when popping from the free queue / caching
+_PF = 32
 
 
 # ---------------------------------------------------------------------- hash table
@@ -217,7 +260,7 @@ def _find_or_add(kt, key):
     return i
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _delete_slot(kt, i):
     """Empty row *i* and close the gap (backward-shift deletion, Knuth vol. 3, 6.4 R)."""
     mask = kt.shape[0] - 1
@@ -349,7 +392,7 @@ def _cascade(blk, b32, kt, k32, st, stk, key, delta):
 
 
 # ---------------------------------------------------------------------- key table ops
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _drop_key(blk, b32, kt, k32, st, stk, b):
     """Remove block *b*'s key: its duplicate chain, its parent's sibling chain, reach.
 
@@ -385,7 +428,8 @@ def _drop_key(blk, b32, kt, k32, st, stk, b):
         if k32[i, T_REACH] == 0:
             st[ST_NREACH] -= 1
             flip = True
-    if c == 0 and k32[i, T_CCNT] == 0:
+    alive = c != 0 or k32[i, T_CCNT] != 0
+    if not alive:
         _delete_slot(kt, i)
     # the parent key's row: sibling chain
     j = _find(kt, pkey)
@@ -404,7 +448,7 @@ def _drop_key(blk, b32, kt, k32, st, stk, b):
         _delete_slot(kt, j)
     b32[b, R_PCN] = 0
     st[ST_NHASHED] -= 1
-    if flip:
+    if flip and alive:  # without children (a leaf, the common case) nothing to cascade
         _cascade(blk, b32, kt, k32, st, stk, key, -1)
 
 
@@ -447,7 +491,7 @@ def _add_key(blk, b32, kt, k32, st, stk, b, key, pkey):
         k32[i, T_REACH] += 1
         if k32[i, T_REACH] == 1:
             st[ST_NREACH] += 1
-            if k32[i, T_CCNT] > 0:
+            if k32[i, T_CCNT] > 0:  # children cached before their parent
                 _cascade(blk, b32, kt, k32, st, stk, key, 1)
 
 
@@ -554,7 +598,12 @@ def lookup(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_si
     B = block_size
     h = 0
     s = 0
+    mask = kt.shape[0] - 1
+    for j in range(min(4, n_look)):
+        _prefetch_row(kt, keys[j] & mask)
     while h < n_look:
+        if h + 4 < n_look:
+            _prefetch_row(kt, keys[h + 4] & mask)
         i = _find(kt, keys[h])
         if i < 0 or k32[i, T_CNT] == 0:
             break
@@ -603,16 +652,29 @@ def _take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new):
 
     vLLM ``BlockPool.get_new_blocks`` → ``_maybe_evict_cached_block``. Returns the number
     of blocks whose key was dropped. The caller has checked ``n_new ≤ free-queue length``.
+    Batches of ``_PF`` blocks: first the queue is walked and the table rows of their keys
+    and parent keys are prefetched, then the blocks are popped and evicted in order.
     """
     ev = 0
-    for k in range(n_new):
+    mask = kt.shape[0] - 1
+    k0 = 0
+    while k0 < n_new:
+        k1 = min(k0 + _PF, n_new)
         b = st[ST_FQH]
-        _fq_remove(b32, st, b)
-        if b32[b, R_PCN] != 0:
-            _drop_key(blk, b32, kt, k32, st, stk, b)
-            ev += 1
-        b32[b, R_REF] = 1
-        tbl[at + k] = b
+        for k in range(k0, k1):
+            tbl[at + k] = b
+            if b32[b, R_PCN] != 0:
+                _prefetch_row(kt, blk[b, W_KEY] & mask)
+                _prefetch_row(kt, blk[b, W_PKEY] & mask)
+            b = b32[b, R_FNEXT]
+        for k in range(k0, k1):
+            b = tbl[at + k]
+            _fq_remove(b32, st, b)
+            if b32[b, R_PCN] != 0:
+                _drop_key(blk, b32, kt, k32, st, stk, b)
+                ev += 1
+            b32[b, R_REF] = 1
+        k0 = k1
     st[ST_NCACHED] -= ev
     st[ST_NUSED] += n_new
     st[ST_EVICTIONS] += ev
@@ -623,7 +685,12 @@ def _take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new):
 def _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id, seg_end, block_size):
     """Give blocks ``tbl[lo:hi]`` their keys and content (vLLM ``BlockPool.cache_full_blocks``)."""
     s = _seg_index(seg_end, lo * block_size) if hi > lo else 0
+    mask = kt.shape[0] - 1
+    for j in range(lo, min(lo + 8, hi)):
+        _prefetch_row(kt, keys[j] & mask)
     for j in range(lo, hi):
+        if j + 8 < hi:
+            _prefetch_row(kt, keys[j + 8] & mask)
         pkey = keys[j - 1] if j > 0 else SEED
         b = tbl[j]
         _add_key(blk, b32, kt, k32, st, stk, b, keys[j], pkey)
@@ -746,6 +813,33 @@ def run_request(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, bl
             nblk = nblk2
     free(b32, st, tbl, nblk)
     return OK, hcap, held, ev, ok
+
+
+NEED_PIECES = 3  # run_seq: a block has more content pieces than ``pcid`` holds (nothing changed)
+
+
+@njit(cache=True)
+def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, prompt_len, kv_len, verify,
+            key_mask):
+    """:func:`run_request` that also hashes the sequence: one call per request.
+
+    ``state`` = ``st`` followed by the cascade stack; ``scratch`` int64 (2, ≥ ceil(kv_len / B))
+    receives the keys (row 0) and the block table (row 1). Returns ``(code, hit_blocks,
+    held, evicted_blocks, decoded, total evictions)``; code ``NEED_PIECES`` (with
+    ``hit_blocks`` = the pieces needed) when ``pcid`` must grow first, nothing changed.
+    """
+    b32 = blk.view(np.int32)
+    k32 = kt.view(np.int32)
+    st = state[:NST]
+    stk = state[NST:]
+    keys = scratch[0]
+    tbl = scratch[1]
+    mp = _block_keys_into(seg_id, seg_end, block_size, kv_len // block_size, key_mask, keys)
+    if mp - 1 > pcid.shape[1]:
+        return NEED_PIECES, mp, 0, 0, False, st[ST_EVICTIONS]
+    code, hcap, held, ev, ok = run_request(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end,
+                                           block_size, prompt_len, kv_len, verify, tbl)
+    return code, hcap, held, ev, ok, st[ST_EVICTIONS]
 
 
 # ---------------------------------------------------------------------- statistics

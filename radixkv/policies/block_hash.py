@@ -160,12 +160,14 @@ class BlockHashCache(PrefixCache):
         self._k32 = self._kt.view(np.int32)
         self._pcid = np.zeros((nb, 0), dtype=np.int64)
         self._pcs = np.zeros((nb, 0), dtype=np.int32)
-        self._st = np.zeros(K.NST, dtype=np.int64)
-        self._stk = np.empty(nb + 1, dtype=np.int64)
+        self._state = np.zeros(K.NST + nb + 1, dtype=np.int64)  # counters, then the cascade stack
+        self._st = self._state[: K.NST]
+        self._stk = self._state[K.NST:]
         K.init_pool(self._blk, self._b32, self._st)
         self._running: dict[int, _Running] = {}
         self._partial = 0  # Σ over running requests of their partial block's tokens
         self._scratch = np.zeros(64, dtype=np.int64)
+        self._scratch2 = np.zeros((2, 64), dtype=np.int64)  # run_request: keys, block table
 
     @classmethod
     def from_capacity_tokens(cls, capacity_tokens: int, block_size: int = 16, **kw) -> "BlockHashCache":
@@ -192,14 +194,18 @@ class BlockHashCache(PrefixCache):
         keys, max_pieces = K.seq_block_keys(seq.seg_id, seq.seg_end, self.block_size,
                                             seq.kv_len // self.block_size, self._key_mask)
         if max_pieces - 1 > self._pcid.shape[1]:
-            cx = self._pcid.shape[1]
-            c = min(self.block_size - 1, max(2 * cx, int(max_pieces) - 1))
-            pcid = np.zeros((self.num_gpu_blocks, c), dtype=np.int64)
-            pcs = np.zeros((self.num_gpu_blocks, c), dtype=np.int32)
-            pcid[:, :cx] = self._pcid
-            pcs[:, :cx] = self._pcs
-            self._pcid, self._pcs = pcid, pcs
+            self._grow_pieces(max_pieces)
         return keys
+
+    def _grow_pieces(self, max_pieces: int) -> None:
+        """Widen the content-piece arrays so that a block of *max_pieces* pieces fits."""
+        cx = self._pcid.shape[1]
+        c = min(self.block_size - 1, max(2 * cx, int(max_pieces) - 1))
+        pcid = np.zeros((self.num_gpu_blocks, c), dtype=np.int64)
+        pcs = np.zeros((self.num_gpu_blocks, c), dtype=np.int32)
+        pcid[:, :cx] = self._pcid
+        pcs[:, :cx] = self._pcs
+        self._pcid, self._pcs = pcid, pcs
 
     def _table(self, seq: KVSeq, persistent: bool) -> np.ndarray:
         n = -(-seq.kv_len // self.block_size)
@@ -363,25 +369,28 @@ class BlockHashCache(PrefixCache):
         """Admit, decode to the KV extent, finish: one kernel call (same result as the base)."""
         if rid in self._running:
             raise ValueError(f"request {rid} is already running")
-        keys = self._keys(seq)
-        tbl = self._table(seq, False)
-        code, hit_blocks, held, ev, decoded = K.run_request(
-            self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, keys,
-            seq.seg_id, seq.seg_end, self.block_size, seq.prompt_len, seq.kv_len, self.verify, tbl,
-        )
+        B = self.block_size
+        kv = seq.kv_len
+        if self._scratch2.shape[1] * B < kv:
+            self._scratch2 = np.zeros((2, max(-(-kv // B), 2 * self._scratch2.shape[1])), dtype=np.int64)
+        args = (self._scratch2, seq.seg_id, seq.seg_end, B, seq.prompt_len, kv, self.verify, self._key_mask)
+        code, hit_blocks, held, ev, decoded, total_ev = K.run_seq(
+            self._blk, self._kt, self._pcid, self._pcs, self._state, *args)
+        if code == K.NEED_PIECES:
+            self._grow_pieces(hit_blocks)
+            code, hit_blocks, held, ev, decoded, total_ev = K.run_seq(
+                self._blk, self._kt, self._pcid, self._pcs, self._state, *args)
         if code == K.COLLISION:
             self._collision(seq)
         if code == K.REFUSED:
             return None
-        B = self.block_size
         # evictions by the decode step are the difference of the pool counter
-        total_ev = int(self._st[K.ST_EVICTIONS])
         self.evictions = total_ev
         self.evicted_tokens_total = total_ev * B
         if not decoded:
             return None
-        return Admission(hit_tokens=int(hit_blocks) * B, held_tokens=int(min(held, seq.prompt_len)),
-                         evicted_tokens=int(ev) * B)
+        P = seq.prompt_len
+        return Admission(hit_tokens=hit_blocks * B, held_tokens=held if held < P else P, evicted_tokens=ev * B)
 
     # ------------------------------------------------------------------ stats
     def stats(self, detail: bool = True) -> PoolStats:
