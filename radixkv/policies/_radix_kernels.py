@@ -159,8 +159,8 @@ def page_span(seg_id, seg_end, t, p):
 #     node whose run points into the sequence, one per running request.
 # R, shape (NR,): one running request (fields R_*).
 
-F_PARENT, F_START, F_END, F_SEQ, F_LOCK, F_TIME, F_NCHILD, F_ALIVE, F_K1, F_K2, F_T1, F_T2 = range(12)
-NF = 12
+F_PARENT, F_START, F_END, F_SEQ, F_LOCK, F_TIME, F_NCHILD, F_ALIVE, F_K1, F_K2, F_T1, F_T2, F_DOWN = range(13)
+NF = 13  # F_DOWN: scratch link to the next node of a path being walked down
 (S_CLOCK, S_PUSH, S_HLEN, S_NNODES, S_FREE, S_PRIV, S_EVTOK, S_PROT, S_EVTOT, S_EVN, S_NFREE,
  S_HW, S_GUSED, S_GGARB, S_QFREE, S_QHW, S_P, S_CHUNK) = range(18)
 NS = 18
@@ -430,18 +430,28 @@ def register_seq(S, G, Q, sid, send):
 
 
 @njit(cache=True)
-def compact_store(S, G, G2, Q):
-    """Copy the live sequences of *G* into *G2*, back to back; update their offsets."""
-    u = 0
+def compact_store(S, G, Q):
+    """Move the live sequences of the store to its start, back to back, in place."""
+    live = np.empty(S[S_QHW], dtype=np.int64)
+    n_live = 0
     for s in range(S[S_QHW]):
         if Q[s, Q_REFS] > 0:
-            off = Q[s, Q_OFF]
-            n = Q[s, Q_LEN]
-            for k in range(n):
-                G2[0, u + k] = G[0, off + k]
-                G2[1, u + k] = G[1, off + k]
-            Q[s, Q_OFF] = u
-            u += n
+            live[n_live] = s
+            n_live += 1
+    offs = np.empty(n_live, dtype=np.int64)
+    for k in range(n_live):
+        offs[k] = Q[live[k], Q_OFF]
+    u = 0
+    for k in np.argsort(offs):  # ascending offsets: a move never overwrites live data
+        s = live[k]
+        off = Q[s, Q_OFF]
+        n = Q[s, Q_LEN]
+        if off != u:
+            for t in range(n):
+                G[0, u + t] = G[0, off + t]
+                G[1, u + t] = G[1, off + t]
+        Q[s, Q_OFF] = u
+        u += n
     S[S_GUSED] = u
     S[S_GGARB] = 0
 
@@ -561,18 +571,13 @@ def _insert(S, N, H1, H2, HP, G, Q, s, L, known):
     if known != 0 and L > 0:
         # the path root -> *known* holds this sequence's tokens: the walk below would
         # find exactly these nodes and match each in full, so it runs without comparing
-        depth = 0
         x = known
         while x != 0:
-            depth += 1
+            N[N[x, F_PARENT], F_DOWN] = x
             x = N[x, F_PARENT]
-        path = np.empty(depth, dtype=np.int64)
-        x = known
-        for k in range(depth - 1, -1, -1):
-            path[k] = x
-            x = N[x, F_PARENT]
-        for k in range(depth):
-            c = path[k]
+        c = 0
+        while c != known:
+            c = N[c, F_DOWN]
             N[c, F_TIME] = _tick(S)
             end = N[c, F_END]
             if L < end:

@@ -242,6 +242,10 @@ class RadixCache(PrefixCache):
         self._Q = np.zeros((256, 4), dtype=np.int64)
         self._reqs: dict[int, _Req] = {}
         self._row = np.zeros(K.NR, dtype=np.int64)  # scratch request row (run_request)
+        # upper bounds on the node count, store use and sequence rows (see ``_reserve``)
+        self._nn_hi = 1
+        self._g_hi = 0
+        self._q_hi = 0
 
     @staticmethod
     def _empty_table(n: int) -> np.ndarray:
@@ -263,26 +267,41 @@ class RadixCache(PrefixCache):
         return self._S, self._N, self._H1, self._H2, self._HP, self._G, self._Q
 
     def _reserve(self, new_nodes: int, new_segments: int) -> None:
-        """Make the arrays hold *new_nodes* more nodes and a sequence of *new_segments*."""
+        """Make the arrays hold *new_nodes* more nodes and a sequence of *new_segments*.
+
+        Checked against upper bounds kept in Python (the counts only grow by what the
+        calls reserve); the arrays are read and grown only when a bound reaches a
+        capacity."""
+        self._nn_hi += new_nodes
+        self._g_hi += new_segments
+        self._q_hi += 1
+        if self._nn_hi >= self._N.shape[0] or self._g_hi > self._G.shape[1] or self._q_hi >= self._Q.shape[0]:
+            self._reserve_exact(new_nodes, new_segments)
+
+    def _reserve_exact(self, new_nodes: int, new_segments: int) -> None:
         S = self._S
-        nn, used, qfree, qhw = S[K.S_NNODES], S[K.S_GUSED], S[K.S_QFREE], S[K.S_QHW]
+        nn, used, qhw = int(S[K.S_NNODES]), int(S[K.S_GUSED]), int(S[K.S_QHW])
         if nn + 1 + new_nodes > self._N.shape[0]:
-            self._grow_nodes(int(nn) + 1 + new_nodes)
-        if new_segments:
-            G = self._G
-            if used + new_segments > G.shape[1]:
-                used = int(used)
-                live = used - int(S[K.S_GGARB])
-                size = G.shape[1]
+            self._grow_nodes(nn + 1 + new_nodes)
+        if used + new_segments > self._G.shape[1]:
+            live = used - int(S[K.S_GGARB])
+            size = self._G.shape[1]
+            if live + new_segments <= size // 2:
+                K.compact_store(S, self._G, self._Q)  # at least half the store comes free
+            else:
                 while live + new_segments > size // 2:
                     size *= 2
                 G2 = np.zeros((2, size), dtype=np.int64)
-                K.compact_store(S, G, G2, self._Q)
+                G2[:, :used] = self._G[:, :used]
                 self._G = G2
-            if qfree == -1 and qhw >= self._Q.shape[0]:
-                Q2 = np.zeros((2 * self._Q.shape[0], 4), dtype=np.int64)
-                Q2[: self._Q.shape[0]] = self._Q
-                self._Q = Q2
+                K.compact_store(S, G2, self._Q)
+        if qhw + 1 >= self._Q.shape[0]:
+            Q2 = np.zeros((2 * self._Q.shape[0], 4), dtype=np.int64)
+            Q2[: self._Q.shape[0]] = self._Q
+            self._Q = Q2
+        self._nn_hi = nn + 1 + new_nodes
+        self._g_hi = int(S[K.S_GUSED]) + new_segments
+        self._q_hi = int(S[K.S_QHW]) + 1
 
     def _grow_nodes(self, need: int) -> None:
         cap = self._N.shape[0]
