@@ -19,7 +19,7 @@ of its parent key, which the previous block of the same chain has just touched).
     the same parent hash, for ``held_tokens``); the number of content pieces (0 = the
     block carries no block hash). int64 fields (``blk`` columns ``W_*``): its key and
     its parent's key (uint64 hashes stored bit for bit), and the first content piece.
-``pcid`` : int64, shape (nb, C − 1); ``pcs`` : int32, shape (nb, C − 1)
+``pcid`` : int64, shape (nb, C − 1); ``pcs`` : int16 (int32 when ``block_size`` ≥ 2¹⁵), shape (nb, C − 1)
     Content pieces 1 … C − 1 of each hashed block (segment id; first position of the
     piece inside the block), for ``held_tokens`` and ``verify``. A block's content is
     its pieces ``(segment id, offset in segment, start in block)``: piece 0 (in ``blk``)

@@ -121,11 +121,15 @@ class BlockHashCache(PrefixCache):
     Notes
     -----
     State is numpy arrays driven by numba kernels (:mod:`._hash_kernels`): one kernel
-    call per admit / extend / finish, one for :meth:`run_request`. Host memory is
-    ``(11 × 8 + 3 × 8 × C) × num_gpu_blocks`` bytes plus two hash tables of
-    ``1.5 × num_gpu_blocks`` entries rounded up to a power of two (32 B each), where
-    C ≤ ``block_size`` is the most pieces any cached block needed (2 for hash-id traces
-    with units of at least ``block_size`` tokens, ``block_size`` for token traces).
+    call per admit / extend / finish / :meth:`run_request` (which also hashes). Host
+    memory is ``(64 + 8 + 10 × (C − 1)) × num_gpu_blocks`` bytes (a 64-byte block record,
+    a cascade-stack slot, content pieces beyond the first at 8 + 2 bytes) plus a key table
+    of ``2 × num_gpu_blocks + 2`` rows rounded up to a power of two (32 B each), where
+    C ≤ ``block_size`` is the most pieces any cached block needed (1 for hash-id traces
+    whose units are multiples of ``block_size``, ``block_size`` for token traces). E.g. a
+    token trace at ``block_size`` 16 and 6.25 M blocks (10⁸ tokens): about 1.9 GB.
+    ``stats`` is O(1) except ``largest_free_run`` (one pass over the block records);
+    ``cached_tokens`` is kept incrementally.
     """
 
     name = "vllm"
@@ -159,7 +163,9 @@ class BlockHashCache(PrefixCache):
         self._kt = _aligned(cap, K.NT, 32)
         self._k32 = self._kt.view(np.int32)
         self._pcid = np.zeros((nb, 0), dtype=np.int64)
-        self._pcs = np.zeros((nb, 0), dtype=np.int32)
+        # piece starts are < block_size: 2 bytes each unless the blocks are huge
+        self._pcs_dtype = np.int16 if B < 2**15 else np.int32
+        self._pcs = np.zeros((nb, 0), dtype=self._pcs_dtype)
         self._state = np.zeros(K.NST + nb + 1, dtype=np.int64)  # counters, then the cascade stack
         self._st = self._state[: K.NST]
         self._stk = self._state[K.NST:]
@@ -202,7 +208,7 @@ class BlockHashCache(PrefixCache):
         cx = self._pcid.shape[1]
         c = min(self.block_size - 1, max(2 * cx, int(max_pieces) - 1))
         pcid = np.zeros((self.num_gpu_blocks, c), dtype=np.int64)
-        pcs = np.zeros((self.num_gpu_blocks, c), dtype=np.int32)
+        pcs = np.zeros((self.num_gpu_blocks, c), dtype=self._pcs_dtype)
         pcid[:, :cx] = self._pcid
         pcs[:, :cx] = self._pcs
         self._pcid, self._pcs = pcid, pcs
@@ -394,7 +400,7 @@ class BlockHashCache(PrefixCache):
 
     # ------------------------------------------------------------------ stats
     def stats(self, detail: bool = True) -> PoolStats:
-        """The pool now. O(num_gpu_blocks) (reachable keys and the largest free run).
+        """The pool now: O(1), plus one pass over the blocks for ``largest_free_run``.
 
         ``used_slots`` = blocks with ref_cnt > 0; ``cached_slots`` = blocks in the free
         queue that keep a key; ``free_slots`` = the rest. ``valid_tokens`` = B × hashed
@@ -404,8 +410,10 @@ class BlockHashCache(PrefixCache):
         blocks − distinct keys). ``metadata_bytes`` = distinct keys × ``KEY_ENTRY_BYTES``
         + keys held more than once × ``DUPLICATE_DICT_BYTES`` (vLLM's host-side map).
         ``largest_free_run`` counts consecutive block ids that are free.
-        With ``detail=False`` the two O(num_gpu_blocks) fields, ``cached_tokens`` and
-        ``largest_free_run``, are −1.
+        With ``detail=False`` (O(1), no loop over running requests) ``cached_tokens``
+        and ``largest_free_run`` are −1, as the base class allows (the reachable-key
+        count is kept incrementally, but −1 keeps replay records the same whatever the
+        policy).
         """
         st = self._st.tolist()
         B = self.block_size
