@@ -36,7 +36,8 @@ def segment_at(seg_end, t):
 
 @njit(cache=True)
 def _equal_blocks(a_id, a_end, b_id, b_end, i0, j0, limit):
-    """Segments to skip from (i0, j0): a multiple of 8 (see :func:`common_prefix_end`)."""
+    """Equal segment pairs to skip from (i0, j0), in blocks of 32 then 8 (see
+    :func:`common_prefix_end`)."""
     na = a_end.shape[0] - i0
     nb = b_end.shape[0] - j0
     a_id = a_id[i0:]
@@ -44,6 +45,13 @@ def _equal_blocks(a_id, a_end, b_id, b_end, i0, j0, limit):
     b_id = b_id[j0:]
     b_end = b_end[j0:]
     i = 0
+    while i + 32 < na and i + 32 < nb and a_end[i + 31] < limit:
+        d = 0
+        for k in range(32):
+            d |= (a_end[i + k] ^ b_end[i + k]) | (a_id[i + k + 1] ^ b_id[i + k + 1])
+        if d != 0:
+            break
+        i += 32
     while i + 8 < na and i + 8 < nb and a_end[i + 7] < limit:
         d = 0
         for k in range(8):
@@ -89,7 +97,7 @@ def common_prefix_end(a_id, a_end, b_id, b_end, pos, limit):
     if a_id[i] != b_id[j] or a_start != b_start:
         return pos
     # here and at the top of the scalar loop, segments i and j start at the same
-    # position with the same id. Skip blocks of 8 segment pairs that are equal (same
+    # position with the same id. Skip blocks of 32, then 8, segment pairs that are equal (same
     # ends, same next ids) and end before *limit*, branch-free so the compiler can
     # vectorise (token traces have one segment per token).
     k = _equal_blocks(a_id, a_end, b_id, b_end, i, j, limit)

@@ -455,10 +455,16 @@ class RadixCache(PrefixCache):
         P = seq.prompt_len
         if self.cache_last_token_on_stop and seq.kv_len > P:
             seq = _with_extra_token(seq)
-        self._reserve(self._node_budget(P) + 8, len(seq.seg_id))
+        sid = seq.seg_id
+        # ``_reserve`` inlined (this is the sequential replay's hot path)
+        self._nn_hi += (18 if self._chunk is None else self._node_budget(P) + 8)
+        self._g_hi += len(sid)
+        self._q_hi += 1
+        if self._nn_hi >= self._N.shape[0] or self._g_hi > self._G.shape[1] or self._q_hi >= self._Q.shape[0]:
+            self._reserve_exact(self._node_budget(P) + 8, len(sid))
         status, hit, held, ev, self.evicted_tokens_total, self.evictions = K.run_request(
             self._S, self._N, self._H1, self._H2, self._HP, self._G, self._Q, self._row,
-            seq.seg_id, seq.seg_end, P)
+            sid, seq.seg_end, P)
         if status < 0:
             raise RuntimeError("decode needs a page but none is free or evictable")
         if status != 1:
