@@ -336,3 +336,36 @@ def test_peek_hit_has_no_lru_side_effect():
             assert ra == rb and rb.hit_tokens == h
             assert (a.evicted_tokens_total, a.num_nodes) == (b.evicted_tokens_total, b.num_nodes)
         assert a.evictions == b.evictions > 0
+
+
+def test_growing_arrays_and_store_compaction_match_the_reference():
+    # enough requests and nodes that the node arrays grow past their initial 256 rows
+    # (child tables rehashed) and the segment store of 4,096 entries is compacted or
+    # grown many times; every request must still agree with the brute-force reference
+    # (tests/reference_sglang.py) on hit, held and evicted tokens and the tree size
+    from reference_sglang import RefRadixCache, expand
+
+    rng = np.random.default_rng(11)
+    systems = [rng.integers(0, 10_000, size=int(rng.integers(20, 80))).tolist() for _ in range(30)]
+    prompts, outs = [], []
+    for _ in range(700):
+        base = systems[int(rng.integers(0, len(systems)))]
+        prompts.append(base + rng.integers(0, 6, size=int(rng.integers(1, 40))).tolist())
+        outs.append(rng.integers(0, 6, size=int(rng.integers(0, 12))).tolist())
+    seqs = _seqs(prompts, outs)
+    for p, cap in ((1, 12_000), (4, 12_000), (1, 1_500)):
+        cache, ref = RadixCache(cap, p), RefRadixCache(cap, p)
+        peak_nodes = 0
+        for i, s in enumerate(seqs):
+            kv = expand(s)
+            before = cache.evicted_tokens_total
+            adm = cache.run_request(i, s)
+            got = (adm.hit_tokens, adm.held_tokens, cache.evicted_tokens_total - before, cache.stats().cached_tokens)
+            assert got == ref.run(kv[: s.prompt_len], kv) + (ref.tree_tokens(),), (p, cap, i)
+            peak_nodes = max(peak_nodes, cache.num_nodes)
+        cache.check_invariants()
+        from radixkv.policies._radix_kernels import S_NCOMPACT
+
+        assert cache._S[S_NCOMPACT] > 0
+        if cap > 10_000:
+            assert peak_nodes > 256 and cache._N.shape[0] > 256

@@ -170,8 +170,8 @@ def page_span(seg_id, seg_end, t, p):
 F_PARENT, F_START, F_END, F_SEQ, F_LOCK, F_TIME, F_NCHILD, F_ALIVE, F_K1, F_K2, F_T1, F_T2, F_DOWN = range(13)
 NF = 13  # F_DOWN: scratch link to the next node of a path being walked down
 (S_CLOCK, S_PUSH, S_HLEN, S_NNODES, S_FREE, S_PRIV, S_EVTOK, S_PROT, S_EVTOT, S_EVN, S_NFREE,
- S_HW, S_GUSED, S_GGARB, S_QFREE, S_QHW, S_P, S_CHUNK) = range(18)
-NS = 18
+ S_HW, S_GUSED, S_GGARB, S_QFREE, S_QHW, S_P, S_CHUNK, S_NCOMPACT) = range(19)
+NS = 19
 Q_OFF, Q_LEN, Q_REFS, Q_NEXT = range(4)
 R_NODE, R_OWNED, R_COMP, R_KVMAX, R_EVICTED, R_SEQ, R_PLEN = range(7)
 NR = 7
@@ -462,6 +462,7 @@ def compact_store(S, G, Q):
         u += n
     S[S_GUSED] = u
     S[S_GGARB] = 0
+    S[S_NCOMPACT] += 1
 
 
 @njit(cache=True)
