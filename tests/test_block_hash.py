@@ -332,6 +332,38 @@ def test_hash_table_delete_keeps_every_probe_chain():
                     assert t32[i, K.T_HEAD] == live[k]
 
 
+def test_reachable_count_cascades_when_a_parent_key_comes_and_goes():
+    # The replay never caches a child before its parent, but the incremental count must
+    # still follow the definition (a key is reachable iff a block holding it has the seed
+    # or a reachable key as parent). Chain seed -> k1 -> k2 -> k3 on blocks 1, 2, 3, plus
+    # block 4 = a second block with key k2 (a duplicate). Keys are arbitrary values.
+    c = BlockHashCache(10, 4)
+    blk, b32, kt, k32, st, stk = c._blk, c._b32, c._kt, c._k32, c._st, c._stk
+    k1, k2, k3 = 101, 202, 303
+
+    def reach():
+        bfs = K.reachable_keys(blk, b32, kt, k32)
+        assert st[K.ST_NREACH] == bfs
+        return bfs
+
+    K._add_key(blk, b32, kt, k32, st, stk, 3, k3, k2)  # k3 under absent k2: unreachable
+    K._add_key(blk, b32, kt, k32, st, stk, 2, k2, k1)  # k2 under absent k1: unreachable
+    assert reach() == 0
+    K._add_key(blk, b32, kt, k32, st, stk, 1, k1, K.SEED)  # k1 reachable -> k2, k3 too
+    assert reach() == 3
+    K._add_key(blk, b32, kt, k32, st, stk, 4, k2, k1)  # duplicate of k2: still 3 keys
+    assert reach() == 3
+    K._drop_key(blk, b32, kt, k32, st, stk, 1)  # k1 gone: k2 (both blocks) and k3 with it
+    assert reach() == 0
+    K._add_key(blk, b32, kt, k32, st, stk, 1, k1, K.SEED)  # back: all three again
+    assert reach() == 3
+    K._drop_key(blk, b32, kt, k32, st, stk, 2)  # one k2 block goes, the duplicate holds k3
+    assert reach() == 3
+    K._drop_key(blk, b32, kt, k32, st, stk, 4)  # the last k2 block: k3 unreachable
+    assert reach() == 1
+    assert (st[K.ST_NHASHED], st[K.ST_NKEYS]) == (2, 2)
+
+
 # ---------------------------------------------------------------------- golden
 def _manifest():
     """Golden runs whose per-request file is copied into tests/data/golden (token traces)."""

@@ -372,7 +372,7 @@ def _cascade(blk, b32, kt, k32, st, stk, key, delta):
     while top > 0:
         top -= 1
         i = _find(kt, stk[top])
-        if i < 0:
+        if i < 0 or k32[i, T_CCNT] == 0:  # no row / no children (T_CHEAD is then stale)
             continue
         c = k32[i, T_CHEAD]
         while c >= 0:
