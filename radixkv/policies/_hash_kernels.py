@@ -9,7 +9,9 @@ Pool layout (``nb`` = ``num_gpu_blocks`` blocks; block 0 is vLLM's null block an
 never touched). Records are one 64-byte cache line (block) or half of one (table row),
 64-/32-byte aligned: replaying is bound by memory latency once the pool outgrows the CPU
 cache, so a block costs about three cache misses (its record, its key's row, the row
-of its parent key, which the previous block of the same chain has just touched).
+of its parent key, which the previous block of the same chain has just touched); the
+rows of blocks about to be evicted or cached are prefetched a batch ahead
+(``llvm.prefetch``; a hint that changes no result).
 
 ``blk`` : int64, shape (nb, 8), with ``b32 = blk.view(int32)``, shape (nb, 16)
     Per-block record. int32 fields (``b32`` columns ``R_*``): ``ref_cnt``; free-queue
@@ -486,8 +488,7 @@ def _add_key(blk, b32, kt, k32, st, stk, b, key, pkey):
     b32[b, R_CPREV] = -1
     k32[j, T_CHEAD] = b
     k32[j, T_CCNT] += 1
-    if pkey == SEED or k32[j, T_REACH] > 0:
-        i = _find(kt, key)
+    if pkey == SEED or k32[j, T_REACH] > 0:  # (no row moved since i was found)
         k32[i, T_REACH] += 1
         if k32[i, T_REACH] == 1:
             st[ST_NREACH] += 1
