@@ -6,8 +6,10 @@ seg_end)`` where segment ``s`` covers token positions ``[seg_end[s-1], seg_end[s
 segment holding it; two sequences hold the same token at ``t`` iff those pairs are equal
 (see the module docstring of :mod:`radixkv.trace.types`).
 
-Every function here is a pure function of its arguments (no globals, no Python objects),
-so it behaves the same with ``NUMBA_DISABLE_JIT=1``.
+The segment kernels below are pure functions of their arguments (no globals, no Python
+objects), so they behave the same with ``NUMBA_DISABLE_JIT=1``. The tree kernels further
+down mutate the int64 state arrays they are given (and nothing else); they give the same
+results uncompiled, only slowly.
 """
 from __future__ import annotations
 
@@ -164,7 +166,10 @@ def page_span(seg_id, seg_end, t, p):
 # G, shape (2, store capacity): the segment store: ids (row 0) and ends (row 1) of every
 #     stored KV sequence, back to back; Q, shape (seq capacity, 4): per stored sequence
 #     (offset in G, number of segments, references, free-list link). References: one per
-#     node whose run points into the sequence, one per running request.
+#     node whose run points into the sequence, one per running request. A request's
+#     sequence is stored from the segment before the one holding its hit position: its
+#     own inserts walk its locked path without reading the tokens before the hit.
+#     Freed space is reclaimed by compaction (``compact_store``).
 # R, shape (NR,): one running request (fields R_*).
 
 F_PARENT, F_START, F_END, F_SEQ, F_LOCK, F_TIME, F_NCHILD, F_ALIVE, F_K1, F_K2, F_T1, F_T2, F_DOWN = range(13)
@@ -181,6 +186,7 @@ STAMP_SHIFT = 20
 _C1 = -7046029254386353131
 _C2 = -4658895280553007687
 _C3 = 7640891576956012809
+_M63 = (1 << 63) - 1
 
 
 @njit(cache=True)
@@ -234,12 +240,14 @@ def child_key(qid, qend, t, p):
     if p == 1:
         return token_key(qid, qend, t)
     first, last, start = page_span(qid, qend, t, p)
-    h = start * _C1 + 1
+    # every step is masked to 63 bits, so the value is the same whether the int64
+    # products wrap (compiled) or not (NUMBA_DISABLE_JIT=1)
+    h = (start * _C1 + 1) & _M63
     for s in range(first, last + 1):
-        h = (h ^ qid[s]) * _C2
+        h = ((h ^ qid[s]) * _C2) & _M63
         h ^= h >> 31
         if s < last:
-            h = (h ^ qend[s]) * _C3
+            h = ((h ^ qend[s]) * _C3) & _M63
     return h, start
 
 
