@@ -273,6 +273,8 @@ def test_config_and_misuse_errors():
     with pytest.raises(ConfigError):
         BlockHashCache(10, 0)
     with pytest.raises(ConfigError):
+        BlockHashCache(2**31, 16)  # block ids are 32-bit (refused before any allocation)
+    with pytest.raises(ConfigError):
         BlockHashCache.from_capacity_tokens(15, 16)
     c = BlockHashCache.from_capacity_tokens(100, 16)  # 100 // 16 = 6 usable + null
     assert (c.num_gpu_blocks, c.num_slots, c.slot_tokens, c.capacity_tokens) == (7, 6, 16, 96)

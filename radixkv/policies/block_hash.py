@@ -116,7 +116,8 @@ class BlockHashCache(PrefixCache):
     Raises
     ------
     radixkv.errors.ConfigError
-        When ``num_gpu_blocks < 2`` or ``block_size < 1``.
+        When ``num_gpu_blocks < 2`` or ``≥ 2³¹`` (block ids are 32-bit), or
+        ``block_size < 1``.
 
     Notes
     -----
@@ -145,14 +146,14 @@ class BlockHashCache(PrefixCache):
                 f"num_gpu_blocks must be ≥ 2 (block 0 is vLLM's null block), got {num_gpu_blocks}",
                 field="num_gpu_blocks",
             )
+        if nb >= 2**31:
+            raise ConfigError(f"num_gpu_blocks must be < 2**31 (32-bit block ids), got {num_gpu_blocks}",
+                              field="num_gpu_blocks")
         super().__init__(nb - 1, B)
         self.num_gpu_blocks = nb
         self.block_size = B
         self.verify = bool(verify)
         self._key_mask = np.uint64((1 << int(_key_bits)) - 1 if _key_bits < 64 else 0xFFFFFFFFFFFFFFFF)
-        if nb >= 2**31:
-            raise ConfigError(f"num_gpu_blocks must be < 2**31 (32-bit block ids), got {num_gpu_blocks}",
-                              field="num_gpu_blocks")
         # key table: power of two with a free row left when every hashed block has a key
         # and a parent key of its own (≤ 2 (nb − 1) rows); typical load ≤ 1/2
         cap = 8
