@@ -303,6 +303,43 @@ def test_keys_are_chained_on_the_parent():
     assert ka[0] != kb[0] and ka[1] != kb[1]
 
 
+def _py_mix(h, w):
+    """splitmix64 finaliser of (h xor w), in Python integers (the module docstring's formula)."""
+    m = (1 << 64) - 1
+    z = ((h ^ w) + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def test_key_formulas_match_the_documented_hash():
+    seed = int(K.SEED)
+    # B = 4, token block: the ids folded in one chain
+    toks = [7, 8, 9, 10]
+    h = seed
+    for t in toks:
+        h = _py_mix(h, t)
+    keys, _ = K.seq_block_keys(seq(toks).seg_id, seq(toks).seg_end, 4, 1, ALL)
+    assert int(keys[0]) & ((1 << 64) - 1) == h
+    # B = 8, token block: four chains (token t into chain t mod 4), then folded
+    toks = [3, 1, 4, 1, 5, 9, 2, 6]
+    lanes = [seed, seed ^ 0x243F6A8885A308D3, seed ^ 0x13198A2E03707344, seed ^ 0xA4093822299F31D0]
+    for t, tok in enumerate(toks):
+        lanes[t % 4] = _py_mix(lanes[t % 4], tok)
+    h = _py_mix(_py_mix(_py_mix(lanes[0], lanes[1]), lanes[2]), lanes[3])
+    s8 = seq(toks)
+    keys, _ = K.seq_block_keys(s8.seg_id, s8.seg_end, 8, 1, ALL)
+    assert int(keys[0]) & ((1 << 64) - 1) == h
+    # a unit piece (hash-id trace, U = 8, B = 4): id, then offset << 32 | length
+    t = Trace.from_requests(req_id=["u"], arrival_s=[0], prompt_len=[8], output_len=[0], prompt_ids=[[42]],
+                            unit_tokens=8)
+    u = t.kv_seq(0)
+    keys, _ = K.seq_block_keys(u.seg_id, u.seg_end, 4, 2, ALL)
+    h0 = _py_mix(_py_mix(seed, 42), (0 << 32) | 4)
+    h1 = _py_mix(_py_mix(h0, 42), (4 << 32) | 4)
+    assert [int(k) & ((1 << 64) - 1) for k in keys] == [h0, h1]
+
+
 def test_hash_table_delete_keeps_every_probe_chain():
     # cap 8; keys with equal home slot (low 3 bits) form one probe cluster that wraps;
     # after every insert/delete each live key is found with its value, no other key is

@@ -47,7 +47,10 @@ fixed seed :data:`SEED` for the first block, vLLM ``init_none_hash``), each piec
 ``(segment id, offset, length)`` of the block is folded in with the splitmix64
 finaliser — the id as one word and, unless the piece is a whole single-token segment (a
 token of a token trace), ``offset << 32 | length`` as a second word (Steele, Lea & Flood, "Fast splittable pseudorandom number generators",
-OOPSLA 2014). It is not cryptographic (vLLM uses sha256 over a pickle of
+OOPSLA 2014). A block of ``block_size ≥ 8`` single-token segments (a token-trace block)
+is folded as four interleaved chains instead — token t into chain t mod 4, chain c
+seeded with the parent key xor a constant — then ``h = mix(mix(mix(h0, h1), h2), h3)``,
+so that the CPU overlaps the four chains' multiplications (about 1.5× faster). It is not cryptographic (vLLM uses sha256 over a pickle of
 ``(parent hash, token ids, extra keys)``, ``kv_cache_utils.hash_block_tokens``); modelled
 as a random 64-bit function, the chance that any two of n distinct blocks collide is at
 most ``n² / 2⁶⁵``: about 2.7 % for n = 10⁹ distinct blocks, 2.7·10⁻⁸ for n = 10⁶. The
@@ -118,6 +121,10 @@ _GOLD = np.uint64(0x9E3779B97F4A7C15)
 _S30 = np.uint64(30)
 _S27 = np.uint64(27)
 _S31 = np.uint64(31)
+# seeds of chains 1-3 of a token block (parent key xor these; digits of pi)
+_LANE1 = np.uint64(0x243F6A8885A308D3)
+_LANE2 = np.uint64(0x13198A2E03707344)
+_LANE3 = np.uint64(0xA4093822299F31D0)
 
 
 @njit(cache=True, inline="always")
@@ -163,31 +170,61 @@ def _block_keys_into(seg_id, seg_end, block_size, n_blocks, key_mask, keys):
     s = 0
     seg_start = 0
     max_pieces = 0
+    nseg = seg_end.shape[0]
     for j in range(n_blocks):
         start = j * block_size
         end = start + block_size
         h = parent
-        pos = start
-        npieces = 0
-        while pos < end:
-            while seg_end[s] <= pos:
-                seg_start = seg_end[s]
-                s += 1
-            stop = min(seg_end[s], end)
-            h = _mix(h, np.uint64(seg_id[s]))
-            if pos != seg_start or stop - pos != 1:
-                # a piece other than one whole single-token segment (the token-trace
-                # case) also folds in its offset and length (each < 2^32 tokens)
-                h = _mix(h, (np.uint64(pos - seg_start) << np.uint64(32)) | np.uint64(stop - pos))
-            npieces += 1
-            pos = stop
+        while seg_end[s] <= start:
+            seg_start = seg_end[s]
+            s += 1
+        if seg_start == start and s + block_size <= nseg and seg_end[s + block_size - 1] == end:
+            # block_size one-token segments (seg_end strictly increases): a token-trace
+            # block, hashed from its ids alone; from 8 tokens on as four interleaved
+            # chains (token t into chain t mod 4) so that the multiplications overlap
+            e = s + block_size
+            if block_size >= 8:
+                h1 = parent ^ _LANE1
+                h2 = parent ^ _LANE2
+                h3 = parent ^ _LANE3
+                t = s
+                while t + 4 <= e:
+                    h = _mix(h, np.uint64(seg_id[t]))
+                    h1 = _mix(h1, np.uint64(seg_id[t + 1]))
+                    h2 = _mix(h2, np.uint64(seg_id[t + 2]))
+                    h3 = _mix(h3, np.uint64(seg_id[t + 3]))
+                    t += 4
+                while t < e:
+                    h = _mix(h, np.uint64(seg_id[t]))
+                    t += 1
+                h = _mix(_mix(_mix(h, h1), h2), h3)
+            else:
+                for t in range(s, e):
+                    h = _mix(h, np.uint64(seg_id[t]))
+            s = e - 1
+            seg_start = end - 1
+            npieces = block_size
+        else:
+            pos = start
+            npieces = 0
+            while pos < end:
+                while seg_end[s] <= pos:
+                    seg_start = seg_end[s]
+                    s += 1
+                stop = min(seg_end[s], end)
+                h = _mix(h, np.uint64(seg_id[s]))
+                if pos != seg_start or stop - pos != 1:
+                    # a piece other than one whole single-token segment also folds in
+                    # its offset and length (each < 2^32 tokens)
+                    h = _mix(h, (np.uint64(pos - seg_start) << np.uint64(32)) | np.uint64(stop - pos))
+                npieces += 1
+                pos = stop
         h = h & key_mask
         keys[j] = np.int64(h)
         parent = h
         if npieces > max_pieces:
             max_pieces = npieces
     return max_pieces
-
 
 
 # ---------------------------------------------------------------------- prefetch
