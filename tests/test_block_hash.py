@@ -139,6 +139,28 @@ def test_peek_hit_is_the_admission_hit_without_side_effects():
         c.peek_hit(s, n_tokens=0)
 
 
+@pytest.mark.parametrize("order,first", [("fcfs", 1), ("lpm", 2)])
+def test_lpm_scheduler_orders_by_peek_hit(order, first):
+    # r0 caches 12 tokens X (B = 4: 3 blocks); r1 (new content) and r2 (X + 4 tokens)
+    # arrive together with one seat. peek_hit: r1 0, r2 (16−1)//4 = 3 blocks = 12, so
+    # lpm admits r2 first, FCFS r1.
+    from radixkv.cost import CostModel
+    from radixkv.replay.concurrent import replay_concurrent
+    from radixkv.replay.scheduler import SchedulerConfig
+
+    cost = CostModel(params=1e9, num_layers=8, attn_dim=1024, kv_bytes_per_token=1e5, peak_flops=1e14,
+                     hbm_bytes_per_s=1e12)
+    x = list(range(12))
+    prompts = [x, list(range(500, 516)), x + [90, 91, 92, 93]]
+    tr = Trace.from_requests(req_id=["q0", "q1", "q2"], arrival_s=[0.0, 100.0, 100.0],
+                             prompt_len=[len(p) for p in prompts], output_len=[1, 2, 2], prompt_ids=prompts)
+    r = replay_concurrent(tr, BlockHashCache(41, 4), cost,
+                          config=SchedulerConfig(max_num_seqs=1, schedule_policy=order))
+    other = 3 - first
+    assert r["admit_s"][first] == 100.0 and r["admit_s"][other] > 100.0
+    assert r["hit_tokens"][2] == 12
+
+
 def test_duplicates_first_inserted_served_and_evicting_one_keeps_the_other():
     t = [10 + i for i in range(8)]  # K1 = t0..t3, K2 = t4..t7
     c = BlockHashCache(13, 4)  # 12 usable
