@@ -309,6 +309,9 @@ def cmd_compare(args) -> int:
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
 
+    from radixkv.replay.run import warmup_many
+
+    warmup_many(specs)
     results = []
     concurrent = args.mode == "concurrent"
     for spec, (pool, _) in zip(specs, pools):
@@ -337,8 +340,9 @@ def cmd_curve(args) -> int:
     if not caps:
         raise ConfigError("--capacities is empty", field="capacities")
     trace, load_s = _load(args)
-    from radixkv.replay.run import run_replay
+    from radixkv.replay.run import run_replay, warmup_many
 
+    warmup_many(specs)
     curves = []
     for spec in specs:
         pts = []

@@ -16,6 +16,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+# int64 (not literal) constants for call arguments: a literal 0 or -1 passed to a jitted
+# function makes Numba compile a second specialisation of it (and of all it calls)
+_Z = np.int64(0)
+_M1 = np.int64(-1)
+
 
 @njit(cache=True)
 def segment_at(seg_end, t):
@@ -314,7 +319,7 @@ def _sift_down(HP, i, n):
 @njit(cache=True)
 def heap_rebuild(S, N, HP):
     """Replace the heap by one entry per evictable leaf (drops stale entries)."""
-    k = 0
+    k = _Z
     for x in range(1, S[S_HW]):
         if N[x, F_ALIVE] == 1 and N[x, F_LOCK] == 0 and N[x, F_NCHILD] == 0:
             S[S_PUSH] += 1
@@ -356,7 +361,7 @@ def _heap_pop(S, HP):
     if n > 0:
         for f in range(3):
             HP[0, f] = HP[n, f]
-        _sift_down(HP, 0, n)
+        _sift_down(HP, _Z, n)
     S[S_HLEN] = n
     return t, x
 
@@ -507,15 +512,15 @@ def match_plan(S, N, H1, G, Q, qid, qend, K):
     """Read-only lookup of the first *K* tokens: (hit, last whole node, split node or −1,
     tokens of unlocked nodes the match would lock)."""
     p = S[S_P]
-    node = 0
-    pos = 0
+    node = _Z
+    pos = _Z
     gain = 0
     while pos < K:
-        c = _find_child(S, N, H1, G, Q, node, qid, qend, -1, pos)
+        c = _find_child(S, N, H1, G, Q, node, qid, qend, _M1, pos)
         if c == -1:
             break
         end = N[c, F_END]
-        m = _lcp(N, G, Q, c, qid, qend, -1, pos, min(end, K))
+        m = _lcp(N, G, Q, c, qid, qend, _M1, pos, min(end, K))
         if p > 1:
             m = pos + (m - pos) // p * p
         if m < end:
@@ -583,8 +588,8 @@ def _insert(S, N, H1, H2, HP, G, Q, s, L, known):
     qid = G[0, off:off + n]
     qend = G[1, off:off + n]
     p = S[S_P]
-    node = 0
-    pos = 0
+    node = _Z
+    pos = _Z
     if known != 0 and L > 0:
         # the path root -> *known* holds this sequence's tokens: the walk below would
         # find exactly these nodes and match each in full, so it runs without comparing
@@ -739,16 +744,16 @@ def admit(S, N, H1, H2, HP, G, Q, R, sid, send, P, n_tokens):
     K = (P - 1) // p * p
     hit, last, split, gain = match_plan(S, N, H1, G, Q, sid, send, K)
     if p > 1:
-        held = token_walk(S, N, H1, H2, G, Q, sid, send, -1, 0, 0, P)
+        held = token_walk(S, N, H1, H2, G, Q, sid, send, _M1, _Z, _Z, P)
     elif hit < K:
         held = hit  # the token walk to P stops where the lookup did
     elif split != -1:  # the lookup ended inside *split*: go on from there
         end = N[split, F_END]
-        held = _lcp(N, G, Q, split, sid, send, -1, K, min(end, P))
+        held = _lcp(N, G, Q, split, sid, send, _M1, K, min(end, P))
         if held == end:
-            held = token_walk(S, N, H1, H2, G, Q, sid, send, -1, split, end, P)
+            held = token_walk(S, N, H1, H2, G, Q, sid, send, _M1, split, end, P)
     else:
-        held = token_walk(S, N, H1, H2, G, Q, sid, send, -1, last, K, P)
+        held = token_walk(S, N, H1, H2, G, Q, sid, send, _M1, last, K, P)
     if n_tokens < 0:
         target = P
         if chunk > 0 and P - hit > chunk:

@@ -194,6 +194,13 @@ class PrefixCache(ABC):
             raise ValueError(f"n_tokens must be in [1, kv_len={seq.kv_len}], got {n}")
         return n
 
+    def warm_kernels(self) -> None:
+        """Compile (or load from Numba's cache) kernels a short replay may not reach.
+
+        Called by :func:`radixkv.replay.run.warmup` on a scratch instance after a tiny
+        replay, so that compile time is not counted as replay time. Default: nothing.
+        """
+
     def room_slots(self) -> int:
         """Slots a new or growing request could get now: free plus evictable.
 

@@ -328,6 +328,11 @@ class RadixCache(PrefixCache):
         self.evicted_tokens_total = int(self._S[K.S_EVTOT])
         self.evictions = int(self._S[K.S_EVN])
 
+    def warm_kernels(self) -> None:
+        """Compile the store compaction and heap rebuild (a tiny replay reaches neither)."""
+        K.compact_store(self._S, self._G, self._Q)
+        self._rebuild_heap()
+
     def _rebuild_heap(self) -> None:
         """Drop stale heap entries (done by the kernels when they outnumber the nodes)."""
         K.heap_rebuild(self._S, self._N, self._HP)
