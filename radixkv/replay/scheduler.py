@@ -176,10 +176,6 @@ class StepPlan:
         return bool(self.req) and not any(self.prefill)
 
 
-def _room_slots(policy) -> int:
-    return int(policy.room_slots())
-
-
 class Scheduler:
     """State of every request and the waiting/running queues of one replay.
 
@@ -345,7 +341,7 @@ class Scheduler:
         clip = SGLANG_CLIP_MAX_NEW_TOKENS
         if self.sg:
             reserved = sum(min(self.N[r] - self.gen[r], clip) * self.ratio for r in self.running)
-            rem_total = _room_slots(self.policy) * self.policy.slot_tokens - reserved
+            rem_total = int(self.policy.room_slots()) * self.policy.slot_tokens - reserved
         tr = self.trace
         while self.waiting and budget > 0:
             if len(self.running) >= self.cfg.max_num_seqs:
@@ -495,7 +491,7 @@ class Scheduler:
         def need(k):
             return int((-(-(kv + k - 1) // S) - base).sum())
 
-        room = _room_slots(self.policy) - len(run)
+        room = int(self.policy.room_slots()) - len(run)
         if need(k_fin) <= room:
             return k_fin
         lo, hi = 1, k_fin  # need(lo) = 0 ≤ room < need(hi)

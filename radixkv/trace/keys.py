@@ -1,7 +1,9 @@
 """Prefix-chained keys of trace units (Numba).
 
 A unit's *prefix key* stands for the unit together with every unit before it in its
-prompt: ``key[0] = mix(SEED, id[0])``, ``key[j] = mix(key[j-1], id[j])``. Two units have
+prompt: ``key[0] = mix64(SEED, id[0])``, ``key[j] = mix64(key[j-1], id[j])``; the
+``unit-lru`` policy (:mod:`radixkv.policies.unit_lru`) chains them this way inside its
+Numba kernel. Two units have
 equal keys iff (up to hash collisions) their prompts agree on every id up to and including
 them — the rule a prefix cache keyed by units applies. Mooncake and WEKA ids are already
 prefix-chained (SOURCE.md: every id has one predecessor and one position), so chaining
@@ -27,33 +29,3 @@ def mix64(parent, x):
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
-
-
-@nb.njit(cache=True)
-def _chain(ids, offsets, out):
-    n = offsets.shape[0] - 1
-    for r in range(n):
-        h = SEED
-        for j in range(offsets[r], offsets[r + 1]):
-            h = mix64(h, np.uint64(ids[j]))
-            out[j] = h
-
-
-def unit_prefix_keys(ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Prefix-chained key of every unit of every prompt.
-
-    Parameters
-    ----------
-    ids : np.ndarray, int64, shape (total_ids,)
-        Unit ids of all prompts, prompt after prompt (``Trace.ids``).
-    offsets : np.ndarray, int64, shape (n+1,)
-        CSR offsets (``Trace.id_offsets``).
-
-    Returns
-    -------
-    np.ndarray, uint64, shape (total_ids,)
-        ``keys[offsets[i] + j]`` is the key of unit j of prompt i.
-    """
-    out = np.empty(ids.shape[0], dtype=np.uint64)
-    _chain(np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(offsets, dtype=np.int64), out)
-    return out
