@@ -1,8 +1,8 @@
 """Benchmark: radixkv's sequential replay beside kvlint's core simulators, in one process.
 
-The trace is the shared yardstick (../shared/bench/gen_peers_trace.py: 2,000 requests,
+The trace is the shared yardstick ($RADIXKV_SHARED/bench, made by its gen_peers_trace.py: 2,000 requests,
 4.45 M prompt tokens); the pool is 2,048 usable blocks of 16 (32,768 tokens), as in
-../shared/bench/README.md: kvlint ``VLLMBlockSimulator(16, 2048)`` and
+the bench folder's README: kvlint ``VLLMBlockSimulator(16, 2048)`` and
 ``SGLangRadixSimulator(32768, 1)``. Both tools are timed the same way — trace already in
 memory, Numba already compiled (load and compile times are reported apart) — best of
 ``--repeat`` runs, and the script prints radixkv's speed-up as a ratio.

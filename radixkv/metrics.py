@@ -1,6 +1,6 @@
 """Metrics of a replay: pure functions of :class:`radixkv.replay.records.Records`.
 
-Definitions (DESIGN.md, "Metrics"); every key carries its unit (``_tokens``, ``_bytes``,
+Definitions (docs/DESIGN.md, "Metrics"); every key carries its unit (``_tokens``, ``_bytes``,
 ``_s``) or is a ratio (``_rate``, ``_share``: dimensionless in [0, 1]).
 
 - ``token_hit_rate`` = Σ hit tokens / Σ prompt tokens — what vLLM's and SGLang's own

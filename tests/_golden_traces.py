@@ -1,6 +1,6 @@
 """Build the golden runs' traces for the policy tests (shared by the policy test files).
 
-Private test helpers that follow ../shared/golden/README.md exactly ("Traces and
+Private test helpers that follow docs/golden.md exactly ("Traces and
 conventions"). :func:`golden_trace` reads with ``radixkv.trace.load.load_trace`` (the
 project's readers); the builders here are the fallback and an independent check of
 those readers (see ``test_block_hash.py::test_readers_agree_with_golden_conventions``).

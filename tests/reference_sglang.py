@@ -1,14 +1,14 @@
 """A brute-force reference model of SGLang's radix cache, written for clarity, not speed.
 
-Independent of :mod:`radixkv.policies.radix`: it follows ../shared/SEMANTICS.md
-("SGLang RadixAttention") and ../shared/reference/sglang.md directly, in the engine's own
+Independent of :mod:`radixkv.policies.radix`: it follows docs/SEMANTICS.md
+("SGLang RadixAttention") and docs/engines/sglang.md directly, in the engine's own
 shape — node keys are explicit token tuples, LRU times are SGLang's float counter (+1.0
 per draw, the matched path stamped ``c, c − 1e−5, …`` upwards), the eviction heap is
 rebuilt from all evictable leaves on every call as ``RadixCache.evict`` does, and memory
 is a free-slot count. Tokens are any hashable values; :func:`expand` turns a
 :class:`~radixkv.trace.types.KVSeq` into one tuple per token.
 
-It runs one request at a time (the golden harness's order, ../shared/golden/README.md):
+It runs one request at a time (the golden harness's order, docs/golden.md):
 match (cap ``P − 1``, page-aligned) → lock → evict the shortfall and allocate each prefill
 chunk (checkpoint after a middle chunk, and after the prefill when decode follows) →
 decode one token at a time → finish (insert the KV computed, then the prompt; free the

@@ -1,6 +1,6 @@
 """Brute-force model of vLLM v1 prefix caching, written for clarity, not speed.
 
-An independent reading of ../shared/SEMANTICS.md ("vLLM v1") and reference/vllm.md
+An independent reading of docs/SEMANTICS.md ("vLLM v1") and docs/engines/vllm.md
 sections 1–3, used as the oracle of the hypothesis tests. It shares no code with
 ``radixkv.policies.block_hash``: tokens are expanded into tuples, a block's key is the
 exact tuple of every token from the start of the sequence to the end of the block (so

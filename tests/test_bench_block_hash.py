@@ -4,7 +4,7 @@ Run with ``--benchmark-enable`` to time it; ``RADIXKV_BENCH_LIMIT`` sets how man
 (default 500 so the single untimed run under ``--benchmark-disable`` stays short; 0 = all
 12,031 requests, 145 M prompt tokens). Prompt tokens per second go to ``extra_info``.
 Real vLLM's cache code replays about 1.0–1.5 M prompt tokens/s on this machine
-(../shared/golden/README.md, "Replay speed of the real code").
+(docs/golden.md, "Replay speed of the real code").
 
 The pool sizes are those of the vLLM golden runs on this trace, so every replay is also
 checked request for request against the real engine's hits (first 1,500 requests).

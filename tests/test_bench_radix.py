@@ -4,7 +4,7 @@ Run with ``--benchmark-enable`` to time it; ``RADIXKV_BENCH_LIMIT`` sets how man
 (default 500 so the single untimed run under ``--benchmark-disable`` stays short; 0 = all
 12,031 requests, 145 M prompt tokens). Prompt tokens per second go to ``extra_info``.
 Real SGLang's cache code replays about 0.2 M prompt tokens/s at page 1 and 0.05 M at page
-16 on this machine (../shared/golden/README.md, "Replay speed of the real code").
+16 on this machine (docs/golden.md, "Replay speed of the real code").
 """
 from __future__ import annotations
 

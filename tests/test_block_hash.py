@@ -1,7 +1,7 @@
 """BlockHashCache (vLLM v1 APC): hand-worked rules, golden replays, kernels.
 
 Every expected number below is worked out by hand in the comment beside it from the
-rules in ../shared/SEMANTICS.md ("vLLM v1") or taken from the real engine's golden files.
+rules in docs/SEMANTICS.md ("vLLM v1") or taken from the real engine's golden files.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def seq(prompt, output=()):
 
 # ---------------------------------------------------------------------- rules
 def test_last_token_cap_rounds_down_to_a_block():
-    # reference/vllm.md §2, B = 16: P = 32 fully cached -> hit 16; P = 33 -> 32; P = 16 -> 0
+    # docs/engines/vllm.md §2, B = 16: P = 32 fully cached -> hit 16; P = 33 -> 32; P = 16 -> 0
     c = BlockHashCache(100, 16)
     base = list(range(32))
     assert c.run_request(0, seq(base)).hit_tokens == 0

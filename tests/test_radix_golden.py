@@ -1,8 +1,8 @@
 """RadixCache against real SGLang 0.5.23: every golden run, request for request.
 
-The golden files (../shared/golden/sglang, copies of the token-level ones in
+The golden files ($RADIXKV_SHARED/golden/sglang, docs/golden.md; copies of the token-level ones in
 tests/data/golden/sglang) hold the hits SGLang's own ``UnifiedRadixCache`` produced with
-each request run alone (golden/README.md). Only ``hit_tokens`` is golden; the harness's
+each request run alone (docs/golden.md). Only ``hit_tokens`` is golden; the harness's
 diagnostics ``evicted_tokens`` (evicted while the request ran) and ``cached_after``
 (tokens held by the tree afterwards) are checked as well, since they pin the eviction
 order and the node boundaries. The tight pools (c640, c1904) exercise eviction order.

@@ -119,7 +119,7 @@ def test_weka_block64_equals_radix_page64_without_eviction():
     cache the same content — every full 64-token block/page of prompt and output (vLLM
     hashes full blocks as they fill; SGLang inserts page-aligned prompt + outputs). With
     no eviction, what is cached is everything seen so far in both, so the longest cached
-    page-aligned prefix is the same (SEMANTICS.md, "Consequences worth testing").
+    page-aligned prefix is the same (docs/SEMANTICS.md, "Consequences worth testing").
     """
     from radixkv.policies.registry import PoolSpec, parse_policy
     from radixkv.replay.run import run_replay

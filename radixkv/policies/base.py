@@ -12,7 +12,7 @@ otherwise). A replay drives it through the life of each request:
 ``finish``  the request is done: its KV becomes cached and evictable by the engine's rules.
 ``preempt`` the request is preempted by recompute (vLLM: freed as on finish).
 
-The replay loop knows only this interface (DESIGN.md: data flows one way). A new policy
+The replay loop knows only this interface (docs/DESIGN.md: data flows one way). A new policy
 subclasses :class:`PrefixCache`, implements the abstract hooks, and runs
 :func:`radixkv.policies.check.check_policy` to see which contract it breaks.
 
@@ -38,7 +38,7 @@ class Admission:
         Length in tokens of the longest prefix of the prompt that the pool held at
         token granularity before admission, without block/page rounding and without the
         last-token cap (capped at the prompt length). ``held_tokens − hit_tokens`` is the
-        request's *alignment loss* (DESIGN.md).
+        request's *alignment loss* (docs/DESIGN.md).
     evicted_tokens : int
         Valid cached tokens evicted to make room for this admission.
     """

@@ -3,7 +3,7 @@
 A faithful model of vLLM 0.33.0's ``KVCacheManager`` + ``BlockPool`` with one
 full-attention KV cache group (``vllm/v1/core/kv_cache_manager.py``, ``block_pool.py``,
 ``kv_cache_utils.py``, ``single_type_kv_cache_manager.py``). The rules, with their
-sources (../shared/SEMANTICS.md "vLLM v1", reference/vllm.md sections 1–4):
+sources (docs/SEMANTICS.md "vLLM v1", docs/engines/vllm.md sections 1–4):
 
 - **Keys.** Only full blocks are cached. A block's key chains its parent's key with its
   content (``kv_cache_utils.hash_block_tokens``); here a 64-bit hash over the block's
@@ -368,7 +368,7 @@ class BlockHashCache(PrefixCache):
     def preempt(self, rid: int) -> None:
         """Preemption by recompute: the blocks are freed exactly as on finish.
 
-        vLLM ``Scheduler._preempt_request`` → ``KVCacheManager.free`` (reference/vllm.md §4).
+        vLLM ``Scheduler._preempt_request`` → ``KVCacheManager.free`` (docs/engines/vllm.md §4).
         """
         self.finish(rid)
 

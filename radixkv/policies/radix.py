@@ -4,8 +4,8 @@ A radix tree of token runs over one pool of KV slots, as SGLang 0.5.23 runs it f
 full-attention model (``srt/mem_cache/unified_radix_cache.py :: UnifiedRadixCache`` with
 its tree core ``unified_cache/unified_tree_core.py :: UnifiedTreeCore``; the classic
 ``srt/mem_cache/radix_cache.py :: RadixCache`` and the Rust tree core give the same hits,
-../shared/reference/sglang.md §0). Every rule below names its source; the golden files in
-../shared/golden/sglang (real SGLang, request for request) are reproduced exactly.
+docs/engines/sglang.md §0). Every rule below names its source; the golden files in
+the shared golden set (docs/golden.md; real SGLang, request for request) are reproduced exactly.
 
 Tree
 ----
@@ -73,7 +73,7 @@ Rules (SGLang source in brackets)
   is_insert=False)``): the request's private slots are freed and its lock released;
   nothing new is inserted (what earlier checkpoints inserted stays cached).
 
-Choices (SEMANTICS.md "Choices the golden replays make")
+Choices (docs/SEMANTICS.md "Choices the golden replays make")
 --------------------------------------------------------
 - A request finishes on its output length: KV extent ``P + N − 1``.
   ``cache_last_token_on_stop=True`` models SGLang's overlap scheduler, which runs one

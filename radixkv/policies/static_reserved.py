@@ -1,7 +1,7 @@
 """``StaticReservedCache``: the statically partitioned pool some deployment guides draw.
 
 Not an engine: neither vLLM nor SGLang works this way (both keep cached KV in the same
-pool as running requests and evict it on demand: SEMANTICS.md). It models the picture of
+pool as running requests and evict it on demand: docs/SEMANTICS.md). It models the picture of
 claims C2/C8 in CLAIMS.md — "with caching on, part of memory is reserved as a KV pool ...
 because the pool takes memory from running requests" — so that a replay can show what
 such a design would cost next to the real ones.

@@ -14,10 +14,10 @@ policy makes a chunk's blocks hittable exactly when the engine would (vLLM: when
 chunk is scheduled). The step that completes the prompt samples output 1 (TTFT).
 Each later step is a decode: it feeds the last sampled token (``policy.extend(rid, 1)``,
 one more token of KV) and samples the next. After output N the request finishes
-(``policy.finish``), holding ``P + N − 1`` tokens of KV — the KV extent of SEMANTICS.md.
+(``policy.finish``), holding ``P + N − 1`` tokens of KV — the KV extent of docs/SEMANTICS.md.
 N = 0 finishes when its prefill completes.
 
-vLLM v1 rules (``vllm/v1/core/sched/scheduler.py :: Scheduler.schedule``; reference/vllm.md §4)
+vLLM v1 rules (``vllm/v1/core/sched/scheduler.py :: Scheduler.schedule``; docs/engines/vllm.md §4)
 -----------------------------------------------------------------------------------------
 - One token budget per step, ``max_num_batched_tokens``. RUNNING requests are served
   first, in admission order: a decode takes 1 token, an unfinished prefill a chunk of
@@ -38,7 +38,7 @@ vLLM v1 rules (``vllm/v1/core/sched/scheduler.py :: Scheduler.schedule``; refere
   schedules ``min(P − hit, budget)`` new tokens.
 - A re-admitted request looks up and recomputes prompt + generated tokens:
   ``policy.admit(rid, seq, n_tokens=P + g)``, KV for all of it at once. Its hit is not
-  counted (hit rate counts first admissions only, SEMANTICS.md). A policy that refuses
+  counted (hit rate counts first admissions only, docs/SEMANTICS.md). A policy that refuses
   ``n_tokens > P`` (raises ValueError; SGLang's ``RadixCache``, whose engine looks up the
   prompt + outputs too) is re-admitted on its prompt and recomputes the generated tokens
   as further chunks: its lookup then covers the prompt only.
@@ -110,7 +110,7 @@ class SchedulerConfig:
         Token budget of one step (vLLM ``--max-num-batched-tokens``; SGLang
         ``--chunked-prefill-size``). Default 8192: vLLM's default for the offline
         ``LLM`` class below 70 GiB and for the OpenAI server on H100/H200-class GPUs (the
-        server on an A100 uses 2048; reference/vllm.md §4). Chunked prefill is always on.
+        server on an A100 uses 2048; docs/engines/vllm.md §4). Chunked prefill is always on.
     schedule_policy : {'fcfs', 'lpm'}
         Order of the waiting queue (SGLang ``--schedule-policy``; vLLM is FCFS).
     admission : {'vllm', 'sglang'}

@@ -1,7 +1,7 @@
 """Sequential replay: one request at a time, in replay order.
 
 This is the mode cache studies use and the one the golden files were produced in
-(../shared/golden/README.md, "How each request was run"): each request runs alone —
+(docs/golden.md, "How each request was run"): each request runs alone —
 nothing else holds memory while it runs — through the policy's life cycle
 (admit the prompt, decode to the KV extent ``P + max(N − 1, 0)``, finish).
 """

@@ -8,7 +8,7 @@ Granularity
 -----------
 ``unit_tokens`` (U) is the number of tokens one id stands for: 1 for token-id traces, 512
 for Mooncake hash ids, 64 for the WEKA traces. Ids are never expanded to tokens in memory.
-Following the convention of the golden replays (../shared/golden/README.md), an id ``h``
+Following the convention of the golden replays (docs/golden.md), an id ``h``
 of a U-token unit stands for the U distinct tokens ``h·U … h·U+U−1``, so a unit at
 position k of a prompt covers tokens ``[k·U, (k+1)·U)``.
 
@@ -61,7 +61,7 @@ class KVSeq:
         P, prompt tokens.
     kv_len : int
         Tokens of KV the request can ever hold: ``P + max(N − 1, 0)`` (the last sampled
-        token is never fed back; SEMANTICS.md "KV extent").
+        token is never fed back; docs/SEMANTICS.md "KV extent").
     seg_id : np.ndarray, int64, shape (S,)
         Id of each segment; ≥ 0 for trace content, < 0 for unique content.
     seg_end : np.ndarray, int64, shape (S,)
@@ -273,7 +273,7 @@ class Trace:
         return self.out_ids[self.out_offsets[i] : self.out_offsets[i + 1]]
 
     def kv_len(self, i: int) -> int:
-        """KV extent of request *i*: ``P + max(N − 1, 0)`` tokens (SEMANTICS.md)."""
+        """KV extent of request *i*: ``P + max(N − 1, 0)`` tokens (docs/SEMANTICS.md)."""
         return int(self.prompt_len[i] + max(int(self.output_len[i]) - 1, 0))
 
     def kv_seq(self, i: int) -> KVSeq:
