@@ -201,11 +201,11 @@ def test_victim_choice_vllm_vs_sglang():
     # running A, B, C (admitted in that order) with 3, 1, 1 outputs; prompts 2, 5, 4.
     # vLLM preempts running[-1] = C; SGLang's retract_decode takes the fewest outputs
     # (B, C), then the longest prompt: B.
-    from radixkv.replay.scheduler import Scheduler
+    from radixkv.replay.scheduler import make_scheduler
 
     tr = _trace([[1, 2], [3, 4, 5, 6, 7], [8, 9, 10, 11]], [8, 3, 8], [0.0, 0.0, 0.0])
     for admission, victim in (("vllm", 2), ("sglang", 1)):
-        sch = Scheduler(tr, NoCache(100, 1), SchedulerConfig(admission=admission))
+        sch = make_scheduler(tr, NoCache(100, 1), SchedulerConfig(admission=admission))
         sch.running = [0, 1, 2]
         sch.gen = [3, 1, 1]
         assert sch._victim() == victim
@@ -305,10 +305,22 @@ def test_cli_admission_follows_the_policy_engine():
 
     p = argparse.ArgumentParser()
     add_concurrent_args(p)
+    from radixkv.replay.sched_sglang import SglangScheduler
+    from radixkv.replay.sched_vllm import VllmScheduler
+    from radixkv.replay.scheduler import make_scheduler
+
     args = p.parse_args([])
-    assert concurrent_config_from_args(args, RadixCache(1000, 1)).admission == "sglang"
-    assert concurrent_config_from_args(args, BlockHashCache(100, 16)).admission == "vllm"
-    assert concurrent_config_from_args(p.parse_args(["--admission", "vllm"]), RadixCache(1000, 1)).admission == "vllm"
+    tr = _trace([[1, 2]], [1], [0.0])
+
+    def sched(a, pol):
+        return type(make_scheduler(tr, pol, concurrent_config_from_args(a, pol)))
+
+    # without --admission the policy class decides; --admission overrides it
+    assert sched(args, RadixCache(1000, 1)) is SglangScheduler
+    assert sched(args, BlockHashCache(100, 16)) is VllmScheduler
+    assert sched(args, NoCache(100, 1)) is VllmScheduler
+    assert sched(p.parse_args(["--admission", "vllm"]), RadixCache(1000, 1)) is VllmScheduler
+    assert sched(p.parse_args(["--admission", "sglang"]), BlockHashCache(100, 16)) is SglangScheduler
     assert concurrent_config_from_args(args).max_num_batched_tokens == 8192
 
 

@@ -87,16 +87,15 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
 def concurrent_config_from_args(args, policy=None):
     """The :class:`~radixkv.replay.scheduler.SchedulerConfig` the flags describe.
 
-    Without ``--admission``, SGLang's rules go with SGLang's cache (a policy named
-    ``radix``, whose admission does not check that the whole prompt fits, as SGLang
-    leaves that to its scheduler's budget) and vLLM's with every other policy.
+    Without ``--admission``, the policy class's ``admission_rule`` decides
+    (:func:`radixkv.replay.scheduler.admission_rule_of`): SGLang's rules for
+    ``RadixCache``, whose admission leaves the whole-prompt check to SGLang's budget,
+    vLLM's for every other policy.
     """
     from radixkv.replay.scheduler import SchedulerConfig
 
     mnbt = getattr(args, "max_num_batched_tokens", None)
     admission = getattr(args, "admission", None)
-    if admission is None:
-        admission = "sglang" if getattr(policy, "name", "") in ("sglang", "radix") else "vllm"
     return SchedulerConfig(
         max_num_seqs=int(getattr(args, "max_num_seqs", 256)),
         max_num_batched_tokens=8192 if mnbt is None else int(mnbt),

@@ -117,6 +117,10 @@ class PrefixCache(ABC):
 
     #: short name used on the command line (``--policy NAME``)
     name: str = "base"
+    #: engine whose scheduler rules a concurrent replay applies to this policy:
+    #: ``"vllm"`` (the whole prompt must fit at admission, vLLM's ``KVCacheManager``) or
+    #: ``"sglang"`` (``PrefillAdder`` budget; :mod:`radixkv.replay.sched_sglang`)
+    admission_rule: str = "vllm"
 
     def __init__(self, num_slots: int, slot_tokens: int):
         from radixkv.errors import ConfigError

@@ -191,6 +191,7 @@ class RadixCache(PrefixCache):
     """
 
     name = "radix"
+    admission_rule = "sglang"
 
     def __init__(
         self,

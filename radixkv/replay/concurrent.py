@@ -4,7 +4,8 @@ The loop is a discrete-step simulation of a continuous-batching engine:
 
 1. requests whose arrival time has come join the waiting queue
    (:mod:`radixkv.replay.arrivals` gives the times);
-2. the :class:`~radixkv.replay.scheduler.Scheduler` builds one step's batch (prefill
+2. the scheduler (:func:`~radixkv.replay.scheduler.make_scheduler`: vLLM's or SGLang's
+   step rules, from the policy class) builds one step's batch (prefill
    chunks and decodes), making the policy calls the step implies;
 3. the :class:`~radixkv.cost.CostModel` prices the step; the clock advances by its time;
 4. the scheduler applies the step (tokens sampled, requests finished).
@@ -26,7 +27,7 @@ import numpy as np
 
 from radixkv.cost import CostModel
 from radixkv.errors import ConfigError
-from radixkv.replay.scheduler import Scheduler, SchedulerConfig
+from radixkv.replay.scheduler import SchedulerConfig, admission_rule_of, make_scheduler
 
 #: per-request columns of :class:`ConcurrentResult` (shape (n,) each) and their units
 COLUMNS = {
@@ -235,7 +236,7 @@ def replay_concurrent(
         raise ConfigError(f"{arrivals.shape[0] if arrivals.ndim else 0} arrival times for {n} requests", field="arrivals")
     if n and (np.any(np.diff(arrivals) < 0) or not np.all(np.isfinite(arrivals))):
         raise ConfigError("arrival times must be finite and non-decreasing", field="arrivals")
-    sch = Scheduler(trace, policy, config)
+    sch = make_scheduler(trace, policy, config)
     arr = arrivals.tolist()
     nan = float("nan")
     admit_s = [nan] * n
@@ -355,7 +356,7 @@ def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, fini
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "schedule_policy": config.schedule_policy,
-        "admission": config.admission,
+        "admission": config.admission if config.admission is not None else admission_rule_of(policy),
         "cost": {k: getattr(cost, k) for k in cost.__dataclass_fields__},
     }
     return ConcurrentResult(

@@ -1,9 +1,22 @@
-"""Continuous-batching scheduler of a concurrent replay (vLLM v1 style, SGLang options).
+"""Shared state of the concurrent replay's continuous-batching scheduler.
 
-One call of :meth:`Scheduler.schedule` builds the batch of one engine step and makes the
-policy calls that step implies; :meth:`Scheduler.complete` applies the step's results.
-Time is not known here: :mod:`radixkv.replay.concurrent` prices each step with a
-:class:`radixkv.cost.CostModel` and advances the clock.
+One call of ``schedule()`` builds the batch of one engine step and makes the policy calls
+that step implies; ``complete()`` applies the step's results. Time is not known here:
+:mod:`radixkv.replay.concurrent` prices each step with a :class:`radixkv.cost.CostModel`
+and advances the clock.
+
+This module holds what every engine's scheduler shares — :class:`SchedulerConfig`,
+:class:`StepPlan`, the per-request state, the waiting/running queues and the policy calls
+of admission, growth, preemption and finish (:class:`Scheduler`). The engine rules live
+in one module each:
+
+- :mod:`radixkv.replay.sched_vllm` — vLLM v1's step (``Scheduler.schedule``);
+- :mod:`radixkv.replay.sched_sglang` — SGLang's (``PrefillAdder`` budget, prefill-first
+  steps, decode retraction, ``new_token_ratio``).
+
+Which one a replay uses comes from the policy **class**: its ``admission_rule``
+attribute (``"vllm"`` or ``"sglang"``, read by :func:`admission_rule_of`);
+``SchedulerConfig.admission`` overrides it. :func:`make_scheduler` builds it.
 
 Request life (tokens)
 ---------------------
@@ -17,58 +30,16 @@ one more token of KV) and samples the next. After output N the request finishes
 (``policy.finish``), holding ``P + N − 1`` tokens of KV — the KV extent of docs/SEMANTICS.md.
 N = 0 finishes when its prefill completes.
 
-vLLM v1 rules (``vllm/v1/core/sched/scheduler.py :: Scheduler.schedule``; docs/engines/vllm.md §4)
------------------------------------------------------------------------------------------
-- One token budget per step, ``max_num_batched_tokens``. RUNNING requests are served
-  first, in admission order: a decode takes 1 token, an unfinished prefill a chunk of
-  ``min(remaining, budget)``.
-- A decode that cannot get KV (``policy.extend`` returns False) preempts ``running[-1]``,
-  the most recently admitted request, by recompute (``_preempt_request``:
-  ``policy.preempt``, progress reset, **prepended** to the waiting queue), and retries
-  until it fits or preempts itself.
-- WAITING requests are admitted only in a step with no preemption, in queue order, while
-  fewer than ``max_num_seqs`` run and budget is left; admission stops at the first request
-  the policy refuses (``policy.admit`` returns None: head-of-line blocking, as vLLM's loop
-  ``break``\\ s). The admission asks for ``min(P, budget)`` tokens and the policy
-  decides whether the whole prompt must fit first (vLLM's default
-  ``scheduler_reserve_full_isl``: ``BlockHashCache``, ``NoCache`` and
-  ``StaticReservedCache`` check it; SGLang's ``RadixCache`` leaves it to the SGLang
-  budget below, so pair it with ``admission='sglang'``). If the hit covers more than the
-  first chunk, the same step extends to ``hit + min(P − hit, budget)`` tokens, as vLLM
-  schedules ``min(P − hit, budget)`` new tokens.
-- A re-admitted request looks up and recomputes prompt + generated tokens:
-  ``policy.admit(rid, seq, n_tokens=P + g)``, KV for all of it at once. Its hit is not
-  counted (hit rate counts first admissions only, docs/SEMANTICS.md). A policy that refuses
-  ``n_tokens > P`` (raises ValueError; SGLang's ``RadixCache``, whose engine looks up the
-  prompt + outputs too) is re-admitted on its prompt and recomputes the generated tokens
-  as further chunks: its lookup then covers the prompt only.
-
-SGLang options (``python/sglang/srt/managers/schedule_policy.py``, ``scheduler.py``)
--------------------------------------------------------------------------------------
-- ``admission='sglang'``: ``PrefillAdder``'s budget. A request is admitted when
-  ``extend + min(N − g, 4096) ≤ rem_total``, where extend is its un-hit prompt and
-  ``rem_total = (free + evictable tokens) − Σ_running min(N_r − g_r, 4096) · new_token_ratio
-  − Σ(already admitted in this pass)``; ``new_token_ratio`` starts at 0.7, decays by
-  ``(0.7 − 0.7·0.14) / 600`` per decode step to ``0.098`` and is reset to 0.7 after a
-  retraction (``SGLANG_INIT_NEW_TOKEN_RATIO``, ``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR``,
-  ``SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS``, ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``;
-  SGLang sets the ratio after a retraction from the retracted work — simplified here).
-  Steps are prefill-first, as SGLang's default (non-mixed) scheduler: a step is a prefill
-  batch (the unfinished chunked request, then new admissions) when there is one, else a
-  decode of every running request. A decode that runs out of KV retracts the request
-  with the fewest outputs, longest prompt on ties (``ScheduleBatch.retract_decode``), to
-  the front of the waiting queue. When nothing runs, the first waiting request is admitted
-  whenever the pool takes it.
-- ``schedule_policy='lpm'``: before each admission pass the waiting queue is sorted by
-  longest cached prefix (stable), falling back to FCFS when more than 128 requests wait
-  (``SchedulePolicy._determine_active_policy``). In-batch prefix deprioritisation is not
-  modelled. It needs a side-effect-free lookup: the policy must provide
-  ``peek_hit(seq, n_tokens) -> int``.
+A re-admitted (preempted) request looks up and recomputes prompt + generated tokens:
+``policy.admit(rid, seq, n_tokens=P + g)``, KV for all of it at once. Its hit is not
+counted (hit rate counts first admissions only, docs/SEMANTICS.md). A policy that refuses
+``n_tokens > P`` (raises ValueError) is re-admitted on its prompt and recomputes the
+generated tokens as further chunks: its lookup then covers the prompt only.
 
 Optional policy hooks (duck-typed, not in the base interface)
 -------------------------------------------------------------
 ``peek_hit(seq, n_tokens)``  hit tokens an admission would get, without changing state
-                            (needed by ``lpm``; used by ``admission='sglang'``, which
+                            (needed by ``lpm``; used by SGLang's admission budget, which
                             otherwise assumes no hit, a conservative budget).
 
 The scheduler also calls ``PrefixCache.room_slots()`` (free + evictable slots, in the base
@@ -87,12 +58,8 @@ from radixkv.errors import ConfigError
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 ADMISSIONS = ("vllm", "sglang")
 
-#: SGLang's defaults (``sglang/srt/environ.py``)
-SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
-SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
-SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = 600
-SGLANG_CLIP_MAX_NEW_TOKENS = 4096
-#: ``lpm`` falls back to FCFS above this many waiting requests (SGLang ``schedule_policy.py``)
+#: ``lpm`` falls back to FCFS above this many waiting requests (SGLang
+#: ``schedule_policy.py :: SchedulePolicy._determine_active_policy``)
 LPM_MAX_WAITING = 128
 
 
@@ -113,8 +80,10 @@ class SchedulerConfig:
         server on an A100 uses 2048; docs/engines/vllm.md §4). Chunked prefill is always on.
     schedule_policy : {'fcfs', 'lpm'}
         Order of the waiting queue (SGLang ``--schedule-policy``; vLLM is FCFS).
-    admission : {'vllm', 'sglang'}
-        Admission and preemption rules (module docstring).
+    admission : {'vllm', 'sglang'} or None
+        Engine whose step rules (admission, preemption, step composition) the replay
+        follows; None (default): the policy class's ``admission_rule``
+        (:func:`admission_rule_of`).
 
     Raises
     ------
@@ -125,7 +94,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     schedule_policy: str = "fcfs"
-    admission: str = "vllm"
+    admission: str | None = None
 
     def __post_init__(self):
         if int(self.max_num_seqs) < 1:
@@ -136,7 +105,7 @@ class SchedulerConfig:
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ConfigError(f"unknown --schedule-policy {self.schedule_policy!r}; choose fcfs or lpm",
                               field="schedule_policy")
-        if self.admission not in ADMISSIONS:
+        if self.admission is not None and self.admission not in ADMISSIONS:
             raise ConfigError(f"unknown admission rule {self.admission!r}; choose vllm or sglang", field="admission")
 
 
@@ -176,8 +145,48 @@ class StepPlan:
         return bool(self.req) and not any(self.prefill)
 
 
+def admission_rule_of(policy) -> str:
+    """The engine whose scheduler a *policy* runs under: its class's ``admission_rule``.
+
+    ``"sglang"`` for a policy whose admission leaves the whole-prompt room check to
+    SGLang's ``PrefillAdder`` budget (:class:`radixkv.policies.radix.RadixCache`),
+    ``"vllm"`` for every other (the base class default, vLLM's ``KVCacheManager`` check).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When the class declares a rule that is not in :data:`ADMISSIONS`.
+    """
+    rule = getattr(type(policy), "admission_rule", "vllm")
+    if rule not in ADMISSIONS:
+        raise ConfigError(f"{type(policy).__name__}.admission_rule is {rule!r}; choose one of {ADMISSIONS}",
+                          field="admission")
+    return rule
+
+
+def make_scheduler(trace, policy, config: "SchedulerConfig"):
+    """The scheduler of one replay: vLLM's or SGLang's step rules.
+
+    ``config.admission`` when set, else the policy class's rule (:func:`admission_rule_of`).
+
+    Returns
+    -------
+    radixkv.replay.sched_vllm.VllmScheduler or radixkv.replay.sched_sglang.SglangScheduler
+    """
+    rule = config.admission if config.admission is not None else admission_rule_of(policy)
+    if rule == "sglang":
+        from radixkv.replay.sched_sglang import SglangScheduler as cls
+    else:
+        from radixkv.replay.sched_vllm import VllmScheduler as cls
+    return cls(trace, policy, config)
+
+
 class Scheduler:
-    """State of every request and the waiting/running queues of one replay.
+    """State of every request and the waiting/running queues of one replay (engine-neutral).
+
+    Subclasses give the engine's step: :meth:`schedule`, :meth:`_victim`,
+    :meth:`can_fast_forward`, and the admission-budget hooks :meth:`_begin_admit_pass`,
+    :meth:`_may_admit`, :meth:`_admitted`. Build one with :func:`make_scheduler`.
 
     Parameters
     ----------
@@ -223,10 +232,6 @@ class Scheduler:
         self.finished_now: list[int] = []
         self.first_token_now: list[int] = []
         self.admitted_now: list[int] = []
-        self.sg = config.admission == "sglang"
-        self.ratio = SGLANG_INIT_NEW_TOKEN_RATIO
-        self.ratio_min = SGLANG_INIT_NEW_TOKEN_RATIO * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
-        self.ratio_decay = (self.ratio - self.ratio_min) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
         self._beyond_prompt = True  # policy accepts admit(n_tokens > P) until it says otherwise
         self._peek = getattr(policy, "peek_hit", None)
         if config.schedule_policy == "lpm" and self._peek is None:
@@ -277,14 +282,14 @@ class Scheduler:
         self.target[v] = 0
         self.preemptions[v] += 1
         self.waiting.appendleft(v)
-        if self.sg:
-            self.ratio = SGLANG_INIT_NEW_TOKEN_RATIO
+        self._on_preempt(v)
+
+    def _on_preempt(self, v: int) -> None:
+        """Engine bookkeeping after request *v* was preempted (default: none)."""
 
     def _victim(self) -> int:
-        if not self.sg:
-            return self.running[-1]  # vLLM: the most recently admitted
-        # SGLang retract_decode: fewest outputs first, then the longest prompt
-        return min(self.running, key=lambda r: (self.gen[r], -self.P[r], -self.running.index(r)))
+        """The running request to preempt when a request cannot get KV."""
+        raise NotImplementedError
 
     def _grow(self, r: int, upto: int, plan: StepPlan) -> bool:
         """Make *r*'s KV cover *upto* tokens, preempting until it fits.
@@ -337,11 +342,7 @@ class Scheduler:
     def _admit_pass(self, plan: StepPlan, budget: int) -> int:
         """Admit waiting requests into *plan* while budget, seats and memory allow."""
         self._order_waiting()
-        rem_total = None
-        clip = SGLANG_CLIP_MAX_NEW_TOKENS
-        if self.sg:
-            reserved = sum(min(self.N[r] - self.gen[r], clip) * self.ratio for r in self.running)
-            rem_total = int(self.policy.room_slots()) * self.policy.slot_tokens - reserved
+        self._begin_admit_pass()
         tr = self.trace
         while self.waiting and budget > 0:
             if len(self.running) >= self.cfg.max_num_seqs:
@@ -350,20 +351,16 @@ class Scheduler:
             i = self.waiting[0]
             seq = tr.kv_seq(i)
             n_tok = self._n_tok(i)
-            if rem_total is not None:
-                peek = int(self._peek(seq, n_tok)) if self._peek is not None else 0
-                need = (n_tok - peek) + min(self.N[i] - self.gen[i], clip)
-                if need > rem_total and self.running:
-                    plan.blocked = True
-                    break
+            if not self._may_admit(i, seq, n_tok):
+                plan.blocked = True
+                break
             adm = self._admit(i, seq, n_tok, budget)
             if adm is None:
                 plan.blocked = True
                 break
             self.waiting.popleft()
             h = int(adm.hit_tokens)
-            if rem_total is not None:
-                rem_total -= (n_tok - h) + min(self.N[i] - self.gen[i], clip)
+            self._admitted(i, n_tok, h)
             if self.admissions[i] == 0:
                 self.hit[i] = h
                 self.held[i] = int(adm.held_tokens)
@@ -383,6 +380,17 @@ class Scheduler:
             budget -= c
         return budget
 
+    def _begin_admit_pass(self) -> None:
+        """Engine hook: start of an admission pass (default: nothing)."""
+
+    def _may_admit(self, i: int, seq, n_tok: int) -> bool:
+        """Engine hook: whether waiting request *i* passes the engine's admission budget
+        before the policy is asked (default: True, the policy alone decides)."""
+        return True
+
+    def _admitted(self, i: int, n_tok: int, hit: int) -> None:
+        """Engine hook: request *i* was admitted with *hit* of its *n_tok* tokens cached."""
+
     def _kv_after_admit(self, i: int, h: int, n_tok: int, budget: int) -> int:
         """Tokens with KV right after ``_admit`` (``max(asked, hit)``, the interface rule)."""
         if self.gen[i] > 0 and self._beyond_prompt:
@@ -393,36 +401,7 @@ class Scheduler:
     # ------------------------------------------------------------------ one step
     def schedule(self) -> StepPlan:
         """Build one step's batch, making the admit/extend/preempt calls it implies."""
-        plan = StepPlan([], [], [], [])
-        self.admitted_now = []
-        budget = self.cfg.max_num_batched_tokens
-        if self.sg:
-            for r in list(self.running):
-                if budget <= 0:
-                    break
-                if r in self.running and self.ctx[r] < self.target[r]:
-                    c = self._serve_running(r, plan, budget)
-                    budget -= max(c, 0)
-            if self.waiting and plan.preempted == 0:
-                budget = self._admit_pass(plan, budget)
-            if plan.empty:
-                for r in list(self.running):
-                    if r in self.running:
-                        self._serve_running(r, plan, 1)
-                if plan.req:
-                    self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
-        else:
-            k = 0
-            while k < len(self.running) and budget > 0:
-                c = self._serve_running(self.running[k], plan, budget)
-                if c < 0:
-                    break
-                budget -= c
-                k += 1
-            if plan.preempted == 0 and self.waiting:
-                budget = self._admit_pass(plan, budget)
-        plan.n_running = len(self.running)
-        return plan
+        raise NotImplementedError
 
     def complete(self, plan: StepPlan) -> None:
         """Apply a finished step: advance progress, sample tokens, finish requests.
@@ -456,22 +435,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ fast-forward
     def can_fast_forward(self, plan: StepPlan) -> bool:
-        """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival.
-
-        True for a pure-decode step without preemption that served every running request,
-        when no waiting request could be admitted before a request finishes: the queue is
-        empty, or (FCFS) admission was refused — a refusal that only a finish can lift
-        under vLLM's rules, or ``max_num_seqs`` under SGLang's.
-        """
-        if not plan.pure_decode or plan.preempted or len(plan.req) != len(self.running):
-            return False
-        if not self.waiting:
-            return True
-        if not plan.blocked or self.cfg.schedule_policy != "fcfs":
-            return False
-        if self.sg:
-            return len(self.running) >= self.cfg.max_num_seqs
-        return True
+        """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival."""
+        raise NotImplementedError
 
     def max_fast_forward(self) -> int:
         """Most decode steps (this one included) all running requests can make together.
@@ -530,5 +495,7 @@ class Scheduler:
         if self.finished_now:
             fin = set(self.finished_now)
             self.running = [r for r in self.running if r not in fin]
-        if self.sg:
-            self.ratio = max(self.ratio - self.ratio_decay * (k - 1), self.ratio_min)
+        self._on_fast_forward(k)
+
+    def _on_fast_forward(self, k: int) -> None:
+        """Engine bookkeeping after :meth:`fast_forward` of *k* steps (default: none)."""
