@@ -48,3 +48,17 @@ def test_unit_lru_curve_pinned_values(mooncake):
     assert got == expected
     # the curve never decreases with capacity (LRU is a stack algorithm on a fixed key order)
     assert np.all(np.diff(got) >= 0)
+
+
+def test_one_pass_curve_equals_per_point_replays(mooncake):
+    # LRU stack distances (one pass) against one replay per capacity: every record column
+    from radixkv.replay.curve import run_curve
+
+    spec = parse_policy("unit-lru")
+    one = run_curve(mooncake, spec, CAPACITIES)
+    assert all(s["timing_s"]["one_pass"] for _, s in one)
+    for cap, (ra, sa) in zip(CAPACITIES, one):
+        rb, sb = run_replay(mooncake, spec, PoolSpec(capacity_tokens=cap))
+        for c in rb.columns:
+            assert np.array_equal(ra[c], rb[c]), (cap, c)
+        assert {k: v for k, v in sa.items() if k != "timing_s"} == {k: v for k, v in sb.items() if k != "timing_s"}

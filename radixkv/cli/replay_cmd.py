@@ -340,21 +340,21 @@ def cmd_curve(args) -> int:
     if not caps:
         raise ConfigError("--capacities is empty", field="capacities")
     trace, load_s = _load(args)
-    from radixkv.replay.run import run_replay, warmup_many
+    from radixkv.replay.curve import run_curve
+    from radixkv.replay.run import warmup_many
 
     warmup_many(specs)
     curves = []
     for spec in specs:
         pts = []
-        for cap in caps:
-            try:
-                _, s = run_replay(trace, spec, PoolSpec(capacity_tokens=cap), limit=args.limit, quiet=args.quiet)
-            except ConfigError as e:
+        for cap, res in zip(caps, run_curve(trace, spec, caps, limit=args.limit, quiet=args.quiet)):
+            if isinstance(res, ConfigError):
                 if not args.skip_too_small:
-                    raise
-                pts.append({"capacity_tokens": cap, "skipped": e.reason})
-                print(f"{spec.label} @ {cap:,}: skipped ({e.reason})", file=sys.stderr)
+                    raise res
+                pts.append({"capacity_tokens": cap, "skipped": res.reason})
+                print(f"{spec.label} @ {cap:,}: skipped ({res.reason})", file=sys.stderr)
                 continue
+            _, s = res
             pts.append({
                 "capacity_tokens": cap,
                 "token_hit_rate": s["token_hit_rate"],

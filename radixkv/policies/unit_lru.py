@@ -30,6 +30,9 @@ from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.keys import SEED, mix64
 from radixkv.trace.types import KVSeq
 
+#: host bytes per cached unit: key 8 + token count 8 + two links 16 + dict entry ~16
+_META_BYTES = 48
+
 # state vector indices
 _HEAD, _TAIL, _SIZE, _VALID, _EVICTIONS, _EVICTED_TOK = range(6)
 
@@ -129,13 +132,17 @@ class UnitLRUCache(PrefixCache):
                 field="capacity",
             )
         super().__init__(int(capacity_units), int(unit_tokens))
+        self._index = None  # the store is allocated on the first request (see _alloc)
+        self._state = np.array([-1, -1, 0, 0, 0, 0], dtype=np.int64)
+
+    def _alloc(self) -> None:
+        """Allocate the unit store (a one-pass curve builds caches it never fills)."""
         cap = self.num_slots
         self._index = Dict.empty(key_type=types.uint64, value_type=types.int64)
         self._slot_key = np.zeros(cap, dtype=np.uint64)
         self._slot_tok = np.zeros(cap, dtype=np.int64)
         self._prev = np.full(cap, -1, dtype=np.int64)
         self._next = np.full(cap, -1, dtype=np.int64)
-        self._state = np.array([-1, -1, 0, 0, 0, 0], dtype=np.int64)
 
     @classmethod
     def from_capacity_tokens(cls, capacity_tokens: int, unit_tokens: int = 1) -> "UnitLRUCache":
@@ -143,6 +150,8 @@ class UnitLRUCache(PrefixCache):
         return cls(int(capacity_tokens) // int(unit_tokens), unit_tokens)
 
     def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission:
+        if self._index is None:
+            self._alloc()
         hit, ev = _touch_request(
             seq.seg_id, seq.seg_end, seq.prompt_len, self._index,
             self._slot_key, self._slot_tok, self._prev, self._next, self._state,
@@ -160,6 +169,91 @@ class UnitLRUCache(PrefixCache):
     def run_request(self, rid: int, seq: KVSeq) -> Admission:
         return self.admit(rid, seq)
 
+    @classmethod
+    def replay_curve(cls, trace, policies: list["UnitLRUCache"], *, limit: int | None = None, label: str | None = None):
+        """Sequential replays of *trace* through every policy of *policies* in one pass.
+
+        LRU is a stack algorithm (Mattson et al. 1970): one pass computing each unit
+        reference's LRU stack distance with a Fenwick tree (:mod:`radixkv.policies._lru_stack`)
+        gives every capacity's hits, insertions and evictions at once, in
+        O(A (K + log A)) for A unit references and K capacities (see
+        :func:`radixkv.policies._lru_stack.lru_curve`).
+
+        Parameters
+        ----------
+        trace : Trace
+        policies : list of UnitLRUCache
+            Fresh caches, one per capacity, all with ``unit_tokens == trace.unit_tokens``
+            (they are not modified; only their sizes are read).
+        limit : int or None
+            Replay only the first *limit* requests.
+        label : str or None
+            The policy spec for the records (default ``unit-lru``).
+
+        Returns
+        -------
+        list of Records, one per policy, identical column by column to
+        :func:`radixkv.replay.sequential.replay_sequential` on that policy;
+        ``meta["replay_s"]`` is the whole pass's wall time (seconds) and
+        ``meta["evictions"]`` the policy's eviction count.
+
+        Raises
+        ------
+        ConfigError
+            When there is no request, or a policy's unit differs from the trace's.
+        """
+        import time
+
+        from radixkv.policies._lru_stack import lru_curve, unit_keys
+        from radixkv.replay.records import COLUMNS, Records
+
+        t = trace.head(limit)
+        n = len(t)
+        if n == 0:
+            raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
+        U = int(t.unit_tokens)
+        for p in policies:
+            if p.slot_tokens != U:
+                raise ConfigError(f"unit-lru built for {p.slot_tokens}-token units on a trace of {U}-token units",
+                                  path=trace.name or None, field="unit_tokens")
+        t0 = time.perf_counter()
+        ids = np.ascontiguousarray(t.ids[: int(t.id_offsets[n])], dtype=np.int64)
+        offs = np.ascontiguousarray(t.id_offsets[: n + 1], dtype=np.int64)
+        plen = np.ascontiguousarray(t.prompt_len, dtype=np.int64)
+        keys, ends = unit_keys(ids, offs, plen, U)
+        uniq, key_idx = np.unique(keys, return_inverse=True)
+        caps = np.array([p.num_slots for p in policies], dtype=np.int64)
+        K = len(caps)
+        hit = np.zeros((n, K), dtype=np.int64)
+        evicted = np.zeros((n, K), dtype=np.int64)
+        size = np.zeros((n, K), dtype=np.int64)
+        valid = np.zeros((n, K), dtype=np.int64)
+        evictions = np.zeros(K, dtype=np.int64)
+        lru_curve(key_idx.astype(np.int64).ravel(), ends, offs, len(uniq), caps,
+                  hit, evicted, size, valid, evictions)
+        elapsed = time.perf_counter() - t0
+        out = []
+        for k, p in enumerate(policies):
+            cols = {c: np.zeros(n, dtype=np.int64) for c in COLUMNS}
+            cols["prompt_tokens"] = plen.copy()
+            cols["hit_tokens"] = hit[:, k].copy()
+            cols["held_tokens"] = hit[:, k].copy()
+            cols["alignment_loss_tokens"] = np.zeros(n, dtype=np.int64)
+            cols["evicted_tokens"] = evicted[:, k].copy()
+            cols["cached_slots"] = size[:, k].copy()
+            cols["free_slots"] = p.num_slots - size[:, k]
+            cols["valid_tokens"] = valid[:, k].copy()
+            cols["cached_tokens"] = valid[:, k].copy()
+            cols["metadata_bytes"] = size[:, k] * _META_BYTES
+            cols["largest_free_run"] = np.full(n, -1, dtype=np.int64)
+            out.append(Records(
+                req_id=t.req_id, columns=cols, num_slots=p.num_slots, slot_tokens=p.slot_tokens,
+                policy=label or p.name,
+                meta={"replay_s": elapsed, "trace": trace.name, "requests": n, "evictions": int(evictions[k]),
+                      "one_pass": True},
+            ))
+        return out
+
     def stats(self, detail: bool = True) -> PoolStats:
         size = int(self._state[_SIZE])
         valid = int(self._state[_VALID])
@@ -171,7 +265,7 @@ class UnitLRUCache(PrefixCache):
             free_slots=self.num_slots - size,
             valid_tokens=valid,
             cached_tokens=valid,
-            metadata_bytes=size * 48,  # key 8 + token count 8 + two links 16 + dict entry ~16
+            metadata_bytes=size * _META_BYTES,
         )
 
     def fits_alone(self, seq: KVSeq) -> int:

@@ -1,0 +1,90 @@
+"""Hit rate against pool capacity: one policy at several pool sizes.
+
+``run_curve`` is what ``radixkv curve`` calls for each policy. A policy class that can
+replay every capacity in one pass (a ``replay_curve`` class method, e.g. ``unit-lru``
+through LRU stack distances) is used that way; any other policy is replayed once per
+capacity with :func:`radixkv.replay.run.run_replay`. Both give the same records.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.metrics import summarize
+from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy
+from radixkv.replay.run import _tiny_trace, run_replay, warmup
+from radixkv.trace.types import Trace
+
+
+def run_curve(
+    trace: Trace,
+    spec: PolicySpec,
+    capacities_tokens,
+    *,
+    limit: int | None = None,
+    quiet: bool = True,
+    one_pass: bool = True,
+) -> list:
+    """Sequential replays of *trace* through *spec* at every capacity (tokens).
+
+    Parameters
+    ----------
+    trace : Trace
+    spec : PolicySpec
+    capacities_tokens : sequence of int
+        Pool sizes in tokens (``PoolSpec(capacity_tokens=...)``).
+    limit : int or None
+        Replay only the first *limit* requests.
+    quiet : bool
+        No progress bar (per-capacity replays only).
+    one_pass : bool
+        Use the policy's one-pass ``replay_curve`` when it has one (default); False forces
+        one replay per capacity.
+
+    Returns
+    -------
+    list, one entry per capacity in the given order: ``(records, summary)`` as
+    :func:`radixkv.replay.run.run_replay` returns, or the :class:`ConfigError` that the
+    capacity raised (pool too small for the policy or for a request). A one-pass
+    summary's ``timing_s["replay"]`` is the pass's time divided by the number of
+    capacities it served, and ``timing_s["one_pass"]`` is True.
+    """
+    caps = [int(c) for c in capacities_tokens]
+    out: list = [None] * len(caps)
+    pols = {}
+    if one_pass:
+        for i, cap in enumerate(caps):
+            try:
+                pols[i] = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=trace.unit_tokens)
+            except ConfigError as e:
+                out[i] = e
+    cls = type(next(iter(pols.values()))) if pols else None
+    if cls is not None and getattr(cls, "replay_curve", None) is not None:
+        compile_s = warmup(spec)
+        t0 = time.perf_counter()
+        tiny = _tiny_trace()
+        cls.replay_curve(tiny, [build_policy(spec, PoolSpec(capacity_tokens=64), unit_tokens=tiny.unit_tokens)])
+        compile_s += time.perf_counter() - t0
+        idx = sorted(pols)
+        t0 = time.perf_counter()
+        recs = cls.replay_curve(trace, [pols[i] for i in idx], limit=limit, label=spec.label)
+        total = time.perf_counter() - t0
+        for i, rec in zip(idx, recs):
+            s = summarize(rec, evictions=rec.meta.get("evictions"))
+            rs = total / len(idx)
+            tokens = int(np.sum(rec["prompt_tokens"]))
+            s["timing_s"] = {"compile": compile_s if i == idx[0] else 0.0, "replay": rs,
+                             "prompt_tokens_per_s": tokens / rs if rs > 0 else None, "one_pass": True}
+            out[i] = (rec, s)
+        return out
+    pols.clear()
+    for i, cap in enumerate(caps):
+        if out[i] is not None:
+            continue
+        try:
+            out[i] = run_replay(trace, spec, PoolSpec(capacity_tokens=cap), limit=limit, quiet=quiet)
+        except ConfigError as e:
+            out[i] = e
+    return out
