@@ -23,7 +23,7 @@ import numpy as np
 
 from radixkv.errors import TraceFormatError
 from radixkv.trace import _fields as F
-from radixkv.trace._io import read_lines
+from radixkv.trace._jsonl_fast import read_records
 from radixkv.trace.types import Trace
 
 #: tokens per Mooncake hash id (Mooncake FAST'25 release, traces README and SOURCE.md)
@@ -56,14 +56,13 @@ def read_mooncake(path, *, unit_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
     """
     path = Path(path)
     U = int(unit_tokens)
-    lines = read_lines(path)
+    lines = read_records(path, ("hash_ids",))
     n = len(lines)
     arrival = np.zeros(n, dtype=np.float64)
     plen = np.zeros(n, dtype=np.int64)
     olen = np.zeros(n, dtype=np.int64)
     pids = [None] * n
-    for k, (ln, text) in enumerate(lines):
-        obj = F.parse_json_line(text, path, ln)
+    for k, (ln, obj) in enumerate(lines):
         arrival[k] = F.as_float(F.get(obj, "timestamp", path, ln), path, ln, "timestamp") / 1000.0
         P = F.as_int(F.get(obj, "input_length", path, ln), path, ln, "input_length")
         if P < 1:

@@ -45,7 +45,7 @@ import numpy as np
 
 from radixkv.errors import TraceFormatError
 from radixkv.trace import _fields as F
-from radixkv.trace._io import read_lines
+from radixkv.trace._jsonl_fast import read_records
 from radixkv.util import atomic_output
 from radixkv.trace.types import Trace
 
@@ -97,12 +97,11 @@ def read_native(path) -> Trace:
         ``output_tokens`` given on some lines only. Nothing is returned on error.
     """
     path = Path(path)
-    lines = read_lines(path)
+    lines = read_records(path, ("tokens", "hash_ids", "output_tokens"))
     U, partial = 1, False
     start = 0
     if lines:
-        ln, text = lines[0]
-        first = F.parse_json_line(text, path, ln)
+        ln, first = lines[0]
         if "radixkv_trace" in first:
             U, partial = _read_header(first, path, ln)
             start = 1
@@ -121,8 +120,7 @@ def read_native(path) -> Trace:
     has_sess = has_turn = False
     out_first_line = None  # (line, has output_tokens) of the first request
     for k in range(n):
-        ln, text = lines[start + k]
-        obj = F.parse_json_line(text, path, ln)
+        ln, obj = lines[start + k]
         extra = [key for key in obj if key not in _REQUEST_KEYS]
         if extra:
             hint = " (a header is only allowed on the first line)" if extra[0] == "radixkv_trace" else ""
