@@ -1,0 +1,123 @@
+"""Benchmark: radixkv's speed figures as ratios to a reference run in the same process.
+
+Wall time on a shared machine varies by tens of percent from minute to minute, so every
+figure here is a ratio of two best-of-``--repeat`` timings taken back to back in this
+process:
+
+- ``load``: the bench trace (../shared/bench, converted to native JSONL in a temporary
+  folder) read by ``load_trace`` against the same reader with the plain per-line
+  ``json.loads`` path (the code before the fast path; kept here as the baseline);
+- ``curve``: the ``unit-lru`` 8-point curve on the Mooncake conversation trace (one pass,
+  LRU stack distances) against one replay at one capacity (10 M tokens), and against
+  the 8 per-capacity replays; the curve's values are checked identical to the latter.
+
+    python experiments/bench_perf.py [--repeat 5] [--only load,curve]
+
+Writes experiments/results/bench_perf.json.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import result, shared
+
+from radixkv.util import atomic_write_text, dumps_json
+
+CURVE_CAPS = [10_000, 100_000, 1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_000_000, 50_000_000]
+
+
+def best_of(repeat, fn):
+    times, out = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), out
+
+
+def bench_trace_native() -> Path:
+    """The bench trace as native JSONL (generated and converted in a temporary folder)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_vs_kvlint import load_peers
+
+    from radixkv.trace.native import write_native
+
+    tmp = Path(tempfile.mkdtemp())
+    subprocess.run([sys.executable, str(shared("bench", "gen_peers_trace.py"))], cwd=tmp, check=True,
+                   stderr=subprocess.DEVNULL)
+    out = tmp / "trace_native.jsonl"
+    write_native(load_peers(tmp / "trace_tokens.jsonl", True), out)
+    return out
+
+
+def baseline_read_records(path, keys=()):
+    """The plain path: every line through json.loads (what the readers did before)."""
+    from radixkv.trace import _fields as F
+    from radixkv.trace._io import read_lines
+
+    return [(ln, F.parse_json_line(text, path, ln)) for ln, text in read_lines(path)]
+
+
+def fig_load(repeat: int) -> dict:
+    import radixkv.trace.native as native
+    from radixkv.trace.load import load_trace
+
+    path = bench_trace_native()
+    fast = native.read_records
+    load_trace(path)  # compile / load the parsing kernel
+    native.read_records = baseline_read_records
+    try:
+        t_old, tr = best_of(repeat, lambda: load_trace(path))
+    finally:
+        native.read_records = fast
+    t_new, tr2 = best_of(repeat, lambda: load_trace(path))
+    assert (tr.ids == tr2.ids).all() and (tr.id_offsets == tr2.id_offsets).all()
+    ids = len(tr.ids)
+    return {"figure": "load bench trace JSONL", "ids": ids, "baseline_s": t_old, "radixkv_s": t_new,
+            "ratio": t_new / t_old, "M_ids_per_s": ids / t_new / 1e6, "target_ratio": 0.3}
+
+
+def fig_curve(repeat: int) -> dict:
+    from radixkv.policies.registry import PoolSpec, parse_policy
+    from radixkv.replay.curve import run_curve
+    from radixkv.replay.run import run_replay
+    from radixkv.trace.load import load_trace
+
+    tr = load_trace(shared("traces", "mooncake-fast25", "conversation_trace.jsonl"))
+    spec = parse_policy("unit-lru")
+    run_curve(tr, spec, CURVE_CAPS[:1])  # compile
+    t_one, _ = best_of(repeat, lambda: run_replay(tr, spec, PoolSpec(capacity_tokens=10_000_000)))
+    t_curve, curve = best_of(repeat, lambda: run_curve(tr, spec, CURVE_CAPS))
+    t_points, points = best_of(1, lambda: run_curve(tr, spec, CURVE_CAPS, one_pass=False))
+    same = all(a[1]["hit_tokens"] == b[1]["hit_tokens"] and a[1]["evicted_tokens"] == b[1]["evicted_tokens"]
+               and a[1]["token_hit_rate"] == b[1]["token_hit_rate"] for a, b in zip(curve, points))
+    return {"figure": "unit-lru 8-point curve, Mooncake", "one_point_s": t_one, "curve_s": t_curve,
+            "per_point_curve_s": t_points, "ratio": t_curve / t_one, "vs_per_point": t_curve / t_points,
+            "values_identical": same, "target_ratio": 1.5,
+            "token_hit_rate": [round(c[1]["token_hit_rate"], 4) for c in curve]}
+
+
+FIGURES = {"load": fig_load, "curve": fig_curve}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--only", default=",".join(FIGURES), help="comma-separated: " + ",".join(FIGURES))
+    args = ap.parse_args()
+    rows = []
+    for name in args.only.split(","):
+        r = FIGURES[name.strip()](args.repeat)
+        rows.append(r)
+        extra = {k: v for k, v in r.items() if k not in ("figure", "ratio", "target_ratio")}
+        print(f"{r['figure']}: ratio {r['ratio']:.3f} (target ≤ {r['target_ratio']})  {extra}")
+    atomic_write_text(result("bench_perf.json"), dumps_json({"repeat": args.repeat, "figures": rows}))
+
+
+if __name__ == "__main__":
+    main()
