@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from radixkv.policies._radix_kernels import (
     F_ALIVE, F_DOWN, F_END, F_K1, F_K2, F_LOCK, F_T1, F_T2, F_NCHILD, F_PARENT, F_SEQ, F_START, F_TIME, NF, NR,
@@ -65,6 +67,35 @@ _IA = types.int64[:]
 PRIORITY_SIG = types.UniTuple(types.float64, 2)(_I2, types.int64, _F1)
 #: the numba type of a priority function argument
 PRIORITY_FN = types.FunctionType(PRIORITY_SIG)
+
+
+def function_addresses(fn) -> np.ndarray:
+    """int64 array ``[cfunc wrapper address, numba entry address]`` of a priority
+    function compiled with :data:`PRIORITY_SIG` (keep *fn* alive while it is used).
+
+    The kernels take this array, not the function: passing a first-class function
+    object costs ~20 µs of typing per kernel call, an int64 array ~0.1 µs."""
+    cres = fn.get_compile_result(PRIORITY_SIG)
+    c_addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
+    jit_addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+    return np.array([c_addr, jit_addr], dtype=np.int64)
+
+
+@intrinsic
+def _fn(typingctx, addrs):
+    """The priority function at the addresses ``addrs[0], addrs[1]`` (see
+    :func:`function_addresses`) as a first-class function value."""
+    def codegen(context, builder, signature, args):
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        c_addr = builder.load(cgutils.gep(builder, arr.data, 0))
+        jit_addr = builder.load(cgutils.gep(builder, arr.data, 1))
+        f = cgutils.create_struct_proxy(PRIORITY_FN)(context, builder)
+        vp = context.get_value_type(types.voidptr)
+        f.c_addr = builder.inttoptr(c_addr, vp)
+        f.py_addr = cgutils.get_null_value(vp)
+        f.jit_addr = builder.inttoptr(jit_addr, vp)
+        return f._getvalue()
+    return PRIORITY_FN(addrs), codegen
 
 
 # ------------------------------------------------------------------ the priority heap
@@ -136,9 +167,10 @@ def _rebuild(S, N, HK, HI, pf, pp):
         _sift_down(HK, HI, i, k)
 
 
-@njit((_I1, _I2, _F2, _I2, PRIORITY_FN, _F1), cache=True)
-def heap_rebuild(S, N, HK, HI, pf, pp):
+@njit(cache=True)
+def heap_rebuild(S, N, HK, HI, fa, pp):
     """Replace the heap by one entry per evictable leaf, keyed by *pf* (drops stale ones)."""
+    pf = _fn(fa)
     _rebuild(S, N, HK, HI, pf, pp)
 
 
@@ -429,11 +461,11 @@ def _admit(S, N, H1, H2, HK, HI, G, Q, R, sid, send, P, n_tokens, prio, tag, pf,
     return True, hit, held, ev
 
 
-@njit((_I1, _I2, _I2, _I2, _F2, _I2, _I2, _I2, _I1, _IA, _IA, types.int64, types.int64, types.int64,
-       types.int64, PRIORITY_FN, _F1), cache=True)
-def admit(S, N, H1, H2, HK, HI, G, Q, R, sid, send, P, n_tokens, prio, tag, pf, pp):
+@njit(cache=True)
+def admit(S, N, H1, H2, HK, HI, G, Q, R, sid, send, P, n_tokens, prio, tag, fa, pp):
     """``_radix_kernels.admit`` with priority eviction; *prio*: the request's priority,
     *tag*: copied to the nodes the request creates. Returns (admitted, hit, held, evicted)."""
+    pf = _fn(fa)
     return _admit(S, N, H1, H2, HK, HI, G, Q, R, sid, send, P, n_tokens, prio, tag, pf, pp)
 
 
@@ -484,9 +516,10 @@ def _extend(S, N, H1, H2, HK, HI, G, Q, R, n_tokens, pf, pp):
     return 1
 
 
-@njit((_I1, _I2, _I2, _I2, _F2, _I2, _I2, _I2, _I1, types.int64, PRIORITY_FN, _F1), cache=True)
-def extend(S, N, H1, H2, HK, HI, G, Q, R, n_tokens, pf, pp):
+@njit(cache=True)
+def extend(S, N, H1, H2, HK, HI, G, Q, R, n_tokens, fa, pp):
     """``_radix_kernels.extend`` with priority eviction: 1, 0 (no room) or −1."""
+    pf = _fn(fa)
     return _extend(S, N, H1, H2, HK, HI, G, Q, R, n_tokens, pf, pp)
 
 
@@ -502,9 +535,10 @@ def _release(S, N, HK, HI, Q, R, pf, pp):
         _rebuild(S, N, HK, HI, pf, pp)
 
 
-@njit((_I1, _I2, _F2, _I2, _I2, _I1, PRIORITY_FN, _F1), cache=True)
-def release(S, N, HK, HI, Q, R, pf, pp):
+@njit(cache=True)
+def release(S, N, HK, HI, Q, R, fa, pp):
     """Free the request's private slots, unlock its path, drop its sequence reference."""
+    pf = _fn(fa)
     _release(S, N, HK, HI, Q, R, pf, pp)
 
 
@@ -521,17 +555,18 @@ def _finish(S, N, H1, H2, HK, HI, G, Q, R, pf, pp):
     _release(S, N, HK, HI, Q, R, pf, pp)
 
 
-@njit((_I1, _I2, _I2, _I2, _F2, _I2, _I2, _I2, _I1, PRIORITY_FN, _F1), cache=True)
-def finish(S, N, H1, H2, HK, HI, G, Q, R, pf, pp):
+@njit(cache=True)
+def finish(S, N, H1, H2, HK, HI, G, Q, R, fa, pp):
     """Insert the KV computed, then the prompt (when shorter); free the rest; unlock."""
+    pf = _fn(fa)
     _finish(S, N, H1, H2, HK, HI, G, Q, R, pf, pp)
 
 
-@njit((_I1, _I2, _I2, _I2, _F2, _I2, _I2, _I2, _I1, _IA, _IA, types.int64, types.int64, types.int64,
-       PRIORITY_FN, _F1), cache=True)
-def run_request(S, N, H1, H2, HK, HI, G, Q, R, sid, send, P, prio, tag, pf, pp):
+@njit(cache=True)
+def run_request(S, N, H1, H2, HK, HI, G, Q, R, sid, send, P, prio, tag, fa, pp):
     """admit, extend to the KV extent, finish: (status, hit, held, evicted, evicted
     tokens in total, evictions in total); status as ``_radix_kernels.run_request``."""
+    pf = _fn(fa)
     ok, hit, held, ev = _admit(S, N, H1, H2, HK, HI, G, Q, R, sid, send, P, _M1, prio, tag, pf, pp)
     if not ok:
         return _Z, hit, held, ev, S[S_EVTOT], S[S_EVN]

@@ -306,7 +306,8 @@ class PriorityRadixCache(RadixCache):
             raise ConfigError(f"eviction policy {ev!r} is not an EvictionPriority with a function",
                               field="eviction_policy")
         self.eviction_priority = ev
-        self._pf = fn
+        self._pfn = fn  # keeps the compiled function alive
+        self._pf = PK.function_addresses(fn)
         self._pp = np.ascontiguousarray(ev.params(), dtype=np.float64)
         if self._pp.ndim != 1 or self._pp.size == 0:
             raise ConfigError(f"{ev!r}.params() must be a non-empty 1-d vector", field="eviction_policy")
@@ -417,12 +418,19 @@ class PriorityRadixCache(RadixCache):
         if self.cache_last_token_on_stop and seq.kv_len > P:
             seq = _with_extra_token(seq)
         self._before_request(rid, seq)
-        self._reserve(self._node_budget(P) + 8, len(seq.seg_id))
+        sid = seq.seg_id
+        # ``_reserve`` inlined, as in :meth:`RadixCache.run_request`
+        self._nn_hi += (18 if self._chunk is None else self._node_budget(P) + 8)
+        self._g_hi += len(sid)
+        self._q_hi += 1
+        if self._nn_hi >= self._N.shape[0] or self._g_hi > self._G.shape[1] or self._q_hi >= self._Q.shape[0]:
+            self._reserve_exact(self._node_budget(P) + 8, len(sid))
+        tag = rid if type(rid) is int else self._next_tag(rid)
         status, hit, held, ev, self.evicted_tokens_total, self.evictions = PK.run_request(
-            *self._gstate(), self._row, seq.seg_id, seq.seg_end, P, 0, self._next_tag(rid),
-            self._pf, self._pp)
+            self._S, self._N, self._H1, self._H2, self._HK, self._HI, self._G, self._Q, self._row,
+            sid, seq.seg_end, P, 0, tag, self._pf, self._pp)
         if status < 0:
             raise RuntimeError("decode needs a page but none is free or evictable")
         if status != 1:
             return None
-        return Admission(int(hit), int(held), int(ev))
+        return Admission(hit, held, ev)

@@ -14,7 +14,10 @@ name        class                                   size (default)
 =========== ======================================= ==================================
 
 ``static`` also takes the reserved share of the pool after ``@``: ``static:16@0.3``
-(default 0.3).
+(default 0.3). ``sglang`` takes SGLang's eviction policy after ``@`` (``--radix-eviction-policy``):
+``sglang:1@lfu`` — ``lru`` (default, the built-in kernels), ``lfu``, ``fifo``, ``mru``,
+``filo``, ``priority``, ``slru``, ``tlru`` (SGLang's default configs), through
+:class:`~radixkv.policies.radix_priority.PriorityRadixCache`.
 
 A pool is given in one of three ways (:class:`PoolSpec`): usable tokens
 (``capacity_tokens``: vLLM gets ``capacity // block_size`` usable blocks, SGLang the
@@ -43,10 +46,14 @@ class PolicySpec:
     name: str
     size: int | None
     fraction: float | None = None
+    #: SGLang eviction policy (``sglang`` only; None = LRU)
+    eviction: str | None = None
 
     @property
     def label(self) -> str:
         s = self.name if self.size is None else f"{self.name}:{self.size}"
+        if self.eviction is not None:
+            return f"{s}@{self.eviction}"
         return s if self.fraction is None else f"{s}@{self.fraction:g}"
 
 
@@ -92,8 +99,18 @@ def parse_policy(text: str, *, block_size: int | None = None, page_size: int | N
             raise ConfigError(f"policy {text!r}: reserved fraction {frac!r} is not a number", field="policy") from None
         spec = parse_policy(body.replace("static", "none", 1), block_size=16 if block_size is None else block_size)
         return PolicySpec("static", spec.size, f)
+    if frac and name == "sglang":
+        from radixkv.policies.radix_priority import EVICTION_POLICIES
+
+        ev = frac.strip().lower()
+        if ev not in EVICTION_POLICIES:
+            raise ConfigError(f"policy {text!r}: unknown eviction policy {frac!r}; known: "
+                              f"{', '.join(EVICTION_POLICIES)}", field="policy")
+        spec = parse_policy(body, block_size=block_size, page_size=page_size)
+        return PolicySpec(spec.name, spec.size, None, ev)
     if frac:
-        raise ConfigError(f"policy {text!r}: only 'static' takes '@fraction'", field="policy")
+        raise ConfigError(f"policy {text!r}: only 'static' (fraction) and 'sglang' (eviction policy) take '@'",
+                          field="policy")
     for flag, v in (("--block-size", block_size), ("--page-size", page_size)):
         if v is not None and int(v) < 1:
             raise ConfigError(f"{flag} must be ≥ 1, got {v}", field=flag.lstrip("-").replace("-", "_"))
@@ -167,6 +184,11 @@ def _build(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **options)
         return BlockHashCache.from_capacity_tokens(int(tokens), spec.size, **options)
     if spec.name == "sglang":
         from radixkv.policies.radix import RadixCache
+
+        if spec.eviction not in (None, "lru"):
+            from radixkv.policies.radix_priority import PriorityRadixCache as RadixCache  # noqa: F811
+
+            options = {**options, "eviction_policy": spec.eviction}
 
         if mtt is not None:
             return RadixCache(int(mtt) // spec.size * spec.size, spec.size, **options)
