@@ -3,9 +3,10 @@
 
 Replays one trace sequentially through ``sglang:P`` (RadixCache, LRU kernels) and
 through priority policies on the same pool (``sglang:P@lfu`` — LFU through the hook —
-and the hook with the LRU priority), alternating, in one process, after a warm-up
-replay of each (compilation excluded), and prints each one's best replay time and its
-ratio to ``sglang:P``::
+and the hook with the LRU priority), and through ``vllm:B`` and an LFU over blocks
+through the block-pool hook, alternating, in one process, after a warm-up replay of each
+(compilation excluded), and prints each one's best replay time and its ratio to the
+built-in of its structure::
 
     RADIXKV_SHARED=/work/shared python tools/bench_eviction_hook.py \\
         [--trace $RADIXKV_SHARED/traces/mooncake-fast25/conversation_trace.jsonl] \\
@@ -22,6 +23,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from radixkv.policies.block_hash import BlockHashCache  # noqa: E402
+from radixkv.policies.block_priority import BlockLFU, PriorityBlockHashCache  # noqa: E402
 from radixkv.policies.radix import RadixCache  # noqa: E402
 from radixkv.policies.radix_priority import LRU, PriorityRadixCache, eviction_policy  # noqa: E402
 from radixkv.replay.sequential import replay_sequential  # noqa: E402
@@ -34,6 +37,7 @@ def main(argv=None):
     ap.add_argument("--trace", default=os.path.join(shared, "traces", "mooncake-fast25", "conversation_trace.jsonl"))
     ap.add_argument("--capacity-tokens", type=int, default=1_000_000)
     ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args(argv)
     trace = load_trace(a.trace)
@@ -44,6 +48,9 @@ def main(argv=None):
             a.capacity_tokens, p, eviction_policy=eviction_policy("lfu")),
         f"sglang:{p}@lru (hook)": lambda: PriorityRadixCache.from_capacity_tokens(
             a.capacity_tokens, p, eviction_policy=LRU()),
+        f"vllm:{a.block_size}": lambda: BlockHashCache.from_capacity_tokens(a.capacity_tokens, a.block_size),
+        f"vllm:{a.block_size}@lfu (hook)": lambda: PriorityBlockHashCache.from_capacity_tokens(
+            a.capacity_tokens, a.block_size, eviction_policy=BlockLFU()),
     }
     best = {k: float("inf") for k in makers}
     hit = {}
@@ -56,11 +63,12 @@ def main(argv=None):
             rec = replay_sequential(trace, pol)
             best[k] = min(best[k], time.perf_counter() - t0)
             hit[k] = (int(rec["hit_tokens"].sum()), int(rec["prompt_tokens"].sum()), pol.evictions)
-    base = best[f"sglang:{p}"]
+    bases = {"sglang": best[f"sglang:{p}"], "vllm": best[f"vllm:{a.block_size}"]}
     print(f"trace={os.path.basename(a.trace)} requests={len(trace)} capacity_tokens={a.capacity_tokens} "
           f"page_size={p} repeat={a.repeat} (best of)")
     for k in makers:
         h, tot, ev = hit[k]
+        base = bases[k.split(":")[0]]
         print(f"{k:24s} replay {best[k]:7.3f} s  ratio {best[k] / base:5.2f}x  hit rate {h / tot:.4f}  evictions {ev}")
 
 

@@ -17,7 +17,8 @@ name        class                                   size (default)
 (default 0.3). ``sglang`` takes SGLang's eviction policy after ``@`` (``--radix-eviction-policy``):
 ``sglang:1@lfu`` — ``lru`` (default, the built-in kernels), ``lfu``, ``fifo``, ``mru``,
 ``filo``, ``priority``, ``slru``, ``tlru`` (SGLang's default configs), through
-:class:`~radixkv.policies.radix_priority.PriorityRadixCache`.
+:class:`~radixkv.policies.radix_priority.PriorityRadixCache`; ``vllm`` takes ``@lru`` (the
+built-in free queue) or ``@lfu`` (:class:`~radixkv.policies.block_priority.PriorityBlockHashCache`).
 
 A pool is given in one of three ways (:class:`PoolSpec`): usable tokens
 (``capacity_tokens``: vLLM gets ``capacity // block_size`` usable blocks, SGLang the
@@ -99,8 +100,11 @@ def parse_policy(text: str, *, block_size: int | None = None, page_size: int | N
             raise ConfigError(f"policy {text!r}: reserved fraction {frac!r} is not a number", field="policy") from None
         spec = parse_policy(body.replace("static", "none", 1), block_size=16 if block_size is None else block_size)
         return PolicySpec("static", spec.size, f)
-    if frac and name == "sglang":
-        from radixkv.policies.radix_priority import EVICTION_POLICIES
+    if frac and name in ("sglang", "vllm"):
+        if name == "sglang":
+            from radixkv.policies.radix_priority import EVICTION_POLICIES
+        else:
+            from radixkv.policies.block_priority import BLOCK_EVICTION_POLICIES as EVICTION_POLICIES
 
         ev = frac.strip().lower()
         if ev not in EVICTION_POLICIES:
@@ -109,7 +113,7 @@ def parse_policy(text: str, *, block_size: int | None = None, page_size: int | N
         spec = parse_policy(body, block_size=block_size, page_size=page_size)
         return PolicySpec(spec.name, spec.size, None, ev)
     if frac:
-        raise ConfigError(f"policy {text!r}: only 'static' (fraction) and 'sglang' (eviction policy) take '@'",
+        raise ConfigError(f"policy {text!r}: only 'static' (fraction), 'sglang' and 'vllm' (eviction policy) take '@'",
                           field="policy")
     for flag, v in (("--block-size", block_size), ("--page-size", page_size)):
         if v is not None and int(v) < 1:
@@ -174,6 +178,11 @@ def _build(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **options)
     cap, ngb, mtt = pool.capacity_tokens, pool.num_gpu_blocks, pool.max_total_num_tokens
     if spec.name == "vllm":
         from radixkv.policies.block_hash import BlockHashCache
+
+        if spec.eviction not in (None, "lru"):
+            from radixkv.policies.block_priority import PriorityBlockHashCache as BlockHashCache  # noqa: F811
+
+            options = {**options, "eviction_policy": spec.eviction}
 
         if ngb is not None:
             return BlockHashCache(int(ngb), spec.size, **options)

@@ -1,0 +1,306 @@
+"""Numba kernels of the vLLM block pool evicting by a policy-defined priority (the hook).
+
+The built-in :class:`~radixkv.policies.block_hash.BlockHashCache` evicts through vLLM's
+free queue (:mod:`radixkv.policies._hash_kernels`, left untouched). vLLM's queue always
+holds every free block *without* a key before every free block *with* one (the pool
+starts with keyless blocks; ``free_blocks`` prepends keyless blocks and appends hashed
+ones; a key is dropped only when its block leaves the queue), so taking a block is:
+the first keyless free block if there is one, else evicting the oldest released hashed
+block. This module keeps the keyless part as vLLM's linked list and puts the hashed free
+blocks in a heap ordered by ``(k1, k2, release time, push id)``, ``(k1, k2) =
+priority(E, b, params)`` — a jitted function of the block's statistics row ``E[b]``
+(signature :data:`~radixkv.policies._radix_prio_kernels.PRIORITY_SIG`, passed as its
+addresses like the radix hook). With the priority ``(release time, 0)`` the order is
+vLLM's exactly.
+
+``E`` : int64, shape (nb, NE): per block
+    ``E_TIME`` release time (a counter draw when its ref_cnt reached 0 with a key: vLLM's
+    free-queue order); ``E_HITS`` hits served since it got its key; ``E_CACHED`` the draw
+    when it got its key; ``E_DEPTH`` its index in its chain (block j of a sequence covers
+    tokens ``[jB, (j+1)B)``); ``E_TAG`` the request that cached it; ``E_VER`` the push id
+    of its valid heap entry.
+``pst`` : int64, shape (NP,): clock, push counter, heap length.
+
+Block statistics change only while a block is out of the heap (a hit takes it out of the
+free set), so a block is pushed once per release and the heap is exact.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from radixkv.policies._hash_kernels import (
+    NST, OK, REFUSED, R_PCN, R_REF, ST_EVICTIONS, ST_FQH, ST_FQLEN, ST_NCACHED, ST_NUSED,
+    _block_keys_into, _cache_full, _drop_key, _fq_prepend, _fq_remove, lookup,
+)
+from radixkv.policies._radix_prio_kernels import _fn
+
+E_TIME, E_HITS, E_CACHED, E_DEPTH, E_TAG, E_VER = range(6)
+NE = 6
+P_CLOCK, P_PUSH, P_HLEN = range(3)
+NP = 3
+NEED_PIECES = 3
+
+
+@njit(cache=True)
+def _less(HK, HI, i, j):
+    for f in range(3):
+        if HK[i, f] != HK[j, f]:
+            return HK[i, f] < HK[j, f]
+    return HI[i, 0] < HI[j, 0]
+
+
+@njit(cache=True)
+def _swap(HK, HI, i, j):
+    for f in range(3):
+        v = HK[i, f]
+        HK[i, f] = HK[j, f]
+        HK[j, f] = v
+    for f in range(2):
+        w = HI[i, f]
+        HI[i, f] = HI[j, f]
+        HI[j, f] = w
+
+
+@njit(cache=True)
+def _sift_down(HK, HI, i, n):
+    while True:
+        a = 2 * i + 1
+        if a >= n:
+            return
+        b = a + 1
+        m = b if b < n and _less(HK, HI, b, a) else a
+        if _less(HK, HI, m, i):
+            _swap(HK, HI, i, m)
+            i = m
+        else:
+            return
+
+
+@njit(cache=True)
+def _fill(E, HK, HI, pst, i, b, pf, pp):
+    k1, k2 = pf(E, b, pp)
+    pst[P_PUSH] += 1
+    HK[i, 0] = k1
+    HK[i, 1] = k2
+    HK[i, 2] = E[b, E_TIME]
+    HI[i, 0] = pst[P_PUSH]
+    HI[i, 1] = b
+    E[b, E_VER] = pst[P_PUSH]
+
+
+@njit(cache=True)
+def _rebuild(b32, E, HK, HI, pst, pf, pp):
+    k = 0
+    for b in range(1, b32.shape[0]):
+        E[b, E_VER] = 0
+        if b32[b, R_REF] == 0 and b32[b, R_PCN] != 0:
+            _fill(E, HK, HI, pst, k, b, pf, pp)
+            k += 1
+    pst[P_HLEN] = k
+    for i in range(k // 2 - 1, -1, -1):
+        _sift_down(HK, HI, i, k)
+
+
+@njit(cache=True)
+def _push(b32, E, HK, HI, pst, b, pf, pp):
+    if pst[P_HLEN] == HK.shape[0]:
+        _rebuild(b32, E, HK, HI, pst, pf, pp)  # b is hashed and free: it is in the rebuilt heap
+        return
+    i = pst[P_HLEN]
+    pst[P_HLEN] = i + 1
+    _fill(E, HK, HI, pst, i, b, pf, pp)
+    while i > 0:
+        up = (i - 1) // 2
+        if _less(HK, HI, i, up):
+            _swap(HK, HI, i, up)
+            i = up
+        else:
+            break
+
+
+@njit(cache=True)
+def _pop_valid(b32, E, HK, HI, pst):
+    """The hashed free block of smallest priority (removed from the heap)."""
+    while pst[P_HLEN] > 0:
+        n = pst[P_HLEN] - 1
+        ver = HI[0, 0]
+        b = HI[0, 1]
+        if n > 0:
+            for f in range(3):
+                HK[0, f] = HK[n, f]
+            for f in range(2):
+                HI[0, f] = HI[n, f]
+            _sift_down(HK, HI, 0, n)
+        pst[P_HLEN] = n
+        if E[b, E_VER] == ver and b32[b, R_REF] == 0 and b32[b, R_PCN] != 0:
+            E[b, E_VER] = 0
+            return b
+    return -1
+
+
+@njit(cache=True)
+def _take_new(blk, b32, kt, k32, st, stk, E, HK, HI, pst, tbl, at, n_new, pf, pp):
+    """``get_new_blocks``: keyless free blocks first (vLLM's queue head), then evict the
+    hashed free block of smallest priority. The caller checked ``n_new ≤ free``."""
+    ev = 0
+    for k in range(n_new):
+        b = st[ST_FQH]
+        if b >= 0:
+            _fq_remove(b32, st, b)
+            if b32[b, R_PCN] != 0:  # not produced (keyless blocks only in the list)
+                _drop_key(blk, b32, kt, k32, st, stk, b)
+                ev += 1
+        else:
+            b = _pop_valid(b32, E, HK, HI, pst)
+            st[ST_FQLEN] -= 1
+            _drop_key(blk, b32, kt, k32, st, stk, b)
+            ev += 1
+        tbl[at + k] = b
+        b32[b, R_REF] = 1
+    st[ST_NCACHED] -= ev
+    st[ST_NUSED] += n_new
+    st[ST_EVICTIONS] += ev
+    return ev
+
+
+@njit(cache=True)
+def _cache(blk, b32, kt, k32, pcid, pcs, st, stk, E, pst, tbl, keys, lo, hi, seg_id, seg_end, block_size, tag):
+    _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id, seg_end, block_size)
+    for j in range(lo, hi):
+        b = tbl[j]
+        pst[P_CLOCK] += 1
+        E[b, E_CACHED] = pst[P_CLOCK]
+        E[b, E_HITS] = 0
+        E[b, E_DEPTH] = j
+        E[b, E_TAG] = tag
+
+
+@njit(cache=True)
+def _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end, block_size,
+           prompt_len, lookup_len, n_tokens, verify, tbl, tag, pf, pp):
+    B = block_size
+    code, h, held = lookup(blk, b32, kt, k32, pcid, pcs, keys, lookup_len // B, seg_id, seg_end, B,
+                           prompt_len, verify, tbl)
+    if code != OK:
+        return code, 0, 0, 0, 0
+    hcap = min(h, (lookup_len - 1) // B)
+    n_touch = 0
+    for k in range(hcap):
+        if b32[tbl[k], R_REF] == 0:
+            n_touch += 1
+    need_full = (lookup_len + B - 1) // B - hcap
+    if need_full + n_touch > st[ST_FQLEN]:
+        return REFUSED, hcap, held, 0, 0
+    for k in range(hcap):
+        b = tbl[k]
+        if b32[b, R_REF] == 0:  # a hit block always has a key: it is in the heap
+            E[b, E_VER] = 0
+            st[ST_FQLEN] -= 1
+            st[ST_NUSED] += 1
+            st[ST_NCACHED] -= 1
+        b32[b, R_REF] += 1
+        E[b, E_HITS] += 1
+    t = max(n_tokens, hcap * B)
+    nblk = (t + B - 1) // B
+    ev = _take_new(blk, b32, kt, k32, st, stk, E, HK, HI, pst, tbl, hcap, nblk - hcap, pf, pp)
+    _cache(blk, b32, kt, k32, pcid, pcs, st, stk, E, pst, tbl, keys, hcap, t // B, seg_id, seg_end, B, tag)
+    return OK, hcap, held, ev, nblk
+
+
+@njit(cache=True)
+def admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end, block_size,
+          prompt_len, lookup_len, n_tokens, verify, tbl, tag, fa, pp):
+    """``_hash_kernels.admit`` with priority eviction; *tag* is stored on the blocks the
+    request caches. Returns (code, hit_blocks, held_tokens, evicted_blocks, n_blocks)."""
+    pf = _fn(fa)
+    return _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end, block_size,
+                  prompt_len, lookup_len, n_tokens, verify, tbl, tag, pf, pp)
+
+
+@njit(cache=True)
+def _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end, block_size, tbl,
+            n_blocks, n_computed, n_more, tag, pf, pp):
+    B = block_size
+    t = n_computed + n_more
+    nblk = (t + B - 1) // B
+    n_new = nblk - n_blocks
+    if n_new > st[ST_FQLEN]:
+        return False, n_blocks, 0
+    ev = 0
+    if n_new > 0:
+        ev = _take_new(blk, b32, kt, k32, st, stk, E, HK, HI, pst, tbl, n_blocks, n_new, pf, pp)
+    _cache(blk, b32, kt, k32, pcid, pcs, st, stk, E, pst, tbl, keys, n_computed // B, t // B, seg_id, seg_end, B,
+           tag)
+    return True, nblk, ev
+
+
+@njit(cache=True)
+def extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end, block_size, tbl,
+           n_blocks, n_computed, n_more, tag, fa, pp):
+    """``_hash_kernels.extend`` with priority eviction: (ok, n_blocks, evicted blocks)."""
+    pf = _fn(fa)
+    return _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end, block_size,
+                   tbl, n_blocks, n_computed, n_more, tag, pf, pp)
+
+
+@njit(cache=True)
+def _free(b32, st, E, HK, HI, pst, tbl, n_blocks, pf, pp):
+    for k in range(n_blocks - 1, -1, -1):
+        b = tbl[k]
+        b32[b, R_REF] -= 1
+        if b32[b, R_REF] == 0:
+            st[ST_NUSED] -= 1
+            if b32[b, R_PCN] != 0:
+                pst[P_CLOCK] += 1
+                E[b, E_TIME] = pst[P_CLOCK]
+                _push(b32, E, HK, HI, pst, b, pf, pp)
+                st[ST_FQLEN] += 1
+                st[ST_NCACHED] += 1
+            else:
+                _fq_prepend(b32, st, b)
+
+
+@njit(cache=True)
+def free(b32, st, E, HK, HI, pst, tbl, n_blocks, fa, pp):
+    """Release a request's blocks tail first: keyless ones to the list head, hashed ones
+    into the heap with a fresh release time (vLLM ``free_blocks``' tail append)."""
+    pf = _fn(fa)
+    _free(b32, st, E, HK, HI, pst, tbl, n_blocks, pf, pp)
+
+
+@njit(cache=True)
+def rebuild(b32, E, HK, HI, pst, fa, pp):
+    """Replace the heap by one entry per hashed free block (drops stale entries)."""
+    pf = _fn(fa)
+    _rebuild(b32, E, HK, HI, pst, pf, pp)
+
+
+@njit(cache=True)
+def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, prompt_len, kv_len, verify,
+            key_mask, E, HK, HI, pst, tag, fa, pp):
+    """``_hash_kernels.run_seq`` with priority eviction: (code, hit_blocks, held,
+    evicted_blocks, decoded, total evictions)."""
+    pf = _fn(fa)
+    b32 = blk.view(np.int32)
+    k32 = kt.view(np.int32)
+    st = state[:NST]
+    stk = state[NST:]
+    keys = scratch[0]
+    tbl = scratch[1]
+    mp = _block_keys_into(seg_id, seg_end, block_size, kv_len // block_size, key_mask, keys)
+    if mp - 1 > pcid.shape[1]:
+        return NEED_PIECES, mp, 0, 0, False, st[ST_EVICTIONS]
+    code, hcap, held, ev, nblk = _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id,
+                                        seg_end, block_size, prompt_len, prompt_len, prompt_len, verify, tbl,
+                                        tag, pf, pp)
+    if code != OK:
+        return code, hcap, held, ev, False, st[ST_EVICTIONS]
+    ok = True
+    if kv_len > prompt_len:
+        ok, nblk2, ev2 = _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end,
+                                 block_size, tbl, nblk, prompt_len, kv_len - prompt_len, tag, pf, pp)
+        if ok:
+            nblk = nblk2
+    _free(b32, st, E, HK, HI, pst, tbl, nblk, pf, pp)
+    return OK, hcap, held, ev, ok, st[ST_EVICTIONS]

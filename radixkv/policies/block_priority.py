@@ -1,0 +1,237 @@
+"""Eviction as a hook on vLLM's block pool: ``PriorityBlockHashCache`` and its priorities.
+
+:class:`PriorityBlockHashCache` is :class:`~radixkv.policies.block_hash.BlockHashCache`
+(every rule of that module: chained block keys, first-miss lookup, the ``(P − 1) // B``
+cap, ref counts, caching at the end of each step, tail-first release) with one change:
+when a new block is needed and no keyless block is free, the hashed free block evicted is
+the one of smallest **priority**, a jitted function of the block's statistics (vLLM's
+``FreeKVCacheBlockQueue`` evicts the block released longest ago: the priority
+:class:`BlockLRU`, same results as the built-in, on a slower path). Keyless free blocks
+are still taken first, in vLLM's order (``BlockPool.get_new_blocks``).
+
+The function has the radix hook's signature, ``priority(E, b, params) -> (k1, k2)``
+(:func:`~radixkv.policies.radix_priority.priority_function`), over block *b*'s row of
+the int64 statistics array *E* (columns exported here):
+
+============ ===========================================================================
+``E_TIME``   release time: a counter draw when its ref_cnt last reached 0 (larger = later)
+``E_HITS``   lookup hits it served since it got its key
+``E_CACHED`` the counter draw when it got its key
+``E_DEPTH``  its index in its chain: block j covers tokens ``[jB, (j+1)B)``
+``E_TAG``    the request that cached it (its handle when an int)
+============ ===========================================================================
+
+Smaller ``(k1, k2)`` is evicted first; ties fall to the earlier release. An LFU over
+blocks::
+
+    @priority_function
+    def block_lfu(E, b, params):
+        return float(E[b, E_HITS]), float(E[b, E_TIME])
+
+    class BlockLFU(EvictionPriority):
+        name = "lfu"
+        function = block_lfu
+
+    cache = PriorityBlockHashCache.from_capacity_tokens(100_000, 16, eviction_policy=BlockLFU())
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.policies import _hash_kernels as K
+from radixkv.policies import _hash_prio_kernels as HP
+from radixkv.policies._hash_prio_kernels import E_CACHED, E_DEPTH, E_HITS, E_TAG, E_TIME
+from radixkv.policies._radix_prio_kernels import function_addresses
+from radixkv.policies.base import Admission
+from radixkv.policies.block_hash import BlockHashCache, _Running
+from radixkv.policies.radix_priority import EvictionPriority, _priority_of, priority_function
+from radixkv.trace.types import KVSeq
+
+__all__ = ["PriorityBlockHashCache", "BlockLRU", "BlockLFU", "BLOCK_EVICTION_POLICIES",
+           "E_TIME", "E_HITS", "E_CACHED", "E_DEPTH", "E_TAG"]
+
+
+@priority_function
+def _block_lru(E, b, params):
+    return float(E[b, E_TIME]), 0.0
+
+
+@priority_function
+def _block_lfu(E, b, params):
+    return float(E[b, E_HITS]), float(E[b, E_TIME])
+
+
+class BlockLRU(EvictionPriority):
+    """vLLM's free-queue order: released longest ago first."""
+
+    name = "lru"
+    function = _block_lru
+
+
+class BlockLFU(EvictionPriority):
+    """(hits served, release time): fewest hits first, then released longest ago."""
+
+    name = "lfu"
+    function = _block_lfu
+
+
+#: built-in block priorities by name
+BLOCK_EVICTION_POLICIES = {c.name: c for c in (BlockLRU, BlockLFU)}
+
+
+class PriorityBlockHashCache(BlockHashCache):
+    """:class:`BlockHashCache` evicting the hashed free block of smallest priority.
+
+    Parameters
+    ----------
+    num_gpu_blocks, block_size, verify
+        As :class:`BlockHashCache`.
+    eviction_policy : EvictionPriority, its class, or a name of
+        :data:`BLOCK_EVICTION_POLICIES`. Default: the class attribute ``eviction``,
+        else :class:`BlockLRU`.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        As :class:`BlockHashCache`, and for an unknown policy or one without a function.
+    """
+
+    name = "vllm-priority"
+    eviction = None
+
+    def __init__(self, num_gpu_blocks: int, block_size: int = 16, *, eviction_policy=None, **kwargs):
+        super().__init__(num_gpu_blocks, block_size, **kwargs)
+        ev = eviction_policy if eviction_policy is not None else self.eviction
+        if ev is None:
+            ev = BlockLRU()
+        elif isinstance(ev, str):
+            cls = BLOCK_EVICTION_POLICIES.get(ev.strip().lower())
+            if cls is None:
+                raise ConfigError(f"unknown block eviction policy {ev!r}; known: {', '.join(BLOCK_EVICTION_POLICIES)}",
+                                  field="eviction_policy")
+            ev = cls()
+        elif isinstance(ev, type):
+            ev = ev()
+        fn = _priority_of(ev)
+        if not isinstance(ev, EvictionPriority) or fn is None:
+            raise ConfigError(f"eviction policy {ev!r} is not an EvictionPriority with a function",
+                              field="eviction_policy")
+        self.eviction_priority = ev
+        self._pfn = fn
+        self._pf = function_addresses(fn)
+        self._pp = np.ascontiguousarray(ev.params(), dtype=np.float64)
+        nb = self.num_gpu_blocks
+        self._E = np.zeros((nb, HP.NE), dtype=np.int64)
+        cap = max(16, 2 * nb)
+        self._HK = np.zeros((cap, 3), dtype=np.float64)
+        self._HI = np.zeros((cap, 2), dtype=np.int64)
+        self._pst = np.zeros(HP.NP, dtype=np.int64)
+        self._tags = 0
+        self._rtag: dict = {}  # tag of each running request
+
+    @property
+    def label(self) -> str:
+        return f"vllm:{self.block_size}@{self.eviction_priority.name}"
+
+    def _tag(self, rid) -> int:
+        if isinstance(rid, (int, np.integer)):
+            return int(rid)
+        self._tags += 1
+        return self._tags
+
+    def _heap(self):
+        return self._E, self._HK, self._HI, self._pst
+
+    def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
+        """As :meth:`BlockHashCache.admit`, evicting by priority."""
+        P = seq.prompt_len
+        n = self._admit_length(self._running, rid, seq, n_tokens)
+        keys = self._keys(seq)
+        tbl = self._table(seq, True)
+        tag = self._tag(rid)
+        code, hit_blocks, held, ev, nblk = HP.admit(
+            self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk,
+            *self._heap(), keys, seq.seg_id, seq.seg_end, self.block_size, P, max(P, n), n, self.verify, tbl,
+            tag, self._pf, self._pp)
+        if code == K.COLLISION:
+            self._collision(seq)
+        if code == K.REFUSED:
+            return None
+        B = self.block_size
+        ntok = max(n, int(hit_blocks) * B)
+        r = _Running(seq, keys, tbl, int(nblk), ntok)
+        self._running[rid] = r
+        self._rtag[rid] = tag
+        self._partial += ntok % B
+        self.evictions += int(ev)
+        self.evicted_tokens_total += int(ev) * B
+        return Admission(hit_tokens=int(hit_blocks) * B, held_tokens=int(min(held, P)), evicted_tokens=int(ev) * B)
+
+    def extend(self, rid: int, n_tokens: int) -> bool:
+        """As :meth:`BlockHashCache.extend`, evicting by priority."""
+        r = self._running[rid]
+        n = int(n_tokens)
+        if n < 0 or r.n_tokens + n > r.seq.kv_len:
+            raise ValueError(
+                f"request {rid}: extending {r.n_tokens} tokens by {n} passes its KV extent {r.seq.kv_len}")
+        if n == 0:
+            return True
+        ok, nblk, ev = HP.extend(
+            self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk,
+            *self._heap(), r.keys, r.seq.seg_id, r.seq.seg_end, self.block_size, r.tbl, r.n_blocks, r.n_tokens,
+            n, self._rtag[rid], self._pf, self._pp)
+        if not ok:
+            return False
+        r.n_blocks = int(nblk)
+        B = self.block_size
+        self._partial += (r.n_tokens + n) % B - r.n_tokens % B
+        r.n_tokens += n
+        self.evictions += int(ev)
+        self.evicted_tokens_total += int(ev) * B
+        return True
+
+    def finish(self, rid: int) -> None:
+        """As :meth:`BlockHashCache.finish` (hashed blocks enter the eviction heap)."""
+        r = self._running.pop(rid)
+        self._rtag.pop(rid, None)
+        self._partial -= r.n_tokens % self.block_size
+        HP.free(self._b32, self._st, *self._heap(), r.tbl, r.n_blocks, self._pf, self._pp)
+
+    def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
+        """Admit, decode to the KV extent, finish: one kernel call."""
+        if rid in self._running:
+            raise ValueError(f"request {rid} is already running")
+        B = self.block_size
+        kv = seq.kv_len
+        if self._scratch2.shape[1] * B < kv:
+            self._scratch2 = np.zeros((2, max(-(-kv // B), 2 * self._scratch2.shape[1])), dtype=np.int64)
+        args = (self._scratch2, seq.seg_id, seq.seg_end, B, seq.prompt_len, kv, self.verify, self._key_mask,
+                self._E, self._HK, self._HI, self._pst, rid if type(rid) is int else self._tag(rid),
+                self._pf, self._pp)
+        code, hit_blocks, held, ev, decoded, total_ev = HP.run_seq(
+            self._blk, self._kt, self._pcid, self._pcs, self._state, *args)
+        if code == HP.NEED_PIECES:
+            self._grow_pieces(hit_blocks)
+            code, hit_blocks, held, ev, decoded, total_ev = HP.run_seq(
+                self._blk, self._kt, self._pcid, self._pcs, self._state, *args)
+        if code == K.COLLISION:
+            self._collision(seq)
+        if code == K.REFUSED:
+            return None
+        self.evictions = total_ev
+        self.evicted_tokens_total = total_ev * B
+        if not decoded:
+            return None
+        P = seq.prompt_len
+        return Admission(hit_tokens=hit_blocks * B, held_tokens=held if held < P else P, evicted_tokens=ev * B)
+
+    def free_queue(self) -> np.ndarray:
+        """Free block ids in the order they would be taken now: keyless blocks (vLLM's
+        queue head), then hashed blocks by priority; int64, O(n log n)."""
+        # the linked list holds the keyless free blocks only (its length: free − hashed free)
+        keyless = K.free_queue(self._b32, self._st)[: int(self._st[K.ST_FQLEN] - self._st[K.ST_NCACHED])]
+        HP.rebuild(self._b32, *self._heap(), self._pf, self._pp)
+        n = int(self._pst[HP.P_HLEN])
+        order = np.lexsort((self._HI[:n, 0], self._HK[:n, 2], self._HK[:n, 1], self._HK[:n, 0]))
+        return np.concatenate([keyless, self._HI[:n, 1][order]]).astype(np.int64)
