@@ -86,3 +86,9 @@ def test_lfu_hand_worked():
 def test_unknown_block_policy():
     with pytest.raises(ConfigError, match="unknown block eviction policy"):
         PriorityBlockHashCache(10, 16, eviction_policy="arc")
+
+
+def test_check_policy_passes():
+    from radixkv.policies.check import check_policy
+
+    check_policy(lambda cap: PriorityBlockHashCache.from_capacity_tokens(cap, 4, eviction_policy=BlockLFU()))

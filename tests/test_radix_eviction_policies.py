@@ -111,3 +111,11 @@ def test_unknown_policy_is_a_config_error():
         eviction_policy("arc")
     with pytest.raises(ConfigError, match="eviction_policy"):
         eviction_policy("slru", threshold=3)
+
+
+@pytest.mark.parametrize("name", ["lfu", "mru", "slru", "tlru"])
+def test_check_policy_passes(name):
+    """The hook's policies keep the PrefixCache contract (radixkv.policies.check)."""
+    from radixkv.policies.check import check_policy
+
+    check_policy(lambda cap: PriorityRadixCache.from_capacity_tokens(cap, 4, eviction_policy=name))
