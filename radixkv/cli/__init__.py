@@ -17,6 +17,7 @@ _VERB_MODULES = [
     "radixkv.cli.trace_cmd",
     "radixkv.cli.memory_cmd",
     "radixkv.cli.replay_cmd",
+    "radixkv.cli.sweep_cmd",
 ]
 
 

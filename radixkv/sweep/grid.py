@@ -1,0 +1,301 @@
+"""A sweep grid: read ``GRID.toml``, check every key, expand it into cells.
+
+A grid is a TOML file whose keys are ``radixkv replay`` flags (dashes as underscores),
+plus ``traces`` and ``policies``. A value is one setting or a list of settings; every list
+is an axis, and the cells are the cartesian product of the axes::
+
+    traces = ["demo.jsonl", "customer_service.jsonl"]   # relative to the grid file
+    policies = ["vllm:16", "vllm:32", "sglang:1", "none"]
+    capacity_tokens = [5000, 20000, 100000]             # the pools
+    # block_size = [16, 32]   (sizes: fill in policies given without a size)
+    # mode = "concurrent"; model = "Llama-3.1-8B"; gpu = "A100-80GB"; max_num_seqs = [64, 256]
+
+Values are checked as the command line checks them (the flag's own type and choices),
+and each cell's pool flags as ``radixkv replay`` checks them; a bad grid raises a
+:class:`~radixkv.errors.ConfigError` naming the grid file and the key. Trace paths may use
+``~`` and ``$VARS`` (e.g. ``$RADIXKV_SHARED/traces/...``).
+
+Cells are normalised before they are keyed, so that two spellings of one replay are one
+cell: a block/page size goes into the policy's spec (``vllm`` with ``block_size = 32`` is
+``vllm:32``), concurrent-mode knobs are dropped from sequential cells, and settings equal
+to the flag's default are dropped. A cell's key is the SHA-256 (first 16 hex digits) of
+its normalised settings and its trace file's SHA-256, so renaming or moving a trace does
+not re-run it, and changing a byte of it does.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from radixkv.errors import ConfigError
+
+#: grid keys that are not ``radixkv replay`` flags
+_OWN_KEYS = ("traces", "policies", "format", "per_engine_rule")
+#: replay flags a grid may not set (outputs, progress, the positional trace/policy)
+_NOT_GRID = ("trace", "policy", "json", "per_request", "quiet", "no_timing", "func", "help")
+
+
+@functools.lru_cache(maxsize=1)
+def _replay_actions() -> dict[str, argparse.Action]:
+    """The ``radixkv replay`` parser's actions by destination (one parser is the source of
+    truth for every knob's name, type, choices and default)."""
+    from radixkv.cli.replay_cmd import register
+
+    top = argparse.ArgumentParser(add_help=False)
+    register(top.add_subparsers(dest="verb"))
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices["replay"]
+    acts = {}
+    for a in parser._actions:
+        if a.dest not in _NOT_GRID and a.dest != argparse.SUPPRESS:
+            acts.setdefault(a.dest, a)
+    return acts
+
+
+def _concurrent_only(acts) -> set[str]:
+    """Flags that only a concurrent replay reads (``--max-num-batched-tokens`` also sizes
+    vLLM's profiling pass, so it stays)."""
+    from radixkv.cli.concurrent_args import add_concurrent_args
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_concurrent_args(p)
+    return {a.dest for a in p._actions} - {"mode", "max_num_batched_tokens", "help"}
+
+
+def replay_defaults() -> dict:
+    """Every grid knob's default, as ``radixkv replay`` has it (``policies``/``traces``
+    excluded)."""
+    d = {k: a.default for k, a in _replay_actions().items()}
+    d["per_engine_rule"] = False
+    d["format"] = None
+    return d
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    """A trace of the grid: the path as written, the resolved path, its SHA-256 (hex)."""
+
+    text: str
+    path: Path
+    sha256: str
+
+
+@dataclass
+class Cell:
+    """One replay of the grid.
+
+    Attributes
+    ----------
+    key : str
+        16 hex digits: SHA-256 of the normalised settings and the trace's SHA-256.
+    trace : TraceEntry
+    settings : dict
+        Normalised settings that differ from ``radixkv replay``'s defaults, always with
+        ``policy`` (a full spec label such as ``vllm:16``); JSON-ready.
+    """
+
+    key: str
+    trace: TraceEntry
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """Short readable description: trace file name and the settings."""
+        rest = " ".join(f"{k}={v}" for k, v in sorted(self.settings.items()) if k != "policy")
+        return f"{self.trace.path.name} {self.settings['policy']}" + (f" {rest}" if rest else "")
+
+
+@dataclass
+class Grid:
+    """A parsed grid: its file, its traces and its cells (in grid order, duplicates merged)."""
+
+    path: Path
+    traces: list
+    cells: list
+    axes: dict
+
+
+def file_sha256(path) -> str:
+    """SHA-256 (hex) of a file's bytes; of a directory, over its files' relative paths
+    and bytes in sorted order."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        if f is not path:
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _listify(v):
+    return list(v) if isinstance(v, list) else [v]
+
+
+def _convert(key: str, value, action: argparse.Action, where: str):
+    """One grid value, checked and converted as the command line would."""
+    if isinstance(value, (dict, list)):
+        raise ConfigError(f"key {key!r}: expected a value or a flat list of values, got {value!r}",
+                          path=where, field=key)
+    if action.nargs == 0:  # store_true / store_false flags
+        if not isinstance(value, bool):
+            raise ConfigError(f"key {key!r}: expected true or false, got {value!r}", path=where, field=key)
+        return value
+    if isinstance(value, bool):
+        raise ConfigError(f"key {key!r}: expected a value, got {value!r}", path=where, field=key)
+    conv = action.type
+    if conv is not None:
+        text = repr(value) if isinstance(value, float) else str(value)
+        try:
+            value = conv(text)
+        except (argparse.ArgumentTypeError, ValueError, TypeError) as e:
+            raise ConfigError(f"key {key!r}: bad value {value!r} ({e})", path=where, field=key) from None
+    elif not isinstance(value, str):
+        raise ConfigError(f"key {key!r}: expected a string, got {value!r}", path=where, field=key)
+    if action.choices is not None and value not in action.choices:
+        raise ConfigError(f"key {key!r}: {value!r} is not one of {', '.join(map(str, action.choices))}",
+                          path=where, field=key)
+    return value
+
+
+def load_grid(path, *, hash_traces: bool = True) -> Grid:
+    """Read and expand ``GRID.toml``.
+
+    Parameters
+    ----------
+    path : str or Path
+    hash_traces : bool
+        Compute each trace's SHA-256 (needed for cell keys; reads every trace file once).
+
+    Returns
+    -------
+    Grid
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        An unreadable file, an unknown key, a bad value, a missing trace, or a cell that
+        ``radixkv replay`` would refuse; the message names the grid file and the key.
+    """
+    import tomllib
+
+    path = Path(path)
+    where = str(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("no such grid file", path=where) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"not valid TOML ({e})", path=where) from None
+    if isinstance(raw.get("grid"), dict) and len(raw) == 1:
+        raw = raw["grid"]  # a [grid] table is accepted too
+    acts = _replay_actions()
+    known = set(acts) | set(_OWN_KEYS)
+    for key in raw:
+        if key not in known:
+            alias = key.replace("-", "_")
+            hint = f" (did you mean {alias!r}?)" if alias in known else ""
+            raise ConfigError(f"unknown key {key!r}{hint}; grid keys are 'traces', 'policies', 'format', "
+                              f"'per_engine_rule' and the flags of `radixkv replay` with underscores",
+                              path=where, field=key)
+    for key in ("traces", "policies"):
+        if key not in raw:
+            raise ConfigError(f"missing key {key!r}", path=where, field=key)
+        vals = _listify(raw[key])
+        if not vals or not all(isinstance(v, str) and v.strip() for v in vals):
+            raise ConfigError(f"key {key!r}: expected a non-empty string or list of strings", path=where, field=key)
+    if "format" in raw and not isinstance(raw["format"], str):
+        raise ConfigError("key 'format': expected a string", path=where, field="format")
+    if "per_engine_rule" in raw and not all(isinstance(v, bool) for v in _listify(raw["per_engine_rule"])):
+        raise ConfigError("key 'per_engine_rule': expected true or false", path=where, field="per_engine_rule")
+
+    # traces: resolve, check, hash (once each)
+    traces = []
+    for text in _listify(raw["traces"]):
+        p = Path(os.path.expandvars(os.path.expanduser(text)))
+        if not p.is_absolute():
+            p = path.parent / p
+        if not p.exists():
+            raise ConfigError(f"trace {text!r}: no such file or directory ({p})", path=where, field="traces")
+        traces.append(TraceEntry(text, p, file_sha256(p) if hash_traces else ""))
+
+    # axes: converted values per key
+    axes: dict = {}
+    for key, value in raw.items():
+        if key in ("traces", "format"):
+            continue
+        vals = _listify(value)
+        if not vals:
+            raise ConfigError(f"key {key!r}: an empty list makes an empty grid", path=where, field=key)
+        if key == "policies":
+            axes[key] = [v.strip() for v in vals]
+        elif key == "per_engine_rule":
+            axes[key] = vals
+        else:
+            axes[key] = [_convert(key, v, acts[key], where) for v in vals]
+    defaults = replay_defaults()
+    conc_only = _concurrent_only(acts)
+
+    keys = list(axes)
+    cells: dict[str, Cell] = {}
+    any_concurrent = False
+    for tr in traces:
+        for combo in itertools.product(*(axes[k] for k in keys)):
+            s = dict(zip(keys, combo))
+            settings = _normalise(s, defaults, conc_only, where)
+            any_concurrent |= settings.get("mode") == "concurrent"
+            if "format" in raw:
+                settings["format"] = raw["format"]
+            key = cell_key(tr.sha256, settings)
+            cells.setdefault(key, Cell(key, tr, settings))
+    unused = [k for k in keys if k in conc_only and not any_concurrent]
+    if unused:
+        raise ConfigError(f"key {unused[0]!r} is a concurrent-mode knob but no cell has mode = \"concurrent\"",
+                          path=where, field=unused[0])
+    return Grid(path, traces, list(cells.values()), {k: axes[k] for k in keys})
+
+
+def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
+    """One cell's settings: the policy's spec with its size, concurrent knobs only in
+    concurrent cells, defaults dropped; checked as ``radixkv replay`` checks its flags."""
+    from radixkv.cli.replay_cmd import _check_pool_args
+    from radixkv.policies.registry import parse_policy
+
+    ns = argparse.Namespace(**{**defaults, **s})
+    try:
+        spec = parse_policy(s["policies"], block_size=ns.block_size, page_size=ns.page_size)
+    except ConfigError as e:
+        raise ConfigError(e.reason, path=where, field="policies") from None
+    try:
+        _check_pool_args(ns)
+    except ConfigError as e:
+        raise ConfigError(e.reason, path=where, field=e.field) from None
+    concurrent = ns.mode == "concurrent"
+    if concurrent and not (ns.model and ns.gpu):
+        raise ConfigError("mode = \"concurrent\" prices each step on a model and a GPU: set 'model' and 'gpu'",
+                          path=where, field="model" if not ns.model else "gpu")
+    out = {"policy": spec.label}
+    for k, v in s.items():
+        if k in ("policies", "block_size", "page_size"):
+            continue
+        if k in conc_only and not concurrent:
+            continue
+        if v == defaults.get(k):
+            continue
+        out[k] = v
+    return out
+
+
+def cell_key(trace_sha256: str, settings: dict) -> str:
+    """The stable key of a cell: SHA-256 of ``{"trace_sha256": ..., **settings}`` as
+    sorted-key JSON, first 16 hex digits."""
+    doc = json.dumps({"trace_sha256": trace_sha256, "settings": settings}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]

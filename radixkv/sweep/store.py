@@ -1,0 +1,165 @@
+"""The results store of a sweep: one JSON line per finished cell, one file per cell.
+
+Layout of the output directory ``DIR``:
+
+=========================  ==============================================================
+``DIR/cells/<key>.jsonl``  one finished cell: a single JSON line (see :func:`make_row`)
+``DIR/errors/<key>.json``  the last failure of a cell that has not finished (a rerun
+                           retries it and removes this file when it succeeds)
+``DIR/.traces/<sha>/``     the sweep's traces as memory-mappable ``.npy`` columns
+=========================  ==============================================================
+
+Each cell file is written atomically (a temporary file in the same folder, then
+``os.replace``), so a cell is either finished and complete or absent — a sweep killed at
+any moment loses at most the cells that were running. Files are named by the cell's key,
+so concurrent writers never touch the same file and a rerun knows what is done by
+listing ``cells/``.
+
+A row (``json.loads`` of a cell file) holds ``key``; ``trace`` (``path`` as the grid
+wrote it, ``sha256``, ``name``, ``unit_tokens``); ``settings`` (the normalised grid
+settings that differ from ``radixkv replay``'s defaults, with ``policy``); ``metrics``
+(every summary metric of the replay; a metric the mode does not model is absent or
+null); ``pool`` (where the pool size came from); ``timing_s`` (``trace_load``,
+``compile``, ``replay``, ``cell`` seconds and ``prompt_tokens_per_s``); ``radixkv`` (the
+version) and ``worker`` (``host:pid``).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from radixkv.errors import InputError
+from radixkv.util import _finite, atomic_write_text
+
+CELLS = "cells"
+ERRORS = "errors"
+TRACES = ".traces"
+
+
+def _line(obj) -> str:
+    return json.dumps(_finite(obj), sort_keys=True, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"
+
+
+def make_row(cell, result: dict, trace_meta: dict) -> dict:
+    """The stored row of a finished cell (see the module docstring)."""
+    from radixkv import __version__
+
+    return {
+        "key": cell.key,
+        "trace": {"path": cell.trace.text, "sha256": cell.trace.sha256, **trace_meta},
+        "settings": cell.settings,
+        "metrics": result["metrics"],
+        "pool": result["pool"],
+        "timing_s": result["timing_s"],
+        "radixkv": __version__,
+        "worker": result.get("worker"),
+    }
+
+
+def write_row(out_dir, row: dict) -> None:
+    """Store a finished cell (atomically) and drop its old error record, if any."""
+    out_dir = Path(out_dir)
+    atomic_write_text(out_dir / CELLS / f"{row['key']}.jsonl", _line(row))
+    err = out_dir / ERRORS / f"{row['key']}.json"
+    if err.exists():
+        err.unlink()
+
+
+def write_error(out_dir, cell, result: dict) -> None:
+    """Record a failed cell's error (atomically); the cell stays unfinished."""
+    from radixkv import __version__
+
+    doc = {"key": cell.key, "trace": {"path": cell.trace.text, "sha256": cell.trace.sha256},
+           "settings": cell.settings, "error": result["error"], "radixkv": __version__,
+           "worker": result.get("worker")}
+    atomic_write_text(Path(out_dir) / ERRORS / f"{cell.key}.json", _line(doc))
+
+
+def done_keys(out_dir) -> set[str]:
+    """Keys of the finished cells in *out_dir* (empty when it does not exist)."""
+    d = Path(out_dir) / CELLS
+    if not d.is_dir():
+        return set()
+    return {p.name[: -len(".jsonl")] for p in d.iterdir() if p.name.endswith(".jsonl") and not p.name.startswith(".")}
+
+
+def read_rows(out_dir) -> list[dict]:
+    """Every finished cell's row, sorted by key (no pandas needed).
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        *out_dir* has no ``cells/`` folder, or a cell file is not one JSON object
+        (the message names the file).
+    """
+    d = Path(out_dir) / CELLS
+    if not d.is_dir():
+        raise InputError("not a sweep results directory (no cells/ folder)", path=out_dir)
+    rows = []
+    for p in sorted(d.iterdir()):
+        if not p.name.endswith(".jsonl") or p.name.startswith("."):
+            continue
+        text = p.read_text(encoding="utf-8")
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"not valid JSON ({e.msg})", path=p, line=e.lineno) from None
+        if not isinstance(row, dict) or row.get("key") != p.name[: -len(".jsonl")]:
+            raise InputError("not a sweep cell row (its key does not match the file name)", path=p, field="key")
+        rows.append(row)
+    return rows
+
+
+def read_errors(out_dir) -> list[dict]:
+    """The error records of the cells that failed and have not finished since."""
+    d = Path(out_dir) / ERRORS
+    if not d.is_dir():
+        return []
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(d.glob("*.json"))]
+
+
+def flatten_row(row: dict) -> dict:
+    """One flat record of a row: ``key``, ``trace`` (path), ``trace_sha256``,
+    ``trace_name``, the settings (grid keys), every metric (``hit_length_histogram``
+    stays a dict), ``pool.<field>``, ``timing_s.<field>``, ``radixkv``, ``worker``."""
+    out = {"key": row["key"], "trace": row["trace"]["path"], "trace_sha256": row["trace"]["sha256"],
+           "trace_name": row["trace"].get("name")}
+    out.update(row["settings"])
+    out.update(row["metrics"])
+    out.update({f"pool.{k}": v for k, v in row.get("pool", {}).items()})
+    out.update({f"timing_s.{k}": v for k, v in row.get("timing_s", {}).items()})
+    out["radixkv"] = row.get("radixkv")
+    out["worker"] = row.get("worker")
+    return out
+
+
+def load_results(out_dir):
+    """The finished cells of a sweep as a :class:`pandas.DataFrame`, one row per cell.
+
+    Columns are those of :func:`flatten_row`. A grid key a cell left at its default
+    (which the store omits) is filled with ``radixkv replay``'s default, so every row
+    has every grid key. Metrics a mode does not model are NaN / None.
+
+    Raises
+    ------
+    ImportError
+        pandas is not installed (``pip install 'radixkv[dask]'`` or ``pip install pandas``).
+    radixkv.errors.InputError
+        See :func:`read_rows`.
+    """
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError("radixkv.sweep.load_results needs pandas: pip install pandas "
+                          "(or pip install 'radixkv[dask]')") from None
+    from radixkv.sweep.grid import replay_defaults
+
+    rows = read_rows(out_dir)
+    flat = [flatten_row(r) for r in rows]
+    setting_keys = sorted({k for r in rows for k in r["settings"]})
+    defaults = replay_defaults()
+    for rec in flat:
+        for k in setting_keys:
+            if k not in rec and k in defaults:
+                rec[k] = defaults[k]
+    return pd.DataFrame(flat)
