@@ -16,6 +16,7 @@ import sys
 import time
 
 from radixkv.cli.concurrent_args import add_concurrent_args
+from radixkv.cli.sweep_cmd import add_executor_args
 from radixkv.errors import ConfigError
 from radixkv.policies.registry import PolicySpec, PoolSpec, parse_policy
 from radixkv.util import atomic_write_text, check_output_paths, dumps_json
@@ -314,7 +315,13 @@ def cmd_compare(args) -> int:
     warmup_many(specs)
     results = []
     concurrent = args.mode == "concurrent"
-    for spec, (pool, _) in zip(specs, pools):
+    remote = _executor(args) != "local"
+    if remote:
+        for spec, summ in zip(specs, _on_executor(args, trace, [{"policy": s.label} for s in specs])):
+            if isinstance(summ, Exception):
+                raise summ
+            results.append((spec, summ))
+    for spec, (pool, _) in zip(specs, [] if remote else pools):
         if concurrent:
             _, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
         else:
@@ -344,10 +351,20 @@ def cmd_curve(args) -> int:
     from radixkv.replay.run import warmup_many
 
     warmup_many(specs)
+    done = {}
+    if _executor(args) != "local":
+        cells = [(spec, cap) for spec in specs for cap in caps]
+        settings = [{"policy": spec.label, "capacity_tokens": cap} for spec, cap in cells]
+        done = {c: r if isinstance(r, Exception) else (None, r)
+                for c, r in zip(cells, _on_executor(args, trace, settings))}
     curves = []
     for spec in specs:
         pts = []
-        for cap, res in zip(caps, run_curve(trace, spec, caps, limit=args.limit, quiet=args.quiet)):
+        results = ([done[spec, cap] for cap in caps] if done
+                   else run_curve(trace, spec, caps, limit=args.limit, quiet=args.quiet))
+        for cap, res in zip(caps, results):
+            if isinstance(res, Exception) and not isinstance(res, ConfigError):
+                raise res
             if isinstance(res, ConfigError):
                 if not args.skip_too_small:
                     raise res
@@ -383,6 +400,34 @@ def cmd_curve(args) -> int:
     return 0
 
 
+def _executor(args) -> str:
+    """``--executor`` of ``compare``/``curve`` (``local`` unless asked)."""
+    from radixkv.cli.sweep_cmd import resolve_executor
+
+    return resolve_executor(args)
+
+
+def _on_executor(args, trace, settings_list):
+    """Summaries of replays of *trace* (``args``'s flags, each overridden by a settings
+    dict) on ``--executor``, in order; a failed replay is returned as its exception."""
+    from radixkv.sweep.grid import replay_defaults
+    from radixkv.sweep.run import run_settings
+
+    base = {k: getattr(args, k) for k in replay_defaults() if hasattr(args, k)}
+    settings_list = [{**base, **s} for s in settings_list]
+    res = run_settings(trace, settings_list, executor=_executor(args), workers=args.workers,
+                       scheduler=args.scheduler, trace_path=args.trace, trace_format=args.format)
+    out = []
+    for s, r in zip(settings_list, res):
+        if r["ok"]:
+            out.append({"policy": s["policy"], **r["metrics"], "timing_s": r["timing_s"]})
+        else:
+            e = r["error"]
+            out.append(ConfigError(e.get("reason", e["message"]), field=e.get("field")) if e["type"] == "ConfigError"
+                       else RuntimeError(f"{s['policy']}: {e['type']}: {e['message']}"))
+    return out
+
+
 def register(sub) -> None:
     p = sub.add_parser("replay", help="replay a trace through one policy", description=cmd_replay.__doc__)
     _add_trace_args(p)
@@ -408,6 +453,7 @@ def register(sub) -> None:
     p.add_argument("--json", metavar="OUT")
     p.add_argument("--no-timing", action="store_true")
     add_concurrent_args(p)
+    add_executor_args(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("curve", help="hit rate against pool capacity (JSON + PNG)")
@@ -422,4 +468,5 @@ def register(sub) -> None:
                    help="skip (policy, capacity) cells where a request does not fit instead of failing")
     p.add_argument("--out", default="curve", help="output path without extension (writes OUT.json, OUT.png)")
     p.add_argument("--no-timing", action="store_true")
+    add_executor_args(p)
     p.set_defaults(func=cmd_curve)

@@ -197,6 +197,7 @@ def run_cell(task: CellTask, trace=None) -> dict:
         out = replay_cell(trace, task.settings)
     except Exception as e:  # noqa: BLE001 — a failed cell is data; the sweep goes on
         return {"key": task.key, "ok": False, "worker": worker,
-                "error": {"type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()}}
+                "error": {"type": type(e).__name__, "message": str(e), "reason": getattr(e, "reason", str(e)),
+                          "field": getattr(e, "field", None), "traceback": traceback.format_exc()}}
     out["timing_s"] = {"trace_load": load_s, **out["timing_s"], "cell": time.perf_counter() - t0}
     return {"key": task.key, "ok": True, "worker": worker, **out}

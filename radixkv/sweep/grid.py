@@ -269,6 +269,11 @@ def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
     from radixkv.cli.replay_cmd import _check_pool_args
     from radixkv.policies.registry import parse_policy
 
+    s = dict(s)
+    explicit_pool = any(s.get(k) is not None for k in ("capacity_tokens", "num_gpu_blocks", "max_total_num_tokens"))
+    if s.get("mode", defaults["mode"]) != "concurrent" and explicit_pool:
+        for k in ("model", "gpu", "tp"):  # they only price steps, which a sequential replay does not do
+            s.pop(k, None)
     ns = argparse.Namespace(**{**defaults, **s})
     try:
         spec = parse_policy(s["policies"], block_size=ns.block_size, page_size=ns.page_size)

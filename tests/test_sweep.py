@@ -1,0 +1,261 @@
+"""``radixkv sweep``: grid expansion, executors agree byte for byte, resume after an
+interrupt, failed cells, bad grids, the results table and plot."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from radixkv.cli import main
+from radixkv.sweep import load_grid, read_errors, read_rows, run_sweep
+from radixkv.sweep import cell as cell_mod
+
+TRACES = Path(__file__).resolve().parent.parent / "traces"
+
+# 2 traces x 2 policies x 2 pools x (1 sequential + 2 concurrent max_num_seqs) = 24 cells
+GRID24 = """
+traces = ["{demo}", "{cs}"]
+policies = ["vllm:16", "sglang:1"]
+capacity_tokens = [3000, 20000]
+limit = 40
+mode = ["sequential", "concurrent"]
+model = "Llama-3.1-8B"
+gpu = "A100-80GB"
+max_num_seqs = [2, 64]
+"""
+
+
+def _grid(tmp_path, text, name="grid.toml"):
+    p = tmp_path / name
+    p.write_text(text.format(demo=TRACES / "demo.jsonl", cs=TRACES / "customer_service.jsonl"))
+    return p
+
+
+def _metrics(out_dir) -> dict:
+    """key -> the cell's metrics as canonical JSON bytes (timings excluded)."""
+    return {r["key"]: json.dumps(r["metrics"], sort_keys=True) for r in read_rows(out_dir)}
+
+
+@pytest.fixture(scope="module")
+def grid24(tmp_path_factory):
+    d = tmp_path_factory.mktemp("grid24")
+    return _grid(d, GRID24)
+
+
+@pytest.fixture(scope="module")
+def local24(grid24, tmp_path_factory):
+    out = tmp_path_factory.mktemp("local24") / "out"
+    rep = run_sweep(grid24, out, executor="local", progress=False)
+    assert rep.done == 24 and not rep.failed
+    return out
+
+
+def test_grid_expands_to_the_product_with_normalised_duplicates_merged(grid24):
+    g = load_grid(grid24)
+    assert len(g.cells) == 24
+    seq = [c for c in g.cells if c.settings.get("mode") != "concurrent"]
+    conc = [c for c in g.cells if c.settings.get("mode") == "concurrent"]
+    assert len(seq) == 8 and len(conc) == 16
+    # concurrent knobs are dropped from sequential cells, kept in concurrent ones
+    assert all("max_num_seqs" not in c.settings and "model" not in c.settings for c in seq)
+    assert {c.settings["max_num_seqs"] for c in conc} == {2, 64}
+    assert len({c.key for c in g.cells}) == 24
+
+
+def test_sizes_go_into_the_policy_spec_and_defaults_do_not_change_keys(tmp_path):
+    g = load_grid(_grid(tmp_path, 'traces = ["{demo}"]\npolicies = ["vllm", "sglang"]\n'
+                                  "block_size = [16, 32]\ncapacity_tokens = 20000\n"))
+    # vllm takes both block sizes; sglang ignores block_size -> one cell
+    assert sorted(c.settings["policy"] for c in g.cells) == ["sglang:1", "vllm:16", "vllm:32"]
+    a = load_grid(_grid(tmp_path, 'traces = ["{demo}"]\npolicies = "vllm:16"\ncapacity_tokens = 20000\n', "a.toml"))
+    b = load_grid(_grid(tmp_path, 'traces = ["{demo}"]\npolicies = "vllm"\nblock_size = 16\n'
+                                  'capacity_tokens = 2e4\nmode = "sequential"\nverify = false\n', "b.toml"))
+    assert [c.key for c in a.cells] == [c.key for c in b.cells]
+
+
+def test_cell_key_follows_trace_content_not_path(tmp_path):
+    shutil.copy(TRACES / "demo.jsonl", tmp_path / "copy.jsonl")
+    text = 'traces = ["{t}"]\npolicies = "none"\ncapacity_tokens = 20000\n'
+    k1 = load_grid(_grid(tmp_path, text.replace("{t}", str(TRACES / "demo.jsonl")), "1.toml")).cells[0].key
+    k2 = load_grid(_grid(tmp_path, text.replace("{t}", "copy.jsonl"), "2.toml")).cells[0].key
+    assert k1 == k2
+    with open(tmp_path / "copy.jsonl", "a") as f:
+        f.write("\n")
+    k3 = load_grid(_grid(tmp_path, text.replace("{t}", "copy.jsonl"), "3.toml")).cells[0].key
+    assert k3 != k1
+
+
+def test_processes_executor_gives_byte_identical_metrics(grid24, local24, tmp_path):
+    out = tmp_path / "out"
+    rep = run_sweep(grid24, out, executor="processes", workers=2, progress=False)
+    assert rep.done == 24 and not rep.failed
+    assert _metrics(out) == _metrics(local24)
+
+
+def test_dask_executor_gives_byte_identical_metrics(grid24, local24, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
+        out = tmp_path / "out"
+        rep = run_sweep(grid24, out, executor="dask", scheduler=cluster.scheduler_address, progress=False)
+    assert rep.done == 24 and not rep.failed
+    assert _metrics(out) == _metrics(local24)
+    workers = {r["worker"] for r in read_rows(out)}
+    assert len(workers) == 1  # processes=False: both workers live in this process
+
+
+def test_a_cell_equals_radixkv_replay_of_the_same_flags(local24, tmp_path, capsys):
+    """The cell's metrics are what `radixkv replay` reports for the same settings."""
+    row = next(r for r in read_rows(local24)
+               if r["settings"] == {"policy": "vllm:16", "capacity_tokens": 3000, "limit": 40}
+               and r["trace"]["path"].endswith("demo.jsonl"))
+    out = tmp_path / "r.json"
+    assert main(["replay", str(TRACES / "demo.jsonl"), "--policy", "vllm:16", "--capacity-tokens", "3000",
+                 "--limit", "40", "--quiet", "--json", str(out)]) == 0
+    summ = json.loads(out.read_text())["results"][0]["summary"]
+    summ.pop("policy")
+    assert json.dumps(summ, sort_keys=True) == json.dumps(row["metrics"], sort_keys=True)
+    capsys.readouterr()
+
+
+def test_interrupt_after_half_then_rerun_finishes_only_the_rest(grid24, local24, tmp_path, monkeypatch):
+    real = cell_mod.replay_cell
+    calls = []
+
+    def interrupt_at_13(trace, settings):
+        calls.append(settings)
+        if len(calls) == 13:
+            raise KeyboardInterrupt
+        return real(trace, settings)
+
+    monkeypatch.setattr(cell_mod, "replay_cell", interrupt_at_13)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(grid24, out, executor="local", progress=False)
+    first = set(_metrics(out))
+    assert len(first) == 12
+    assert not list((out / "cells").glob(".*"))  # no temporary file left behind
+
+    ran = []
+    monkeypatch.setattr(cell_mod, "replay_cell", lambda t, s: ran.append(s) or real(t, s))
+    rep = run_sweep(grid24, out, executor="local", progress=False)
+    assert (rep.skipped, rep.done, len(ran)) == (12, 12, 12)
+    assert _metrics(out) == _metrics(local24)
+    # a third run has nothing to do
+    rep = run_sweep(grid24, out, executor="local", progress=False)
+    assert (rep.skipped, rep.done, len(ran)) == (24, 0, 12)
+
+
+def test_cli_reports_an_interrupt_with_exit_130(grid24, tmp_path, monkeypatch, capsys):
+    def boom(trace, settings):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cell_mod, "replay_cell", boom)
+    assert main(["sweep", str(grid24), "--out", str(tmp_path / "o"), "--quiet"]) == 130
+    assert "0 of 24 cells are stored" in capsys.readouterr().err
+
+
+def test_a_temp_file_from_a_killed_writer_is_not_a_finished_cell(grid24, local24, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(local24, out)
+    victims = sorted((out / "cells").iterdir())[:3]
+    for v in victims:  # what os.replace never got to rename
+        v.rename(v.with_name("." + v.name + ".x1y2.tmp"))
+    rep = run_sweep(grid24, out, executor="local", progress=False)
+    assert (rep.skipped, rep.done) == (21, 3)
+    assert _metrics(out) == _metrics(local24)
+
+
+def test_failed_cell_is_recorded_others_go_on_exit_1(tmp_path, capsys):
+    # a 100-token pool cannot hold the demo trace's first prompt (hundreds of tokens)
+    g = _grid(tmp_path, 'traces = ["{demo}"]\npolicies = ["vllm:16", "none"]\ncapacity_tokens = [100, 20000]\n'
+                        "limit = 20\n")
+    out = tmp_path / "out"
+    assert main(["sweep", str(g), "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("capacity_tokens=100") == 2 and "cell(s) failed" in err
+    rows = read_rows(out)
+    assert sorted(r["settings"]["capacity_tokens"] for r in rows) == [20000, 20000]
+    errors = read_errors(out)
+    assert len(errors) == 2 and all(e["error"]["type"] == "ConfigError" for e in errors)
+    # a rerun retries only the two failed cells
+    rep = run_sweep(g, out, executor="local", progress=False)
+    assert (rep.skipped, rep.done, len(rep.failed)) == (2, 0, 2)
+
+
+@pytest.mark.parametrize("text, key", [
+    ('traces = ["{demo}"]\npolicies = "vllm"\ncapacity = 100\n', "capacity"),
+    ('traces = ["{demo}"]\npolicies = "vllm"\ncapacity_tokens = "lots"\n', "capacity_tokens"),
+    ('traces = ["{demo}"]\ncapacity_tokens = 100\n', "policies"),
+    ('traces = ["{demo}"]\npolicies = "lfu"\ncapacity_tokens = 100\n', "policies"),
+    ('traces = ["nowhere.jsonl"]\npolicies = "vllm"\ncapacity_tokens = 100\n', "traces"),
+    ('traces = ["{demo}"]\npolicies = "vllm"\ncapacity_tokens = 100\nmax_num_seqs = [4, 8]\n', "max_num_seqs"),
+    ('traces = ["{demo}"]\npolicies = "vllm"\ncapacity_tokens = 100\nmode = "concurrent"\n', "model"),
+    ('traces = ["{demo}"]\npolicies = "vllm"\ncapacity_tokens = 100\nschedule_policy = "lifo"\n',
+     "schedule_policy"),
+    ('traces = ["{demo}"]\npolicies = "vllm"\n', "capacity"),
+    ('traces = ["{demo}"\n', None),
+])
+def test_bad_grid_exits_2_naming_the_key(tmp_path, capsys, text, key):
+    g = _grid(tmp_path, text)
+    assert main(["sweep", str(g), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert str(g) in err
+    if key is not None:
+        assert f"field '{key}'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_dask_missing_gives_the_install_command(grid24, tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)
+    assert main(["sweep", str(grid24), "--out", str(tmp_path / "o"), "--executor", "dask"]) == 2
+    assert "pip install 'radixkv[dask]'" in capsys.readouterr().err
+
+
+def test_load_results_and_sweep_plot(local24, tmp_path, capsys):
+    pd = pytest.importorskip("pandas")
+    from radixkv.sweep import load_results
+
+    df = load_results(local24)
+    assert isinstance(df, pd.DataFrame) and len(df) == 24
+    for col in ("key", "trace", "trace_sha256", "policy", "capacity_tokens", "mode", "max_num_seqs",
+                "token_hit_rate", "timing_s.replay", "radixkv"):
+        assert col in df.columns, col
+    # defaults filled in: sequential cells show mode "sequential"
+    assert sorted(df["mode"].value_counts().items()) == [("concurrent", 16), ("sequential", 8)]
+    seq = df[df["mode"] == "sequential"]
+    # a bigger pool never lowers the LRU hit rate of these traces (same trace, same policy)
+    for (_, _), grp in seq.groupby(["trace", "policy"]):
+        grp = grp.sort_values("capacity_tokens")
+        assert list(grp["token_hit_rate"]) == sorted(grp["token_hit_rate"])
+    png = tmp_path / "hr.png"
+    assert main(["sweep-plot", str(local24), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # per trace: 2 policies sequential + 2 policies x 2 max_num_seqs concurrent = 6 lines; 2 traces
+    assert "(12 lines from 24 cells)" in capsys.readouterr().out
+
+
+def test_compare_on_processes_matches_local(tmp_path, capsys):
+    base = ["compare", str(TRACES / "demo.jsonl"), "--policies", "vllm:16,sglang:1,none",
+            "--capacity-tokens", "5000", "--limit", "60", "--quiet", "--no-timing"]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(base + ["--json", str(a)]) == 0
+    assert main(base + ["--json", str(b), "--executor", "processes", "--workers", "2"]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    capsys.readouterr()
+
+
+def test_curve_on_processes_matches_local(tmp_path, capsys):
+    base = ["curve", str(TRACES / "demo.jsonl"), "--policies", "vllm:16,sglang:1", "--capacities", "100,3000,20000",
+            "--limit", "60", "--quiet", "--no-timing", "--skip-too-small"]
+    assert main(base + ["--out", str(tmp_path / "a")]) == 0
+    assert main(base + ["--out", str(tmp_path / "b"), "--executor", "processes", "--workers", "2"]) == 0
+    a = json.loads((tmp_path / "a.json").read_text())
+    b = json.loads((tmp_path / "b.json").read_text())
+    assert a == b
+    assert any("skipped" in p for c in a["curves"] for p in c["points"])
+    capsys.readouterr()
