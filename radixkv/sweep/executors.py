@@ -117,7 +117,10 @@ def _dask_client(workers: int, scheduler: str | None):
             return Client(scheduler, timeout="20s"), None
         except (OSError, TimeoutError) as e:
             raise ConfigError(f"cannot reach the Dask scheduler at {scheduler} ({e})", field="scheduler") from None
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    import logging
+
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                           silence_logs=logging.ERROR)
     return Client(cluster), cluster
 
 
