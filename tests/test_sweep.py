@@ -87,10 +87,69 @@ def test_cell_key_follows_trace_content_not_path(tmp_path):
     assert k3 != k1
 
 
+def _loaded_and_compiled_once_per_worker(out):
+    """Each worker loaded each trace at most once and compiled each policy at most once."""
+    loads, compiles = {}, {}
+    for r in read_rows(out):
+        t = r["timing_s"]
+        if t["trace_load"] > 0:
+            k = (r["worker"], r["trace"]["sha256"])
+            loads[k] = loads.get(k, 0) + 1
+        if t["compile"] > 0:
+            k = (r["worker"], r["settings"]["policy"])
+            compiles[k] = compiles.get(k, 0) + 1
+    assert all(v == 1 for v in loads.values()), loads
+    assert all(v == 1 for v in compiles.values()), compiles
+
+
 def test_processes_executor_gives_byte_identical_metrics(grid24, local24, tmp_path):
     out = tmp_path / "out"
     rep = run_sweep(grid24, out, executor="processes", workers=2, progress=False)
     assert rep.done == 24 and not rep.failed
+    assert _metrics(out) == _metrics(local24)
+    _loaded_and_compiled_once_per_worker(out)
+
+
+def test_trace_cache_round_trip_is_memory_mapped_and_loaded_once(tmp_path):
+    import numpy as np
+
+    from radixkv.trace.load import load_trace
+
+    tr = load_trace(TRACES / "multi_turn.jsonl")
+    cell_mod.write_trace_cache(tr, tmp_path / "c")
+    back = cell_mod.read_trace_cache(tmp_path / "c")
+    for name in ("req_id", "arrival_s", "prompt_len", "output_len", "ids", "id_offsets", "out_ids", "out_offsets",
+                 "session_id", "turn"):
+        a, b = getattr(tr, name), getattr(back, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert (back.unit_tokens, back.partial_last_unit, back.name) == (tr.unit_tokens, tr.partial_last_unit, tr.name)
+    assert isinstance(back.ids, np.memmap)
+    ref = cell_mod.TraceRef("test-sha-" + tmp_path.name, str(tmp_path / "c"), "/nonexistent")
+    t1, s1 = cell_mod.get_trace(ref)
+    t2, s2 = cell_mod.get_trace(ref)
+    assert t1 is t2 and s1 > 0 and s2 == 0.0
+
+
+def test_interrupt_in_a_worker_process_then_rerun_finishes_the_rest(grid24, local24, tmp_path, monkeypatch):
+    real = cell_mod.replay_cell
+    victim = {"policy": "sglang:1", "capacity_tokens": 20000, "limit": 40}
+
+    def interrupt_one(trace, settings):
+        if settings == victim and trace.name.endswith("customer_service.jsonl"):
+            raise KeyboardInterrupt
+        return real(trace, settings)
+
+    monkeypatch.setattr(cell_mod, "replay_cell", interrupt_one)  # forked workers inherit the patch
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(grid24, out, executor="processes", workers=2, progress=False)
+    stored = len(_metrics(out))
+    assert stored < 24
+    monkeypatch.setattr(cell_mod, "replay_cell", real)
+    rep = run_sweep(grid24, out, executor="processes", workers=2, progress=False)
+    assert (rep.skipped, rep.done) == (stored, 24 - stored)
     assert _metrics(out) == _metrics(local24)
 
 
@@ -102,6 +161,7 @@ def test_dask_executor_gives_byte_identical_metrics(grid24, local24, tmp_path):
         rep = run_sweep(grid24, out, executor="dask", scheduler=cluster.scheduler_address, progress=False)
     assert rep.done == 24 and not rep.failed
     assert _metrics(out) == _metrics(local24)
+    _loaded_and_compiled_once_per_worker(out)
     workers = {r["worker"] for r in read_rows(out)}
     assert len(workers) == 1  # processes=False: both workers live in this process
 

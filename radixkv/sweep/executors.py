@@ -144,9 +144,12 @@ def dask_map(client, tasks: list[CellTask], traces: dict):
     for sha in {t.trace.sha256 for t in tasks}:
         if sha in traces:
             shipped[sha] = client.scatter(traces[sha], broadcast=True, hash=False)
+    import uuid
+
+    run = uuid.uuid4().hex[:8]  # task keys unique to this run, so a long-lived cluster never reuses an old result
     futs = {}
     for t in tasks:
-        f = client.submit(run_cell, t, shipped.get(t.trace.sha256), key=f"radixkv-cell-{t.key}", pure=False)
+        f = client.submit(run_cell, t, shipped.get(t.trace.sha256), key=f"radixkv-cell-{t.key}-{run}", pure=False)
         futs[f] = t
     try:
         for f in as_completed(list(futs)):
