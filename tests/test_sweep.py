@@ -276,7 +276,7 @@ def test_dask_missing_gives_the_install_command(grid24, tmp_path, monkeypatch, c
     assert "pip install 'radixkv[dask]'" in capsys.readouterr().err
 
 
-def test_load_results_and_sweep_plot(local24, tmp_path, capsys):
+def test_load_results_is_a_dataframe_with_every_grid_key(local24):
     pd = pytest.importorskip("pandas")
     from radixkv.sweep import load_results
 
@@ -292,6 +292,9 @@ def test_load_results_and_sweep_plot(local24, tmp_path, capsys):
     for (_, _), grp in seq.groupby(["trace", "policy"]):
         grp = grp.sort_values("capacity_tokens")
         assert list(grp["token_hit_rate"]) == sorted(grp["token_hit_rate"])
+
+
+def test_sweep_plot_draws_a_line_per_policy_and_varying_knob(local24, tmp_path, capsys):
     png = tmp_path / "hr.png"
     assert main(["sweep-plot", str(local24), "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
