@@ -205,3 +205,49 @@ class CostModel:
         flops = 2.0 * self.params * batch + 4.0 * self.num_layers * self.attn_dim * (ctx + batch)
         bytes_ = self.params * self.weight_dtype_bytes + self.kv_bytes_per_token * (ctx + batch)
         return np.asarray(self._time(flops, bytes_), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class UnitStepCost:
+    """A step clock: every engine step takes ``step_s`` seconds (default 1), whatever it runs.
+
+    With it a concurrent replay counts time in scheduler steps — the clock of the
+    engines' schedulers, and of the step-level goldens driven from vLLM's real
+    ``Scheduler`` (tests/data/concurrent/vllm): with ``step_s = 1`` and integer arrival
+    times a, a request arriving at a joins the waiting queue just before step a, step k
+    runs from time k to k + 1, a request's first admission time is the index of the step
+    that admitted it and its finish time is one past the step that finished it.
+
+    It prices no FLOPs: :meth:`prefill_flops` is NaN (prefill FLOPs are not modelled, so
+    the replay reports them as n/a, not 0).
+
+    Parameters
+    ----------
+    step_s : float
+        Seconds per step (> 0).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When ``step_s`` is not a positive finite number.
+    """
+
+    step_s: float = 1.0
+
+    def __post_init__(self):
+        if not (np.isfinite(self.step_s) and self.step_s > 0):
+            raise ConfigError(f"step_s must be a positive number of seconds, got {self.step_s}", field="step_s")
+
+    def step_time(self, new_tokens, context_tokens) -> float:
+        """``step_s`` for a non-empty batch, 0 for an empty one (no step runs)."""
+        return float(self.step_s) if len(new_tokens) else 0.0
+
+    def decode_steps_time(self, batch: int, context_sum: int, k: int) -> np.ndarray:
+        """k steps of ``step_s`` each (float64, shape (k,))."""
+        return np.full(int(k), float(self.step_s), dtype=np.float64)
+
+    def prefill_flops(self, new_tokens, context_tokens=0):
+        """NaN (float or float64 array shaped like *new_tokens*): no FLOPs are modelled."""
+        n = np.asarray(new_tokens, dtype=np.float64)
+        f = np.full(np.broadcast(n, np.asarray(context_tokens)).shape, np.nan)
+        return float(f) if f.ndim == 0 else f

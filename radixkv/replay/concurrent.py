@@ -200,6 +200,7 @@ def replay_concurrent(
     arrivals: np.ndarray | None = None,
     config: SchedulerConfig | None = None,
     progress=None,
+    on_step=None,
 ) -> ConcurrentResult:
     """Replay *trace* through *policy* with requests running concurrently.
 
@@ -217,6 +218,12 @@ def replay_concurrent(
         Scheduler knobs (default ``SchedulerConfig()``).
     progress : callable or None
         Called as ``progress(done, total)`` after each step that finishes requests.
+    on_step : callable or None
+        Called as ``on_step(start_s, plan, k)`` after each scheduled step is applied:
+        ``start_s`` the time the step started, ``plan`` its
+        :class:`~radixkv.replay.scheduler.StepPlan` (requests, tokens, preempted rows),
+        ``k`` the steps it stands for (k > 1: a fast-forwarded run of k identical decode
+        steps, every request of ``plan`` decoding one token in each).
 
     Returns
     -------
@@ -296,6 +303,9 @@ def replay_concurrent(
                 pf_flops += float(np.sum(cost.prefill_flops(np.asarray(pre_new), np.asarray(pre_ctx))))
             sch.complete(plan)
             steps += 1
+            k = 1
+        if on_step is not None:
+            on_step(now, plan, k)
         area += plan.n_running * dt
         busy += dt
         st = policy.stats(detail=False)

@@ -49,7 +49,7 @@ class), which :class:`radixkv.policies.static_reserved.StaticReservedCache` over
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -77,13 +77,22 @@ class SchedulerConfig:
         Token budget of one step (vLLM ``--max-num-batched-tokens``; SGLang
         ``--chunked-prefill-size``). Default 8192: vLLM's default for the offline
         ``LLM`` class below 70 GiB and for the OpenAI server on H100/H200-class GPUs (the
-        server on an A100 uses 2048; docs/engines/vllm.md §4). Chunked prefill is always on.
+        server on an A100 uses 2048; docs/engines/vllm.md §4). Chunked prefill: see
+        ``enable_chunked_prefill``.
     schedule_policy : {'fcfs', 'lpm'}
         Order of the waiting queue (SGLang ``--schedule-policy``; vLLM is FCFS).
     admission : {'vllm', 'sglang'} or None
         Engine whose step rules (admission, preemption, step composition) the replay
         follows; None (default): the policy class's ``admission_rule``
         (:func:`admission_rule_of`).
+    enable_chunked_prefill : bool
+        vLLM ``--enable-chunked-prefill`` (default True). False: a waiting request whose
+        un-hit tokens exceed the step's remaining budget is not admitted and admission
+        stops (vLLM rules only; :mod:`radixkv.replay.sched_vllm`).
+    long_prefill_token_threshold : int
+        vLLM ``--long-prefill-token-threshold`` (default 0 = off): a prefill chunk takes at
+        most this many tokens when more than one request is running or waiting (vLLM
+        rules only; :mod:`radixkv.replay.sched_vllm`).
 
     Raises
     ------
@@ -95,6 +104,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     schedule_policy: str = "fcfs"
     admission: str | None = None
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self):
         if int(self.max_num_seqs) < 1:
@@ -105,6 +116,9 @@ class SchedulerConfig:
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ConfigError(f"unknown --schedule-policy {self.schedule_policy!r}; choose fcfs or lpm",
                               field="schedule_policy")
+        if int(self.long_prefill_token_threshold) < 0:
+            raise ConfigError(f"--long-prefill-token-threshold must be ≥ 0, got {self.long_prefill_token_threshold}",
+                              field="long_prefill_token_threshold")
         if self.admission is not None and self.admission not in ADMISSIONS:
             raise ConfigError(f"unknown admission rule {self.admission!r}; choose vllm or sglang", field="admission")
 
@@ -123,6 +137,8 @@ class StepPlan:
         Requests in the running set while the step runs.
     preempted : int
         Preemptions made while building the step.
+    preempted_rows : list of int
+        The requests preempted while building the step, in preemption order.
     blocked : bool
         Admission was tried and refused (by the policy, the SGLang budget or
         ``max_num_seqs``); stays refused until a request finishes (FCFS).
@@ -135,6 +151,7 @@ class StepPlan:
     n_running: int = 0
     preempted: int = 0
     blocked: bool = False
+    preempted_rows: list = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -276,6 +293,7 @@ class Scheduler:
             for col in (plan.req, plan.new, plan.ctx, plan.prefill):
                 del col[j]
         self.running.remove(v)
+        plan.preempted_rows.append(v)
         self.policy.preempt(v)
         self.ctx[v] = 0
         self.kv[v] = 0

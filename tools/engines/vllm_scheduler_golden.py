@@ -32,7 +32,9 @@ Output: one compact JSONL file per configuration (``--out DIR/<name>.jsonl``):
   scheduler's order (running first, then admissions) with their token counts, ``p`` the
   requests preempted while building the step (in preemption order), ``a`` the requests
   admitted from the waiting queue (first admissions and re-admissions) with the tokens
-  their lookup hit. Keys with empty lists are left out.
+  their lookup hit. Keys with empty lists are left out. A run of consecutive steps that
+  repeat the same ``r`` with no ``p`` or ``a`` is written once with ``"n": run length``
+  (``s`` its first step).
 
 Usage (see README.md here for the CPU venv)::
 
@@ -57,10 +59,20 @@ from pathlib import Path
 warnings.filterwarnings("ignore")
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACES = ROOT / "tests" / "data" / "golden" / "traces"
+#: where the configurations' traces are looked for, in order
+TRACE_DIRS = (ROOT / "tests" / "data" / "golden" / "traces", ROOT / "tests" / "data" / "concurrent" / "traces")
+
+
+def trace_path(name: str) -> Path:
+    """The trace file *name* in the first of ``TRACE_DIRS`` that has it."""
+    for d in TRACE_DIRS:
+        if (d / name).exists():
+            return d / name
+    raise FileNotFoundError(f"{name} is in none of {[str(d) for d in TRACE_DIRS]}")
 
 #: the golden configurations: name -> knobs. ``num_gpu_blocks`` counts vLLM's null block
-#: (usable blocks = num_gpu_blocks − 1). ``max_model_len`` must cover every request's
+#: (usable blocks = num_gpu_blocks − 1); ``limit`` keeps the trace's first requests (0: all);
+#: ``arrival_every`` k gives request i arrival step i·k (0: all at step 0). ``max_model_len`` must cover every request's
 #: prompt + output and, with chunked prefill off, be ≤ max_num_batched_tokens (vLLM's
 #: ``SchedulerConfig.verify_max_model_len``).
 CONFIGS = {
@@ -73,24 +85,34 @@ CONFIGS = {
     "mixed200_b16_n200_t2048_s256_nochunk": dict(trace="mixed200.jsonl", block_size=16, num_gpu_blocks=200,
                                                  max_num_batched_tokens=2048, max_num_seqs=256,
                                                  chunked_prefill=False, max_model_len=2048),
-    "mixed200_b16_n400_t1024_s8_nocache": dict(trace="mixed200.jsonl", block_size=16, num_gpu_blocks=400,
-                                               max_num_batched_tokens=1024, max_num_seqs=8,
-                                               prefix_caching=False),
-    "mixed200_b32_n80_t128_s8_arr": dict(trace="mixed200.jsonl", block_size=32, num_gpu_blocks=80,
-                                         max_num_batched_tokens=128, max_num_seqs=8, arrival_every=6),
+    "mixed200_b16_n150_t1024_s16_nocache": dict(trace="mixed200.jsonl", block_size=16, num_gpu_blocks=150,
+                                                max_num_batched_tokens=1024, max_num_seqs=16,
+                                                prefix_caching=False),
+    "mixed150_b32_n62_t64_s8_arr1": dict(trace="mixed200.jsonl", limit=150, block_size=32, num_gpu_blocks=62,
+                                         max_num_batched_tokens=64, max_num_seqs=8, arrival_every=1),
     "edge300_b16_n40_t128_s16": dict(trace="edge300.jsonl", block_size=16, num_gpu_blocks=40,
                                      max_num_batched_tokens=128, max_num_seqs=16),
     "edge300_b32_n20_t512_s2_nochunk": dict(trace="edge300.jsonl", block_size=32, num_gpu_blocks=20,
                                             max_num_batched_tokens=512, max_num_seqs=2,
                                             chunked_prefill=False, max_model_len=512),
-    "edge300_b16_n48_t64_s4_arr": dict(trace="edge300.jsonl", block_size=16, num_gpu_blocks=48,
-                                       max_num_batched_tokens=64, max_num_seqs=4, arrival_every=2),
+    "edge300_b16_n48_t64_s4_arr2": dict(trace="edge300.jsonl", block_size=16, num_gpu_blocks=48,
+                                        max_num_batched_tokens=64, max_num_seqs=4, arrival_every=2),
     "edge300_b32_n30_t256_s64_nocache": dict(trace="edge300.jsonl", block_size=32, num_gpu_blocks=30,
                                              max_num_batched_tokens=256, max_num_seqs=64,
                                              prefix_caching=False),
+    "stress150_b16_n80_t64_s32": dict(trace="stress150.jsonl", block_size=16, num_gpu_blocks=80,
+                                      max_num_batched_tokens=64, max_num_seqs=32),
+    "stress150_b32_n40_t128_s16_thr48": dict(trace="stress150.jsonl", block_size=32, num_gpu_blocks=40,
+                                             max_num_batched_tokens=128, max_num_seqs=16,
+                                             long_prefill_token_threshold=48),
+    "stress150_b16_n90_t1024_s8_nochunk_arr3": dict(trace="stress150.jsonl", block_size=16, num_gpu_blocks=90,
+                                                    max_num_batched_tokens=1024, max_num_seqs=8,
+                                                    chunked_prefill=False, max_model_len=1024,
+                                                    arrival_every=3),
 }
 
-DEFAULTS = dict(chunked_prefill=True, prefix_caching=True, max_model_len=4096, arrival_every=0)
+DEFAULTS = dict(chunked_prefill=True, prefix_caching=True, max_model_len=4096, arrival_every=0,
+                long_prefill_token_threshold=0, limit=0)
 
 #: a small Llama config: only max_position_embeddings and the dtype matter to the scheduler
 MODEL_CONFIG = {
@@ -124,6 +146,7 @@ def make_scheduler(model_dir: str, cfg: dict):
     mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16", max_model_len=mml)
     sc = SchedulerConfig(max_num_batched_tokens=cfg["max_num_batched_tokens"], max_num_seqs=cfg["max_num_seqs"],
                          max_model_len=mml, enable_chunked_prefill=cfg["chunked_prefill"],
+                         long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
                          is_encoder_decoder=False)
     cc = CacheConfig(block_size=B, cache_dtype="auto", enable_prefix_caching=cfg["prefix_caching"])
     vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc)
@@ -134,7 +157,8 @@ def make_scheduler(model_dir: str, cfg: dict):
                       block_size=B, log_stats=True)
     got = sched.scheduler_config
     want = {"max_num_batched_tokens": cfg["max_num_batched_tokens"], "max_num_seqs": cfg["max_num_seqs"],
-            "enable_chunked_prefill": cfg["chunked_prefill"], "long_prefill_token_threshold": 0,
+            "enable_chunked_prefill": cfg["chunked_prefill"],
+            "long_prefill_token_threshold": cfg["long_prefill_token_threshold"],
             "async_scheduling": False}
     for k, v in want.items():
         if getattr(got, k, v) != v:
@@ -166,18 +190,21 @@ def run(name: str, model_dir: str, cfg: dict | None = None) -> tuple[dict, list[
     import vllm
 
     cfg = full_config(name) if cfg is None else {**DEFAULTS, **cfg}
-    reqs = load_trace(TRACES / cfg["trace"])
+    reqs = load_trace(trace_path(cfg["trace"]))
     if cfg.get("limit"):
         reqs = reqs[: cfg["limit"]]
     n = len(reqs)
     every = cfg["arrival_every"]
     arrive = [i * every for i in range(n)]
     for r in reqs:
-        if len(r["tokens"]) + max(len(r.get("output_tokens", [])), 1) > cfg["max_model_len"]:
+        if len(r["tokens"]) + max(int(r.get("output_length", len(r.get("output_tokens", [])))), 1) > cfg["max_model_len"]:
             raise ValueError(f"{cfg['trace']}: request {r['id']} is longer than max_model_len")
     sched, hasher = make_scheduler(model_dir, cfg)
     row = {r["id"]: i for i, r in enumerate(reqs)}
     outs = [r.get("output_tokens", []) for r in reqs]
+    # output lengths: output_length when given (then the outputs are unique tokens unless
+    # output_tokens are given too), else the length of output_tokens
+    nout = [int(r["output_length"]) if "output_length" in r else len(outs[k]) for k, r in enumerate(reqs)]
     objs = {}
     first_hit, admit, finish, preempt = [None] * n, [None] * n, [None] * n, [0] * n
     steps = []
@@ -186,7 +213,7 @@ def run(name: str, model_dir: str, cfg: dict | None = None) -> tuple[dict, list[
     while nxt < n or sched.has_unfinished_requests():
         while nxt < n and arrive[nxt] <= step:
             r = reqs[nxt]
-            N = len(outs[nxt])
+            N = nout[nxt]
             obj = Request(request_id=r["id"], prompt_token_ids=list(r["tokens"]),
                           sampling_params=SamplingParams(max_tokens=max(1, N), ignore_eos=True),
                           pooling_params=None, block_hasher=hasher)
@@ -213,13 +240,19 @@ def run(name: str, model_dir: str, cfg: dict | None = None) -> tuple[dict, list[
                     first_hit[i] = int(hit)
             elif computed_before[rid] == 0:
                 raise RuntimeError(f"step {step}: {rid} scheduled from nowhere")
-        pre = [row[rid] for rid in (out.preempted_req_ids or [])]
+        pre_ids = set(out.preempted_req_ids or ())
+        # preempted requests are prepended one by one (``_preempt_request``) and nothing
+        # else is queued after a preemption: the queue's head, reversed, is their order
+        order = [q.request_id for q in list(sched.waiting)[: len(pre_ids)]][::-1]
+        if set(order) != pre_ids:
+            raise RuntimeError(f"step {step}: cannot order the preempted requests {sorted(pre_ids)}")
+        pre = [row[rid] for rid in order]
         for i in pre:
             preempt[i] += 1
         if r_list:
             rec["r"] = r_list
         if pre:
-            rec["p"] = sorted(pre) if len(pre) > 1 else pre
+            rec["p"] = pre
         if a_list:
             rec["a"] = a_list
         ids = list(nsched)
@@ -251,8 +284,23 @@ def run(name: str, model_dir: str, cfg: dict | None = None) -> tuple[dict, list[
     return header, req_lines, steps
 
 
+def run_length(steps: list) -> list:
+    """Merge runs of consecutive steps that repeat the same ``r`` with no ``p``/``a`` into one
+    record with ``"n": run length`` (``s`` is the run's first step)."""
+    out = []
+    for rec in steps:
+        last = out[-1] if out else None
+        if (last is not None and "p" not in rec and "a" not in rec and "p" not in last and "a" not in last
+                and last.get("r") == rec.get("r") and last["s"] + last.get("n", 1) == rec["s"]):
+            last["n"] = last.get("n", 1) + 1
+        else:
+            out.append(dict(rec))
+    return out
+
+
 def write(path: Path, header: dict, req_lines: list, steps: list) -> None:
     """Write one golden file atomically (temporary file in the same folder, then rename)."""
+    steps = run_length(steps)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
