@@ -242,3 +242,23 @@ def test_step_clock_times_are_step_indices():
     assert res["finish_s"].tolist() == [3.0, 11.0]
     assert sorted(sched) == [0, 1, 2, 10]
     assert np.isnan(res.summary()["prefill_flops"])
+
+
+def test_cli_flags_for_vllm_knobs():
+    import argparse
+
+    from radixkv.cli.concurrent_args import add_concurrent_args, concurrent_config_from_args
+
+    p = argparse.ArgumentParser()
+    add_concurrent_args(p)
+    cfg = concurrent_config_from_args(p.parse_args([]))
+    assert cfg.enable_chunked_prefill is True and cfg.long_prefill_token_threshold == 0
+    cfg = concurrent_config_from_args(p.parse_args(["--no-enable-chunked-prefill",
+                                                    "--long-prefill-token-threshold", "48"]))
+    assert cfg.enable_chunked_prefill is False and cfg.long_prefill_token_threshold == 48
+    with pytest.raises(SystemExit):
+        p.parse_args(["--long-prefill-token-threshold", "-1"])
+    # SGLang's rules do not take them
+    tr = _trace([list(range(10))], [2])
+    with pytest.raises(ConfigError, match="vLLM knobs"):
+        make_scheduler(tr, BlockHashCache(40, 4), SchedulerConfig(admission="sglang", long_prefill_token_threshold=8))

@@ -24,6 +24,10 @@ flag                                            meaning (default)
 ``--schedule-policy {fcfs,lpm}``                waiting-queue order (fcfs)
 ``--admission {vllm,sglang}``                   admission/preemption rules (the policy's
                                                 engine: sglang for ``RadixCache``, else vllm)
+``--enable-chunked-prefill`` /                   vLLM rules: off admits a request only when
+``--no-enable-chunked-prefill``                 its un-hit tokens fit the step (on)
+``--long-prefill-token-threshold N``            vLLM rules: cap on one prefill chunk when
+                                                more than one request is eligible (0 = off)
 ``--mfu F``, ``--mbu F``                        cost-model efficiencies (0.6, 0.8)
 ``--step-overhead-s T``                         fixed seconds per step (0)
 =============================================== =========================================
@@ -79,6 +83,13 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
         help="waiting-queue order (SGLang --schedule-policy; lpm needs a policy with peek_hit)")
     add("--admission", choices=["vllm", "sglang"], default=None,
         help="admission and preemption rules (default: the policy's engine, vllm for every policy but sglang)")
+    if not _has(parser, "--enable-chunked-prefill"):
+        g.add_argument("--enable-chunked-prefill", dest="enable_chunked_prefill", action="store_true", default=True,
+                       help="split long prefills over steps (vLLM's default)")
+        g.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
+                       help="vLLM rules: admit a request only when its un-hit tokens fit the step's budget")
+    add("--long-prefill-token-threshold", type=_nonneg_int, default=0, metavar="N",
+        help="vLLM rules: most tokens of one prefill chunk when more than one request is eligible (0 = off)")
     add("--mfu", type=float, default=0.6, help="achieved fraction of peak FLOP/s (cost model)")
     add("--mbu", type=float, default=0.8, help="achieved fraction of HBM bandwidth (cost model)")
     add("--step-overhead-s", type=float, default=0.0, help="fixed seconds added to every step")
@@ -101,6 +112,8 @@ def concurrent_config_from_args(args, policy=None):
         max_num_batched_tokens=8192 if mnbt is None else int(mnbt),
         schedule_policy=getattr(args, "schedule_policy", "fcfs"),
         admission=admission,
+        enable_chunked_prefill=bool(getattr(args, "enable_chunked_prefill", True)),
+        long_prefill_token_threshold=int(getattr(args, "long_prefill_token_threshold", 0) or 0),
     )
 
 

@@ -189,8 +189,17 @@ def make_scheduler(trace, policy, config: "SchedulerConfig"):
     Returns
     -------
     radixkv.replay.sched_vllm.VllmScheduler or radixkv.replay.sched_sglang.SglangScheduler
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When vLLM-only knobs (``enable_chunked_prefill=False``,
+        ``long_prefill_token_threshold``) are set for SGLang's rules.
     """
     rule = config.admission if config.admission is not None else admission_rule_of(policy)
+    if rule == "sglang" and (not config.enable_chunked_prefill or config.long_prefill_token_threshold):
+        raise ConfigError("--no-enable-chunked-prefill and --long-prefill-token-threshold are vLLM knobs; "
+                          "SGLang's rules (--admission sglang) do not use them", field="admission")
     if rule == "sglang":
         from radixkv.replay.sched_sglang import SglangScheduler as cls
     else:
