@@ -31,7 +31,8 @@ one more token of KV) and samples the next. After output N the request finishes
 N = 0 finishes when its prefill completes.
 
 A re-admitted (preempted) request looks up and recomputes prompt + generated tokens:
-``policy.admit(rid, seq, n_tokens=P + g)``, KV for all of it at once. Its hit is not
+here ``policy.admit(rid, seq, n_tokens=P + g)``, KV for all of it at once (vLLM's rules
+instead allocate the hit plus a first chunk: :mod:`radixkv.replay.sched_vllm`). Its hit is not
 counted (hit rate counts first admissions only, docs/SEMANTICS.md). A policy that refuses
 ``n_tokens > P`` (raises ValueError) is re-admitted on its prompt and recomputes the
 generated tokens as further chunks: its lookup then covers the prompt only.
