@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+#: the suite tests the compiled kernels unless a test asks otherwise (radixkv.replay.jit)
+os.environ.setdefault("RADIXKV_JIT", "compile")
+
 DATA = Path(__file__).parent / "data"
 GOLDEN_LOCAL = DATA / "golden"
 

@@ -18,6 +18,7 @@ _VERB_MODULES = [
     "radixkv.cli.memory_cmd",
     "radixkv.cli.replay_cmd",
     "radixkv.cli.sweep_cmd",
+    "radixkv.cli.check_cmd",
 ]
 
 

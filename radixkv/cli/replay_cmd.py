@@ -310,11 +310,12 @@ def cmd_compare(args) -> int:
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
 
+    from radixkv.replay.jit import trace_tokens
     from radixkv.replay.run import warmup_many
 
-    warmup_many(specs)
-    results = []
     concurrent = args.mode == "concurrent"
+    warmup_many(specs, work=None if concurrent else [(s, trace_tokens(trace, args.limit)) for s in specs])
+    results = []
     remote = _executor(args) != "local"
     if remote:
         for spec, summ in zip(specs, _on_executor(args, trace, [{"policy": s.label} for s in specs])):
@@ -348,9 +349,10 @@ def cmd_curve(args) -> int:
         raise ConfigError("--capacities is empty", field="capacities")
     trace, load_s = _load(args)
     from radixkv.replay.curve import run_curve
+    from radixkv.replay.jit import trace_tokens
     from radixkv.replay.run import warmup_many
 
-    warmup_many(specs)
+    warmup_many(specs, work=[(s, trace_tokens(trace, args.limit) * len(caps)) for s in specs])
     done = {}
     if _executor(args) != "local":
         cells = [(spec, cap) for spec in specs for cap in caps]

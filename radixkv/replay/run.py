@@ -11,6 +11,7 @@ import numpy as np
 
 from radixkv.metrics import summarize
 from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy
+from radixkv.replay import jit
 from radixkv.replay.records import Records
 from radixkv.replay.sequential import replay_sequential
 from radixkv.trace.types import Trace
@@ -31,18 +32,28 @@ def _tiny_trace() -> Trace:
     )
 
 
+def _tiny_run(spec: PolicySpec) -> None:
+    """Run every kernel *spec*'s policy uses once, on the tiny trace (compiles them when
+    they are compiled and not yet loaded)."""
+    pol = build_policy(spec, PoolSpec(capacity_tokens=max(64, 8 * (spec.size or 1))), unit_tokens=1)
+    replay_sequential(_tiny_trace(), pol, quiet=True)
+    pol.warm_kernels()
+
+
 def warmup(spec: PolicySpec) -> float:
-    """Compile (or load from Numba's cache) the kernels *spec*'s policy uses.
+    """Compile (or load from Numba's cache) the kernels *spec*'s policy uses, and use the
+    compiled kernels for its family from now on (:mod:`radixkv.replay.jit`;
+    ``RADIXKV_JIT=interpret``: does nothing).
 
     Returns the seconds it took (0 when already warm in this process).
     """
+    if jit.mode() == "interpret":
+        return 0.0
+    jit.mark_compiled(spec)
     if spec in _WARM:
         return 0.0
     t0 = time.perf_counter()
-    tiny = _tiny_trace()
-    pol = build_policy(spec, PoolSpec(capacity_tokens=max(64, 8 * (spec.size or 1))), unit_tokens=1)
-    replay_sequential(tiny, pol, quiet=True)
-    pol.warm_kernels()
+    _tiny_run(spec)
     _WARM.add(spec)
     return time.perf_counter() - t0
 
@@ -51,7 +62,7 @@ def warmup(spec: PolicySpec) -> float:
 _FAMILY = {"sglang": 0, "vllm": 1, "static": 1, "unit-lru": 2, "none": 3}
 
 
-def warmup_many(specs) -> float:
+def warmup_many(specs, work=None) -> float:
     """Compile the kernels of several policies, different kernel families in parallel.
 
     Numba compiles one function at a time, and a cold cache costs tens of seconds per
@@ -61,12 +72,26 @@ def warmup_many(specs) -> float:
     loads the others from the cache. A child that fails changes nothing: the
     in-process :func:`warmup` compiles what is missing.
 
+    Parameters
+    ----------
+    specs : iterable of PolicySpec
+    work : iterable of (PolicySpec, tokens) or None
+        The replays planned (prompt + output tokens each). When given, families that
+        :func:`radixkv.replay.jit.plan` sets to run interpreted (a cold cache and little
+        work, under ``RADIXKV_JIT=auto``) are not compiled.
+
     Returns the wall seconds spent.
     """
     import subprocess
     import sys
 
     t0 = time.perf_counter()
+    specs = list(specs)
+    if work is not None:
+        jit.plan(work)
+    if jit.mode() == "interpret":
+        return time.perf_counter() - t0
+    specs = [s for s in specs if not (jit.family_of(s) and jit.is_interpreted(jit.family_of(s)))]
     cold = {}
     for s in specs:
         if s not in _WARM:
@@ -107,18 +132,25 @@ def run_replay(
     -------
     (records, summary)
         ``summary`` is :func:`radixkv.metrics.summarize` plus ``compile_s`` and
-        ``replay_s`` (seconds) under ``summary["timing_s"]``.
+        ``replay_s`` (seconds) and ``kernels`` (``compiled``, ``interpreted`` on a cold
+        Numba cache and a small replay, see :mod:`radixkv.replay.jit`, or ``none``)
+        under ``summary["timing_s"]``.
 
     Raises
     ------
     radixkv.errors.ConfigError
         From the policy (pool too small) or the replay (a request larger than the pool).
     """
-    compile_s = warmup(spec)
+    kernels = jit.before_replay(spec, jit.trace_tokens(trace, limit))
+    compile_s = 0.0 if kernels == "interpreted" else warmup(spec)
     policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **options)
-    rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)
+    if kernels == "interpreted":
+        with np.errstate(over="ignore"):  # numpy scalars wrap as the compiled kernels do
+            rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)
+    else:
+        rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)
     summary = summarize(rec, evictions=policy.evictions)
-    summary["timing_s"] = {"compile": compile_s, "replay": rec.meta["replay_s"]}
+    summary["timing_s"] = {"compile": compile_s, "replay": rec.meta["replay_s"], "kernels": kernels or "none"}
     tokens = int(np.sum(rec["prompt_tokens"]))
     summary["timing_s"]["prompt_tokens_per_s"] = tokens / rec.meta["replay_s"] if rec.meta["replay_s"] > 0 else None
     return rec, summary

@@ -1,0 +1,313 @@
+"""Run a ``radixkv check``: replay every (trace, policy) pair, evaluate every assertion.
+
+Data flow: :func:`radixkv.check.config.load_config` → :func:`run_check` (replays with
+:func:`radixkv.replay.run.run_replay`, reads the baseline and golden files) →
+:class:`CheckResult` → :mod:`radixkv.check.report` (table, JSON, JUnit XML, Markdown).
+
+Baseline file (JSON, written by :func:`write_baseline`)::
+
+    {"radixkv": "0.1.0", "results": {TRACE: {POLICY: {METRIC: value, ...}, ...}, ...}}
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from radixkv.check.config import BASELINE_METRICS, Assertion, CheckConfig
+from radixkv.errors import ConfigError, InputError
+from radixkv.util import atomic_write_text, dumps_json
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The verdict on one :class:`~radixkv.check.config.Assertion`.
+
+    ``value`` is the measured metric (for ``golden``: the number of requests whose hit
+    differs); ``limit`` the bound it was held to (for ``baseline``: the baseline value
+    moved by the tolerance); ``passed`` whether it holds; ``detail`` a readable
+    explanation for failures (e.g. the first differing requests).
+    """
+
+    assertion: Assertion
+    value: float | None
+    limit: float | None
+    passed: bool
+    detail: str = ""
+
+    @property
+    def relation(self) -> str:
+        """``>=``, ``<=`` or ``==``: how value must compare with limit."""
+        a = self.assertion
+        if a.kind == "golden":
+            return "=="
+        if a.kind == "min" or (a.kind == "baseline" and a.higher_is_better):
+            return ">="
+        return "<="
+
+    def line(self) -> str:
+        """One line naming trace, policy, metric, value and bound (what a failure prints)."""
+        a = self.assertion
+        status = "ok  " if self.passed else "FAIL"
+        val = "n/a" if self.value is None else _num(self.value)
+        lim = "n/a" if self.limit is None else _num(self.limit)
+        s = f"{status} trace={a.trace} policy={a.policy} metric={a.metric} value={val} bound: {self.relation} {lim}"
+        if a.kind == "baseline":
+            s += f" (baseline within {_num(a.bound)})"
+        if self.detail:
+            s += f" — {self.detail}"
+        return s + f" [{a.source}]"
+
+
+def _num(x: float) -> str:
+    if isinstance(x, float) and x.is_integer() and abs(x) >= 1:
+        return f"{int(x)}"
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    return str(x)
+
+
+@dataclass
+class CheckResult:
+    """What a check measured and decided.
+
+    Attributes
+    ----------
+    config : CheckConfig
+    summaries : dict[(trace, policy), dict]
+        :func:`radixkv.metrics.summarize` of each replayed pair.
+    outcomes : list of Outcome
+        One per assertion, in config order.
+    baseline_written : Path or None
+        Set when ``update_baseline`` rewrote the baseline file.
+    """
+
+    config: CheckConfig
+    summaries: dict
+    outcomes: list = field(default_factory=list)
+    baseline_written: Path | None = None
+
+    @property
+    def failures(self) -> list:
+        return [o for o in self.outcomes if not o.passed]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def to_json(self) -> dict:
+        """Plain data for ``--json``: the pairs' key metrics and every outcome."""
+        keys = ("requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "alignment_loss_share",
+                "cached_tokens_second_half_mean", "evicted_tokens", "pool_capacity_tokens")
+        return {
+            "radixkv": __import__("radixkv").__version__,
+            "config": str(self.config.path),
+            "ok": self.ok,
+            "results": [{"trace": t, "policy": p, **{k: s.get(k) for k in keys}}
+                        for (t, p), s in self.summaries.items()],
+            "assertions": [{
+                "trace": o.assertion.trace, "policy": o.assertion.policy, "metric": o.assertion.metric,
+                "kind": o.assertion.kind, "value": o.value, "bound": o.limit, "relation": o.relation,
+                "tolerance": o.assertion.bound if o.assertion.kind == "baseline" else None,
+                "passed": o.passed, "detail": o.detail or None, "source": o.assertion.source,
+            } for o in self.outcomes],
+        }
+
+
+def read_baseline(path: Path) -> dict:
+    """The ``results`` table of a baseline file: ``{trace: {policy: {metric: value}}}``.
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        When the file is missing (run ``radixkv check --update-baseline`` to create it) or
+        is not a baseline file.
+    """
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("baseline file does not exist: create it with radixkv check CONFIG --update-baseline",
+                         path=path, field="baseline") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"not a JSON baseline file ({e})", path=path, field="baseline") from None
+    res = doc.get("results") if isinstance(doc, dict) else None
+    if not isinstance(res, dict):
+        raise InputError("not a radixkv baseline file: no 'results' table", path=path, field="results")
+    return res
+
+
+def write_baseline(path: Path, summaries: dict) -> None:
+    """Write every pair's baseline metrics to *path* atomically (temp file + rename)."""
+    res: dict = {}
+    for (t, p), s in summaries.items():
+        res.setdefault(t, {})[p] = {m: s.get(m) for m in BASELINE_METRICS}
+    atomic_write_text(path, dumps_json({"radixkv": __import__("radixkv").__version__, "results": res}))
+
+
+def read_golden(path: Path) -> list:
+    """``(id, hit_tokens)`` per line of a golden file (JSON lines with ``id`` and ``hit_tokens``).
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        Naming the file, line and field of a malformed line.
+    """
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"invalid JSON ({e.msg})", path=path, line=n) from None
+            for k in ("id", "hit_tokens"):
+                if not isinstance(r, dict) or k not in r:
+                    raise InputError("missing field", path=path, line=n, field=k)
+            if isinstance(r["hit_tokens"], bool) or not isinstance(r["hit_tokens"], int):
+                raise InputError(f"must be a whole number, got {r['hit_tokens']!r}", path=path, line=n,
+                                 field="hit_tokens")
+            rows.append((str(r["id"]), int(r["hit_tokens"])))
+    return rows
+
+
+def compare_hits(req_id, hit_tokens, golden: list) -> tuple[int, str]:
+    """Requests whose hit differs from *golden*, and a readable note on the first ones.
+
+    Parameters
+    ----------
+    req_id : sequence of str, shape (n,)
+    hit_tokens : sequence of int, shape (n,)
+        Replayed hits (tokens), in replay order.
+    golden : list of (id, hit_tokens)
+        From :func:`read_golden`, in the same order.
+
+    Returns
+    -------
+    (count, note)
+        Differing requests (a missing or extra request counts as differing, as does an id
+        out of place) and e.g. ``"2 of 200 differ; first: r5 hit 32 want 48, ..."``.
+    """
+    n, g = len(req_id), len(golden)
+    bad = []
+    for i in range(max(n, g)):
+        if i >= n:
+            bad.append(f"{golden[i][0]} missing from the replay")
+        elif i >= g:
+            bad.append(f"{req_id[i]} not in the golden file")
+        elif str(req_id[i]) != golden[i][0]:
+            bad.append(f"request {i} is {req_id[i]} but the golden file has {golden[i][0]}")
+        elif int(hit_tokens[i]) != golden[i][1]:
+            bad.append(f"{req_id[i]} hit {int(hit_tokens[i])} want {golden[i][1]}")
+    if not bad:
+        return 0, ""
+    return len(bad), f"{len(bad)} of {max(n, g)} requests differ; first: " + ", ".join(bad[:3])
+
+
+def evaluate(a: Assertion, summary: dict, hits=None, baseline: dict | None = None) -> Outcome:
+    """The :class:`Outcome` of assertion *a* on one pair's *summary*.
+
+    *hits* is ``(req_id, hit_tokens)`` of the replay (golden assertions); *baseline* the
+    baseline table (baseline assertions). A metric that is null (not modelled) fails
+    with a note rather than passing silently.
+    """
+    if a.kind == "golden":
+        count, note = compare_hits(hits[0], hits[1], read_golden(a.golden))
+        return Outcome(a, float(count), 0.0, count == 0, note)
+    value = summary.get(a.metric)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return Outcome(a, None, None, False, f"{a.metric} is n/a for this policy")
+    value = float(value)
+    if a.kind == "min":
+        return Outcome(a, value, a.bound, value >= a.bound)
+    if a.kind == "max":
+        return Outcome(a, value, a.bound, value <= a.bound)
+    base = (baseline or {}).get(a.trace, {}).get(a.policy, {}).get(a.metric)
+    if base is None:
+        return Outcome(a, value, None, False, "no baseline value for this pair: run with --update-baseline")
+    limit = float(base) - a.bound if a.higher_is_better else float(base) + a.bound
+    ok = value >= limit - 1e-12 if a.higher_is_better else value <= limit + 1e-12
+    return Outcome(a, value, limit, ok, "" if ok else f"baseline {_num(float(base))}")
+
+
+def run_check(config: CheckConfig, *, update_baseline: bool = False, quiet: bool = True, progress=None) -> CheckResult:
+    """Replay every pair of *config* and evaluate every assertion.
+
+    Parameters
+    ----------
+    config : CheckConfig
+        From :func:`radixkv.check.config.load_config`.
+    update_baseline : bool
+        Rewrite ``config.baseline`` (atomically) with this run's metrics before the
+        baseline assertions are evaluated (so they hold against the new baseline).
+    quiet : bool
+        No progress bars.
+    progress : callable or None
+        Called as ``progress(trace, policy, summary)`` after each replay.
+
+    Returns
+    -------
+    CheckResult
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        A trace that cannot be read, a pool too small for a request, a missing or
+        malformed baseline or golden file.
+    """
+    from radixkv.replay.run import run_replay, warmup_many
+    from radixkv.trace.load import load_trace
+
+    if update_baseline and config.baseline is None:
+        raise ConfigError("--update-baseline needs a top-level baseline = \"FILE\" in the configuration",
+                          path=config.path, field="baseline")
+    baseline = None
+    if not update_baseline and any(a.kind == "baseline" for a in config.assertions):
+        baseline = read_baseline(config.baseline)
+    pols = {p.label: p for p in config.policies}
+    used = [pols[p] for _, p in config.pairs]
+    from radixkv.replay.jit import trace_tokens
+
+    loaded = {}
+    work = []
+    for t, p in config.pairs:
+        tr = next(x for x in config.traces if x.name == t)
+        if t not in loaded:
+            loaded[t] = load_trace(tr.path, format=tr.format)
+        work.append((pols[p].spec, trace_tokens(loaded[t], tr.limit)))
+    warmup_many(list(dict.fromkeys(p.spec for p in used)), work=work)
+    need_hits = {(a.trace, a.policy) for a in config.assertions if a.kind == "golden"}
+    summaries, hits = {}, {}
+    for tr in config.traces:
+        todo = [p for t, p in config.pairs if t == tr.name]
+        if not todo:
+            continue
+        trace = loaded[tr.name]
+        for label in todo:
+            pe = pols[label]
+            rec, summ = run_replay(trace, pe.spec, pe.pool, limit=tr.limit, quiet=quiet, **pe.options)
+            summ = dict(summ)
+            summ["policy"] = label
+            summaries[(tr.name, label)] = summ
+            if (tr.name, label) in need_hits:
+                hits[(tr.name, label)] = (rec.req_id, rec["hit_tokens"])
+            if progress is not None:
+                progress(tr.name, label, summ)
+    result = CheckResult(config, summaries)
+    if update_baseline:
+        write_baseline(config.baseline, summaries)
+        result.baseline_written = config.baseline
+        if any(a.kind == "baseline" for a in config.assertions):
+            baseline = read_baseline(config.baseline)
+    for a in config.assertions:
+        key = (a.trace, a.policy)
+        result.outcomes.append(evaluate(a, summaries[key], hits.get(key), baseline))
+    return result
+
+
+def check(config_path, *, update_baseline: bool = False, quiet: bool = True) -> CheckResult:
+    """Load the configuration at *config_path* and run it (:func:`run_check`)."""
+    from radixkv.check.config import load_config
+
+    return run_check(load_config(config_path), update_baseline=update_baseline, quiet=quiet)

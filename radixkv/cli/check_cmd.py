@@ -1,0 +1,63 @@
+"""``radixkv check CONFIG.toml`` and ``radixkv warmup [POLICY...]``: argument parsing only.
+
+``check`` exit status: 0 every assertion holds, 1 one or more fail (each printed on one
+line: trace, policy, metric, value, bound), 2 bad input (the message names the file, line
+and key). The work is :func:`radixkv.check.run.run_check`.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def cmd_check(args) -> int:
+    from radixkv.check.config import load_config
+    from radixkv.check.report import format_table, junit_xml, markdown
+    from radixkv.check.run import run_check
+    from radixkv.util import atomic_write_text, check_output_paths, dumps_json
+
+    config = load_config(args.config)
+    check_output_paths(args.json, args.junit_xml, args.markdown,
+                       inputs=[args.config] + [str(t.path) for t in config.traces])
+    result = run_check(config, update_baseline=args.update_baseline, quiet=args.quiet)
+    print(f"radixkv check {args.config}: {len(config.pairs)} replays, {len(result.outcomes)} assertions")
+    print(format_table(result))
+    if result.baseline_written is not None:
+        print(f"wrote baseline {result.baseline_written}")
+    for path, text in ((args.json, lambda: dumps_json(result.to_json())), (args.junit_xml, lambda: junit_xml(result)),
+                       (args.markdown, lambda: markdown(result))):
+        if path:
+            atomic_write_text(path, text())
+            print(f"wrote {path}")
+    for o in result.failures:
+        print(o.line(), file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+def cmd_warmup(args) -> int:
+    from radixkv.policies.registry import POLICY_NAMES, parse_policy
+    from radixkv.replay.run import warmup_many
+
+    names = args.policies or [n for n in POLICY_NAMES]
+    specs = [parse_policy(t) for n in names for t in n.split(",") if t.strip()]
+    seconds = warmup_many(specs)
+    print(f"compiled or loaded the kernels of {', '.join(s.label for s in specs)} in {seconds:.1f} s")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("check", help="replay traces and assert on hit rate, eviction, baseline (exit 1 on failure)",
+                       description="Replay the traces of a TOML configuration through its policies and check its "
+                                   "assertions. Exit 0 all hold, 1 one fails, 2 bad input.")
+    p.add_argument("config", metavar="CONFIG.toml", help="the check configuration (see docs/ci.md)")
+    p.add_argument("--update-baseline", action="store_true", help="rewrite the baseline file with this run's metrics")
+    p.add_argument("--json", metavar="OUT", help="write results and every assertion as JSON")
+    p.add_argument("--junit-xml", metavar="OUT.xml", help="write JUnit XML, one testcase per assertion")
+    p.add_argument("--markdown", metavar="OUT.md", help="write a Markdown report (e.g. $GITHUB_STEP_SUMMARY)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("warmup", help="compile the Numba kernels of policies into the cache (for CI images)",
+                       description="Compile (or load from NUMBA_CACHE_DIR) the kernels the given policies use; "
+                                   "default: every policy.")
+    p.add_argument("policies", nargs="*", metavar="POLICY", help="policy specs, e.g. vllm:16 sglang:1")
+    p.set_defaults(func=cmd_warmup)
