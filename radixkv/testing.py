@@ -122,8 +122,8 @@ def assert_hits_equal(result: ReplayResult, golden) -> None:
     """
     from radixkv.check.run import compare_hits, read_golden
 
-    rows = read_golden(Path(golden)) if isinstance(golden, (str, Path)) else [(str(i), int(h)) for i, h in golden]
-    count, note = compare_hits(result.req_id, result.hit_tokens, rows)
+    rows = read_golden(Path(golden)) if isinstance(golden, (str, Path)) else [(str(g[0]), int(g[1])) for g in golden]
+    count, note = compare_hits(result.req_id, result.hit_tokens, rows, result.records["prompt_tokens"])
     if count:
         raise AssertionError(f"{result.trace} {result.policy}: {note}")
 

@@ -5,7 +5,6 @@ rules in docs/SEMANTICS.md ("vLLM v1") or taken from the real engine's golden fi
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,7 +19,6 @@ from radixkv.policies import _hash_kernels as K
 from radixkv.policies.block_hash import HashCollisionError
 from radixkv.trace.types import Trace
 
-from _golden_traces import golden_trace
 from conftest import GOLDEN_LOCAL, shared_path
 
 ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -426,45 +424,9 @@ def test_reachable_count_cascades_when_a_parent_key_comes_and_goes():
 
 
 # ---------------------------------------------------------------------- golden
-def _manifest():
-    """Golden runs whose per-request file is copied into tests/data/golden (token traces)."""
-    rows = (GOLDEN_LOCAL / "vllm" / "manifest.jsonl").read_text().splitlines()
-    return [m for m in map(json.loads, filter(None, rows)) if (GOLDEN_LOCAL / "vllm" / f"{m['name']}.jsonl").exists()]
-
-
-def _replay_golden(m, rows_path):
-    t = golden_trace(m["trace"], GOLDEN_LOCAL, shared_path)
-    rows = [json.loads(line) for line in Path(rows_path).read_text().splitlines() if line]
-    assert len(rows) == len(t)
-    c = BlockHashCache(m["num_gpu_blocks"], m["block_size"], verify=True)
-    bad = []
-    for i in range(len(t)):
-        assert rows[i]["id"] == t.req_id[i] and rows[i]["prompt_len"] == t.prompt_len[i]
-        a = c.run_request(i, t.kv_seq(i))
-        if a is None or a.hit_tokens != rows[i]["hit_tokens"]:
-            bad.append((rows[i]["id"], rows[i]["hit_tokens"], a))
-    assert bad == [], f"{len(bad)} mismatches, first: {bad[:3]}"
-
-
-@pytest.mark.parametrize("m", _manifest(), ids=lambda m: m["name"])
-def test_golden_local(m):
-    _replay_golden(m, GOLDEN_LOCAL / "vllm" / f"{m['name']}.jsonl")
-
-
-@pytest.mark.parametrize("name", ["vllm_mooncake_conv1500_b16_n20000", "vllm_mooncake_conv1500_b512_n600",
-                                  "vllm_weka0001_b64_n3300"])
-def test_golden_shared(name):
-    man = shared_path("golden", "vllm", "manifest.jsonl")
-    m = next(m for m in map(json.loads, man.read_text().splitlines()) if m["name"] == name)
-    _replay_golden(m, shared_path("golden", "vllm", f"{name}.jsonl"))
-
-
-def test_every_shared_golden_run_is_covered():
-    man = shared_path("golden", "vllm", "manifest.jsonl")
-    names = {json.loads(line)["name"] for line in man.read_text().splitlines() if line}
-    covered = {m["name"] for m in _manifest()} | {
-        "vllm_mooncake_conv1500_b16_n20000", "vllm_mooncake_conv1500_b512_n600", "vllm_weka0001_b64_n3300"}
-    assert names <= covered
+# Every vLLM golden run (local and shared) is a `radixkv check` assertion of per-request
+# hit equality: tests/data/golden/check.toml and check_shared.toml, run by
+# tests/test_check_golden.py (which also checks that every manifest run is covered).
 
 
 def test_kernels_without_jit_match_golden():

@@ -146,7 +146,8 @@ def write_baseline(path: Path, summaries: dict) -> None:
 
 
 def read_golden(path: Path) -> list:
-    """``(id, hit_tokens)`` per line of a golden file (JSON lines with ``id`` and ``hit_tokens``).
+    """``(id, hit_tokens)`` per line of a golden file (JSON lines with ``id`` and ``hit_tokens``),
+    ``(id, hit_tokens, prompt_len)`` when the line gives ``prompt_len``.
 
     Raises
     ------
@@ -168,11 +169,12 @@ def read_golden(path: Path) -> list:
             if isinstance(r["hit_tokens"], bool) or not isinstance(r["hit_tokens"], int):
                 raise InputError(f"must be a whole number, got {r['hit_tokens']!r}", path=path, line=n,
                                  field="hit_tokens")
-            rows.append((str(r["id"]), int(r["hit_tokens"])))
+            plen = r.get("prompt_len")
+            rows.append((str(r["id"]), int(r["hit_tokens"])) if plen is None else (str(r["id"]), int(r["hit_tokens"]), int(plen)))
     return rows
 
 
-def compare_hits(req_id, hit_tokens, golden: list) -> tuple[int, str]:
+def compare_hits(req_id, hit_tokens, golden: list, prompt_tokens=None) -> tuple[int, str]:
     """Requests whose hit differs from *golden*, and a readable note on the first ones.
 
     Parameters
@@ -180,8 +182,10 @@ def compare_hits(req_id, hit_tokens, golden: list) -> tuple[int, str]:
     req_id : sequence of str, shape (n,)
     hit_tokens : sequence of int, shape (n,)
         Replayed hits (tokens), in replay order.
-    golden : list of (id, hit_tokens)
+    golden : list of (id, hit_tokens) or (id, hit_tokens, prompt_len)
         From :func:`read_golden`, in the same order.
+    prompt_tokens : sequence of int, shape (n,), or None
+        Replayed prompt lengths, checked against a golden ``prompt_len`` when both are given.
 
     Returns
     -------
@@ -198,6 +202,8 @@ def compare_hits(req_id, hit_tokens, golden: list) -> tuple[int, str]:
             bad.append(f"{req_id[i]} not in the golden file")
         elif str(req_id[i]) != golden[i][0]:
             bad.append(f"request {i} is {req_id[i]} but the golden file has {golden[i][0]}")
+        elif prompt_tokens is not None and len(golden[i]) > 2 and int(prompt_tokens[i]) != golden[i][2]:
+            bad.append(f"{req_id[i]} prompt {int(prompt_tokens[i])} tokens want {golden[i][2]}")
         elif int(hit_tokens[i]) != golden[i][1]:
             bad.append(f"{req_id[i]} hit {int(hit_tokens[i])} want {golden[i][1]}")
     if not bad:
@@ -208,12 +214,12 @@ def compare_hits(req_id, hit_tokens, golden: list) -> tuple[int, str]:
 def evaluate(a: Assertion, summary: dict, hits=None, baseline: dict | None = None) -> Outcome:
     """The :class:`Outcome` of assertion *a* on one pair's *summary*.
 
-    *hits* is ``(req_id, hit_tokens)`` of the replay (golden assertions); *baseline* the
+    *hits* is ``(req_id, hit_tokens, prompt_tokens)`` of the replay (golden assertions); *baseline* the
     baseline table (baseline assertions). A metric that is null (not modelled) fails
     with a note rather than passing silently.
     """
     if a.kind == "golden":
-        count, note = compare_hits(hits[0], hits[1], read_golden(a.golden))
+        count, note = compare_hits(hits[0], hits[1], read_golden(a.golden), hits[2])
         return Outcome(a, float(count), 0.0, count == 0, note)
     value = summary.get(a.metric)
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -291,7 +297,7 @@ def run_check(config: CheckConfig, *, update_baseline: bool = False, quiet: bool
             summ["policy"] = label
             summaries[(tr.name, label)] = summ
             if (tr.name, label) in need_hits:
-                hits[(tr.name, label)] = (rec.req_id, rec["hit_tokens"])
+                hits[(tr.name, label)] = (rec.req_id, rec["hit_tokens"], rec["prompt_tokens"])
             if progress is not None:
                 progress(tr.name, label, summ)
     result = CheckResult(config, summaries)

@@ -1,0 +1,111 @@
+"""Compiled or interpreted kernels (radixkv.replay.jit): same results, and the cold-cache rule.
+
+Expected hits come from the real engines' golden files; the interpreted and compiled
+replays must agree on every summary metric, not only hits.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import GOLDEN_LOCAL
+from radixkv.errors import ConfigError
+from radixkv.policies.registry import PoolSpec, parse_policy
+from radixkv.replay import jit
+from radixkv.replay.run import run_replay
+from radixkv.trace.load import load_trace
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.fixture
+def restore_jit():
+    yield
+    for fam in list(jit.FAMILY_MODULES):
+        jit.use_compiled(fam)
+    jit._decided.clear()
+    jit._interp_tokens.clear()
+    jit._prepaid.clear()
+
+
+@pytest.mark.parametrize("policy, pool", [("vllm:16", PoolSpec(num_gpu_blocks=120)),
+                                          ("sglang:16", PoolSpec(max_total_num_tokens=1904)),
+                                          ("static:16", PoolSpec(capacity_tokens=3000))])
+def test_interpreted_and_compiled_summaries_are_equal(monkeypatch, restore_jit, policy, pool):
+    trace = load_trace(GOLDEN_LOCAL / "traces" / "mixed200.jsonl")
+    spec = parse_policy(policy)
+    out = {}
+    for m in ("compile", "interpret"):
+        monkeypatch.setenv("RADIXKV_JIT", m)
+        jit._decided.clear()
+        _, s = run_replay(trace, spec, pool)
+        out[m] = s.pop("timing_s")["kernels"], s
+    assert out["compile"][0] == "compiled" and out["interpret"][0] == "interpreted"
+    assert out["compile"][1] == out["interpret"][1]
+    assert out["compile"][1]["evicted_tokens"] > 0  # the pool is tight: eviction order matters
+
+
+def test_bad_mode_is_an_input_error(monkeypatch):
+    monkeypatch.setenv("RADIXKV_JIT", "fast")
+    with pytest.raises(ConfigError, match="RADIXKV_JIT"):
+        jit.mode()
+
+
+def test_cold_cache_small_replay_runs_interpreted_without_compiling(tmp_path):
+    # a fresh NUMBA_CACHE_DIR: auto mode must not compile anything for a small replay, and
+    # must still give the engine's hits; a budget below the replay's size chooses compiling
+    code = """
+import json, sys
+from numba.core.dispatcher import Dispatcher
+from radixkv.policies import _hash_kernels, _radix_kernels
+from radixkv.policies.registry import PoolSpec, parse_policy
+from radixkv.replay import jit
+from radixkv.replay.run import run_replay
+from radixkv.trace.load import load_trace
+t = load_trace(sys.argv[1])
+rec, s = run_replay(t, parse_policy("vllm:16"), PoolSpec(num_gpu_blocks=120))
+gold = [json.loads(l)["hit_tokens"] for l in open(sys.argv[2])]
+compiles = [n for m in (_hash_kernels, _radix_kernels) for n, d in vars(m).items()
+            if isinstance(d, Dispatcher) and d.overloads]  # the cache was empty: loaded = compiled
+jit.INTERPRET_MAX_TOKENS = 10
+big = jit.plan([(parse_policy("sglang:1"), 11)])
+print(json.dumps({"kernels": s["timing_s"]["kernels"], "same": rec["hit_tokens"].tolist() == gold,
+                  "compiles": compiles, "big": big}))
+"""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), RADIXKV_JIT="auto",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code, str(GOLDEN_LOCAL / "traces" / "mixed200.jsonl"),
+                          str(GOLDEN_LOCAL / "vllm" / "vllm_mixed200_b16_n120.jsonl")],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res == {"kernels": "interpreted", "same": True, "compiles": [], "big": {"radix": "compiled"}}
+
+
+def test_many_small_replays_switch_to_compiled(monkeypatch, restore_jit):
+    # interpreted work is bounded: once the replays asked for exceed the budget, compile
+    monkeypatch.setenv("RADIXKV_JIT", "auto")
+    monkeypatch.setattr(jit, "INTERPRET_MAX_TOKENS", 100)
+    monkeypatch.setattr(jit, "is_warm", lambda spec: False)
+    spec = parse_policy("vllm:16")
+    assert jit.before_replay(spec, 60) == "interpreted"
+    assert jit.is_interpreted("hash")
+    assert jit.before_replay(spec, 30) == "interpreted"  # 90 ≤ 100
+    assert jit.before_replay(spec, 30) == "compiled"  # 120 > 100
+    assert not jit.is_interpreted("hash")
+
+
+def test_planned_work_is_not_counted_twice(monkeypatch, restore_jit):
+    monkeypatch.setenv("RADIXKV_JIT", "auto")
+    monkeypatch.setattr(jit, "INTERPRET_MAX_TOKENS", 100)
+    monkeypatch.setattr(jit, "is_warm", lambda spec: False)
+    spec = parse_policy("sglang:1")
+    assert jit.plan([(spec, 40), (spec, 40)]) == {"radix": "interpreted"}
+    assert jit.before_replay(spec, 40) == "interpreted"
+    assert jit.before_replay(spec, 40) == "interpreted"  # both were planned: still 80 in all
+    assert jit.before_replay(spec, 40) == "compiled"  # 120 > 100
