@@ -148,7 +148,7 @@ def is_warm(spec) -> bool:
         return _warm[fam]
     from numba.core import event
 
-    from radixkv.replay.run import _tiny_run
+    from radixkv.replay.run import _WARM, _tiny_run
 
     class _Stop(event.Listener):
         def on_start(self, ev):
@@ -164,6 +164,7 @@ def is_warm(spec) -> bool:
     try:
         _tiny_run(spec)
         warm = True
+        _WARM.add(spec)
     except _Cold:
         warm = False
     finally:
