@@ -109,3 +109,10 @@ def test_planned_work_is_not_counted_twice(monkeypatch, restore_jit):
     assert jit.before_replay(spec, 40) == "interpreted"
     assert jit.before_replay(spec, 40) == "interpreted"  # both were planned: still 80 in all
     assert jit.before_replay(spec, 40) == "compiled"  # 120 > 100
+
+
+def test_hooked_policies_always_run_compiled():
+    # an eviction hook calls its priority function by address: no interpreted twin
+    assert jit.family_of(parse_policy("vllm:16@lfu")) is None
+    assert jit.family_of(parse_policy("sglang:1@lfu")) is None
+    assert jit.family_of(parse_policy("vllm:16@lru")) == "hash"

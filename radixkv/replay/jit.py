@@ -70,7 +70,11 @@ def mode() -> str:
 
 
 def family_of(spec) -> str | None:
-    """The kernel family of a :class:`~radixkv.policies.registry.PolicySpec` (None: none to switch)."""
+    """The kernel family of a :class:`~radixkv.policies.registry.PolicySpec` (None: none to
+    switch; policies with an eviction hook (``@lfu``, ...) call priority functions by
+    address and always run compiled)."""
+    if getattr(spec, "eviction", None) not in (None, "lru"):
+        return None
     return POLICY_FAMILY.get(spec.name)
 
 
