@@ -31,7 +31,8 @@ from numba import njit
 
 from radixkv.policies._hash_kernels import (
     NST, OK, REFUSED, R_PCN, R_REF, ST_EVICTIONS, ST_FQH, ST_FQLEN, ST_NCACHED, ST_NUSED,
-    _block_keys_into, _cache_full, _drop_key, _fq_prepend, _fq_remove, lookup,
+    W_KEY, W_PKEY, _PF, _block_keys_into, _cache_full, _drop_key, _fq_prepend, _fq_remove,
+    _prefetch_row, lookup,
 )
 from radixkv.policies._radix_prio_kernels import _fn
 
@@ -42,96 +43,97 @@ NP = 3
 NEED_PIECES = 3
 
 
-@njit(cache=True)
-def _less(HK, HI, i, j):
-    for f in range(3):
-        if HK[i, f] != HK[j, f]:
-            return HK[i, f] < HK[j, f]
-    return HI[i, 0] < HI[j, 0]
+# The heap: H, float64 shape (cap, 5): (k1, k2, release time, push id, block), exact
+# for integers < 2**53; one row per entry keeps a sift to one cache line per level.
+
+@njit(cache=True, inline="always")
+def _less(H, i, j):
+    for f in range(4):
+        if H[i, f] != H[j, f]:
+            return H[i, f] < H[j, f]
+    return False
+
+
+@njit(cache=True, inline="always")
+def _swap(H, i, j):
+    for f in range(5):
+        v = H[i, f]
+        H[i, f] = H[j, f]
+        H[j, f] = v
 
 
 @njit(cache=True)
-def _swap(HK, HI, i, j):
-    for f in range(3):
-        v = HK[i, f]
-        HK[i, f] = HK[j, f]
-        HK[j, f] = v
-    for f in range(2):
-        w = HI[i, f]
-        HI[i, f] = HI[j, f]
-        HI[j, f] = w
-
-
-@njit(cache=True)
-def _sift_down(HK, HI, i, n):
+def _sift_down(H, i, n):
+    # a 4-ary heap: half the levels of a binary one, its four children often in one or
+    # two cache lines (rows of 40 bytes)
     while True:
-        a = 2 * i + 1
+        a = 4 * i + 1
         if a >= n:
             return
-        b = a + 1
-        m = b if b < n and _less(HK, HI, b, a) else a
-        if _less(HK, HI, m, i):
-            _swap(HK, HI, i, m)
+        m = a
+        for c in range(a + 1, min(a + 4, n)):
+            if _less(H, c, m):
+                m = c
+        if _less(H, m, i):
+            _swap(H, i, m)
             i = m
         else:
             return
 
 
 @njit(cache=True)
-def _fill(E, HK, HI, pst, i, b, pf, pp):
+def _fill(E, H, pst, i, b, pf, pp):
     k1, k2 = pf(E, b, pp)
     pst[P_PUSH] += 1
-    HK[i, 0] = k1
-    HK[i, 1] = k2
-    HK[i, 2] = E[b, E_TIME]
-    HI[i, 0] = pst[P_PUSH]
-    HI[i, 1] = b
+    H[i, 0] = k1
+    H[i, 1] = k2
+    H[i, 2] = E[b, E_TIME]
+    H[i, 3] = pst[P_PUSH]
+    H[i, 4] = b
     E[b, E_VER] = pst[P_PUSH]
 
 
 @njit(cache=True)
-def _rebuild(b32, E, HK, HI, pst, pf, pp):
+def _rebuild(b32, E, H, pst, pf, pp):
     k = 0
     for b in range(1, b32.shape[0]):
         E[b, E_VER] = 0
         if b32[b, R_REF] == 0 and b32[b, R_PCN] != 0:
-            _fill(E, HK, HI, pst, k, b, pf, pp)
+            _fill(E, H, pst, k, b, pf, pp)
             k += 1
     pst[P_HLEN] = k
-    for i in range(k // 2 - 1, -1, -1):
-        _sift_down(HK, HI, i, k)
+    for i in range((k - 2) // 4, -1, -1):
+        _sift_down(H, i, k)
 
 
 @njit(cache=True)
-def _push(b32, E, HK, HI, pst, b, pf, pp):
-    if pst[P_HLEN] == HK.shape[0]:
-        _rebuild(b32, E, HK, HI, pst, pf, pp)  # b is hashed and free: it is in the rebuilt heap
+def _push(b32, E, H, pst, b, pf, pp):
+    if pst[P_HLEN] == H.shape[0]:
+        _rebuild(b32, E, H, pst, pf, pp)  # b is hashed and free: it is in the rebuilt heap
         return
     i = pst[P_HLEN]
     pst[P_HLEN] = i + 1
-    _fill(E, HK, HI, pst, i, b, pf, pp)
+    _fill(E, H, pst, i, b, pf, pp)
     while i > 0:
-        up = (i - 1) // 2
-        if _less(HK, HI, i, up):
-            _swap(HK, HI, i, up)
+        up = (i - 1) // 4
+        if _less(H, i, up):
+            _swap(H, i, up)
             i = up
         else:
             break
 
 
 @njit(cache=True)
-def _pop_valid(b32, E, HK, HI, pst):
+def _pop_valid(b32, E, H, pst):
     """The hashed free block of smallest priority (removed from the heap)."""
     while pst[P_HLEN] > 0:
         n = pst[P_HLEN] - 1
-        ver = HI[0, 0]
-        b = HI[0, 1]
+        ver = np.int64(H[0, 3])
+        b = np.int64(H[0, 4])
         if n > 0:
-            for f in range(3):
-                HK[0, f] = HK[n, f]
-            for f in range(2):
-                HI[0, f] = HI[n, f]
-            _sift_down(HK, HI, 0, n)
+            for f in range(5):
+                H[0, f] = H[n, f]
+            _sift_down(H, 0, n)
         pst[P_HLEN] = n
         if E[b, E_VER] == ver and b32[b, R_REF] == 0 and b32[b, R_PCN] != 0:
             E[b, E_VER] = 0
@@ -140,24 +142,38 @@ def _pop_valid(b32, E, HK, HI, pst):
 
 
 @njit(cache=True)
-def _take_new(blk, b32, kt, k32, st, stk, E, HK, HI, pst, tbl, at, n_new, pf, pp):
+def _take_new(blk, b32, kt, k32, st, stk, E, H, pst, tbl, at, n_new, pf, pp):
     """``get_new_blocks``: keyless free blocks first (vLLM's queue head), then evict the
-    hashed free block of smallest priority. The caller checked ``n_new ≤ free``."""
+    hashed free blocks of smallest priority (popped a batch at a time, the key-table rows
+    of the batch prefetched before the keys are dropped, as ``_hash_kernels._take_new``).
+    The caller checked ``n_new ≤ free``."""
     ev = 0
-    for k in range(n_new):
+    mask = kt.shape[0] - 1
+    k = 0
+    while k < n_new:
         b = st[ST_FQH]
         if b >= 0:
             _fq_remove(b32, st, b)
             if b32[b, R_PCN] != 0:  # not produced (keyless blocks only in the list)
                 _drop_key(blk, b32, kt, k32, st, stk, b)
                 ev += 1
-        else:
-            b = _pop_valid(b32, E, HK, HI, pst)
+            tbl[at + k] = b
+            b32[b, R_REF] = 1
+            k += 1
+            continue
+        k1 = min(k + _PF, n_new)
+        for j in range(k, k1):
+            b = _pop_valid(b32, E, H, pst)
+            tbl[at + j] = b
+            _prefetch_row(kt, blk[b, W_KEY] & mask)
+            _prefetch_row(kt, blk[b, W_PKEY] & mask)
+        for j in range(k, k1):
+            b = tbl[at + j]
             st[ST_FQLEN] -= 1
             _drop_key(blk, b32, kt, k32, st, stk, b)
             ev += 1
-        tbl[at + k] = b
-        b32[b, R_REF] = 1
+            b32[b, R_REF] = 1
+        k = k1
     st[ST_NCACHED] -= ev
     st[ST_NUSED] += n_new
     st[ST_EVICTIONS] += ev
@@ -177,7 +193,7 @@ def _cache(blk, b32, kt, k32, pcid, pcs, st, stk, E, pst, tbl, keys, lo, hi, seg
 
 
 @njit(cache=True)
-def _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end, block_size,
+def _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end, block_size,
            prompt_len, lookup_len, n_tokens, verify, tbl, tag, pf, pp):
     B = block_size
     code, h, held = lookup(blk, b32, kt, k32, pcid, pcs, keys, lookup_len // B, seg_id, seg_end, B,
@@ -203,23 +219,23 @@ def _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, 
         E[b, E_HITS] += 1
     t = max(n_tokens, hcap * B)
     nblk = (t + B - 1) // B
-    ev = _take_new(blk, b32, kt, k32, st, stk, E, HK, HI, pst, tbl, hcap, nblk - hcap, pf, pp)
+    ev = _take_new(blk, b32, kt, k32, st, stk, E, H, pst, tbl, hcap, nblk - hcap, pf, pp)
     _cache(blk, b32, kt, k32, pcid, pcs, st, stk, E, pst, tbl, keys, hcap, t // B, seg_id, seg_end, B, tag)
     return OK, hcap, held, ev, nblk
 
 
 @njit(cache=True)
-def admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end, block_size,
+def admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end, block_size,
           prompt_len, lookup_len, n_tokens, verify, tbl, tag, fa, pp):
     """``_hash_kernels.admit`` with priority eviction; *tag* is stored on the blocks the
     request caches. Returns (code, hit_blocks, held_tokens, evicted_blocks, n_blocks)."""
     pf = _fn(fa)
-    return _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end, block_size,
+    return _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end, block_size,
                   prompt_len, lookup_len, n_tokens, verify, tbl, tag, pf, pp)
 
 
 @njit(cache=True)
-def _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end, block_size, tbl,
+def _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end, block_size, tbl,
             n_blocks, n_computed, n_more, tag, pf, pp):
     B = block_size
     t = n_computed + n_more
@@ -229,23 +245,23 @@ def _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id,
         return False, n_blocks, 0
     ev = 0
     if n_new > 0:
-        ev = _take_new(blk, b32, kt, k32, st, stk, E, HK, HI, pst, tbl, n_blocks, n_new, pf, pp)
+        ev = _take_new(blk, b32, kt, k32, st, stk, E, H, pst, tbl, n_blocks, n_new, pf, pp)
     _cache(blk, b32, kt, k32, pcid, pcs, st, stk, E, pst, tbl, keys, n_computed // B, t // B, seg_id, seg_end, B,
            tag)
     return True, nblk, ev
 
 
 @njit(cache=True)
-def extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end, block_size, tbl,
+def extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end, block_size, tbl,
            n_blocks, n_computed, n_more, tag, fa, pp):
     """``_hash_kernels.extend`` with priority eviction: (ok, n_blocks, evicted blocks)."""
     pf = _fn(fa)
-    return _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end, block_size,
+    return _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end, block_size,
                    tbl, n_blocks, n_computed, n_more, tag, pf, pp)
 
 
 @njit(cache=True)
-def _free(b32, st, E, HK, HI, pst, tbl, n_blocks, pf, pp):
+def _free(b32, st, E, H, pst, tbl, n_blocks, pf, pp):
     for k in range(n_blocks - 1, -1, -1):
         b = tbl[k]
         b32[b, R_REF] -= 1
@@ -254,7 +270,7 @@ def _free(b32, st, E, HK, HI, pst, tbl, n_blocks, pf, pp):
             if b32[b, R_PCN] != 0:
                 pst[P_CLOCK] += 1
                 E[b, E_TIME] = pst[P_CLOCK]
-                _push(b32, E, HK, HI, pst, b, pf, pp)
+                _push(b32, E, H, pst, b, pf, pp)
                 st[ST_FQLEN] += 1
                 st[ST_NCACHED] += 1
             else:
@@ -262,23 +278,23 @@ def _free(b32, st, E, HK, HI, pst, tbl, n_blocks, pf, pp):
 
 
 @njit(cache=True)
-def free(b32, st, E, HK, HI, pst, tbl, n_blocks, fa, pp):
+def free(b32, st, E, H, pst, tbl, n_blocks, fa, pp):
     """Release a request's blocks tail first: keyless ones to the list head, hashed ones
     into the heap with a fresh release time (vLLM ``free_blocks``' tail append)."""
     pf = _fn(fa)
-    _free(b32, st, E, HK, HI, pst, tbl, n_blocks, pf, pp)
+    _free(b32, st, E, H, pst, tbl, n_blocks, pf, pp)
 
 
 @njit(cache=True)
-def rebuild(b32, E, HK, HI, pst, fa, pp):
+def rebuild(b32, E, H, pst, fa, pp):
     """Replace the heap by one entry per hashed free block (drops stale entries)."""
     pf = _fn(fa)
-    _rebuild(b32, E, HK, HI, pst, pf, pp)
+    _rebuild(b32, E, H, pst, pf, pp)
 
 
 @njit(cache=True)
 def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, prompt_len, kv_len, verify,
-            key_mask, E, HK, HI, pst, tag, fa, pp):
+            key_mask, E, H, pst, tag, fa, pp):
     """``_hash_kernels.run_seq`` with priority eviction: (code, hit_blocks, held,
     evicted_blocks, decoded, total evictions)."""
     pf = _fn(fa)
@@ -291,16 +307,16 @@ def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, pro
     mp = _block_keys_into(seg_id, seg_end, block_size, kv_len // block_size, key_mask, keys)
     if mp - 1 > pcid.shape[1]:
         return NEED_PIECES, mp, 0, 0, False, st[ST_EVICTIONS]
-    code, hcap, held, ev, nblk = _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id,
+    code, hcap, held, ev, nblk = _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id,
                                         seg_end, block_size, prompt_len, prompt_len, prompt_len, verify, tbl,
                                         tag, pf, pp)
     if code != OK:
         return code, hcap, held, ev, False, st[ST_EVICTIONS]
     ok = True
     if kv_len > prompt_len:
-        ok, nblk2, ev2 = _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, HK, HI, pst, keys, seg_id, seg_end,
+        ok, nblk2, ev2 = _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end,
                                  block_size, tbl, nblk, prompt_len, kv_len - prompt_len, tag, pf, pp)
         if ok:
             nblk = nblk2
-    _free(b32, st, E, HK, HI, pst, tbl, nblk, pf, pp)
+    _free(b32, st, E, H, pst, tbl, nblk, pf, pp)
     return OK, hcap, held, ev, ok, st[ST_EVICTIONS]

@@ -124,8 +124,7 @@ class PriorityBlockHashCache(BlockHashCache):
         nb = self.num_gpu_blocks
         self._E = np.zeros((nb, HP.NE), dtype=np.int64)
         cap = max(16, 2 * nb)
-        self._HK = np.zeros((cap, 3), dtype=np.float64)
-        self._HI = np.zeros((cap, 2), dtype=np.int64)
+        self._H = np.zeros((cap, 5), dtype=np.float64)
         self._pst = np.zeros(HP.NP, dtype=np.int64)
         self._tags = 0
         self._rtag: dict = {}  # tag of each running request
@@ -141,7 +140,7 @@ class PriorityBlockHashCache(BlockHashCache):
         return self._tags
 
     def _heap(self):
-        return self._E, self._HK, self._HI, self._pst
+        return self._E, self._H, self._pst
 
     def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
         """As :meth:`BlockHashCache.admit`, evicting by priority."""
@@ -207,7 +206,7 @@ class PriorityBlockHashCache(BlockHashCache):
         if self._scratch2.shape[1] * B < kv:
             self._scratch2 = np.zeros((2, max(-(-kv // B), 2 * self._scratch2.shape[1])), dtype=np.int64)
         args = (self._scratch2, seq.seg_id, seq.seg_end, B, seq.prompt_len, kv, self.verify, self._key_mask,
-                self._E, self._HK, self._HI, self._pst, rid if type(rid) is int else self._tag(rid),
+                self._E, self._H, self._pst, rid if type(rid) is int else self._tag(rid),
                 self._pf, self._pp)
         code, hit_blocks, held, ev, decoded, total_ev = HP.run_seq(
             self._blk, self._kt, self._pcid, self._pcs, self._state, *args)
@@ -233,5 +232,6 @@ class PriorityBlockHashCache(BlockHashCache):
         keyless = K.free_queue(self._b32, self._st)[: int(self._st[K.ST_FQLEN] - self._st[K.ST_NCACHED])]
         HP.rebuild(self._b32, *self._heap(), self._pf, self._pp)
         n = int(self._pst[HP.P_HLEN])
-        order = np.lexsort((self._HI[:n, 0], self._HK[:n, 2], self._HK[:n, 1], self._HK[:n, 0]))
-        return np.concatenate([keyless, self._HI[:n, 1][order]]).astype(np.int64)
+        H = self._H[:n]
+        order = np.lexsort((H[:, 3], H[:, 2], H[:, 1], H[:, 0]))
+        return np.concatenate([keyless, H[order, 4].astype(np.int64)])
