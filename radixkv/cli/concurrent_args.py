@@ -28,6 +28,7 @@ flag                                            meaning (default)
 ``--no-enable-chunked-prefill``                 its un-hit tokens fit the step (on)
 ``--long-prefill-token-threshold N``            vLLM rules: cap on one prefill chunk when
                                                 more than one request is eligible (0 = off)
+``--timeline PATH``                              write one CSV row per engine step (``replay``)
 ``--mfu F``, ``--mbu F``                        cost-model efficiencies (0.6, 0.8)
 ``--step-overhead-s T``                         fixed seconds per step (0)
 =============================================== =========================================
@@ -90,6 +91,8 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
                        help="vLLM rules: admit a request only when its un-hit tokens fit the step's budget")
     add("--long-prefill-token-threshold", type=_nonneg_int, default=0, metavar="N",
         help="vLLM rules: most tokens of one prefill chunk when more than one request is eligible (0 = off)")
+    add("--timeline", metavar="OUT.csv", default=None,
+        help="write one CSV row per engine step: running, waiting, batch tokens, pool running/cached/free slots")
     add("--mfu", type=float, default=0.6, help="achieved fraction of peak FLOP/s (cost model)")
     add("--mbu", type=float, default=0.8, help="achieved fraction of HBM bandwidth (cost model)")
     add("--step-overhead-s", type=float, default=0.0, help="fixed seconds added to every step")
@@ -197,4 +200,5 @@ def run_concurrent_from_args(trace, policy, args, progress=None):
         burstiness=float(getattr(args, "burstiness", 1.0)),
         seed=int(getattr(args, "seed", 0)),
     )
-    return replay_concurrent(trace, pol, cost, arrivals=arr, config=cfg, progress=progress)
+    return replay_concurrent(trace, pol, cost, arrivals=arr, config=cfg, progress=progress,
+                             timeline=bool(getattr(args, "timeline", None)))

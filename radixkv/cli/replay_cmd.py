@@ -270,7 +270,10 @@ def _run_concurrent(trace, spec, pool, args):
 
 # ---------------------------------------------------------------------- verbs
 def cmd_replay(args) -> int:
-    check_output_paths(args.json, args.per_request, inputs=[args.trace])
+    timeline = getattr(args, "timeline", None)
+    check_output_paths(args.json, args.per_request, timeline, inputs=[args.trace])
+    if timeline and args.mode != "concurrent":
+        raise ConfigError("--timeline records engine steps: it needs --mode concurrent", field="timeline")
     _check_pool_args(args)
     spec = parse_policy(args.policy, block_size=args.block_size, page_size=args.page_size)
     pool, desc = pool_for_policy(args, spec)
@@ -291,6 +294,9 @@ def cmd_replay(args) -> int:
     if args.per_request:
         rec.write_csv(args.per_request)
         print(f"wrote {args.per_request}")
+    if timeline:
+        rec.write_timeline_csv(timeline)
+        print(f"wrote {timeline}")
     return 0
 
 
@@ -304,6 +310,8 @@ def _policies(args) -> list[PolicySpec]:
 
 def cmd_compare(args) -> int:
     check_output_paths(args.json, inputs=[args.trace])
+    if getattr(args, "timeline", None):
+        raise ConfigError("--timeline is written by 'radixkv replay' (one policy)", field="timeline")
     _check_pool_args(args)
     specs = _policies(args)
     pools = [pool_for_policy(args, s, per_engine_rule=args.per_engine_rule) for s in specs]

@@ -180,8 +180,8 @@ def page_span(seg_id, seg_end, t, p):
 F_PARENT, F_START, F_END, F_SEQ, F_LOCK, F_TIME, F_NCHILD, F_ALIVE, F_K1, F_K2, F_T1, F_T2, F_DOWN = range(13)
 NF = 13  # F_DOWN: scratch link to the next node of a path being walked down
 (S_CLOCK, S_PUSH, S_HLEN, S_NNODES, S_FREE, S_PRIV, S_EVTOK, S_PROT, S_EVTOT, S_EVN, S_NFREE,
- S_HW, S_GUSED, S_GGARB, S_QFREE, S_QHW, S_P, S_CHUNK, S_NCOMPACT) = range(19)
-NS = 19
+ S_HW, S_GUSED, S_GGARB, S_QFREE, S_QHW, S_P, S_CHUNK, S_NCOMPACT, S_DEFER) = range(20)
+NS = 20  # S_DEFER ≠ 0: admit/extend leave the prefill checkpoint to ``commit``
 Q_OFF, Q_LEN, Q_REFS, Q_NEXT = range(4)
 R_NODE, R_OWNED, R_COMP, R_KVMAX, R_EVICTED, R_SEQ, R_PLEN = range(7)
 NR = 7
@@ -720,6 +720,14 @@ def _checkpoint(S, N, H1, H2, HP, G, Q, R, L):
 
 @njit(cache=True)
 def _after_prefill(S, N, H1, H2, HP, G, Q, R):
+    if S[S_DEFER] == 0:
+        commit(S, N, H1, H2, HP, G, Q, R)
+
+
+@njit(cache=True)
+def commit(S, N, H1, H2, HP, G, Q, R):
+    """Checkpoint a prefill: insert the computed prefix (page-aligned) unless the
+    request is past its prompt or ends with it; move the lock to the new node."""
     P = R[R_PLEN]
     c = R[R_COMP]
     if c > P or (c == P and R[R_KVMAX] == P):

@@ -121,6 +121,13 @@ class PrefixCache(ABC):
     #: ``"vllm"`` (the whole prompt must fit at admission, vLLM's ``KVCacheManager``) or
     #: ``"sglang"`` (``PrefillAdder`` budget; :mod:`radixkv.replay.sched_sglang`)
     admission_rule: str = "vllm"
+    #: decode promises the concurrent replay's fast-forward relies on to sample the pool
+    #: after skipped decode steps without stepping one token at a time (both False: it
+    #: steps). ``decode_free_first``: a decode takes free slots before evicting cached
+    #: ones, so while a free slot is left it evicts nothing. ``decode_slot_local``: a
+    #: decode that stays inside the request's last slot changes no slot count.
+    decode_free_first: bool = False
+    decode_slot_local: bool = False
 
     def __init__(self, num_slots: int, slot_tokens: int):
         from radixkv.errors import ConfigError

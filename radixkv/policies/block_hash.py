@@ -134,6 +134,7 @@ class BlockHashCache(PrefixCache):
     """
 
     name = "vllm"
+    decode_slot_local = True  # ``allocate_slots`` takes a block only when a token starts one
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16, *, verify: bool = False,
                  _key_bits: int = 64):

@@ -23,6 +23,7 @@ class NoCache(PrefixCache):
     """
 
     name = "none"
+    decode_free_first = True  # nothing is cached
 
     def __init__(self, num_slots: int, block_size: int = 1):
         super().__init__(num_slots, block_size)

@@ -192,6 +192,10 @@ class RadixCache(PrefixCache):
 
     name = "radix"
     admission_rule = "sglang"
+    decode_free_first = True  # ``_decode`` evicts only when no slot/page is free
+    #: ``match_and_lock`` / ``commit`` / ``defer_insert`` drive this class's kernels
+    #: (SGLang's batch visibility in :mod:`radixkv.replay.sched_sglang`)
+    batch_visibility = True
 
     def __init__(
         self,
@@ -349,8 +353,12 @@ class RadixCache(PrefixCache):
         seq : KVSeq
             The request's KV content.
         n_tokens : int or None
-            Tokens with KV after admission (hit + computed), ≤ P. Default: the prompt, or
-            its first chunk under ``chunked_prefill_size``.
+            Tokens with KV after admission (hit + computed). Default: the prompt, or its
+            first chunk under ``chunked_prefill_size``. Above P (≤ ``seq.kv_len``): the
+            re-admission of a retracted request, whose lookup and prefill cover prompt +
+            generated tokens (SGLang ``Req.init_next_round_input``: ``fill_ids =
+            origin_input_ids + output_ids``, matched up to ``len(fill_ids) − 1``); the
+            checkpoint after that prefill inserts all *n_tokens*.
 
         Returns
         -------
@@ -363,18 +371,81 @@ class RadixCache(PrefixCache):
         Raises
         ------
         ValueError
-            When *rid* is already running or *n_tokens* exceeds the prompt.
+            When *rid* is already running or *n_tokens* is not in ``[1, seq.kv_len]``.
         """
+        if n_tokens is not None and not 1 <= int(n_tokens) <= seq.kv_len:
+            raise ValueError(f"n_tokens must be in [1, kv_len={seq.kv_len}], got {n_tokens}")
+        return self._admit(rid, seq, n_tokens, None)
+
+    def match_and_lock(self, rid: int, seq: KVSeq, fill_tokens: int) -> Admission:
+        """Look up the first *fill_tokens* tokens of *seq* and lock the match; allocate nothing.
+
+        SGLang's batch formation (``scheduler.py :: Scheduler._get_new_batch_prefill_raw``):
+        ``Req.init_next_round_input`` matches ``fill_ids`` (the prompt, or prompt +
+        outputs after a retraction) against the tree, up to ``len(fill_ids) − 1`` tokens
+        rounded down to pages, and ``PrefillAdder._commit_prefill_admission`` locks the
+        matched node. The request's KV is allocated by later :meth:`extend` calls
+        (``ScheduleBatch.prepare_for_extend``), after every member of the batch has been
+        matched. With p > 1 the lookup may evict up to one page (the per-request page
+        of ``alloc_paged_token_slots_extend``) before the allocation does.
+
+        Returns
+        -------
+        Admission
+            ``hit_tokens``, ``held_tokens`` (token-level match of the first *fill_tokens*)
+            and the tokens evicted (0 with p = 1).
+
+        Raises
+        ------
+        ValueError
+            When *rid* is already running or *fill_tokens* is not in ``[1, seq.kv_len]``.
+        """
+        if not 1 <= int(fill_tokens) <= seq.kv_len:
+            raise ValueError(f"fill_tokens must be in [1, kv_len={seq.kv_len}], got {fill_tokens}")
+        adm = self._admit(rid, seq, 0, int(fill_tokens))
+        if adm is None:  # cannot happen: nothing is allocated beyond the match
+            raise RuntimeError(f"request {rid}: a lookup without allocation was refused")
+        return adm
+
+    @property
+    def defer_insert(self) -> bool:
+        """Whether a prefill's KV enters the tree only at :meth:`commit` (default False).
+
+        False: :meth:`admit` and :meth:`extend` insert the computed prompt prefix at once
+        (the sequential replay, where one request runs at a time). True: the concurrent
+        SGLang scheduler calls :meth:`commit` after the step's forward pass, as SGLang
+        inserts a prefill's tokens in ``process_batch_result_prefill`` →
+        ``tree_cache.cache_unfinished_req``, so members of one prefill batch cannot hit
+        each other (a finishing request inserts at :meth:`finish`).
+        """
+        return bool(self._S[K.S_DEFER])
+
+    @defer_insert.setter
+    def defer_insert(self, on: bool) -> None:
+        self._S[K.S_DEFER] = 1 if on else 0
+
+    def commit(self, rid: int) -> None:
+        """Insert request *rid*'s computed prompt prefix into the tree and move its lock
+        there (``cache_unfinished_req``; the checkpoint :meth:`admit`/:meth:`extend` make
+        themselves unless :attr:`defer_insert`). Nothing happens past the prompt (decode)
+        or when the request ends with its prompt (its :meth:`finish` inserts)."""
+        r = self._reqs[rid]
+        self._reserve(8, 0)
+        K.commit(*self._state(), r.row)
+        self._sync()
+
+    def _admit(self, rid, seq, n_tokens, fill_tokens):
         if rid in self._reqs:
             raise ValueError(f"request {rid} is already running")
         P = seq.prompt_len
-        if n_tokens is not None and int(n_tokens) > P:
-            raise ValueError(f"n_tokens={int(n_tokens)} exceeds the prompt ({P} tokens)")
+        if fill_tokens is None and n_tokens is not None and int(n_tokens) > P:
+            fill_tokens = int(n_tokens)
+        plen = P if fill_tokens is None else int(fill_tokens)
         if self.cache_last_token_on_stop and seq.kv_len > P:
             seq = _with_extra_token(seq)
-        self._reserve(self._node_budget(P), len(seq.seg_id))
+        self._reserve(self._node_budget(plen), len(seq.seg_id))
         r = _Req(seq)
-        ok, hit, held, ev = K.admit(*self._state(), r.row, seq.seg_id, seq.seg_end, P,
+        ok, hit, held, ev = K.admit(*self._state(), r.row, seq.seg_id, seq.seg_end, plen,
                                     -1 if n_tokens is None else int(n_tokens))
         if not ok:
             return None
@@ -396,7 +467,8 @@ class RadixCache(PrefixCache):
         seq : KVSeq
             The request's KV content.
         n_tokens : int or None
-            As in :meth:`admit`; the lookup key does not depend on it (≤ P).
+            As in :meth:`admit`: above P the key covers the first ``n_tokens − 1``
+            tokens (a retracted request's prompt + outputs), else the prompt's ``P − 1``.
 
         Returns
         -------
@@ -405,7 +477,8 @@ class RadixCache(PrefixCache):
             when the pool cannot make room.
         """
         p = self.page_size
-        key = (seq.prompt_len - 1) // p * p
+        fill = seq.prompt_len if n_tokens is None else max(int(n_tokens), seq.prompt_len)
+        key = (min(fill, seq.kv_len) - 1) // p * p
         return int(K.match_plan(self._S, self._N, self._H1, self._G, self._Q, seq.seg_id, seq.seg_end, key)[0])
 
     def extend(self, rid: int, n_tokens: int) -> bool:

@@ -289,6 +289,7 @@ class PriorityRadixCache(RadixCache):
     """
 
     name = "radix-priority"
+    batch_visibility = False  # its kernels insert at admit/extend (no deferred commit yet)
     #: default priority of the class (a subclass of :class:`EvictionPriority`, or None)
     eviction = None
 

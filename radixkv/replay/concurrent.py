@@ -13,7 +13,11 @@ The loop is a discrete-step simulation of a continuous-batching engine:
 When the engine is idle the clock jumps to the next arrival. A run of identical
 pure-decode steps (nothing to admit until a request finishes or a request arrives) is
 priced and applied in one go (``Scheduler.fast_forward``); it gives the same result as
-stepping one token at a time, because nothing is looked up or freed in between.
+stepping one token at a time, because nothing is looked up or freed in between, and
+``fast_forward`` returns the pool after each skipped step, so that every time-averaged
+metric (running requests, pool shares, fragmentation) is integrated step by step.
+``fast_forward=False`` steps every decode (same metrics, up to float rounding of the
+clock; slower).
 
 Per-request results are numpy columns (:class:`ConcurrentResult`); ``summary()`` gives the
 run's metrics with their units in the key names.
@@ -45,7 +49,22 @@ COLUMNS = {
     "held_tokens": "prompt tokens the pool held as a token-level prefix at the first admission (int64)",
     "evicted_tokens": "cached tokens evicted by the request's admissions (int64)",
     "preemptions": "times the request was preempted by recompute (int64)",
+    "admit_step": "engine step (1-based) of the first admission (int64)",
+    "finish_step": "engine step (1-based) in which the request finished (int64)",
     "recomputed_tokens": "tokens computed again by re-admissions after preemption (int64)",
+}
+
+
+#: per-step columns of the optional timeline (shape (steps,) each) and their units
+TIMELINE_COLUMNS = {
+    "step": "engine step, 1-based (int64)",
+    "time_s": "clock at the end of the step, s (the clock of the arrival times) (float64)",
+    "running": "requests running during the step (int64)",
+    "waiting": "requests waiting while the step runs (int64)",
+    "batch_tokens": "tokens computed in the step: prefill chunks + decodes (int64)",
+    "pool_running_slots": "slots held by running requests after the step (int64)",
+    "pool_cached_slots": "evictable cached slots after the step (int64)",
+    "pool_free_slots": "free slots after the step (int64)",
 }
 
 
@@ -79,6 +98,9 @@ class ConcurrentResult:
         running requests dt), ``cached_area`` (∫ evictable slots dt), ``capacity_tokens``.
     meta : dict
         Configuration (policy, scheduler knobs, cost parameters).
+    timeline : dict[str, np.ndarray] or None
+        One row per engine step when the replay was asked for it (``timeline=True``):
+        every key of :data:`TIMELINE_COLUMNS`, shape (steps,).
     """
 
     req_id: np.ndarray
@@ -92,6 +114,7 @@ class ConcurrentResult:
     prefill_flops_saved: float
     pool: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    timeline: dict | None = None
 
     def __len__(self) -> int:
         return len(self.req_id)
@@ -107,6 +130,19 @@ class ConcurrentResult:
 
         names = list(COLUMNS)
         write_columns_csv(path, self.req_id, names, [self.columns[c].tolist() for c in names], fmt=repr)
+
+    def write_timeline_csv(self, path) -> None:
+        """Write one row per engine step (the columns of :data:`TIMELINE_COLUMNS`) to *path*
+        atomically. Raises ValueError when the replay did not record a timeline."""
+        from radixkv.util import atomic_write_text
+
+        if self.timeline is None:
+            raise ValueError("this replay recorded no timeline: run replay_concurrent(..., timeline=True)")
+        names = list(TIMELINE_COLUMNS)
+        cols = [self.timeline[c].tolist() for c in names]
+        lines = [",".join(names)]
+        lines += [",".join(repr(v) for v in row) for row in zip(*cols)]
+        atomic_write_text(path, "\n".join(lines) + "\n")
 
     def write_json(self, path) -> None:
         """Write ``{"summary": summary(), "meta": meta}`` to *path* atomically (sorted keys;
@@ -201,6 +237,8 @@ def replay_concurrent(
     config: SchedulerConfig | None = None,
     progress=None,
     on_step=None,
+    fast_forward: bool = True,
+    timeline: bool = False,
 ) -> ConcurrentResult:
     """Replay *trace* through *policy* with requests running concurrently.
 
@@ -224,6 +262,10 @@ def replay_concurrent(
         :class:`~radixkv.replay.scheduler.StepPlan` (requests, tokens, preempted rows),
         ``k`` the steps it stands for (k > 1: a fast-forwarded run of k identical decode
         steps, every request of ``plan`` decoding one token in each).
+    fast_forward : bool
+        Apply runs of identical decode steps in one go (default True; same metrics).
+    timeline : bool
+        Record one row per engine step (``ConcurrentResult.timeline``; default False).
 
     Returns
     -------
@@ -249,6 +291,10 @@ def replay_concurrent(
     admit_s = [nan] * n
     first_tok = [nan] * n
     finish = [nan] * n
+    admit_step = [-1] * n
+    finish_step = [-1] * n
+    tl = {c: [] for c in TIMELINE_COLUMNS} if timeline else None
+    n_slots = policy.num_slots
     now = arr[0] if n else 0.0
     t0 = now
     nxt = 0  # next request to arrive
@@ -266,11 +312,13 @@ def replay_concurrent(
             sch.enqueue(nxt)
             nxt += 1
         if not sch.running and not sch.waiting:
+            sch.idle()
             now = max(now, arr[nxt])
             continue
         plan = sch.schedule()
         for i in sch.admitted_now:
             admit_s[i] = now
+            admit_step[i] = steps + 1
         if plan.empty:
             if not sch.running:
                 i = sch.waiting[0]
@@ -282,7 +330,8 @@ def replay_concurrent(
                 )
             continue  # only preemptions happened; schedule again at the same time
         peak = max(peak, plan.n_running)
-        if sch.can_fast_forward(plan):
+        t_start = now
+        if fast_forward and sch.can_fast_forward(plan):
             k = sch.max_fast_forward()
             batch = len(plan.req)
             dts = cost.decode_steps_time(batch, int(sum(plan.ctx)), k)
@@ -292,8 +341,21 @@ def replay_concurrent(
                 if j + 1 < k:
                     k = j + 1
                     dts = dts[:k]
-            dt = float(dts.sum())
-            sch.fast_forward(k)
+            pools = sch.fast_forward(k)
+            # every skipped step is integrated as the step-by-step loop integrates it
+            n_run = plan.n_running
+            for j, (used, cached, valid) in enumerate(pools.tolist()):
+                dt = float(dts[j])
+                area += n_run * dt
+                busy += dt
+                waste = (used + cached) * S - valid
+                pool["waste_area"] += waste * dt
+                pool["waste_peak"] = max(pool["waste_peak"], waste)
+                pool["used_area"] += used * dt
+                pool["cached_area"] += cached * dt
+                now += dt
+                if tl is not None:
+                    _tl_row(tl, steps + j + 1, now, n_run, len(sch.waiting), batch, used, cached, n_slots)
             steps += k
         else:
             dt = float(cost.step_time(plan.new, plan.ctx))
@@ -304,29 +366,49 @@ def replay_concurrent(
             sch.complete(plan)
             steps += 1
             k = 1
+            area += plan.n_running * dt
+            busy += dt
+            st = policy.stats(detail=False)
+            waste = (st.used_slots + st.cached_slots) * S - st.valid_tokens
+            pool["waste_area"] += waste * dt
+            pool["waste_peak"] = max(pool["waste_peak"], waste)
+            pool["used_area"] += st.used_slots * dt
+            pool["cached_area"] += st.cached_slots * dt
+            now += dt
+            if tl is not None:
+                _tl_row(tl, steps, now, plan.n_running, len(sch.waiting), int(sum(plan.new)),
+                        st.used_slots, st.cached_slots, n_slots)
         if on_step is not None:
-            on_step(now, plan, k)
-        area += plan.n_running * dt
-        busy += dt
-        st = policy.stats(detail=False)
-        waste = (st.used_slots + st.cached_slots) * S - st.valid_tokens
-        pool["waste_area"] += waste * dt
-        pool["waste_peak"] = max(pool["waste_peak"], waste)
-        pool["used_area"] += st.used_slots * dt
-        pool["cached_area"] += st.cached_slots * dt
-        now += dt
+            on_step(t_start, plan, k)
         for i in sch.first_token_now:
             if math.isnan(first_tok[i]):
                 first_tok[i] = now
         sch.first_token_now = []
         for i in sch.finished_now:
             finish[i] = now
+            finish_step[i] = steps
         done += len(sch.finished_now)
         if sch.finished_now and progress is not None:
             progress(done, n)
         sch.finished_now = []
-    return _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, finish,
-                   t0, now, busy, area, peak, steps, pf_flops, pool)
+    res = _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, finish,
+                  t0, now, busy, area, peak, steps, pf_flops, pool)
+    res.columns["admit_step"] = np.asarray(admit_step, dtype=np.int64)
+    res.columns["finish_step"] = np.asarray(finish_step, dtype=np.int64)
+    if tl is not None:
+        res.timeline = {c: np.asarray(v, dtype=np.float64 if c == "time_s" else np.int64) for c, v in tl.items()}
+    return res
+
+
+def _tl_row(tl, step, t, running, waiting, tokens, used, cached, n_slots):
+    tl["step"].append(step)
+    tl["time_s"].append(t)
+    tl["running"].append(running)
+    tl["waiting"].append(waiting)
+    tl["batch_tokens"].append(tokens)
+    tl["pool_running_slots"].append(used)
+    tl["pool_cached_slots"].append(cached)
+    tl["pool_free_slots"].append(n_slots - used - cached)
 
 
 def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, finish,

@@ -1,36 +1,94 @@
 """SGLang's step rules for the concurrent replay (SGLang 0.5.23, ``python/sglang/srt/managers/``).
 
-:class:`SglangScheduler` builds each step as SGLang's default (non-mixed) scheduler does:
+:class:`SglangScheduler` builds each step as SGLang's default scheduler (not mixed-chunk,
+no overlap, no priorities, page-1 or paged full-attention KV) does. Each rule names the
+function it follows:
 
 - **Prefill first** (``scheduler.py :: Scheduler.get_next_batch_to_run``): a step is a
-  prefill batch (the unfinished chunked request, then new admissions) when there is one,
-  else a decode of every running request.
-- **Admission budget** (``schedule_policy.py :: PrefillAdder``): a request is admitted
-  when ``extend + min(N − g, 4096) ≤ rem_total``, where extend is its un-hit prompt and
-  ``rem_total = (free + evictable tokens) − Σ_running min(N_r − g_r, 4096) ·
-  new_token_ratio − Σ(already admitted in this pass)``. When nothing runs, the first
-  waiting request is admitted whenever the pool takes it.
-- **new_token_ratio** (``scheduler.py``): starts at 0.7, decays by
-  ``(0.7 − 0.7·0.14) / 600`` per decode step to ``0.098`` and is reset to 0.7 after a
-  retraction (``SGLANG_INIT_NEW_TOKEN_RATIO``, ``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR``,
-  ``SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS``, ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`` in
-  ``sglang/srt/environ.py``).
-- **Decode retraction** (``schedule_batch.py :: ScheduleBatch.retract_decode``): a decode
-  that runs out of KV retracts the request with the fewest outputs, longest prompt on
-  ties, to the front of the waiting queue.
-- ``schedule_policy='lpm'``: before each admission pass the waiting queue is sorted by
-  longest cached prefix (stable), falling back to FCFS when more than 128 requests wait
-  (``SchedulePolicy._determine_active_policy``).
+  prefill batch — the unfinished chunked request(s) first, then new admissions — when
+  there is one, else a decode of every running request.
+- **Batch formation, then allocation, then insertion** (``_get_new_batch_prefill_raw``,
+  ``ScheduleBatch.prepare_for_extend``, ``process_batch_result_prefill``): each admitted
+  request is matched against the tree and its match locked as the batch forms
+  (``Req.init_next_round_input``, ``PrefillAdder._commit_prefill_admission``); the
+  batch's KV is allocated after all members are matched; a prefill's tokens enter the
+  tree only after the step's forward pass (``cache_unfinished_req``, per chunk with
+  chunked prefill; ``cache_finished_req`` for a request that ends). So **members of one
+  prefill batch never hit each other**, and a request admitted next to a chunked request
+  hits only the chunks inserted by earlier steps. This needs a policy class declaring
+  ``batch_visibility`` (``match_and_lock`` / ``commit`` / ``defer_insert``:
+  :class:`radixkv.policies.radix.RadixCache`); any other policy is admitted with
+  ``admit`` at formation time and makes its KV visible by its own rules.
+- **Admission budget** (``schedule_policy.py :: PrefillAdder``, ``mem_cache/prefill_budget.py
+  :: PrefillBudget``): ``rem_total = free + evictable tokens (live, after the candidate's
+  match is locked) − offset``; the offset starts at ``Σ_running min(N_r − g_r, 4096) ·
+  new_token_ratio`` (``_get_running_request_total_token_offset``; a request in its
+  chunked prefill is not in the running batch) and every admission adds
+  ``ceil_page(chunk) + page + (min(N, 4096) if its prefill ends in this step else 0)``
+  (``_update_prefill_budget`` → ``PrefillBudget.reserve``). A request is admitted when
+  ``extend + min(N − g, 4096) + page < rem_total`` (``add_one_req`` →
+  ``check_prefill``), its extend being fill − hit. Admission stops at the first refusal,
+  when ``rem_total ≤ 0`` after an admission (``budget_state`` NO_TOKEN), when the chunk
+  budget is spent (OTHER), or at ``max_num_seqs``. A prompt longer than the chunk budget
+  left is truncated to it, page-aligned (``_select_prefill_admission``), and becomes the
+  chunked request. A chunked request's next chunk takes ``min(budget, rem_total)`` (or
+  the whole budget if that is ≤ 0: ``available_chunk_tokens``). One radixkv-specific
+  rule: when nothing runs and nothing was admitted, the first waiting request is admitted
+  whenever its first chunk fits the pool — SGLang instead clips ``max_new_tokens`` at
+  arrival so such a request always passes the check.
+- **new_token_ratio** (``scheduler_components/new_token_ratio_tracker.py ::
+  NewTokenRatioTracker``): starts at 0.7; each decode step without retraction decays it
+  by ``(0.7 − 0.7·0.14) / 600`` down to 0.098 (``decay_step``); after a retraction it is
+  set to ``min(1, (Σ g_r + 20·n) / (Σ N_r + 1))`` over the n requests left running
+  (``estimate_new_token_ratio_after_retract``, ``SGLANG_RETRACT_DECODE_STEPS = 20``);
+  it is reset to 0.7 when the engine is idle (``self_check_during_idle`` → ``reset``).
+- **Decode retraction** (``schedule_batch.py :: ScheduleBatch.retract_decode`` and
+  ``_get_decode_retraction_order``): when the decode does not fit, requests are retracted
+  — fewest outputs first, then the longest prompt, then the latest in the batch — until
+  it fits; each is released without inserting anything (``release_req``) and
+  **appended** to the waiting queue (``Scheduler._add_request_to_queue``).
+- **What a retracted request re-matches** (``Req.init_next_round_input``): its
+  ``fill_ids`` are prompt + generated tokens, matched up to ``len(fill_ids) − 1``; it
+  recomputes the rest, and its next prefill inserts all of ``fill_ids``.
+- ``schedule_policy='lpm'`` (``SchedulePolicy.calc_priority``): before each admission
+  pass the waiting queue is sorted by longest cached prefix (stable), falling back to FCFS
+  when more than 128 requests wait (``_determine_active_policy``). **In-batch prefix
+  deprioritisation** (``_compute_prefix_matches``): walking the queue in its current
+  order, a request whose cached prefix is ≤ 32 tokens is checked against the fills of
+  the earlier such requests (SGLang's simulated waiting-queue tree); if it shares ≥ 32
+  leading tokens with one of them it goes to the back (it will hit that request's KV in a
+  later batch), else its fill joins the simulated tree
+  (``IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD`` = ``..._DEPRIORITIZE_THRESHOLD`` = 32).
 """
 from __future__ import annotations
 
-from radixkv.replay.scheduler import Scheduler, StepPlan
+from collections import deque
+
+from radixkv.errors import ConfigError
+from radixkv.replay.scheduler import LPM_MAX_WAITING, Scheduler, StepPlan
 
 #: SGLang's defaults (``sglang/srt/environ.py``)
 SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
 SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = 600
 SGLANG_CLIP_MAX_NEW_TOKENS = 4096
+SGLANG_RETRACT_DECODE_STEPS = 20
+#: ``schedule_policy.py``: IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD / _DEPRIORITIZE_THRESHOLD
+IN_BATCH_PREFIX_CHECK_THRESHOLD = 32
+IN_BATCH_PREFIX_DEPRIORITIZE_THRESHOLD = 32
+
+
+def ratio_after_retract(gen, max_new) -> float:
+    """``NewTokenRatioTracker.estimate_new_token_ratio_after_retract`` over the requests
+    left running: ``min(1, (Σ generated + 20 · n) / (Σ max_new_tokens + 1))``.
+
+    Parameters
+    ----------
+    gen, max_new : sequences of int
+        Per remaining request: output tokens generated so far, and its output length N.
+    """
+    gen, max_new = list(gen), list(max_new)
+    return min(1.0, (sum(gen) + SGLANG_RETRACT_DECODE_STEPS * len(gen)) / (sum(max_new) + 1))
 
 
 class SglangScheduler(Scheduler):
@@ -42,6 +100,10 @@ class SglangScheduler(Scheduler):
     ----------
     ratio : float
         SGLang's ``new_token_ratio`` now.
+    deferred : bool
+        Whether the policy class declares ``batch_visibility`` (it provides
+        ``match_and_lock``, ``commit`` and ``defer_insert``); ``defer_insert`` is then
+        switched on.
     """
 
     def __init__(self, trace, policy, config):
@@ -49,57 +111,206 @@ class SglangScheduler(Scheduler):
         self.ratio = SGLANG_INIT_NEW_TOKEN_RATIO
         self.ratio_min = SGLANG_INIT_NEW_TOKEN_RATIO * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
         self.ratio_decay = (self.ratio - self.ratio_min) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
-        self._rem_total = 0.0
+        self.deferred = bool(getattr(policy, "batch_visibility", False))
+        if self.deferred:
+            policy.defer_insert = True
+        self._page = int(policy.slot_tokens)
+        if config.max_num_batched_tokens < self._page:
+            raise ConfigError(
+                f"SGLang's rules cut prefill chunks in whole pages: --max-num-batched-tokens "
+                f"(--chunked-prefill-size) {config.max_num_batched_tokens} is below the page size {self._page}",
+                field="max_num_batched_tokens",
+            )
+
+    # ------------------------------------------------------------------ helpers
+    def _ceil_page(self, t: int) -> int:
+        p = self._page
+        return -(-t // p) * p
+
+    def _room_tokens(self) -> int:
+        """``allocator.available_size() + tree_cache.evictable_size()`` (tokens)."""
+        return int(self.policy.room_slots()) * self.policy.slot_tokens
+
+    def _fill_key(self, i: int):
+        """Identity of request *i*'s first 32 fill tokens (None if its fill is shorter)."""
+        t = IN_BATCH_PREFIX_DEPRIORITIZE_THRESHOLD
+        if self._n_tok(i) < t:
+            return None
+        seq = self.trace.kv_seq(i)
+        out = []
+        start = 0
+        for sid, end in zip(seq.seg_id.tolist(), seq.seg_end.tolist()):
+            if start >= t:
+                break
+            out.append((sid, start))
+            start = end
+        return tuple(out)
+
+    # ------------------------------------------------------------------ queue order
+    def _order_waiting(self) -> None:
+        """``SchedulePolicy.calc_priority`` for ``lpm``: longest cached prefix first, the
+        in-batch-deprioritised requests last (module docstring)."""
+        if self.cfg.schedule_policy != "lpm" or len(self.waiting) > LPM_MAX_WAITING or not self.waiting:
+            return
+        tr = self.trace
+        seen = set()
+        keyed = []
+        for k, i in enumerate(self.waiting):
+            n = self._n_tok(i)
+            hit = int(self._peek(tr.kv_seq(i), n))
+            late = False
+            if hit <= IN_BATCH_PREFIX_CHECK_THRESHOLD:
+                key = self._fill_key(i)
+                if key is not None and key in seen:
+                    late = True
+                elif key is not None:
+                    seen.add(key)
+            keyed.append(((1, 0) if late else (0, -hit), k, i))
+        keyed.sort()
+        self.waiting = deque(i for _, _, i in keyed)
 
     # ------------------------------------------------------------------ retraction
     def _victim(self) -> int:
-        """``ScheduleBatch.retract_decode``: fewest outputs first, then the longest prompt."""
+        """``ScheduleBatch._get_decode_retraction_order``: fewest outputs, then the longest
+        prompt, then the latest in the batch."""
         return min(self.running, key=lambda r: (self.gen[r], -self.P[r], -self.running.index(r)))
 
-    def _on_preempt(self, v: int) -> None:
+    def _requeue(self, v: int) -> None:
+        """``Scheduler._add_request_to_queue(req, is_retracted=True)``: appended."""
+        self.waiting.append(v)
+
+    def idle(self) -> None:
+        """``self_check_during_idle`` → ``NewTokenRatioTracker.reset``."""
         self.ratio = SGLANG_INIT_NEW_TOKEN_RATIO
 
-    # ------------------------------------------------------------------ admission budget
-    def _begin_admit_pass(self) -> None:
-        clip = SGLANG_CLIP_MAX_NEW_TOKENS
-        reserved = sum(min(self.N[r] - self.gen[r], clip) * self.ratio for r in self.running)
-        self._rem_total = int(self.policy.room_slots()) * self.policy.slot_tokens - reserved
-
-    def _may_admit(self, i: int, seq, n_tok: int) -> bool:
-        peek = int(self._peek(seq, n_tok)) if self._peek is not None else 0
-        need = (n_tok - peek) + min(self.N[i] - self.gen[i], SGLANG_CLIP_MAX_NEW_TOKENS)
-        return not (need > self._rem_total and self.running)
-
-    def _admitted(self, i: int, n_tok: int, hit: int) -> None:
-        self._rem_total -= (n_tok - hit) + min(self.N[i] - self.gen[i], SGLANG_CLIP_MAX_NEW_TOKENS)
+    def _prefilled(self, r: int) -> None:
+        if self.deferred:
+            self.policy.commit(r)  # cache_unfinished_req
 
     # ------------------------------------------------------------------ one step
     def schedule(self) -> StepPlan:
         """Build one step's batch: a prefill batch if there is one, else a decode of all."""
         plan = StepPlan([], [], [], [])
         self.admitted_now = []
-        budget = self.cfg.max_num_batched_tokens
-        for r in list(self.running):
+        clip = SGLANG_CLIP_MAX_NEW_TOKENS
+        p = self._page
+        budget = self.cfg.max_num_batched_tokens  # rem_chunk_tokens
+        chunking = [r for r in self.running if self.ctx[r] < self.target[r]]
+        offset = sum(min(self.N[r] - self.gen[r], clip) * self.ratio
+                     for r in self.running if self.ctx[r] >= self.target[r])
+        alloc = []  # (request, tokens) allocated after the batch forms (prepare_for_extend)
+        # 1. the unfinished chunked prefills (PrefillAdder.add_chunked_req)
+        for r in chunking:
             if budget <= 0:
                 break
-            if r in self.running and self.ctx[r] < self.target[r]:
-                c = self._serve_running(r, plan, budget)
-                budget -= max(c, 0)
-        if self.waiting and plan.preempted == 0:
-            budget = self._admit_pass(plan, budget)
-        if plan.empty:
-            for r in list(self.running):
-                if r in self.running:
-                    self._serve_running(r, plan, 1)
-            if plan.req:
-                self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
+            rem = self._room_tokens() - offset
+            avail = min(budget, int(rem)) if rem > 0 else budget
+            left = self.target[r] - self.ctx[r]
+            c = min(left, avail)
+            offset += self._ceil_page(c) + p + (min(self.N[r], clip) if c >= left else 0)
+            budget -= self._ceil_page(c)
+            self._plan_add(plan, r, c)
+            alloc.append((r, c))
+        # 2. new requests (the waiting-queue loop of _get_new_batch_prefill_raw)
+        if self.waiting and budget > 0:
+            self._order_waiting()
+            while self.waiting:
+                if budget <= 0:
+                    break
+                if len(self.running) >= self.cfg.max_num_seqs:
+                    plan.blocked = True
+                    break
+                i = self.waiting[0]
+                seq = self.trace.kv_seq(i)
+                fill = self._n_tok(i)
+                if self.deferred:
+                    adm = self.policy.match_and_lock(i, seq, fill)
+                    h = int(adm.hit_tokens)
+                else:
+                    adm = None
+                    h = int(self._peek(seq, fill)) if self._peek is not None else 0
+                extend = fill - h
+                max_new = min(max(self.N[i] - self.gen[i], 0), clip)
+                lone = not self.running and not plan.req
+                fits = extend + max_new + p < self._room_tokens() - offset  # check_prefill
+                c = extend
+                if self._ceil_page(extend) > budget:  # truncated: the new chunked request
+                    c = (h + budget // p * p) // p * p - h
+                ok = c > 0 and (fits or (lone and self._lone_fits(i, h, c)))
+                if not ok:
+                    if self.deferred:
+                        self.policy.preempt(i)  # drop the lock; nothing was allocated
+                    plan.blocked = True
+                    break
+                if not self.deferred:
+                    adm = self._admit(i, seq, fill, h + c)
+                    if adm is None:
+                        plan.blocked = True
+                        break
+                    h = int(adm.hit_tokens)
+                    c = max(min(c, fill - h), 0)
+                self.waiting.popleft()
+                self._record_admission(i, adm, fill)
+                self.ctx[i] = h
+                self.target[i] = fill
+                self.running.append(i)
+                chunked = h + c < fill
+                offset += self._ceil_page(c) + p + (0 if chunked else min(self.N[i], clip))
+                budget -= self._ceil_page(c)
+                if self.deferred:
+                    self.kv[i] = h
+                    alloc.append((i, c))
+                else:
+                    self.kv[i] = self._kv_after_admit(i, h, fill, h + c)
+                if c > 0:
+                    self._plan_add(plan, i, c)
+                if self._room_tokens() - offset <= 0:  # budget_state: NO_TOKEN
+                    plan.blocked = bool(self.waiting)
+                    break
+        # 3. allocate the batch's KV (ScheduleBatch.prepare_for_extend)
+        for r, c in alloc:
+            if r in self.running:
+                self._grow(r, self.ctx[r] + c, plan)
+        if plan.req:
+            plan.n_running = len(self.running)
+            return plan
+        # 4. decode (update_running_batch): retract until it fits, else decay the ratio
+        for r in list(self.running):
+            if r in self.running:
+                self._serve_running(r, plan, 1)
+        if plan.preempted:
+            self.ratio = ratio_after_retract((self.gen[r] for r in self.running), (self.N[r] for r in self.running))
+        elif plan.req:
+            self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
         plan.n_running = len(self.running)
         return plan
+
+    def _plan_add(self, plan: StepPlan, r: int, c: int) -> None:
+        plan.req.append(r)
+        plan.new.append(c)
+        plan.ctx.append(self.ctx[r])
+        plan.prefill.append(True)
+
+    def _lone_fits(self, i: int, h: int, c: int) -> bool:
+        """The idle-engine exception (module docstring): the first chunk fits the pool."""
+        S = self.policy.slot_tokens
+        return -(-(h + c) // S) - h // S <= int(self.policy.room_slots())
+
+    def _record_admission(self, i: int, adm, fill: int) -> None:
+        h = int(adm.hit_tokens)
+        if self.admissions[i] == 0:
+            self.hit[i] = h
+            self.held[i] = int(adm.held_tokens)
+            self.admitted_now.append(i)
+        else:
+            self.recomputed[i] += fill - h
+        self.evicted[i] += int(adm.evicted_tokens)
+        self.admissions[i] += 1
 
     def can_fast_forward(self, plan: StepPlan) -> bool:
         """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival.
 
-        A pure-decode step without preemption that served every running request, with an
+        A pure-decode step without retraction that served every running request, with an
         empty waiting queue, or (FCFS) a queue blocked by ``max_num_seqs`` (a budget
         refusal may lift as ``new_token_ratio`` decays, so it does not fast-forward).
         """

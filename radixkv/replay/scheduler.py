@@ -309,11 +309,15 @@ class Scheduler:
         self.kv[v] = 0
         self.target[v] = 0
         self.preemptions[v] += 1
-        self.waiting.appendleft(v)
-        self._on_preempt(v)
+        self._requeue(v)
 
-    def _on_preempt(self, v: int) -> None:
-        """Engine bookkeeping after request *v* was preempted (default: none)."""
+    def _requeue(self, v: int) -> None:
+        """Put preempted request *v* back in the waiting queue (default: at the front,
+        vLLM's ``self.waiting.prepend_request``)."""
+        self.waiting.appendleft(v)
+
+    def idle(self) -> None:
+        """The engine has nothing to run (no running, no waiting request); default: nothing."""
 
     def _victim(self) -> int:
         """The running request to preempt when a request cannot get KV."""
@@ -443,6 +447,7 @@ class Scheduler:
             if pre:
                 self.ctx[r] += n
                 if self.ctx[r] < self.target[r]:
+                    self._prefilled(r)
                     continue
                 if self.N[r] > 0:
                     if self.gen[r] == 0:
@@ -453,9 +458,14 @@ class Scheduler:
                 self.gen[r] += 1
             if self.gen[r] >= self.N[r]:
                 self._finish(r)
+            elif pre:
+                self._prefilled(r)
         if self.finished_now:
             fin = set(self.finished_now)
             self.running = [r for r in self.running if r not in fin]
+
+    def _prefilled(self, r: int) -> None:
+        """Engine hook: a prefill chunk of *r* ran and *r* goes on (default: nothing)."""
 
     def _finish(self, r: int) -> None:
         self.policy.finish(r)
@@ -496,8 +506,28 @@ class Scheduler:
                 hi = mid
         return lo
 
-    def fast_forward(self, k: int) -> None:
+    def fast_forward(self, k: int) -> np.ndarray:
         """Run the k − 1 decode steps after the scheduled one and complete all k.
+
+        Returns the pool after each of the k steps, as the step-by-step replay samples it
+        (``policy.stats(detail=False)`` after the step; after the finishes for step k),
+        so that every time-averaged metric is integrated over the skipped steps exactly.
+
+        The policy is advanced as cheaply as its declared decode behaviour allows:
+
+        - ``decode_free_first`` (decode takes free slots before evicting cached ones):
+          while the new slots of a run of steps leave at least one slot free, the run is
+          one ``extend(r, m)`` per request and its stats follow from the first sample
+          (used += new slots, free −= new slots, valid += one token per request per step);
+        - ``decode_slot_local`` (a decode that stays inside the request's last slot changes
+          no slot count): a request is extended only at the steps where its next token
+          starts a slot (catching up its lag); valid tokens are corrected by the lag;
+        - otherwise every step is ``extend(r, 1)`` for each request, then ``stats``.
+
+        Returns
+        -------
+        np.ndarray, int64, shape (k, 3)
+            Per step: ``used_slots``, ``cached_slots``, ``valid_tokens``.
 
         Raises
         ------
@@ -505,17 +535,15 @@ class Scheduler:
             When the policy refuses KV that its reported room said was there (a policy
             that under-reports room must provide ``room_slots``).
         """
+        run = list(self.running)
+        out = np.empty((k, 3), dtype=np.int64)
         if k > 1:
-            for r in self.running:
-                if not self.policy.extend(r, k - 1):
-                    raise RuntimeError(
-                        f"{type(self.policy).__name__} refused {k - 1} decode tokens of request {r} "
-                        "that its reported free + evictable room should hold"
-                    )
+            self._decode_run(run, k, out)
+            for r in run:
                 self.kv[r] += k - 1
         self.finished_now = []
         self.first_token_now = []
-        for r in self.running:
+        for r in run:
             self.ctx[r] += k
             self.gen[r] += k
             if self.gen[r] >= self.N[r]:
@@ -523,7 +551,98 @@ class Scheduler:
         if self.finished_now:
             fin = set(self.finished_now)
             self.running = [r for r in self.running if r not in fin]
+        out[k - 1] = self._pool_sample()
         self._on_fast_forward(k)
+        return out
+
+    def _pool_sample(self):
+        st = self.policy.stats(detail=False)
+        return st.used_slots, st.cached_slots, st.valid_tokens
+
+    def _extend(self, r: int, m: int) -> None:
+        if m > 0 and not self.policy.extend(r, m):
+            raise RuntimeError(
+                f"{type(self.policy).__name__} refused {m} decode tokens of request {r} "
+                "that its reported free + evictable room should hold"
+            )
+
+    def _decode_run(self, run, k: int, out: np.ndarray) -> None:
+        """Extend every request of *run* by k − 1 tokens (running order within each step);
+        fill ``out[0:k-1]``, the pool after steps 1 … k − 1 (step 1 was applied by
+        ``schedule``; ``out[t]`` is the pool when every request has t extra tokens)."""
+        pol = self.policy
+        n = len(run)
+        S = int(pol.slot_tokens)
+        kv0 = np.fromiter((self.kv[r] for r in run), dtype=np.int64, count=n)
+        out[0] = self._pool_sample()
+        free_first = bool(getattr(pol, "decode_free_first", False))
+        if not free_first and getattr(pol, "decode_slot_local", False):
+            self._lazy_slot_local(run, kv0, S, k, out)
+            return
+        newc = None
+        if free_first:  # newc[t]: new slots of the whole run after t extra tokens
+            ts = np.arange(1, k, dtype=np.int64)
+            res, cnt = np.unique(kv0 % S, return_counts=True)
+            newc = np.zeros(k, dtype=np.int64)
+            for rr, c in zip(res.tolist(), cnt.tolist()):
+                newc[1:] += c * (-(-(rr + ts) // S) - (-(-rr // S)))
+        t = 1  # every request holds t − 1 extra tokens
+        while t <= k - 2:
+            if newc is not None:
+                st = pol.stats(detail=False)
+                lim = newc[t - 1] + st.free_slots - 1  # keep one slot free: nothing is evicted
+                m = int(np.searchsorted(newc[t:k - 1], lim, side="right"))
+                if m > 0:
+                    for r in run:
+                        self._extend(r, m)
+                    seg = np.arange(t, t + m)
+                    out[t:t + m, 0] = st.used_slots + newc[seg] - newc[t - 1]
+                    out[t:t + m, 1] = st.cached_slots
+                    out[t:t + m, 2] = st.valid_tokens + n * (seg - (t - 1))
+                    t += m
+                    continue
+            for r in run:
+                self._extend(r, 1)
+            out[t] = self._pool_sample()
+            t += 1
+        for r in run:  # step k
+            self._extend(r, 1)
+
+    def _lazy_slot_local(self, run, kv0, S: int, k: int, out: np.ndarray) -> None:
+        """The k − 1 extra tokens of a ``decode_slot_local`` policy's run: at each step only
+        the requests whose token starts a new slot are extended (in running order,
+        catching up their lag); the lag's tokens are added to the sampled valid tokens."""
+        n = len(run)
+        by_res: dict[int, list] = {}
+        for i, x in enumerate(kv0.tolist()):
+            by_res.setdefault(x % S, []).append(i)
+        applied = [0] * n
+        u, c, v = out[0]
+        A = 0  # Σ applied
+        last = 1
+        for t in range(1, k - 1):
+            hit = by_res.get((1 - t) % S)  # token kv0 + t − 1 starts a slot
+            if not hit:
+                continue
+            if t > last:
+                seg = np.arange(last, t)
+                out[last:t, 0] = u
+                out[last:t, 1] = c
+                out[last:t, 2] = v + n * seg - A
+            for i in hit:
+                self._extend(run[i], t - applied[i])
+                A += t - applied[i]
+                applied[i] = t
+            u, c, v = self._pool_sample()
+            out[t] = (u, c, v + n * t - A)
+            last = t + 1
+        if last < k - 1:
+            seg = np.arange(last, k - 1)
+            out[last:k - 1, 0] = u
+            out[last:k - 1, 1] = c
+            out[last:k - 1, 2] = v + n * seg - A
+        for i, r in enumerate(run):  # step k: everyone to k − 1 extra tokens
+            self._extend(r, (k - 1) - applied[i])
 
     def _on_fast_forward(self, k: int) -> None:
         """Engine bookkeeping after :meth:`fast_forward` of *k* steps (default: none)."""

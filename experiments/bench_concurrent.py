@@ -1,0 +1,72 @@
+"""Benchmark: concurrent replay against the sequential replay of the same trace and policy.
+
+The Mooncake conversation trace ($RADIXKV_SHARED/traces/mooncake-fast25, 12,031
+requests, 512-token units), Llama-3.1-8B on one A100-80GB (pool from radixkv's memory
+model), trace timestamps × ``--time-scale`` (default 10, as the paper's concurrent runs).
+For each policy the script times, in this one process, with the trace already loaded and
+the kernels compiled: the sequential replay (``run_replay``), the concurrent replay with
+fast-forward (the default) and, with ``--no-ff``, without it; and prints the ratio
+concurrent / sequential (the target is ≤ 3). Each timing is the best of ``--repeat``.
+
+    python experiments/bench_concurrent.py [--policies vllm:16,sglang:1] [--time-scale 10] [--repeat 1] [--no-ff]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from _common import shared
+
+from radixkv.cli.replay_cmd import pool_for_policy
+from radixkv.cost import CostModel
+from radixkv.policies.registry import build_policy, parse_policy
+from radixkv.replay.arrivals import arrival_times
+from radixkv.replay.concurrent import replay_concurrent
+from radixkv.replay.run import run_replay, warmup
+from radixkv.trace.load import load_trace
+
+MODEL, GPU = "Llama-3.1-8B", "A100-80GB"
+
+
+def _best(fn, repeat):
+    best, out = None, None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    return best, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policies", default="vllm:16,sglang:1")
+    ap.add_argument("--time-scale", type=float, default=10.0)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--no-ff", action="store_true", help="also time the concurrent replay without fast-forward")
+    a = ap.parse_args()
+    path = shared("traces", "mooncake-fast25", "conversation_trace.jsonl")
+    trace = load_trace(path)
+    cost = CostModel.from_specs(MODEL, GPU)
+    arr = arrival_times(trace, arrival="trace", time_scale=a.time_scale)
+    args = argparse.Namespace(capacity_tokens=None, num_gpu_blocks=None, max_total_num_tokens=None, model=MODEL,
+                              gpu=GPU, tp=1, kv_cache_dtype=None, gpu_memory_utilization=None,
+                              mem_fraction_static=None, max_num_batched_tokens=None)
+    print(f"{path.name}: {len(trace):,} requests; {MODEL} on {GPU}; time scale {a.time_scale:g}")
+    for label in a.policies.split(","):
+        spec = parse_policy(label)
+        pool, _ = pool_for_policy(args, spec)
+        warmup(spec)
+        t_seq, _ = _best(lambda: run_replay(trace, spec, pool), a.repeat)
+        runs = [("concurrent", True)] + ([("concurrent, no fast-forward", False)] if a.no_ff else [])
+        for name, ff in runs:
+            def conc():
+                pol = build_policy(spec, pool, unit_tokens=trace.unit_tokens)
+                return replay_concurrent(trace, pol, cost, arrivals=arr, fast_forward=ff)
+            t_conc, res = _best(conc, a.repeat)
+            print(f"{label:>10}  sequential {t_seq:7.2f} s   {name} {t_conc:7.2f} s "
+                  f"({res.steps:,} steps)   ratio {t_conc / t_seq:5.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
