@@ -116,3 +116,27 @@ def test_hooked_policies_always_run_compiled():
     assert jit.family_of(parse_policy("vllm:16@lfu")) is None
     assert jit.family_of(parse_policy("sglang:1@lfu")) is None
     assert jit.family_of(parse_policy("vllm:16@lru")) == "hash"
+
+
+def test_cold_cache_small_jsonl_is_read_by_the_plain_path(tmp_path):
+    # the JSONL readers' Numba fast path is skipped on a cold cache for a small file (no
+    # compile) and gives the same records as the compiled fast path
+    code = """
+import json, sys
+import numpy as np
+from radixkv.trace import _jsonl_fast as J
+recs = J.read_records(sys.argv[1], ("tokens", "output_tokens"))
+cold = {"compiled": bool(J._parse_uints.overloads), "arrays": any(isinstance(r["tokens"], np.ndarray) for _, r in recs)}
+J.warmup()
+fast = J.read_records(sys.argv[1], ("tokens", "output_tokens"))
+same = [(ln, {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}) for ln, r in recs] == \\
+       [(ln, {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}) for ln, r in fast]
+print(json.dumps({**cold, "same": same, "fast_arrays": all(isinstance(r["tokens"], np.ndarray) for _, r in fast)}))
+"""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), RADIXKV_JIT="auto",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code, str(GOLDEN_LOCAL / "traces" / "mixed200.jsonl")],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res == {"compiled": False, "arrays": False, "same": True, "fast_arrays": True}

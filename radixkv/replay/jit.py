@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 
-from radixkv.errors import ConfigError
+from radixkv.numba_cache import ColdCache, mode, without_compiling
+
+__all__ = ["mode", "family_of", "plan", "before_replay", "mark_compiled", "is_warm", "is_interpreted",
+           "use_interpreted", "use_compiled", "trace_tokens", "INTERPRET_MAX_TOKENS"]
 
 #: kernel family → the modules holding its Numba kernels
 FAMILY_MODULES = {
@@ -49,24 +51,9 @@ POLICY_FAMILY = {"vllm": "hash", "static": "hash", "sglang": "radix"}
 #: 8–13 s of compiling)
 INTERPRET_MAX_TOKENS = 1_000_000
 
-_MODES = ("auto", "compile", "interpret")
 _twins: dict = {}
 _swapped: dict = {}  # family -> [(module, name, original value)]
 _warm: dict = {}  # family -> bool (probe result)
-
-
-def mode() -> str:
-    """The ``RADIXKV_JIT`` setting: ``auto`` (default), ``compile`` or ``interpret``.
-
-    Raises
-    ------
-    radixkv.errors.ConfigError
-        For any other value.
-    """
-    m = os.environ.get("RADIXKV_JIT", "auto").strip().lower() or "auto"
-    if m not in _MODES:
-        raise ConfigError(f"RADIXKV_JIT={m!r}; known: {', '.join(_MODES)}", field="RADIXKV_JIT")
-    return m
 
 
 def family_of(spec) -> str | None:
@@ -134,10 +121,6 @@ def use_compiled(family: str) -> None:
         setattr(mod, attr, val)
 
 
-class _Cold(Exception):
-    """Raised by the probe listener when Numba starts compiling."""
-
-
 def is_warm(spec) -> bool:
     """True when Numba's cache holds every kernel *spec*'s policy needs (nothing compiles).
 
@@ -150,29 +133,17 @@ def is_warm(spec) -> bool:
         return True
     if fam in _warm:
         return _warm[fam]
-    from numba.core import event
-
     from radixkv.replay.run import _WARM, _tiny_run
-
-    class _Stop(event.Listener):
-        def on_start(self, ev):
-            raise _Cold()
-
-        def on_end(self, ev):
-            pass
 
     was = is_interpreted(fam)
     use_compiled(fam)
-    listener = _Stop()
-    event.register("numba:compile", listener)
     try:
-        _tiny_run(spec)
+        without_compiling(_tiny_run, spec)
         warm = True
         _WARM.add(spec)
-    except _Cold:
+    except ColdCache:
         warm = False
     finally:
-        event.unregister("numba:compile", listener)
         if was:
             use_interpreted(fam)
     _warm[fam] = warm

@@ -122,6 +122,27 @@ def _fast_line(seg: bytes, base: int, arr: np.ndarray, keys: tuple):
     return b"".join(parts).decode("ascii"), {key: ids for _, _, key, ids in spans}
 
 
+#: files up to this size (bytes) are read by the plain path when the kernel is not in
+#: Numba's cache: compiling it (~2–3 s on 2 cores) costs more than it saves (~0.5 µs per id)
+COLD_PLAIN_MAX_BYTES = 16 << 20
+
+
+def _fast_path_pays(nbytes: int) -> bool:
+    """Use the Numba fast path? Yes when it is compiled or cached, or the file is big
+    enough to repay compiling it; ``RADIXKV_JIT=compile`` / ``interpret`` force yes / no."""
+    from radixkv.numba_cache import is_cached, mode
+
+    m = mode()
+    if m != "auto":
+        return m == "compile"
+    return nbytes > COLD_PLAIN_MAX_BYTES or is_cached(_parse_uints, np.frombuffer(b"1", dtype=np.uint8), 0, 1)
+
+
+def warmup() -> None:
+    """Compile (or load from Numba's cache) the id-array kernel (``radixkv warmup``)."""
+    _parse_uints(np.frombuffer(b"1", dtype=np.uint8), 0, 1)
+
+
 def read_records(path, keys: tuple = ()):
     """The JSON objects of a JSONL file, with 1-based line numbers.
 
@@ -155,6 +176,8 @@ def read_records(path, keys: tuple = ()):
         from radixkv.trace._io import read_lines
 
         return [(ln, F.parse_json_line(text, path, ln)) for ln, text in read_lines(path)]
+    if keys and not _fast_path_pays(len(buf)):
+        keys = ()  # every line through the plain path: the same records
     arr = np.frombuffer(buf, dtype=np.uint8)
     out = []
     start = 0
