@@ -214,3 +214,54 @@ def test_cli_same_prompt_twice_at_t0(tmp_path, capsys, prompt, extra, hit):
     capsys.readouterr()
     assert main([*args, "--timeline", str(tmp_path / "x.csv")]) != 0
     assert "--timeline" in capsys.readouterr().err and not (tmp_path / "x.csv").exists()
+
+
+# ------------------------------------------------------------ against SGLang's own code
+def _rules_golden():
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "data" / "concurrent" / "sglang" / "rules.json").read_text())
+
+
+def test_lpm_order_matches_sglang_schedule_policy():
+    """tests/data/concurrent/sglang/rules.json, written by tools/engines/sglang_sched_rules.py
+    from SGLang 0.5.23's ``SchedulePolicy("lpm").calc_priority`` over its real radix tree:
+    the same history and waiting queue through radixkv's lpm order."""
+    g = _rules_golden()["lpm"]
+    hist, wait = g["history"], g["waiting"]
+    prompts = hist + [p for _, p in wait]
+    tr = Trace.from_requests(req_id=[f"h{i}" for i in range(len(hist))] + [rid for rid, _ in wait],
+                             arrival_s=[0.0] * len(prompts), prompt_len=[len(p) for p in prompts],
+                             output_len=[2] * len(hist) + [4] * len(wait), prompt_ids=prompts)
+    pol = RadixCache(4096, 1)
+    for i in range(len(hist)):
+        pol.run_request(i, tr.kv_seq(i))
+    sch = make_scheduler(tr, pol, SchedulerConfig(schedule_policy="lpm"))
+    for i in range(len(hist), len(prompts)):
+        sch.enqueue(i)
+    assert {str(tr.req_id[i]): pol.peek_hit(tr.kv_seq(i)) for i in sch.waiting} == g["prefix_len"]
+    sch._order_waiting()
+    assert [str(tr.req_id[i]) for i in sch.waiting] == g["order"]
+
+
+def test_retraction_order_and_ratio_match_sglang():
+    """The golden's ``ScheduleBatch._get_decode_retraction_order`` and
+    ``estimate_new_token_ratio_after_retract`` on five running requests, and
+    ``NewTokenRatioTracker.from_config`` (init, min, decay)."""
+    g = _rules_golden()
+    run = g["retraction"]["running"]
+    tr = _trace([list(range(p)) for _, p, _, _ in run], [m for *_, m in run], [0.0] * len(run))
+    sch = make_scheduler(tr, NoCache(1000, 1), SchedulerConfig(admission="sglang"))
+    sch.running = list(range(len(run)))
+    sch.gen = [g_ for _, _, g_, _ in run]
+    order, ratios = [], []
+    while len(sch.running) > 1:
+        v = sch._victim()
+        sch.running.remove(v)
+        order.append(run[v][0])
+        ratios.append(ratio_after_retract([sch.gen[r] for r in sch.running], [sch.N[r] for r in sch.running]))
+    assert order == g["retraction"]["retraction_order"]
+    assert ratios == pytest.approx(g["retraction"]["ratio_after"], rel=1e-15)
+    assert (sch.ratio, sch.ratio_min) == pytest.approx((g["ratio"]["init"], g["ratio"]["min"]), rel=1e-15)
+    assert sch.ratio_decay == pytest.approx(g["ratio"]["decay"], rel=1e-12)
