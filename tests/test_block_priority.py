@@ -13,7 +13,8 @@ from _golden_traces import native_trace
 from conftest import GOLDEN_LOCAL
 from radixkv.errors import ConfigError
 from radixkv.policies.block_hash import BlockHashCache
-from radixkv.policies.block_priority import BlockLFU, BlockLRU, PriorityBlockHashCache
+from radixkv.policies.block_priority import E_HITS, E_TIME, BlockLFU, BlockLRU, PriorityBlockHashCache
+from radixkv.policies.radix_priority import EvictionPriority, priority_function
 from radixkv.trace.types import Trace
 
 
@@ -92,3 +93,35 @@ def test_check_policy_passes():
     from radixkv.policies.check import check_policy
 
     check_policy(lambda cap: PriorityBlockHashCache.from_capacity_tokens(cap, 4, eviction_policy=BlockLFU()))
+
+
+@priority_function
+def _heap_lru(E, b, params):
+    return float(E[b, E_TIME]), 0.0
+
+
+@priority_function
+def _heap_lfu62(E, b, params):
+    return float(min(E[b, E_HITS], 62)), float(E[b, E_TIME])
+
+
+class _HeapLRU(EvictionPriority):
+    function = _heap_lru
+
+
+class _HeapLFU62(EvictionPriority):
+    function = _heap_lfu62
+
+
+@pytest.mark.parametrize("B,nb", [(16, 40), (16, 120)])
+def test_heap_and_bucket_modes_agree(B, nb):
+    """The general (heap) path and the O(1) bucket path are different structures; with
+    the same order — vLLM's LRU, and LFU with hits saturating at 62 — they must give the
+    same requests, stats and free-queue order (and the LRU one is vLLM's)."""
+    trace = native_trace(GOLDEN_LOCAL / "traces" / "mixed200.jsonl")
+    pairs = ((PriorityBlockHashCache(nb, B, eviction_policy=_HeapLRU()), BlockHashCache(nb, B)),
+             (PriorityBlockHashCache(nb, B, eviction_policy=_HeapLFU62()),
+              PriorityBlockHashCache(nb, B, eviction_policy=BlockLFU())))
+    for a, b in pairs:
+        assert _run(a, trace) == _run(b, trace)
+        assert a.free_queue().tolist() == b.free_queue().tolist()

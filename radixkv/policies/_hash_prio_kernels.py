@@ -36,10 +36,15 @@ from radixkv.policies._hash_kernels import (
 )
 from radixkv.policies._radix_prio_kernels import _fn
 
-E_TIME, E_HITS, E_CACHED, E_DEPTH, E_TAG, E_VER = range(6)
-NE = 6
-P_CLOCK, P_PUSH, P_HLEN = range(3)
-NP = 3
+E_TIME, E_HITS, E_CACHED, E_DEPTH, E_TAG, E_VER, E_BNEXT, E_BPREV = range(8)
+#: bucket mode: the block's bucket (shares the heap mode's version column)
+E_BKT = E_VER
+NE = 8  # 64-byte rows
+#: pst: clock, push counter, heap length, mode (0 heap, 1 buckets), non-empty bucket mask
+P_CLOCK, P_PUSH, P_HLEN, P_MODE, P_BMASK = range(5)
+NP = 5
+#: bucket mode: buckets 0 … NBUCKETS − 1 (k1 clamped), each in release order
+NBUCKETS = 63
 NEED_PIECES = 3
 
 
@@ -141,8 +146,69 @@ def _pop_valid(b32, E, H, pst):
     return -1
 
 
+# ---------------------------------------------------------------- bucket mode
+# For priorities (k1, release time) with k1 a small integer class (LFU by saturating hit
+# count, segments, priority classes): one FIFO list per class, appended at release — a
+# release has the latest time, so each list stays in priority order — and popped from
+# the lowest non-empty class (a 63-bit mask). O(1) per block. BK, int64 (NBUCKETS, 2):
+# head and tail of each list (−1 = empty); E_BNEXT / E_BPREV link the blocks.
+
+@njit(cache=True, inline="always")
+def _bappend(E, BK, pst, b, k):
+    E[b, E_BKT] = k
+    t = BK[k, 1]
+    E[b, E_BPREV] = t
+    E[b, E_BNEXT] = -1
+    if t >= 0:
+        E[t, E_BNEXT] = b
+    else:
+        BK[k, 0] = b
+        pst[P_BMASK] |= np.int64(1) << k
+    BK[k, 1] = b
+
+
+@njit(cache=True, inline="always")
+def _bunlink(E, BK, pst, b):
+    k = E[b, E_BKT]
+    p = E[b, E_BPREV]
+    n = E[b, E_BNEXT]
+    if p >= 0:
+        E[p, E_BNEXT] = n
+    else:
+        BK[k, 0] = n
+    if n >= 0:
+        E[n, E_BPREV] = p
+    else:
+        BK[k, 1] = p
+    if BK[k, 0] < 0:
+        pst[P_BMASK] &= ~(np.int64(1) << k)
+
+
+@njit(cache=True, inline="always")
+def _bpop(E, BK, pst):
+    m = pst[P_BMASK]
+    k = 0
+    while (m >> k) & 1 == 0:
+        k += 1
+    b = BK[k, 0]
+    _bunlink(E, BK, pst, b)
+    return b
+
+
 @njit(cache=True)
-def _take_new(blk, b32, kt, k32, st, stk, E, H, pst, tbl, at, n_new, pf, pp):
+def _release_hashed(b32, E, H, BK, pst, b, pf, pp):
+    pst[P_CLOCK] += 1
+    E[b, E_TIME] = pst[P_CLOCK]
+    if pst[P_MODE] == 1:
+        k1, _ = pf(E, b, pp)
+        k = 0 if k1 < 0 else (NBUCKETS - 1 if k1 > NBUCKETS - 1 else np.int64(k1))
+        _bappend(E, BK, pst, b, k)
+    else:
+        _push(b32, E, H, pst, b, pf, pp)
+
+
+@njit(cache=True)
+def _take_new(blk, b32, kt, k32, st, stk, E, H, BK, pst, tbl, at, n_new, pf, pp):
     """``get_new_blocks``: keyless free blocks first (vLLM's queue head), then evict the
     hashed free blocks of smallest priority (popped a batch at a time, the key-table rows
     of the batch prefetched before the keys are dropped, as ``_hash_kernels._take_new``).
@@ -163,7 +229,7 @@ def _take_new(blk, b32, kt, k32, st, stk, E, H, pst, tbl, at, n_new, pf, pp):
             continue
         k1 = min(k + _PF, n_new)
         for j in range(k, k1):
-            b = _pop_valid(b32, E, H, pst)
+            b = _bpop(E, BK, pst) if pst[P_MODE] == 1 else _pop_valid(b32, E, H, pst)
             tbl[at + j] = b
             _prefetch_row(kt, blk[b, W_KEY] & mask)
             _prefetch_row(kt, blk[b, W_PKEY] & mask)
@@ -193,7 +259,7 @@ def _cache(blk, b32, kt, k32, pcid, pcs, st, stk, E, pst, tbl, keys, lo, hi, seg
 
 
 @njit(cache=True)
-def _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end, block_size,
+def _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, BK, pst, keys, seg_id, seg_end, block_size,
            prompt_len, lookup_len, n_tokens, verify, tbl, tag, pf, pp):
     B = block_size
     code, h, held = lookup(blk, b32, kt, k32, pcid, pcs, keys, lookup_len // B, seg_id, seg_end, B,
@@ -210,7 +276,9 @@ def _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_e
         return REFUSED, hcap, held, 0, 0
     for k in range(hcap):
         b = tbl[k]
-        if b32[b, R_REF] == 0:  # a hit block always has a key: it is in the heap
+        if b32[b, R_REF] == 0:  # a hit block always has a key: it is in the heap / a bucket
+            if pst[P_MODE] == 1:
+                _bunlink(E, BK, pst, b)
             E[b, E_VER] = 0
             st[ST_FQLEN] -= 1
             st[ST_NUSED] += 1
@@ -219,23 +287,23 @@ def _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_e
         E[b, E_HITS] += 1
     t = max(n_tokens, hcap * B)
     nblk = (t + B - 1) // B
-    ev = _take_new(blk, b32, kt, k32, st, stk, E, H, pst, tbl, hcap, nblk - hcap, pf, pp)
+    ev = _take_new(blk, b32, kt, k32, st, stk, E, H, BK, pst, tbl, hcap, nblk - hcap, pf, pp)
     _cache(blk, b32, kt, k32, pcid, pcs, st, stk, E, pst, tbl, keys, hcap, t // B, seg_id, seg_end, B, tag)
     return OK, hcap, held, ev, nblk
 
 
 @njit(cache=True)
-def admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end, block_size,
+def admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, BK, pst, keys, seg_id, seg_end, block_size,
           prompt_len, lookup_len, n_tokens, verify, tbl, tag, fa, pp):
     """``_hash_kernels.admit`` with priority eviction; *tag* is stored on the blocks the
     request caches. Returns (code, hit_blocks, held_tokens, evicted_blocks, n_blocks)."""
     pf = _fn(fa)
-    return _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end, block_size,
+    return _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, BK, pst, keys, seg_id, seg_end, block_size,
                   prompt_len, lookup_len, n_tokens, verify, tbl, tag, pf, pp)
 
 
 @njit(cache=True)
-def _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end, block_size, tbl,
+def _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, BK, pst, keys, seg_id, seg_end, block_size, tbl,
             n_blocks, n_computed, n_more, tag, pf, pp):
     B = block_size
     t = n_computed + n_more
@@ -245,32 +313,30 @@ def _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_
         return False, n_blocks, 0
     ev = 0
     if n_new > 0:
-        ev = _take_new(blk, b32, kt, k32, st, stk, E, H, pst, tbl, n_blocks, n_new, pf, pp)
+        ev = _take_new(blk, b32, kt, k32, st, stk, E, H, BK, pst, tbl, n_blocks, n_new, pf, pp)
     _cache(blk, b32, kt, k32, pcid, pcs, st, stk, E, pst, tbl, keys, n_computed // B, t // B, seg_id, seg_end, B,
            tag)
     return True, nblk, ev
 
 
 @njit(cache=True)
-def extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end, block_size, tbl,
+def extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, BK, pst, keys, seg_id, seg_end, block_size, tbl,
            n_blocks, n_computed, n_more, tag, fa, pp):
     """``_hash_kernels.extend`` with priority eviction: (ok, n_blocks, evicted blocks)."""
     pf = _fn(fa)
-    return _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end, block_size,
+    return _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, BK, pst, keys, seg_id, seg_end, block_size,
                    tbl, n_blocks, n_computed, n_more, tag, pf, pp)
 
 
 @njit(cache=True)
-def _free(b32, st, E, H, pst, tbl, n_blocks, pf, pp):
+def _free(b32, st, E, H, BK, pst, tbl, n_blocks, pf, pp):
     for k in range(n_blocks - 1, -1, -1):
         b = tbl[k]
         b32[b, R_REF] -= 1
         if b32[b, R_REF] == 0:
             st[ST_NUSED] -= 1
             if b32[b, R_PCN] != 0:
-                pst[P_CLOCK] += 1
-                E[b, E_TIME] = pst[P_CLOCK]
-                _push(b32, E, H, pst, b, pf, pp)
+                _release_hashed(b32, E, H, BK, pst, b, pf, pp)
                 st[ST_FQLEN] += 1
                 st[ST_NCACHED] += 1
             else:
@@ -278,11 +344,11 @@ def _free(b32, st, E, H, pst, tbl, n_blocks, pf, pp):
 
 
 @njit(cache=True)
-def free(b32, st, E, H, pst, tbl, n_blocks, fa, pp):
+def free(b32, st, E, H, BK, pst, tbl, n_blocks, fa, pp):
     """Release a request's blocks tail first: keyless ones to the list head, hashed ones
     into the heap with a fresh release time (vLLM ``free_blocks``' tail append)."""
     pf = _fn(fa)
-    _free(b32, st, E, H, pst, tbl, n_blocks, pf, pp)
+    _free(b32, st, E, H, BK, pst, tbl, n_blocks, pf, pp)
 
 
 @njit(cache=True)
@@ -294,7 +360,7 @@ def rebuild(b32, E, H, pst, fa, pp):
 
 @njit(cache=True)
 def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, prompt_len, kv_len, verify,
-            key_mask, E, H, pst, tag, fa, pp):
+            key_mask, E, H, BK, pst, tag, fa, pp):
     """``_hash_kernels.run_seq`` with priority eviction: (code, hit_blocks, held,
     evicted_blocks, decoded, total evictions)."""
     pf = _fn(fa)
@@ -307,16 +373,16 @@ def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, pro
     mp = _block_keys_into(seg_id, seg_end, block_size, kv_len // block_size, key_mask, keys)
     if mp - 1 > pcid.shape[1]:
         return NEED_PIECES, mp, 0, 0, False, st[ST_EVICTIONS]
-    code, hcap, held, ev, nblk = _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id,
+    code, hcap, held, ev, nblk = _admit(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, BK, pst, keys, seg_id,
                                         seg_end, block_size, prompt_len, prompt_len, prompt_len, verify, tbl,
                                         tag, pf, pp)
     if code != OK:
         return code, hcap, held, ev, False, st[ST_EVICTIONS]
     ok = True
     if kv_len > prompt_len:
-        ok, nblk2, ev2 = _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, pst, keys, seg_id, seg_end,
+        ok, nblk2, ev2 = _extend(blk, b32, kt, k32, pcid, pcs, st, stk, E, H, BK, pst, keys, seg_id, seg_end,
                                  block_size, tbl, nblk, prompt_len, kv_len - prompt_len, tag, pf, pp)
         if ok:
             nblk = nblk2
-    _free(b32, st, E, H, pst, tbl, nblk, pf, pp)
+    _free(b32, st, E, H, BK, pst, tbl, nblk, pf, pp)
     return OK, hcap, held, ev, ok, st[ST_EVICTIONS]

@@ -21,8 +21,11 @@ the int64 statistics array *E* (columns exported here):
 ``E_TAG``    the request that cached it (its handle when an int)
 ============ ===========================================================================
 
-Smaller ``(k1, k2)`` is evicted first; ties fall to the earlier release. An LFU over
-blocks::
+Smaller ``(k1, k2)`` is evicted first; ties fall to the earlier release. A priority
+class with ``buckets = True`` promises ``k2`` = release time and an integer ``k1`` (clamped
+to 0 … 62): the blocks then sit in one release-ordered list per ``k1`` and a block costs
+O(1), as in vLLM's queue (LFU by saturating hit count, segments, priority classes);
+otherwise a heap orders them (any priority, O(log n) per block). An LFU over blocks::
 
     @priority_function
     def block_lfu(E, b, params):
@@ -44,7 +47,7 @@ from radixkv.policies import _hash_prio_kernels as HP
 from radixkv.policies._hash_prio_kernels import E_CACHED, E_DEPTH, E_HITS, E_TAG, E_TIME
 from radixkv.policies._radix_prio_kernels import function_addresses
 from radixkv.policies.base import Admission
-from radixkv.policies.block_hash import BlockHashCache, _Running
+from radixkv.policies.block_hash import BlockHashCache, _aligned, _Running
 from radixkv.policies.radix_priority import EvictionPriority, _priority_of, priority_function
 from radixkv.trace.types import KVSeq
 
@@ -63,17 +66,20 @@ def _block_lfu(E, b, params):
 
 
 class BlockLRU(EvictionPriority):
-    """vLLM's free-queue order: released longest ago first."""
+    """vLLM's free-queue order: released longest ago first (one bucket)."""
 
     name = "lru"
     function = _block_lru
+    buckets = True
 
 
 class BlockLFU(EvictionPriority):
-    """(hits served, release time): fewest hits first, then released longest ago."""
+    """(hits served, release time): fewest hits first, then released longest ago; hit
+    counts above 62 count as 62 (bucket mode)."""
 
     name = "lfu"
     function = _block_lfu
+    buckets = True
 
 
 #: built-in block priorities by name
@@ -122,10 +128,12 @@ class PriorityBlockHashCache(BlockHashCache):
         self._pf = function_addresses(fn)
         self._pp = np.ascontiguousarray(ev.params(), dtype=np.float64)
         nb = self.num_gpu_blocks
-        self._E = np.zeros((nb, HP.NE), dtype=np.int64)
+        self._E = _aligned(nb, HP.NE, 64)
         cap = max(16, 2 * nb)
         self._H = np.zeros((cap, 5), dtype=np.float64)
+        self._BK = np.full((HP.NBUCKETS, 2), -1, dtype=np.int64)
         self._pst = np.zeros(HP.NP, dtype=np.int64)
+        self._pst[HP.P_MODE] = 1 if getattr(ev, "buckets", False) else 0
         self._tags = 0
         self._rtag: dict = {}  # tag of each running request
 
@@ -140,7 +148,7 @@ class PriorityBlockHashCache(BlockHashCache):
         return self._tags
 
     def _heap(self):
-        return self._E, self._H, self._pst
+        return self._E, self._H, self._BK, self._pst
 
     def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
         """As :meth:`BlockHashCache.admit`, evicting by priority."""
@@ -206,7 +214,7 @@ class PriorityBlockHashCache(BlockHashCache):
         if self._scratch2.shape[1] * B < kv:
             self._scratch2 = np.zeros((2, max(-(-kv // B), 2 * self._scratch2.shape[1])), dtype=np.int64)
         args = (self._scratch2, seq.seg_id, seq.seg_end, B, seq.prompt_len, kv, self.verify, self._key_mask,
-                self._E, self._H, self._pst, rid if type(rid) is int else self._tag(rid),
+                self._E, self._H, self._BK, self._pst, rid if type(rid) is int else self._tag(rid),
                 self._pf, self._pp)
         code, hit_blocks, held, ev, decoded, total_ev = HP.run_seq(
             self._blk, self._kt, self._pcid, self._pcs, self._state, *args)
@@ -230,7 +238,15 @@ class PriorityBlockHashCache(BlockHashCache):
         queue head), then hashed blocks by priority; int64, O(n log n)."""
         # the linked list holds the keyless free blocks only (its length: free − hashed free)
         keyless = K.free_queue(self._b32, self._st)[: int(self._st[K.ST_FQLEN] - self._st[K.ST_NCACHED])]
-        HP.rebuild(self._b32, *self._heap(), self._pf, self._pp)
+        if self._pst[HP.P_MODE] == 1:
+            out = []
+            for k in range(HP.NBUCKETS):
+                b = int(self._BK[k, 0])
+                while b >= 0:
+                    out.append(b)
+                    b = int(self._E[b, HP.E_BNEXT])
+            return np.concatenate([keyless, np.asarray(out, dtype=np.int64)])
+        HP.rebuild(self._b32, self._E, self._H, self._pst, self._pf, self._pp)
         n = int(self._pst[HP.P_HLEN])
         H = self._H[:n]
         order = np.lexsort((H[:, 3], H[:, 2], H[:, 1], H[:, 0]))

@@ -92,6 +92,9 @@ class EvictionPriority:
 
     name = "custom"
     function = None
+    #: block pool only: ``k1`` is a small integer class and ``k2`` the release time
+    #: (see :mod:`radixkv.policies.block_priority`); the radix tree ignores it
+    buckets = False
 
     def params(self) -> np.ndarray:
         """float64 parameter vector, shape (k,) (k ≥ 1)."""
