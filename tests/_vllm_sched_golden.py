@@ -103,6 +103,7 @@ def replay_golden(g: Golden, fast_forward: bool = True):
                           max_num_batched_tokens=int(c["max_num_batched_tokens"]),
                           enable_chunked_prefill=bool(c["chunked_prefill"]),
                           long_prefill_token_threshold=int(c.get("long_prefill_token_threshold", 0)),
+                          watermark=float(c.get("watermark", 0.0)),
                           admission="vllm")
     arrivals = np.asarray([r["arrive"] for r in g.requests], dtype=np.float64)
     steps: dict = {}

@@ -41,7 +41,7 @@ def test_matches_vllm_scheduler_golden(path, fast_forward):
 def test_goldens_cover_the_knobs():
     """The committed set spans what the issue asks: block 16 and 32, chunked prefill on and
     off, prefix caching on and off, budgets 64–2,048, max_num_seqs 2–256, arrivals at
-    step 0 and spread, preemptions, and the long-prefill threshold."""
+    step 0 and spread, preemptions, the long-prefill threshold and the watermark."""
     cfgs = [load_golden(p) for p in GOLDENS]
     assert len(cfgs) >= 8
     c = [g.config for g in cfgs]
@@ -52,6 +52,7 @@ def test_goldens_cover_the_knobs():
     assert min(x["max_num_seqs"] for x in c) == 2 and max(x["max_num_seqs"] for x in c) == 256
     assert {x["arrival_every"] > 0 for x in c} == {True, False}
     assert any(x["long_prefill_token_threshold"] > 0 for x in c)
+    assert any(x["watermark"] > 0 for x in c)
     preempting = [g for g in cfgs if sum(r["preempt"] for r in g.requests) > 0]
     assert len(preempting) >= len(cfgs) - 1
     assert all(g.header["engine"] == "vllm 0.33.0" for g in cfgs)
@@ -262,3 +263,46 @@ def test_cli_flags_for_vllm_knobs():
     tr = _trace([list(range(10))], [2])
     with pytest.raises(ConfigError, match="vLLM knobs"):
         make_scheduler(tr, BlockHashCache(40, 4), SchedulerConfig(admission="sglang", long_prefill_token_threshold=8))
+
+
+def test_watermark_keeps_blocks_free_while_others_run():
+    """10 usable blocks of 4 tokens (num_gpu_blocks 11), watermark 0.2 → int(0.2 × 11) = 2
+    blocks. q0: 8 tokens (2 blocks), N = 10; q1: 28 other tokens (7 blocks), N = 1.
+    Step 0: q0 is admitted into an idle engine (no watermark then) and takes 2 blocks;
+    q1 would take 7 of the 8 free, but 7 + 2 > 8: refused while q0 runs. q0 samples in
+    steps 0..9 and finishes at time 10; in step 10 nothing runs and q1's 7 ≤ 10 fit.
+    Without the watermark q1 is admitted in step 0."""
+    tr = _trace([list(range(8)), list(range(100, 128))], [10, 1])
+    res, sched, _ = _steps(tr, BlockHashCache(11, 4), SchedulerConfig(watermark=0.2))
+    assert res["admit_s"].tolist() == [0.0, 10.0]
+    assert sched[0] == [(0, 8)]
+    res0, sched0, _ = _steps(tr, BlockHashCache(11, 4), SchedulerConfig(watermark=0.0))
+    assert res0["admit_s"].tolist() == [0.0, 0.0]
+    # alone, a request may take every block: 10 + 2 > 10 but nothing runs
+    lone = _trace([list(range(40))], [1])
+    res1, _, _ = _steps(lone, BlockHashCache(11, 4), SchedulerConfig(watermark=0.2))
+    assert res1["admit_s"].tolist() == [0.0]
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ConfigError):
+            SchedulerConfig(watermark=bad)
+
+
+def test_admission_slots_counts_new_and_touched_blocks():
+    """Block 4. q0 = tokens 0..7 (2 full blocks) ran and finished: both cached, evictable.
+    q = q0's 8 tokens + 8 new (16 tokens, 4 blocks): hit 2 blocks (cap (16 − 1) // 4 = 3),
+    so 4 − 2 = 2 new blocks + 2 touched (they leave the free queue) = 4. With q0 admitted
+    again: its own lookup is capped at (8 − 1) // 4 = 1 block, so it holds block 0 and
+    recomputes block 1 into a new block (a second block with the same key); q's lookup
+    finds block 0 (held: no touch) and the first-cached copy of block 1 (still evictable:
+    touched), 2 new + 1 touched = 3. NoCache: ceil(16 / 4) = 4."""
+    tr = _trace([list(range(8)), list(range(8)) + list(range(50, 58))], [1, 1])
+    pol = BlockHashCache(20, 4)
+    pol.run_request(0, tr.kv_seq(0))
+    assert pol.admission_slots(tr.kv_seq(1)) == 4
+    assert pol.peek_hit(tr.kv_seq(1)) == 8
+    assert pol.admit(0, tr.kv_seq(0)) is not None
+    assert pol.admission_slots(tr.kv_seq(1)) == 3
+    assert NoCache(20, 4).admission_slots(tr.kv_seq(1)) == 4
+    with pytest.raises(ConfigError, match="admission_slots"):
+        from radixkv.policies.static_reserved import StaticReservedCache
+        make_scheduler(tr, StaticReservedCache(20, 4, reserved_fraction=0.3), SchedulerConfig(watermark=0.1))

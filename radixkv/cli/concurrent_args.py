@@ -29,6 +29,8 @@ flag                                            meaning (default)
 ``--long-prefill-token-threshold N``            vLLM rules: cap on one prefill chunk when
                                                 more than one request is eligible (0 = off)
 ``--timeline PATH``                              write one CSV row per engine step (``replay``)
+``--watermark F``                               vLLM rules: share of the pool's blocks an
+                                                admission leaves free (0.0)
 ``--mfu F``, ``--mbu F``                        cost-model efficiencies (0.6, 0.8)
 ``--step-overhead-s T``                         fixed seconds per step (0)
 =============================================== =========================================
@@ -93,6 +95,8 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
         help="vLLM rules: most tokens of one prefill chunk when more than one request is eligible (0 = off)")
     add("--timeline", metavar="OUT.csv", default=None,
         help="write one CSV row per engine step: running, waiting, batch tokens, pool running/cached/free slots")
+    add("--watermark", type=float, default=0.0, metavar="F",
+        help="vLLM rules: share of the pool's blocks an admission must leave free while others run (0.0)")
     add("--mfu", type=float, default=0.6, help="achieved fraction of peak FLOP/s (cost model)")
     add("--mbu", type=float, default=0.8, help="achieved fraction of HBM bandwidth (cost model)")
     add("--step-overhead-s", type=float, default=0.0, help="fixed seconds added to every step")
@@ -117,6 +121,7 @@ def concurrent_config_from_args(args, policy=None):
         admission=admission,
         enable_chunked_prefill=bool(getattr(args, "enable_chunked_prefill", True)),
         long_prefill_token_threshold=int(getattr(args, "long_prefill_token_threshold", 0) or 0),
+        watermark=float(getattr(args, "watermark", 0.0) or 0.0),
     )
 
 

@@ -318,6 +318,51 @@ class BlockHashCache(PrefixCache):
             self._collision(seq)
         return int(h) * B
 
+    def admission_slots(self, seq: KVSeq, n_tokens: int | None = None) -> int:
+        """Blocks that ``admit(rid, seq, n_tokens)`` would take out of the free queue, without
+        side effects: new blocks for the whole sequence plus the hit blocks it would touch.
+
+        vLLM's ``get_num_blocks_to_allocate`` for an admission checked on the full sequence
+        (``allocate_slots(full_sequence_must_fit=True)``): ``ceil(L / B) − hit_blocks`` plus
+        the hit blocks with ref_cnt 0 (they leave the free queue when touched), L =
+        ``max(P, n_tokens)``. :meth:`admit` refuses exactly when this exceeds the free
+        queue; the scheduler compares it with the free queue minus vLLM's watermark
+        (``KVCacheManager.allocate_slots``).
+
+        Parameters
+        ----------
+        seq : KVSeq
+            The request's KV content.
+        n_tokens : int or None
+            As for :meth:`admit`; default ``seq.prompt_len``.
+
+        Returns
+        -------
+        int
+            Blocks (≥ 0).
+
+        Raises
+        ------
+        ValueError
+            When *n_tokens* is out of ``[1, seq.kv_len]``.
+        HashCollisionError
+            With ``verify=True``, on a hash collision.
+        """
+        P = seq.prompt_len
+        n = self._admit_length((), -1, seq, n_tokens)
+        L = max(P, n)
+        B = self.block_size
+        n_look = L // B
+        keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, B, n_look, self._key_mask)
+        tbl = self._table(seq, False)
+        code, h = K.peek(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, keys, n_look,
+                         seq.seg_id, seq.seg_end, B, L, self.verify, tbl)
+        if code == K.COLLISION:
+            self._collision(seq)
+        h = int(h)
+        touch = int(np.count_nonzero(self._b32[tbl[:h], K.R_REF] == 0)) if h else 0
+        return -(-L // B) - h + touch
+
     def extend(self, rid: int, n_tokens: int) -> bool:
         """Request *rid* computes *n_tokens* more tokens (a prefill chunk or decode steps).
 

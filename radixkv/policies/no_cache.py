@@ -44,6 +44,13 @@ class NoCache(PrefixCache):
         self._tokens[rid] = n
         return Admission(hit_tokens=0, held_tokens=0, evicted_tokens=0)
 
+    def admission_slots(self, seq: KVSeq, n_tokens: int | None = None) -> int:
+        """Slots ``admit(rid, seq, n_tokens)`` would take (side-effect free): the whole
+        sequence, ``ceil(max(P, n_tokens) / block_size)`` (no hits; as
+        :meth:`radixkv.policies.block_hash.BlockHashCache.admission_slots`)."""
+        n = seq.prompt_len if n_tokens is None else int(n_tokens)
+        return self._slots(max(n, seq.prompt_len))
+
     def extend(self, rid: int, n_tokens: int) -> bool:
         t = self._tokens[rid]
         extra = self._slots(t + n_tokens) - self._slots(t)

@@ -451,6 +451,7 @@ def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, fini
         "admission": config.admission if config.admission is not None else admission_rule_of(policy),
         "enable_chunked_prefill": config.enable_chunked_prefill,
         "long_prefill_token_threshold": config.long_prefill_token_threshold,
+        "watermark": config.watermark,
         "cost": {k: getattr(cost, k) for k in cost.__dataclass_fields__},
     }
     return ConcurrentResult(

@@ -45,9 +45,18 @@ rule and the vLLM code it follows:
 - **long_prefill_token_threshold** (default 0, off): caps every chunk, running or
   admitted, when more than one request is running or waiting at the start of the step
   (``num_eligible_reqs > 1``).
+- **watermark** (``SchedulerConfig.watermark``, default 0.0): an admission made while
+  some request runs (``has_scheduled_reqs=bool(self.running)``, requests admitted earlier
+  in the same pass included) must leave ``int(watermark × num_gpu_blocks)`` blocks free
+  (``KVCacheManager.__init__``: ``watermark_blocks`` over all blocks, the null block
+  included; ``allocate_slots``: blocks to allocate + watermark ≤ free blocks). The
+  blocks an admission takes come from the policy's side-effect-free
+  ``admission_slots(seq, n_tokens)`` (new blocks for the whole sequence + touched hit
+  blocks, ``get_num_blocks_to_allocate``), compared with ``room_slots()`` (vLLM's
+  ``get_num_free_blocks``: free + evictable). Decodes and chunks of running requests
+  never see it.
 
-Not modelled (vLLM defaults that leave them inert): the KV-cache ``watermark``
-(``CacheConfig``/``SchedulerConfig.watermark``, default 0.0),
+Not modelled (vLLM defaults that leave them inert):
 ``long_prefill_token_threshold_adaptive`` (default False), the priority policy, async
 scheduling, speculative decoding, KV connectors, encoder inputs and ``max_model_len``
 truncation.
@@ -70,8 +79,9 @@ class VllmScheduler(Scheduler):
     Raises
     ------
     radixkv.errors.ConfigError
-        As the base class; and, with chunked prefill off, when a request's prompt +
-        outputs exceed ``max_num_batched_tokens`` (vLLM refuses such a configuration).
+        As the base class; with chunked prefill off, when a request's prompt + outputs
+        exceed ``max_num_batched_tokens`` (vLLM refuses such a configuration); with a
+        watermark, when the policy has no ``admission_slots``.
     """
 
     def __init__(self, trace, policy, config):
@@ -79,6 +89,15 @@ class VllmScheduler(Scheduler):
         self._chunked = bool(config.enable_chunked_prefill)
         self._threshold = int(config.long_prefill_token_threshold)
         self._cap = 0  # this step's chunk cap (0: none)
+        # vLLM counts num_gpu_blocks, the null block included: usable slots + 1
+        self._wm = int(float(config.watermark) * (policy.num_slots + 1))
+        self._slots_of = getattr(policy, "admission_slots", None)
+        if self._wm > 0 and self._slots_of is None:
+            raise ConfigError(
+                f"--watermark needs a policy that can tell the blocks an admission would take "
+                f"(an admission_slots method); {type(policy).__name__} has none",
+                field="watermark",
+            )
         if not self._chunked:
             budget = int(config.max_num_batched_tokens)
             for i in range(len(trace)):
@@ -152,6 +171,10 @@ class VllmScheduler(Scheduler):
             if not self._chunked:
                 h = int(self._peek(seq, n_tok)) if self._peek is not None else 0
                 if self._chunk(n_tok - h, n_tok) > budget:
+                    plan.blocked = True
+                    break
+            if self._wm > 0 and self.running:
+                if int(self._slots_of(seq, n_tok)) + self._wm > int(pol.room_slots()):
                     plan.blocked = True
                     break
             # ask for the first chunk; the policy raises it to the hit when the hit is longer

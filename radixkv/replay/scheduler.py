@@ -94,6 +94,9 @@ class SchedulerConfig:
         vLLM ``--long-prefill-token-threshold`` (default 0 = off): a prefill chunk takes at
         most this many tokens when more than one request is running or waiting (vLLM
         rules only; :mod:`radixkv.replay.sched_vllm`).
+    watermark : float
+        vLLM ``--watermark`` (default 0.0, in [0, 1)): share of the pool's blocks an
+        admission must leave free while other requests run (vLLM rules only).
 
     Raises
     ------
@@ -107,6 +110,7 @@ class SchedulerConfig:
     admission: str | None = None
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
+    watermark: float = 0.0
 
     def __post_init__(self):
         if int(self.max_num_seqs) < 1:
@@ -120,6 +124,8 @@ class SchedulerConfig:
         if int(self.long_prefill_token_threshold) < 0:
             raise ConfigError(f"--long-prefill-token-threshold must be ≥ 0, got {self.long_prefill_token_threshold}",
                               field="long_prefill_token_threshold")
+        if not 0.0 <= float(self.watermark) < 1.0:
+            raise ConfigError(f"--watermark must be in [0, 1), got {self.watermark}", field="watermark")
         if self.admission is not None and self.admission not in ADMISSIONS:
             raise ConfigError(f"unknown admission rule {self.admission!r}; choose vllm or sglang", field="admission")
 
@@ -195,12 +201,13 @@ def make_scheduler(trace, policy, config: "SchedulerConfig"):
     ------
     radixkv.errors.ConfigError
         When vLLM-only knobs (``enable_chunked_prefill=False``,
-        ``long_prefill_token_threshold``) are set for SGLang's rules.
+        ``long_prefill_token_threshold``, ``watermark``) are set for SGLang's rules.
     """
     rule = config.admission if config.admission is not None else admission_rule_of(policy)
-    if rule == "sglang" and (not config.enable_chunked_prefill or config.long_prefill_token_threshold):
-        raise ConfigError("--no-enable-chunked-prefill and --long-prefill-token-threshold are vLLM knobs; "
-                          "SGLang's rules (--admission sglang) do not use them", field="admission")
+    if rule == "sglang" and (not config.enable_chunked_prefill or config.long_prefill_token_threshold
+                             or config.watermark):
+        raise ConfigError("--no-enable-chunked-prefill, --long-prefill-token-threshold and --watermark are "
+                          "vLLM knobs; SGLang's rules (--admission sglang) do not use them", field="admission")
     if rule == "sglang":
         from radixkv.replay.sched_sglang import SglangScheduler as cls
     else:

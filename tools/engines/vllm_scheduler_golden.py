@@ -105,6 +105,11 @@ CONFIGS = {
     "stress150_b32_n40_t128_s16_thr48": dict(trace="stress150.jsonl", block_size=32, num_gpu_blocks=40,
                                              max_num_batched_tokens=128, max_num_seqs=16,
                                              long_prefill_token_threshold=48),
+    "stress150_b16_n80_t128_s32_wm0.1": dict(trace="stress150.jsonl", block_size=16, num_gpu_blocks=80,
+                                             max_num_batched_tokens=128, max_num_seqs=32, watermark=0.1),
+    "mixed200_b32_n90_t512_s16_wm0.05_arr2": dict(trace="mixed200.jsonl", block_size=32, num_gpu_blocks=90,
+                                                  max_num_batched_tokens=512, max_num_seqs=16, watermark=0.05,
+                                                  arrival_every=2),
     "stress150_b16_n90_t1024_s8_nochunk_arr3": dict(trace="stress150.jsonl", block_size=16, num_gpu_blocks=90,
                                                     max_num_batched_tokens=1024, max_num_seqs=8,
                                                     chunked_prefill=False, max_model_len=1024,
@@ -112,7 +117,7 @@ CONFIGS = {
 }
 
 DEFAULTS = dict(chunked_prefill=True, prefix_caching=True, max_model_len=4096, arrival_every=0,
-                long_prefill_token_threshold=0, limit=0)
+                long_prefill_token_threshold=0, watermark=0.0, limit=0)
 
 #: a small Llama config: only max_position_embeddings and the dtype matter to the scheduler
 MODEL_CONFIG = {
@@ -147,7 +152,7 @@ def make_scheduler(model_dir: str, cfg: dict):
     sc = SchedulerConfig(max_num_batched_tokens=cfg["max_num_batched_tokens"], max_num_seqs=cfg["max_num_seqs"],
                          max_model_len=mml, enable_chunked_prefill=cfg["chunked_prefill"],
                          long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
-                         is_encoder_decoder=False)
+                         watermark=cfg["watermark"], is_encoder_decoder=False)
     cc = CacheConfig(block_size=B, cache_dtype="auto", enable_prefix_caching=cfg["prefix_caching"])
     vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc)
     spec = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=64, dtype=torch.float16)
@@ -158,11 +163,13 @@ def make_scheduler(model_dir: str, cfg: dict):
     got = sched.scheduler_config
     want = {"max_num_batched_tokens": cfg["max_num_batched_tokens"], "max_num_seqs": cfg["max_num_seqs"],
             "enable_chunked_prefill": cfg["chunked_prefill"],
-            "long_prefill_token_threshold": cfg["long_prefill_token_threshold"],
+            "long_prefill_token_threshold": cfg["long_prefill_token_threshold"], "watermark": cfg["watermark"],
             "async_scheduling": False}
     for k, v in want.items():
         if getattr(got, k, v) != v:
             raise RuntimeError(f"vLLM changed scheduler_config.{k} to {getattr(got, k)!r} (wanted {v!r})")
+    if sched.kv_cache_manager.watermark_blocks != int(cfg["watermark"] * nb):
+        raise RuntimeError("vLLM's watermark_blocks is not watermark × num_gpu_blocks")
     if sched.kv_cache_manager.enable_caching != cfg["prefix_caching"]:
         raise RuntimeError("vLLM changed enable_prefix_caching")
     hash_fn = get_hash_fn_by_name("sha256")  # as EngineCore sets it up
