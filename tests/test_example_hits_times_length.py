@@ -63,3 +63,13 @@ def test_script_on_golden_trace(capsys):
     assert rates["sglang:1 (LRU)"] == gold["lru"] / total
     assert rates["sglang:1@lfu"] == gold["lfu"] / total
     assert 0 < rates["hits x length"] <= 1
+
+
+def test_priority_functions_from_files_loaded_by_path_are_not_disk_cached():
+    """Numba cannot reload a cached function whose module is not importable by name (a
+    second process failed with "No module named '<dynamic>'"): such functions compile
+    afresh; the built-in priorities, importable from radixkv, stay disk-cached."""
+    from radixkv.policies import radix_priority as rp
+    ex = _example()
+    assert not rp._importable(ex.hits_times_length.py_func)
+    assert rp._importable(rp.eviction_policy("lfu").function.py_func)

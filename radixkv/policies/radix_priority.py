@@ -53,7 +53,10 @@ has priority 0 (SGLang's ``req.priority or 0`` for a request sent without one).
 """
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import os
+import sys
 
 import numpy as np
 from numba import njit
@@ -80,8 +83,26 @@ __all__ = [
 def priority_function(fn):
     """Compile *fn* ``(N, x, params) -> (k1, k2)`` as a priority (numba ``njit`` with
     :data:`~radixkv.policies._radix_prio_kernels.PRIORITY_SIG`: N int64[:, ::1], x
-    int64, params float64[::1], returns two float64)."""
-    return njit(PRIORITY_SIG, cache=True)(fn)
+    int64, params float64[::1], returns two float64).
+
+    The compiled code is cached on disk only when *fn*'s module can be imported again by
+    name (Numba's cache reloads it from there); a function defined in a file loaded by
+    path, a notebook or ``__main__`` is compiled afresh in each process instead."""
+    return njit(PRIORITY_SIG, cache=_importable(fn))(fn)
+
+
+def _importable(fn) -> bool:
+    """True when ``fn.__module__`` is found on ``sys.path`` at the file it came from."""
+    name = getattr(fn, "__module__", None)
+    mod = sys.modules.get(name or "")
+    if not name or name == "__main__" or mod is None or not getattr(mod, "__file__", None):
+        return False
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return bool(spec and spec.origin
+                and os.path.realpath(spec.origin) == os.path.realpath(mod.__file__))
 
 
 class EvictionPriority:
