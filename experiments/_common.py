@@ -1,24 +1,175 @@
-"""Helpers shared by the experiment scripts: where the public traces are, where results go."""
+"""Helpers shared by the experiment scripts: traces, result files and their provenance.
+
+Every script writes its numbers with :func:`write_result`, which adds a ``provenance``
+block: radixkv version and git commit, Python / numpy / numba / matplotlib versions, the
+script, its settings (seeds included) and the sha256 of every trace read (named relative
+to ``$RADIXKV_SHARED``; never a machine's absolute path).
+
+``--quick`` (or ``RADIXKV_QUICK=1``) selects reduced sizes and writes to
+``experiments/results/quick/`` (not committed); the paper renders from the full results in
+``experiments/results/``.
+"""
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import platform
+import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
 REPO = HERE.parent
+if str(REPO) not in sys.path:  # scripts run as files: make the package importable
+    sys.path.insert(0, str(REPO))
+
+QUICK = "--quick" in sys.argv[1:] or os.environ.get("RADIXKV_QUICK") == "1"
+RESULTS = HERE / "results" / "quick" if QUICK else HERE / "results"
+
+#: public traces the paper reads: name → (path under $RADIXKV_SHARED, what it is)
+TRACES = {
+    "mooncake": ("traces/mooncake-fast25/conversation_trace.jsonl", "Mooncake FAST'25 conversation (Kimi chat), 512-token hash blocks"),
+    "weka": ("traces/weka-claude-code/traces", "WEKA / kv-cache-tester Claude Code agentic coding sessions, 64-token hash blocks"),
+    "ragpulse": ("traces/ragpulse/0_trace.jsonl", "RAGPulse university RAG Q&A service, 16-token hash blocks"),
+    "azure_conv": ("traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv", "Azure LLM inference 2023 conversation (lengths only)"),
+    "azure_code": ("traces/azure-llm-2023/AzureLLMInferenceTrace_code.csv", "Azure LLM inference 2023 code (lengths only)"),
+}
+#: the three public traces with prefix identity (Azure has lengths only)
+PREFIX_TRACES = ("mooncake", "weka", "ragpulse")
+
+
+def shared_root() -> Path:
+    return Path(os.environ.get("RADIXKV_SHARED", REPO.parent / "shared"))
 
 
 def shared(*parts: str) -> Path:
     """A path under ``$RADIXKV_SHARED`` (default ``../shared`` beside the repository)."""
-    root = Path(os.environ.get("RADIXKV_SHARED", REPO.parent / "shared"))
-    p = root.joinpath(*parts)
+    p = shared_root().joinpath(*parts)
     if not p.exists():
         sys.exit(f"{p} not found: set RADIXKV_SHARED to the folder holding traces/ (see traces/README.md)")
     return p
 
 
 def result(name: str) -> Path:
+    """Where result *name* goes (the quick folder under ``--quick``)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     return RESULTS / name
+
+
+_SHA: dict = {}
+_TRACE_CACHE: dict = {}
+_READ: dict = {}
+
+
+def sha256_path(p: Path) -> str:
+    """sha256 of a file, or of a directory (its files' relative names and bytes, sorted)."""
+    key = str(p)
+    if key in _SHA:
+        return _SHA[key]
+    h = hashlib.sha256()
+    if p.is_dir():
+        for f in sorted(q for q in p.rglob("*") if q.is_file()):
+            h.update(str(f.relative_to(p)).encode() + b"\0")
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    else:
+        with open(p, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    _SHA[key] = h.hexdigest()
+    return _SHA[key]
+
+
+def load(name: str, limit: int | None = None):
+    """The public trace *name* (a key of :data:`TRACES`), first *limit* requests; recorded
+    for the provenance block."""
+    from radixkv.trace.load import load_trace
+
+    rel, _ = TRACES[name]
+    if name not in _TRACE_CACHE:
+        _TRACE_CACHE[name] = load_trace(shared(rel))
+    _READ[name] = {"path": "$RADIXKV_SHARED/" + rel, "sha256": sha256_path(shared(rel))}
+    t = _TRACE_CACHE[name]
+    return t.head(limit) if limit else t
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def provenance(settings: dict) -> dict:
+    """What produced a result: versions, commit, script, settings, traces read."""
+    import matplotlib
+    import numba
+    import numpy
+
+    import radixkv
+
+    dirty = _git("status", "--porcelain", "--", "radixkv", "experiments")
+    return {
+        "radixkv_version": radixkv.__version__,
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(dirty) if dirty is not None else None,
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "numba": numba.__version__,
+        "matplotlib": matplotlib.__version__,
+        "script": "experiments/" + Path(sys.argv[0]).name,
+        "quick": QUICK,
+        "settings": settings,
+        "traces": dict(sorted(_READ.items())),
+    }
+
+
+def write_result(name: str, doc: dict, settings: dict) -> Path:
+    """Write *doc* plus its provenance block as JSON (sorted keys, atomic)."""
+    from radixkv.util import atomic_write_text, dumps_json
+
+    out = dict(doc)
+    out["provenance"] = provenance(settings)
+    path = result(name)
+    atomic_write_text(path, dumps_json(out))
+    print(f"wrote {path.relative_to(REPO)}", flush=True)
+    return path
+
+
+def save_fig(fig, name: str) -> Path:
+    """Write a matplotlib figure as PNG (no timestamp metadata: same bytes each run)."""
+    from radixkv.util import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    path = result(name)
+    atomic_write_bytes(path, buf.getvalue())
+    print(f"wrote {path.relative_to(REPO)}", flush=True)
+    return path
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def mean_ci(xs) -> dict:
+    """Mean and 95 % confidence half-width (Student t) of a list of ≥ 2 values."""
+    import numpy as np
+
+    x = np.asarray(xs, dtype=np.float64)
+    n = x.size
+    # two-sided 95 % t quantiles for n-1 = 1..30 degrees of freedom
+    t = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+         2.052, 2.048, 2.045, 2.042]
+    half = float(t[min(n - 1, 30) - 1] * x.std(ddof=1) / np.sqrt(n)) if n >= 2 else float("nan")
+    return {"mean": float(x.mean()), "ci95": half, "n": int(n), "values": [float(v) for v in x]}
