@@ -1,0 +1,207 @@
+"""Concurrent replay: does the cache take memory from running requests? (claims C1, C2, C4, C8, C9, C14).
+
+Mooncake conversation (first requests; real arrival times, ×1 = the real rate, which
+overloads one GPU, and stretched ×10) replayed with continuous batching, chunked prefill
+and preemption (``radixkv.replay.concurrent.replay_concurrent``), Llama-3.1-8B priced by
+the roofline cost model on A100 GPUs, through both engines' caches:
+
+- vLLM block 16 with vLLM's admission rules, SGLang page 1 with SGLang's;
+- cache on / off (``NoCache`` on the same pool) / statically reserved (30 % of the pool
+  held for cached prefixes, ``StaticReservedCache``: the design claims C2 and C8 picture);
+- memory pressure: the KV pool vLLM's memory model gives for ``gpu_memory_utilization``
+  0.80 / 0.85 / 0.90 / 0.95 on an A100-80GB and 0.90 on an A100-40GB (both engines get the
+  same pool in tokens) × load (time scale 1 and 10);
+- cost-model sensitivity: MFU 0.4 / 0.6 / 0.8 × MBU 0.6 / 0.8, cache on vs off;
+- ``max_num_batched_tokens`` 2048 … 16384 (C14);
+- Azure conversation (lengths only, so every hit is 0): caching on vs off at zero hit rate;
+- the pool's split over time (running / evictable cache / free) with the cache on vs off,
+  sampled after every step that finishes a request.
+
+    python experiments/fig_concurrent.py [--quick]
+        # writes results/concurrent.json, concurrent_pressure.png, pool_split.png
+
+Full: ~8 min on 2 idle cores (1,500 requests per run); --quick: ~3 min (600 requests,
+fewer cells).
+"""
+from __future__ import annotations
+
+import _common as C  # noqa: I001
+
+import numpy as np
+
+from radixkv.cost import CostModel
+from radixkv.errors import ConfigError
+from radixkv.memory import pool_for
+from radixkv.policies.no_cache import NoCache
+from radixkv.policies.registry import PoolSpec, build_policy, parse_policy
+from radixkv.policies.static_reserved import StaticReservedCache
+from radixkv.replay.arrivals import arrival_times
+from radixkv.replay.concurrent import replay_concurrent
+from radixkv.replay.run import warmup_many
+from radixkv.replay.scheduler import SchedulerConfig
+
+MODEL = "Llama-3.1-8B"
+ENGINES = {"vllm": "vllm:16", "sglang": "sglang:1"}
+MODES = ["on", "off", "static"]
+STATIC_FRACTION = 0.3
+KEEP = ("token_hit_rate", "concurrency_mean", "concurrency_busy_mean", "concurrency_peak", "ttft_p50_s",
+        "ttft_p99_s", "ttft_mean_s", "tpot_p50_s", "e2e_p50_s", "throughput_total_tokens_per_s",
+        "throughput_output_tokens_per_s", "preemptions", "recomputed_tokens", "duration_s",
+        "pool_used_share_mean", "pool_cached_share_mean", "internal_fragmentation_share_mean",
+        "prefill_flops", "prefill_flops_saved", "steps")
+
+
+def pressures(quick: bool) -> list:
+    """(label, GPU, gpu_memory_utilization) of each memory-pressure level."""
+    full = [("A100-40GB@0.90", "A100-40GB", 0.90), ("A100-80GB@0.80", "A100-80GB", 0.80),
+            ("A100-80GB@0.90", "A100-80GB", 0.90), ("A100-80GB@0.95", "A100-80GB", 0.95)]
+    return [full[0], full[2]] if quick else full
+
+
+def _policy(engine: str, mode: str, cap: int):
+    pol = build_policy(parse_policy(ENGINES[engine]), PoolSpec(capacity_tokens=cap))
+    if mode == "off":
+        return NoCache(pol.num_slots, pol.slot_tokens)
+    if mode == "static":
+        return StaticReservedCache(pol.num_slots, pol.slot_tokens, STATIC_FRACTION)
+    return pol
+
+
+def run(tr, engine, mode, cap, gpu, *, scale=1.0, mfu=0.6, mbu=0.8, mnbt=8192, timeline=False) -> dict:
+    pol = _policy(engine, mode, cap)
+    cost = CostModel.from_specs(MODEL, gpu, mfu=mfu, mbu=mbu)
+    cfg = SchedulerConfig(max_num_batched_tokens=mnbt, admission=engine)
+    arr = arrival_times(tr, arrival="trace", time_scale=scale)
+    samples = []
+
+    def progress(done, total):
+        st = pol.stats(detail=False)
+        samples.append((done, st.used_slots, st.cached_slots, st.free_slots))
+
+    meta = {"engine": engine, "mode": mode, "pool_tokens": int(cap), "gpu": gpu, "time_scale": scale,
+            "mfu": mfu, "mbu": mbu, "max_num_batched_tokens": mnbt}
+    try:
+        res = replay_concurrent(tr, pol, cost, arrivals=arr, config=cfg, progress=progress if timeline else None)
+    except ConfigError as e:  # e.g. the static reservation leaves too little for the longest request
+        return {**{k: None for k in KEEP}, **meta, "not_run": str(e).split(": ", 1)[-1]}
+    s = res.summary()
+    out = {k: s.get(k) for k in KEEP}
+    out.update(meta)
+    if timeline:
+        fin = np.sort(res["finish_s"])
+        slots = pol.num_slots
+        out["timeline"] = {"time_s": [float(fin[d - 1]) for d, *_ in samples],
+                           "running_share": [u / slots for _, u, _, _ in samples],
+                           "cached_share": [c / slots for _, _, c, _ in samples],
+                           "free_share": [f / slots for _, _, _, f in samples]}
+    return out
+
+
+def main() -> None:
+    q = C.QUICK
+    n = 600 if q else 1500
+    tr = C.load("mooncake", n)
+    warmup_many([parse_policy(p) for p in ENGINES.values()] + [parse_policy("static:16")])
+    scales = [1.0, 10.0]
+    grid = []
+    for label, gpu, gmu in pressures(q):
+        cap = pool_for("vllm", MODEL, gpu, gpu_memory_utilization=gmu).capacity_tokens
+        for scale in scales:
+            for engine in ENGINES:
+                for mode in MODES:
+                    r = run(tr, engine, mode, cap, gpu, scale=scale)
+                    r["pressure"] = label
+                    r["gpu_memory_utilization"] = gmu
+                    grid.append(r)
+                    print(f"{label} x{scale:g} {engine:6} {mode:6}: " + (r.get("not_run") or
+                          f"hit {r['token_hit_rate']:.3f} conc {r['concurrency_mean']:.1f} peak {r['concurrency_peak']} "
+                          f"ttft50 {r['ttft_p50_s']:.1f}s tput {r['throughput_total_tokens_per_s']:.0f} "
+                          f"pre {r['preemptions']}"), flush=True)
+    base_gpu, base_gmu = "A100-80GB", 0.90
+    base_cap = pool_for("vllm", MODEL, base_gpu, gpu_memory_utilization=base_gmu).capacity_tokens
+    sens = []
+    for mfu, mbu in ([(0.4, 0.8), (0.8, 0.8)] if q else [(0.4, 0.8), (0.6, 0.8), (0.8, 0.8), (0.6, 0.6)]):
+        for mode in ("on", "off"):
+            sens.append(run(tr, "vllm", mode, base_cap, base_gpu, scale=10.0, mfu=mfu, mbu=mbu))
+    mnbt_rows = []
+    for mnbt in ([2048, 8192] if q else [2048, 4096, 8192, 16384]):
+        for engine in ENGINES:
+            mnbt_rows.append(run(tr, engine, "on", base_cap, base_gpu, scale=10.0, mnbt=mnbt))
+    timeline = [run(tr, "vllm", mode, base_cap, base_gpu, scale=1.0, timeline=True) for mode in ("on", "off")]
+    az = C.load("azure_conv", n)
+    azure = []
+    for label, gpu, gmu in pressures(q)[:1] + [("A100-80GB@0.90", "A100-80GB", 0.90)][: 0 if q else 1]:
+        cap = pool_for("vllm", MODEL, gpu, gpu_memory_utilization=gmu).capacity_tokens
+        for engine in ENGINES:
+            for mode in ("on", "off"):
+                r = run(az, engine, mode, cap, gpu, scale=1.0)
+                r["pressure"] = label
+                azure.append(r)
+    doc = {"trace_requests": n, "grid": grid, "sensitivity": sens, "max_num_batched_tokens": mnbt_rows,
+           "timeline": timeline, "azure": azure, "base": {"gpu": base_gpu, "gpu_memory_utilization": base_gmu,
+                                                         "pool_tokens": base_cap}}
+    C.write_result("concurrent.json", doc, {
+        "model": MODEL, "engines": ENGINES, "modes": MODES, "static_fraction": STATIC_FRACTION,
+        "pressures": pressures(q), "time_scales": scales, "requests": n, "arrival": "trace",
+        "scheduler_commit": C._git("log", "-1", "--format=%H", "--", "radixkv/replay"),
+        "cost_model": "roofline, mfu 0.6, mbu 0.8 unless stated", "max_num_seqs": 256})
+    plot(doc)
+
+
+def plot(doc: dict) -> None:
+    plt = C.pyplot()
+    grid = doc["grid"]
+    labels = list(dict.fromkeys(r["pressure"] for r in grid))
+    pools = [next(r["pool_tokens"] for r in grid if r["pressure"] == lab) for lab in labels]
+    order = np.argsort(pools)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    style = {"on": "-", "off": "--", "static": ":"}
+    colors = {"vllm": "C0", "sglang": "C2"}
+    for col, scale in enumerate((1.0, 10.0)):
+        for row, (key, ylab) in enumerate((("concurrency_mean", "mean running requests"),
+                                           ("ttft_p50_s", "TTFT p50 (s, log scale)"))):
+            ax = axes[row][col]
+            for engine in ("vllm", "sglang"):
+                for mode in MODES:
+                    ys = []
+                    for i in order:
+                        r = next(r for r in grid if r["pressure"] == labels[i] and r["time_scale"] == scale
+                                 and r["engine"] == engine and r["mode"] == mode)
+                        ys.append(np.nan if r[key] is None else r[key])
+                    ax.plot([pools[i] / 1000 for i in order], ys, color=colors[engine], linestyle=style[mode],
+                            marker="o", ms=4, label=f"{engine} cache {mode}" if mode != "static" else f"{engine} static 30 %")
+            if key == "ttft_p50_s":
+                ax.set_yscale("log")
+            ax.set_xlabel("KV pool (thousand tokens; smaller = more memory pressure)")
+            ax.set_ylabel(ylab)
+            ax.set_title(f"Mooncake, arrivals ×{scale:g} ({'real rate, overload' if scale == 1 else 'stretched'})",
+                         fontsize=10)
+            ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=7, ncol=2)
+    fig.suptitle("Concurrency and TTFT vs memory pressure: cache on / off / static reservation "
+                 "(Llama-3.1-8B, A100)", fontsize=11)
+    fig.tight_layout()
+    C.save_fig(fig, "concurrent_pressure.png")
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, r in zip(axes, doc["timeline"]):
+        tl = r["timeline"]
+        t = np.asarray(tl["time_s"]) / 60
+        ax.stackplot(t, tl["running_share"], tl["cached_share"], tl["free_share"],
+                     labels=["held by running requests", "evictable cache", "free"],
+                     colors=["C3", "C0", "0.85"], step="post")
+        ax.set_xlabel("time (minutes)")
+        ax.set_title(f"vLLM, cache {r['mode']}: hit rate {r['token_hit_rate']:.3f}, "
+                     f"mean running {r['concurrency_mean']:.1f}", fontsize=10)
+        ax.set_ylim(0, 1)
+        ax.set_xlim(t[0], t[-1])
+    axes[0].set_ylabel("share of the KV pool")
+    axes[1].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Pool split over time, Mooncake at the real rate, pool {doc['base']['pool_tokens']:,} tokens "
+                 f"(A100-80GB, gpu_memory_utilization {doc['base']['gpu_memory_utilization']})", fontsize=10)
+    fig.tight_layout()
+    C.save_fig(fig, "pool_split.png")
+
+
+if __name__ == "__main__":
+    main()
