@@ -173,3 +173,21 @@ def mean_ci(xs) -> dict:
          2.052, 2.048, 2.045, 2.042]
     half = float(t[min(n - 1, 30) - 1] * x.std(ddof=1) / np.sqrt(n)) if n >= 2 else float("nan")
     return {"mean": float(x.mean()), "ci95": half, "n": int(n), "values": [float(v) for v in x]}
+
+
+def logx(ax) -> None:
+    """Log x axis with labels on the decades only (minor labels overlap)."""
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def main_or_plot(main, plot, name: str) -> None:
+    """Run *main*, or with ``--plot-only`` redraw the figures from the result file *name*."""
+    import json
+
+    if "--plot-only" in sys.argv[1:]:
+        plot(json.loads(result(name).read_text()))
+    else:
+        main()

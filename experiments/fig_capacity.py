@@ -103,7 +103,7 @@ def plot(doc: dict) -> None:
             col, mk, ls = style[pol]
             ax.plot([p["pool_capacity_tokens"] for p in pts], [p["token_hit_rate"] for p in pts],
                     color=col, marker=mk, linestyle=ls, label=pol, alpha=0.85)
-        ax.set_xscale("log")
+        C.logx(ax)
         ax.set_ylim(0, 1)
         ax.grid(True, which="both", alpha=0.3)
         ax.set_xlabel("KV pool capacity (tokens, log scale)")
@@ -157,4 +157,4 @@ def plot(doc: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    C.main_or_plot(main, plot, "capacity.json")

@@ -196,12 +196,13 @@ def plot(doc: dict) -> None:
         ax.set_ylim(0, 1)
         ax.set_xlim(t[0], t[-1])
     axes[0].set_ylabel("share of the KV pool")
-    axes[1].legend(fontsize=8, loc="lower right")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=3)
     fig.suptitle(f"Pool split over time, Mooncake at the real rate, pool {doc['base']['pool_tokens']:,} tokens "
                  f"(A100-80GB, gpu_memory_utilization {doc['base']['gpu_memory_utilization']})", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     C.save_fig(fig, "pool_split.png")
 
 
 if __name__ == "__main__":
-    main()
+    C.main_or_plot(main, plot, "concurrent.json")

@@ -114,4 +114,4 @@ def plot(doc: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    C.main_or_plot(main, plot, "mooncake_curve.json")

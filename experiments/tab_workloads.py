@@ -239,4 +239,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    C.main_or_plot(main, plot, "workloads.json")

@@ -1,0 +1,74 @@
+"""Reproduce every result of the paper, then render paper/paper.md.
+
+    python -m experiments            # full sizes: results in experiments/results/, ~25 min on 2 idle cores
+    python -m experiments --quick    # reduced sizes: experiments/results/quick/, < 10 min
+    python -m experiments --only fig_capacity,tab_memory   # a subset
+
+Each script runs in its own process (``nice``-d), with ``RADIXKV_SHARED`` pointing at the
+folder that holds the public traces (default ``../shared`` beside the repository). In full
+mode the paper is rendered from the new results (``experiments/render_paper.py``); in quick
+mode it is rendered to ``experiments/results/quick/paper.md`` to check that every
+placeholder resolves.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+#: (script, what it makes, expected minutes full / quick on 2 idle cores)
+SCRIPTS = [
+    ("tab_memory", "memory.json: KV bytes/token and per request, TP, fp8 pools, gpu_memory_utilization pools, prefill cost (C4, C11, C12, C15, C16, C17)", 0.1, 0.1),
+    ("fig_mooncake_curve", "mooncake_curve.{json,png}: Mooncake FAST'25 Fig. 9, both hit-rate definitions, read-off bands, 41 %-of-max check", 2, 0.3),
+    ("fig_capacity", "capacity.json, capacity_curves.png, hit_lengths.png, alignment.png: hit rate vs capacity per policy on each public trace; fp8 vs bf16 pools (C5, C13, C17)", 8, 1),
+    ("tab_workloads", "workloads.{json,png}: hit-rate spread, concentration, cross-session share on real traces; 5-seed synthetic ablations (C3, C5, C7, C10, C13, C18)", 5, 2),
+    ("tab_fragmentation", "fragmentation.{json,png}: cached tokens, fragmentation over a pool sweep, whole-leaf vs granularity ablation (C6)", 4, 1),
+    ("fig_concurrent", "concurrent.json, concurrent_pressure.png, pool_split.png: cache on/off/static × memory pressure × load, MFU/MBU, max_num_batched_tokens (C1, C2, C4, C8, C9, C14)", 8, 3),
+]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="reduced sizes, results in experiments/results/quick/")
+    ap.add_argument("--only", default="", help="comma-separated script names to run (default: all)")
+    ap.add_argument("--no-render", action="store_true", help="do not render the paper afterwards")
+    args = ap.parse_args(argv)
+    only = {s for s in args.only.split(",") if s}
+    unknown = only - {s for s, *_ in SCRIPTS}
+    if unknown:
+        ap.error(f"unknown script(s): {', '.join(sorted(unknown))}; known: {', '.join(s for s, *_ in SCRIPTS)}")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("RADIXKV_SHARED", str(REPO.parent / "shared"))
+    t_all = time.perf_counter()
+    for name, what, full_min, quick_min in SCRIPTS:
+        if only and name not in only:
+            continue
+        cmd = [sys.executable, str(HERE / f"{name}.py")] + (["--quick"] if args.quick else [])
+        if hasattr(os, "nice"):
+            cmd = ["nice", "-n", "10"] + cmd
+        print(f"== {name} (expected ~{quick_min if args.quick else full_min:g} min): {what}", flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.call(cmd, env=env, cwd=str(REPO))
+        print(f"   {name}: exit {rc}, {time.perf_counter() - t0:.0f} s", flush=True)
+        if rc != 0:
+            return rc
+    if not args.no_render:
+        from experiments.render_paper import render_to
+
+        res = HERE / "results" / ("quick" if args.quick else "")
+        out = (HERE / "results" / "quick" / "paper.md") if args.quick else (REPO / "paper" / "paper.md")
+        render_to(res, out)
+        print(f"rendered {out.relative_to(REPO)}")
+    print(f"all done in {time.perf_counter() - t_all:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
