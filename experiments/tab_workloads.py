@@ -197,7 +197,7 @@ def plot(doc: dict) -> None:
             if r.get(key) is None:
                 continue
             d = r[key]
-            pos.append(i * 3 + j)
+            pos.append(i * 3.2 + j * 1.4)
             data.append(d)
             ticks.append(f"{lab[n]}\n{kind}")
     for p, d in zip(pos, data):
@@ -206,7 +206,7 @@ def plot(doc: dict) -> None:
         a1.plot(p, d["p50"], "ko", ms=5)
     a1.axhspan(0.3, 0.6, color="C2", alpha=0.12, label="claimed healthy band 30–60 %")
     a1.set_xticks(pos)
-    a1.set_xticklabels(ticks, fontsize=7)
+    a1.set_xticklabels(ticks, fontsize=7, rotation=25, ha="right")
     a1.set_ylim(0, 1.02)
     a1.set_ylabel("token hit rate (infinite cache)")
     a1.set_title("C3: hit-rate spread (bar p10–p90, box p25–p75, dot median)", fontsize=9)
