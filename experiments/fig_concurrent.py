@@ -156,10 +156,11 @@ def plot(doc: dict) -> None:
     order = np.argsort(pools)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     style = {"on": "-", "off": "--", "static": ":"}
+    marker = {"on": "o", "off": "s", "static": "^"}
     colors = {"vllm": "C0", "sglang": "C2"}
-    for col, scale in enumerate((1.0, 10.0)):
+    for col, scale in enumerate(sorted({r["time_scale"] for r in grid})[:2]):
         for row, (key, ylab) in enumerate((("concurrency_mean", "mean running requests"),
-                                           ("ttft_p50_s", "TTFT p50 (s, log scale)"))):
+                                           ("ttft_p50_s", "TTFT p50 (s)"))):
             ax = axes[row][col]
             for engine in ("vllm", "sglang"):
                 for mode in MODES:
@@ -169,15 +170,15 @@ def plot(doc: dict) -> None:
                                  and r["engine"] == engine and r["mode"] == mode)
                         ys.append(np.nan if r[key] is None else r[key])
                     ax.plot([pools[i] / 1000 for i in order], ys, color=colors[engine], linestyle=style[mode],
-                            marker="o", ms=4, label=f"{engine} cache {mode}" if mode != "static" else f"{engine} static 30 %")
+                            marker=marker[mode], ms=5, alpha=0.85, label=f"{engine} cache {mode}" if mode != "static" else f"{engine} static 30 %")
             if key == "ttft_p50_s":
-                ax.set_yscale("log")
+                ax.set_ylim(bottom=0)
             ax.set_xlabel("KV pool (thousand tokens; smaller = more memory pressure)")
             ax.set_ylabel(ylab)
             ax.set_title(f"Mooncake, arrivals ×{scale:g} ({'real rate, overload' if scale == 1 else 'stretched'})",
                          fontsize=10)
             ax.grid(True, alpha=0.3)
-    axes[0][0].legend(fontsize=7, ncol=2)
+    axes[0][0].legend(fontsize=7, ncol=2, handlelength=3.5)
     fig.suptitle("Concurrency and TTFT vs memory pressure: cache on / off / static reservation "
                  "(Llama-3.1-8B, A100)", fontsize=11)
     fig.tight_layout()
