@@ -17,7 +17,7 @@ the roofline cost model on A100 GPUs, through both engines' caches:
 - the pool's split over time (running / evictable cache / free) with the cache on vs off,
   sampled after every step that finishes a request.
 
-    python experiments/fig_concurrent.py [--quick]
+    python experiments/fig_concurrent.py [--quick] [--jobs N]   # N worker processes (default 2)
         # writes results/concurrent.json, concurrent_pressure.png, pool_split.png
 
 Full: ~8 min on 2 idle cores (1,500 requests per run); --quick: ~3 min (600 requests,
@@ -26,6 +26,8 @@ fewer cells).
 from __future__ import annotations
 
 import _common as C  # noqa: I001
+
+import sys
 
 import numpy as np
 
@@ -97,49 +99,77 @@ def run(tr, engine, mode, cap, gpu, *, scale=1.0, mfu=0.6, mbu=0.8, mnbt=8192, t
     return out
 
 
+_TRACES: dict = {}
+
+
+def _cell(job: tuple) -> dict:
+    """One concurrent replay: ``(group, extra fields, trace name, n, run() args, run() kwargs)``.
+
+    Runs in a worker process (``--jobs``); the trace is loaded once per worker."""
+    group, extra, name, n, args, kw = job
+    if (name, n) not in _TRACES:
+        _TRACES[(name, n)] = C.load(name, n)
+    r = run(_TRACES[(name, n)], *args, **kw)
+    r.update(extra)
+    return r
+
+
+def jobs_arg() -> int:
+    """``--jobs N`` (default 2): worker processes for the independent replays."""
+    argv = sys.argv[1:]
+    return int(argv[argv.index("--jobs") + 1]) if "--jobs" in argv else 2
+
+
 def main() -> None:
     q = C.QUICK
     n = 600 if q else 1500
-    tr = C.load("mooncake", n)
+    C.load("mooncake", n)  # recorded for provenance; workers load their own copy
+    C.load("azure_conv", n)
     warmup_many([parse_policy(p) for p in ENGINES.values()] + [parse_policy("static:16")])
     scales = [1.0, 10.0]
-    grid = []
+    base_gpu, base_gmu = "A100-80GB", 0.90
+    base_cap = pool_for("vllm", MODEL, base_gpu, gpu_memory_utilization=base_gmu).capacity_tokens
+    jobs = []
     for label, gpu, gmu in pressures(q):
         cap = pool_for("vllm", MODEL, gpu, gpu_memory_utilization=gmu).capacity_tokens
         for scale in scales:
             for engine in ENGINES:
                 for mode in MODES:
-                    r = run(tr, engine, mode, cap, gpu, scale=scale)
-                    r["pressure"] = label
-                    r["gpu_memory_utilization"] = gmu
-                    grid.append(r)
-                    print(f"{label} x{scale:g} {engine:6} {mode:6}: " + (r.get("not_run") or
-                          f"hit {r['token_hit_rate']:.3f} conc {r['concurrency_mean']:.1f} peak {r['concurrency_peak']} "
-                          f"ttft50 {r['ttft_p50_s']:.1f}s tput {r['throughput_total_tokens_per_s']:.0f} "
-                          f"pre {r['preemptions']}"), flush=True)
-    base_gpu, base_gmu = "A100-80GB", 0.90
-    base_cap = pool_for("vllm", MODEL, base_gpu, gpu_memory_utilization=base_gmu).capacity_tokens
-    sens = []
+                    jobs.append(("grid", {"pressure": label, "gpu_memory_utilization": gmu}, "mooncake", n,
+                                 (engine, mode, cap, gpu), {"scale": scale}))
     for mfu, mbu in ([(0.4, 0.8), (0.8, 0.8)] if q else [(0.4, 0.8), (0.6, 0.8), (0.8, 0.8), (0.6, 0.6)]):
         for mode in ("on", "off"):
-            sens.append(run(tr, "vllm", mode, base_cap, base_gpu, scale=10.0, mfu=mfu, mbu=mbu))
-    mnbt_rows = []
+            jobs.append(("sensitivity", {}, "mooncake", n, ("vllm", mode, base_cap, base_gpu),
+                         {"scale": 10.0, "mfu": mfu, "mbu": mbu}))
     for mnbt in ([2048, 8192] if q else [2048, 4096, 8192, 16384]):
         for engine in ENGINES:
-            mnbt_rows.append(run(tr, engine, "on", base_cap, base_gpu, scale=10.0, mnbt=mnbt))
-    timeline = [run(tr, "vllm", mode, base_cap, base_gpu, scale=1.0, timeline=True) for mode in ("on", "off")]
-    az = C.load("azure_conv", n)
-    azure = []
+            jobs.append(("max_num_batched_tokens", {}, "mooncake", n, (engine, "on", base_cap, base_gpu),
+                         {"scale": 10.0, "mnbt": mnbt}))
+    for mode in ("on", "off"):
+        jobs.append(("timeline", {}, "mooncake", n, ("vllm", mode, base_cap, base_gpu), {"scale": 1.0, "timeline": True}))
     for label, gpu, gmu in pressures(q)[:1] + [("A100-80GB@0.90", "A100-80GB", 0.90)][: 0 if q else 1]:
         cap = pool_for("vllm", MODEL, gpu, gpu_memory_utilization=gmu).capacity_tokens
         for engine in ENGINES:
             for mode in ("on", "off"):
-                r = run(az, engine, mode, cap, gpu, scale=1.0)
-                r["pressure"] = label
-                azure.append(r)
-    doc = {"trace_requests": n, "grid": grid, "sensitivity": sens, "max_num_batched_tokens": mnbt_rows,
-           "timeline": timeline, "azure": azure, "base": {"gpu": base_gpu, "gpu_memory_utilization": base_gmu,
-                                                         "pool_tokens": base_cap}}
+                jobs.append(("azure", {"pressure": label}, "azure_conv", n, (engine, mode, cap, gpu), {"scale": 1.0}))
+    k = jobs_arg()
+    if k > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(k) as pool:
+            rows = pool.map(_cell, jobs, chunksize=1)
+    else:
+        rows = [_cell(j) for j in jobs]
+    out: dict = {"grid": [], "sensitivity": [], "max_num_batched_tokens": [], "timeline": [], "azure": []}
+    for job, r in zip(jobs, rows):
+        out[job[0]].append(r)
+        if job[0] == "grid":
+            print(f"{r['pressure']} x{r['time_scale']:g} {r['engine']:6} {r['mode']:6}: " + (r.get("not_run") or
+                  f"hit {r['token_hit_rate']:.3f} conc {r['concurrency_mean']:.1f} peak {r['concurrency_peak']} "
+                  f"ttft50 {r['ttft_p50_s']:.1f}s tput {r['throughput_total_tokens_per_s']:.0f} "
+                  f"pre {r['preemptions']}"), flush=True)
+    doc = {"trace_requests": n, **out, "base": {"gpu": base_gpu, "gpu_memory_utilization": base_gmu,
+                                                "pool_tokens": base_cap}}
     C.write_result("concurrent.json", doc, {
         "model": MODEL, "engines": ENGINES, "modes": MODES, "static_fraction": STATIC_FRACTION,
         "pressures": pressures(q), "time_scales": scales, "requests": n, "arrival": "trace",
