@@ -109,7 +109,8 @@ def provenance(settings: dict) -> dict:
 
     import radixkv
 
-    dirty = _git("status", "--porcelain", "--", "radixkv", "experiments")
+    # uncommitted changes to the code (result files being rewritten do not count)
+    dirty = _git("status", "--porcelain", "--", "radixkv", "experiments", ":(exclude)experiments/results")
     return {
         "radixkv_version": radixkv.__version__,
         "git_commit": _git("rev-parse", "HEAD"),
