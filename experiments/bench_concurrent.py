@@ -64,8 +64,11 @@ def main() -> None:
                 pol = build_policy(spec, pool, unit_tokens=trace.unit_tokens)
                 return replay_concurrent(trace, pol, cost, arrivals=arr, fast_forward=ff)
             t_conc, res = _best(conc, a.repeat)
+            sm = res.summary()
             print(f"{label:>10}  sequential {t_seq:7.2f} s   {name} {t_conc:7.2f} s "
-                  f"({res.steps:,} steps)   ratio {t_conc / t_seq:5.2f}", flush=True)
+                  f"({res.steps:,} steps; hit rate {sm['token_hit_rate']:.4f}, {sm['preemptions']} preemptions, "
+                  f"pool running/cached {sm['pool_used_share_mean']:.3f}/{sm['pool_cached_share_mean']:.3f})   "
+                  f"ratio {t_conc / t_seq:5.2f}", flush=True)
 
 
 if __name__ == "__main__":
