@@ -496,10 +496,13 @@ class RadixCache(PrefixCache):
             When the request would pass its KV extent.
         """
         r = self._reqs[rid]
-        end = r.computed + int(n_tokens)
-        if end > r.kv_max:
-            raise ValueError(f"request {rid}: {end} tokens exceed its KV extent {r.kv_max}")
-        self._reserve(self._node_budget(r.seq.prompt_len), 0)
+        row = r.row
+        comp = int(row[K.R_COMP])
+        end = comp + int(n_tokens)
+        if end > int(row[K.R_KVMAX]):
+            raise ValueError(f"request {rid}: {end} tokens exceed its KV extent {int(row[K.R_KVMAX])}")
+        if comp < int(row[K.R_PLEN]):  # a decode creates no node (no insert, no split)
+            self._reserve(self._node_budget(r.seq.prompt_len), 0)
         e = K.extend(*self._state(), r.row, int(n_tokens))
         self._sync()
         if e < 0:
@@ -565,6 +568,11 @@ class RadixCache(PrefixCache):
     def num_nodes(self) -> int:
         """Tree nodes, root excluded."""
         return int(self._S[K.S_NNODES])
+
+    def room_slots(self) -> int:
+        """Free + evictable slots, ``num_slots − used`` as :meth:`stats` counts it, in O(1)."""
+        S = self._S
+        return self.num_slots - int(S[K.S_PRIV]) - int(S[K.S_PROT]) // self.page_size
 
     def stats(self, detail: bool = True) -> PoolStats:
         """The pool now.
