@@ -208,6 +208,41 @@ def test_interrupt_after_half_then_rerun_finishes_only_the_rest(grid24, local24,
     assert (rep.skipped, rep.done, len(ran)) == (24, 0, 12)
 
 
+def test_killed_sweep_process_resumes_with_only_the_rest(grid24, local24, tmp_path, monkeypatch):
+    """A `radixkv sweep` process killed (SIGKILL) mid-run; the rerun does only what is missing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    # each cell slowed by 0.3 s so that the kill lands mid-run
+    code = ("import sys, time; import radixkv.sweep.cell as c; real = c.replay_cell; "
+            "c.replay_cell = lambda t, s: (time.sleep(0.3), real(t, s))[1]; "
+            "from radixkv.cli import main; sys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "PYTHONPATH": str(TRACES.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-c", code, "sweep", str(grid24), "--out", str(out), "--quiet"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (out / "cells").is_dir() and len(list((out / "cells").glob("*.jsonl"))) >= 6:
+                break
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    stored = set(_metrics(out))
+    assert 6 <= len(stored) < 24
+    ran = []
+    real = cell_mod.replay_cell
+    monkeypatch.setattr(cell_mod, "replay_cell", lambda t, s: ran.append(s) or real(t, s))
+    rep = run_sweep(grid24, out, executor="local", progress=False)
+    assert (rep.skipped, rep.done, len(ran)) == (len(stored), 24 - len(stored), 24 - len(stored))
+    assert _metrics(out) == _metrics(local24)
+
+
 def test_cli_reports_an_interrupt_with_exit_130(grid24, tmp_path, monkeypatch, capsys):
     def boom(trace, settings):
         raise KeyboardInterrupt

@@ -85,7 +85,8 @@ def _run_processes(tasks: list[CellTask], workers: int):
     from concurrent.futures.process import BrokenProcessPool
 
     ctx = mp.get_context("fork") if sys.platform.startswith("linux") else mp.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx)
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx, initializer=_worker_init)
+    finished = False
     try:
         futs = {pool.submit(run_cell, t): t for t in tasks}
         for f in as_completed(futs):
@@ -96,8 +97,20 @@ def _run_processes(tasks: list[CellTask], workers: int):
                 res = {"key": t.key, "ok": False, "worker": None,
                        "error": {"type": "WorkerDied", "message": f"a worker process died ({e})", "traceback": ""}}
             yield t, res
+        finished = True
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if not finished:
+            # Ctrl-C or an error here: the cells in flight would not be stored, so stop them now
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
+        pool.shutdown(wait=finished, cancel_futures=True)
+
+
+def _worker_init() -> None:
+    """Worker processes leave Ctrl-C to the sweep, which stops them (no traceback per worker)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def require_dask() -> None:
