@@ -14,11 +14,15 @@ Definitions (docs/DESIGN.md, "Metrics"); every key carries its unit (``_tokens``
   could not reuse because of block/page rounding or the last-token cap
   (``alignment_loss_share`` is over Σ prompt tokens).
 - internal fragmentation = allocated slot tokens not holding a valid token
-  (``(used + cached) × slot_tokens − valid``), as a share of the pool's tokens; mean and peak
-  over the samples taken after each request.
+  (``(used + cached) × slot_tokens − valid``), as a share of the pool's tokens: a metric of
+  the concurrent replay; ``None`` in a sequential summary (its samples are taken after each
+  request finishes, when no request holds KV).
 - duplication = valid tokens stored more than once, as a share of the pool's tokens.
 - free-space scatter = 1 − largest contiguous free run / free slots (only where the policy
   models slot positions and some slot is free).
+- a metric the policy does not model (its capability flags, ``models_duplication``,
+  ``models_metadata``, ``models_slot_positions``) is ``None``: ``n/a`` in tables, ``null``
+  in JSON, never 0.
 - metadata = host bytes of hash-table entries or tree nodes (peak).
 - cached-token capacity = distinct hittable tokens the pool holds, averaged over the
   second half of the replay, absolute and per pool slot and per pool token. It, the
@@ -68,14 +72,22 @@ def hit_length_histogram(hit_tokens: np.ndarray) -> dict:
     return {"edges_tokens": [int(e) for e in edges], "counts": [int(c) for c in counts]}
 
 
-def summarize(rec: Records, *, evictions: int | None = None) -> dict:
-    """Summary metrics of one replay (see the module docstring for definitions).
+def summarize(rec: Records, *, evictions: int | None = None, measures: dict | None = None) -> dict:
+    """Summary metrics of one sequential replay (see the module docstring for definitions).
 
     Parameters
     ----------
     rec : Records
     evictions : int or None
         The policy's count of eviction events (blocks, nodes or units), when known.
+    measures : dict or None
+        The policy's capability flags, :func:`radixkv.policies.registry.measured_metrics`;
+        a metric the policy does not model (False) is ``None`` (``n/a``, JSON ``null``),
+        never 0. None: every metric is taken as measured.
+
+    Internal fragmentation is ``None`` here: the sequential replay samples the pool after
+    each request finishes, when no request holds KV, so it would measure only an idle pool;
+    it is a metric of the concurrent replay (:meth:`ConcurrentResult.summary`).
 
     Returns
     -------
@@ -112,18 +124,22 @@ def summarize(rec: Records, *, evictions: int | None = None) -> dict:
     out["evicted_tokens"] = int(c["evicted_tokens"].sum())
     if evictions is not None:
         out["evictions"] = int(evictions)
-    alloc_tokens = (c["used_slots"] + c["cached_slots"]) * rec.slot_tokens
-    waste = alloc_tokens - c["valid_tokens"]
-    out["internal_fragmentation_share_mean"] = _ratio(float(waste.mean()) if n else 0.0, pool_tokens)
-    out["internal_fragmentation_share_peak"] = _ratio(int(waste.max()) if n else 0, pool_tokens)
+    has = {"duplication": True, "metadata": True, "slot_positions": True, **(measures or {})}
+    # sampled with no request running: an idle pool's slack, not fragmentation (docstring)
+    out["internal_fragmentation_share_mean"] = None
+    out["internal_fragmentation_share_peak"] = None
     dup = c["duplicate_tokens"][c["duplicate_tokens"] >= 0]
-    out["duplicate_share_mean"] = _ratio(float(dup.mean()) if dup.size else 0.0, pool_tokens)
-    out["duplicate_share_peak"] = _ratio(int(dup.max()) if dup.size else 0, pool_tokens)
+    if has["duplication"] and dup.size:
+        out["duplicate_share_mean"] = _ratio(float(dup.mean()), pool_tokens)
+        out["duplicate_share_peak"] = _ratio(int(dup.max()), pool_tokens)
+    else:
+        out["duplicate_share_mean"] = out["duplicate_share_peak"] = None
     run = c["largest_free_run"]
     free = c["free_slots"]
     ok = (run >= 0) & (free > 0)
-    out["free_space_scatter_mean"] = float(np.mean(1.0 - run[ok] / free[ok])) if ok.any() else None
-    out["metadata_bytes_peak"] = int(c["metadata_bytes"].max()) if n else 0
+    out["free_space_scatter_mean"] = (float(np.mean(1.0 - run[ok] / free[ok]))
+                                      if has["slot_positions"] and ok.any() else None)
+    out["metadata_bytes_peak"] = int(c["metadata_bytes"].max()) if has["metadata"] and n else None
     half = c["cached_tokens"][n // 2 :]
     half = half[half >= 0]  # rows where the replay sampled it
     cap = float(half.mean()) if half.size else 0.0

@@ -156,7 +156,7 @@ _ROWS = [
     ("evictions", "evictions", "{:,}"),
     ("cached_tokens_second_half_mean", "cached tokens (2nd half mean)", "{:,.0f}"),
     ("cached_tokens_share_of_pool", "cached tokens / pool tokens", "{:.4f}"),
-    ("internal_fragmentation_share_mean", "internal fragmentation (mean)", "{:.4f}"),
+    ("internal_fragmentation_share_mean", "internal fragmentation (mean; concurrent only)", "{:.4f}"),
     ("duplicate_share_mean", "duplication (mean)", "{:.4f}"),
     ("free_space_scatter_mean", "free-space scatter (mean)", "{:.4f}"),
     ("metadata_bytes_peak", "metadata bytes (peak)", "{:,}"),

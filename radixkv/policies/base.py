@@ -128,6 +128,15 @@ class PrefixCache(ABC):
     #: decode that stays inside the request's last slot changes no slot count.
     decode_free_first: bool = False
     decode_slot_local: bool = False
+    #: capability flags: which optional :class:`PoolStats` fields the policy measures. A
+    #: metric whose flag is False is reported ``n/a`` in tables and ``null`` in JSON, never
+    #: 0 (:func:`radixkv.metrics.summarize`, read through
+    #: :func:`radixkv.policies.registry.measured_metrics`). ``models_duplication``:
+    #: ``duplicate_tokens``; ``models_metadata``: ``metadata_bytes``;
+    #: ``models_slot_positions``: ``largest_free_run`` (free-space scatter).
+    models_duplication: bool = False
+    models_metadata: bool = False
+    models_slot_positions: bool = False
 
     def __init__(self, num_slots: int, slot_tokens: int):
         from radixkv.errors import ConfigError

@@ -134,6 +134,9 @@ class BlockHashCache(PrefixCache):
     """
 
     name = "vllm"
+    models_duplication = True
+    models_metadata = True
+    models_slot_positions = True
     decode_slot_local = True  # ``allocate_slots`` takes a block only when a token starts one
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16, *, verify: bool = False,

@@ -23,6 +23,7 @@ class NoCache(PrefixCache):
     """
 
     name = "none"
+    models_metadata = True
     decode_free_first = True  # nothing is cached
 
     def __init__(self, num_slots: int, block_size: int = 1):

@@ -191,6 +191,8 @@ class RadixCache(PrefixCache):
     """
 
     name = "radix"
+    models_duplication = True
+    models_metadata = True
     admission_rule = "sglang"
     decode_free_first = True  # ``_decode`` evicts only when no slot/page is free
     #: ``match_and_lock`` / ``commit`` / ``defer_insert`` drive this class's kernels

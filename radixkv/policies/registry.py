@@ -233,3 +233,19 @@ def _need(tokens, spec):
                           field="capacity")
     if tokens < 1:
         raise ConfigError(f"{spec.label}: pool capacity must be ≥ 1 token, got {tokens}", field="capacity")
+
+
+def measured_metrics(policy) -> dict[str, bool]:
+    """Which optional pool metrics *policy* (an instance or a :class:`PrefixCache` subclass)
+    measures, from its class's capability flags (``models_duplication``,
+    ``models_metadata``, ``models_slot_positions``; see :class:`PrefixCache`).
+
+    Returns
+    -------
+    dict ``{"duplication": bool, "metadata": bool, "slot_positions": bool}``; a False
+    entry's metric is reported ``n/a`` / ``null`` by :func:`radixkv.metrics.summarize`.
+    """
+    cls = policy if isinstance(policy, type) else type(policy)
+    return {"duplication": bool(getattr(cls, "models_duplication", False)),
+            "metadata": bool(getattr(cls, "models_metadata", False)),
+            "slot_positions": bool(getattr(cls, "models_slot_positions", False))}

@@ -76,6 +76,7 @@ class StaticReservedCache(PrefixCache):
     """
 
     name = "static"
+    models_metadata = True
 
     def __init__(self, num_slots: int, block_size: int = 16, reserved_fraction: float = 0.3):
         super().__init__(num_slots, block_size)

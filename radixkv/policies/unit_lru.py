@@ -124,6 +124,7 @@ class UnitLRUCache(PrefixCache):
     """
 
     name = "unit-lru"
+    models_metadata = True
 
     def __init__(self, capacity_units: int, unit_tokens: int = 1):
         if int(capacity_units) < 1:

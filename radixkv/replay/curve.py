@@ -13,7 +13,7 @@ import numpy as np
 
 from radixkv.errors import ConfigError
 from radixkv.metrics import summarize
-from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy
+from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, measured_metrics
 from radixkv.replay.run import _tiny_trace, run_replay, warmup
 from radixkv.trace.types import Trace
 
@@ -72,7 +72,7 @@ def run_curve(
         recs = cls.replay_curve(trace, [pols[i] for i in idx], limit=limit, label=spec.label)
         total = time.perf_counter() - t0
         for i, rec in zip(idx, recs):
-            s = summarize(rec, evictions=rec.meta.get("evictions"))
+            s = summarize(rec, evictions=rec.meta.get("evictions"), measures=measured_metrics(cls))
             rs = total / len(idx)
             tokens = int(np.sum(rec["prompt_tokens"]))
             s["timing_s"] = {"compile": compile_s if i == idx[0] else 0.0, "replay": rs,

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from radixkv.metrics import summarize
-from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy
+from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, measured_metrics
 from radixkv.replay import jit
 from radixkv.replay.records import Records
 from radixkv.replay.sequential import replay_sequential
@@ -149,7 +149,7 @@ def run_replay(
             rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)
     else:
         rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)
-    summary = summarize(rec, evictions=policy.evictions)
+    summary = summarize(rec, evictions=policy.evictions, measures=measured_metrics(policy))
     summary["timing_s"] = {"compile": compile_s, "replay": rec.meta["replay_s"], "kernels": kernels or "none"}
     tokens = int(np.sum(rec["prompt_tokens"]))
     summary["timing_s"]["prompt_tokens_per_s"] = tokens / rec.meta["replay_s"] if rec.meta["replay_s"] > 0 else None
