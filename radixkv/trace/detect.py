@@ -101,7 +101,7 @@ def detect_format(path) -> str:
 def _first_json_line(path: Path):
     """The decoded first non-blank line, or None when it is not valid JSON."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:
             for line in f:
                 if line.strip():
                     return json.loads(line)
@@ -112,7 +112,7 @@ def _first_json_line(path: Path):
 
 def _looks_weka_document(path: Path) -> bool:
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             doc = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False

@@ -52,7 +52,8 @@ def read_mooncake(path, *, unit_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
     radixkv.errors.TraceFormatError
         Naming file, 1-based line and field: invalid JSON, a missing field, a negative,
         boolean or non-integer length or id, an empty prompt, or
-        ``len(hash_ids) != ceil(input_length / 512)``.
+        ``len(hash_ids) != ceil(input_length / 512)``, or a hash id that covers a different
+        number of tokens than where it first appeared (:mod:`radixkv.trace.consistency`).
     """
     path = Path(path)
     U = int(unit_tokens)
@@ -77,6 +78,7 @@ def read_mooncake(path, *, unit_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
             )
         plen[k] = P
         pids[k] = ids
+    _check_covers(pids, plen, U, [ln for ln, _ in lines], path, "hash_ids")
     return Trace.from_requests(
         req_id=[f"r{k}" for k in range(n)],
         arrival_s=arrival,
@@ -87,3 +89,21 @@ def read_mooncake(path, *, unit_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
         partial_last_unit=True,
         name=str(path),
     )
+
+
+def _check_covers(pids, plen, U, line_of, path, field) -> None:
+    """Raise a located :class:`TraceFormatError` for the first unit id that covers two
+    lengths (:func:`radixkv.trace.consistency.first_cover_conflict`); *pids* and *plen* in
+    file order, *line_of[k]* request ``k``'s 1-based line."""
+    from radixkv.trace.consistency import cover_message, first_cover_conflict
+
+    if U <= 1 or not len(pids):
+        return
+    lens = np.fromiter((len(p) for p in pids), dtype=np.int64, count=len(pids))
+    offsets = np.zeros(len(pids) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in pids])
+    bad = first_cover_conflict(flat, offsets, np.asarray(plen, dtype=np.int64), U)
+    if bad is not None:
+        raise TraceFormatError(cover_message(bad, lambda k: f"line {line_of[k]}"),
+                               path=path, line=line_of[bad[0]], field=field)

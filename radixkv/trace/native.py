@@ -94,7 +94,8 @@ def read_native(path) -> Trace:
         unknown or missing field, a negative / non-integer / boolean length or id, an
         id count that does not match ``input_length`` at the header's granularity, an
         empty prompt, ``output_tokens`` disagreeing with ``output_length``, or
-        ``output_tokens`` given on some lines only. Nothing is returned on error.
+        ``output_tokens`` given on some lines only, a request id used twice, or a unit id that
+        covers two different lengths (:mod:`radixkv.trace.consistency`). Nothing is returned on error.
     """
     path = Path(path)
     lines = read_records(path, ("tokens", "hash_ids", "output_tokens"))
@@ -195,6 +196,17 @@ def read_native(path) -> Trace:
             turn[k] = F.as_int(obj["turn"], path, ln, "turn", minimum=-1)
             has_turn = True
 
+    line_of = [ln for ln, _ in lines[start:]]
+    seen: dict = {}
+    for k, rid in enumerate(req_id):
+        if rid in seen:
+            raise TraceFormatError(f"request id {rid!r} repeats the id of line {line_of[seen[rid]]}: "
+                                   f"request ids must be unique", path=path, line=line_of[k], field="id")
+        seen[rid] = k
+    if partial:
+        from radixkv.trace.mooncake import _check_covers
+
+        _check_covers(pids, plen, U, line_of, path, "hash_ids")
     has_out = bool(out_first_line and out_first_line[1])
     return Trace.from_requests(
         req_id=req_id,

@@ -79,7 +79,7 @@ from radixkv.trace.types import Trace
 
 def _load_json(path: Path) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             doc = json.load(f)
     except json.JSONDecodeError as e:
         raise TraceFormatError(f"invalid JSON: {e.msg} (column {e.colno})", path=path, line=e.lineno) from None
