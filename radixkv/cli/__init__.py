@@ -40,7 +40,31 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         mod.register(sub)
+    for p in walk_parsers(parser):
+        p.formatter_class = DefaultsHelpFormatter
     return parser
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help lines end in ``(default: X)`` for an option whose default is a value (not
+    None, not a flag's False/True) and whose help does not already state it."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        d = action.default
+        if (d is None or d is argparse.SUPPRESS or isinstance(d, bool) or d == [] or "default" in h.lower()
+                or not action.option_strings):
+            return h
+        return h + " (default: %(default)s)"
+
+
+def walk_parsers(parser):
+    """*parser* and every sub-parser below it, depth first."""
+    yield parser
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sp in dict.fromkeys(a.choices.values()):
+                yield from walk_parsers(sp)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,21 +13,24 @@ def cmd_check(args) -> int:
     from radixkv.check.config import load_config
     from radixkv.check.report import format_table, junit_xml, markdown
     from radixkv.check.run import run_check
-    from radixkv.util import atomic_write_text, check_output_paths, dumps_json
+    from radixkv.util import check_output_paths, dumps_json
 
     config = load_config(args.config)
-    check_output_paths(args.json, args.junit_xml, args.markdown,
+    from radixkv.cli._output import emit, files, human
+
+    outs = (args.json, args.junit_xml, args.markdown)
+    check_output_paths(*files(*outs),
                        inputs=[args.config] + [str(t.path) for t in config.traces])
     result = run_check(config, update_baseline=args.update_baseline, quiet=args.quiet)
-    print(f"radixkv check {args.config}: {len(config.pairs)} replays, {len(result.outcomes)} assertions")
-    print(format_table(result))
+    out = human(*outs)
+    print(f"radixkv check {args.config}: {len(config.pairs)} replays, {len(result.outcomes)} assertions", file=out)
+    print(format_table(result), file=out)
     if result.baseline_written is not None:
-        print(f"wrote baseline {result.baseline_written}")
+        print(f"wrote baseline {result.baseline_written}", file=out)
     for path, text in ((args.json, lambda: dumps_json(result.to_json())), (args.junit_xml, lambda: junit_xml(result)),
                        (args.markdown, lambda: markdown(result))):
         if path:
-            atomic_write_text(path, text())
-            print(f"wrote {path}")
+            emit(path, text(), *outs)
     for o in result.failures:
         print(o.line(), file=sys.stderr)
     return 0 if result.ok else 1
@@ -56,9 +59,12 @@ def register(sub) -> None:
                                    "assertions. Exit 0 all hold, 1 one fails, 2 bad input.")
     p.add_argument("config", metavar="CONFIG.toml", help="the check configuration (see docs/ci.md)")
     p.add_argument("--update-baseline", action="store_true", help="rewrite the baseline file with this run's metrics")
-    p.add_argument("--json", metavar="OUT", help="write results and every assertion as JSON")
-    p.add_argument("--junit-xml", metavar="OUT.xml", help="write JUnit XML, one testcase per assertion")
-    p.add_argument("--markdown", metavar="OUT.md", help="write a Markdown report (e.g. $GITHUB_STEP_SUMMARY)")
+    from radixkv.cli._output import add_json_arg
+
+    add_json_arg(p, "the results and every assertion")
+    p.add_argument("--junit-xml", metavar="OUT.xml", help="write JUnit XML, one testcase per assertion ('-': stdout; default: not written)")
+    p.add_argument("--markdown", metavar="OUT.md",
+                   help="write a Markdown report, e.g. to $GITHUB_STEP_SUMMARY ('-': stdout; default: not written)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_check)
 

@@ -63,7 +63,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-num-batched-tokens", type=int,
                    default=VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS,
                    help="vLLM profiling pass size in tokens (default 8192)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (sorted keys)")
+    from radixkv.cli._output import add_json_arg
+
+    add_json_arg(p, "the report")
     p.set_defaults(func=run)
 
 
@@ -177,9 +179,12 @@ def format_report(r: dict) -> str:
 
 def run(args) -> int:
     """Entry of ``radixkv memory``; returns the exit status."""
+    from radixkv.cli._output import emit, files
+    from radixkv.util import check_output_paths
+
+    check_output_paths(*files(args.json))
     report = memory_report(args)
-    if args.json:
-        print(json.dumps(report, sort_keys=True, indent=2))
-    else:
+    if args.json != "-":
         print(format_report(report))
+    emit(args.json, json.dumps(report, sort_keys=True, indent=2) + "\n", args.json)
     return 0

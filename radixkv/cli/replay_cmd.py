@@ -15,6 +15,7 @@ import argparse
 import sys
 import time
 
+from radixkv.cli._output import add_json_arg, emit, files, human
 from radixkv.cli.concurrent_args import add_concurrent_args
 from radixkv.cli.sweep_cmd import add_executor_args
 from radixkv.errors import ConfigError
@@ -270,8 +271,12 @@ def _run_concurrent(trace, spec, pool, args):
 
 # ---------------------------------------------------------------------- verbs
 def cmd_replay(args) -> int:
+    """Replay a trace through one policy on one pool: print a summary table; write the
+    summary as JSON (``--json``), one CSV row per request (``--per-request``) and, in the
+    concurrent mode, the engine-step timeline (``--timeline``)."""
     timeline = getattr(args, "timeline", None)
-    check_output_paths(args.json, args.per_request, timeline, inputs=[args.trace])
+    outs = (args.json, args.per_request, timeline)
+    check_output_paths(*files(*outs), inputs=[args.trace])
     if timeline and args.mode != "concurrent":
         raise ConfigError("--timeline records engine steps: it needs --mode concurrent", field="timeline")
     _check_pool_args(args)
@@ -285,18 +290,17 @@ def cmd_replay(args) -> int:
     else:
         options = {"verify": True} if args.verify else {}
         rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **options)
+    out = human(*outs)
     print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; {args.mode} replay; "
-          f"load {load_s:.2f} s, compile {summ['timing_s']['compile']:.2f} s")
-    print(format_table([summ], rows_spec=_CONCURRENT_ROWS if args.mode == "concurrent" else None))
-    if args.json:
-        atomic_write_text(args.json, dumps_json(_doc(trace, args, load_s, [(spec, summ)], [desc])))
-        print(f"wrote {args.json}")
+          f"load {load_s:.2f} s, compile {summ['timing_s']['compile']:.2f} s", file=out)
+    print(format_table([summ], rows_spec=_CONCURRENT_ROWS if args.mode == "concurrent" else None), file=out)
+    emit(args.json, dumps_json(_doc(trace, args, load_s, [(spec, summ)], [desc])), *outs)
     if args.per_request:
         rec.write_csv(args.per_request)
-        print(f"wrote {args.per_request}")
+        print(f"wrote {args.per_request}", file=out)
     if timeline:
         rec.write_timeline_csv(timeline)
-        print(f"wrote {timeline}")
+        print(f"wrote {timeline}", file=out)
     return 0
 
 
@@ -309,7 +313,9 @@ def _policies(args) -> list[PolicySpec]:
 
 
 def cmd_compare(args) -> int:
-    check_output_paths(args.json, inputs=[args.trace])
+    """Replay a trace through several policies on one pool size; print one column per policy
+    and write the summaries as JSON (``--json``)."""
+    check_output_paths(*files(args.json), inputs=[args.trace])
     if getattr(args, "timeline", None):
         raise ConfigError("--timeline is written by 'radixkv replay' (one policy)", field="timeline")
     _check_pool_args(args)
@@ -338,16 +344,19 @@ def cmd_compare(args) -> int:
         results.append((spec, summ))
     n = results[0][1]["requests"]
     mode = "concurrent replay" if concurrent else "sequential replay"
-    print(f"trace {args.trace}: {n:,} requests, unit_tokens={trace.unit_tokens}, {mode}, load {load_s:.2f} s")
-    print(format_table([s for _, s in results], rows_spec=_CONCURRENT_ROWS if concurrent else None))
-    if args.json:
-        atomic_write_text(args.json, dumps_json(_doc(trace, args, load_s, results, [d for _, d in pools])))
-        print(f"wrote {args.json}")
+    out = human(args.json)
+    print(f"trace {args.trace}: {n:,} requests, unit_tokens={trace.unit_tokens}, {mode}, load {load_s:.2f} s", file=out)
+    print(format_table([s for _, s in results], rows_spec=_CONCURRENT_ROWS if concurrent else None), file=out)
+    emit(args.json, dumps_json(_doc(trace, args, load_s, results, [d for _, d in pools])), args.json)
     return 0
 
 
 def cmd_curve(args) -> int:
-    check_output_paths(args.out + ".json", args.out + ".png", inputs=[args.trace])
+    """Hit rate against pool capacity, one line per policy: print one line per (policy,
+    capacity); ``--out PREFIX`` writes PREFIX.json and PREFIX.png, ``--json`` the JSON
+    alone. Nothing is written unless asked."""
+    outs = (args.json,) + ((args.out + ".json", args.out + ".png") if args.out else ())
+    check_output_paths(*files(*outs), inputs=[args.trace])
     specs = _policies(args)
     try:
         caps = [_int_tokens(c) for c in args.capacities.split(",") if c.strip()]
@@ -392,7 +401,8 @@ def cmd_curve(args) -> int:
                 **({} if args.no_timing else {"replay_s": s["timing_s"]["replay"]}),
             })
             print(f"{spec.label:>10} @ {cap:>12,} tokens: token hit rate {s['token_hit_rate']:.4f}, "
-                  f"mean per-request {s['mean_request_hit_ratio']:.4f} ({s['timing_s']['replay']:.2f} s)")
+                  f"mean per-request {s['mean_request_hit_ratio']:.4f} ({s['timing_s']['replay']:.2f} s)",
+                  file=human(*outs))
         curves.append({"policy": spec.label, "points": pts})
     doc = {
         "radixkv": __import__("radixkv").__version__,
@@ -400,13 +410,15 @@ def cmd_curve(args) -> int:
         "limit": args.limit,
         "curves": curves,
     }
-    out_json = args.out + ".json"
-    out_png = args.out + ".png"
-    atomic_write_text(out_json, dumps_json(doc))
-    from radixkv.plots import plot_curves
+    emit(args.json, dumps_json(doc), *outs)
+    if args.out:
+        out_json = args.out + ".json"
+        out_png = args.out + ".png"
+        atomic_write_text(out_json, dumps_json(doc))
+        from radixkv.plots import plot_curves
 
-    plot_curves(doc, out_png, metric=args.metric)
-    print(f"wrote {out_json} and {out_png}")
+        plot_curves(doc, out_png, metric=args.metric)
+        print(f"wrote {out_json} and {out_png}", file=human(*outs))
     return 0
 
 
@@ -438,45 +450,57 @@ def _on_executor(args, trace, settings_list):
     return out
 
 
+def _add_policy_size_args(p):
+    p.add_argument("--block-size", type=int, default=None, metavar="TOKENS",
+                   help="vLLM block_size in tokens for vllm/none/static specs without :SIZE (default 16)")
+    p.add_argument("--page-size", type=int, default=None, metavar="TOKENS",
+                   help="SGLang page_size in tokens for sglang specs without :SIZE (default 1)")
+
+
+_TIMING_HELP = "leave wall-clock times out of the JSON, so two runs give byte-identical files (default: kept)"
+
+
 def register(sub) -> None:
     p = sub.add_parser("replay", help="replay a trace through one policy", description=cmd_replay.__doc__)
     _add_trace_args(p)
-    p.add_argument("--policy", required=True, help="vllm[:B] | sglang[:p] | unit-lru | none[:B] | static[:B][@F]")
-    p.add_argument("--block-size", type=int, default=None, help="vLLM block_size (default 16)")
-    p.add_argument("--page-size", type=int, default=None, help="SGLang page_size (default 1)")
+    p.add_argument("--policy", required=True,
+                   help="policy spec NAME[:SIZE][@OPTION]: vllm[:B] | sglang[:p] | unit-lru | none[:B] | static[:B][@F]")
+    _add_policy_size_args(p)
     _add_pool_args(p)
-    p.add_argument("--json", metavar="OUT", help="write the summary as JSON")
-    p.add_argument("--per-request", metavar="OUT.csv", help="write one CSV row per request")
-    p.add_argument("--verify", action="store_true", help="compare ids on every hash hit (vllm)")
-    p.add_argument("--no-timing", action="store_true", help="leave run times out of the JSON (byte-identical runs)")
+    add_json_arg(p, "the summary")
+    p.add_argument("--per-request", metavar="OUT.csv", help="write one CSV row per request to OUT.csv (default: not written)")
+    p.add_argument("--verify", action="store_true",
+                   help="vllm: compare the stored ids on every block-hash hit (slower; default off)")
+    p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
     add_concurrent_args(p)
     p.set_defaults(func=cmd_replay)
 
-    p = sub.add_parser("compare", help="several policies on one pool, side by side")
+    p = sub.add_parser("compare", help="several policies on one pool, side by side", description=cmd_compare.__doc__)
     _add_trace_args(p)
-    p.add_argument("--policies", required=True, help="comma-separated specs, e.g. vllm:16,vllm:32,sglang:1,none")
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--page-size", type=int, default=None)
+    p.add_argument("--policies", required=True, help="comma-separated policy specs, e.g. vllm:16,vllm:32,sglang:1,none")
+    _add_policy_size_args(p)
     _add_pool_args(p)
     p.add_argument("--per-engine-rule", action="store_true",
                    help="with --model/--gpu: size each engine's pool by its own rule (default: vLLM's rule for all)")
-    p.add_argument("--json", metavar="OUT")
-    p.add_argument("--no-timing", action="store_true")
+    add_json_arg(p, "every policy's summary")
+    p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
     add_concurrent_args(p)
     add_executor_args(p)
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("curve", help="hit rate against pool capacity (JSON + PNG)")
+    p = sub.add_parser("curve", help="hit rate against pool capacity (JSON + PNG)", description=cmd_curve.__doc__)
     _add_trace_args(p)
-    p.add_argument("--policies", required=True)
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--page-size", type=int, default=None)
+    p.add_argument("--policies", required=True, help="comma-separated policy specs, e.g. vllm:16,sglang:1,unit-lru")
+    _add_policy_size_args(p)
     p.add_argument("--capacities", default="1e4,1e5,1e6,2e6,3e6,5e6,1e7,5e7",
                    help="comma-separated pool sizes in tokens")
-    p.add_argument("--metric", default="token_hit_rate", choices=["token_hit_rate", "mean_request_hit_ratio"])
+    p.add_argument("--metric", default="token_hit_rate", choices=["token_hit_rate", "mean_request_hit_ratio"],
+                   help="the y axis of the PNG (a ratio in [0, 1])")
     p.add_argument("--skip-too-small", action="store_true",
-                   help="skip (policy, capacity) cells where a request does not fit instead of failing")
-    p.add_argument("--out", default="curve", help="output path without extension (writes OUT.json, OUT.png)")
-    p.add_argument("--no-timing", action="store_true")
+                   help="skip (policy, capacity) cells where a request does not fit instead of failing (default: fail)")
+    p.add_argument("--out", default=None, metavar="PREFIX",
+                   help="write PREFIX.json and PREFIX.png (default: nothing written)")
+    add_json_arg(p, "the curves")
+    p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
     add_executor_args(p)
     p.set_defaults(func=cmd_curve)

@@ -81,9 +81,12 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("sweep-plot", help="hit rate against pool capacity per policy, from a sweep's results")
+    p = sub.add_parser("sweep-plot", help="hit rate against pool capacity per policy, from a sweep's results",
+                       description="Plot a sweep's results: one line per policy, the metric against pool capacity "
+                                   "(tokens), as a PNG.")
     p.add_argument("dir", metavar="DIR", help="a sweep's results directory")
     p.add_argument("--metric", default="token_hit_rate",
-                   choices=["token_hit_rate", "mean_request_hit_ratio", "request_hit_rate"])
-    p.add_argument("--out", default=None, metavar="PNG", help="default DIR/<metric>_vs_capacity.png")
+                   choices=["token_hit_rate", "mean_request_hit_ratio", "request_hit_rate"],
+                   help="the y axis (a ratio in [0, 1])")
+    p.add_argument("--out", default=None, metavar="PNG", help="output PNG path (default DIR/<metric>_vs_capacity.png, inside the sweep's folder)")
     p.set_defaults(func=cmd_sweep_plot)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
+from radixkv.cli._output import add_json_arg
 from radixkv.errors import InputError
 from radixkv.trace.detect import ALIASES, FORMATS
 
@@ -37,14 +38,18 @@ def _load(args):
 
 
 def cmd_inspect(args) -> int:
-    """Print :func:`describe` of the trace (a table, or JSON with ``--json``)."""
+    """Print a trace's statistics: request count, prompt/output tokens (totals and
+    percentiles), unit_tokens, distinct ids, time span (seconds) and the infinite-cache
+    prefix hit ratio; ``--json -`` prints them as JSON instead, ``--json PATH`` writes them."""
+    from radixkv.cli._output import emit, files
     from radixkv.trace.stats import describe, format_description
+    from radixkv.util import check_output_paths
 
+    check_output_paths(*files(args.json), inputs=[args.path])
     d = describe(_load(args))
-    if args.json:
-        sys.stdout.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
-    else:
+    if args.json is None or args.json != "-":
         sys.stdout.write(format_description(d) + "\n")
+    emit(args.json, json.dumps(d, indent=2, sort_keys=True) + "\n", args.json)
     return 0
 
 
@@ -62,18 +67,21 @@ def cmd_convert(args) -> int:
 
 def register(subparsers) -> None:
     fmt_help = f"input format: {', '.join(FORMATS)} (aliases {', '.join(sorted(ALIASES))}); default: detected"
-    p = subparsers.add_parser("trace", help="inspect or convert a trace file")
+    p = subparsers.add_parser("trace", help="inspect or convert a trace file",
+                              description="Look at a trace (inspect), rewrite it (convert) or generate one (synth).")
     sub = p.add_subparsers(dest="trace_verb", metavar="ACTION")
     sub.required = True
 
-    pi = sub.add_parser("inspect", help="summary statistics and infinite-cache prefix hit ratio")
+    pi = sub.add_parser("inspect", help="summary statistics and infinite-cache prefix hit ratio",
+                        description=cmd_inspect.__doc__)
     pi.add_argument("path", metavar="PATH", help="trace file or directory")
     pi.add_argument("--format", default=None, help=fmt_help)
     pi.add_argument("--limit", default=None, metavar="K", help="only the first K requests in replay order")
-    pi.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_json_arg(pi, "the statistics")
     pi.set_defaults(func=cmd_inspect)
 
-    pc = sub.add_parser("convert", help="rewrite a trace as .npz (binary) or .jsonl (native)")
+    pc = sub.add_parser("convert", help="rewrite a trace as .npz (binary) or .jsonl (native)",
+                        description=cmd_convert.__doc__)
     pc.add_argument("path", metavar="IN", help="input trace file or directory")
     pc.add_argument("out", metavar="OUT", help="output file: .npz or .jsonl")
     pc.add_argument("--format", default=None, help=fmt_help)

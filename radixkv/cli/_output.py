@@ -1,0 +1,47 @@
+"""One output convention for every verb (issue 16).
+
+* ``--json PATH`` writes JSON to PATH atomically (temp file, then rename); ``--json -``
+  prints it on stdout; a bare ``--json`` means ``-``. When an output goes to stdout, the
+  human-readable table and "wrote ..." lines go to stderr, so stdout holds only the JSON.
+* ``--out`` names a file or directory the verb writes; no verb writes into the current
+  folder unless asked.
+"""
+from __future__ import annotations
+
+import sys
+
+#: the path meaning "standard output"
+STDOUT = "-"
+
+
+def add_json_arg(p, what: str) -> None:
+    """``--json [PATH]`` on parser *p*: write *what* as JSON to PATH, or print it (``-``)."""
+    p.add_argument("--json", metavar="PATH", nargs="?", const=STDOUT, default=None,
+                   help=f"write {what} as JSON (sorted keys) to PATH, atomically; '-' or no PATH prints it "
+                        f"on stdout (the table then goes to stderr). Default: no JSON")
+
+
+def human(*paths):
+    """The stream for human-readable text: stderr when one of *paths* is stdout."""
+    return sys.stderr if any(p == STDOUT for p in paths) else sys.stdout
+
+
+def files(*paths):
+    """*paths* without None and ``-`` (the ones that name files, for
+    :func:`radixkv.util.check_output_paths`)."""
+    return [p for p in paths if p is not None and p != STDOUT]
+
+
+def emit(path, text: str, *paths) -> None:
+    """Write *text* to *path* (atomically) or, for ``-``, to stdout; say what was written on
+    the human stream of *paths* (all the verb's outputs)."""
+    from radixkv.util import atomic_write_text
+
+    if path is None:
+        return
+    if path == STDOUT:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+        return
+    atomic_write_text(path, text)
+    print(f"wrote {path}", file=human(*paths))

@@ -1,0 +1,62 @@
+"""One output convention and complete help across verbs (issue 16)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from radixkv.cli import build_parser, main, walk_parsers
+
+DEMO = str(Path(__file__).resolve().parents[1] / "traces" / "demo.jsonl")
+
+
+def _actions(p):
+    for a in p._actions:
+        if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction, argparse._VersionAction)):
+            continue
+        yield a
+
+
+def test_every_verb_has_a_description_and_every_flag_a_help_line_with_its_default():
+    parsers = list(walk_parsers(build_parser()))
+    assert len(parsers) >= 12  # radixkv, trace (+3), memory, replay, compare, curve, sweep, sweep-plot, check, ...
+    for p in parsers:
+        assert p.description and p.description.strip(), p.prog
+        p.format_help()  # every help string expands
+        fmt = p._get_formatter()
+        for a in _actions(p):
+            assert a.help and a.help.strip(), (p.prog, a.option_strings or a.dest)
+            d = a.default
+            if a.option_strings and d is not None and not isinstance(d, bool) and d != []:
+                # the help line states the default (written, or added by the formatter)
+                assert "default" in fmt._get_help_string(a).lower(), (p.prog, a.option_strings)
+
+
+@pytest.mark.parametrize("argv", [
+    ["trace", "inspect", DEMO, "--limit", "20"],
+    ["memory", "--model", "llama-3.1-8b", "--gpu", "A100-80GB"],
+    ["replay", DEMO, "--policy", "none", "--capacity-tokens", "20000", "--limit", "20", "--quiet", "--no-timing"],
+    ["compare", DEMO, "--policies", "none", "--capacity-tokens", "20000", "--limit", "20", "--quiet", "--no-timing"],
+    ["curve", DEMO, "--policies", "none", "--capacities", "20000", "--limit", "20", "--quiet", "--no-timing"],
+])
+def test_json_dash_prints_only_json_and_json_path_writes_it(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv + ["--json", "-"]) == 0
+    printed = json.loads(capsys.readouterr().out)  # stdout is exactly one JSON document
+    assert os.listdir(tmp_path) == []  # nothing written into the current folder
+    out = tmp_path / "sub" / "o.json"
+    assert main(argv + ["--json", str(out)]) == 0
+    assert json.loads(out.read_text()) == printed
+    assert os.listdir(tmp_path) == ["sub"]
+
+
+def test_curve_writes_nothing_unless_asked(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["curve", DEMO, "--policies", "none", "--capacities", "20000", "--limit", "20", "--quiet"]
+    assert main(argv) == 0
+    assert os.listdir(tmp_path) == []
+    assert main(argv + ["--out", "x/c"]) == 0
+    assert sorted(os.listdir(tmp_path / "x")) == ["c.json", "c.png"]
