@@ -47,16 +47,21 @@ def test_one_id_same_length_everywhere_is_fine(tmp_path):
 @pytest.mark.parametrize("policy", ["unit-lru", "vllm:16", "sglang:1"])
 def test_every_policy_sees_the_same_rule(tmp_path, policy):
     """The rule lives in the trace, so no policy replays the inconsistent trace (unit-lru
-    used to report a 500-token hit, vllm:16 32 and sglang:1 40); and a Trace built in
-    memory (any reader, .npz included) is refused by Trace.validate."""
+    used to report a 500-token hit, vllm:16 32 and sglang:1 40), whichever file format
+    carries it (.npz included)."""
     from radixkv.cli import main
+    from radixkv.trace.binary import write_npz
 
     p = tmp_path / "t.jsonl"
     p.write_text(_MOONCAKE)
     assert main(["replay", str(p), "--policy", policy, "--capacity-tokens", "4096", "--quiet"]) == 2
-    with pytest.raises(InputError, match="unit id 7"):
-        Trace.from_requests(req_id=["a", "b"], arrival_s=[0, 1], prompt_len=[40, 500], output_len=[1, 1],
+    t = Trace.from_requests(req_id=["a", "b"], arrival_s=[0, 1], prompt_len=[40, 500], output_len=[1, 1],
                             prompt_ids=[[7], [7]], unit_tokens=512, partial_last_unit=True)
+    z = tmp_path / "t.npz"
+    write_npz(t, z)
+    assert main(["replay", str(z), "--policy", policy, "--capacity-tokens", "4096", "--quiet"]) == 2
+    with pytest.raises(TraceFormatError, match="request 'b': unit id 7 .* covers 500 tokens here but 40"):
+        load_trace(z)
 
 
 def test_duplicate_request_ids_native_is_a_located_error(tmp_path):

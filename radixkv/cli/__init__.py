@@ -19,6 +19,7 @@ _VERB_MODULES = [
     "radixkv.cli.replay_cmd",
     "radixkv.cli.sweep_cmd",
     "radixkv.cli.check_cmd",
+    "radixkv.cli.report_cmd",
 ]
 
 

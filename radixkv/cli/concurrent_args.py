@@ -206,4 +206,4 @@ def run_concurrent_from_args(trace, policy, args, progress=None):
         seed=int(getattr(args, "seed", 0)),
     )
     return replay_concurrent(trace, pol, cost, arrivals=arr, config=cfg, progress=progress,
-                             timeline=bool(getattr(args, "timeline", None)))
+                             timeline=bool(getattr(args, "timeline", None) or getattr(args, "report", None)))

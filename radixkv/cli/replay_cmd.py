@@ -17,6 +17,7 @@ import time
 
 from radixkv.cli._output import add_json_arg, emit, files, human
 from radixkv.cli.concurrent_args import add_concurrent_args
+from radixkv.cli.report_cmd import add_report_arg, run_tables, write_run_report
 from radixkv.cli.sweep_cmd import add_executor_args
 from radixkv.errors import ConfigError
 from radixkv.policies.registry import PolicySpec, PoolSpec, parse_policy
@@ -275,7 +276,7 @@ def cmd_replay(args) -> int:
     summary as JSON (``--json``), one CSV row per request (``--per-request``) and, in the
     concurrent mode, the engine-step timeline (``--timeline``)."""
     timeline = getattr(args, "timeline", None)
-    outs = (args.json, args.per_request, timeline)
+    outs = (args.json, args.per_request, timeline, args.report)
     check_output_paths(*files(*outs), inputs=[args.trace])
     if timeline and args.mode != "concurrent":
         raise ConfigError("--timeline records engine steps: it needs --mode concurrent", field="timeline")
@@ -294,7 +295,9 @@ def cmd_replay(args) -> int:
     print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; {args.mode} replay; "
           f"load {load_s:.2f} s, compile {summ['timing_s']['compile']:.2f} s", file=out)
     print(format_table([summ], rows_spec=_CONCURRENT_ROWS if args.mode == "concurrent" else None), file=out)
-    emit(args.json, dumps_json(_doc(trace, args, load_s, [(spec, summ)], [desc])), *outs)
+    doc = _doc(trace, args, load_s, [(spec, summ)], [desc])
+    emit(args.json, dumps_json(doc), *outs)
+    write_run_report(args.report, doc, run_tables(spec.label, rec), stream=out)
     if args.per_request:
         rec.write_csv(args.per_request)
         print(f"wrote {args.per_request}", file=out)
@@ -315,7 +318,7 @@ def _policies(args) -> list[PolicySpec]:
 def cmd_compare(args) -> int:
     """Replay a trace through several policies on one pool size; print one column per policy
     and write the summaries as JSON (``--json``)."""
-    check_output_paths(*files(args.json), inputs=[args.trace])
+    check_output_paths(*files(args.json, args.report), inputs=[args.trace])
     if getattr(args, "timeline", None):
         raise ConfigError("--timeline is written by 'radixkv replay' (one policy)", field="timeline")
     _check_pool_args(args)
@@ -330,6 +333,7 @@ def cmd_compare(args) -> int:
     concurrent = args.mode == "concurrent"
     warmup_many(specs, work=None if concurrent else [(s, trace_tokens(trace, args.limit)) for s in specs])
     results = []
+    tables: list = []
     remote = _executor(args) != "local"
     if remote:
         for spec, summ in zip(specs, _on_executor(args, trace, [{"policy": s.label} for s in specs])):
@@ -338,16 +342,20 @@ def cmd_compare(args) -> int:
             results.append((spec, summ))
     for spec, (pool, _) in zip(specs, [] if remote else pools):
         if concurrent:
-            _, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
+            rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
         else:
-            _, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet)
+            rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet)
         results.append((spec, summ))
+        if args.report:
+            tables += run_tables(spec.label, rec)
     n = results[0][1]["requests"]
     mode = "concurrent replay" if concurrent else "sequential replay"
-    out = human(args.json)
+    out = human(args.json, args.report)
     print(f"trace {args.trace}: {n:,} requests, unit_tokens={trace.unit_tokens}, {mode}, load {load_s:.2f} s", file=out)
     print(format_table([s for _, s in results], rows_spec=_CONCURRENT_ROWS if concurrent else None), file=out)
-    emit(args.json, dumps_json(_doc(trace, args, load_s, results, [d for _, d in pools])), args.json)
+    doc = _doc(trace, args, load_s, results, [d for _, d in pools])
+    emit(args.json, dumps_json(doc), args.json, args.report)
+    write_run_report(args.report, doc, tables, stream=out)
     return 0
 
 
@@ -355,7 +363,7 @@ def cmd_curve(args) -> int:
     """Hit rate against pool capacity, one line per policy: print one line per (policy,
     capacity); ``--out PREFIX`` writes PREFIX.json and PREFIX.png, ``--json`` the JSON
     alone. Nothing is written unless asked."""
-    outs = (args.json,) + ((args.out + ".json", args.out + ".png") if args.out else ())
+    outs = (args.json, args.report) + ((args.out + ".json", args.out + ".png") if args.out else ())
     check_output_paths(*files(*outs), inputs=[args.trace])
     specs = _policies(args)
     try:
@@ -411,6 +419,7 @@ def cmd_curve(args) -> int:
         "curves": curves,
     }
     emit(args.json, dumps_json(doc), *outs)
+    write_run_report(args.report, doc, stream=human(*outs))
     if args.out:
         out_json = args.out + ".json"
         out_png = args.out + ".png"
@@ -468,6 +477,7 @@ def register(sub) -> None:
     _add_policy_size_args(p)
     _add_pool_args(p)
     add_json_arg(p, "the summary")
+    add_report_arg(p)
     p.add_argument("--per-request", metavar="OUT.csv", help="write one CSV row per request to OUT.csv (default: not written)")
     p.add_argument("--verify", action="store_true",
                    help="vllm: compare the stored ids on every block-hash hit (slower; default off)")
@@ -483,6 +493,7 @@ def register(sub) -> None:
     p.add_argument("--per-engine-rule", action="store_true",
                    help="with --model/--gpu: size each engine's pool by its own rule (default: vLLM's rule for all)")
     add_json_arg(p, "every policy's summary")
+    add_report_arg(p)
     p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
     add_concurrent_args(p)
     add_executor_args(p)
@@ -501,6 +512,7 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, metavar="PREFIX",
                    help="write PREFIX.json and PREFIX.png (default: nothing written)")
     add_json_arg(p, "the curves")
+    add_report_arg(p)
     p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
     add_executor_args(p)
     p.set_defaults(func=cmd_curve)

@@ -141,6 +141,9 @@ def read_npz(path) -> Trace:
     try:
         _check_offsets(t)
         t.validate()
+        from radixkv.trace.consistency import check_unit_covers
+
+        check_unit_covers(t)
     except InputError as e:
         raise TraceFormatError(e.reason, path=path, field=e.field) from None
     except (ValueError, IndexError, TypeError) as e:  # columns of impossible shapes

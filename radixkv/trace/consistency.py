@@ -2,9 +2,9 @@
 
 * **One id, one length.** A unit id names the content of one block of ``U`` tokens; in a
   trace whose last unit may be partial (Mooncake's ``hash_ids``, native JSONL with
-  ``partial_last_unit``), an id that covers 40 tokens in one request and 500 in another
-  names two different contents. radixkv rejects such a trace with a located error rather
-  than guess: ``unit-lru`` would count the whole unit as a hit while ``vllm`` and ``sglang``
+  ``partial_last_unit``, ``.npz``), an id that covers 40 tokens in one request and 500 in
+  another names two different contents. Every file reader rejects such a trace with a
+  located error rather than guess: ``unit-lru`` would count the whole unit as a hit while ``vllm`` and ``sglang``
   (which expand units to tokens) hit only the tokens first cached, so the policies would
   disagree. The public Mooncake trace has no such id (checked over all 12,031 lines of
   ``conversation_trace.jsonl``).
@@ -70,6 +70,22 @@ def first_duplicate_id(req_id) -> tuple[int, int] | None:
         return None
     k = int(dup[0])
     return int(first[inv.ravel()[k]]), k
+
+
+def check_unit_covers(trace) -> None:
+    """Raise :class:`radixkv.errors.InputError` naming the request when a unit id of
+    *trace* (a :class:`~radixkv.trace.types.Trace` with a partial last unit) covers two
+    lengths. Every file reader applies this rule (Mooncake and native JSONL name the line);
+    a Trace built in memory is not checked, so library code may still use a shorter cover
+    as a prefix of a unit's content (the token-level policies read it that way)."""
+    from radixkv.errors import InputError
+
+    if not trace.partial_last_unit or trace.unit_tokens <= 1:
+        return
+    bad = first_cover_conflict(trace.ids, trace.id_offsets, trace.prompt_len, trace.unit_tokens)
+    if bad is not None:
+        name = lambda k: f"request {str(trace.req_id[k])!r}"  # noqa: E731
+        raise InputError(f"{name(bad[0])}: " + cover_message(bad, name), path=trace.name or None, field="ids")
 
 
 def cover_message(conflict, name_of) -> str:

@@ -241,18 +241,12 @@ class Trace:
                 path=self.name or None,
                 field="ids",
             )
-        from radixkv.trace.consistency import cover_message, first_cover_conflict, first_duplicate_id
+        from radixkv.trace.consistency import first_duplicate_id
 
         dup = first_duplicate_id(self.req_id)
         if dup is not None:
             raise InputError(f"request #{dup[1]} (replay order) repeats id {str(self.req_id[dup[1]])!r} of request "
                              f"#{dup[0]}: request ids must be unique", path=self.name or None, field="id")
-        if self.partial_last_unit and U > 1:
-            bad = first_cover_conflict(self.ids, self.id_offsets, self.prompt_len, U)
-            if bad is not None:
-                raise InputError(f"request {str(self.req_id[bad[0]])!r}: "
-                                 + cover_message(bad, lambda k: f"request {str(self.req_id[k])!r}"),
-                                 path=self.name or None, field="ids")
         if self.out_ids is not None:
             if U != 1:
                 raise InputError("output ids are only allowed in token traces (unit_tokens = 1)", path=self.name or None)

@@ -1,0 +1,425 @@
+"""A self-contained static HTML report of replay results (``radixkv report``, ``--report``).
+
+One page, no network, no script: the summary tables (every scalar of every summary, so the
+page holds the JSON's numbers; ``n/a`` where a metric is ``null``), the figures as inline
+PNG from matplotlib (Agg) and the run's provenance. Figures, each drawn when its inputs are
+present and otherwise named with what would draw it:
+
+=============================  ==========================================================
+hit rate vs capacity           ``radixkv curve`` JSON (``curves``)
+hit-length histogram           a sequential summary's ``hit_length_histogram``
+alignment loss by block/page   every sequential summary's ``alignment_loss_share``
+pool split over time           a concurrent replay's timeline (``--timeline`` CSV or
+                               ``replay --mode concurrent --report``): running / cached /
+                               free slots after each engine step
+evictions over time            per-request ``evicted_tokens`` (``--per-request`` CSV or
+                               ``replay --report``), cumulative, against request order
+                               (sequential) or admission time (concurrent)
+hit vs prompt length           per-request ``prompt_tokens`` and ``hit_tokens``
+=============================  ==========================================================
+
+Inputs are plain data: JSON documents as ``replay``/``compare``/``curve`` write them, and
+named column tables (``{"label": str, "columns": {name: 1-D array}}``) for timelines and
+per-request rows. Same inputs, same bytes out (PNG metadata without software or date).
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import io
+from pathlib import Path
+
+import numpy as np
+
+#: the figures in page order: (id, title)
+FIGURES = (
+    ("hit-rate-vs-capacity", "Hit rate vs KV pool capacity"),
+    ("hit-length-histogram", "Hit-length histogram"),
+    ("alignment-loss", "Alignment loss by block / page size"),
+    ("pool-split", "Pool split over time (running / cached / free)"),
+    ("evictions", "Evictions over time"),
+    ("hit-vs-prompt", "Per-request hit vs prompt length"),
+)
+
+_CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:1.5em auto;max-width:1100px;
+color:#222;padding:0 1em}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
+th,td{border:1px solid #ccc;padding:.2em .5em}td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.na{color:#888;text-align:right}th{background:#f3f3f3}
+figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}
+p.missing{color:#777;font-style:italic}code{background:#f5f5f5;padding:0 .2em}
+"""
+
+
+# ---------------------------------------------------------------------- reading inputs
+def read_input(path) -> dict:
+    """One report input from *path*: a JSON document (``{"kind": "json", "doc": ...}``) or
+    a CSV table (``{"kind": "timeline" | "per_request", "label", "columns"}``; kind by the
+    header: a timeline starts ``step,time_s``, a per-request CSV has ``id`` first and a
+    ``prompt_tokens`` column).
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        Unreadable file, invalid JSON (naming line and column), or a CSV of another shape.
+    """
+    import json
+
+    from radixkv.errors import InputError
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read: {getattr(e, 'strerror', None) or e}", path=p) from None
+    if p.suffix.lower() == ".csv" or not text.lstrip().startswith("{"):
+        import csv
+
+        rows = [r for r in csv.reader(io.StringIO(text)) if r]
+        if not rows:
+            raise InputError("empty file", path=p)
+        head = rows[0]
+        if head[:2] == ["step", "time_s"]:
+            kind = "timeline"
+        elif head[0] == "id" and "prompt_tokens" in head:
+            kind = "per_request"
+        else:
+            raise InputError("not a radixkv result: expected JSON, a --timeline CSV (step,time_s,...) or a "
+                             "--per-request CSV (id,...,prompt_tokens,...)", path=p, line=1)
+        cols = {h: [] for h in head}
+        for ln, cells in enumerate(rows[1:], 2):
+            if len(cells) != len(head):
+                raise InputError(f"{len(cells)} cells, expected {len(head)}", path=p, line=ln)
+            for h, c in zip(head, cells):
+                cols[h].append(c)
+        out = {}
+        for h, v in cols.items():
+            if h == "id":
+                continue
+            try:
+                out[h] = np.asarray([float(x) for x in v], dtype=np.float64)
+            except ValueError:
+                raise InputError("a cell is not a number", path=p, field=h) from None
+        return {"kind": kind, "label": p.stem, "columns": out}
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"invalid JSON: {e.msg} (column {e.colno})", path=p, line=e.lineno) from None
+    if not isinstance(doc, dict) or not ("results" in doc or "curves" in doc):
+        raise InputError("not a radixkv result: a JSON object with 'results' (replay/compare) or "
+                         "'curves' (curve)", path=p)
+    return {"kind": "json", "doc": doc, "label": p.name}
+
+
+# ---------------------------------------------------------------------- figures
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _fig(w=6.4, h=3.6):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(w, h), dpi=110)
+
+
+def _results(docs):
+    """(policy label, summary) of every replay/compare result, in input order."""
+    for d in docs:
+        for r in d.get("results", []):
+            yield r["policy"], r.get("summary", {})
+
+
+def _fig_curve(docs, tables):
+    curves = [c for d in docs for c in d.get("curves", [])]
+    if not curves:
+        return None
+    fig, ax = _fig()
+    for c in curves:
+        pts = [p for p in c["points"] if "token_hit_rate" in p]
+        ax.plot([p["capacity_tokens"] for p in pts], [p["token_hit_rate"] for p in pts], marker="o",
+                label=c["policy"])
+    ax.set_xscale("log")
+    ax.set_xlabel("KV pool capacity (tokens)")
+    ax.set_ylabel("token hit rate")
+    ax.set_ylim(0, 1)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _fig_histogram(docs, tables):
+    hs = [(lab, s["hit_length_histogram"]) for lab, s in _results(docs) if s.get("hit_length_histogram")]
+    if not hs:
+        return None
+    edges = sorted({e for _, h in hs for e in h["edges_tokens"]})
+    fig, ax = _fig()
+    w = 0.8 / len(hs)
+    x = np.arange(len(edges))
+    for k, (lab, h) in enumerate(hs):
+        counts = dict(zip(h["edges_tokens"], h["counts"]))
+        ax.bar(x + k * w - 0.4 + w / 2, [counts.get(e, 0) for e in edges], width=w, label=lab)
+    ax.set_xticks(x, [f"≥{e:,}" for e in edges], rotation=45, fontsize=7)
+    ax.set_xlabel("hit length (tokens, bin lower edge)")
+    ax.set_ylabel("requests")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _fig_alignment(docs, tables):
+    rows = [(lab, s["alignment_loss_share"]) for lab, s in _results(docs) if s.get("alignment_loss_share") is not None]
+    if not rows:
+        return None
+    fig, ax = _fig()
+    ax.bar(range(len(rows)), [v for _, v in rows], color="#c0504d")
+    ax.set_xticks(range(len(rows)), [lab for lab, _ in rows], rotation=30, fontsize=8)
+    ax.set_ylabel("alignment loss / prompt tokens")
+    ax.set_xlabel("policy (block / page size after ':')")
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _fig_pool(docs, tables):
+    tls = [t for t in tables if t["kind"] == "timeline"]
+    if not tls:
+        return None
+    fig, axes = _fig(6.4, 2.6 * len(tls))
+    axes = np.atleast_1d(axes)
+    for ax, t in zip(axes, tls):
+        c = t["columns"]
+        total = c["pool_running_slots"] + c["pool_cached_slots"] + c["pool_free_slots"]
+        total = np.where(total > 0, total, 1)
+        ax.stackplot(c["time_s"], c["pool_running_slots"] / total, c["pool_cached_slots"] / total,
+                     c["pool_free_slots"] / total, labels=["running", "cached (evictable)", "free"],
+                     colors=["#4f81bd", "#9bbb59", "#dddddd"], step="post")
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("share of pool slots")
+        ax.set_title(t["label"], fontsize=9)
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1].set_xlabel("time (s)")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _per_request(tables):
+    return [t for t in tables if t["kind"] == "per_request"]
+
+
+def _fig_evictions(docs, tables):
+    prs = [t for t in _per_request(tables) if "evicted_tokens" in t["columns"]]
+    if not prs:
+        return None
+    fig, ax = _fig()
+    timed = all("admit_s" in t["columns"] for t in prs)
+    for t in prs:
+        c = t["columns"]
+        if timed:
+            order = np.argsort(c["admit_s"], kind="stable")
+            ax.step(c["admit_s"][order], np.cumsum(c["evicted_tokens"][order]), where="post", label=t["label"])
+        else:
+            ax.step(np.arange(1, len(c["evicted_tokens"]) + 1), np.cumsum(c["evicted_tokens"]), where="post",
+                    label=t["label"])
+    ax.set_xlabel("admission time (s)" if timed else "request (replay order)")
+    ax.set_ylabel("evicted tokens (cumulative)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _fig_hit_vs_prompt(docs, tables):
+    prs = [t for t in _per_request(tables) if {"prompt_tokens", "hit_tokens"} <= set(t["columns"])]
+    if not prs:
+        return None
+    fig, ax = _fig()
+    top = 1.0
+    for t in prs:
+        c = t["columns"]
+        ax.scatter(c["prompt_tokens"], c["hit_tokens"], s=6, alpha=0.5, label=t["label"])
+        top = max(top, float(c["prompt_tokens"].max()) if c["prompt_tokens"].size else 1.0)
+    ax.plot([0, top], [0, top], color="#888", lw=0.8, linestyle="--", label="hit = prompt")
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("hit (tokens)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+_DRAW = {
+    "hit-rate-vs-capacity": (_fig_curve, "a <code>radixkv curve --json</code> result"),
+    "hit-length-histogram": (_fig_histogram, "a sequential <code>replay</code>/<code>compare</code> result"),
+    "alignment-loss": (_fig_alignment, "a sequential <code>replay</code>/<code>compare</code> result"),
+    "pool-split": (_fig_pool, "a concurrent timeline (<code>replay --mode concurrent --timeline CSV</code>)"),
+    "evictions": (_fig_evictions, "per-request rows (<code>replay --per-request CSV</code>)"),
+    "hit-vs-prompt": (_fig_hit_vs_prompt, "per-request rows (<code>replay --per-request CSV</code>)"),
+}
+
+
+# ---------------------------------------------------------------------- tables
+def format_value(v) -> str:
+    """How a table cell shows a JSON value: ``n/a`` for null/NaN, integers with thousands
+    separators, other numbers to 6 significant digits."""
+    if v is None or (isinstance(v, float) and v != v):
+        return "n/a"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _cell(key, v) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return f'<td class="na" data-key="{html.escape(key)}" data-value="null">n/a</td>'
+    num = isinstance(v, (int, float)) and not isinstance(v, bool)
+    return (f'<td class="{"num" if num else "txt"}" data-key="{html.escape(key)}" '
+            f'data-value="{html.escape(repr(v) if num else str(v))}">{html.escape(format_value(v))}</td>')
+
+
+def _summary_table(doc, idx) -> str:
+    res = doc.get("results", [])
+    if not res:
+        return ""
+    keys = []
+    for r in res:
+        for k, v in r.get("summary", {}).items():
+            if k not in keys and (v is None or isinstance(v, (int, float, str))) and k != "policy":
+                keys.append(k)
+    out = [f'<table class="summary" id="summary-{idx}"><thead><tr><th>metric</th>']
+    out += [f'<th>{html.escape(r["policy"])}</th>' for r in res]
+    out.append("</tr></thead><tbody>")
+    for k in keys:
+        out.append(f"<tr><th>{html.escape(k)}</th>")
+        out += [_cell(k, r.get("summary", {}).get(k)) for r in res]
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _curve_table(doc, idx) -> str:
+    curves = doc.get("curves", [])
+    if not curves:
+        return ""
+    caps = sorted({p["capacity_tokens"] for c in curves for p in c["points"]})
+    out = [f'<table class="curve" id="curve-{idx}"><thead><tr><th>capacity (tokens)</th>']
+    out += [f'<th>{html.escape(c["policy"])}</th>' for c in curves]
+    out.append("</tr></thead><tbody>")
+    for cap in caps:
+        out.append(f"<tr><th>{cap:,}</th>")
+        for c in curves:
+            p = next((p for p in c["points"] if p["capacity_tokens"] == cap), {})
+            out.append(_cell("token_hit_rate", p.get("token_hit_rate")))
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _provenance(inputs, command) -> str:
+    import sys
+
+    import matplotlib
+
+    import radixkv
+
+    rows = [("radixkv", radixkv.__version__), ("python", sys.version.split()[0]), ("numpy", np.__version__),
+            ("matplotlib", matplotlib.__version__)]
+    if command:
+        rows.append(("command", command))
+    for i, item in enumerate(inputs):
+        if item["kind"] == "json":
+            d = item["doc"]
+            t = d.get("trace", {})
+            rows.append((f"input {i + 1}", item["label"]))
+            rows.append(("  written by", f"radixkv {d.get('radixkv', '?')}"))
+            rows.append(("  trace", f"{t.get('path', '?')} ({t.get('requests', '?')} requests, "
+                                    f"unit_tokens {t.get('unit_tokens', '?')})"))
+            if d.get("limit") is not None:
+                rows.append(("  limit", str(d["limit"])))
+            for r in d.get("results", []):
+                pool = ", ".join(f"{k}={v}" for k, v in sorted(r.get("pool", {}).items()))
+                rows.append((f"  pool of {r['policy']}", pool or "?"))
+        else:
+            rows.append((f"input {i + 1}", f"{item['label']} ({item['kind'].replace('_', '-')} CSV, "
+                                           f"{len(next(iter(item['columns'].values()), []))} rows)"))
+        if item.get("sha256"):
+            rows.append(("  sha256", item["sha256"]))
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    return f'<table class="provenance">{body}</table>'
+
+
+def render_report(inputs: list[dict], *, title: str = "radixkv report", command: str | None = None) -> str:
+    """The HTML page (a str) for *inputs* (each as :func:`read_input` returns, or built in
+    memory: ``{"kind": "json", "doc": dict, "label": str}`` /
+    ``{"kind": "timeline" | "per_request", "label": str, "columns": {name: array}}``).
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        When *inputs* is empty.
+    """
+    from radixkv.errors import InputError
+
+    if not inputs:
+        raise InputError("nothing to report: give at least one result", field="inputs")
+    docs = [i["doc"] for i in inputs if i["kind"] == "json"]
+    tables = [i for i in inputs if i["kind"] != "json"]
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>",
+             "<p>Metrics as defined in radixkv's docs/DESIGN.md (Metrics). <code>n/a</code>: the policy or "
+             "mode does not model the metric (JSON <code>null</code>).</p>", "<h2>Summary</h2>"]
+    for i, d in enumerate(docs):
+        t = d.get("trace", {})
+        parts.append(f"<h3>{html.escape(str(t.get('name') or t.get('path') or 'result'))}</h3>")
+        parts.append(_summary_table(d, i) + _curve_table(d, i))
+    if not docs:
+        parts.append('<p class="missing">No JSON result given (only CSV tables).</p>')
+    parts.append("<h2>Figures</h2>")
+    for fid, ftitle in FIGURES:
+        draw, need = _DRAW[fid]
+        png = draw(docs, tables)
+        if png is None:
+            parts.append(f'<section id="fig-{fid}"><h3>{html.escape(ftitle)}</h3>'
+                         f'<p class="missing">Not in these inputs: add {need}.</p></section>')
+        else:
+            parts.append(f'<section id="fig-{fid}"><h3>{html.escape(ftitle)}</h3><figure>'
+                         f'<img alt="{html.escape(ftitle)}" src="data:image/png;base64,{png}"></figure></section>')
+    parts.append("<h2>Provenance</h2>")
+    parts.append(_provenance(inputs, command))
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def write_report(inputs: list[dict], path, **kw) -> None:
+    """Render *inputs* (:func:`render_report`) and write the page to *path* atomically."""
+    from radixkv.util import atomic_write_text
+
+    atomic_write_text(path, render_report(inputs, **kw))
+
+
+def report_from_files(paths, out, *, command: str | None = None) -> list[dict]:
+    """Read every result file of *paths* (:func:`read_input`, with each file's sha256) and
+    write the report to *out*; returns the inputs."""
+    inputs = []
+    for p in paths:
+        item = read_input(p)
+        item["sha256"] = hashlib.sha256(Path(p).read_bytes()).hexdigest()
+        inputs.append(item)
+    write_report(inputs, out, command=command)
+    return inputs

@@ -1,0 +1,192 @@
+"""``radixkv report`` and ``--report``: a self-contained HTML page, checked as data and in a
+real headless browser (Debian's chromium). The browser tests skip only when chromium is
+absent and CI is not set; in CI they must run (.ci/run installs chromium)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from radixkv.cli import main
+from radixkv.html_report import FIGURES, format_value
+
+DEMO = str(Path(__file__).resolve().parents[1] / "traces" / "demo.jsonl")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_browser = pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
+                                   reason="chromium not installed (CI installs it: .ci/run)")
+
+
+class _Cells(HTMLParser):
+    """Every <td data-key data-value> of every table, and every <img> src, in page order."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self.imgs, self.scripts, self.links = [], [], 0, []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table":
+            self.tables.append({"id": a.get("id"), "cells": []})
+        elif tag == "td" and "data-key" in a and self.tables:
+            self.tables[-1]["cells"].append((a["data-key"], a["data-value"]))
+        elif tag == "img":
+            self.imgs.append(a.get("src", ""))
+        elif tag == "script":
+            self.scripts += 1
+        for k in ("href", "src"):
+            if k in a:
+                self.links.append(a[k])
+
+
+@pytest.fixture(scope="module")
+def demo_report(tmp_path_factory):
+    """The bundled demo: a sequential compare, a curve and a concurrent replay (timeline and
+    per-request rows), reported on one page."""
+    d = tmp_path_factory.mktemp("report")
+    common = ["--limit", "120", "--quiet", "--no-timing"]
+    assert main(["compare", DEMO, "--policies", "vllm:16,vllm:32,sglang:1,none", "--capacity-tokens", "8000",
+                 "--json", str(d / "compare.json")] + common) == 0
+    assert main(["curve", DEMO, "--policies", "vllm:16,unit-lru", "--capacities", "2000,8000,32000",
+                 "--json", str(d / "curve.json")] + common) == 0
+    assert main(["replay", DEMO, "--policy", "vllm:16", "--capacity-tokens", "8000", "--mode", "concurrent",
+                 "--model", "Llama-3.1-8B", "--gpu", "A100-80GB", "--arrival", "poisson", "--request-rate", "20",
+                 "--timeline", str(d / "timeline.csv"), "--per-request", str(d / "requests.csv"),
+                 "--json", str(d / "concurrent.json")] + common) == 0
+    ins = [d / "compare.json", d / "curve.json", d / "concurrent.json", d / "timeline.csv", d / "requests.csv"]
+    out = d / "report.html"
+    assert main(["report", *map(str, ins), "--out", str(out)]) == 0
+    return d, out
+
+
+def _expected_cells(d):
+    """(key, value) of every summary cell, straight from the JSON files."""
+    want = []
+    for name in ("compare.json", "concurrent.json"):
+        doc = json.loads((d / name).read_text())
+        keys = []
+        for r in doc["results"]:
+            for k, v in r["summary"].items():
+                if k not in keys and k != "policy" and (v is None or isinstance(v, (int, float, str))):
+                    keys.append(k)
+        want.append([(k, r["summary"].get(k)) for k in keys for r in doc["results"]])
+    return want
+
+
+def _same(cell_value: str, v) -> bool:
+    if v is None:
+        return cell_value == "null"
+    return float(cell_value) == float(v) if isinstance(v, (int, float)) else cell_value == str(v)
+
+
+def test_page_is_self_contained_and_holds_the_json_numbers(demo_report):
+    d, out = demo_report
+    page = out.read_text()
+    p = _Cells()
+    p.feed(page)
+    assert p.scripts == 0
+    assert all(s.startswith("data:image/png;base64,") for s in p.imgs)
+    assert not [u for u in p.links if re.match(r"(https?:)?//", u)]  # no network
+    assert len(p.imgs) == len(FIGURES)  # every figure drawn from these inputs
+    summaries = [t for t in p.tables if (t["id"] or "").startswith("summary-")]
+    for table, want in zip(summaries, _expected_cells(d)):
+        assert len(table["cells"]) == len(want)
+        for (k, cv), (wk, wv) in zip(table["cells"], want):
+            assert k == wk and _same(cv, wv), (k, cv, wv)
+    curve = json.loads((d / "curve.json").read_text())
+    cells = [c for t in p.tables if (t["id"] or "").startswith("curve-") for c in t["cells"]]
+    hit = [pt["token_hit_rate"] for cap in (2000, 8000, 32000) for c in curve["curves"]
+           for pt in c["points"] if pt["capacity_tokens"] == cap]
+    assert [float(v) for _, v in cells] == hit
+    # the sequential replay does not model internal fragmentation: n/a, never 0
+    assert re.search(r'data-key="internal_fragmentation_share_mean" data-value="null">n/a<', page)
+
+
+def test_report_is_deterministic_and_named_on_bad_input(demo_report, tmp_path, capsys):
+    d, out = demo_report
+    again = tmp_path / "again.html"
+    args = [str(d / "compare.json"), str(d / "curve.json")]
+    assert main(["report", *args, "--out", str(again)]) == 0
+    assert main(["report", *args, "--out", str(tmp_path / "b.html")]) == 0
+    assert again.read_bytes() == (tmp_path / "b.html").read_bytes()
+    bad = tmp_path / "x.json"
+    bad.write_text('{"results": [\n')
+    assert main(["report", str(bad), "--out", str(tmp_path / "c.html")]) == 2
+    assert "x.json, line 2" in capsys.readouterr().err
+    assert not (tmp_path / "c.html").exists()
+
+
+def test_format_value():
+    assert [format_value(v) for v in (None, float("nan"), 1234567, 0.25, "a")] == ["n/a", "n/a", "1,234,567", "0.25", "a"]
+
+
+# ---------------------------------------------------------------------- real browser
+def _chromium(tmp_path, *args, url):
+    if CHROMIUM is None:
+        pytest.fail("CI is set but chromium is not installed")
+    prof = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--no-first-run", "--disable-component-update", "--disable-sync", f"--user-data-dir={prof}",
+           "--enable-logging=stderr", "--v=0", *args, url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def _console_errors(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "CONSOLE" in ln and ("ERROR" in ln or "Uncaught" in ln)]
+
+
+_PROBE = """<script>
+window.addEventListener('load', function () {
+  var imgs = document.images, ok = 0;
+  for (var i = 0; i < imgs.length; i++) if (imgs[i].complete && imgs[i].naturalWidth > 300) ok++;
+  var p = document.createElement('p'); p.id = 'probe';
+  p.textContent = 'images ' + imgs.length + ' rendered ' + ok;
+  document.body.appendChild(p);
+});
+</script>"""
+
+
+@needs_browser
+def test_console_error_detection_can_fail(tmp_path):
+    """The console check sees a page's errors (so its silence below means something)."""
+    bad = tmp_path / "bad.html"
+    bad.write_text("<!DOCTYPE html><html><body><script>console.error('boom'); undefinedCall();</script></body></html>")
+    r = _chromium(tmp_path, "--dump-dom", url=bad.as_uri())
+    assert _console_errors(r.stderr), r.stderr[-2000:]
+
+
+@needs_browser
+def test_report_in_headless_chromium(demo_report, tmp_path):
+    d, out = demo_report
+    # 1. the page as written: no console errors, and the DOM holds the JSON's numbers
+    r = _chromium(tmp_path, "--dump-dom", url=out.as_uri())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not _console_errors(r.stderr), _console_errors(r.stderr)
+    p = _Cells()
+    p.feed(r.stdout)
+    summaries = [t for t in p.tables if (t["id"] or "").startswith("summary-")]
+    want = _expected_cells(d)
+    assert len(summaries) == len(want)
+    for table, w in zip(summaries, want):
+        assert all(k == wk and _same(cv, wv) for (k, cv), (wk, wv) in zip(table["cells"], w))
+    # 2. every figure decodes and renders: a probe script on a copy of the page
+    probe = tmp_path / "probe.html"
+    probe.write_text(out.read_text().replace("</body>", _PROBE + "</body>"))
+    r = _chromium(tmp_path, "--dump-dom", "--virtual-time-budget=5000", url=probe.as_uri())
+    m = re.search(r'id="probe">images (\d+) rendered (\d+)<', r.stdout)
+    assert m and int(m.group(1)) == len(FIGURES) and int(m.group(2)) == len(FIGURES), r.stdout[-500:]
+    # 3. a screenshot of the whole page: the size asked for, and not blank
+    shot = tmp_path / "shot.png"
+    r = _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,3000", "--hide-scrollbars", url=out.as_uri())
+    assert shot.exists(), r.stderr[-2000:]
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(str(shot))
+    assert img.shape[:2] == (3000, 1200)
+    assert shot.stat().st_size > 100_000  # tables and six figures, not an empty page
+    assert float(img[..., :3].std()) > 0.05
