@@ -1,12 +1,18 @@
-"""Small helpers with no radixkv dependencies: atomic file writes, deterministic JSON."""
+"""Small helpers with no radixkv dependencies: atomic file writes, deterministic JSON, TOML."""
 from __future__ import annotations
 
 import contextlib
 import json
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib  # noqa: F401  (re-exported: ``from radixkv.util import tomllib``)
+else:  # pragma: no cover - Python 3.10: the ``tomli`` backport (a declared dependency there)
+    import tomli as tomllib  # noqa: F401
 
 
 def check_output_paths(*paths, inputs=()) -> None:

@@ -42,17 +42,13 @@ import fnmatch
 import glob
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from radixkv.errors import ConfigError
 from radixkv.policies.registry import PolicySpec, PoolSpec, parse_policy
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+from radixkv.util import tomllib
 
 #: threshold keys of an ``[[assert]]`` → (summary metric, "min" | "max")
 BOUND_KEYS = {

@@ -185,7 +185,7 @@ def load_grid(path, *, hash_traces: bool = True) -> Grid:
         An unreadable file, an unknown key, a bad value, a missing trace, or a cell that
         ``radixkv replay`` would refuse; the message names the grid file and the key.
     """
-    import tomllib
+    from radixkv.util import tomllib
 
     path = Path(path)
     where = str(path)
