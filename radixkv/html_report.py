@@ -133,11 +133,23 @@ def _fig(w=6.4, h=3.6):
     return plt.subplots(figsize=(w, h), dpi=110)
 
 
+def _label(r) -> str:
+    """A result's column label: its policy, after its trace when it names one (check)."""
+    return f"{r['trace']}: {r['policy']}" if r.get("trace") else str(r["policy"])
+
+
+def _summary(r) -> dict:
+    """A result's metrics: ``summary`` (replay/compare) or its own fields (check, sweep)."""
+    if "summary" in r:
+        return r["summary"]
+    return {k: v for k, v in r.items() if k not in ("trace", "policy")}
+
+
 def _results(docs):
-    """(policy label, summary) of every replay/compare result, in input order."""
+    """(label, summary) of every replay/compare/check result, in input order."""
     for d in docs:
         for r in d.get("results", []):
-            yield r["policy"], r.get("summary", {})
+            yield _label(r), _summary(r)
 
 
 def _fig_curve(docs, tables):
@@ -298,15 +310,15 @@ def _summary_table(doc, idx) -> str:
         return ""
     keys = []
     for r in res:
-        for k, v in r.get("summary", {}).items():
+        for k, v in _summary(r).items():
             if k not in keys and (v is None or isinstance(v, (int, float, str))) and k != "policy":
                 keys.append(k)
     out = [f'<table class="summary" id="summary-{idx}"><thead><tr><th>metric</th>']
-    out += [f'<th>{html.escape(r["policy"])}</th>' for r in res]
+    out += [f'<th>{html.escape(_label(r))}</th>' for r in res]
     out.append("</tr></thead><tbody>")
     for k in keys:
         out.append(f"<tr><th>{html.escape(k)}</th>")
-        out += [_cell(k, r.get("summary", {}).get(k)) for r in res]
+        out += [_cell(k, _summary(r).get(k)) for r in res]
         out.append("</tr>")
     out.append("</tbody></table>")
     return "".join(out)
@@ -351,9 +363,12 @@ def _provenance(inputs, command) -> str:
                                     f"unit_tokens {t.get('unit_tokens', '?')})"))
             if d.get("limit") is not None:
                 rows.append(("  limit", str(d["limit"])))
+            if d.get("config"):
+                rows.append(("  check config", str(d["config"])))
             for r in d.get("results", []):
-                pool = ", ".join(f"{k}={v}" for k, v in sorted(r.get("pool", {}).items()))
-                rows.append((f"  pool of {r['policy']}", pool or "?"))
+                if "pool" in r:
+                    pool = ", ".join(f"{k}={v}" for k, v in sorted(r["pool"].items()))
+                    rows.append((f"  pool of {_label(r)}", pool or "?"))
         else:
             rows.append((f"input {i + 1}", f"{item['label']} ({item['kind'].replace('_', '-')} CSV, "
                                            f"{len(next(iter(item['columns'].values()), []))} rows)"))
@@ -361,6 +376,29 @@ def _provenance(inputs, command) -> str:
             rows.append(("  sha256", item["sha256"]))
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
     return f'<table class="provenance">{body}</table>'
+
+
+def sweep_doc(rows: list[dict]) -> dict:
+    """A report document from a sweep's rows (:func:`radixkv.sweep.store.read_rows`): every
+    cell as a result column (``policy @ capacity``, its metrics) and, per trace and
+    policy, ``token_hit_rate`` against the pool's capacity in tokens as a curve."""
+    from radixkv.plots import _capacity_tokens
+
+    results, curves = [], {}
+    for r in rows:
+        m = r.get("metrics") or {}
+        cap = _capacity_tokens(r)
+        pol = r.get("settings", {}).get("policy", "?")
+        trace = (r.get("trace") or {}).get("name") or (r.get("trace") or {}).get("path") or ""
+        results.append({"trace": Path(str(trace)).name, "policy": f"{pol} @ {cap:,}" if cap is not None else pol,
+                        **{k: v for k, v in m.items()
+                           if v is None or isinstance(v, (int, float, str)) or k == "hit_length_histogram"}})
+        if cap is not None and m.get("token_hit_rate") is not None:
+            curves.setdefault(f"{Path(str(trace)).name}: {pol}", []).append(
+                {"capacity_tokens": cap, "token_hit_rate": m["token_hit_rate"]})
+    return {"radixkv": __import__("radixkv").__version__, "trace": {"name": "sweep"}, "results": results,
+            "curves": [{"policy": k, "points": sorted(v, key=lambda p: p["capacity_tokens"])}
+                       for k, v in curves.items()]}
 
 
 def render_report(inputs: list[dict], *, title: str = "radixkv report", command: str | None = None) -> str:

@@ -190,3 +190,30 @@ def test_report_in_headless_chromium(demo_report, tmp_path):
     assert img.shape[:2] == (3000, 1200)
     assert shot.stat().st_size > 100_000  # tables and six figures, not an empty page
     assert float(img[..., :3].std()) > 0.05
+
+
+def test_check_and_sweep_write_reports_holding_their_numbers(tmp_path, capsys):
+    """``--report`` on ``check`` and ``sweep``: the page's cells are the JSON's numbers."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[[trace]]\nname = "demo"\npath = "{DEMO}"\nlimit = 60\n\n'
+                   '[[policy]]\npolicy = "vllm:16"\ncapacity_tokens = 4000\n\n'
+                   '[[assert]]\nmin_token_hit_rate = 0.01\n')
+    js, page = tmp_path / "c.json", tmp_path / "c.html"
+    assert main(["check", str(cfg), "--json", str(js), "--report", str(page), "--quiet"]) == 0
+    doc = json.loads(js.read_text())
+    p = _Cells()
+    p.feed(page.read_text())
+    cells = dict(p.tables[0]["cells"])
+    assert float(cells["token_hit_rate"]) == doc["results"][0]["token_hit_rate"]
+    grid = tmp_path / "g.toml"
+    grid.write_text(f'traces = ["{DEMO}"]\npolicies = ["vllm:16"]\nlimit = 60\ncapacity_tokens = [2000, 8000]\n')
+    out, page = tmp_path / "sw", tmp_path / "s.html"
+    assert main(["sweep", str(grid), "--out", str(out), "--executor", "local", "--quiet", "--report", str(page)]) == 0
+    from radixkv.sweep.store import read_rows
+
+    rows = {r["settings"]["capacity_tokens"]: r["metrics"]["token_hit_rate"] for r in read_rows(out)}
+    p = _Cells()
+    p.feed(page.read_text())
+    curve = [float(v) for t in p.tables if (t["id"] or "").startswith("curve-") for _, v in t["cells"]]
+    assert curve == [rows[2000], rows[8000]]
+    assert len(p.imgs) == 3  # curve, histogram, alignment loss (no timeline or per-request rows)

@@ -18,7 +18,7 @@ def cmd_check(args) -> int:
     config = load_config(args.config)
     from radixkv.cli._output import emit, files, human
 
-    outs = (args.json, args.junit_xml, args.markdown)
+    outs = (args.json, args.junit_xml, args.markdown, args.report)
     check_output_paths(*files(*outs),
                        inputs=[args.config] + [str(t.path) for t in config.traces])
     result = run_check(config, update_baseline=args.update_baseline, quiet=args.quiet)
@@ -31,6 +31,9 @@ def cmd_check(args) -> int:
                        (args.markdown, lambda: markdown(result))):
         if path:
             emit(path, text(), *outs)
+    from radixkv.cli.report_cmd import write_run_report
+
+    write_run_report(args.report, result.to_json(), stream=out)
     for o in result.failures:
         print(o.line(), file=sys.stderr)
     return 0 if result.ok else 1
@@ -65,6 +68,9 @@ def register(sub) -> None:
     p.add_argument("--junit-xml", metavar="OUT.xml", help="write JUnit XML, one testcase per assertion ('-': stdout; default: not written)")
     p.add_argument("--markdown", metavar="OUT.md",
                    help="write a Markdown report, e.g. to $GITHUB_STEP_SUMMARY ('-': stdout; default: not written)")
+    from radixkv.cli.report_cmd import add_report_arg
+
+    add_report_arg(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_check)
 

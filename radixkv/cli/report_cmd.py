@@ -1,6 +1,6 @@
 """``radixkv report RESULT... --out report.html``: one self-contained HTML page of results
-(:mod:`radixkv.html_report`), and the ``--report PATH`` flag ``replay``/``compare``/``curve``
-share."""
+(:mod:`radixkv.html_report`), and the ``--report PATH`` flag ``replay``, ``compare``,
+``curve``, ``sweep`` and ``check`` share."""
 from __future__ import annotations
 
 import shlex

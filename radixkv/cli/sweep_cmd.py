@@ -47,6 +47,12 @@ def cmd_sweep(args) -> int:
         return 130
     print(f"{rep.total} cells: {rep.skipped} already done, {rep.done} run now ({executor}, {rep.wall_s:.1f} s), "
           f"{len(rep.failed)} failed; results in {args.out}")
+    if args.report:
+        from radixkv.cli.report_cmd import write_run_report
+        from radixkv.html_report import sweep_doc
+        from radixkv.sweep.store import read_rows
+
+        write_run_report(args.report, sweep_doc(read_rows(args.out)))
     if rep.failed:
         print(f"radixkv: {len(rep.failed)} cell(s) failed (errors in {args.out}/errors/; a rerun retries them):",
               file=sys.stderr)
@@ -79,6 +85,9 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="results directory (created; reused to resume)")
     add_executor_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    from radixkv.cli.report_cmd import add_report_arg
+
+    add_report_arg(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("sweep-plot", help="hit rate against pool capacity per policy, from a sweep's results",
