@@ -183,6 +183,39 @@ class PrefixCache(ABC):
         Returns False, with the state unchanged, when the pool cannot make room.
         """
 
+    def extend_many(self, rids, n_tokens) -> int:
+        """``extend(rids[j], n_tokens[j])`` for j = 0, 1, … in order, stopping at the first refusal.
+
+        The concurrent replay's decode of a whole batch in one call. Policies may override
+        it with a faster path; the result must be that of the loop.
+
+        Parameters
+        ----------
+        rids : sequence of int
+            Running requests, in the order their KV is allocated.
+        n_tokens : sequence of int, or int
+            Tokens each computes (same length as *rids*), or one count for all.
+
+        Returns
+        -------
+        int
+            How many leading items were applied; item ``j = result`` (when
+            ``result < len(rids)``) was refused and left the state unchanged, and the
+            items after it were not tried.
+
+        Raises
+        ------
+        ValueError, KeyError
+            As :meth:`extend`.
+        """
+        if isinstance(n_tokens, int):
+            n_tokens = [n_tokens] * len(rids)
+        ext = self.extend
+        for j, (rid, n) in enumerate(zip(rids, n_tokens)):
+            if not ext(rid, n):
+                return j
+        return len(rids)
+
     @abstractmethod
     def finish(self, rid: int) -> None:
         """Request *rid* ends; its KV is cached by the engine's rules and unreferenced."""

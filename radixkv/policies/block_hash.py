@@ -52,6 +52,7 @@ from __future__ import annotations
 import numpy as np
 
 from radixkv.errors import ConfigError
+from radixkv.policies import _hash_batch_kernels as BK
 from radixkv.policies import _hash_kernels as K
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.types import KVSeq
@@ -402,6 +403,107 @@ class BlockHashCache(PrefixCache):
         self.evicted_tokens_total += int(ev) * self.block_size
         return True
 
+    def extend_many(self, rids, n_tokens) -> int:
+        """:meth:`PrefixCache.extend_many`: the same as :meth:`extend` item by item, but a
+        step that neither takes a block nor fills one (most decode tokens) only counts
+        tokens, without a kernel call."""
+        if type(self).extend is not BlockHashCache.extend:  # a subclass's extend decides
+            return super().extend_many(rids, n_tokens)
+        if isinstance(n_tokens, int):
+            n_tokens = [n_tokens] * len(rids)
+        running = self._running
+        B = self.block_size
+        for j, (rid, n) in enumerate(zip(rids, n_tokens)):
+            r = running[rid]
+            n = int(n)
+            n0 = r.n_tokens
+            t = n0 + n
+            if n <= 0 or t > r.seq.kv_len:
+                if not self.extend(rid, n):  # raises on bad input; n == 0 is a no-op
+                    return j
+                continue
+            nblk = (t + B - 1) // B
+            if nblk <= r.n_blocks and t // B == n0 // B:  # the kernel would only count tokens
+                r.n_blocks = nblk
+                self._partial += t % B - n0 % B
+                r.n_tokens = t
+            elif not self.extend(rid, n):
+                return j
+        return len(rids)
+
+    def decode_run(self, rids, kv0, k: int, out: np.ndarray) -> bool:
+        """Steps 2 … k of a fast-forwarded run of k decode steps of *rids*, in one kernel
+        call: the same ``extend`` calls, in the same order, as the scheduler's lazy
+        ``decode_slot_local`` loop makes (``Scheduler._lazy_slot_local``), and the same
+        pool samples.
+
+        Parameters
+        ----------
+        rids : list of int
+            The running requests, in running order (step 1 already applied).
+        kv0 : np.ndarray, int64, shape (n,)
+            The scheduler's KV tokens of each request after step 1.
+        k : int
+            Steps in the run (≥ 2).
+        out : np.ndarray, int64, shape (k, 3)
+            Row 0 holds the pool after step 1; rows 1 … k − 2 are filled with
+            ``used_slots``, ``cached_slots``, ``valid_tokens`` after each step.
+
+        Returns
+        -------
+        bool
+            False (nothing done) for a subclass that overrides ``extend``: the scheduler
+            then makes the calls one by one.
+
+        Raises
+        ------
+        RuntimeError
+            When the pool refuses a block (the scheduler's room bound said it was there).
+        ValueError
+            When a request would pass its KV extent.
+        """
+        if type(self).extend is not BlockHashCache.extend:
+            return False
+        rs = [self._running[rid] for rid in rids]
+        lists = [[r.keys for r in rs], [r.seq.seg_id for r in rs], [r.seq.seg_end for r in rs],
+                 [r.tbl for r in rs]]
+        kern = BK.decode_run_slot_local
+        if hasattr(kern, "py_func"):  # compiled: typed lists of int64 arrays
+            lists = [_typed_list(x) for x in lists]
+        n = len(rs)
+        nblk = np.fromiter((r.n_blocks for r in rs), dtype=np.int64, count=n)
+        ntok = np.fromiter((r.n_tokens for r in rs), dtype=np.int64, count=n)
+        kvlen = np.fromiter((r.seq.kv_len for r in rs), dtype=np.int64, count=n)
+        status, ev, partial = kern(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st,
+                                   self._stk, *lists, nblk, ntok, kvlen, np.asarray(kv0, dtype=np.int64),
+                                   self.block_size, int(k), out, self._partial)
+        for r, b, t in zip(rs, nblk.tolist(), ntok.tolist()):
+            r.n_blocks = b
+            r.n_tokens = t
+        self._partial = int(partial)
+        self.evictions += int(ev)
+        self.evicted_tokens_total += int(ev) * self.block_size
+        if status <= -2:
+            j = -2 - int(status)
+            raise ValueError(f"request {rids[j]}: a decode run passes its KV extent {rs[j].seq.kv_len}")
+        if status >= 0:
+            raise RuntimeError(f"{type(self).__name__} refused decode tokens of request {rids[int(status)]} "
+                               "that its reported free + evictable room should hold")
+        return True
+
+    def warm_kernels(self) -> None:
+        """Compile the batched decode kernel (the sequential warm-up replay does not use it)."""
+        kern = BK.decode_run_slot_local
+        if not hasattr(kern, "py_func"):
+            return
+        z = np.zeros(0, dtype=np.int64)
+        out = np.zeros((2, 3), dtype=np.int64)
+        lists = [_typed_list([np.zeros(1, dtype=np.int64)]) for _ in range(4)]
+        for lst in lists:
+            lst.pop()
+        kern(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, *lists,
+             z, z.copy(), z.copy(), z.copy(), self.block_size, 2, out, 0)
+
     def finish(self, rid: int) -> None:
         """Release *rid*'s blocks tail first (hashed ones stay cached, evictable).
 
@@ -493,3 +595,13 @@ class BlockHashCache(PrefixCache):
         """Block ids held by running request *rid*, in order (int64 copy)."""
         r = self._running[rid]
         return r.tbl[: r.n_blocks].copy()
+
+
+def _typed_list(arrays):
+    """A Numba typed List of the given 1-D int64 arrays (the batched kernels' argument)."""
+    from numba.typed import List
+
+    out = List()
+    for a in arrays:
+        out.append(a)
+    return out

@@ -40,7 +40,7 @@ __all__ = ["mode", "family_of", "plan", "before_replay", "mark_compiled", "is_wa
 
 #: kernel family → the modules holding its Numba kernels
 FAMILY_MODULES = {
-    "hash": ("radixkv.policies._hash_kernels",),
+    "hash": ("radixkv.policies._hash_kernels", "radixkv.policies._hash_batch_kernels"),
     "radix": ("radixkv.policies._radix_kernels",),
 }
 #: policy name → kernel family (policies not listed have no interpretable family)

@@ -140,8 +140,30 @@ class VllmScheduler(Scheduler):
         eligible = len(self.running) + len(self.waiting)
         self._cap = self._threshold if eligible > 1 else 0
         k = 0
-        while k < len(self.running) and budget > 0:
-            c = self._serve_running(self.running[k], plan, budget)
+        run, ctx, target, kv = self.running, self.ctx, self.target, self.kv
+        while k < len(run) and budget > 0:
+            # a stretch of plain decodes (KV = computed tokens): one extend_many call
+            j, lim = k, min(len(run), k + budget)
+            while j < lim:
+                r = run[j]
+                if ctx[r] < target[r] or kv[r] != ctx[r]:
+                    break
+                j += 1
+            if j > k:
+                rids = run[k:j]
+                m = self.policy.extend_many(rids, 1)
+                for r in rids[:m]:
+                    kv[r] += 1
+                    plan.req.append(r)
+                    plan.new.append(1)
+                    plan.ctx.append(ctx[r])
+                    plan.prefill.append(False)
+                budget -= m
+                k += m
+                if m == len(rids) or budget <= 0:
+                    continue
+                # run[k] was refused: the general path below preempts for it
+            c = self._serve_running(run[k], plan, budget)
             if c < 0:
                 break
             budget -= c

@@ -573,6 +573,24 @@ class Scheduler:
                 "that its reported free + evictable room should hold"
             )
 
+    def _extend_all(self, rids, ns) -> None:
+        """``_extend`` of each ``(rids[j], ns[j])`` in order (*ns* may be one int), in one
+        ``policy.extend_many`` call; items of 0 tokens are skipped."""
+        if isinstance(ns, int):
+            if ns <= 0:
+                return
+        elif 0 in ns:
+            keep = [j for j, m in enumerate(ns) if m > 0]
+            rids = [rids[j] for j in keep]
+            ns = [ns[j] for j in keep]
+        done = self.policy.extend_many(rids, ns)
+        if done < len(rids):
+            m = ns if isinstance(ns, int) else ns[done]
+            raise RuntimeError(
+                f"{type(self.policy).__name__} refused {m} decode tokens of request {rids[done]} "
+                "that its reported free + evictable room should hold"
+            )
+
     def _decode_run(self, run, k: int, out: np.ndarray) -> None:
         """Extend every request of *run* by k − 1 tokens (running order within each step);
         fill ``out[0:k-1]``, the pool after steps 1 … k − 1 (step 1 was applied by
@@ -600,25 +618,25 @@ class Scheduler:
                 lim = newc[t - 1] + st.free_slots - 1  # keep one slot free: nothing is evicted
                 m = int(np.searchsorted(newc[t:k - 1], lim, side="right"))
                 if m > 0:
-                    for r in run:
-                        self._extend(r, m)
+                    self._extend_all(run, m)
                     seg = np.arange(t, t + m)
                     out[t:t + m, 0] = st.used_slots + newc[seg] - newc[t - 1]
                     out[t:t + m, 1] = st.cached_slots
                     out[t:t + m, 2] = st.valid_tokens + n * (seg - (t - 1))
                     t += m
                     continue
-            for r in run:
-                self._extend(r, 1)
+            self._extend_all(run, 1)
             out[t] = self._pool_sample()
             t += 1
-        for r in run:  # step k
-            self._extend(r, 1)
+        self._extend_all(run, 1)  # step k
 
     def _lazy_slot_local(self, run, kv0, S: int, k: int, out: np.ndarray) -> None:
         """The k − 1 extra tokens of a ``decode_slot_local`` policy's run: at each step only
         the requests whose token starts a new slot are extended (in running order,
         catching up their lag); the lag's tokens are added to the sampled valid tokens."""
+        batch = getattr(self.policy, "decode_run", None)
+        if batch is not None and batch(run, kv0, k, out):
+            return
         n = len(run)
         by_res: dict[int, list] = {}
         for i, x in enumerate(kv0.tolist()):
@@ -636,8 +654,8 @@ class Scheduler:
                 out[last:t, 0] = u
                 out[last:t, 1] = c
                 out[last:t, 2] = v + n * seg - A
+            self._extend_all([run[i] for i in hit], [t - applied[i] for i in hit])
             for i in hit:
-                self._extend(run[i], t - applied[i])
                 A += t - applied[i]
                 applied[i] = t
             u, c, v = self._pool_sample()
@@ -648,8 +666,7 @@ class Scheduler:
             out[last:k - 1, 0] = u
             out[last:k - 1, 1] = c
             out[last:k - 1, 2] = v + n * seg - A
-        for i, r in enumerate(run):  # step k: everyone to k − 1 extra tokens
-            self._extend(r, (k - 1) - applied[i])
+        self._extend_all(run, [(k - 1) - a for a in applied])  # step k: everyone to k − 1 extra tokens
 
     def _on_fast_forward(self, k: int) -> None:
         """Engine bookkeeping after :meth:`fast_forward` of *k* steps (default: none)."""

@@ -1,0 +1,112 @@
+"""Batched decode of :class:`radixkv.policies.block_hash.BlockHashCache` (one kernel call
+for a fast-forwarded run of decode steps of the concurrent replay).
+
+The per-token rules are those of :func:`radixkv.policies._hash_kernels.extend` (vLLM
+``KVCacheManager.allocate_slots`` then ``cache_blocks``), called here in the order the
+step-by-step replay calls them; only the Python ↔ kernel round trips are saved.
+"""
+from __future__ import annotations
+
+from numba import njit
+
+from radixkv.policies import _hash_kernels as K
+
+
+@njit(cache=True)
+def decode_run_slot_local(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l, segid_l, segend_l, tbl_l,
+                          nblk, ntok, kvlen, kv0, block_size, k, out, partial):
+    """Steps 2 … k of a run of k decode steps of every request (step 1 already applied).
+
+    The lazy schedule of ``Scheduler._lazy_slot_local`` (``decode_slot_local``): at step
+    t (1 ≤ t ≤ k − 2; every request then holds t extra tokens) only the requests whose
+    token ``kv0 + t − 1`` starts a block are extended, by their lag, in item order; after
+    step k − 1 every request is brought to k − 1 extra tokens.
+
+    Parameters
+    ----------
+    keys_l, segid_l, segend_l, tbl_l : numba typed List of 1-D int64 arrays, one per item
+        The request's block keys, content segments and block table (tables are updated).
+    nblk, ntok : int64 arrays, shape (n,)
+        Blocks held and tokens with KV per item (updated in place).
+    kvlen : int64 array, shape (n,)
+        KV extent of each item (tokens); extending past it is an error.
+    kv0 : int64 array, shape (n,)
+        The scheduler's KV tokens per item at step 1 (decides the lazy schedule).
+    out : int64 array, shape (k, 3)
+        Row 0 given (pool after step 1); rows 1 … k − 2 filled: used blocks, cached
+        blocks, valid tokens, as ``stats`` would report after each step.
+    partial : int
+        Filled tokens of the partial blocks of all running requests before the call.
+
+    Returns
+    -------
+    (status, evicted blocks, partial after)
+        status −1: done; ≥ 0: item refused by the pool (state changed up to it); −2 − j:
+        item j would pass its KV extent.
+    """
+    B = block_size
+    n = nblk.shape[0]
+    # items grouped by kv0 mod B, in item order within a group
+    cnt = [0] * (B + 1)
+    for i in range(n):
+        cnt[kv0[i] % B + 1] += 1
+    for r in range(B):
+        cnt[r + 1] += cnt[r]
+    order = [0] * n
+    fill = cnt[:B]
+    for i in range(n):
+        rr = kv0[i] % B
+        order[fill[rr]] = i
+        fill[rr] += 1
+    applied = [0] * n
+    ev_total = 0
+    u = out[0, 0]
+    c = out[0, 1]
+    v = out[0, 2]
+    A = 0
+    last = 1
+    for t in range(1, k):
+        final = t == k - 1
+        if final:
+            lo, hi = 0, n
+            for s in range(last, k - 1):
+                out[s, 0] = u
+                out[s, 1] = c
+                out[s, 2] = v + n * s - A
+        else:
+            rr = (1 - t) % B
+            lo, hi = cnt[rr], cnt[rr + 1]
+            if lo == hi:
+                continue
+            for s in range(last, t):
+                out[s, 0] = u
+                out[s, 1] = c
+                out[s, 2] = v + n * s - A
+        for q in range(lo, hi):
+            i = q if final else order[q]
+            m = t - applied[i]
+            if m <= 0:
+                continue
+            n0 = ntok[i]
+            if n0 + m > kvlen[i]:
+                return -2 - i, ev_total, partial
+            ok, nb, ev = K.extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l[i], segid_l[i], segend_l[i],
+                                  B, tbl_l[i], nblk[i], n0, m)
+            if not ok:
+                return i, ev_total, partial
+            nblk[i] = nb
+            ev_total += ev
+            partial += (n0 + m) % B - n0 % B
+            ntok[i] = n0 + m
+            A += m
+            applied[i] = t
+        if final:
+            break
+        u = st[K.ST_NUSED]
+        c = st[K.ST_NCACHED]
+        v = st[K.ST_NHASHED] * B + partial
+        out[t, 0] = u
+        out[t, 1] = c
+        out[t, 2] = v + n * t - A
+        last = t + 1
+    return -1, ev_total, partial
