@@ -550,6 +550,46 @@ class BlockHashCache(PrefixCache):
         P = seq.prompt_len
         return Admission(hit_tokens=hit_blocks * B, held_tokens=held if held < P else P, evicted_tokens=ev * B)
 
+    def replay_span(self, trace, i0: int, i1: int, cols: dict) -> tuple[int, int]:
+        """Sequential replay of requests ``i0 … i1−1`` of *trace* in one kernel call.
+
+        Fills rows ``i0 … next−1`` of *cols* (the columns of
+        :func:`radixkv.replay.sequential.replay_sequential`) exactly as
+        :meth:`run_request` then ``stats(detail=False)`` would, and returns
+        ``(next, status)``: ``next == i1`` when the span is done; otherwise request
+        *next* goes through the Python path (status 1: content pieces to widen, or it
+        does not fit the pool) or was refused (status 0 at admission, 2 at decode).
+        Returns ``(i0, 1)`` when the fast path does not apply (requests running,
+        ``verify=True``).
+        """
+        from radixkv.policies import _hash_span as KS
+
+        if self._running or self._partial or self.verify or i1 <= i0:
+            return i0, 1
+        out = np.zeros((i1 - i0, KS.NC), dtype=np.int64)
+        has_out = trace.out_ids is not None
+        oids = trace.out_ids if has_out else trace.ids[:0]
+        ooff = trace.out_offsets if has_out else trace.id_offsets[:1]
+        nxt, status = KS.replay_span(
+            self._blk, self._kt, self._pcid, self._pcs, self._state,
+            trace.ids, trace.id_offsets, oids, ooff, has_out, trace.prompt_len, trace.output_len,
+            int(trace.unit_tokens), int(i0), int(i1), self.num_slots, self.block_size, self._key_mask,
+            KEY_ENTRY_BYTES, DUPLICATE_DICT_BYTES, out)
+        total_ev = int(self._st[K.ST_EVICTIONS])
+        self.evictions = total_ev
+        self.evicted_tokens_total = total_ev * self.block_size
+        k = nxt - i0
+        if k:
+            for name, c in (("prompt_tokens", KS.C_PROMPT), ("hit_tokens", KS.C_HIT), ("held_tokens", KS.C_HELD),
+                            ("evicted_tokens", KS.C_EVICTED), ("used_slots", KS.C_USED),
+                            ("cached_slots", KS.C_CACHED), ("free_slots", KS.C_FREE),
+                            ("valid_tokens", KS.C_VALID), ("duplicate_tokens", KS.C_DUP),
+                            ("metadata_bytes", KS.C_META)):
+                cols[name][i0:nxt] = out[:k, c]
+            cols["cached_tokens"][i0:nxt] = -1
+            cols["largest_free_run"][i0:nxt] = -1
+        return int(nxt), int(status)
+
     # ------------------------------------------------------------------ stats
     def stats(self, detail: bool = True) -> PoolStats:
         """The pool now: O(1), plus one pass over the blocks for ``largest_free_run``.

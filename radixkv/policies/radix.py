@@ -555,6 +555,48 @@ class RadixCache(PrefixCache):
             return None
         return Admission(hit, held, ev)
 
+    def replay_span(self, trace, i0: int, i1: int, cols: dict) -> tuple[int, int]:
+        """Sequential replay of requests ``i0 … i1−1`` of *trace* in one kernel call.
+
+        Fills rows ``i0 … next−1`` of *cols* (the columns of
+        :func:`radixkv.replay.sequential.replay_sequential`) exactly as ``run_request``
+        then ``stats(detail=False)`` would, and returns ``(next, status)``: ``next == i1``
+        when the span is done; otherwise request *next* must go through the Python
+        path (status 1: arrays to grow, or it does not fit the pool), or was refused with
+        ``run_request`` status *status* (0, 2 or −1; nothing else ran). Returns
+        ``(i0, 1)`` when the fast path does not apply (requests running, chunked
+        prefill, ``cache_last_token_on_stop``).
+        """
+        from radixkv.policies import _radix_span as KS
+
+        if self._reqs or self._chunk is not None or self.cache_last_token_on_stop or i1 <= i0:
+            return i0, 1
+        out = np.zeros((i1 - i0, KS.NC), dtype=np.int64)
+        hi = np.array([self._nn_hi, self._g_hi, self._q_hi], dtype=np.int64)
+        has_out = trace.out_ids is not None
+        oids = trace.out_ids if has_out else trace.ids[:0]
+        ooff = trace.out_offsets if has_out else trace.id_offsets[:1]
+        nxt, status = KS.replay_span(
+            self._S, self._N, self._H1, self._H2, self._HP, self._G, self._Q, self._row,
+            trace.ids, trace.id_offsets, oids, ooff, has_out, trace.prompt_len, trace.output_len,
+            int(trace.unit_tokens), int(i0), int(i1), self.num_slots, self.page_size, hi,
+            NODE_OVERHEAD_BYTES, BYTES_PER_TOKEN, out)
+        self._nn_hi, self._g_hi, self._q_hi = (int(x) for x in hi)
+        self._sync()
+        k = nxt - i0
+        if k:
+            for name, c in (("prompt_tokens", KS.C_PROMPT), ("hit_tokens", KS.C_HIT), ("held_tokens", KS.C_HELD),
+                            ("evicted_tokens", KS.C_EVICTED), ("used_slots", KS.C_USED),
+                            ("cached_slots", KS.C_CACHED), ("free_slots", KS.C_FREE),
+                            ("valid_tokens", KS.C_VALID), ("cached_tokens", KS.C_CTOK),
+                            ("metadata_bytes", KS.C_META)):
+                cols[name][i0:nxt] = out[:k, c]
+            cols["duplicate_tokens"][i0:nxt] = -1
+            cols["largest_free_run"][i0:nxt] = -1
+        if status == -1:
+            raise RuntimeError("decode needs a page but none is free or evictable")
+        return int(nxt), int(status)
+
     # ------------------------------------------------------------------ inspection
     @property
     def evictable_size(self) -> int:

@@ -103,6 +103,31 @@ def _touch_request(seg_id, seg_end, prompt_len, index, slot_key, slot_tok, prev,
     return hit_tokens, evicted_tok
 
 
+@nb.njit(cache=True)
+def _touch_span(ids, id_offsets, prompt_len, unit_tokens, i0, i1, index, slot_key, slot_tok, prev, nxt, state, out):
+    """:func:`_touch_request` for requests ``i0 … i1−1``; per request ``out`` gets (hit
+    tokens, evicted tokens, units cached, valid tokens)."""
+    m = 0
+    for i in range(i0, i1):
+        m = max(m, id_offsets[i + 1] - id_offsets[i])
+    seg_id = np.empty(m, dtype=np.int64)
+    seg_end = np.empty(m, dtype=np.int64)
+    for i in range(i0, i1):
+        a = id_offsets[i]
+        k = id_offsets[i + 1] - a
+        P = prompt_len[i]
+        for j in range(k):
+            seg_id[j] = ids[a + j]
+            e = (j + 1) * unit_tokens
+            seg_end[j] = e if e < P else P
+        hit, ev = _touch_request(seg_id[:k], seg_end[:k], P, index, slot_key, slot_tok, prev, nxt, state)
+        r = i - i0
+        out[r, 0] = hit
+        out[r, 1] = ev
+        out[r, 2] = state[_SIZE]
+        out[r, 3] = state[_VALID]
+
+
 class UnitLRUCache(PrefixCache):
     """LRU cache of prefix-keyed trace units (the cache-study policy ``unit-lru``).
 
@@ -169,6 +194,36 @@ class UnitLRUCache(PrefixCache):
 
     def run_request(self, rid: int, seq: KVSeq) -> Admission:
         return self.admit(rid, seq)
+
+    def replay_span(self, trace, i0: int, i1: int, cols: dict) -> tuple[int, int]:
+        """Sequential replay of requests ``i0 … i1−1`` of *trace* in one kernel call.
+
+        Fills rows ``i0 … i1−1`` of *cols* exactly as :meth:`run_request` then
+        :meth:`stats` would and returns ``(i1, 1)`` (a unit-lru request is never refused).
+        """
+        if i1 <= i0:
+            return i0, 1
+        if self._index is None:
+            self._alloc()
+        out = np.zeros((i1 - i0, 4), dtype=np.int64)
+        _touch_span(trace.ids, trace.id_offsets, trace.prompt_len, int(trace.unit_tokens), int(i0), int(i1),
+                    self._index, self._slot_key, self._slot_tok, self._prev, self._next, self._state, out)
+        self.evicted_tokens_total = int(self._state[_EVICTED_TOK])
+        self.evictions = int(self._state[_EVICTIONS])
+        size = out[:, 2]
+        cols["prompt_tokens"][i0:i1] = trace.prompt_len[i0:i1]
+        cols["hit_tokens"][i0:i1] = out[:, 0]
+        cols["held_tokens"][i0:i1] = out[:, 0]
+        cols["evicted_tokens"][i0:i1] = out[:, 1]
+        cols["used_slots"][i0:i1] = 0
+        cols["cached_slots"][i0:i1] = size
+        cols["free_slots"][i0:i1] = self.num_slots - size
+        cols["valid_tokens"][i0:i1] = out[:, 3]
+        cols["cached_tokens"][i0:i1] = out[:, 3]
+        cols["duplicate_tokens"][i0:i1] = 0
+        cols["metadata_bytes"][i0:i1] = size * _META_BYTES
+        cols["largest_free_run"][i0:i1] = -1
+        return i1, 1
 
     @classmethod
     def replay_curve(cls, trace, policies: list["UnitLRUCache"], *, limit: int | None = None, label: str | None = None):

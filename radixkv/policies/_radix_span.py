@@ -1,0 +1,84 @@
+"""The sequential replay's request loop for :class:`radixkv.policies.radix.RadixCache`,
+inside one Numba call (:meth:`RadixCache.replay_span`).
+
+For each request of a span: build its segments (:mod:`radixkv.trace._seq_kernel`),
+run :func:`radixkv.policies._radix_kernels.run_request` (admit, decode, finish) and
+write the row :func:`radixkv.replay.sequential.replay_sequential` would write from
+``stats(detail=False)``. The loop stops, handing the request back to the Python loop,
+whenever the Python path would do something the kernel does not: grow or compact the
+arrays (the same upper bounds as ``RadixCache._reserve``), report a request that does
+not fit the pool, or a refusal.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from radixkv.policies import _radix_kernels as K
+from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
+
+# column order of the ``out`` array (a subset of radixkv.replay.records.COLUMNS)
+C_PROMPT, C_HIT, C_HELD, C_EVICTED, C_USED, C_CACHED, C_FREE, C_VALID, C_CTOK, C_META = range(10)
+NC = 10
+
+
+@nb.njit(cache=True)
+def replay_span(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
+                output_len, unit_tokens, i0, i1, num_slots, page, hi, node_bytes, token_bytes, out):
+    """Replay requests ``i0 … i1−1``; returns ``(next request, status)``.
+
+    ``hi`` (int64, shape (3,)) holds the Python-side upper bounds (nodes, store, rows)
+    and is updated in place. status 1: all done, or request ``next`` must go through the
+    Python path (arrays to grow, or it does not fit); otherwise the ``run_request``
+    status of request ``next`` (0 refused, 2 refused at extension, −1 no page to decode),
+    which the caller reports as the Python path would.
+    """
+    n_max = 0
+    for i in range(i0, i1):
+        m = kv_seq_len(id_offsets, out_offsets, has_out, prompt_len, output_len, unit_tokens, i)
+        if m > n_max:
+            n_max = m
+    sid = np.empty(n_max, dtype=np.int64)
+    send = np.empty(n_max, dtype=np.int64)
+    for i in range(i0, i1):
+        P = prompt_len[i]
+        kv = P + max(output_len[i] - 1, 0)
+        if (kv + page - 1) // page > num_slots:
+            return i, 1
+        m = kv_seq_len(id_offsets, out_offsets, has_out, prompt_len, output_len, unit_tokens, i)
+        hi[0] += 18
+        hi[1] += m
+        hi[2] += 1
+        if hi[0] >= N.shape[0] or hi[1] > G.shape[1] or hi[2] >= Q.shape[0]:
+            # RadixCache._reserve_exact(18, m): exact counts; growing or compacting is
+            # left to the Python path
+            nn = S[K.S_NNODES]
+            if nn + 1 + 18 > N.shape[0] or S[K.S_GUSED] + m > G.shape[1] or S[K.S_QHW] + 1 >= Q.shape[0]:
+                hi[0] -= 18
+                hi[1] -= m
+                hi[2] -= 1
+                return i, 1
+            hi[0] = nn + 1 + 18
+            hi[1] = S[K.S_GUSED] + m
+            hi[2] = S[K.S_QHW] + 1
+        kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
+                    sid, send)
+        before = S[K.S_EVTOT]
+        status, hit, held, ev, evtot, evn = K.run_request(S, N, H1, H2, HP, G, Q, R, sid[:m], send[:m], P)
+        if status != 1:
+            return i, status
+        r = i - i0
+        tree = S[K.S_EVTOK] + S[K.S_PROT]
+        used = S[K.S_PRIV] + S[K.S_PROT] // page
+        cached = S[K.S_EVTOK] // page
+        out[r, C_PROMPT] = P
+        out[r, C_HIT] = hit
+        out[r, C_HELD] = held
+        out[r, C_EVICTED] = S[K.S_EVTOT] - before
+        out[r, C_USED] = used
+        out[r, C_CACHED] = cached
+        out[r, C_FREE] = num_slots - used - cached
+        out[r, C_VALID] = tree
+        out[r, C_CTOK] = tree
+        out[r, C_META] = S[K.S_NNODES] * node_bytes + tree * token_bytes
+    return i1, 1

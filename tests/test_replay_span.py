@@ -1,0 +1,105 @@
+"""The sequential replay's in-kernel request loop (``replay_span``) gives the same records
+as the Python loop over ``run_request`` + ``stats``; its segment builder equals
+``Trace.kv_seq``."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixkv.errors import ConfigError
+from radixkv.policies.registry import PoolSpec, build_policy, parse_policy
+from radixkv.replay.sequential import replay_sequential
+from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
+from radixkv.trace.types import Trace
+
+EXAMPLES = int(os.environ.get("RADIXKV_HYPOTHESIS_EXAMPLES", 2000)) // 10
+TRACES = Path(__file__).resolve().parent.parent / "traces"
+SPAN_POLICIES = ["sglang:1", "sglang:4", "vllm:16", "vllm:4", "unit-lru"]
+
+
+@st.composite
+def traces(draw):
+    U = draw(st.sampled_from([1, 1, 4, 16]))
+    partial = draw(st.booleans())
+    with_out = U == 1 and draw(st.booleans())
+    n = draw(st.integers(1, 40))
+    prompts, lens, outs, oids = [], [], [], []
+    for _ in range(n):
+        k = draw(st.integers(1, 10))
+        ids = draw(st.lists(st.integers(0, 3), min_size=k, max_size=k))
+        if U == 1:
+            P = k
+        elif partial:
+            P = (k - 1) * U + draw(st.integers(1, U))
+        else:
+            P = k * U + draw(st.integers(0, U - 1))
+        N = draw(st.integers(0, 6))
+        prompts.append(ids)
+        lens.append(P)
+        outs.append(N)
+        oids.append(draw(st.lists(st.integers(0, 3), min_size=N, max_size=N)))
+    return Trace.from_requests(
+        req_id=[f"r{i}" for i in range(n)], arrival_s=[0.0] * n, prompt_len=lens, output_len=outs,
+        prompt_ids=prompts, unit_tokens=U, partial_last_unit=partial,
+        output_ids=oids if with_out else None,
+    )
+
+
+def _python_loop(t, spec, cap):
+    pol = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=t.unit_tokens)
+    pol.replay_span = None  # the Python loop
+    return pol, replay_sequential(t, pol)
+
+
+def _same(t, spec, cap):
+    try:
+        pb, b = _python_loop(t, spec, cap)
+    except ConfigError as e:
+        with pytest.raises(ConfigError) as got:
+            replay_sequential(t, build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=t.unit_tokens))
+        assert str(got.value) == str(e)
+        return
+    pa = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=t.unit_tokens)
+    assert getattr(pa, "replay_span", None) is not None
+    a = replay_sequential(t, pa)
+    for c in b.columns:
+        assert np.array_equal(a[c], b[c]), c
+    assert (pa.evictions, pa.evicted_tokens_total) == (pb.evictions, pb.evicted_tokens_total)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(traces())
+def test_kv_seq_kernel_equals_trace_kv_seq(t):
+    has_out = t.out_ids is not None
+    oids = t.out_ids if has_out else t.ids[:0]
+    ooff = t.out_offsets if has_out else t.id_offsets[:1]
+    for i in range(len(t)):
+        want = t.kv_seq(i)
+        m = kv_seq_len(t.id_offsets, ooff, has_out, t.prompt_len, t.output_len, t.unit_tokens, i)
+        sid = np.full(m + 3, 99, dtype=np.int64)
+        send = np.full(m + 3, 99, dtype=np.int64)
+        got = kv_seq_into(t.ids, t.id_offsets, oids, ooff, has_out, t.prompt_len, t.output_len, t.unit_tokens, i,
+                          sid, send)
+        assert got == m == len(want.seg_id)
+        assert sid[:m].tolist() == want.seg_id.tolist() and send[:m].tolist() == want.seg_end.tolist()
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(traces(), st.sampled_from(SPAN_POLICIES), st.integers(8, 200))
+def test_span_equals_python_loop(t, policy, cap):
+    _same(t, parse_policy(policy), cap)
+
+
+@pytest.mark.parametrize("policy", SPAN_POLICIES)
+@pytest.mark.parametrize("name", ["demo.jsonl", "multi_turn.jsonl"])
+def test_bundled_traces(name, policy):
+    from radixkv.trace.load import load_trace
+
+    t = load_trace(TRACES / name)
+    for cap in (6000, 60_000):
+        _same(t, parse_policy(policy), cap)
