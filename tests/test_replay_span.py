@@ -103,3 +103,32 @@ def test_bundled_traces(name, policy):
     t = load_trace(TRACES / name)
     for cap in (6000, 60_000):
         _same(t, parse_policy(policy), cap)
+
+
+def test_subclasses_that_override_the_hooks_keep_the_python_loop():
+    from radixkv.policies.block_hash import BlockHashCache
+    from radixkv.policies.radix import RadixCache
+    from radixkv.replay.sequential import span_method
+
+    class Mine(BlockHashCache):
+        def run_request(self, rid, seq):
+            return super().run_request(rid, seq)
+
+    class Plain(RadixCache):
+        pass
+
+    assert span_method(Mine(100, 16)) is None
+    assert span_method(BlockHashCache(100, 16)) is not None
+    assert span_method(Plain(64, 1)) is not None
+
+
+@pytest.mark.parametrize("policy", ["vllm:16@lfu", "sglang:1@lfu"])
+def test_priority_policies_replay_as_before(policy):
+    from radixkv.replay.sequential import span_method
+
+    try:
+        spec = parse_policy(policy)
+    except ConfigError:
+        pytest.skip(f"{policy} is not a registered policy here")
+    pol = build_policy(spec, PoolSpec(capacity_tokens=4096))
+    assert span_method(pol) is None

@@ -35,6 +35,28 @@ def _progress(total: int, quiet: bool, desc: str):
     return tqdm(total=total, desc=desc, unit="req", delay=2.0, file=sys.stderr, leave=False)
 
 
+def span_method(policy: PrefixCache):
+    """The policy's in-kernel request loop ``replay_span``, or None.
+
+    None also when a subclass overrides any hook the span replaces (``run_request``,
+    ``stats``, ``fits_alone``, ``admit``, ``extend``, ``finish``) below the class that
+    defines ``replay_span``: the span runs the defining class's kernels, not the
+    subclass's (e.g. a priority-eviction subclass of ``BlockHashCache``).
+    """
+    f = getattr(policy, "replay_span", None)
+    if f is None:
+        return None
+    mro = type(policy).__mro__
+    owner = next((c for c in mro if "replay_span" in c.__dict__), None)
+    if owner is None:
+        return f  # set on the instance
+    for name in ("run_request", "stats", "fits_alone", "admit", "extend", "finish"):
+        d = next((c for c in mro if name in c.__dict__), None)
+        if d is not None and not issubclass(owner, d):
+            return None
+    return f
+
+
 def replay_sequential(
     trace: Trace,
     policy: PrefixCache,
@@ -92,7 +114,7 @@ def replay_sequential(
     half = n // 2
     every = max(1, (n - half) // DETAIL_SAMPLES)
     # a policy may run spans of requests without detail rows inside one kernel call
-    span = getattr(policy, "replay_span", None)
+    span = span_method(policy)
     i = 0
     while i < n:
         if span is not None:
