@@ -560,12 +560,14 @@ class BlockHashCache(PrefixCache):
         *next* goes through the Python path (status 1: content pieces to widen, or it
         does not fit the pool) or was refused (status 0 at admission, 2 at decode).
         Returns ``(i0, 1)`` when the fast path does not apply (requests running,
-        ``verify=True``).
+        ``verify=True``, kernels interpreted).
         """
         from radixkv.policies import _hash_span as KS
 
         if self._running or self._partial or self.verify or i1 <= i0:
             return i0, 1
+        if not hasattr(K.run_seq, "py_func"):
+            return i0, 1  # the kernels run interpreted (radixkv.replay.jit): no compiled loop
         out = np.zeros((i1 - i0, KS.NC), dtype=np.int64)
         has_out = trace.out_ids is not None
         oids = trace.out_ids if has_out else trace.ids[:0]

@@ -565,12 +565,14 @@ class RadixCache(PrefixCache):
         path (status 1: arrays to grow, or it does not fit the pool), or was refused with
         ``run_request`` status *status* (0, 2 or −1; nothing else ran). Returns
         ``(i0, 1)`` when the fast path does not apply (requests running, chunked
-        prefill, ``cache_last_token_on_stop``).
+        prefill, ``cache_last_token_on_stop``, kernels interpreted).
         """
         from radixkv.policies import _radix_span as KS
 
         if self._reqs or self._chunk is not None or self.cache_last_token_on_stop or i1 <= i0:
             return i0, 1
+        if not hasattr(K.run_request, "py_func"):
+            return i0, 1  # the kernels run interpreted (radixkv.replay.jit): no compiled loop
         out = np.zeros((i1 - i0, KS.NC), dtype=np.int64)
         hi = np.array([self._nn_hi, self._g_hi, self._q_hi], dtype=np.int64)
         has_out = trace.out_ids is not None
