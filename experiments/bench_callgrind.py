@@ -68,7 +68,7 @@ def count(policy: str, requests: int) -> int:
     child.write_text(CHILD)
     out = tmp / "cg.out"
     go = tmp / "go"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED="0")
     proc = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
          sys.executable, str(child), policy, str(TRACE), str(requests), str(CAPACITY), str(go)],
