@@ -13,7 +13,7 @@ from radixkv.policies import _hash_kernels as K
 
 
 @njit(cache=True)
-def decode_run_slot_local(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l, segid_l, segend_l, tbl_l,
+def decode_run_slot_local(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l, segid_l, segend_l, tbl_l, at,
                           nblk, ntok, kvlen, kv0, block_size, k, out, partial):
     """Steps 2 … k of a run of k decode steps of every request (step 1 already applied).
 
@@ -24,8 +24,11 @@ def decode_run_slot_local(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l, segid_l
 
     Parameters
     ----------
-    keys_l, segid_l, segend_l, tbl_l : numba typed List of 1-D int64 arrays, one per item
-        The request's block keys, content segments and block table (tables are updated).
+    keys_l, segid_l, segend_l, tbl_l : numba typed List of 1-D int64 arrays
+        Block keys, content segments and block table of each request (tables are
+        updated); item i's are at position ``at[i]``.
+    at : int64 array, shape (n,)
+        Position of each item in the lists.
     nblk, ntok : int64 arrays, shape (n,)
         Blocks held and tokens with KV per item (updated in place).
     kvlen : int64 array, shape (n,)
@@ -90,8 +93,9 @@ def decode_run_slot_local(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l, segid_l
             n0 = ntok[i]
             if n0 + m > kvlen[i]:
                 return -2 - i, ev_total, partial
-            ok, nb, ev = K.extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l[i], segid_l[i], segend_l[i],
-                                  B, tbl_l[i], nblk[i], n0, m)
+            a = at[i]
+            ok, nb, ev = K.extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l[a], segid_l[a], segend_l[a],
+                                  B, tbl_l[a], nblk[i], n0, m)
             if not ok:
                 return i, ev_total, partial
             nblk[i] = nb

@@ -177,6 +177,8 @@ class BlockHashCache(PrefixCache):
         self._stk = self._state[K.NST:]
         K.init_pool(self._blk, self._b32, self._st)
         self._running: dict[int, _Running] = {}
+        self._dr_lists = None  # decode_run: typed lists of per-request arrays, position = rid
+        self._dr_owner: list = []
         self._partial = 0  # Σ over running requests of their partial block's tokens
         self._scratch = np.zeros(64, dtype=np.int64)
         self._scratch2 = np.zeros((2, 64), dtype=np.int64)  # run_request: keys, block table
@@ -465,17 +467,33 @@ class BlockHashCache(PrefixCache):
         if type(self).extend is not BlockHashCache.extend:
             return False
         rs = [self._running[rid] for rid in rids]
-        lists = [[r.keys for r in rs], [r.seq.seg_id for r in rs], [r.seq.seg_end for r in rs],
-                 [r.tbl for r in rs]]
         kern = BK.decode_run_slot_local
-        if hasattr(kern, "py_func"):  # compiled: typed lists of int64 arrays
-            lists = [_typed_list(x) for x in lists]
+        # per-request arrays in lists kept across runs (position = rid), refreshed when
+        # the rid's record changed (a new admission)
+        if self._dr_lists is None:
+            self._dr_lists = [_typed_list([]) for _ in range(4)]
+            self._dr_owner = []
+        lists, owner = self._dr_lists, self._dr_owner
+        for rid, r in zip(rids, rs):
+            if rid >= len(owner):
+                grow = rid + 1 - len(owner)
+                owner.extend([None] * grow)
+                for lst in lists:
+                    for _ in range(grow):
+                        lst.append(_EMPTY)
+            if owner[rid] is not r:
+                owner[rid] = r
+                lists[0][rid] = r.keys
+                lists[1][rid] = r.seq.seg_id
+                lists[2][rid] = r.seq.seg_end
+                lists[3][rid] = r.tbl
         n = len(rs)
+        at = np.asarray(rids, dtype=np.int64)
         nblk = np.fromiter((r.n_blocks for r in rs), dtype=np.int64, count=n)
         ntok = np.fromiter((r.n_tokens for r in rs), dtype=np.int64, count=n)
         kvlen = np.fromiter((r.seq.kv_len for r in rs), dtype=np.int64, count=n)
         status, ev, partial = kern(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st,
-                                   self._stk, *lists, nblk, ntok, kvlen, np.asarray(kv0, dtype=np.int64),
+                                   self._stk, *lists, at, nblk, ntok, kvlen, np.asarray(kv0, dtype=np.int64),
                                    self.block_size, int(k), out, self._partial)
         for r, b, t in zip(rs, nblk.tolist(), ntok.tolist()):
             r.n_blocks = b
@@ -498,11 +516,9 @@ class BlockHashCache(PrefixCache):
             return
         z = np.zeros(0, dtype=np.int64)
         out = np.zeros((2, 3), dtype=np.int64)
-        lists = [_typed_list([np.zeros(1, dtype=np.int64)]) for _ in range(4)]
-        for lst in lists:
-            lst.pop()
+        lists = [_typed_list([]) for _ in range(4)]
         kern(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, *lists,
-             z, z.copy(), z.copy(), z.copy(), self.block_size, 2, out, 0)
+             z, z.copy(), z.copy(), z.copy(), z.copy(), self.block_size, 2, out, 0)
 
     def finish(self, rid: int) -> None:
         """Release *rid*'s blocks tail first (hashed ones stay cached, evictable).
@@ -639,11 +655,15 @@ class BlockHashCache(PrefixCache):
         return r.tbl[: r.n_blocks].copy()
 
 
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
 def _typed_list(arrays):
-    """A Numba typed List of the given 1-D int64 arrays (the batched kernels' argument)."""
+    """A Numba typed List of 1-D int64 arrays (the batched kernel's argument)."""
+    from numba import types
     from numba.typed import List
 
-    out = List()
+    out = List.empty_list(types.int64[::1])
     for a in arrays:
         out.append(a)
     return out
