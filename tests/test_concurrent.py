@@ -17,6 +17,7 @@ from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.no_cache import NoCache
 from radixkv.policies.radix import RadixCache
 from radixkv.policies.static_reserved import StaticReservedCache
+from radixkv.policies.unit_lru import UnitLRUCache
 from radixkv.replay.arrivals import arrival_times
 from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.scheduler import SchedulerConfig
@@ -194,7 +195,7 @@ def test_lpm_admits_the_longest_cached_prefix_first(order, first):
 def test_lpm_needs_a_lookup_without_side_effects():
     tr = _trace([[1, 2]], [1], [0.0])
     with pytest.raises(ConfigError, match="peek_hit"):
-        replay_concurrent(tr, NoCache(10, 1), COST, config=SchedulerConfig(schedule_policy="lpm"))
+        replay_concurrent(tr, UnitLRUCache(10, 1), COST, config=SchedulerConfig(schedule_policy="lpm"))
 
 
 def test_victim_choice_vllm_vs_sglang():

@@ -22,8 +22,8 @@ flag                                            meaning (default)
 ``--burstiness K``                              gamma shape, vLLM's benchmark flag (1.0)
 ``--seed S``                                    arrival seed (0)
 ``--schedule-policy {fcfs,lpm}``                waiting-queue order (fcfs)
-``--admission {vllm,sglang}``                   admission/preemption rules (the policy's
-                                                engine: sglang for ``RadixCache``, else vllm)
+``--admission {vllm,sglang}``                   admission/preemption rules (the policy
+                                                class's ``admission_rule``)
 ``--enable-chunked-prefill`` /                   vLLM rules: off admits a request only when
 ``--no-enable-chunked-prefill``                 its un-hit tokens fit the step (on)
 ``--long-prefill-token-threshold N``            vLLM rules: cap on one prefill chunk when
@@ -85,7 +85,7 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
     add("--schedule-policy", choices=["fcfs", "lpm"], default="fcfs",
         help="waiting-queue order (SGLang --schedule-policy; lpm needs a policy with peek_hit)")
     add("--admission", choices=["vllm", "sglang"], default=None,
-        help="admission and preemption rules (default: the policy's engine, vllm for every policy but sglang)")
+        help="admission and preemption rules (default: the policy class's admission_rule)")
     if not _has(parser, "--enable-chunked-prefill"):
         g.add_argument("--enable-chunked-prefill", dest="enable_chunked_prefill", action="store_true", default=True,
                        help="split long prefills over steps (vLLM's default)")

@@ -86,48 +86,58 @@ def _check_pool_args(args):
                           field="gpu_memory_utilization")
 
 
+#: the engines' default slot size, when the memory model prices a policy of another engine
+_ENGINE_SIZE = {"vllm": ("block_size", 16), "sglang": ("page_size", 1)}
+#: the pool knob each engine states its pool in
+_ENGINE_KNOB = {"vllm": "num_gpu_blocks", "sglang": "max_total_num_tokens"}
+
+
 def _memory_pool(args, engine: str, spec: PolicySpec):
-    """The pool the memory model gives *engine* on ``--model``/``--gpu``."""
+    """The pool the memory model gives *engine* on ``--model``/``--gpu`` (the policy's
+    own size when it is that engine's policy, else the engine's default size)."""
     from radixkv.memory import pool_for
 
     kw = {"tp": args.tp, "kv_cache_dtype": args.kv_cache_dtype}
+    knob, default = _ENGINE_SIZE[engine]
+    kw[knob] = spec.size if (spec.cls.engine == engine and spec.cls.size_name == knob and spec.size) else default
     if engine == "vllm":
         kw["gpu_memory_utilization"] = args.gpu_memory_utilization
-        kw["block_size"] = spec.size if spec.name == "vllm" else 16
         if args.max_num_batched_tokens is not None:
             kw["max_num_batched_tokens"] = args.max_num_batched_tokens
     else:
         kw["mem_fraction_static"] = args.mem_fraction_static
-        kw["page_size"] = spec.size if spec.name == "sglang" else 1
     kw = {k: v for k, v in kw.items() if v is not None}
     return pool_for(engine, args.model, args.gpu, **kw)
 
 
 def pool_for_policy(args, spec: PolicySpec, *, per_engine_rule: bool = False) -> tuple[PoolSpec, dict]:
-    """The :class:`PoolSpec` a policy runs on, and a description of where it came from."""
+    """The :class:`PoolSpec` a policy runs on, and a description of where it came from.
+
+    A pool in an engine's terms (``--num-gpu-blocks``, ``--max-total-num-tokens``, or the
+    memory model) stays in those terms for a policy whose class declares that ``engine``;
+    other policies get the usable tokens (:meth:`PoolSpec.usable_tokens`). The memory
+    model uses vLLM's rule for every policy unless *per_engine_rule*, when each policy
+    gets its class's engine's rule."""
+    own = spec.cls.engine
     if args.capacity_tokens is not None:
         return PoolSpec(capacity_tokens=args.capacity_tokens), {"capacity_tokens": args.capacity_tokens}
-    if args.num_gpu_blocks is not None:
-        if spec.name == "vllm":
-            return PoolSpec(num_gpu_blocks=args.num_gpu_blocks), {"num_gpu_blocks": args.num_gpu_blocks}
-        bs = 16
-        tokens = (args.num_gpu_blocks - 1) * bs
-        return PoolSpec(capacity_tokens=tokens), {"num_gpu_blocks": args.num_gpu_blocks, "capacity_tokens": tokens}
-    if args.max_total_num_tokens is not None:
-        if spec.name == "sglang":
-            return PoolSpec(max_total_num_tokens=args.max_total_num_tokens), {
-                "max_total_num_tokens": args.max_total_num_tokens
-            }
-        return PoolSpec(capacity_tokens=args.max_total_num_tokens), {"capacity_tokens": args.max_total_num_tokens}
-    engine = "sglang" if (per_engine_rule and spec.name == "sglang") else "vllm"
+    for knob in ("num_gpu_blocks", "max_total_num_tokens"):
+        v = getattr(args, knob)
+        if v is None:
+            continue
+        ps = PoolSpec(**{knob: v})
+        if _ENGINE_KNOB.get(own) == knob:
+            return ps, {knob: v}
+        tokens = ps.usable_tokens()
+        return PoolSpec(capacity_tokens=tokens), ({knob: v, "capacity_tokens": tokens} if knob == "num_gpu_blocks"
+                                                  else {"capacity_tokens": tokens})
+    engine = own if (per_engine_rule and own in _ENGINE_KNOB) else "vllm"
     ps = _memory_pool(args, engine, spec)
     desc = {"engine_rule": engine, "model": args.model, "gpu": args.gpu, "tp": args.tp}
-    if engine == "vllm" and spec.name == "vllm":
-        desc["num_gpu_blocks"] = int(ps.num_gpu_blocks)
-        return PoolSpec(num_gpu_blocks=int(ps.num_gpu_blocks)), desc
-    if engine == "sglang":
-        desc["max_total_num_tokens"] = int(ps.max_total_num_tokens)
-        return PoolSpec(max_total_num_tokens=int(ps.max_total_num_tokens)), desc
+    knob = _ENGINE_KNOB[engine]
+    if own == engine:
+        desc[knob] = int(getattr(ps, knob))
+        return PoolSpec(**{knob: int(getattr(ps, knob))}), desc
     desc["capacity_tokens"] = int(ps.capacity_tokens)
     return PoolSpec(capacity_tokens=int(ps.capacity_tokens)), desc
 
@@ -473,7 +483,8 @@ def register(sub) -> None:
     p = sub.add_parser("replay", help="replay a trace through one policy", description=cmd_replay.__doc__)
     _add_trace_args(p)
     p.add_argument("--policy", required=True,
-                   help="policy spec NAME[:SIZE][@OPTION]: vllm[:B] | sglang[:p] | unit-lru | none[:B] | static[:B][@F]")
+                   help="policy spec NAME[:SIZE][@OPTION]: vllm[:B] | sglang[:p] | unit-lru | none[:B] | static[:B][@F] | "
+                        "a plug-in NAME (entry point radixkv.policies) | package.module:Class[:SIZE]")
     _add_policy_size_args(p)
     _add_pool_args(p)
     add_json_arg(p, "the summary")

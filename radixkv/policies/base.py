@@ -115,8 +115,20 @@ class PrefixCache(ABC):
         When the pool has no usable slot.
     """
 
-    #: short name used on the command line (``--policy NAME``)
+    # ---------------------------------------------------------------- declaration
+    # The registry (:mod:`radixkv.policies.registry`), the CLI, the concurrent scheduler
+    # and warm-up read these class attributes; nothing checks a policy's name.
+
+    #: short name used on the command line (``--policy NAME[:SIZE]``) and in reports
     name: str = "base"
+    #: other names the command line accepts for this policy
+    aliases: tuple = ()
+    #: what ``NAME:SIZE`` sets, by the engine's knob name: ``"block_size"`` (filled in
+    #: by ``--block-size``), ``"page_size"`` (``--page-size``), ``"unit_tokens"`` (the
+    #: trace's unit U, never given by the user), or None (the policy takes no size)
+    size_name: str | None = "block_size"
+    #: the size when the spec gives none (tokens per slot)
+    default_size: int | None = 16
     #: engine whose scheduler rules a concurrent replay applies to this policy:
     #: ``"vllm"`` (the whole prompt must fit at admission, vLLM's ``KVCacheManager``) or
     #: ``"sglang"`` (``PrefillAdder`` budget; :mod:`radixkv.replay.sched_sglang`)
@@ -128,6 +140,16 @@ class PrefixCache(ABC):
     #: decode that stays inside the request's last slot changes no slot count.
     decode_free_first: bool = False
     decode_slot_local: bool = False
+    #: the engine whose memory rule and pool knob (``num_gpu_blocks`` /
+    #: ``max_total_num_tokens``) size this policy's pool: ``"vllm"`` or ``"sglang"``
+    engine: str = "vllm"
+    #: policies with the same family share compiled kernels; warm-up compiles different
+    #: families in parallel (None: nothing worth compiling ahead)
+    kernel_family: str | None = None
+    #: keyword of the constructor set by ``NAME:SIZE@OPTION`` (None: no option)
+    option_name: str | None = None
+    #: the option when the spec gives none (None: the constructor's default)
+    default_option = None
     #: capability flags: which optional :class:`PoolStats` fields the policy measures. A
     #: metric whose flag is False is reported ``n/a`` in tables and ``null`` in JSON, never
     #: 0 (:func:`radixkv.metrics.summarize`, read through
@@ -233,19 +255,96 @@ class PrefixCache(ABC):
         sequential replay asks for detail only at about 32 requests of its second half.
         """
 
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_capacity_tokens(cls, capacity_tokens: int, size: int | None = None, **options) -> "PrefixCache":
+        """A fresh policy on a pool of about *capacity_tokens* usable tokens.
+
+        Default: ``cls(capacity_tokens // size, size, **options)`` — a pool of whole
+        slots of *size* tokens (``default_size`` when None). Override when the
+        constructor takes the pool in other terms (vLLM's ``num_gpu_blocks`` counts the
+        null block; SGLang's ``max_total_num_tokens`` counts tokens).
+
+        Raises
+        ------
+        radixkv.errors.ConfigError
+            When the capacity holds no whole slot.
+        """
+        from radixkv.errors import ConfigError
+
+        size = int(cls.default_size or 1) if size is None else int(size)
+        if size < 1:
+            raise ConfigError(f"{cls.name}: size must be ≥ 1, got {size}", field="size")
+        if int(capacity_tokens) // size < 1:
+            raise ConfigError(f"{cls.name}: a pool of {capacity_tokens} tokens holds no {size}-token slot",
+                              field="capacity")
+        return cls(int(capacity_tokens) // size, size, **options)
+
+    @classmethod
+    def from_engine_pool(cls, pool, size: int | None, **options) -> "PrefixCache | None":
+        """A policy on a pool given in an engine's own terms, or None to be built from
+        its usable tokens instead (the default).
+
+        Parameters
+        ----------
+        pool : radixkv.policies.registry.PoolSpec
+            ``num_gpu_blocks`` (vLLM) or ``max_total_num_tokens`` (SGLang) is set.
+        size : int or None
+            As for :meth:`from_capacity_tokens`.
+        """
+        return None
+
+    @classmethod
+    def parse_option(cls, text: str):
+        """The value of ``NAME:SIZE@TEXT`` for the constructor keyword ``option_name``.
+
+        Default: the text itself. Raises :class:`~radixkv.errors.ConfigError` when the
+        policy takes no option or the text is not a valid value.
+        """
+        from radixkv.errors import ConfigError
+
+        if cls.option_name is None:
+            raise ConfigError(f"policy {cls.name!r} takes no '@option' (got {text!r})", field="policy")
+        return text
+
+    @classmethod
+    def class_for_option(cls, value) -> tuple:
+        """The class to build for an option value and the constructor keywords it sets.
+
+        Default: ``(cls, {option_name: value})``, or ``(cls, {})`` when *value* is None.
+        A class may answer with a subclass (``sglang:1@lfu`` builds
+        :class:`~radixkv.policies.radix_priority.PriorityRadixCache`).
+        """
+        return cls, ({} if value is None or cls.option_name is None else {cls.option_name: value})
+
+    @classmethod
+    def format_option(cls, value) -> str:
+        """The text of an option value in a policy label (inverse of :meth:`parse_option`)."""
+        return str(value)
+
     # ------------------------------------------------------------------ derived
     @staticmethod
     def _admit_length(running, rid: int, seq: KVSeq, n_tokens: int | None) -> int:
-        """Validate an ``admit`` call: *rid* not in *running*, ``1 ≤ n_tokens ≤ kv_len``.
+        """Validate an ``admit`` call (see :func:`radixkv.policies.toolkit.admit_length`)."""
+        from radixkv.policies.toolkit import admit_length
 
-        Returns the tokens to admit (default the prompt). Raises ValueError otherwise.
+        return admit_length(running, rid, seq, n_tokens)
+
+    def peek_hit(self, seq: KVSeq, n_tokens: int | None = None) -> int:
+        """Hit tokens ``admit(rid, seq, n_tokens)`` would get now, without side effects.
+
+        The scheduler's ``lpm`` order and the SGLang-style admission budget use it
+        (SGLang ``schedule_policy.py :: PrefillAdder``; vLLM's ``get_computed_blocks`` is
+        likewise side-effect free). Default: not available (:meth:`can_peek_hit` is
+        False): raises NotImplementedError; the scheduler then refuses ``lpm`` and the
+        SGLang budget counts the whole prompt as new.
         """
-        if rid in running:
-            raise ValueError(f"request {rid} is already running")
-        n = seq.prompt_len if n_tokens is None else int(n_tokens)
-        if not 1 <= n <= seq.kv_len:
-            raise ValueError(f"n_tokens must be in [1, kv_len={seq.kv_len}], got {n}")
-        return n
+        raise NotImplementedError(f"{type(self).__name__} has no side-effect-free lookup (peek_hit)")
+
+    @classmethod
+    def can_peek_hit(cls) -> bool:
+        """True when the class overrides :meth:`peek_hit`."""
+        return cls.peek_hit is not PrefixCache.peek_hit
 
     def warm_kernels(self) -> None:
         """Compile (or load from Numba's cache) kernels a short replay may not reach.

@@ -139,6 +139,13 @@ class BlockHashCache(PrefixCache):
     models_metadata = True
     models_slot_positions = True
     decode_slot_local = True  # ``allocate_slots`` takes a block only when a token starts one
+    aliases = ("block",)
+    size_name = "block_size"
+    default_size = 16
+    admission_rule = "vllm"
+    engine = "vllm"
+    kernel_family = "hash"
+    option_name = "eviction_policy"  # vllm:16@lfu, through the block-pool eviction hook
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16, *, verify: bool = False,
                  _key_bits: int = 64):
@@ -201,6 +208,40 @@ class BlockHashCache(PrefixCache):
                 f"capacity of {capacity_tokens} tokens holds no {B}-token block", field="capacity_tokens"
             )
         return cls(usable + 1, B, **kw)
+
+    @classmethod
+    def from_engine_pool(cls, pool, size, **kw):
+        """vLLM's own terms: ``num_gpu_blocks`` blocks, block 0 the null block."""
+        if pool.num_gpu_blocks is None:
+            return None
+        return cls(int(pool.num_gpu_blocks), cls.default_size if size is None else int(size), **kw)
+
+    @classmethod
+    def parse_option(cls, text: str) -> str:
+        """A block eviction policy name of
+        :data:`radixkv.policies.block_priority.BLOCK_EVICTION_POLICIES`."""
+        from radixkv.policies.block_priority import BLOCK_EVICTION_POLICIES
+
+        ev = text.strip().lower()
+        if ev not in BLOCK_EVICTION_POLICIES:
+            raise ConfigError(f"policy {cls.name!r}: unknown eviction policy {text!r}; known: "
+                              f"{', '.join(BLOCK_EVICTION_POLICIES)}", field="policy")
+        return ev
+
+    @classmethod
+    def class_for_option(cls, value):
+        """``lru`` (or none): this class (vLLM's free queue); another eviction policy:
+        :class:`~radixkv.policies.block_priority.PriorityBlockHashCache` with it."""
+        from radixkv.policies.block_priority import PriorityBlockHashCache
+
+        if issubclass(cls, PriorityBlockHashCache):
+            return cls, ({} if value is None else {"eviction_policy": value})
+        if value in (None, "lru"):
+            return cls, {}
+        if cls is not BlockHashCache:
+            raise ConfigError(f"{cls.__name__} has no eviction hook for {value!r}: subclass PriorityBlockHashCache",
+                              field="policy")
+        return PriorityBlockHashCache, {"eviction_policy": value}
 
     # ------------------------------------------------------------------ helpers
     def _keys(self, seq: KVSeq) -> np.ndarray:

@@ -104,6 +104,7 @@ class PriorityBlockHashCache(BlockHashCache):
     """
 
     name = "vllm-priority"
+    kernel_family = "block_priority"  # its own compiled kernels (warm-up)
     eviction = None
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16, *, eviction_policy=None, **kwargs):

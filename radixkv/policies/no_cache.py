@@ -25,6 +25,9 @@ class NoCache(PrefixCache):
     name = "none"
     models_metadata = True
     decode_free_first = True  # nothing is cached
+    aliases = ("off",)
+    size_name = "block_size"
+    default_size = 1
 
     def __init__(self, num_slots: int, block_size: int = 1):
         super().__init__(num_slots, block_size)
@@ -64,6 +67,10 @@ class NoCache(PrefixCache):
     def finish(self, rid: int) -> None:
         t = self._tokens.pop(rid)
         self._used -= self._slots(t)
+
+    def peek_hit(self, seq: KVSeq, n_tokens: int | None = None) -> int:
+        """Always 0: nothing is cached."""
+        return 0
 
     def stats(self, detail: bool = True) -> PoolStats:
         valid = sum(self._tokens.values())

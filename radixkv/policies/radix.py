@@ -190,7 +190,10 @@ class RadixCache(PrefixCache):
         smaller than a page.
     """
 
-    name = "radix"
+    name = "sglang"
+    aliases = ("radix",)
+    size_name = "page_size"
+    default_size = 1
     models_duplication = True
     models_metadata = True
     admission_rule = "sglang"
@@ -198,6 +201,9 @@ class RadixCache(PrefixCache):
     #: ``match_and_lock`` / ``commit`` / ``defer_insert`` drive this class's kernels
     #: (SGLang's batch visibility in :mod:`radixkv.replay.sched_sglang`)
     batch_visibility = True
+    engine = "sglang"
+    kernel_family = "radix"
+    option_name = "eviction_policy"  # sglang:1@lfu (SGLang --radix-eviction-policy)
 
     def __init__(
         self,
@@ -268,6 +274,40 @@ class RadixCache(PrefixCache):
         if p < 1:
             raise ConfigError(f"page_size must be ≥ 1, got {page_size}", field="page_size")
         return cls(int(capacity_tokens) // p * p, p, **kwargs)
+
+    @classmethod
+    def from_engine_pool(cls, pool, size, **kwargs):
+        """SGLang's own terms: ``max_total_num_tokens``, rounded down to a whole page."""
+        if pool.max_total_num_tokens is None:
+            return None
+        p = cls.default_size if size is None else int(size)
+        return cls(int(pool.max_total_num_tokens) // p * p, p, **kwargs)
+
+    @classmethod
+    def parse_option(cls, text: str) -> str:
+        """An eviction policy name of :data:`radixkv.policies.radix_priority.EVICTION_POLICIES`."""
+        from radixkv.policies.radix_priority import EVICTION_POLICIES
+
+        ev = text.strip().lower()
+        if ev not in EVICTION_POLICIES:
+            raise ConfigError(f"policy {cls.name!r}: unknown eviction policy {text!r}; known: "
+                              f"{', '.join(EVICTION_POLICIES)}", field="policy")
+        return ev
+
+    @classmethod
+    def class_for_option(cls, value):
+        """``lru`` (or none): this class, whose kernels are LRU; another eviction policy:
+        :class:`~radixkv.policies.radix_priority.PriorityRadixCache` with it."""
+        from radixkv.policies.radix_priority import PriorityRadixCache
+
+        if issubclass(cls, PriorityRadixCache):
+            return cls, ({} if value is None else {"eviction_policy": value})
+        if value in (None, "lru"):
+            return cls, {}
+        if cls is not RadixCache:
+            raise ConfigError(f"{cls.__name__} has no eviction hook for {value!r}: subclass PriorityRadixCache",
+                              field="policy")
+        return PriorityRadixCache, {"eviction_policy": value}
 
     # ------------------------------------------------------------------ array capacity
     def _state(self):

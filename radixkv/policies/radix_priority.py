@@ -314,6 +314,7 @@ class PriorityRadixCache(RadixCache):
 
     name = "radix-priority"
     batch_visibility = False  # its kernels insert at admit/extend (no deferred commit yet)
+    kernel_family = "radix_priority"  # its own compiled kernels (warm-up)
     #: default priority of the class (a subclass of :class:`EvictionPriority`, or None)
     eviction = None
 

@@ -1,61 +1,201 @@
-"""Policies by name: parse ``--policy``/``--policies`` specs and build a policy on a pool.
+"""The one registry of policies: parse ``--policy``/``--policies`` specs, build a policy.
 
-A spec is ``NAME`` or ``NAME:SIZE`` where SIZE is the block size (vLLM, ``none``) or the
-page size (SGLang):
+A policy is known by its class. Each :class:`~radixkv.policies.base.PrefixCache`
+subclass declares, as class attributes, its ``name`` (and ``aliases``), what its size is
+(``size_name``: ``block_size``, ``page_size``, the trace's ``unit_tokens``, or none) and
+``default_size``, its ``admission_rule`` in the concurrent replay (``"vllm"`` or
+``"sglang"``), the ``engine`` whose memory rule and pool knob size it, its
+``kernel_family`` (warm-up) and an optional ``@option`` (``option_name``). The CLI, the
+concurrent scheduler and warm-up read these attributes; no code checks a policy's name.
 
-=========== ======================================= ==================================
-name        class                                   size (default)
-=========== ======================================= ==================================
-``vllm``    :class:`~radixkv.policies.block_hash.BlockHashCache`  ``block_size`` (16)
-``sglang``  :class:`~radixkv.policies.radix.RadixCache`           ``page_size`` (1)
-``unit-lru``:class:`~radixkv.policies.unit_lru.UnitLRUCache`      the trace's unit (fixed)
-``none``    :class:`~radixkv.policies.no_cache.NoCache`           block size (1)
-``static``  :class:`~radixkv.policies.static_reserved.StaticReservedCache` block size (16)
-=========== ======================================= ==================================
+Where policies come from, in lookup order:
 
-``static`` also takes the reserved share of the pool after ``@``: ``static:16@0.3``
-(default 0.3). ``sglang`` takes SGLang's eviction policy after ``@`` (``--radix-eviction-policy``):
-``sglang:1@lfu`` — ``lru`` (default, the built-in kernels), ``lfu``, ``fifo``, ``mru``,
-``filo``, ``priority``, ``slru``, ``tlru`` (SGLang's default configs), through
-:class:`~radixkv.policies.radix_priority.PriorityRadixCache`; ``vllm`` takes ``@lru`` (the
-built-in free queue) or ``@lfu`` (:class:`~radixkv.policies.block_priority.PriorityBlockHashCache`).
+1. the built-ins:
+
+   =========== ======================================================= ====================
+   name        class                                                   size (default)
+   =========== ======================================================= ====================
+   ``vllm``    :class:`~radixkv.policies.block_hash.BlockHashCache`     ``block_size`` (16)
+   ``sglang``  :class:`~radixkv.policies.radix.RadixCache`              ``page_size`` (1)
+   ``unit-lru``:class:`~radixkv.policies.unit_lru.UnitLRUCache`         the trace's unit
+   ``none``    :class:`~radixkv.policies.no_cache.NoCache`              ``block_size`` (1)
+   ``static``  :class:`~radixkv.policies.static_reserved.StaticReservedCache` ``block_size`` (16)
+   =========== ======================================================= ====================
+
+   ``static`` takes the reserved share of the pool after ``@`` (``static:16@0.3``);
+   ``sglang`` takes SGLang's eviction policy (``--radix-eviction-policy``):
+   ``sglang:1@lfu`` — ``lru`` (default, the built-in kernels), ``lfu``, ``fifo``,
+   ``mru``, ``filo``, ``priority``, ``slru``, ``tlru``, built as
+   :class:`~radixkv.policies.radix_priority.PriorityRadixCache`; ``vllm`` takes ``@lru``
+   (the built-in free queue) or ``@lfu``
+   (:class:`~radixkv.policies.block_priority.PriorityBlockHashCache`). A class decides
+   what its option builds (``class_for_option``);
+2. classes registered in this process with :func:`register_policy`;
+3. the entry-point group ``radixkv.policies`` of installed packages: in a package's
+   ``pyproject.toml``::
+
+       [project.entry-points."radixkv.policies"]
+       lfu = "mypkg.lfu:LFUCache"
+
+   makes ``--policy lfu:16`` work (the entry point's name is the policy's name);
+4. ``package.module:Class[:SIZE][@OPTION]`` — any importable subclass of
+   ``PrefixCache``, named in reports by its class attribute ``name`` when the class sets
+   one, else by ``package.module:Class``.
 
 A pool is given in one of three ways (:class:`PoolSpec`): usable tokens
-(``capacity_tokens``: vLLM gets ``capacity // block_size`` usable blocks, SGLang the
-capacity rounded down to a page, ``unit-lru`` ``capacity // U`` units, ``none`` the
-capacity rounded down to its block size), or in an engine's own terms
-(``num_gpu_blocks`` for vLLM — block 0 is the null block, so one fewer is usable;
-``max_total_num_tokens`` for SGLang).
+(``capacity_tokens``, passed to the class's ``from_capacity_tokens``), or in an engine's
+own terms (``num_gpu_blocks`` for vLLM — block 0 is the null block, so one fewer is
+usable; ``max_total_num_tokens`` for SGLang), which a class takes natively through
+``from_engine_pool`` or else as usable tokens (``(num_gpu_blocks − 1) × 16`` tokens;
+``max_total_num_tokens`` tokens).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, field
 
 from radixkv.errors import ConfigError
 from radixkv.policies.base import PrefixCache
 
-POLICY_NAMES = ("vllm", "sglang", "unit-lru", "none", "static")
-_DEFAULT_SIZE = {"vllm": 16, "sglang": 1, "unit-lru": None, "none": 1, "static": 16}
-_DEFAULT_FRACTION = 0.3
+#: entry-point group outside packages register policy classes under
+ENTRY_POINT_GROUP = "radixkv.policies"
+
+_BUILTIN_PATHS = (
+    "radixkv.policies.block_hash:BlockHashCache",
+    "radixkv.policies.radix:RadixCache",
+    "radixkv.policies.unit_lru:UnitLRUCache",
+    "radixkv.policies.no_cache:NoCache",
+    "radixkv.policies.static_reserved:StaticReservedCache",
+)
+_REGISTERED: dict[str, type] = {}  # register_policy, in this process
+
+
+def _import_class(path: str, what: str) -> type:
+    """``package.module:Class`` → the class; ConfigError naming *what* when it fails."""
+    mod_name, _, qual = path.partition(":")
+    try:
+        obj = importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's input error
+        raise ConfigError(f"{what}: cannot import module {mod_name!r}: {type(e).__name__}: {e}", field="policy") from None
+    for part in qual.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"{what}: module {mod_name!r} has no {qual!r}", field="policy") from None
+    if not (isinstance(obj, type) and issubclass(obj, PrefixCache)):
+        raise ConfigError(f"{what}: {path} is not a subclass of radixkv.policies.base.PrefixCache", field="policy")
+    return obj
+
+
+def builtin_policies() -> dict[str, type]:
+    """The built-in policy classes by name (aliases not included)."""
+    out = {}
+    for path in _BUILTIN_PATHS:
+        cls = _import_class(path, "built-in policy")
+        out[cls.name] = cls
+    return out
+
+
+def register_policy(cls: type, name: str | None = None) -> type:
+    """Register *cls* under *name* (default ``cls.name``) in this process; returns *cls*
+    (usable as a class decorator).
+
+    Raises
+    ------
+    TypeError
+        When *cls* is not a :class:`PrefixCache` subclass.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, PrefixCache)):
+        raise TypeError(f"{cls!r} is not a subclass of PrefixCache")
+    _REGISTERED[(name or cls.name).lower()] = cls
+    return cls
+
+
+def _entry_points() -> dict:
+    from importlib.metadata import entry_points
+
+    return {ep.name.lower(): ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_policies() -> list[str]:
+    """Every policy name ``--policy`` accepts now: built-ins, registered, entry points."""
+    names = list(builtin_policies())
+    names += [n for n in _REGISTERED if n not in names]
+    names += [n for n in _entry_points() if n not in names]
+    return names
+
+
+def lookup_policy(name: str) -> type | None:
+    """The class registered under *name* (case-insensitive; aliases too), or None.
+
+    Raises
+    ------
+    ConfigError
+        When an entry point of that name fails to load.
+    """
+    key = name.strip().lower()
+    for cls in builtin_policies().values():
+        if key == cls.name or key in cls.aliases:
+            return cls
+    if key in _REGISTERED:
+        return _REGISTERED[key]
+    ep = _entry_points().get(key)
+    if ep is None:
+        return None
+    return _import_class(ep.value.replace(" ", ""), f"policy {name!r} (entry point {ENTRY_POINT_GROUP}:{ep.name})")
 
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A parsed policy spec: ``name``, ``size`` (block or page size in tokens) and, for
-    ``static``, the reserved ``fraction`` of the pool."""
+    """A parsed policy spec.
+
+    Attributes
+    ----------
+    name : str
+        The name reports use (the registry name, or the class's ``name`` when loaded as
+        ``module:Class``, else ``module:Class``).
+    size : int or None
+        Block or page size in tokens (None: the policy takes none, or it is the trace's).
+    option : object or None
+        The ``@option`` value, passed as the class's ``option_name`` keyword.
+    cls : type
+        The :class:`PrefixCache` subclass.
+    ref : str
+        How to find the class again (the registry name or ``module:Class``); used by
+        warm-up child processes.
+    """
 
     name: str
     size: int | None
-    fraction: float | None = None
-    #: SGLang eviction policy (``sglang`` only; None = LRU)
-    eviction: str | None = None
+    option: object = None
+    cls: type = field(default=None, compare=True)
+    ref: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        if self.cls is None:
+            cls = lookup_policy(self.name)
+            if cls is None:
+                raise ConfigError(f"unknown policy {self.name!r}; known: {', '.join(available_policies())}",
+                                  field="policy")
+            object.__setattr__(self, "cls", cls)
+        if not self.ref:
+            object.__setattr__(self, "ref", self.name)
+
+    @property
+    def build_class(self) -> type:
+        """The class :func:`build_policy` builds (the option may pick a subclass)."""
+        return self.cls.class_for_option(self.option)[0] if self.cls.option_name else self.cls
 
     @property
     def label(self) -> str:
         s = self.name if self.size is None else f"{self.name}:{self.size}"
-        if self.eviction is not None:
-            return f"{s}@{self.eviction}"
-        return s if self.fraction is None else f"{s}@{self.fraction:g}"
+        return s if self.option is None else f"{s}@{self.cls.format_option(self.option)}"
+
+    @property
+    def ref_text(self) -> str:
+        """A spec text that :func:`parse_policy` turns back into this spec."""
+        s = self.ref if self.size is None else f"{self.ref}:{self.size}"
+        return s if self.option is None else f"{s}@{self.cls.format_option(self.option)}"
 
 
 @dataclass(frozen=True)
@@ -76,67 +216,86 @@ class PoolSpec:
     num_gpu_blocks: int | None = None
     max_total_num_tokens: int | None = None
 
+    def usable_tokens(self) -> int | None:
+        """Usable tokens for a policy that does not take the engine's terms natively:
+        ``capacity_tokens``, else ``max_total_num_tokens``, else
+        ``(num_gpu_blocks − 1) × 16`` (vLLM's default block size; block 0 is the null
+        block); None when nothing is set."""
+        if self.capacity_tokens is not None:
+            return int(self.capacity_tokens)
+        if self.max_total_num_tokens is not None:
+            return int(self.max_total_num_tokens)
+        if self.num_gpu_blocks is not None:
+            return (int(self.num_gpu_blocks) - 1) * 16
+        return None
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+        return True
+    except ValueError:
+        return False
+
 
 def parse_policy(text: str, *, block_size: int | None = None, page_size: int | None = None) -> PolicySpec:
-    """Parse ``NAME[:SIZE]``; *block_size* / *page_size* fill in a missing size.
+    """Parse ``NAME[:SIZE][@OPTION]`` or ``package.module:Class[:SIZE][@OPTION]``.
+
+    *block_size* / *page_size* (``--block-size`` / ``--page-size``) fill in a missing
+    size of a policy whose ``size_name`` is that knob.
 
     Raises
     ------
     ConfigError
-        For an unknown name or a size that is not a positive integer.
+        For an unknown name, a class that cannot be imported, a size that is not a
+        positive integer or disagrees with the flag, or an option the policy rejects.
     """
-    body, _, frac = text.strip().partition("@")
-    name, _, size = body.partition(":")
-    name = name.strip().lower()
-    aliases = {"vllm": "vllm", "block": "vllm", "sglang": "sglang", "radix": "sglang",
-               "unit-lru": "unit-lru", "unit_lru": "unit-lru", "none": "none", "off": "none", "static": "static"}
-    if name not in aliases:
-        raise ConfigError(f"unknown policy {text!r}; known: {', '.join(POLICY_NAMES)}", field="policy")
-    name = aliases[name]
-    if name == "static":
-        try:
-            f = float(frac) if frac else _DEFAULT_FRACTION
-        except ValueError:
-            raise ConfigError(f"policy {text!r}: reserved fraction {frac!r} is not a number", field="policy") from None
-        spec = parse_policy(body.replace("static", "none", 1), block_size=16 if block_size is None else block_size)
-        return PolicySpec("static", spec.size, f)
-    if frac and name in ("sglang", "vllm"):
-        if name == "sglang":
-            from radixkv.policies.radix_priority import EVICTION_POLICIES
-        else:
-            from radixkv.policies.block_priority import BLOCK_EVICTION_POLICIES as EVICTION_POLICIES
-
-        ev = frac.strip().lower()
-        if ev not in EVICTION_POLICIES:
-            raise ConfigError(f"policy {text!r}: unknown eviction policy {frac!r}; known: "
-                              f"{', '.join(EVICTION_POLICIES)}", field="policy")
-        spec = parse_policy(body, block_size=block_size, page_size=page_size)
-        return PolicySpec(spec.name, spec.size, None, ev)
-    if frac:
-        raise ConfigError(f"policy {text!r}: only 'static' (fraction), 'sglang' and 'vllm' (eviction policy) take '@'",
-                          field="policy")
+    body, at, opt = text.strip().partition("@")
+    parts = [p.strip() for p in body.split(":")]
+    cls = lookup_policy(parts[0]) if parts[0] else None
+    if cls is not None:
+        key = parts[0].lower()
+        # a built-in's aliases map to its name; a registered or entry-point name is kept
+        name = cls.name if key in (cls.name,) + tuple(cls.aliases) else key
+        ref, rest = name, parts[1:]
+    elif len(parts) >= 2 and parts[1].replace(".", "").isidentifier() and not _is_int(parts[1]):
+        ref = f"{parts[0]}:{parts[1]}"
+        cls = _import_class(ref, f"policy {text!r}")
+        name = cls.__dict__.get("name") or ref
+        rest = parts[2:]
+    else:
+        raise ConfigError(f"unknown policy {text!r}; known: {', '.join(available_policies())} "
+                          f"(or package.module:Class)", field="policy")
+    if len(rest) > 1:
+        raise ConfigError(f"policy {text!r}: expected NAME[:SIZE][@OPTION]", field="policy")
+    size = rest[0] if rest else ""
+    option = None
+    if at:
+        option = cls.parse_option(opt.strip())
+    elif cls.option_name is not None:
+        option = cls.default_option
     for flag, v in (("--block-size", block_size), ("--page-size", page_size)):
         if v is not None and int(v) < 1:
             raise ConfigError(f"{flag} must be ≥ 1, got {v}", field=flag.lstrip("-").replace("-", "_"))
-    given = {"vllm": block_size, "none": block_size, "sglang": page_size}.get(name)
-    if size and given is not None and int(size) != int(given):
-        flag = "--page-size" if name == "sglang" else "--block-size"
+    given = {"block_size": block_size, "page_size": page_size}.get(cls.size_name)
+    flag = f"--{str(cls.size_name).replace('_', '-')}"
+    if size and given is not None and _is_int(size) and int(size) != int(given):
         raise ConfigError(f"policy {text!r} says size {size} but {flag} says {given}", field="policy")
     if size:
-        if name == "unit-lru":
-            raise ConfigError("unit-lru takes no size: it caches whole trace units", field="policy")
-        try:
-            val = int(size)
-        except ValueError:
-            raise ConfigError(f"policy {text!r}: size {size!r} is not an integer", field="policy") from None
+        if cls.size_name in (None, "unit_tokens"):
+            why = "it caches whole trace units" if cls.size_name == "unit_tokens" else "it has no block or page size"
+            raise ConfigError(f"{name} takes no size: {why}", field="policy")
+        if not _is_int(size):
+            raise ConfigError(f"policy {text!r}: size {size!r} is not an integer", field="policy")
+        val = int(size)
         if val < 1:
             raise ConfigError(f"policy {text!r}: size must be ≥ 1", field="policy")
-        return PolicySpec(name, val)
-    if name in ("vllm", "none") and block_size is not None:
-        return PolicySpec(name, int(block_size))
-    if name == "sglang" and page_size is not None:
-        return PolicySpec(name, int(page_size))
-    return PolicySpec(name, _DEFAULT_SIZE[name])
+        return PolicySpec(name, val, option, cls, ref)
+    if given is not None:
+        return PolicySpec(name, int(given), option, cls, ref)
+    if cls.size_name in (None, "unit_tokens"):
+        return PolicySpec(name, None, option, cls, ref)
+    return PolicySpec(name, cls.default_size, option, cls, ref)
 
 
 #: largest pool radixkv models, in slots (every policy keeps a few words per slot)
@@ -161,12 +320,15 @@ def build_policy(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **op
 def _build(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **options) -> PrefixCache:
     """A fresh policy of *spec* on *pool*.
 
+    The class's ``from_engine_pool`` gets the first try (a pool in vLLM's or SGLang's own
+    terms); otherwise ``from_capacity_tokens(pool.usable_tokens(), size, **options)``.
+
     Parameters
     ----------
     spec : PolicySpec
     pool : PoolSpec
     unit_tokens : int
-        The trace's U (used by ``unit-lru``).
+        The trace's U (the size of a policy whose ``size_name`` is ``"unit_tokens"``).
     **options
         Passed to the policy's constructor (e.g. ``verify=True``, ``chunked_prefill_size``).
 
@@ -175,64 +337,25 @@ def _build(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **options)
     ConfigError
         When the pool has no usable slot or is given in terms the policy cannot use.
     """
-    cap, ngb, mtt = pool.capacity_tokens, pool.num_gpu_blocks, pool.max_total_num_tokens
-    if spec.name == "vllm":
-        from radixkv.policies.block_hash import BlockHashCache
-
-        if spec.eviction not in (None, "lru"):
-            from radixkv.policies.block_priority import PriorityBlockHashCache as BlockHashCache  # noqa: F811
-
-            options = {**options, "eviction_policy": spec.eviction}
-
-        if ngb is not None:
-            return BlockHashCache(int(ngb), spec.size, **options)
-        tokens = cap if cap is not None else mtt
-        _need(tokens, spec)
-        if tokens // spec.size < 1:
-            raise ConfigError(f"{spec.label}: a pool of {tokens} tokens holds no {spec.size}-token block", field="capacity")
-        return BlockHashCache.from_capacity_tokens(int(tokens), spec.size, **options)
-    if spec.name == "sglang":
-        from radixkv.policies.radix import RadixCache
-
-        if spec.eviction not in (None, "lru"):
-            from radixkv.policies.radix_priority import PriorityRadixCache as RadixCache  # noqa: F811
-
-            options = {**options, "eviction_policy": spec.eviction}
-
-        if mtt is not None:
-            return RadixCache(int(mtt) // spec.size * spec.size, spec.size, **options)
-        tokens = cap if cap is not None else _vllm_usable_tokens(ngb, 16)
-        _need(tokens, spec)
-        if tokens // spec.size < 1:
-            raise ConfigError(f"{spec.label}: a pool of {tokens} tokens holds no {spec.size}-token page", field="capacity")
-        return RadixCache.from_capacity_tokens(int(tokens), spec.size, **options)
-    tokens = cap if cap is not None else (mtt if mtt is not None else _vllm_usable_tokens(ngb, 16))
-    _need(tokens, spec)
-    if spec.name == "unit-lru":
-        from radixkv.policies.unit_lru import UnitLRUCache
-
-        return UnitLRUCache.from_capacity_tokens(int(tokens), unit_tokens)
-    if spec.name == "static":
-        from radixkv.policies.static_reserved import StaticReservedCache
-
-        return StaticReservedCache(int(tokens) // spec.size, spec.size, spec.fraction)
-    from radixkv.policies.no_cache import NoCache
-
-    return NoCache(int(tokens) // spec.size, spec.size)
-
-
-def _vllm_usable_tokens(num_gpu_blocks, block_size):
-    if num_gpu_blocks is None:
-        return None
-    return (int(num_gpu_blocks) - 1) * block_size
-
-
-def _need(tokens, spec):
+    size = int(unit_tokens) if spec.cls.size_name == "unit_tokens" else spec.size
+    cls, extra = spec.cls.class_for_option(spec.option) if spec.cls.option_name else (spec.cls, {})
+    options = {**extra, **options}
+    if pool.num_gpu_blocks is not None or pool.max_total_num_tokens is not None:
+        pol = cls.from_engine_pool(pool, size, **options)
+        if pol is not None:
+            return pol
+    tokens = pool.usable_tokens()
     if tokens is None:
         raise ConfigError(f"{spec.label}: no pool size given (capacity tokens, num_gpu_blocks or max_total_num_tokens)",
                           field="capacity")
     if tokens < 1:
         raise ConfigError(f"{spec.label}: pool capacity must be ≥ 1 token, got {tokens}", field="capacity")
+    if cls.size_name in ("block_size", "page_size") and size is not None and tokens // size < 1:
+        what = "page" if cls.size_name == "page_size" else "block"
+        raise ConfigError(f"{spec.label}: a pool of {tokens} tokens holds no {size}-token {what}", field="capacity")
+    if size is None:
+        return cls.from_capacity_tokens(int(tokens), **options)
+    return cls.from_capacity_tokens(int(tokens), size, **options)
 
 
 def measured_metrics(policy) -> dict[str, bool]:

@@ -76,6 +76,11 @@ class StaticReservedCache(PrefixCache):
     """
 
     name = "static"
+    size_name = "block_size"
+    default_size = 16
+    kernel_family = "hash"  # its keys come from the block-hash kernels
+    option_name = "reserved_fraction"  # static:16@0.3
+    default_option = 0.3
     models_metadata = True
 
     def __init__(self, num_slots: int, block_size: int = 16, reserved_fraction: float = 0.3):
@@ -96,6 +101,18 @@ class StaticReservedCache(PrefixCache):
     def from_capacity_tokens(cls, capacity_tokens: int, block_size: int = 16, **kw) -> "StaticReservedCache":
         """A pool of ``capacity_tokens // block_size`` blocks."""
         return cls(int(capacity_tokens) // int(block_size), block_size, **kw)
+
+    @classmethod
+    def parse_option(cls, text: str) -> float:
+        """The reserved fraction of ``static:B@F``."""
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"policy 'static': reserved fraction {text!r} is not a number", field="policy") from None
+
+    @classmethod
+    def format_option(cls, value) -> str:
+        return f"{float(value):g}"
 
     # ------------------------------------------------------------------ helpers
     def _blocks(self, tokens: int) -> int:

@@ -149,6 +149,10 @@ class UnitLRUCache(PrefixCache):
     """
 
     name = "unit-lru"
+    aliases = ("unit_lru",)
+    size_name = "unit_tokens"  # the trace's U, never given on the command line
+    default_size = None
+    kernel_family = "unit_lru"
     models_metadata = True
 
     def __init__(self, capacity_units: int, unit_tokens: int = 1):

@@ -43,8 +43,6 @@ FAMILY_MODULES = {
     "hash": ("radixkv.policies._hash_kernels", "radixkv.policies._hash_batch_kernels"),
     "radix": ("radixkv.policies._radix_kernels",),
 }
-#: policy name → kernel family (policies not listed have no interpretable family)
-POLICY_FAMILY = {"vllm": "hash", "static": "hash", "sglang": "radix"}
 
 #: on a cold cache, ``auto`` interprets a family whose planned replays total at most
 #: this many prompt + output tokens (about 3–7 s interpreted on one 2020s core, against
@@ -57,12 +55,12 @@ _warm: dict = {}  # family -> bool (probe result)
 
 
 def family_of(spec) -> str | None:
-    """The kernel family of a :class:`~radixkv.policies.registry.PolicySpec` (None: none to
+    """The kernel family of a :class:`~radixkv.policies.registry.PolicySpec`: the built
+    class's ``kernel_family`` when it is one of :data:`FAMILY_MODULES` (None: none to
     switch; policies with an eviction hook (``@lfu``, ...) call priority functions by
-    address and always run compiled)."""
-    if getattr(spec, "eviction", None) not in (None, "lru"):
-        return None
-    return POLICY_FAMILY.get(spec.name)
+    address, have their own family and always run compiled)."""
+    fam = getattr(getattr(spec, "build_class", None), "kernel_family", None)  # declared by the class
+    return fam if fam in FAMILY_MODULES else None
 
 
 def _interpreted_module(name: str):

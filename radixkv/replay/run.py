@@ -58,10 +58,6 @@ def warmup(spec: PolicySpec) -> float:
     return time.perf_counter() - t0
 
 
-#: policies whose kernels compile together, biggest first (compiled in-process)
-_FAMILY = {"sglang": 0, "vllm": 1, "static": 1, "unit-lru": 2, "none": 3}
-
-
 def warmup_many(specs, work=None) -> float:
     """Compile the kernels of several policies, different kernel families in parallel.
 
@@ -92,16 +88,17 @@ def warmup_many(specs, work=None) -> float:
     if jit.mode() == "interpret":
         return time.perf_counter() - t0
     specs = [s for s in specs if not (jit.family_of(s) and jit.is_interpreted(jit.family_of(s)))]
-    cold = {}
+    cold = {}  # one spec per kernel family (the class's ``kernel_family``), in order of first use
     for s in specs:
-        if s not in _WARM:
-            cold.setdefault(_FAMILY.get(s.name, 9), s)
-    fams = [cold[k] for k in sorted(cold) if k != 3]  # NoCache has no kernels
+        fam = s.build_class.kernel_family
+        if s not in _WARM and fam is not None:
+            cold.setdefault(fam, s)
+    fams = list(cold.values())
     procs = []
     if len(fams) >= 2:
         code = ("import sys; from radixkv.policies.registry import parse_policy; "
                 "from radixkv.replay.run import warmup; warmup(parse_policy(sys.argv[1]))")
-        procs = [subprocess.Popen([sys.executable, "-c", code, s.label], stdout=subprocess.DEVNULL,
+        procs = [subprocess.Popen([sys.executable, "-c", code, s.ref_text], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL) for s in fams[1:]]
     try:
         if fams:

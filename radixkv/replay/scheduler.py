@@ -267,7 +267,8 @@ class Scheduler:
         self.first_token_now: list[int] = []
         self.admitted_now: list[int] = []
         self._beyond_prompt = True  # policy accepts admit(n_tokens > P) until it says otherwise
-        self._peek = getattr(policy, "peek_hit", None)
+        can = getattr(policy, "can_peek_hit", None)
+        self._peek = getattr(policy, "peek_hit", None) if (can is None or can()) else None
         if config.schedule_policy == "lpm" and self._peek is None:
             raise ConfigError(
                 f"--schedule-policy lpm needs a policy that can look up a prefix without side effects "
