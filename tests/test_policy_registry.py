@@ -139,11 +139,10 @@ def test_outside_policy_concurrent_reads_admission_rule_from_class(outside_packa
         runs[name] = csv.read_text()
     # the class says admission_rule = "sglang": the same replay as asking for it
     assert runs["class"] == runs["sglang"]
-    from radixkv.cli.concurrent_args import concurrent_config_from_args
+    from radixkv.replay.scheduler import admission_rule_of
 
     pol = build_policy(parse_policy(policy), PoolSpec(capacity_tokens=8000))
-    assert concurrent_config_from_args(type("A", (), {})(), pol).admission == "sglang"
-    assert concurrent_config_from_args(type("A", (), {})(), NoCache(10, 1)).admission == "vllm"
+    assert admission_rule_of(pol) == "sglang" and admission_rule_of(NoCache(10, 1)) == "vllm"
 
 
 def test_entry_point_that_fails_to_load_names_itself(tmp_path, monkeypatch):
