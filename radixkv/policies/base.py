@@ -146,6 +146,9 @@ class PrefixCache(ABC):
     #: policies with the same family share compiled kernels; warm-up compiles different
     #: families in parallel (None: nothing worth compiling ahead)
     kernel_family: str | None = None
+    #: False for a cache-study model with no running requests (nothing is ever ``used``);
+    #: :func:`~radixkv.policies.check.check_policy` then skips ``running_kv_resident``
+    holds_running_kv: bool = True
     #: keyword of the constructor set by ``NAME:SIZE@OPTION`` (None: no option)
     option_name: str | None = None
     #: the option when the spec gives none (None: the constructor's default)

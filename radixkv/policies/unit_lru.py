@@ -154,6 +154,7 @@ class UnitLRUCache(PrefixCache):
     default_size = None
     kernel_family = "unit_lru"
     models_metadata = True
+    holds_running_kv = False
 
     def __init__(self, capacity_units: int, unit_tokens: int = 1):
         if int(capacity_units) < 1:
