@@ -1,3 +1,53 @@
 """radixkv: replay LLM request traces through faithful models of vLLM's block-hash prefix
-cache and SGLang's RadixAttention tree over a fixed-size GPU memory pool."""
+cache and SGLang's RadixAttention tree over a fixed-size GPU memory pool.
+
+The library API (loaded on first use, so ``import radixkv`` stays cheap):
+
+=================== ===================================================================
+``load_trace``      read a trace in any supported format (:mod:`radixkv.trace.load`)
+``replay``          sequential or concurrent replay behind one call (:mod:`radixkv.api`)
+``summarize``       the summary metrics of either replay (:mod:`radixkv.api`)
+``format_table``    the plain-text table the CLI prints (:mod:`radixkv.report`)
+``check_policy``    the policy conformance kit (:mod:`radixkv.policies.check`)
+``parse_policy``    a policy spec (``vllm:16``, ``module:Class:16``) → its class and size
+``PrefixCache``     the base class of every policy (:mod:`radixkv.policies.base`)
+``Admission``,      what a policy returns
+``PoolStats``
+``Trace``, ``KVSeq`` the trace and one request's KV content (:mod:`radixkv.trace.types`)
+=================== ===================================================================
+
+Helpers for policy authors are in :mod:`radixkv.policies.toolkit`.
+"""
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "load_trace": "radixkv.trace.load",
+    "replay": None,  # the subpackage radixkv.replay, callable as radixkv.api.replay
+    "summarize": "radixkv.api",
+    "format_table": "radixkv.report",
+    "check_policy": "radixkv.policies.check",
+    "parse_policy": "radixkv.policies.registry",
+    "register_policy": "radixkv.policies.registry",
+    "PrefixCache": "radixkv.policies.base",
+    "Admission": "radixkv.policies.base",
+    "PoolStats": "radixkv.policies.base",
+    "Trace": "radixkv.trace.types",
+    "KVSeq": "radixkv.trace.types",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'radixkv' has no attribute {name!r}")
+    import importlib
+
+    mod = _EXPORTS[name]
+    value = importlib.import_module("radixkv.replay") if mod is None else getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

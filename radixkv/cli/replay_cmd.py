@@ -21,6 +21,8 @@ from radixkv.cli.report_cmd import add_report_arg, run_tables, write_run_report
 from radixkv.cli.sweep_cmd import add_executor_args
 from radixkv.errors import ConfigError
 from radixkv.policies.registry import PolicySpec, PoolSpec, parse_policy
+from radixkv.report import CONCURRENT_ROWS as _CONCURRENT_ROWS
+from radixkv.report import format_table
 from radixkv.util import atomic_write_text, check_output_paths, dumps_json
 
 
@@ -150,79 +152,7 @@ def _load(args):
     return trace, time.perf_counter() - t0
 
 
-# ---------------------------------------------------------------------- printing
-_ROWS = [
-    ("requests", "requests", "{:,}"),
-    ("pool_capacity_tokens", "pool (tokens)", "{:,}"),
-    ("pool_slots", "pool (slots)", "{:,}"),
-    ("prompt_tokens", "prompt tokens", "{:,}"),
-    ("hit_tokens", "hit tokens", "{:,}"),
-    ("token_hit_rate", "token hit rate", "{:.4f}"),
-    ("request_hit_rate", "request hit rate", "{:.4f}"),
-    ("mean_request_hit_ratio", "mean per-request hit ratio", "{:.4f}"),
-    ("hit_tokens_p50", "hit tokens p50", "{:,.0f}"),
-    ("hit_tokens_p99", "hit tokens p99", "{:,.0f}"),
-    ("alignment_loss_tokens", "alignment loss (tokens)", "{:,}"),
-    ("alignment_loss_share", "alignment loss / prompt", "{:.4f}"),
-    ("evicted_tokens", "evicted tokens", "{:,}"),
-    ("evictions", "evictions", "{:,}"),
-    ("cached_tokens_second_half_mean", "cached tokens (2nd half mean)", "{:,.0f}"),
-    ("cached_tokens_share_of_pool", "cached tokens / pool tokens", "{:.4f}"),
-    ("internal_fragmentation_share_mean", "internal fragmentation (mean; concurrent only)", "{:.4f}"),
-    ("duplicate_share_mean", "duplication (mean)", "{:.4f}"),
-    ("free_space_scatter_mean", "free-space scatter (mean)", "{:.4f}"),
-    ("metadata_bytes_peak", "metadata bytes (peak)", "{:,}"),
-]
-
-
-_CONCURRENT_ROWS = [
-    ("requests", "requests", "{:,}"),
-    ("token_hit_rate", "token hit rate (first admissions)", "{:.4f}"),
-    ("concurrency_mean", "effective concurrency (mean)", "{:.2f}"),
-    ("concurrency_peak", "effective concurrency (peak)", "{:,}"),
-    ("ttft_p50_s", "TTFT p50 (s)", "{:.3f}"),
-    ("ttft_p99_s", "TTFT p99 (s)", "{:.3f}"),
-    ("tpot_p50_s", "TPOT p50 (s)", "{:.4f}"),
-    ("e2e_p50_s", "end-to-end p50 (s)", "{:.3f}"),
-    ("queue_p50_s", "queueing delay p50 (s)", "{:.3f}"),
-    ("throughput_total_tokens_per_s", "throughput, prompt+output (tok/s)", "{:,.0f}"),
-    ("throughput_output_tokens_per_s", "throughput, output (tok/s)", "{:,.0f}"),
-    ("preemptions", "preemptions", "{:,}"),
-    ("recomputed_tokens", "recomputed tokens", "{:,}"),
-    ("prefill_flops_saved", "prefill FLOPs saved", "{:.3e}"),
-    ("pool_used_share_mean", "pool held by running requests (mean)", "{:.4f}"),
-    ("pool_cached_share_mean", "pool held by evictable cache (mean)", "{:.4f}"),
-    ("internal_fragmentation_share_mean", "internal fragmentation (mean)", "{:.5f}"),
-    ("duration_s", "simulated duration (s)", "{:,.1f}"),
-]
-
-
-def _fmt(fmt, v):
-    if v is None or (isinstance(v, float) and v != v):
-        return "n/a"
-    return fmt.format(v)
-
-
-def format_table(summaries: list[dict], timing: bool = True, rows_spec=None) -> str:
-    """A plain-text table: one row per metric, one column per policy."""
-    head = ["metric"] + [s["policy"] for s in summaries]
-    rows = [head]
-    for key, label, fmt in rows_spec or _ROWS:
-        rows.append([label] + [_fmt(fmt, s.get(key)) for s in summaries])
-    if timing:
-        rows.append(["replay time (s)"] + [f"{s['timing_s']['replay']:.3f}" for s in summaries])
-        rows.append(
-            ["prompt tokens/s"]
-            + [_fmt("{:,.0f}", s["timing_s"].get("prompt_tokens_per_s")) for s in summaries]
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = []
-    for j, r in enumerate(rows):
-        lines.append("  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
-        if j == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
+# ---------------------------------------------------------------------- output
 
 def _doc(trace, args, load_s, results, pools):
     doc = {

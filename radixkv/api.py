@@ -1,0 +1,172 @@
+"""The library calls behind the command line: replay a trace through a policy, summarise.
+
+``radixkv.replay`` runs either replay mode behind one call; ``radixkv.summarize`` turns
+either result into the summary dict the CLI prints and writes::
+
+    import radixkv
+
+    trace = radixkv.load_trace("traces/demo.jsonl")
+    rec = radixkv.replay(trace, "vllm:16", capacity_tokens=20_000)
+    print(radixkv.format_table([radixkv.summarize(rec)], timing=False))
+    res = radixkv.replay(trace, "sglang:1", capacity_tokens=20_000, mode="concurrent",
+                         model="Llama-3.1-8B", gpu="A100-80GB")
+    print(radixkv.summarize(res)["ttft_p50_s"])
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from radixkv.errors import ConfigError
+
+__all__ = ["replay", "summarize"]
+
+
+def _policy(policy, trace, pool_kw: dict):
+    """A fresh policy and its label from an instance, a class, a spec text or a PolicySpec."""
+    from radixkv.policies.base import PrefixCache
+    from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, parse_policy
+
+    given = {k: v for k, v in pool_kw.items() if v is not None}
+    if isinstance(policy, PrefixCache):
+        if given:
+            raise ConfigError(f"{', '.join(given)} sizes a pool, but the policy given is already built on one",
+                              field=next(iter(given)))
+        return policy, getattr(policy, "label", None) or policy.name
+    if len(given) != 1:
+        raise ConfigError("give exactly one pool size: capacity_tokens, num_gpu_blocks or max_total_num_tokens",
+                          field="capacity")
+    if isinstance(policy, type) and issubclass(policy, PrefixCache):
+        spec = PolicySpec(policy.name, policy.default_size if policy.size_name in ("block_size", "page_size")
+                          else None, policy.default_option, policy, policy.name)
+    elif isinstance(policy, PolicySpec):
+        spec = policy
+    elif isinstance(policy, str):
+        spec = parse_policy(policy)
+    else:
+        raise TypeError(f"policy must be a PrefixCache, its class, a spec text or a PolicySpec, got {policy!r}")
+    from radixkv.replay.run import warmup
+
+    warmup(spec)
+    return build_policy(spec, PoolSpec(**given), unit_tokens=trace.unit_tokens), spec.label
+
+
+def replay(
+    trace,
+    policy,
+    *,
+    capacity_tokens: int | None = None,
+    num_gpu_blocks: int | None = None,
+    max_total_num_tokens: int | None = None,
+    mode: str = "sequential",
+    cost=None,
+    model=None,
+    gpu=None,
+    config=None,
+    arrivals=None,
+    limit: int | None = None,
+    quiet: bool = True,
+):
+    """Replay *trace* through *policy*, one request at a time or concurrently.
+
+    Parameters
+    ----------
+    trace : radixkv.trace.Trace, str or Path
+        The trace, or a path :func:`radixkv.load_trace` reads (format detected).
+    policy : PrefixCache, PrefixCache subclass, str or PolicySpec
+        A fresh policy instance (then give no pool size), or what to build on the pool:
+        a class, a spec the command line accepts (``"vllm:16"``, ``"sglang:1@lfu"``,
+        ``"package.module:Class:16"``) or a parsed spec.
+    capacity_tokens, num_gpu_blocks, max_total_num_tokens : int or None
+        The pool, exactly one (usable tokens; vLLM's blocks with block 0 reserved;
+        SGLang's tokens) unless *policy* is an instance.
+    mode : {'sequential', 'concurrent'}
+        ``sequential``: each request alone, in trace order (the cache study).
+        ``concurrent``: arrivals, continuous batching, chunked prefill and preemption,
+        priced by *cost* (:func:`radixkv.replay.concurrent.replay_concurrent`).
+    cost : radixkv.cost.CostModel or None
+        Step pricing of the concurrent mode; or give *model* and *gpu* (preset names or
+        specs, :meth:`radixkv.cost.CostModel.from_specs`).
+    config : radixkv.replay.scheduler.SchedulerConfig or None
+        Scheduler knobs of the concurrent mode (default: vLLM's defaults; the admission
+        rule from the policy class's ``admission_rule``).
+    arrivals : np.ndarray (float64, shape (n,), seconds) or None
+        Arrival times of the concurrent mode (default: the trace's).
+    limit : int or None
+        Replay only the first *limit* requests.
+    quiet : bool
+        No progress bar (sequential mode).
+
+    Returns
+    -------
+    radixkv.replay.records.Records (sequential) or
+    radixkv.replay.concurrent.ConcurrentResult (concurrent)
+        Per-request columns; pass to :func:`summarize`.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        On an unknown policy, a missing or doubled pool size, a concurrent replay without
+        a cost model, or a request larger than the pool.
+    radixkv.errors.TraceFormatError
+        When *trace* is a path that cannot be read.
+    """
+    from radixkv.trace.types import Trace
+
+    if isinstance(trace, (str, Path)):
+        from radixkv.trace.load import load_trace
+
+        trace = load_trace(trace)
+    if not isinstance(trace, Trace):
+        raise TypeError(f"trace must be a Trace or a path, got {type(trace).__name__}")
+    if mode not in ("sequential", "concurrent"):
+        raise ConfigError(f"mode must be 'sequential' or 'concurrent', got {mode!r}", field="mode")
+    pol, label = _policy(policy, trace, {"capacity_tokens": capacity_tokens, "num_gpu_blocks": num_gpu_blocks,
+                                         "max_total_num_tokens": max_total_num_tokens})
+    if mode == "sequential":
+        from radixkv.replay.sequential import replay_sequential
+
+        rec = replay_sequential(trace, pol, limit=limit, quiet=quiet, label=label)
+        rec.meta["evictions"] = int(pol.evictions)
+        return rec
+    from radixkv.replay.concurrent import replay_concurrent
+
+    if cost is None:
+        if model is None or gpu is None:
+            raise ConfigError("the concurrent mode prices each step: give cost=CostModel(...) or model= and gpu=",
+                              field="model" if model is None else "gpu")
+        from radixkv.cost import CostModel
+
+        cost = CostModel.from_specs(model, gpu)
+    res = replay_concurrent(trace.head(limit), pol, cost, arrivals=arrivals, config=config)
+    res.meta["policy"] = label
+    return res
+
+
+def summarize(result, *, evictions: int | None = None) -> dict:
+    """Summary metrics of a replay, as the CLI prints and writes them.
+
+    Parameters
+    ----------
+    result : Records or ConcurrentResult
+        What :func:`replay` returned (or :func:`~radixkv.replay.sequential.replay_sequential`
+        / :func:`~radixkv.replay.concurrent.replay_concurrent`).
+    evictions : int or None
+        Eviction events of the policy (sequential; default the count :func:`replay` kept).
+
+    Returns
+    -------
+    dict
+        ``policy`` (the label) and the metrics of :func:`radixkv.metrics.summarize`
+        (sequential) or :meth:`ConcurrentResult.summary` (concurrent); plain Python
+        numbers, deterministic.
+    """
+    from radixkv.replay.records import Records
+
+    if isinstance(result, Records):
+        from radixkv.metrics import summarize as _summarize
+
+        ev = result.meta.get("evictions") if evictions is None else evictions
+        return _summarize(result, evictions=ev)
+    if hasattr(result, "summary"):
+        return {"policy": result.meta.get("policy"), **result.summary()}
+    raise TypeError(f"cannot summarise a {type(result).__name__}: give what radixkv.replay returned")
