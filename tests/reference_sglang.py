@@ -1,5 +1,12 @@
 """A brute-force reference model of SGLang's radix cache, written for clarity, not speed.
 
+:class:`ReferenceSGLang` (at the end) is the same model as a full
+:class:`~radixkv.policies.base.PrefixCache`: it passes :func:`radixkv.check_policy`,
+agrees with :class:`~radixkv.policies.radix.RadixCache` call by call with several requests
+running, and replays from the command line as ``--policy
+reference_sglang:ReferenceSGLang:1`` (with ``tests/`` on ``PYTHONPATH``). Its eviction
+order is SGLang's: a heap of the evictable leaves by last access, rebuilt per call.
+
 Independent of :mod:`radixkv.policies.radix`: it follows docs/SEMANTICS.md
 ("SGLang RadixAttention") and docs/engines/sglang.md directly, in the engine's own
 shape — node keys are explicit token tuples, LRU times are SGLang's float counter (+1.0
@@ -223,3 +230,183 @@ class RefRadixCache:
         self.free_pages += -(-len(kv) // p) - owned // p
         self.lock(node, -1)
         return hit, held, ev
+
+
+# ---------------------------------------------------------------------------------------
+# The same rules as a PrefixCache: requests admitted, extended and finished one call at a
+# time, several running at once (what the concurrent replay and check_policy drive).
+# ---------------------------------------------------------------------------------------
+from radixkv.policies.base import Admission, PoolStats, PrefixCache  # noqa: E402
+from radixkv.policies.toolkit import admit_length  # noqa: E402
+
+
+class _Running:
+    def __init__(self, kv, P, node, hit):
+        self.kv = kv  # token tuples of the KV extent
+        self.P = P
+        self.node = node  # the tree node the request locks (with its ancestors)
+        self.owned = hit  # positions [0, owned) are the tree's slots
+        self.done = hit  # positions [0, done) have KV
+
+
+class ReferenceSGLang(PrefixCache):
+    """SGLang's radix cache as a readable :class:`PrefixCache`, built on :class:`RefRadixCache`.
+
+    One request's life, split at the interface's calls (the rules of :meth:`RefRadixCache.run`):
+
+    - ``admit(n)``: match the prompt capped at ``P − 1`` (splitting a node, stamping the
+      path), lock the match, evict the shortfall of the ``n − hit`` new tokens (plus a page
+      when p > 1) and take their pages; then checkpoint (insert what has KV, move the lock)
+      when the prefill is not done or a decode follows. Refused with nothing changed when
+      the free pages plus the evictable pages off the matched path cannot hold them.
+    - ``extend(k)``: the rest of the prompt as one more chunk (same rule), then decode
+      steps (each evicts the shortfall of one page, or one token at p = 1).
+    - ``finish``: insert the KV computed, then the prompt; free the partial page; unlock.
+    - ``preempt``: free the private pages and unlock; insert nothing.
+    """
+
+    name = "reference-sglang"
+    size_name = "page_size"
+    default_size = 1
+    admission_rule = "sglang"
+    engine = "sglang"
+
+    def __init__(self, max_total_num_tokens: int, page_size: int = 1):
+        super().__init__(max_total_num_tokens // page_size, page_size)
+        self.tree = RefRadixCache(max_total_num_tokens, page_size)
+        self.running: dict = {}
+
+    @classmethod
+    def from_capacity_tokens(cls, capacity_tokens, page_size=1, **kw):
+        return cls(capacity_tokens // page_size * page_size, page_size, **kw)
+
+    @classmethod
+    def from_engine_pool(cls, pool, size, **kw):
+        p = size or 1
+        return None if pool.max_total_num_tokens is None else cls(pool.max_total_num_tokens // p * p, p, **kw)
+
+    # ------------------------------------------------------------ helpers
+    def _peek(self, key):
+        """Tokens a match of *key* would hit, and the nodes it would pass, without touching the tree."""
+        t = self.tree
+        key = key[: len(key) // t.p * t.p]
+        node, matched, path = t.root, 0, []
+        while key and t.child_key(key) in node.children:
+            child = node.children[t.child_key(key)]
+            k = t.key_match(child.key, key)
+            path.append((child, k))
+            matched += k
+            if k < len(child.key):
+                break
+            node, key = child, key[k:]
+        return matched, path
+
+    def _evictable_pages(self, path):
+        """Pages eviction could free once the matched *path* is locked."""
+        t = self.tree
+        unlocked = sum(len(n.key) for n in t.nodes() if n.lock_ref == 0)
+        on_path = sum(k for n, k in path if n.lock_ref == 0)
+        return (unlocked - on_path) // t.p
+
+    def _evict_and_take(self, tokens_needed, pages):
+        ev = self.tree.ensure(tokens_needed)
+        self.tree.take(pages)
+        self.evicted_tokens_total += ev
+        return ev
+
+    def _checkpoint(self, r):
+        """Insert what has KV (page-aligned) and move the lock to its node."""
+        t = self.tree
+        L = r.done // t.p * t.p
+        total, node = t.insert(r.kv[:L])
+        if L > r.owned:
+            t.free_pages += (total - r.owned) // t.p  # the request's duplicates
+            r.owned = L
+        t.lock(node, +1)
+        t.lock(r.node, -1)
+        r.node = node
+
+    def _prefill(self, r, step):
+        """One prefill chunk of *step* tokens (room already checked)."""
+        t = self.tree
+        extra = t.p if t.p > 1 else 0
+        ev = self._evict_and_take(step + extra, -(-(r.done + step) // t.p) - -(-r.done // t.p))
+        r.done += step
+        if r.done < r.P or len(r.kv) > r.P:
+            self._checkpoint(r)
+        return ev
+
+    # ------------------------------------------------------------ the interface
+    def peek_hit(self, seq, n_tokens=None):
+        kv = expand(seq)
+        return self._peek(kv[: seq.prompt_len - 1])[0]
+
+    def admit(self, rid, seq, n_tokens=None):
+        n = admit_length(self.running, rid, seq, n_tokens)
+        P = seq.prompt_len
+        if n > P:
+            raise ValueError(f"n_tokens={n} exceeds the prompt ({P} tokens)")
+        t = self.tree
+        kv = expand(seq)
+        hit, path = self._peek(kv[: P - 1])
+        pages = -(-n // t.p) - hit // t.p
+        if pages > t.free_pages + self._evictable_pages(path):
+            return None
+        held = t.held(kv[:P])
+        before = self.evicted_tokens_total
+        hit2, node = t.match_prefix(kv[: P - 1])
+        assert hit2 == hit
+        t.lock(node, +1)
+        r = _Running(kv, P, node, hit)
+        self.running[rid] = r
+        self._prefill(r, max(0, n - hit))  # a chunk of no new token still evicts its extra page
+        return Admission(hit, held, self.evicted_tokens_total - before)
+
+    def extend(self, rid, n_tokens):
+        t = self.tree
+        r = self.running[rid]
+        step = min(n_tokens, max(0, r.P - r.done))
+        decode = n_tokens - step
+        pages = -(-(r.done + n_tokens) // t.p) - -(-r.done // t.p)
+        if pages > t.free_pages + self._evictable_pages([]):
+            return False
+        if step:
+            self._prefill(r, step)
+        for _ in range(decode):
+            self.evicted_tokens_total += t.ensure(t.p)
+            if r.done % t.p == 0:
+                t.take(1)
+            r.done += 1
+        return True
+
+    def _release(self, r):
+        t = self.tree
+        t.free_pages += -(-r.done // t.p) - r.owned // t.p  # private pages
+        t.lock(r.node, -1)
+
+    def finish(self, rid):
+        t = self.tree
+        r = self.running.pop(rid)
+        L = r.done // t.p * t.p
+        total, _ = t.insert(r.kv[:L])
+        if L > r.owned:
+            t.free_pages += (total - r.owned) // t.p
+            r.owned = L
+        t.insert(r.kv[: min(r.P, r.done) // t.p * t.p])
+        self._release(r)
+
+    def preempt(self, rid):
+        self._release(self.running.pop(rid))
+
+    def stats(self, detail=True):
+        t = self.tree
+        p = t.p
+        locked = sum(len(n.key) for n in t.nodes() if n.lock_ref > 0)
+        tree = t.tree_tokens()
+        private = sum(r.done - r.owned for r in self.running.values())
+        used = locked // p + sum(-(-r.done // p) - r.owned // p for r in self.running.values())
+        cached = (tree - locked) // p
+        return PoolStats(
+            num_slots=self.num_slots, slot_tokens=p, used_slots=used, cached_slots=cached,
+            free_slots=self.num_slots - used - cached, valid_tokens=tree + private, cached_tokens=tree,
+        )
