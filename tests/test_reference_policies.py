@@ -79,3 +79,19 @@ def test_reference_policies_replay_as_module_class(tmp_path, capsys, policy, poo
     assert main(["replay", MIXED, "--policy", policy, "--per-request", str(out), "--quiet"] + pool) == 0
     hits = [int(line.split(",")[2]) for line in out.read_text().splitlines()[1:]]
     assert hits == _golden(engine, golden)  # the real engine's hits, request by request
+
+
+@pytest.mark.parametrize("reference, builtin", [
+    ("reference_vllm:ReferenceVLLM:16", "vllm:16"),
+    ("reference_sglang:ReferenceSGLang:1", "sglang:1"),
+])
+def test_reference_policies_replay_concurrently_like_the_builtins(tmp_path, capsys, reference, builtin):
+    """``--mode concurrent`` with a module:Class policy: the scheduler reads its class's
+    admission_rule, and the readable model gives the built-in's replay, request by request."""
+    common = ["--capacity-tokens", "4000", "--mode", "concurrent", "--model", "Llama-3.1-8B", "--gpu", "A100-80GB",
+              "--arrival", "poisson", "--request-rate", "50", "--limit", "120", "--quiet"]
+    csv = {}
+    for pol in (reference, builtin):
+        csv[pol] = tmp_path / f"{pol.replace(':', '_')}.csv"
+        assert main(["replay", MIXED, "--policy", pol, "--per-request", str(csv[pol])] + common) == 0
+    assert csv[reference].read_text() == csv[builtin].read_text()
