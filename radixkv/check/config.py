@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import inspect
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from radixkv.errors import ConfigError
-from radixkv.policies.registry import PolicySpec, PoolSpec, parse_policy
+from radixkv.policies.registry import PolicySpec, PoolSpec, native_pool_knob, parse_policy
 
 from radixkv.util import tomllib
 
@@ -345,17 +346,21 @@ def _read_policies(rows, ctx: _Ctx, trace_names: set) -> list:
         (pk, pv), = given.items()
         if isinstance(pv, bool) or not isinstance(pv, int) or pv < 1:
             raise ctx.error(f"must be a whole number ≥ 1, got {pv!r}", table="policy", index=i, key=pk)
-        if pk == "num_gpu_blocks" and spec.name != "vllm":
+        # what the policy class declares, never its name (radixkv.policies.registry)
+        native = native_pool_knob(spec.build_class)
+        if pk == "num_gpu_blocks" and native != pk:
             raise ctx.error(f"num_gpu_blocks is vLLM's pool size; {spec.label} takes capacity_tokens",
                             table="policy", index=i, key=pk)
-        if pk == "max_total_num_tokens" and spec.name != "sglang":
+        if pk == "max_total_num_tokens" and native != pk:
             raise ctx.error(f"max_total_num_tokens is SGLang's pool size; {spec.label} takes capacity_tokens",
                             table="policy", index=i, key=pk)
         options = {}
         verify = _typed(p, "verify", bool, ctx, "policy", i, "true or false")
         if verify:
-            if spec.name != "vllm":
-                raise ctx.error("verify applies to vllm policies only", table="policy", index=i, key="verify")
+            if not any("verify" in inspect.signature(c.__init__).parameters
+                       for c in spec.build_class.__mro__ if "__init__" in vars(c)):
+                raise ctx.error("verify applies to vllm policies only (a policy whose constructor takes verify)",
+                                table="policy", index=i, key="verify")
             options["verify"] = True
         tr = p.get("traces")
         if tr is not None:

@@ -230,6 +230,16 @@ class PoolSpec:
         return None
 
 
+def native_pool_knob(cls: type) -> str | None:
+    """The engine pool knob a policy class takes in the engine's own terms
+    (``num_gpu_blocks`` for a vLLM-engine class, ``max_total_num_tokens`` for an
+    SGLang-engine class) when it overrides ``from_engine_pool``; None otherwise (the pool
+    is then converted to usable tokens)."""
+    if cls.from_engine_pool.__func__ is PrefixCache.from_engine_pool.__func__:
+        return None
+    return {"vllm": "num_gpu_blocks", "sglang": "max_total_num_tokens"}.get(cls.engine)
+
+
 def _is_int(text: str) -> bool:
     try:
         int(text)
