@@ -27,7 +27,7 @@ The checks (:data:`CHECKS`, in order):
                            leave at −1 (``cached_tokens``, ``duplicate_tokens``,
                            ``largest_free_run``)
 ``no_hit_out_of_thin_air`` a hit never exceeds the looked-up length, nor the longest prefix
-                           shared with KV computed earlier; ``hit ≤ held ≤ prompt``
+                           shared with KV computed earlier; ``hit ≤ held ≤ looked-up length``
 ``hits_held_by_pool``      a hit never exceeds what the pool held before the admission:
                            ``hit ≤ cached_tokens`` and ``hit ≤ (used + cached) × slot_tokens``
 ``finish_releases_all``    with nothing running, no slot is ``used``
@@ -352,11 +352,11 @@ def _hit_bounds(pol, where, i, seq, n, adm, holders):
     if adm.hit_tokens > bound:
         raise _Broken(f"{where}: request {i} hit {adm.hit_tokens} tokens but shares at most {bound} "
                       f"with KV computed before it")
-    # held is capped at the prompt; a re-admission beyond the prompt may hit more than it
-    low = min(adm.hit_tokens, seq.prompt_len)
-    if not low <= adm.held_tokens <= seq.prompt_len:
-        raise _Broken(f"{where}: request {i}: need min(hit_tokens {adm.hit_tokens}, prompt) ≤ held_tokens "
-                      f"{adm.held_tokens} ≤ prompt {seq.prompt_len}")
+    # held is a prefix of what was looked up: the prompt, or prompt + generated tokens on a
+    # re-admission (a policy may cap it at the prompt)
+    if not min(adm.hit_tokens, seq.prompt_len) <= adm.held_tokens <= L:
+        raise _Broken(f"{where}: request {i}: need min(hit_tokens {adm.hit_tokens}, prompt {seq.prompt_len}) "
+                      f"≤ held_tokens {adm.held_tokens} ≤ looked-up length {L}")
 
 
 def _check_thin_air(ctx):
