@@ -1,0 +1,398 @@
+"""Several replicas behind a request router: per-replica caches, or one global pool.
+
+A deployment of N replicas (data parallelism) puts each request on one replica; with
+prefix caching per replica, what a request hits depends on where earlier requests with
+the same prefix were sent. This module models that in the sequential replay:
+
+1. :func:`plan_routes` decides, request by request in replay order, which replica serves
+   it (:data:`ROUTERS`). No router here reads the replicas' real caches — exactly as
+   SGLang's router, which keeps its own approximate tree — so the whole plan can be made
+   before any cache is replayed.
+2. :func:`replay_replicas` replays each replica's requests (in replay order) through its
+   own fresh policy instance, built from the one registry
+   (:func:`radixkv.policies.registry.build_policy`) on the per-replica pool, and merges
+   per-replica and aggregate metrics. With ``global_pool=True`` all requests go through
+   ONE policy instance on a pool of N × the per-replica capacity instead: the cache a
+   distributed KV store shared by all replicas gives (Mooncake FAST'25, §4 and Fig. 10);
+   the router then only places compute, so its load imbalance is still reported.
+
+Load (for ``least-load`` and ``prefix-aware``): a replica's load at request *i* is the
+number of requests routed to it whose arrival time lies in ``(t_i − load_window_s, t_i]``
+— a stand-in for in-flight requests (what SGLang's router counts) in a replay where
+requests run one at a time. Ties go to the replica that has received the fewest requests
+so far, then to the lowest index.
+
+Routers
+-------
+``round-robin``  request *i* → replica ``i mod N``.
+``random``       uniform, ``numpy.random.default_rng(seed)``.
+``least-load``   the replica with the smallest load.
+``session``      sticky: the first request of a session goes to the least-loaded replica,
+                 later ones follow it. Needs the trace's ``session_id`` (WEKA: one
+                 session per conversation file and sub-agent); a trace without one is a
+                 :class:`~radixkv.errors.ConfigError`.
+``prefix-aware`` SGLang's cache-aware router (sgl-model-gateway ``policies/cache_aware.rs``;
+                 defaults from ``sglang_router/router_args.py`` ``RouterArgs``:
+                 ``cache_threshold`` 0.3, ``balance_abs_threshold`` 64,
+                 ``balance_rel_threshold`` 1.5): when ``max_load − min_load >
+                 balance_abs_threshold`` and ``max_load > balance_rel_threshold × min_load``
+                 the request goes to the least-loaded replica; otherwise to the replica
+                 whose approximate tree matches the longest prefix of the prompt if the
+                 matched share exceeds ``cache_threshold``, else to the replica with the
+                 smallest tree. The prompt is then inserted into the chosen replica's tree.
+
+The approximate tree (:class:`ApproxTree`) — what is approximate
+-----------------------------------------------------------------
+* It records what the router SENT to a replica, not what the replica cached: it never
+  sees the engine's evictions, its partial-unit tails, or outputs. It forgets by its own
+  LRU bound ``max_tree_tokens`` (default: the replica's pool capacity).
+* It is keyed by trace units (``Trace.unit_tokens`` tokens each: 512 on Mooncake, 64 on
+  WEKA, 1 on token traces) chained into prefix keys; SGLang's router keys characters.
+* It evicts at once when over its bound; SGLang's router evicts every
+  ``eviction_interval_secs`` (60 s) down to ``max_tree_size`` nodes.
+Its memory is reported as the peak number of nodes (units) per replica and
+``16`` bytes per node (an 8-byte prefix key and an 8-byte LRU stamp, what a compact
+implementation stores; this Python model uses more).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.trace.types import Trace
+
+ROUTERS = ("round-robin", "random", "least-load", "session", "prefix-aware")
+
+#: bytes per approximate-tree node reported as the router's memory (see module docstring)
+TREE_NODE_BYTES = 16
+
+#: SGLang router defaults (sgl-model-gateway bindings/python/src/sglang_router/router_args.py)
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS_THRESHOLD = 64
+BALANCE_REL_THRESHOLD = 1.5
+#: seconds a request counts toward its replica's load (module docstring, "Load")
+LOAD_WINDOW_S = 60.0
+
+_MASK = (1 << 64) - 1
+
+
+def prefix_keys(ids: np.ndarray) -> list:
+    """Prefix-chained keys of one prompt's units: key j stands for units 0..j.
+
+    *ids* : int64 array, shape (k,). Returns a list of k Python ints (64-bit). Equal keys
+    ⇔ (up to 64-bit hash collisions) equal unit prefixes.
+    """
+    out = []
+    h = 0x9E3779B97F4A7C15
+    for x in ids.tolist():
+        h = hash((h, x)) & _MASK
+        out.append(h)
+    return out
+
+
+class ApproxTree:
+    """A router's approximate radix tree of one replica, keyed by unit prefixes.
+
+    Stored as prefix keys in LRU order. A request touches its keys deepest-first, so a
+    parent is always at least as recent as any child and eviction (oldest first) removes
+    leaves before their parents: the stored set stays prefix-closed, which lets
+    :meth:`match` binary-search the matched length.
+
+    Parameters
+    ----------
+    max_nodes : int
+        The LRU bound in nodes (units); ≥ 1.
+    """
+
+    def __init__(self, max_nodes: int):
+        if max_nodes < 1:
+            raise ConfigError(f"approximate tree bound must be ≥ 1 node, got {max_nodes}", field="max_tree_tokens")
+        self.max_nodes = int(max_nodes)
+        self._lru: OrderedDict = OrderedDict()
+        self.peak_nodes = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def match(self, keys: list) -> int:
+        """Number of leading units of *keys* stored (binary search; the set is prefix-closed)."""
+        lo, hi = 0, len(keys)
+        d = self._lru
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if keys[mid - 1] in d:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def insert(self, keys: list) -> None:
+        """Record a prompt's units (touch deepest-first), then evict LRU nodes over the bound."""
+        d = self._lru
+        for k in reversed(keys):
+            if k in d:
+                d.move_to_end(k)
+            else:
+                d[k] = None
+        while len(d) > self.max_nodes:
+            d.popitem(last=False)
+        self.peak_nodes = max(self.peak_nodes, len(d))
+
+
+@dataclass
+class RoutePlan:
+    """Where each request goes.
+
+    Attributes
+    ----------
+    replica : np.ndarray, int64, shape (n,)
+        Replica index of each request in replay order.
+    n_replicas : int
+    router : str
+    stats : dict
+        ``requests_per_replica`` (list of ints), ``load_imbalance`` (max / mean requests
+        per replica), and for ``prefix-aware``: ``balanced_routes`` (requests sent by the
+        load rule), ``cache_routes`` (by the match rule), ``smallest_tree_routes``,
+        ``tree_nodes_peak`` (per replica), ``tree_bytes_peak`` (sum, at
+        :data:`TREE_NODE_BYTES` per node); otherwise these are None.
+    """
+
+    replica: np.ndarray
+    n_replicas: int
+    router: str
+    stats: dict = field(default_factory=dict)
+
+
+def _check(trace: Trace, n_replicas: int, router: str):
+    if int(n_replicas) < 1:
+        raise ConfigError(f"--replicas must be ≥ 1, got {n_replicas}", field="replicas")
+    if router not in ROUTERS:
+        raise ConfigError(f"unknown router {router!r}; known: {', '.join(ROUTERS)}", field="router")
+    if router == "session" and trace.session_id is None:
+        raise ConfigError(f"router 'session' needs session ids and trace {trace.name!r} has none "
+                          f"(WEKA traces have them; Mooncake's do not)", path=trace.name or None, field="router")
+
+
+def plan_routes(
+    trace: Trace,
+    n_replicas: int,
+    router: str,
+    *,
+    seed: int = 0,
+    limit: int | None = None,
+    load_window_s: float = LOAD_WINDOW_S,
+    cache_threshold: float = CACHE_THRESHOLD,
+    balance_abs_threshold: float = BALANCE_ABS_THRESHOLD,
+    balance_rel_threshold: float = BALANCE_REL_THRESHOLD,
+    max_tree_tokens: int | None = None,
+    capacity_tokens: int | None = None,
+) -> RoutePlan:
+    """Route every request of *trace* (first *limit*) to one of *n_replicas* replicas.
+
+    Parameters
+    ----------
+    router : str
+        One of :data:`ROUTERS` (module docstring).
+    seed : int
+        ``random``'s seed.
+    load_window_s : float
+        Seconds a request counts toward its replica's load.
+    cache_threshold, balance_abs_threshold, balance_rel_threshold : float
+        ``prefix-aware``'s thresholds (SGLang router names and defaults).
+    max_tree_tokens : int or None
+        ``prefix-aware``'s approximate-tree bound per replica, tokens (rounded down to
+        units); default *capacity_tokens*, or unbounded when that is None too.
+
+    Raises
+    ------
+    ConfigError
+        For ``n_replicas < 1``, an unknown router, ``session`` on a trace without session
+        ids, or a non-positive tree bound.
+    """
+    t = trace.head(limit)
+    _check(t, n_replicas, router)
+    n, N = len(t), int(n_replicas)
+    rep = np.zeros(n, dtype=np.int64)
+    total = np.zeros(N, dtype=np.int64)
+    stats: dict = {"balanced_routes": None, "cache_routes": None, "smallest_tree_routes": None,
+                   "tree_nodes_peak": None, "tree_bytes_peak": None}
+    if N == 1:
+        pass
+    elif router == "round-robin":
+        rep[:] = np.arange(n) % N
+    elif router == "random":
+        rep[:] = np.random.default_rng(seed).integers(0, N, size=n)
+    else:
+        arr = np.asarray(t.arrival_s, dtype=np.float64)
+        window: list = []  # (arrival, replica) of requests still counted, oldest first
+        head = 0
+        load = np.zeros(N, dtype=np.int64)
+        sticky: dict = {}
+        trees = None
+        if router == "prefix-aware":
+            bound = max_tree_tokens if max_tree_tokens is not None else capacity_tokens
+            nodes = (1 << 62) if bound is None else int(bound) // t.unit_tokens
+            trees = [ApproxTree(nodes) for _ in range(N)]
+            counts = {"balanced_routes": 0, "cache_routes": 0, "smallest_tree_routes": 0}
+
+        def least(cands):
+            return min(cands, key=lambda r: (load[r], total[r], r))
+
+        for i in range(n):
+            ti = arr[i]
+            while head < len(window) and window[head][0] <= ti - load_window_s:
+                load[window[head][1]] -= 1
+                head += 1
+            if router == "least-load":
+                r = least(range(N))
+            elif router == "session":
+                s = t.session_id[i]
+                r = sticky.get(s)
+                if r is None:
+                    r = sticky[s] = least(range(N))
+            else:
+                keys = prefix_keys(t.prompt_ids(i))
+                mx, mn = int(load.max()), int(load.min())
+                if mx - mn > balance_abs_threshold and mx > balance_rel_threshold * mn:
+                    r = least(range(N))
+                    counts["balanced_routes"] += 1
+                else:
+                    m = [tr.match(keys) for tr in trees]
+                    best = max(range(N), key=lambda q: (m[q], -load[q], -total[q], -q))
+                    if keys and m[best] / len(keys) > cache_threshold:
+                        r = best
+                        counts["cache_routes"] += 1
+                    else:
+                        r = min(range(N), key=lambda q: (len(trees[q]), load[q], total[q], q))
+                        counts["smallest_tree_routes"] += 1
+                trees[r].insert(keys)
+            rep[i] = r
+            load[r] += 1
+            total[r] += 1
+            window.append((ti, r))
+        if trees is not None:
+            stats.update(counts)
+            stats["tree_nodes_peak"] = [tr.peak_nodes for tr in trees]
+            stats["tree_bytes_peak"] = TREE_NODE_BYTES * sum(tr.peak_nodes for tr in trees)
+    per = np.bincount(rep, minlength=N)
+    stats["requests_per_replica"] = per.tolist()
+    stats["load_imbalance"] = float(per.max() / per.mean()) if n else None
+    return RoutePlan(replica=rep, n_replicas=N, router=router, stats=stats)
+
+
+def take(trace: Trace, idx: np.ndarray) -> Trace:
+    """The requests *idx* (int64 array, shape (k,), increasing) of *trace* as a new trace,
+    in that order (request ids, sessions and outputs kept)."""
+    idx = np.asarray(idx, dtype=np.int64)
+    o = trace.id_offsets
+    lens = o[idx + 1] - o[idx]
+    parts = [trace.ids[o[i]:o[i + 1]] for i in idx.tolist()]
+    ids = np.concatenate(parts) if parts else trace.ids[:0]
+    offs = np.zeros(len(idx) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offs[1:])
+    out_ids = out_offs = None
+    if trace.out_ids is not None:
+        oo = trace.out_offsets
+        oparts = [trace.out_ids[oo[i]:oo[i + 1]] for i in idx.tolist()]
+        out_ids = np.concatenate(oparts) if oparts else trace.out_ids[:0]
+        out_offs = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(oo[idx + 1] - oo[idx], out=out_offs[1:])
+    return Trace(
+        req_id=trace.req_id[idx], arrival_s=trace.arrival_s[idx], prompt_len=trace.prompt_len[idx],
+        output_len=trace.output_len[idx], ids=ids, id_offsets=offs, unit_tokens=trace.unit_tokens,
+        partial_last_unit=trace.partial_last_unit, out_ids=out_ids, out_offsets=out_offs,
+        session_id=None if trace.session_id is None else trace.session_id[idx],
+        turn=None if trace.turn is None else trace.turn[idx], name=trace.name,
+    )
+
+
+#: summary keys added up over replicas (token and request counts)
+_SUM_KEYS = ("requests", "pool_capacity_tokens", "prompt_tokens", "hit_tokens", "computed_prompt_tokens",
+             "held_tokens", "evicted_tokens", "alignment_loss_tokens")
+
+
+def replay_replicas(
+    trace: Trace,
+    spec,
+    pool,
+    n_replicas: int,
+    router: str,
+    *,
+    global_pool: bool = False,
+    limit: int | None = None,
+    quiet: bool = True,
+    plan: RoutePlan | None = None,
+    **router_options,
+) -> dict:
+    """Replay *trace* over *n_replicas* replicas of policy *spec*, each on *pool*.
+
+    Parameters
+    ----------
+    spec : radixkv.policies.registry.PolicySpec
+    pool : radixkv.policies.registry.PoolSpec
+        ONE replica's pool (``capacity_tokens`` for the global mode).
+    global_pool : bool
+        One shared pool of ``n_replicas × capacity_tokens`` for all requests (the
+        router still places compute; hits do not depend on it).
+    plan : RoutePlan or None
+        A plan already made by :func:`plan_routes` (default: made here).
+    **router_options
+        Passed to :func:`plan_routes`.
+
+    Returns
+    -------
+    dict
+        ``aggregate`` (token and request counts summed over replicas, ``token_hit_rate``,
+        ``request_hit_rate``, ``mean_request_hit_ratio`` over all requests; pool-shape
+        metrics that do not add up across pools are not in it), ``replicas`` (one
+        :func:`radixkv.metrics.summarize` dict per replica; None for a replica that got no
+        request; empty in the global mode), ``routing`` (:attr:`RoutePlan.stats`),
+        ``hit_tokens`` (np.ndarray int64, shape (n,): per request, replay order),
+        ``n_replicas``, ``router``, ``kv_pool`` ("local" or "global").
+
+    Raises
+    ------
+    ConfigError
+        From :func:`plan_routes`, the registry (pool) or the replay (a request larger than
+        a replica's pool).
+    """
+    from radixkv.policies.registry import PoolSpec
+    from radixkv.replay.run import run_replay
+
+    t = trace.head(limit)
+    if plan is None:
+        plan = plan_routes(t, n_replicas, router, capacity_tokens=pool.capacity_tokens, **router_options)
+    N = plan.n_replicas
+    n = len(t)
+    hit = np.zeros(n, dtype=np.int64)
+    prompt = np.asarray(t.prompt_len, dtype=np.int64)
+    per: list = []
+    if global_pool:
+        if pool.capacity_tokens is None:
+            raise ConfigError("the global pool is given in tokens: use --capacity-tokens", field="capacity_tokens")
+        rec, s = run_replay(t, spec, PoolSpec(capacity_tokens=N * int(pool.capacity_tokens)), quiet=quiet)
+        hit[:] = rec["hit_tokens"]
+        sums = {k: s[k] for k in _SUM_KEYS}
+    else:
+        sums = dict.fromkeys(_SUM_KEYS, 0)
+        for r in range(N):
+            idx = np.flatnonzero(plan.replica == r)
+            if idx.size == 0:
+                per.append(None)
+                continue
+            rec, s = run_replay(take(t, idx), spec, pool, quiet=quiet)
+            hit[idx] = rec["hit_tokens"]
+            s["replica"] = r
+            per.append(s)
+            for k in _SUM_KEYS:
+                sums[k] += s[k]
+    agg = dict(sums)
+    agg["policy"] = spec.label
+    agg["token_hit_rate"] = float(hit.sum() / prompt.sum()) if prompt.sum() else 0.0
+    agg["request_hit_rate"] = float((hit > 0).mean()) if n else 0.0
+    agg["mean_request_hit_ratio"] = float(np.mean(hit / prompt)) if n else 0.0
+    return {"n_replicas": N, "router": plan.router, "kv_pool": "global" if global_pool else "local",
+            "aggregate": agg, "replicas": per, "routing": plan.stats, "hit_tokens": hit}
