@@ -172,3 +172,52 @@ def test_take_keeps_requests():
         assert sub.prompt_ids(j).tolist() == t.prompt_ids(i).tolist()
         assert sub.req_id[j] == t.req_id[i] and sub.session_id[j] == t.session_id[i]
         assert sub.prompt_len[j] == t.prompt_len[i] and sub.output_len[j] == t.output_len[i]
+
+
+# ------------------------------------------------------------------ CLI
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from radixkv.cli import main  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+MIXED = str(DATA / "golden" / "traces" / "mixed200.jsonl")
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-load", "prefix-aware"])
+def test_cli_one_replica_matches_real_vllm(tmp_path, capsys, router):
+    out = tmp_path / "r.json"
+    assert main(["replay", MIXED, "--policy", "vllm:16", "--num-gpu-blocks", "120", "--replicas", "1",
+                 "--router", router, "--json", str(out), "--no-timing", "--quiet"]) == 0
+    doc = json.loads(out.read_text())
+    golden = [json.loads(x) for x in (DATA / "golden" / "vllm" / "vllm_mixed200_b16_n120.jsonl").read_text().splitlines()]
+    assert doc["results"][0]["summary"]["hit_tokens"] == sum(r["hit_tokens"] for r in golden)
+    assert doc["results"][0]["summary"]["routing"]["requests_per_replica"] == [len(golden)]
+
+
+def test_cli_replicas_json_byte_identical_and_tables(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for out in (a, b):
+        assert main(["replay", MIXED, "--policy", "sglang:1", "--capacity-tokens", "2000", "--replicas", "3",
+                     "--router", "random", "--router-seed", "5", "--json", str(out), "--no-timing", "--quiet"]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    text = capsys.readouterr().out
+    assert "replica 2" in text and "load imbalance (max/mean)" in text
+    s = json.loads(a.read_text())["results"][0]["summary"]
+    assert sum(r["requests"] for r in s["replicas"]) == s["requests"] == 200
+    assert s["pool_capacity_tokens"] == 6000
+
+
+def test_cli_compare_global_pool(capsys):
+    assert main(["compare", MIXED, "--policies", "unit-lru,sglang:1", "--capacity-tokens", "2000", "--replicas", "2",
+                 "--router", "prefix-aware", "--kv-pool", "global", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "global KV pool" in text and "x2 prefix-aware (global)" in text
+
+
+def test_cli_refuses_what_it_does_not_model(capsys):
+    assert main(["replay", MIXED, "--policy", "sglang:1", "--capacity-tokens", "2000", "--replicas", "2",
+                 "--mode", "concurrent", "--quiet"]) == 2
+    assert main(["replay", MIXED, "--policy", "sglang:1", "--capacity-tokens", "2000", "--router", "random",
+                 "--quiet"]) == 2
+    assert "need --replicas" in capsys.readouterr().err

@@ -15,6 +15,7 @@ import argparse
 import sys
 import time
 
+from radixkv.cli import routing_args as _routing
 from radixkv.cli._output import add_json_arg, emit, files, human
 from radixkv.cli.concurrent_args import add_concurrent_args
 from radixkv.cli.report_cmd import add_report_arg, run_tables, write_run_report
@@ -226,6 +227,11 @@ def cmd_replay(args) -> int:
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
 
+    if _routing.routed(args):
+        if args.per_request or timeline or args.report:
+            raise ConfigError("--per-request, --timeline and --report are written by the single-pool replay "
+                              "(not with --replicas)", field="replicas")
+        return _routing.report_replay(trace, spec, pool, args, load_s, desc, _doc, format_table)
     if args.mode == "concurrent":
         rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
     else:
@@ -280,8 +286,12 @@ def cmd_compare(args) -> int:
             if isinstance(summ, Exception):
                 raise summ
             results.append((spec, summ))
+    if _routing.routed(args) and (remote or args.report):
+        raise ConfigError("--replicas runs on the local executor, without --report", field="replicas")
     for spec, (pool, _) in zip(specs, [] if remote else pools):
-        if concurrent:
+        if _routing.routed(args):
+            rec, summ = None, _routing.run_routed(trace, spec, pool, args)
+        elif concurrent:
             rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
         else:
             rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet)
@@ -293,6 +303,9 @@ def cmd_compare(args) -> int:
     out = human(args.json, args.report)
     print(f"trace {args.trace}: {n:,} requests, unit_tokens={trace.unit_tokens}, {mode}, load {load_s:.2f} s", file=out)
     print(format_table([s for _, s in results], rows_spec=_CONCURRENT_ROWS if concurrent else None), file=out)
+    for _, s in results:
+        if "routing" in s:
+            print(_routing.describe(s), file=out)
     doc = _doc(trace, args, load_s, results, [d for _, d in pools])
     emit(args.json, dumps_json(doc), args.json, args.report)
     write_run_report(args.report, doc, tables, stream=out)
@@ -424,6 +437,7 @@ def register(sub) -> None:
                    help="vllm: compare the stored ids on every block-hash hit (slower; default off)")
     p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
     add_concurrent_args(p)
+    _routing.add_routing_args(p)
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("compare", help="several policies on one pool, side by side", description=cmd_compare.__doc__)
@@ -438,6 +452,7 @@ def register(sub) -> None:
     p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
     add_concurrent_args(p)
     add_executor_args(p)
+    _routing.add_routing_args(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("curve", help="hit rate against pool capacity (JSON + PNG)", description=cmd_curve.__doc__)

@@ -309,6 +309,21 @@ def take(trace: Trace, idx: np.ndarray) -> Trace:
     )
 
 
+def global_pool_spec(pool, n_replicas: int):
+    """The pool of *n_replicas* × *pool*, in the same terms: N × ``capacity_tokens``,
+    N × ``max_total_num_tokens``, or vLLM's ``N × (num_gpu_blocks − 1) + 1`` (one null block)."""
+    from radixkv.policies.registry import PoolSpec
+
+    N = int(n_replicas)
+    if pool.capacity_tokens is not None:
+        return PoolSpec(capacity_tokens=N * int(pool.capacity_tokens))
+    if pool.max_total_num_tokens is not None:
+        return PoolSpec(max_total_num_tokens=N * int(pool.max_total_num_tokens))
+    if pool.num_gpu_blocks is not None:
+        return PoolSpec(num_gpu_blocks=N * (int(pool.num_gpu_blocks) - 1) + 1)
+    raise ConfigError("no pool size given", field="capacity")
+
+
 #: summary keys added up over replicas (token and request counts)
 _SUM_KEYS = ("requests", "pool_capacity_tokens", "prompt_tokens", "hit_tokens", "computed_prompt_tokens",
              "held_tokens", "evicted_tokens", "alignment_loss_tokens")
@@ -345,13 +360,16 @@ def replay_replicas(
     Returns
     -------
     dict
-        ``aggregate`` (token and request counts summed over replicas, ``token_hit_rate``,
-        ``request_hit_rate``, ``mean_request_hit_ratio`` over all requests; pool-shape
-        metrics that do not add up across pools are not in it), ``replicas`` (one
+        ``aggregate`` (local: token and request counts and cached tokens summed over
+        replicas, ``token_hit_rate``, ``request_hit_rate``, ``mean_request_hit_ratio`` and
+        ``alignment_loss_share`` over all requests; pool-shape metrics that do not add up
+        across pools are not in it; global: the one pool's whole summary), ``replicas`` (one
         :func:`radixkv.metrics.summarize` dict per replica; None for a replica that got no
         request; empty in the global mode), ``routing`` (:attr:`RoutePlan.stats`),
         ``hit_tokens`` (np.ndarray int64, shape (n,): per request, replay order),
         ``n_replicas``, ``router``, ``kv_pool`` ("local" or "global").
+        ``aggregate["pool_capacity_tokens"]`` is the sum of the replicas' pools (local) or
+        the global pool's.
 
     Raises
     ------
@@ -359,7 +377,6 @@ def replay_replicas(
         From :func:`plan_routes`, the registry (pool) or the replay (a request larger than
         a replica's pool).
     """
-    from radixkv.policies.registry import PoolSpec
     from radixkv.replay.run import run_replay
 
     t = trace.head(limit)
@@ -371,11 +388,9 @@ def replay_replicas(
     prompt = np.asarray(t.prompt_len, dtype=np.int64)
     per: list = []
     if global_pool:
-        if pool.capacity_tokens is None:
-            raise ConfigError("the global pool is given in tokens: use --capacity-tokens", field="capacity_tokens")
-        rec, s = run_replay(t, spec, PoolSpec(capacity_tokens=N * int(pool.capacity_tokens)), quiet=quiet)
+        rec, s = run_replay(t, spec, global_pool_spec(pool, N), quiet=quiet)
         hit[:] = rec["hit_tokens"]
-        sums = {k: s[k] for k in _SUM_KEYS}
+        sums = {k: v for k, v in s.items() if k != "timing_s"}  # one pool: every metric holds
     else:
         sums = dict.fromkeys(_SUM_KEYS, 0)
         for r in range(N):
@@ -390,6 +405,11 @@ def replay_replicas(
             for k in _SUM_KEYS:
                 sums[k] += s[k]
     agg = dict(sums)
+    if not global_pool:
+        agg["alignment_loss_share"] = agg["alignment_loss_tokens"] / agg["prompt_tokens"] if agg["prompt_tokens"] else 0.0
+        cap = [r["cached_tokens_second_half_mean"] for r in per if r is not None]
+        agg["cached_tokens_second_half_mean"] = float(sum(cap))
+        agg["cached_tokens_share_of_pool"] = float(sum(cap)) / agg["pool_capacity_tokens"]
     agg["policy"] = spec.label
     agg["token_hit_rate"] = float(hit.sum() / prompt.sum()) if prompt.sum() else 0.0
     agg["request_hit_rate"] = float((hit > 0).mean()) if n else 0.0

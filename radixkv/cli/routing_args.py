@@ -1,0 +1,120 @@
+"""Command-line flags of the multi-replica replay, shared by ``radixkv replay`` and ``compare``.
+
+=========================================== ============================================
+flag                                        meaning (default)
+=========================================== ============================================
+``--replicas N``                            N replicas, each with its own pool of the
+                                            given size and its own policy instance (unset:
+                                            the plain single-pool replay)
+``--router NAME``                           round-robin, random, least-load, session,
+                                            prefix-aware (round-robin)
+``--kv-pool {local,global}``                local: a pool per replica; global: ONE pool of
+                                            N × the given size for all (local)
+``--router-seed S``                         ``random``'s seed (0)
+``--router-load-window S``                  seconds a request counts toward its replica's
+                                            load (60)
+``--cache-threshold X``                     prefix-aware, SGLang router's name (0.3)
+``--balance-abs-threshold N``               prefix-aware, SGLang router's name (64)
+``--balance-rel-threshold X``               prefix-aware, SGLang router's name (1.5)
+``--max-tree-tokens N``                     prefix-aware's approximate tree per replica
+                                            (default: the replica's pool)
+=========================================== ============================================
+
+See :mod:`radixkv.replay.routing` for the routers and what the approximate tree
+approximates. Only the sequential replay runs several replicas.
+"""
+from __future__ import annotations
+
+import time
+
+from radixkv.errors import ConfigError
+from radixkv.replay import routing as R
+
+
+def add_routing_args(parser) -> None:
+    """Add the multi-replica flags to *parser* (an argparse parser)."""
+    g = parser.add_argument_group("several replicas (radixkv.replay.routing)")
+    g.add_argument("--replicas", type=int, default=None, metavar="N",
+                   help="N replicas, each with its own pool of the given size (unset: one pool)")
+    g.add_argument("--router", choices=R.ROUTERS, default=None, help="request router (round-robin)")
+    g.add_argument("--kv-pool", choices=["local", "global"], default="local",
+                   help="local: a pool per replica; global: one shared pool of N x the size")
+    g.add_argument("--router-seed", type=int, default=0, help="seed of --router random (0)")
+    g.add_argument("--router-load-window", type=float, default=R.LOAD_WINDOW_S, metavar="S",
+                   help=f"seconds a request counts toward its replica's load ({R.LOAD_WINDOW_S:g})")
+    g.add_argument("--cache-threshold", type=float, default=R.CACHE_THRESHOLD,
+                   help=f"prefix-aware: least matched share of the prompt that routes by cache ({R.CACHE_THRESHOLD:g})")
+    g.add_argument("--balance-abs-threshold", type=float, default=R.BALANCE_ABS_THRESHOLD,
+                   help=f"prefix-aware: load gap (requests) beyond which load decides ({R.BALANCE_ABS_THRESHOLD:g})")
+    g.add_argument("--balance-rel-threshold", type=float, default=R.BALANCE_REL_THRESHOLD,
+                   help=f"prefix-aware: load ratio beyond which load decides ({R.BALANCE_REL_THRESHOLD:g})")
+    g.add_argument("--max-tree-tokens", type=int, default=None, metavar="N",
+                   help="prefix-aware's approximate tree per replica (default: the replica's pool)")
+
+
+def routed(args) -> bool:
+    """True when the flags ask for the multi-replica replay; refuses combinations it does not model."""
+    if args.replicas is None:
+        if args.router is not None or args.kv_pool != "local":
+            raise ConfigError("--router and --kv-pool need --replicas N", field="replicas")
+        return False
+    if getattr(args, "mode", "sequential") == "concurrent":
+        raise ConfigError("--replicas runs the sequential replay only; the concurrent multi-replica mode "
+                          "is not built", field="replicas")
+    return True
+
+
+def run_routed(trace, spec, pool, args) -> dict:
+    """Replay per :mod:`radixkv.replay.routing`; returns a summary in the shape of
+    :func:`radixkv.replay.run.run_replay`'s (aggregate metrics; the metrics that do not add
+    up over pools are absent, so tables show n/a) plus ``replicas`` and ``routing``."""
+    t0 = time.perf_counter()
+    res = R.replay_replicas(
+        trace, spec, pool, args.replicas, args.router or "round-robin", global_pool=args.kv_pool == "global",
+        limit=args.limit, quiet=args.quiet, seed=args.router_seed, load_window_s=args.router_load_window,
+        cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
+        balance_rel_threshold=args.balance_rel_threshold, max_tree_tokens=args.max_tree_tokens)
+    el = time.perf_counter() - t0
+    summ = dict(res["aggregate"])
+    summ["policy"] = f"{spec.label} x{res['n_replicas']} {res['router']} ({res['kv_pool']})"
+    reps, rep_timing = [], []
+    for r in res["replicas"]:
+        if r is not None:
+            r = dict(r)
+            rep_timing.append(r.pop("timing_s"))
+        reps.append(r)
+    summ["replicas"] = reps
+    summ["routing"] = {"n_replicas": res["n_replicas"], "router": res["router"], "kv_pool": res["kv_pool"],
+                       **res["routing"]}
+    summ["timing_s"] = {"compile": 0.0, "replay": el, "replicas": rep_timing,
+                        "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
+    return summ
+
+
+def report_replay(trace, spec, pool, args, load_s, desc, make_doc, format_table) -> int:
+    """``radixkv replay --replicas N``: aggregate table, per-replica table, routing line, JSON."""
+    from radixkv.cli._output import emit, human
+    from radixkv.util import dumps_json
+
+    summ = run_routed(trace, spec, pool, args)
+    out = human(args.json)
+    print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; sequential replay "
+          f"on {args.replicas} replicas; load {load_s:.2f} s", file=out)
+    print(format_table([summ]), file=out)
+    per = [dict(r, policy=f"replica {k}") for k, r in enumerate(summ["replicas"]) if r is not None]
+    if per and summ["routing"]["kv_pool"] == "local":
+        print(format_table(per, timing=False), file=out)
+    print(describe(summ), file=out)
+    emit(args.json, dumps_json(make_doc(trace, args, load_s, [(spec, summ)], [desc])), args.json)
+    return 0
+
+
+def describe(summ) -> str:
+    """One line on where requests went: counts per replica, load imbalance, tree memory."""
+    r = summ["routing"]
+    s = (f"{r['router']} over {r['n_replicas']} replicas, {r['kv_pool']} KV pool; requests per replica "
+         f"{r['requests_per_replica']}, load imbalance (max/mean) {r['load_imbalance']:.3f}")
+    if r.get("tree_bytes_peak") is not None:
+        s += (f"; approximate trees peak {sum(r['tree_nodes_peak']):,} nodes, "
+              f"{r['tree_bytes_peak']:,} bytes at {R.TREE_NODE_BYTES} B/node")
+    return s
