@@ -13,23 +13,19 @@ WEKA Claude Code traces (1 M tokens per replica; every request fits one replica)
 the load imbalance (max / mean requests per replica) and the approximate-tree memory of
 the prefix-aware router.
 
-    nice python experiments/fig_routing.py     # writes results/routing.{json,png}
+    nice python experiments/fig_routing.py [--quick]    # writes results/routing.{json,png}
 
-Takes a few minutes on one core.
+About 2 minutes (full) on one idle core.
 """
 from __future__ import annotations
 
-import hashlib
-import subprocess
-import sys
 import time
 
-from _common import REPO, result, shared
+from _common import QUICK, load, main_or_plot, pyplot, save_fig, write_result
 
 from radixkv.policies.registry import PoolSpec, parse_policy
-from radixkv.replay.routing import ROUTERS, plan_routes, replay_replicas
-from radixkv.trace.load import load_trace
-from radixkv.util import atomic_write_text, dumps_json
+from radixkv.replay import routing as R
+from radixkv.replay.routing import ROUTERS, replay_replicas
 
 #: Mooncake FAST'25 Fig. 10, Conversation, read off the bars (±0.01)
 PAPER = {"label": "Mooncake FAST'25 Fig. 10, Conversation (read off)", "replicas": 10,
@@ -38,33 +34,11 @@ POLICY = "unit-lru"
 REPLICAS = [1, 2, 4, 8, 16]
 #: balance_abs_threshold values of the prefix-aware sweep at Fig. 10's setting
 BALANCE_SWEEP = [0, 1, 2, 4, 8, 64]
-TRACES = {
-    "mooncake": {"path": ("traces", "mooncake-fast25", "conversation_trace.jsonl"), "capacity_tokens": 3_000_000},
-    "weka": {"path": ("traces", "weka-claude-code", "traces"), "capacity_tokens": 1_000_000},
-}
-
-
-def provenance(paths) -> dict:
-    """The commit, the command and the inputs (size and SHA-256 of each file) of this run."""
-    def git(*a):
-        try:
-            return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
-    inputs = []
-    for p in paths:
-        files = sorted(p.rglob("*.json")) if p.is_dir() else [p]
-        h = hashlib.sha256()
-        size = 0
-        for f in files:
-            b = f.read_bytes()
-            h.update(b)
-            size += len(b)
-        inputs.append({"path": "/".join(p.parts[-3:]), "files": len(files), "bytes": size, "sha256": h.hexdigest()})
-    return {"script": "experiments/fig_routing.py", "command": " ".join(["python", *sys.argv]),
-            "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "radixkv", "experiments")),
-            "inputs": inputs}
+#: capacity per replica (tokens); --quick: the first LIMIT requests of each trace
+TRACES = {"mooncake": 3_000_000, "weka": 1_000_000}
+LIMIT = {"mooncake": 3000, "weka": 800} if QUICK else {"mooncake": None, "weka": None}
+if QUICK:
+    REPLICAS = [1, 4, 10]
 
 
 def cell(trace, spec, cap, n, router, global_pool=False) -> dict:
@@ -83,9 +57,8 @@ def routers_for(trace):
 
 def main() -> None:
     spec = parse_policy(POLICY)
-    traces = {k: load_trace(shared(*v["path"])) for k, v in TRACES.items()}
-    doc = {"policy": POLICY, "paper_fig10": PAPER,
-           "provenance": provenance([shared(*v["path"]) for v in TRACES.values()])}
+    traces = {k: load(k, LIMIT[k]) for k in TRACES}
+    doc = {"policy": POLICY, "paper_fig10": PAPER}
 
     # part 1: Fig. 10 Conversation bars
     tr, cap, N = traces["mooncake"], PAPER["capacity_tokens_per_replica"], PAPER["replicas"]
@@ -122,7 +95,7 @@ def main() -> None:
     # part 2: hit rate vs replica count
     curves = {}
     for name, tr in traces.items():
-        cap = TRACES[name]["capacity_tokens"]
+        cap = TRACES[name]
         rows = []
         for n in REPLICAS:
             for r in routers_for(tr):
@@ -156,21 +129,16 @@ def main() -> None:
                 "gap_closed_over_round_robin": (row["token_hit_rate"] - rr["token_hit_rate"]) / gap if gap > 0 else None,
                 "load_imbalance": row["load_imbalance"]}
     doc["weka_prefix_aware_recovery"] = share
-    atomic_write_text(result("routing.json"), dumps_json(doc))
-    plot(doc, result("routing.png"))
-    print(f"wrote {result('routing.json')} and .png")
+    settings = {"policy": POLICY, "replicas": REPLICAS, "capacity_tokens_per_replica": TRACES, "limit": LIMIT,
+                "balance_sweep": BALANCE_SWEEP, "router_seed": 0, "load_window_s": R.LOAD_WINDOW_S,
+                "cache_threshold": R.CACHE_THRESHOLD, "balance_abs_threshold": R.BALANCE_ABS_THRESHOLD,
+                "balance_rel_threshold": R.BALANCE_REL_THRESHOLD, "max_tree_tokens": "pool of one replica"}
+    write_result("routing.json", doc, settings)
+    plot(doc)
 
 
-def plot(doc, path) -> None:
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from radixkv.util import atomic_write_bytes
-
+def plot(doc) -> None:
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     f10 = doc["fig10"]
     ax = axes[0]
@@ -200,13 +168,10 @@ def plot(doc, path) -> None:
                      fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_fig(fig, "routing.png")
 
 
 if __name__ == "__main__":
     t0 = time.perf_counter()
-    main()
+    main_or_plot(main, plot, "routing.json")
     print(f"{time.perf_counter() - t0:.1f} s")

@@ -31,6 +31,7 @@ SCRIPTS = [
     ("tab_workloads", "workloads.{json,png}: hit-rate spread, concentration, cross-session share on real traces; 5-seed synthetic ablations (C3, C5, C7, C10, C13, C18)", 5, 2),
     ("tab_fragmentation", "fragmentation.{json,png}: cached tokens, fragmentation over a pool sweep, whole-leaf vs granularity ablation (C6)", 4, 1),
     ("fig_concurrent", "concurrent.json, concurrent_pressure.png, pool_split.png: cache on/off/static × memory pressure × load, MFU/MBU, max_num_batched_tokens (C1, C2, C4, C8, C9, C14)", 8, 3),
+    ("fig_routing", "routing.{json,png}: replicas behind a router vs a global pool, Mooncake Fig. 10 Conversation bars, hit rate vs replicas on Mooncake and WEKA", 2, 0.5),
 ]
 
 
