@@ -5,6 +5,8 @@ Examples::
     radixkv memory --model Llama-3.1-8B --gpu A100-80GB --gpu-memory-utilization 0.9
     radixkv memory --model DeepSeek-V3 --gpu H200-141GB --tp 8 --json
     radixkv memory --model path/to/config.json --gpu H100-80GB --mem-fraction-static 0.85
+    radixkv memory --pool-from-log server.log          # the pool the server logged
+    radixkv memory --model Llama-3.1-8B --gpu H100-80GB --pool-from-log server.log
 
 With ``--gpu-memory-utilization`` only vLLM's pool is shown, with ``--mem-fraction-static``
 only SGLang's, with neither both (each with its default); ``--engine`` overrides.
@@ -18,6 +20,7 @@ from radixkv.errors import InputError
 from radixkv.memory.pool import (
     GiB,
     PoolSize,
+    VLLM_CURRENT_VERSION,
     VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS,
     sglang_pool_size,
     vllm_pool_size,
@@ -42,10 +45,16 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "memory", help="KV bytes per token and the KV pool vLLM/SGLang build on a GPU",
         description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True,
+    p.add_argument("--model", default=None,
                    help=f"preset ({', '.join(MODEL_PRESETS)}; case-insensitive) or a "
                         "path to a Hugging Face config.json")
-    p.add_argument("--gpu", required=True, help=f"preset: {', '.join(GPU_PRESETS)}")
+    p.add_argument("--gpu", default=None, help=f"preset: {', '.join(GPU_PRESETS)}")
+    p.add_argument("--pool-from-log", metavar="LOG", default=None,
+                   help="a vLLM or SGLang start-up log: print the pool it shows (and, with "
+                        "--model/--gpu, the memory model's error against it)")
+    p.add_argument("--engine-version", default=None,
+                   help=f"vLLM version whose start-up rules apply (default {VLLM_CURRENT_VERSION}"
+                        "; before 0.21: utilization 0.9, no CUDA-graph term)")
     frac = p.add_mutually_exclusive_group()
     frac.add_argument("--gpu-memory-utilization", type=str, default=None,
                       help="vLLM knob in (0, 1] (default 0.92)")
@@ -88,6 +97,16 @@ def memory_report(args) -> dict:
         _fraction_arg("gpu_memory_utilization")(args.gpu_memory_utilization)
     mfs = None if args.mem_fraction_static is None else \
         _fraction_arg("mem_fraction_static")(args.mem_fraction_static)
+    logged = None
+    if getattr(args, "pool_from_log", None) is not None:
+        from radixkv.memory.startup_log import read_startup_log
+
+        logged = read_startup_log(args.pool_from_log, block_size=args.block_size)
+        if args.model is None and args.gpu is None:
+            return {"logged": _logged_dict(logged)}
+    if args.model is None or args.gpu is None:
+        raise InputError("give --model and --gpu (or only --pool-from-log LOG)",
+                         field="model" if args.model is None else "gpu")
     for field in ("tp", "block_size", "page_size", "max_num_batched_tokens"):
         v = getattr(args, field)
         if v <= 0:
@@ -97,7 +116,8 @@ def memory_report(args) -> dict:
     max_len = model.max_position_embeddings if args.max_model_len is None else args.max_model_len
     if max_len <= 0:
         raise InputError(f"must be a positive integer, got {max_len}", field="max_model_len")
-    engine = args.engine or ("vllm" if util is not None else
+    engine = args.engine or (logged.engine if logged is not None else
+                             "vllm" if util is not None else
                              "sglang" if mfs is not None else "both")
     if engine == "vllm" and mfs is not None:
         raise InputError("--mem-fraction-static is an SGLang knob", field="mem_fraction_static")
@@ -126,13 +146,29 @@ def memory_report(args) -> dict:
     if engine in ("vllm", "both"):
         pool = vllm_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
                               gpu_memory_utilization=util, block_size=args.block_size,
-                              max_num_batched_tokens=args.max_num_batched_tokens)
+                              max_num_batched_tokens=args.max_num_batched_tokens,
+                              engine_version=getattr(args, "engine_version", None))
         out["pools"]["vllm"] = _pool_dict(pool, max_len)
     if engine in ("sglang", "both"):
         pool = sglang_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
                                 mem_fraction_static=mfs, page_size=args.page_size)
         out["pools"]["sglang"] = _pool_dict(pool, max_len)
+    if logged is not None:
+        out["logged"] = _logged_dict(logged)
+        mod = out["pools"].get(logged.engine)
+        if mod is not None:
+            out["logged"]["model_error_tokens"] = mod["capacity_tokens"] - logged.capacity_tokens
+            out["logged"]["model_error_pct"] = round(
+                100.0 * (mod["capacity_tokens"] - logged.capacity_tokens) / logged.capacity_tokens, 3)
     return out
+
+
+def _logged_dict(lp) -> dict:
+    return {"engine": lp.engine, "path": lp.path, "line": lp.line,
+            "num_gpu_blocks": lp.num_gpu_blocks, "max_total_num_tokens": lp.max_total_num_tokens,
+            "logged_tokens": lp.logged_tokens, "unit_tokens": lp.unit_tokens,
+            "capacity_tokens": lp.capacity_tokens, "kv_cache_gib": lp.kv_cache_gib,
+            "max_model_len": lp.max_model_len, "engine_version": lp.engine_version}
 
 
 def _gib(b: int) -> str:
@@ -141,6 +177,18 @@ def _gib(b: int) -> str:
 
 def format_report(r: dict) -> str:
     """The human-readable form of :func:`memory_report`'s dict."""
+    tail = []
+    if "logged" in r:
+        lg = r["logged"]
+        unit = "num_gpu_blocks" if lg["engine"] == "vllm" else "max_total_num_tokens"
+        tail = ["", f"[logged, {lg['engine']}] {lg['path']} line {lg['line']}: {unit} "
+                    f"{lg[unit]:,}, {lg['capacity_tokens']:,} usable tokens"
+                    + ("" if lg["kv_cache_gib"] is None else f", KV {lg['kv_cache_gib']} GiB")]
+        if "model_error_tokens" in lg:
+            tail.append(f"  memory model minus logged: {lg['model_error_tokens']:+,} tokens "
+                        f"({lg['model_error_pct']:+.2f} %)")
+        if "model" not in r:
+            return "\n".join(tail[1:])
     lines = [
         f"model {r['model']} ({r['attention']}), GPU {r['gpu']} "
         f"({r['gpu_total_bytes']:,} B = {_gib(r['gpu_total_bytes'])}), tp {r['tp']}, "
@@ -174,7 +222,7 @@ def format_report(r: dict) -> str:
     lines.append("")
     lines.append("terms marked [estimate] are measured by the engine at start-up; "
                  "radixkv uses documented estimates (radixkv.memory.pool)")
-    return "\n".join(lines)
+    return "\n".join(lines + tail)
 
 
 def run(args) -> int:

@@ -51,6 +51,8 @@ def _add_pool_args(p):
     g.add_argument("--capacity-tokens", type=_int_tokens, metavar="N", help="usable KV pool size in tokens")
     g.add_argument("--num-gpu-blocks", type=_int_tokens, metavar="N", help="vLLM num_gpu_blocks (block 0 reserved)")
     g.add_argument("--max-total-num-tokens", type=_int_tokens, metavar="N", help="SGLang max_total_num_tokens")
+    g.add_argument("--pool-from-log", metavar="LOG", default=None,
+                   help="the pool a vLLM or SGLang server logged at start-up (its log file)")
     m = p.add_argument_group("pool from the memory model")
     m.add_argument("--model", help="model preset or path to a Hugging Face config.json")
     m.add_argument("--gpu", help="GPU preset")
@@ -64,9 +66,11 @@ def _add_pool_args(p):
 def _check_pool_args(args):
     """One explicit pool size, or ``--model`` and ``--gpu`` (which the concurrent mode's
     cost model needs anyway; an explicit size then overrides the memory model's pool)."""
-    k = sum(x is not None for x in (args.capacity_tokens, args.num_gpu_blocks, args.max_total_num_tokens))
+    k = sum(x is not None for x in (args.capacity_tokens, args.num_gpu_blocks, args.max_total_num_tokens,
+                                    getattr(args, "pool_from_log", None)))
     if k > 1:
-        raise ConfigError("give only one of --capacity-tokens, --num-gpu-blocks, --max-total-num-tokens",
+        raise ConfigError("give only one of --capacity-tokens, --num-gpu-blocks, --max-total-num-tokens, "
+                          "--pool-from-log",
                           field="capacity")
     if (args.model is None) != (args.gpu is None):
         raise ConfigError("--model and --gpu go together", field="model" if args.model is None else "gpu")
@@ -113,6 +117,25 @@ def _memory_pool(args, engine: str, spec: PolicySpec):
     return pool_for(engine, args.model, args.gpu, **kw)
 
 
+def _pool_from_log(path, spec: PolicySpec) -> tuple[PoolSpec, dict]:
+    """The pool a start-up log shows (:mod:`radixkv.memory.startup_log`): the engine's own
+    unit when the policy is that engine's with the logged block/page size, else the logged
+    capacity in tokens."""
+    from radixkv.memory.startup_log import read_startup_log
+
+    lp = read_startup_log(path)
+    desc = {"pool_from_log": str(path), "log_engine": lp.engine, "log_line": lp.line}
+    own = spec.cls.engine
+    if lp.engine == "vllm" and own == "vllm" and spec.size == lp.unit_tokens:
+        desc["num_gpu_blocks"] = lp.num_gpu_blocks
+        return PoolSpec(num_gpu_blocks=lp.num_gpu_blocks), desc
+    if lp.engine == "sglang" and own == "sglang":
+        desc["max_total_num_tokens"] = lp.max_total_num_tokens
+        return PoolSpec(max_total_num_tokens=lp.max_total_num_tokens), desc
+    desc["capacity_tokens"] = lp.capacity_tokens
+    return PoolSpec(capacity_tokens=lp.capacity_tokens), desc
+
+
 def pool_for_policy(args, spec: PolicySpec, *, per_engine_rule: bool = False) -> tuple[PoolSpec, dict]:
     """The :class:`PoolSpec` a policy runs on, and a description of where it came from.
 
@@ -124,6 +147,8 @@ def pool_for_policy(args, spec: PolicySpec, *, per_engine_rule: bool = False) ->
     own = spec.cls.engine
     if args.capacity_tokens is not None:
         return PoolSpec(capacity_tokens=args.capacity_tokens), {"capacity_tokens": args.capacity_tokens}
+    if getattr(args, "pool_from_log", None) is not None:
+        return _pool_from_log(args.pool_from_log, spec)
     for knob in ("num_gpu_blocks", "max_total_num_tokens"):
         v = getattr(args, knob)
         if v is None:
@@ -323,6 +348,12 @@ def cmd_curve(args) -> int:
         caps = [_int_tokens(c) for c in args.capacities.split(",") if c.strip()]
     except argparse.ArgumentTypeError as e:
         raise ConfigError(str(e), field="capacities") from None
+    if getattr(args, "pool_from_log", None) is not None:
+        from radixkv.memory.startup_log import read_startup_log
+
+        logged = read_startup_log(args.pool_from_log).capacity_tokens
+        caps = sorted(set(caps) | {logged})
+        print(f"pool from {args.pool_from_log}: {logged:,} tokens (added to --capacities)")
     if not caps:
         raise ConfigError("--capacities is empty", field="capacities")
     trace, load_s = _load(args)
@@ -461,6 +492,8 @@ def register(sub) -> None:
     _add_policy_size_args(p)
     p.add_argument("--capacities", default="1e4,1e5,1e6,2e6,3e6,5e6,1e7,5e7",
                    help="comma-separated pool sizes in tokens")
+    p.add_argument("--pool-from-log", metavar="LOG", default=None,
+                   help="add the pool a vLLM/SGLang start-up log shows to the capacities")
     p.add_argument("--metric", default="token_hit_rate", choices=["token_hit_rate", "mean_request_hit_ratio"],
                    help="the y axis of the PNG (a ratio in [0, 1])")
     p.add_argument("--skip-too-small", action="store_true",

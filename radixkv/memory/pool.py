@@ -42,6 +42,15 @@ MiB = 2**20
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 #: the pre-v0.21 default, for comparing with older deployments and logs.
 VLLM_LEGACY_GPU_MEMORY_UTILIZATION = 0.9
+#: The engine versions whose rules are the default (``--engine-version``): the versions the
+#: golden runs use.
+VLLM_CURRENT_VERSION = "0.33.0"
+SGLANG_CURRENT_VERSION = "0.5.23"
+#: First vLLM version that profiles CUDA-graph memory before sizing the KV cache (and
+#: raised the default ``gpu_memory_utilization`` to 0.92), vLLM PR #38284. Before it the
+#: graphs were captured after the KV cache was allocated and came out of the
+#: ``1 − gpu_memory_utilization`` headroom, so the budget did not subtract them.
+VLLM_CUDA_GRAPH_PROFILING_SINCE = (0, 21)
 #: vLLM ``CacheConfig.DEFAULT_BLOCK_SIZE``.
 VLLM_DEFAULT_BLOCK_SIZE = 16
 #: ``max_num_batched_tokens`` vLLM v1 uses for ``vllm serve`` on datacenter GPUs
@@ -184,6 +193,44 @@ class PoolSize:
 
 
 # --------------------------------------------------------------------------- helpers
+def parse_version(text) -> tuple[int, ...]:
+    """``"0.9.2"`` / ``"v0.10.1rc1"`` → ``(0, 9, 2)`` / ``(0, 10, 1)`` (leading integers).
+
+    Raises
+    ------
+    InputError
+        No leading ``MAJOR.MINOR``.
+    """
+    import re
+
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", str(text).strip())
+    if not m:
+        raise InputError(f"not a version (MAJOR.MINOR[.PATCH]): {text!r}", field="engine_version")
+    return tuple(int(x) for x in m.groups() if x is not None)
+
+
+def vllm_version_rules(engine_version=None) -> dict:
+    """The vLLM start-up rules that depend on the version.
+
+    Parameters
+    ----------
+    engine_version : str or None
+        vLLM version; None = :data:`VLLM_CURRENT_VERSION`.
+
+    Returns
+    -------
+    dict
+        ``gpu_memory_utilization`` (the default: 0.92 since 0.21, 0.9 before),
+        ``cuda_graphs_in_budget`` (bool: the CUDA-graph pool is subtracted from the KV
+        budget, since 0.21, vLLM PR #38284) and ``version`` (the tuple).
+    """
+    v = parse_version(VLLM_CURRENT_VERSION if engine_version is None else engine_version)
+    new = v[:2] >= VLLM_CUDA_GRAPH_PROFILING_SINCE
+    return {"version": v, "cuda_graphs_in_budget": new,
+            "gpu_memory_utilization": (VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if new
+                                       else VLLM_LEGACY_GPU_MEMORY_UTILIZATION)}
+
+
 def _fraction(value, field: str) -> float:
     try:
         v = float(value)
@@ -311,7 +358,8 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
                    non_torch_bytes: int | None = None,
                    activation_bytes: int | None = None,
                    cuda_graph_bytes: int | None = None,
-                   total_bytes: int | None = None) -> PoolSize:
+                   total_bytes: int | None = None,
+                   engine_version: str | None = None) -> PoolSize:
     """vLLM v1's KV pool on one GPU: ``num_gpu_blocks`` and the accounting table.
 
     Parameters
@@ -335,6 +383,10 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
     total_bytes : int or None
         Device memory as ``torch.cuda.mem_get_info`` reports it; default
         ``gpu.total_bytes`` (nvidia-smi's figure, a few hundred MiB higher).
+    engine_version : str or None
+        vLLM version whose rules apply (:func:`vllm_version_rules`): before 0.21 the
+        default ``gpu_memory_utilization`` is 0.9 and the CUDA-graph pool is not in the
+        budget (``cuda_graph_bytes`` defaults to 0). None = the current version.
 
     Returns
     -------
@@ -348,7 +400,8 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
         The memory left for the KV cache is not enough for two blocks (vLLM refuses to
         start: "No available memory for the cache blocks").
     """
-    util = _fraction(VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None
+    rules = vllm_version_rules(engine_version)
+    util = _fraction(rules["gpu_memory_utilization"] if gpu_memory_utilization is None
                      else gpu_memory_utilization, "gpu_memory_utilization")
     _pos_int(tp, "tp")
     B = _pos_int(block_size, "block_size")
@@ -358,8 +411,10 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
         _nonneg_bytes(non_torch_bytes, "non_torch_bytes")
     act = vllm_activation_bytes(model, max_num_batched_tokens) if activation_bytes is None \
         else _nonneg_bytes(activation_bytes, "activation_bytes")
-    graphs = VLLM_DEFAULT_CUDA_GRAPH_BYTES if cuda_graph_bytes is None else \
-        _nonneg_bytes(cuda_graph_bytes, "cuda_graph_bytes")
+    if cuda_graph_bytes is None:
+        graphs = VLLM_DEFAULT_CUDA_GRAPH_BYTES if rules["cuda_graphs_in_budget"] else 0
+    else:
+        graphs = _nonneg_bytes(cuda_graph_bytes, "cuda_graph_bytes")
 
     kv_dtype = _kv_dtype_name(model, kv_cache_dtype)
     per_tok = model.kv_bytes_per_token(tp, kv_dtype)
@@ -384,7 +439,9 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
         AccountingRow("non-torch memory (NCCL/cuBLAS workspaces)", -non_torch, "estimate"),
         AccountingRow(f"peak activations ({max_num_batched_tokens}-token profiling pass)",
                       -act, "estimate"),
-        AccountingRow("CUDA-graph pool", -graphs, "estimate"),
+        AccountingRow("CUDA-graph pool" + ("" if rules["cuda_graphs_in_budget"] else
+                                           " (not in the budget before vLLM 0.21)"),
+                      -graphs, "estimate"),
         AccountingRow("available KV cache memory", budget, "rule"),
         AccountingRow(f"KV pool: {n_blocks:,} blocks × {per_block:,} B", pool_bytes, "result"),
         AccountingRow("  of which the null block (block 0)", per_block, "rule"),
