@@ -5,6 +5,8 @@ vLLM and SGLang build on a given model, GPU and tensor-parallel size.
 * :mod:`radixkv.memory.hf_config` ``ModelSpec`` from a Hugging Face ``config.json``
 * :mod:`radixkv.memory.presets`   the preset models and GPUs, lookup by name
 * :mod:`radixkv.memory.pool`      the engines' pool-size rules, ``PoolSize``, ``pool_for``
+* :mod:`radixkv.memory.startup_log` the pool an engine logged at start-up (``--pool-from-log``)
+* :mod:`radixkv.memory.calibration` radixkv's model against published start-up logs
 """
 from radixkv.memory.hf_config import estimate_num_params, load_hf_config
 from radixkv.memory.pool import (
@@ -16,10 +18,11 @@ from radixkv.memory.pool import (
     vllm_pool_size,
 )
 from radixkv.memory.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
+from radixkv.memory.startup_log import LoggedPool, parse_startup_log, read_startup_log
 from radixkv.memory.specs import DTYPE_BYTES, GPUSpec, ModelSpec, dtype_bytes
 
 __all__ = [
-    "AccountingRow", "DTYPE_BYTES", "GPUSpec", "GPU_PRESETS", "MODEL_PRESETS", "ModelSpec",
+    "AccountingRow", "DTYPE_BYTES", "LoggedPool", "parse_startup_log", "read_startup_log", "GPUSpec", "GPU_PRESETS", "MODEL_PRESETS", "ModelSpec",
     "PoolSize", "dtype_bytes", "estimate_num_params", "get_gpu", "get_model",
     "load_hf_config", "pool_for", "sglang_default_mem_fraction_static", "sglang_pool_size",
     "vllm_pool_size",

@@ -46,6 +46,48 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         name="Qwen2.5-7B", num_layers=28, num_attention_heads=28, num_kv_heads=4,
         head_dim=128, v_head_dim=128, hidden_size=3584, intermediate_size=18944,
         vocab_size=152064, num_params=7_615_616_512, max_position_embeddings=32768),
+    # meta-llama/Llama-2-7b-hf config.json: 32 layers, hidden 4096, 32 heads = 32 KV heads
+    # (MHA), intermediate 11008, vocab 32000, max_position_embeddings 4096, float16.
+    # 6,738,415,616 parameters (shapes; the model card's "7B").
+    "Llama-2-7B": ModelSpec(
+        name="Llama-2-7B", num_layers=32, num_attention_heads=32, num_kv_heads=32,
+        head_dim=128, v_head_dim=128, hidden_size=4096, intermediate_size=11008,
+        vocab_size=32000, num_params=6_738_415_616, dtype="fp16", weight_dtype="fp16",
+        max_position_embeddings=4096),
+    # meta-llama/Llama-2-70b-hf config.json: 80 layers, hidden 8192, 64 heads, 8 KV heads,
+    # intermediate 28672, vocab 32000, max_position_embeddings 4096, float16.
+    # 68,976,648,192 parameters (shapes).
+    "Llama-2-70B": ModelSpec(
+        name="Llama-2-70B", num_layers=80, num_attention_heads=64, num_kv_heads=8,
+        head_dim=128, v_head_dim=128, hidden_size=8192, intermediate_size=28672,
+        vocab_size=32000, num_params=68_976_648_192, dtype="fp16", weight_dtype="fp16",
+        max_position_embeddings=4096),
+    # deepseek-ai/deepseek-coder-6.7b-instruct config.json (LlamaForCausalLM): 32 layers,
+    # hidden 4096, 32 heads = 32 KV heads (MHA), intermediate 11008, vocab 32256,
+    # max_position_embeddings 16384, bfloat16. 6,740,512,768 parameters (shapes).
+    "deepseek-coder-6.7B": ModelSpec(
+        name="deepseek-coder-6.7B", num_layers=32, num_attention_heads=32, num_kv_heads=32,
+        head_dim=128, v_head_dim=128, hidden_size=4096, intermediate_size=11008,
+        vocab_size=32256, num_params=6_740_512_768, max_position_embeddings=16384),
+    # Qwen/Qwen3-30B-A3B config.json: 48 layers, hidden 2048, 32 heads, 4 KV heads,
+    # head_dim 128, MoE 128 experts (8 active) of moe_intermediate_size 768, dense
+    # intermediate_size 6144, vocab 151936 (untied), max_position_embeddings 40960,
+    # bfloat16. 30,532,122,624 parameters (shapes; the model card's "30.5B").
+    "Qwen3-30B-A3B": ModelSpec(
+        name="Qwen3-30B-A3B", num_layers=48, num_attention_heads=32, num_kv_heads=4,
+        head_dim=128, v_head_dim=128, hidden_size=2048, intermediate_size=6144,
+        vocab_size=151936, num_params=30_532_122_624, max_position_embeddings=40960),
+    # Qwen/Qwen3-235B-A22B-FP8 config.json: 94 layers, hidden 4096, 64 heads, 4 KV heads,
+    # head_dim 128, MoE 128 experts (8 active) of moe_intermediate_size 1536, dense
+    # intermediate_size 12288, vocab 151936 (untied), max_position_embeddings 40960;
+    # bfloat16 activations with an fp8 (e4m3, 128×128 blocks) quantization_config.
+    # 235,093,634,560 parameters (shapes; the card's "235B"), counted as fp8 (the bf16
+    # embeddings, norms and routers are < 1.1 % of them).
+    "Qwen3-235B-A22B-FP8": ModelSpec(
+        name="Qwen3-235B-A22B-FP8", num_layers=94, num_attention_heads=64, num_kv_heads=4,
+        head_dim=128, v_head_dim=128, hidden_size=4096, intermediate_size=12288,
+        vocab_size=151936, num_params=235_093_634_560, weight_dtype="fp8",
+        max_position_embeddings=40960),
     # meta-llama/Llama-3.1-70B-Instruct config.json: 80 layers, hidden 8192, 64 heads,
     # 8 KV heads, intermediate 28672, vocab 128256, max_position_embeddings 131072,
     # bfloat16. 70,553,706,496 parameters ("70B").
@@ -104,6 +146,17 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         hbm_bytes_per_s=864e9,
         source="NVIDIA L40S datasheet (362.05 TFLOPS BF16 dense, 733 with sparsity; "
                "48 GB GDDR6, 864 GB/s); nvidia-smi memory.total 46,068 MiB"),
+    "T4": GPUSpec(
+        name="T4", total_bytes=15_360 * _MiB, bf16_flops=65 * _T, hbm_bytes_per_s=320e9,
+        source="NVIDIA T4 Tensor Core GPU datasheet (65 TFLOPS FP16 mixed precision; "
+               "Turing has no bf16, the fp16 figure is given; 16 GB GDDR6, 320 GB/s); "
+               "nvidia-smi memory.total 15,360 MiB"),
+    "RTX-3090": GPUSpec(
+        name="RTX-3090", total_bytes=24_576 * _MiB, bf16_flops=71 * _T,
+        hbm_bytes_per_s=936e9,
+        source="NVIDIA Ampere GA102 GPU Architecture whitepaper (GeForce RTX 3090: 71 "
+               "TFLOPS BF16 dense with FP32 accumulate; 24 GB GDDR6X, 936 GB/s); nvidia-smi "
+               "memory.total 24,576 MiB"),
     "RTX-4090": GPUSpec(
         name="RTX-4090", total_bytes=24_564 * _MiB, bf16_flops=165.2 * _T,
         hbm_bytes_per_s=1_008e9,

@@ -1,0 +1,147 @@
+"""Recompute published start-up logs with radixkv's memory model (the calibration set).
+
+Each entry of the calibration file (``tests/data/memory_calibration.json``) records one
+published vLLM or SGLang start-up: model, GPU, TP, engine version, the knobs and measured
+terms the log shows, the pool it logged and the log lines themselves. :func:`recompute`
+runs :func:`~radixkv.memory.pool.vllm_pool_size` / :func:`~radixkv.memory.pool.sglang_pool_size`
+with the logged knobs (measured terms replace radixkv's estimates where the log shows
+them; ``rules_version`` selects the version-aware rules) and returns the errors:
+
+* ``kv_gib_err_pct``: vLLM: the KV budget against "Available KV cache memory" /
+  ``kv_cache_size``; SGLang: the pool's bytes against the logged K + V size. Percent.
+* ``pool_err_pct``: usable tokens against the logged pool's usable tokens. Percent.
+* ``bpt_exact``: whether radixkv's KV bytes per token reproduces the logged pool and
+  logged GiB together (within the log's 0.01 GiB rounding); None when the log lacks
+  one of them or they come from different ranks.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from radixkv.errors import InputError
+from radixkv.memory.pool import sglang_pool_size, vllm_pool_size
+from radixkv.memory.presets import get_gpu, get_model
+from radixkv.memory.specs import GPUSpec
+from radixkv.memory.startup_log import parse_startup_log
+
+GiB = 2**30
+
+
+def load_calibration(path) -> list[dict]:
+    """The entries of a calibration JSON file.
+
+    Raises
+    ------
+    InputError
+        Unreadable file or no ``entries`` list.
+    """
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read calibration file: {e}", path=str(p)) from None
+    if not isinstance(doc.get("entries"), list):
+        raise InputError("no 'entries' list", path=str(p), field="entries")
+    return doc["entries"]
+
+
+def _gib(x) -> int:
+    return int(round(float(x) * GiB))
+
+
+def _bpt_consistent(engine: str, bpt: int, unit: int, logged: dict, lp) -> bool | None:
+    """Do the logged pool and the logged GiB agree with ``bpt`` bytes per token?"""
+    if engine == "vllm":
+        g = logged.get("kv_cache_gib")
+        if g is None:
+            return None
+        lo, hi = (g - 0.005) * GiB, (g + 0.005) * GiB
+        per_block = bpt * unit
+        return math.floor(lo / per_block) <= lp.num_gpu_blocks <= math.floor(hi / per_block)
+    if "k_size_gb" in logged:
+        # SGLang allocates size + page_size rows (mem_cache/memory_pool.py); K and V
+        # each take half of a token's cell and are logged rounded to 0.01 GiB
+        rows = lp.max_total_num_tokens + lp.unit_tokens
+        half = rows * bpt / 2 / GiB
+        return abs(half - logged["k_size_gb"]) <= 0.005 + 1e-9 and \
+            abs(half - logged["v_size_gb"]) <= 0.005 + 1e-9
+    return None
+
+
+def recompute(entry: dict) -> dict:
+    """radixkv's pool for one calibration entry, and its errors against the log.
+
+    Returns
+    -------
+    dict
+        ``id``, ``engine``, ``kv_bytes_per_token`` (per rank), ``bpt_exact``,
+        ``logged_tokens``, ``model_tokens``, ``pool_err_pct``, ``logged_kv_gib``,
+        ``model_kv_gib``, ``kv_gib_err_pct`` (None when the log has no GiB figure),
+        ``from_log`` (the pool :func:`parse_startup_log` reads from ``log_lines``).
+
+    Raises
+    ------
+    InputError
+        Unknown model/GPU, or log lines without a pool.
+    """
+    eng = entry["engine"]
+    model = get_model(entry["model"])
+    if entry.get("dtype"):
+        model = replace(model, dtype=entry["dtype"], weight_dtype=(
+            entry["dtype"] if model.weight_dtype == model.dtype else model.weight_dtype))
+    tp = int(entry["tp"])
+    kv = entry.get("kv_cache_dtype", "auto")
+    knobs, meas, logged = entry.get("knobs", {}), entry.get("measured", {}), entry["logged"]
+    lp = parse_startup_log("\n".join(entry["log_lines"]), path=entry["id"], engine=eng,
+                           block_size=knobs.get("block_size"))
+    bpt = model.kv_bytes_per_token(tp, kv)
+    if eng == "vllm":
+        gpu = get_gpu(entry["gpu"])
+        kw = {}
+        if "total_gib" in meas:
+            kw["total_bytes"] = _gib(meas["total_gib"])
+        if "non_torch_gib" in meas:
+            kw["non_torch_bytes"] = _gib(meas["non_torch_gib"])
+        if "peak_torch_gib" in meas:
+            kw["activation_bytes"] = _gib(meas["peak_torch_gib"] - meas["weights_gib"])
+        if "cuda_graph_gib" in meas:
+            kw["cuda_graph_bytes"] = _gib(meas["cuda_graph_gib"])
+        pool = vllm_pool_size(
+            model, gpu, tp=tp, kv_cache_dtype=kv,
+            gpu_memory_utilization=knobs.get("gpu_memory_utilization"),
+            block_size=knobs.get("block_size", 16),
+            max_num_batched_tokens=knobs.get("max_num_batched_tokens", 8192),
+            engine_version=entry.get("rules_version"), **kw)
+        model_gib = pool.budget_bytes / GiB
+        logged_gib = logged.get("kv_cache_gib")
+        logged_tokens = lp.capacity_tokens
+    else:
+        if entry.get("gpu"):
+            gpu, used0 = get_gpu(entry["gpu"]), None
+        else:
+            free = _gib(meas["preload_free_gib"])
+            gpu = GPUSpec(name="from-log", total_bytes=free, bf16_flops=1.0, hbm_bytes_per_s=1.0)
+            used0 = 0
+        pool = sglang_pool_size(model, gpu, tp=tp, kv_cache_dtype=kv,
+                                mem_fraction_static=knobs.get("mem_fraction_static"),
+                                page_size=knobs.get("page_size", 1), preload_used_bytes=used0)
+        model_gib = (pool.max_total_num_tokens + pool.unit_tokens) * bpt / GiB
+        logged_gib = (logged["k_size_gb"] + logged["v_size_gb"]) if "k_size_gb" in logged \
+            else logged.get("kv_size_gb")
+        logged_tokens = lp.capacity_tokens
+    same_rank = entry.get("same_rank", True)
+    exact = _bpt_consistent(eng, bpt, lp.unit_tokens, logged, lp) if same_rank else None
+    return {
+        "id": entry["id"], "engine": eng, "kv_bytes_per_token": bpt, "bpt_exact": exact,
+        "logged_tokens": logged_tokens, "model_tokens": pool.capacity_tokens,
+        "pool_err_pct": 100.0 * (pool.capacity_tokens - logged_tokens) / logged_tokens,
+        "logged_kv_gib": logged_gib, "model_kv_gib": model_gib,
+        "kv_gib_err_pct": None if logged_gib is None else 100.0 * (model_gib - logged_gib) / logged_gib,
+        "from_log": lp,
+    }
+
+
+__all__ = ["load_calibration", "recompute"]

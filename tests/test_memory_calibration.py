@@ -1,0 +1,65 @@
+"""The memory model against published start-up logs (tests/data/memory_calibration.json).
+
+Each entry's numbers come from a public engine log; the checks are against those logged
+values: ``--pool-from-log`` must read the logged pool exactly, radixkv's KV bytes per token
+must reproduce the logged pool and GiB together wherever both are logged, and no entry may
+get worse than the error recorded in the table (docs/memory-calibration.md).
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from radixkv.memory.calibration import load_calibration, recompute
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "memory_calibration.json"
+ENTRIES = load_calibration(DATA)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["id"] for e in ENTRIES])
+def test_pool_from_log_reproduces_logged_pool(entry):
+    lp = recompute(entry)["from_log"]
+    logged = entry["logged"]
+    if entry["engine"] == "vllm":
+        assert lp.num_gpu_blocks == logged["num_gpu_blocks"]
+        if "gpu_kv_cache_tokens" in logged:
+            assert lp.logged_tokens == logged["gpu_kv_cache_tokens"]
+    else:
+        assert lp.max_total_num_tokens == logged["max_total_num_tokens"]
+    if "kv_cache_gib" in logged:
+        assert lp.kv_cache_gib == logged["kv_cache_gib"]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["id"] for e in ENTRIES])
+def test_kv_bytes_per_token_exact_where_logged(entry):
+    r = recompute(entry)
+    assert r["bpt_exact"] is not False, f"{entry['id']}: {r['kv_bytes_per_token']} B/token"
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["id"] for e in ENTRIES])
+def test_no_entry_worse_than_recorded(entry):
+    r = recompute(entry)
+    rec = entry["recorded"]
+    assert abs(r["pool_err_pct"]) <= abs(rec["pool_err_pct"]) + 1e-3
+    if rec["kv_gib_err_pct"] is not None:
+        assert abs(r["kv_gib_err_pct"]) <= abs(rec["kv_gib_err_pct"]) + 1e-3
+    if abs(rec["pool_err_pct"]) > 5 or abs(rec["kv_gib_err_pct"] or 0) > 5:
+        assert entry["explanation"].strip(), f"{entry['id']}: error above 5 % needs an explanation"
+
+
+def test_calibration_set_shape():
+    engines = {e["engine"] for e in ENTRIES}
+    assert engines == {"vllm", "sglang"}
+    assert all(e["source"]["repo"] and e["source"]["number"] for e in ENTRIES)
+    assert len({e["id"] for e in ENTRIES}) == len(ENTRIES)
+
+
+def test_table_is_current():
+    spec = importlib.util.spec_from_file_location("memory_calibration", ROOT / "tools" / "memory_calibration.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert (ROOT / "docs" / "memory-calibration.md").read_text(encoding="utf-8") == mod.render(ENTRIES), \
+        "docs/memory-calibration.md is stale: run tools/memory_calibration.py"
