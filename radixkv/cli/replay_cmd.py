@@ -353,7 +353,7 @@ def cmd_curve(args) -> int:
 
         logged = read_startup_log(args.pool_from_log).capacity_tokens
         caps = sorted(set(caps) | {logged})
-        print(f"pool from {args.pool_from_log}: {logged:,} tokens (added to --capacities)")
+        print(f"pool from {args.pool_from_log}: {logged:,} tokens (added to --capacities)", file=sys.stderr)
     if not caps:
         raise ConfigError("--capacities is empty", field="capacities")
     trace, load_s = _load(args)
