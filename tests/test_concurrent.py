@@ -13,6 +13,7 @@ from conftest import GOLDEN_LOCAL
 from radixkv.cli.concurrent_args import add_concurrent_args, policy_from_args, run_concurrent_from_args
 from radixkv.cost import CostModel
 from radixkv.errors import ConfigError
+from radixkv.policies.base import PrefixCache
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.no_cache import NoCache
 from radixkv.policies.radix import RadixCache
@@ -193,9 +194,20 @@ def test_lpm_admits_the_longest_cached_prefix_first(order, first):
 
 
 def test_lpm_needs_a_lookup_without_side_effects():
+    class NoPeek(NoCache):
+        peek_hit = PrefixCache.peek_hit  # the base class's "not available"
+
     tr = _trace([[1, 2]], [1], [0.0])
     with pytest.raises(ConfigError, match="peek_hit"):
-        replay_concurrent(tr, UnitLRUCache(10, 1), COST, config=SchedulerConfig(schedule_policy="lpm"))
+        replay_concurrent(tr, NoPeek(10, 1), COST, config=SchedulerConfig(schedule_policy="lpm"))
+
+
+def test_a_policy_without_running_requests_has_no_concurrent_replay():
+    """unit-lru models no running requests: occupancy, concurrency and preemptions would be
+    numbers it does not model, so the concurrent replay refuses it (not zeros)."""
+    tr = _trace([[1, 2]], [1], [0.0])
+    with pytest.raises(ConfigError, match="no running requests"):
+        replay_concurrent(tr, UnitLRUCache(10, 1), COST)
 
 
 def test_victim_choice_vllm_vs_sglang():

@@ -274,8 +274,15 @@ def replay_concurrent(
     Raises
     ------
     radixkv.errors.ConfigError
-        When arrivals do not match the trace, or a request can never fit the pool.
+        When arrivals do not match the trace, a request can never fit the pool, or the
+        policy models no running requests (class attribute ``holds_running_kv = False``,
+        e.g. ``unit-lru``): its pool occupancy, concurrency and preemptions would be
+        numbers it does not model.
     """
+    if not getattr(policy, "holds_running_kv", True):
+        raise ConfigError(f"{type(policy).__name__} models no running requests "
+                          "(holds_running_kv = False), so it has no concurrent replay; "
+                          "use the sequential mode", field="mode")
     config = config or SchedulerConfig()
     n = len(trace)
     if arrivals is None:
