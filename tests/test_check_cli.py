@@ -65,6 +65,15 @@ def test_thresholds_at_the_engines_values_hold(tmp_path, capsys):
     assert out.err == ""
 
 
+def test_a_config_with_a_utf8_bom_is_read_like_trace_files(tmp_path, capsys):
+    p = _config(tmp_path)
+    p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes())
+    rc = main(["check", str(p)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "3 of 3 assertions hold" in out.out
+
+
 def test_raising_a_threshold_past_the_measured_value_fails_and_names_it(tmp_path, capsys):
     rc = main(["check", str(_config(tmp_path, min_rate=RATE + 0.001))])
     out = capsys.readouterr()

@@ -234,7 +234,7 @@ def load_config(path) -> CheckConfig:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a UTF-8 BOM is accepted, as in trace files
     except FileNotFoundError:
         raise ConfigError("no such configuration file", path=path) from None
     except UnicodeDecodeError as e:

@@ -190,7 +190,7 @@ def load_grid(path, *, hash_traces: bool = True) -> Grid:
     path = Path(path)
     where = str(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a UTF-8 BOM is accepted
     except FileNotFoundError:
         raise ConfigError("no such grid file", path=where) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
