@@ -270,6 +270,21 @@ class BlockHashCache(PrefixCache):
             self._scratch = np.empty(max(n, 2 * self._scratch.shape[0]), dtype=np.int64)
         return self._scratch
 
+    def _lookup(self, seq: KVSeq, n_tokens: int | None):
+        """Side-effect-free lookup of *seq*'s first ``max(P, n_tokens)`` tokens: (hit blocks,
+        the scratch table whose first entries are the hit block ids, the looked-up length L
+        in tokens). Shared by :meth:`peek_hit` and :meth:`admission_slots`."""
+        L = max(seq.prompt_len, self._admit_length((), -1, seq, n_tokens))
+        B = self.block_size
+        n_look = L // B
+        keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, B, n_look, self._key_mask)
+        tbl = self._table(seq, False)
+        code, h = K.peek(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, keys, n_look,
+                         seq.seg_id, seq.seg_end, B, L, self.verify, tbl)
+        if code == K.COLLISION:
+            self._collision(seq)
+        return int(h), tbl, L
+
     def _collision(self, seq: KVSeq):
         raise HashCollisionError(
             f"request row {seq.index}: a 64-bit block-hash collision served a block whose content "
@@ -352,18 +367,8 @@ class BlockHashCache(PrefixCache):
         HashCollisionError
             With ``verify=True``, on a hash collision.
         """
-        P = seq.prompt_len
-        n = self._admit_length((), -1, seq, n_tokens)
-        L = max(P, n)
-        B = self.block_size
-        n_look = L // B
-        keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, B, n_look, self._key_mask)
-        tbl = self._table(seq, False)
-        code, h = K.peek(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, keys, n_look, seq.seg_id, seq.seg_end,
-                         B, L, self.verify, tbl)
-        if code == K.COLLISION:
-            self._collision(seq)
-        return int(h) * B
+        h, _, _ = self._lookup(seq, n_tokens)
+        return h * self.block_size
 
     def admission_slots(self, seq: KVSeq, n_tokens: int | None = None) -> int:
         """Blocks that ``admit(rid, seq, n_tokens)`` would take out of the free queue, without
@@ -395,20 +400,9 @@ class BlockHashCache(PrefixCache):
         HashCollisionError
             With ``verify=True``, on a hash collision.
         """
-        P = seq.prompt_len
-        n = self._admit_length((), -1, seq, n_tokens)
-        L = max(P, n)
-        B = self.block_size
-        n_look = L // B
-        keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, B, n_look, self._key_mask)
-        tbl = self._table(seq, False)
-        code, h = K.peek(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, keys, n_look,
-                         seq.seg_id, seq.seg_end, B, L, self.verify, tbl)
-        if code == K.COLLISION:
-            self._collision(seq)
-        h = int(h)
+        h, tbl, L = self._lookup(seq, n_tokens)
         touch = int(np.count_nonzero(self._b32[tbl[:h], K.R_REF] == 0)) if h else 0
-        return -(-L // B) - h + touch
+        return -(-L // self.block_size) - h + touch
 
     def extend(self, rid: int, n_tokens: int) -> bool:
         """Request *rid* computes *n_tokens* more tokens (a prefill chunk or decode steps).
