@@ -143,6 +143,16 @@ def memory_report(args) -> dict:
         "request_kv_bytes_total": per_rank * args.tp * max_len,
         "pools": {},
     }
+    if model.is_hybrid:
+        # per-layer kinds (radixkv.memory.specs): KV per token of each kind, the window,
+        # and the linear-attention state one sequence holds (null when there is none)
+        by_kind = model.kv_bytes_per_token_by_kind(args.tp, kv_dtype)
+        counts = model.layer_counts()
+        out["layers"] = counts
+        out["kv_bytes_per_token_by_kind_per_rank"] = {k: v for k, v in by_kind.items() if counts[k]}
+        out["sliding_window"] = model.sliding_window
+        out["state_bytes_per_sequence_per_rank"] = (model.state_bytes_per_sequence(args.tp)
+                                                    if counts["linear_attention"] else None)
     if engine in ("vllm", "both"):
         pool = vllm_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
                               gpu_memory_utilization=util, block_size=args.block_size,
@@ -200,6 +210,16 @@ def format_report(r: dict) -> str:
         f"{_gib(r['request_kv_bytes_per_rank'])} per rank, "
         f"{_gib(r['request_kv_bytes_total'])} total",
     ]
+    if "layers" in r:
+        kinds = ", ".join(f"{n} {k.replace('_attention', '')}" for k, n in r["layers"].items() if n)
+        per = ", ".join(f"{k.replace('_attention', '')} {b:,} B" for k, b in
+                        r["kv_bytes_per_token_by_kind_per_rank"].items())
+        lines.append(f"layers: {kinds}; KV bytes per token per rank by kind: {per}"
+                     + ("" if r["sliding_window"] is None else f"; sliding window {r['sliding_window']:,} tokens"))
+        st = r["state_bytes_per_sequence_per_rank"]
+        lines.append("linear-attention state per sequence: "
+                     + ("n/a (no linear-attention layers)" if st is None else
+                        f"{st:,} B per rank ({st / 2**20:,.1f} MiB)"))
     for eng, p in r["pools"].items():
         knob = "gpu_memory_utilization" if eng == "vllm" else "mem_fraction_static"
         unit = "block_size" if eng == "vllm" else "page_size"

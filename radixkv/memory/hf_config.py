@@ -21,6 +21,20 @@ DeepSeek-V3's ``DeepseekV3Config``):
 ``n_routed_experts``, ``n_shared_experts``, ``moe_intermediate_size``,
 ``first_k_dense_replace``, ``moe_layer_freq``  DeepSeek MoE
 ``num_local_experts``      Mixtral-style MoE (every layer)
+``layer_types``            per-layer kind: ``full_attention``, ``sliding_attention``,
+                           ``linear_attention`` (hybrid models); when absent, the default
+                           pattern of ``model_type`` ``gemma3_text`` (``sliding_window_pattern``,
+                           default 6: every 6th layer full), ``gpt_oss`` (even layers
+                           slide) and ``qwen3_next`` (``full_attention_interval``, default 4:
+                           every 4th layer full, the rest linear), as Hugging Face's
+                           ``Gemma3TextConfig`` / ``GptOssConfig`` / ``Qwen3NextConfig`` fill
+                           it; other models: every layer full (a bare ``sliding_window``,
+                           e.g. Mistral-7B-v0.1's, is not read as a hybrid)
+``sliding_window``         window of the sliding layers (tokens)
+``linear_conv_kernel_dim``, ``linear_num_key_heads``, ``linear_num_value_heads``,
+``linear_key_head_dim``, ``linear_value_head_dim``  linear-attention state (Qwen3-Next)
+``text_config``            a multimodal config (Gemma 3): the text model's fields are read
+                           from it
 ========================== ========================================================
 
 A missing required field or a value of the wrong type is an
@@ -137,6 +151,45 @@ def _dtype_name(cfg: dict, path) -> str:
     return mapping[name]
 
 
+def _layer_types(cfg: dict, path, n_layers: int):
+    """Per-layer kinds (tuple) or None (all full), and the SSM spec (or None)."""
+    from radixkv.memory.specs import LAYER_KINDS, SSMSpec
+
+    lt = cfg.get("layer_types")
+    mt = str(cfg.get("model_type", ""))
+    if lt is not None:
+        if not isinstance(lt, list) or len(lt) != n_layers:
+            raise InputError(f"must be a list of {n_layers} layer kinds, got {lt!r:.80}", path=path,
+                             field="layer_types")
+        for i, k in enumerate(lt):
+            if k not in LAYER_KINDS:
+                raise InputError(f"entry {i}: unknown layer kind {k!r} (known: {', '.join(LAYER_KINDS)})",
+                                 path=path, field="layer_types")
+        kinds = tuple(lt)
+    elif mt in ("gemma3_text", "gemma3"):
+        pat = _get_int(cfg, "sliding_window_pattern", path, default=6)
+        kinds = tuple("sliding_attention" if (i + 1) % pat else "full_attention" for i in range(n_layers))
+    elif mt == "gpt_oss":
+        kinds = tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers))
+    elif mt == "qwen3_next":
+        k = _get_int(cfg, "full_attention_interval", path, default=4)
+        kinds = tuple("linear_attention" if (i + 1) % k else "full_attention" for i in range(n_layers))
+    else:
+        return None, None
+    if all(k == "full_attention" for k in kinds):
+        return None, None
+    ssm = None
+    if "linear_attention" in kinds:
+        ssm = SSMSpec(
+            conv_kernel=_get_int(cfg, "linear_conv_kernel_dim", path),
+            num_k_heads=_get_int(cfg, "linear_num_key_heads", path),
+            num_v_heads=_get_int(cfg, "linear_num_value_heads", path),
+            head_k_dim=_get_int(cfg, "linear_key_head_dim", path),
+            head_v_dim=_get_int(cfg, "linear_value_head_dim", path),
+        )
+    return kinds, ssm
+
+
 def load_hf_config(path, *, name: str | None = None, num_params: int | None = None) -> ModelSpec:
     """Read a Hugging Face ``config.json`` into a :class:`ModelSpec`.
 
@@ -175,6 +228,13 @@ def load_hf_config(path, *, name: str | None = None, num_params: int | None = No
         raise InputError(f"invalid JSON: {e.msg}", path=p, line=e.lineno) from None
     if not isinstance(cfg, dict):
         raise InputError("a config.json must hold a JSON object", path=p)
+    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
+        # multimodal wrapper (Gemma 3): the text model's fields; the wrapper's dtype and name
+        outer = cfg
+        cfg = dict(cfg["text_config"])
+        for f in ("torch_dtype", "dtype", "_name_or_path", "quantization_config"):
+            if f in outer and f not in cfg:
+                cfg[f] = outer[f]
 
     H = _get_int(cfg, "num_attention_heads", p)
     h = _get_int(cfg, "hidden_size", p)
@@ -193,7 +253,13 @@ def load_hf_config(path, *, name: str | None = None, num_params: int | None = No
     if isinstance(q, dict) and str(q.get("quant_method", "")).lower() == "fp8":
         weight_dtype = "fp8"
 
+    n_layers = _get_int(cfg, "num_hidden_layers", p)
+    layer_types, ssm = _layer_types(cfg, p, n_layers)
+    sliding = None
+    if layer_types is not None and "sliding_attention" in layer_types:
+        sliding = _get_int(cfg, "sliding_window", p)
     if num_params is None:
+        # hybrid models: an estimate that counts every layer as attention (pass num_params)
         num_params = estimate_num_params(cfg, p)
     if name is None:
         nm = cfg.get("_name_or_path")
@@ -215,4 +281,7 @@ def load_hf_config(path, *, name: str | None = None, num_params: int | None = No
         kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=qk_rope,
         max_position_embeddings=_get_int(cfg, "max_position_embeddings", p),
+        layer_types=layer_types,
+        sliding_window=sliding,
+        ssm=ssm,
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from radixkv.errors import InputError
-from radixkv.memory.specs import GPUSpec, ModelSpec
+from radixkv.memory.specs import GPUSpec, ModelSpec, SSMSpec
 
 MODEL_PRESETS: dict[str, ModelSpec] = {
     # meta-llama/Llama-2-7b-hf config.json: 32 layers, hidden 4096, 32 heads, 32 KV heads
@@ -114,6 +114,32 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         head_dim=192, v_head_dim=128, hidden_size=7168, intermediate_size=18432,
         vocab_size=129280, num_params=671_026_419_200, dtype="bf16", weight_dtype="fp8",
         kv_lora_rank=512, qk_rope_head_dim=64, max_position_embeddings=163840),
+    # google/gemma-3-27b-it config.json, text_config: 62 layers, hidden 5376, 32 heads,
+    # 16 KV heads, head_dim 128, intermediate 21504, vocab 262208 (tied),
+    # max_position_embeddings 131072, sliding_window 1024, sliding_window_pattern 6
+    # (layers 5, 11, …, 59 full attention: 10 full, 52 sliding), bfloat16.
+    # 27,009,346,304 parameters of the text model (shapes, with Gemma's q/k norms and four
+    # norms per layer; the card's "27B" adds the 0.4B SigLIP vision tower).
+    "Gemma-3-27B": ModelSpec(
+        name="Gemma-3-27B", num_layers=62, num_attention_heads=32, num_kv_heads=16,
+        head_dim=128, v_head_dim=128, hidden_size=5376, intermediate_size=21504,
+        vocab_size=262208, num_params=27_009_346_304, max_position_embeddings=131072,
+        layer_types=tuple("sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(62)),
+        sliding_window=1024),
+    # Qwen/Qwen3-Next-80B-A3B-Instruct config.json: 48 layers, full_attention_interval 4
+    # (layers 3, 7, …, 47 full attention: 12 full, 36 gated-delta-net linear attention),
+    # hidden 2048, 16 heads, 2 KV heads, head_dim 256; linear_conv_kernel_dim 4,
+    # linear_num_key_heads 16, linear_num_value_heads 32, linear_key_head_dim 128,
+    # linear_value_head_dim 128; MoE 512 experts (10 active) of moe_intermediate_size 512,
+    # intermediate_size 5120, vocab 151936, max_position_embeddings 262144, bfloat16.
+    # num_params: the model card's "80B in total" (rounded; the shape formula of
+    # estimate_num_params does not cover gated delta nets).
+    "Qwen3-Next-80B-A3B": ModelSpec(
+        name="Qwen3-Next-80B-A3B", num_layers=48, num_attention_heads=16, num_kv_heads=2,
+        head_dim=256, v_head_dim=256, hidden_size=2048, intermediate_size=5120,
+        vocab_size=151936, num_params=80_000_000_000, max_position_embeddings=262144,
+        layer_types=tuple("linear_attention" if (i + 1) % 4 else "full_attention" for i in range(48)),
+        ssm=SSMSpec(conv_kernel=4, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)),
 }
 
 _MiB = 2**20

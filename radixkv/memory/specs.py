@@ -20,6 +20,11 @@ KV bytes per token (both engines size their pool with the same per-token figure)
   layer and token, the same on every rank (never split by TP): vLLM
   ``MLAAttentionSpec`` (one "head" of 576, no V), SGLang
   ``kv_cache_configurator.py :: calculate_mla_kv_cache_dim``.
+* Hybrid models (``layer_types``): only full- and sliding-window-attention layers hold
+  per-token KV, so the sums above run over those layers (:attr:`ModelSpec.num_kv_layers`);
+  linear-attention (SSM) layers hold one fixed-size state per sequence instead
+  (:class:`SSMSpec`, :meth:`ModelSpec.state_bytes_per_sequence`). vLLM gives each layer
+  kind its own KV cache group (``v1/core/kv_cache_utils.py :: get_kv_cache_groups``).
 """
 from __future__ import annotations
 
@@ -64,6 +69,68 @@ def dtype_bytes(name: str, *, field: str = "dtype") -> int:
             f"unknown dtype {name!r}; known: {', '.join(sorted(DTYPE_BYTES))}", field=field
         )
     return DTYPE_BYTES[key]
+
+
+#: the per-layer attention kinds a :class:`ModelSpec` knows, in Hugging Face's
+#: ``layer_types`` spelling (``Gemma3TextConfig``, ``GptOssConfig``, ``Qwen3NextConfig``)
+LAYER_KINDS = ("full_attention", "sliding_attention", "linear_attention")
+
+
+@dataclass(frozen=True)
+class SSMSpec:
+    """The per-sequence state of one linear-attention (gated delta net) layer.
+
+    Qwen3-Next's ``linear_attention`` layers (Hugging Face ``Qwen3NextConfig``: the
+    ``linear_*`` fields). Shapes per TP rank, vLLM
+    ``model_executor/layers/mamba/mamba_utils.py ::
+    MambaStateShapeCalculator.gated_delta_net_state_shape``::
+
+        conv state      (num_k_heads·head_k_dim·2 + num_v_heads·head_v_dim) / tp × (conv_kernel − 1)
+        temporal state  num_v_heads / tp × head_v_dim × head_k_dim
+
+    both in the model dtype unless ``state_dtype`` says otherwise (vLLM
+    ``MambaStateDtypeCalculator.gated_delta_net_state_dtype``: ``mamba_cache_dtype`` and
+    ``mamba_ssm_cache_dtype`` default to ``"auto"`` = the model dtype).
+
+    Attributes
+    ----------
+    conv_kernel : int
+        ``linear_conv_kernel_dim`` (tokens).
+    num_k_heads, num_v_heads : int
+        ``linear_num_key_heads``, ``linear_num_value_heads``.
+    head_k_dim, head_v_dim : int
+        ``linear_key_head_dim``, ``linear_value_head_dim`` (elements).
+    state_dtype : str or None
+        dtype of both states; None = the model dtype.
+    """
+
+    conv_kernel: int
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    state_dtype: str | None = None
+
+    def __post_init__(self):
+        for f in ("conv_kernel", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"):
+            _positive_int(getattr(self, f), f)
+        if self.state_dtype is not None:
+            dtype_bytes(self.state_dtype, field="state_dtype")
+
+    def state_elements(self, tp: int = 1) -> int:
+        """Elements of one layer's state on one TP rank (conv + temporal).
+
+        Raises
+        ------
+        ConfigError
+            When ``tp`` does not divide the conv width or ``num_v_heads`` (vLLM's
+            ``divide`` asserts the same).
+        """
+        _positive_int(tp, "tp")
+        conv_dim = self.head_k_dim * self.num_k_heads * 2 + self.head_v_dim * self.num_v_heads
+        if conv_dim % tp or self.num_v_heads % tp:
+            raise ConfigError(f"linear-attention heads cannot be split over tp={tp}", field="tp")
+        return conv_dim // tp * (self.conv_kernel - 1) + self.num_v_heads // tp * self.head_v_dim * self.head_k_dim
 
 
 def _positive_int(value, field: str) -> int:
@@ -113,6 +180,14 @@ class ModelSpec:
         MLA decoupled RoPE key width (DeepSeek ``qk_rope_head_dim``).
     max_position_embeddings : int
         Longest context the model supports (tokens); vLLM's default ``max_model_len``.
+    layer_types : tuple of str or None
+        Per layer (``num_layers`` entries) one of :data:`LAYER_KINDS`, Hugging Face's
+        ``layer_types``; None = every layer full attention (all models before hybrids).
+    sliding_window : int or None
+        Tokens a ``sliding_attention`` layer attends to (HF ``sliding_window``; vLLM
+        ``SlidingWindowSpec.sliding_window``); required when a layer slides.
+    ssm : SSMSpec or None
+        State shapes of the ``linear_attention`` layers; required when there are any.
     """
 
     name: str
@@ -130,6 +205,9 @@ class ModelSpec:
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
     max_position_embeddings: int = 4096
+    layer_types: tuple | None = None
+    sliding_window: int | None = None
+    ssm: SSMSpec | None = None
 
     def __post_init__(self):
         for f in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -144,6 +222,60 @@ class ModelSpec:
             _positive_int(self.qk_rope_head_dim, "qk_rope_head_dim")
         dtype_bytes(self.dtype, field="dtype")
         dtype_bytes(self.weight_dtype, field="weight_dtype")
+        if self.layer_types is not None:
+            lt = tuple(self.layer_types)
+            if len(lt) != self.num_layers:
+                raise ConfigError(f"{len(lt)} layer_types for {self.num_layers} layers", field="layer_types")
+            for i, k in enumerate(lt):
+                if k not in LAYER_KINDS:
+                    raise ConfigError(f"layer {i}: unknown layer type {k!r}; known: {', '.join(LAYER_KINDS)}",
+                                      field="layer_types")
+            object.__setattr__(self, "layer_types", lt)
+            if "sliding_attention" in lt:
+                _positive_int(self.sliding_window, "sliding_window")
+            if "linear_attention" in lt and self.ssm is None:
+                raise ConfigError("linear_attention layers need their state shapes (ssm)", field="ssm")
+            if not any(k != "linear_attention" for k in lt):
+                raise ConfigError("a model needs at least one attention layer", field="layer_types")
+
+    # -- layer kinds -----------------------------------------------------------------
+    def layer_counts(self) -> dict:
+        """Layers of each kind: ``{kind: count}`` over :data:`LAYER_KINDS` (zeros included)."""
+        lt = self.layer_types or ("full_attention",) * self.num_layers
+        return {k: lt.count(k) for k in LAYER_KINDS}
+
+    @property
+    def is_hybrid(self) -> bool:
+        """True when not every layer is full attention."""
+        return self.layer_types is not None and any(k != "full_attention" for k in self.layer_types)
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers that hold per-token KV: full plus sliding-window attention."""
+        c = self.layer_counts()
+        return c["full_attention"] + c["sliding_attention"]
+
+    def kv_bytes_per_token_by_kind(self, tp: int = 1, kv_cache_dtype: str | None = None) -> dict:
+        """KV bytes one token takes on one rank in each kind's layers:
+        ``{"full_attention": B_f, "sliding_attention": B_s}`` (their sum is
+        :meth:`kv_bytes_per_token`). A sliding layer keeps only the last
+        ``sliding_window − 1`` tokens of a running request (vLLM
+        ``SlidingWindowManager.get_num_skipped_tokens``), plus what the prefix cache keeps."""
+        per_layer = self.kv_elements_per_token_layer(tp) * self.kv_dtype_bytes(kv_cache_dtype)
+        c = self.layer_counts()
+        return {"full_attention": c["full_attention"] * per_layer,
+                "sliding_attention": c["sliding_attention"] * per_layer}
+
+    def state_bytes_per_sequence(self, tp: int = 1) -> int:
+        """Bytes of linear-attention (SSM) state one sequence holds on one rank, summed
+        over the ``linear_attention`` layers (0 for a model without them); see
+        :class:`SSMSpec`. vLLM keeps one such state per running request, plus one per
+        cached checkpoint (``MambaManager``)."""
+        n = self.layer_counts()["linear_attention"]
+        if n == 0:
+            return 0
+        dt = self.ssm.state_dtype or self.dtype
+        return n * self.ssm.state_elements(tp) * dtype_bytes(dt, field="state_dtype")
 
     # -- KV cache --------------------------------------------------------------------
     @property
@@ -205,9 +337,10 @@ class ModelSpec:
         -------
         int
             Bytes per token per rank. E.g. Llama-3.1-8B bf16: 2 × 32 × 8 × 128 × 2 =
-            131,072; DeepSeek-V3 bf16: 61 × 576 × 2 = 70,272 at every tp.
+            131,072; DeepSeek-V3 bf16: 61 × 576 × 2 = 70,272 at every tp. A hybrid model
+            counts its full and sliding layers only (:attr:`num_kv_layers`).
         """
-        return (self.num_layers * self.kv_elements_per_token_layer(tp)
+        return (self.num_kv_layers * self.kv_elements_per_token_layer(tp)
                 * self.kv_dtype_bytes(kv_cache_dtype))
 
     def kv_bytes_per_token_total(self, tp: int = 1, kv_cache_dtype: str | None = None) -> int:
