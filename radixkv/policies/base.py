@@ -349,6 +349,39 @@ class PrefixCache(ABC):
         """True when the class overrides :meth:`peek_hit`."""
         return cls.peek_hit is not PrefixCache.peek_hit
 
+    def reusable_prefix(self, held_tokens, prompt_tokens):
+        """The engine's reuse rule: what a prompt could hit if the pool held its first
+        *held_tokens* tokens at token granularity, with no memory limit.
+
+        Used by the miss-cause breakdown (:mod:`radixkv.replay.misses`) to split a
+        counterfactual hit into block/page rounding and the last-token cap. Default (vLLM
+        and SGLang): ``aligned = ⌊held / g⌋ · g`` with ``g = slot_tokens``, then
+        ``capped = min(aligned, ⌊(P − 1) / g⌋ · g)`` — vLLM
+        ``vllm/v1/core/kv_cache_manager.py :: get_computed_blocks`` looks up at most
+        ``max_cache_hit_length = num_tokens − 1`` tokens in whole blocks; SGLang
+        ``python/sglang/srt/managers/schedule_batch.py :: Req.init_next_round_input`` matches
+        at most ``len(fill_ids) − 1`` tokens and ``RadixCache.match_prefix`` rounds down to a
+        page. A policy with other rules overrides it.
+
+        Parameters
+        ----------
+        held_tokens, prompt_tokens : np.ndarray, int64, shape (n,)
+            Token-level held prefix (≤ P) and prompt length P of each request, tokens.
+
+        Returns
+        -------
+        (aligned, capped) : two int64 arrays of shape (n,), tokens, with
+        ``capped ≤ aligned ≤ held_tokens``.
+        """
+        import numpy as np
+
+        g = self.slot_tokens
+        held = np.asarray(held_tokens, dtype=np.int64)
+        prompt = np.asarray(prompt_tokens, dtype=np.int64)
+        aligned = held // g * g
+        capped = np.minimum(aligned, np.maximum(prompt - 1, 0) // g * g)
+        return aligned, capped
+
     def warm_kernels(self) -> None:
         """Compile (or load from Numba's cache) kernels a short replay may not reach.
 

@@ -191,6 +191,13 @@ class UnitLRUCache(PrefixCache):
         self.evictions = int(self._state[_EVICTIONS])
         return Admission(hit_tokens=int(hit), held_tokens=int(hit), evicted_tokens=int(ev))
 
+    def reusable_prefix(self, held_tokens, prompt_tokens):
+        """No block rounding below the trace's unit and no last-token cap (rule 1 of the
+        module docstring): ``(held, held)``. A token-level held prefix of a unit trace ends
+        at a unit boundary or at the prompt end, since different unit ids share no token."""
+        held = np.asarray(held_tokens, dtype=np.int64)
+        return held, held.copy()
+
     def extend(self, rid: int, n_tokens: int) -> bool:
         return True  # no running requests: nothing is allocated
 

@@ -56,8 +56,11 @@ class Records:
         return self.num_slots * self.slot_tokens
 
     def write_csv(self, path) -> None:
-        """Write one row per request (``id`` then every column) atomically to *path*."""
+        """Write one row per request (``id``, every column of :data:`COLUMNS`, then any
+        extra column such as the miss causes of :mod:`radixkv.replay.misses`) atomically
+        to *path*."""
         from radixkv.util import write_columns_csv
 
         names = ["prompt_tokens", "hit_tokens"] + [c for c in COLUMNS if c not in ("prompt_tokens", "hit_tokens")]
+        names += [c for c in self.columns if c not in COLUMNS]  # e.g. the miss causes (replay/misses.py)
         write_columns_csv(path, self.req_id, names, [self.columns[c].tolist() for c in names])

@@ -121,6 +121,7 @@ def run_replay(
     *,
     limit: int | None = None,
     quiet: bool = True,
+    miss_causes: bool = False,
     **options,
 ) -> tuple[Records, dict]:
     """Replay *trace* sequentially through a fresh *spec* policy on *pool*.
@@ -131,7 +132,10 @@ def run_replay(
         ``summary`` is :func:`radixkv.metrics.summarize` plus ``compile_s`` and
         ``replay_s`` (seconds) and ``kernels`` (``compiled``, ``interpreted`` on a cold
         Numba cache and a small replay, see :mod:`radixkv.replay.jit`, or ``none``)
-        under ``summary["timing_s"]``.
+        under ``summary["timing_s"]``. With *miss_causes* the records gain the columns of
+        :data:`radixkv.replay.misses.MISS_COLUMNS` and the summary ``miss_causes``
+        (:func:`radixkv.replay.misses.summarize_causes`); ``timing_s["miss_causes"]`` is
+        the seconds the breakdown took (its shadows are reused across pool sizes).
 
     Raises
     ------
@@ -148,6 +152,10 @@ def run_replay(
         rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)
     summary = summarize(rec, evictions=policy.evictions, measures=measured_metrics(policy))
     summary["timing_s"] = {"compile": compile_s, "replay": rec.meta["replay_s"], "kernels": kernels or "none"}
+    if miss_causes:
+        from radixkv.replay.misses import attach_miss_causes
+
+        summary["timing_s"]["miss_causes"] = attach_miss_causes(trace, spec, rec, summary, limit=limit, **options)
     tokens = int(np.sum(rec["prompt_tokens"]))
     summary["timing_s"]["prompt_tokens_per_s"] = tokens / rec.meta["replay_s"] if rec.meta["replay_s"] > 0 else None
     return rec, summary

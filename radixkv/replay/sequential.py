@@ -64,6 +64,7 @@ def replay_sequential(
     limit: int | None = None,
     quiet: bool = True,
     label: str | None = None,
+    detail: bool = True,
 ) -> Records:
     """Replay *trace* through *policy*, one request at a time.
 
@@ -79,6 +80,9 @@ def replay_sequential(
         No progress bar when True (the default for library calls).
     label : str or None
         The policy's spec for reports; default ``policy.name``.
+    detail : bool
+        Sample detailed stats in the second half (default). False: only at the last
+        request (a shadow replay on a huge pool, :mod:`radixkv.replay.misses`).
 
     Notes
     -----
@@ -113,6 +117,8 @@ def replay_sequential(
     # requests of the second half, and at the last request
     half = n // 2
     every = max(1, (n - half) // DETAIL_SAMPLES)
+    if not detail:
+        half, every = n - 1, 1
     # a policy may run spans of requests without detail rows inside one kernel call
     span = span_method(policy)
     i = 0

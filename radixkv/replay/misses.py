@@ -1,0 +1,389 @@
+"""Why each prompt token missed: a per-request miss-cause breakdown (sequential replay).
+
+Every prompt token of every request is either a **hit** or a miss with exactly one cause,
+found against two shadow models replayed over the same trace (docs/DESIGN.md, "Miss
+causes"):
+
+``L``   the *infinite token-level cache* (:func:`token_prefix_lengths`): the longest
+        prefix of the prompt that any earlier request's *cacheable extent* holds, compared
+        token by token with no rounding and no cap. The cacheable extent of a request is
+        everything the engines can ever cache of it: its prompt and its outputs up to the
+        KV extent ``P + max(N − 1, 0)`` (vLLM hashes every full block computed in a step,
+        decode included — ``vllm/v1/core/single_type_kv_cache_manager.py ::
+        cache_blocks``; SGLang inserts prompt + outputs at finish —
+        ``python/sglang/srt/mem_cache/radix_cache.py :: cache_finished_req``).
+``H∞``  the *capacity shadow*: the same policy class, size and options on a pool large
+        enough that it never evicts (:func:`unbounded_pool_tokens`), replayed by the same
+        kernels; its hit per request.
+``A, C`` the engine's reuse rule applied to ``L``
+        (:meth:`radixkv.policies.base.PrefixCache.reusable_prefix`): ``A`` = ``L`` rounded
+        down to whole blocks/pages, ``C`` = ``A`` after the last-token cap (vLLM
+        ``vllm/v1/core/kv_cache_manager.py :: get_computed_blocks``: the lookup covers at
+        most ``max_cache_hit_length = num_tokens − 1`` tokens; SGLang
+        ``python/sglang/srt/managers/schedule_batch.py :: Req.init_next_round_input``
+        matches at most the first ``len(fill_ids) − 1`` tokens, then ``match_prefix``
+        rounds down to a page).
+
+With ``H`` the request's actual hit and ``P`` its prompt length the causes are the
+telescoping differences of these nested counterfactuals::
+
+    compulsory     = P − L      an infinite token-level cache would miss them too
+    alignment      = L − A      held at token level, not a whole block/page
+    last_token_cap = A − C      whole blocks/pages lost only to the last-token rule
+    not_cached     = C − H∞     reusable under the rules, but this policy never caches it
+                                 even with unbounded memory (0 for vllm, sglang, static;
+                                 outputs for unit-lru; everything for none)
+    capacity       = H∞ − H     the same policy with unbounded memory hits them: evicted
+    hit            = H
+
+so ``hit + compulsory + alignment + last_token_cap + not_cached + capacity = P`` for every
+request, exactly, by construction. Each term is ≥ 0 when the policy's hit never exceeds
+what its rule allows on content some earlier request computed (``H∞ ≤ C``) and its cache
+content at any pool size is a subset of the unbounded one's (``H ≤ H∞``); both hold for
+every built-in policy (tests/test_misses.py checks them on hypothesis traces and the
+goldens). A policy breaking them gets negative terms, counted in the summary's
+``nesting_violations``.
+
+Causes of the concurrent and multi-replica modes (in-flight, preemption, routing) are not
+modelled here: they are ``None`` (JSON ``null``) in a sequential summary.
+
+Cost: one pass of a Numba hash trie over the trace's segments for ``L`` (linear in
+segments) and one replay of the policy's own kernels on the unbounded pool for ``H∞``.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.trace.types import Trace
+
+#: per-request columns the breakdown adds to :class:`~radixkv.replay.records.Records`, in
+#: CSV order (all int64, tokens); with ``hit_tokens`` they sum to ``prompt_tokens``
+MISS_COLUMNS = {
+    "miss_compulsory_tokens": "prompt tokens no earlier request computed (infinite token-level cache misses)",
+    "miss_capacity_tokens": "prompt tokens the same policy with unbounded memory would hit (evicted)",
+    "miss_alignment_tokens": "prompt tokens held at token level but not in a whole block/page",
+    "miss_last_token_cap_tokens": "whole blocks/pages lost only to the engine's last-token rule",
+    "miss_not_cached_tokens": "reusable under the engine's rules but never cached by this policy",
+}
+
+#: causes in the order of the stacked bars and tables (hit first)
+CAUSES = ("hit", "compulsory", "capacity", "alignment", "last_token_cap", "not_cached")
+#: causes that exist only in the concurrent / multi-replica modes (``None`` in sequential)
+CONCURRENT_CAUSES = ("in_flight", "preemption", "routing")
+
+_ROOT = 0
+
+
+@nb.njit(cache=True)
+def _slot(kt, a, b, c):
+    """Row of key (a, b, c) in the open-addressed table *kt* (cap, 4): key then value; the
+    first empty row (value −1) when absent."""
+    mask = kt.shape[0] - 1
+    h = (a * np.int64(0x9E3779B97F4A7C15) + b * np.int64(0xC2B2AE3D27D4EB4F) + c * np.int64(0x165667B19E3779F9))
+    h ^= h >> np.int64(29)
+    i = h & mask
+    while True:
+        if kt[i, 3] < 0:
+            return i
+        if kt[i, 0] == a and kt[i, 1] == b and kt[i, 2] == c:
+            return i
+        i = (i + 1) & mask
+
+
+@nb.njit(cache=True)
+def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out):
+    """The infinite token-level cache over the requests' segments, in replay order.
+
+    A trie node is one segment at one position below one parent node, keyed by (parent
+    node, segment id, start position); ``cover[node]`` is the longest run of that
+    segment's tokens (from its offset 0) any request has computed. For request r: walk its
+    segments while the node exists and covers the whole segment (a partial cover ends the
+    match inside the segment); then insert its whole cacheable extent.
+
+    Writes ``out[r, 0]`` = the prompt prefix held (``L``, ≤ P) and ``out[r, 1]`` = the
+    tokens of r's cacheable extent beyond that prefix. Returns the nodes used.
+    """
+    n = prompt_len.shape[0]
+    nodes = 1
+    for r in range(n):
+        s0 = seg_off[r]
+        s1 = seg_off[r + 1]
+        kv = seg_end[s1 - 1] if s1 > s0 else 0
+        node = _ROOT
+        start = 0
+        held = 0
+        for s in range(s0, s1):
+            end = seg_end[s]
+            i = _slot(kt, node, seg_id[s], start)
+            if kt[i, 3] < 0:
+                break
+            child = kt[i, 3]
+            m = cover[child]
+            if m >= end - start:
+                held = end
+                node = child
+                start = end
+                continue
+            held = start + m
+            break
+        P = prompt_len[r]
+        L = held if held < P else P
+        out[r, 0] = L
+        out[r, 1] = kv - L
+        node = _ROOT
+        start = 0
+        for s in range(s0, s1):
+            end = seg_end[s]
+            i = _slot(kt, node, seg_id[s], start)
+            if kt[i, 3] < 0:
+                kt[i, 0] = node
+                kt[i, 1] = seg_id[s]
+                kt[i, 2] = start
+                kt[i, 3] = nodes
+                cover[nodes] = 0
+                nodes += 1
+            child = kt[i, 3]
+            if cover[child] < end - start:
+                cover[child] = end - start
+            node = child
+            start = end
+    return nodes
+
+
+def trace_segments(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every request's KV segments (:meth:`Trace.kv_seq`) in one CSR layout.
+
+    Returns
+    -------
+    (seg_id, seg_end, seg_off) : int64 arrays; request r's segments are
+    ``seg_id[seg_off[r]:seg_off[r+1]]`` with exclusive ends ``seg_end[...]`` (tokens).
+    """
+    n = len(trace)
+    seqs = [trace.kv_seq(i) for i in range(n)]
+    off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([len(s.seg_id) for s in seqs], out=off[1:])
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), off
+    return (np.concatenate([s.seg_id for s in seqs]).astype(np.int64, copy=False),
+            np.concatenate([s.seg_end for s in seqs]).astype(np.int64, copy=False), off)
+
+
+def token_prefix_lengths(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """The infinite token-level cache: for each request, the longest prefix of its prompt
+    that the cacheable extent (prompt + outputs to the KV extent) of any earlier request
+    holds, token by token.
+
+    Parameters
+    ----------
+    trace : Trace
+        Requests in replay order.
+
+    Returns
+    -------
+    (held, new) : int64 arrays of shape (n,), tokens. ``held[r]`` ≤ ``prompt_len[r]`` is
+    ``L`` of the module docstring; ``new[r] = kv_len(r) − held[r]`` bounds the tokens r adds
+    to a cache that never evicts (used to size the capacity shadow's pool).
+    """
+    seg_id, seg_end, seg_off = trace_segments(trace)
+    nseg = len(seg_id)
+    cap = 1
+    while cap < 2 * nseg + 2:
+        cap *= 2
+    kt = np.full((cap, 4), -1, dtype=np.int64)
+    cover = np.zeros(nseg + 1, dtype=np.int64)
+    out = np.zeros((len(trace), 2), dtype=np.int64)
+    _prefix_kernel(seg_id, seg_end, seg_off, np.asarray(trace.prompt_len, dtype=np.int64), kt, cover, out)
+    return out[:, 0].copy(), out[:, 1].copy()
+
+
+def unbounded_pool_tokens(trace: Trace, new_tokens: np.ndarray, slot_tokens: int) -> int:
+    """A pool (tokens) on which a sequential replay of *trace* never needs to evict.
+
+    Each request takes at most ``ceil(new/g) + 3`` slots of ``g = slot_tokens`` tokens that
+    it did not hit (one for rounding of its hit, one for the last-token cap, one for its
+    partial last slot), so the sum over requests plus the largest request is enough for a
+    policy that keeps at most what it allocated. The caller checks that the shadow evicted
+    nothing.
+    """
+    g = max(1, int(slot_tokens))
+    n = len(trace)
+    if n == 0:
+        return g
+    slots = int(np.sum(-(-new_tokens // g))) + 3 * n
+    biggest = max(trace.kv_len(i) for i in range(n)) if n < 1 << 16 else int(
+        (trace.prompt_len + np.maximum(trace.output_len - 1, 0)).max())
+    slots += -(-biggest // g) + 2
+    return slots * g
+
+
+def decompose(prompt: np.ndarray, hit: np.ndarray, held_inf: np.ndarray, hit_unbounded: np.ndarray,
+              aligned: np.ndarray, capped: np.ndarray) -> dict:
+    """The miss causes of each request (module docstring), as int64 arrays of shape (n,).
+
+    Parameters (int64 arrays of shape (n,), tokens): ``P``, ``H``, ``L``, ``H∞``, ``A``, ``C``.
+
+    Returns
+    -------
+    dict mapping every key of :data:`MISS_COLUMNS` to its column; with *hit* they sum to
+    *prompt* exactly.
+    """
+    return {
+        "miss_compulsory_tokens": prompt - held_inf,
+        "miss_alignment_tokens": held_inf - aligned,
+        "miss_last_token_cap_tokens": aligned - capped,
+        "miss_not_cached_tokens": capped - hit_unbounded,
+        "miss_capacity_tokens": hit_unbounded - hit,
+    }
+
+
+def capacity_shadow(trace: Trace, spec, *, limit=None, unit_tokens: int | None = None, new_tokens=None,
+                    **options):
+    """Replay *trace* through *spec*'s policy on a pool that never evicts.
+
+    Returns
+    -------
+    (records, policy) : the shadow's :class:`~radixkv.replay.records.Records` and the
+    policy instance (its ``capacity_tokens`` is the pool used).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When even the unbounded pool is larger than radixkv models
+        (:data:`radixkv.policies.registry.MAX_POOL_SLOTS`), or the shadow evicted (a policy
+        that keeps more than it allocates; the breakdown would be wrong).
+    """
+    from radixkv.policies.registry import PoolSpec, build_policy
+    from radixkv.replay.sequential import replay_sequential
+
+    t = trace.head(limit)
+    if new_tokens is None:
+        _, new_tokens = token_prefix_lengths(t)
+    size = int(unit_tokens or t.unit_tokens) if spec.cls.size_name == "unit_tokens" else int(spec.size or 1)
+    pool = unbounded_pool_tokens(t, new_tokens, size)
+    policy = build_policy(spec, PoolSpec(capacity_tokens=pool), unit_tokens=t.unit_tokens, **options)
+    rec = replay_sequential(t, policy, quiet=True, label=spec.label, detail=False)
+    if policy.evicted_tokens_total or int(rec["evicted_tokens"].sum()):
+        raise ConfigError(f"{spec.label}: the capacity shadow on {pool:,} tokens evicted "
+                          f"{policy.evicted_tokens_total:,} tokens; the miss-cause breakdown needs a pool that "
+                          f"never evicts", field="capacity")
+    return rec, policy
+
+
+#: shadows of recent (trace, policy, limit, options): they do not depend on the pool size, so
+#: a ``compare`` or ``curve`` pays for them once per policy (at most _MEMO_SIZE kept)
+_MEMO: dict = {}
+_MEMO_SIZE = 4
+
+
+def _shadows(t: Trace, trace: Trace, spec, limit, options):
+    """(held_inf, shadow hit, aligned, capped, unbounded pool tokens, seconds) for *t*,
+    memoised by the identity of *trace* (held by a weak reference)."""
+    import time
+    import weakref
+
+    try:
+        key = (id(trace), spec, limit, tuple(sorted(options.items())))
+        hash(key)
+    except TypeError:
+        key = None
+    hitm = _MEMO.get(key) if key is not None else None
+    if hitm is not None and hitm[0]() is trace:
+        return hitm[1]
+    t0 = time.perf_counter()
+    held_inf, new = token_prefix_lengths(t)
+    srec, spol = capacity_shadow(t, spec, new_tokens=new, **options)
+    aligned, capped = spol.reusable_prefix(held_inf, np.asarray(t.prompt_len, dtype=np.int64))
+    val = (held_inf, np.asarray(srec["hit_tokens"], dtype=np.int64), np.asarray(aligned, dtype=np.int64),
+           np.asarray(capped, dtype=np.int64), int(spol.capacity_tokens), time.perf_counter() - t0)
+    if key is not None:
+        try:
+            ref = weakref.ref(trace)
+        except TypeError:
+            return val
+        while len(_MEMO) >= _MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = (ref, val)
+    return val
+
+
+def attach_miss_causes(trace: Trace, spec, records, summary: dict, *, limit=None, **options) -> float:
+    """Add the miss-cause columns to *records* and ``summary["miss_causes"]`` (in place).
+
+    The sequential replay's hook (:func:`radixkv.replay.run.run_replay` with
+    ``miss_causes=True``). ``summary["miss_causes"]`` is :func:`summarize_causes` plus
+    ``unbounded_pool_tokens`` (the capacity shadow's pool). Returns the seconds spent.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    cols = miss_causes(trace, spec, records, limit=limit, **options)
+    meta = cols.pop("_meta")
+    records.columns.update(cols)
+    mc = summarize_causes(cols, int(summary["prompt_tokens"]), int(summary["hit_tokens"]))
+    mc["unbounded_pool_tokens"] = meta["unbounded_pool_tokens"]
+    summary["miss_causes"] = mc
+    return time.perf_counter() - t0
+
+
+def miss_causes(trace: Trace, spec, records, *, limit=None, **options) -> dict:
+    """The per-request miss causes of a finished sequential replay of *spec* on *trace*.
+
+    Parameters
+    ----------
+    trace : Trace
+        The trace replayed (the whole trace; *limit* as given to the replay).
+    spec : radixkv.policies.registry.PolicySpec
+        The policy replayed.
+    records : Records
+        The replay's records (``prompt_tokens``, ``hit_tokens``).
+    limit : int or None
+        ``--limit``.
+    **options
+        The policy constructor options of the replay (the shadow uses the same).
+
+    Returns
+    -------
+    dict with the columns of :data:`MISS_COLUMNS` (int64, shape (n,)) and
+    ``"_meta"``: ``{"unbounded_pool_tokens": int, "shadow_hit_tokens": ndarray,
+    "held_inf_tokens": ndarray}``.
+    """
+    t = trace.head(limit)
+    held_inf, hit_unb, aligned, capped, pool, secs = _shadows(t, trace, spec, limit, options)
+    prompt = np.asarray(records["prompt_tokens"], dtype=np.int64)
+    if len(prompt) != len(t):
+        raise ValueError(f"records have {len(prompt)} rows, the trace {len(t)} requests (limit {limit})")
+    cols = decompose(prompt, np.asarray(records["hit_tokens"], dtype=np.int64), held_inf, hit_unb, aligned, capped)
+    cols["_meta"] = {"unbounded_pool_tokens": pool, "shadow_hit_tokens": hit_unb, "held_inf_tokens": held_inf,
+                     "aligned_tokens": aligned, "capped_tokens": capped, "shadow_s": secs}
+    return cols
+
+
+def summarize_causes(columns: dict, prompt_tokens: int, hit_tokens: int) -> dict:
+    """Totals and shares of the miss causes (the summary's ``miss_causes``).
+
+    Parameters
+    ----------
+    columns : dict
+        :data:`MISS_COLUMNS` columns (int64 arrays).
+    prompt_tokens, hit_tokens : int
+        Σ prompt and Σ hit tokens of the replay.
+
+    Returns
+    -------
+    dict: ``mode`` (``"sequential"``), ``tokens`` and ``share`` (cause → int / float over
+    Σ prompt tokens, ``hit`` included; the concurrent-only causes are ``None``), and
+    ``nesting_violations`` (requests with a negative term; 0 for built-in policies).
+    """
+    tokens = {"hit": int(hit_tokens)}
+    for c in CAUSES[1:]:
+        tokens[c] = int(np.sum(columns[f"miss_{c}_tokens"]))
+    share = {c: (v / prompt_tokens if prompt_tokens else None) for c, v in tokens.items()}
+    for c in CONCURRENT_CAUSES:
+        tokens[c] = None
+        share[c] = None
+    neg = np.zeros(len(columns["miss_compulsory_tokens"]), dtype=bool)
+    for k in MISS_COLUMNS:
+        neg |= np.asarray(columns[k]) < 0
+    return {"mode": "sequential", "tokens": tokens, "share": share, "nesting_violations": int(neg.sum())}
