@@ -22,7 +22,8 @@ __all__ = ["replay", "summarize"]
 
 
 def _policy(policy, trace, pool_kw: dict):
-    """A fresh policy and its label from an instance, a class, a spec text or a PolicySpec."""
+    """(a fresh policy, its label, its PolicySpec or None for a given instance) from an
+    instance, a class, a spec text or a PolicySpec."""
     from radixkv.policies.base import PrefixCache
     from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, parse_policy
 
@@ -31,7 +32,7 @@ def _policy(policy, trace, pool_kw: dict):
         if given:
             raise ConfigError(f"{', '.join(given)} sizes a pool, but the policy given is already built on one",
                               field=next(iter(given)))
-        return policy, getattr(policy, "label", None) or policy.name
+        return policy, getattr(policy, "label", None) or policy.name, None
     if len(given) != 1:
         raise ConfigError("give exactly one pool size: capacity_tokens, num_gpu_blocks or max_total_num_tokens",
                           field="capacity")
@@ -47,7 +48,7 @@ def _policy(policy, trace, pool_kw: dict):
     from radixkv.replay.run import warmup
 
     warmup(spec)
-    return build_policy(spec, PoolSpec(**given), unit_tokens=trace.unit_tokens), spec.label
+    return build_policy(spec, PoolSpec(**given), unit_tokens=trace.unit_tokens), spec.label, spec
 
 
 def replay(
@@ -65,6 +66,7 @@ def replay(
     arrivals=None,
     limit: int | None = None,
     quiet: bool = True,
+    miss_causes: bool = False,
 ):
     """Replay *trace* through *policy*, one request at a time or concurrently.
 
@@ -95,6 +97,11 @@ def replay(
         Replay only the first *limit* requests.
     quiet : bool
         No progress bar (sequential mode).
+    miss_causes : bool
+        Sequential mode: split every request's prompt into hit and misses by cause
+        (:mod:`radixkv.replay.misses`; adds its columns to the records and
+        ``miss_causes`` to :func:`summarize`). Needs *policy* as a class, spec text or
+        PolicySpec (the capacity shadow builds a second instance).
 
     Returns
     -------
@@ -120,13 +127,20 @@ def replay(
         raise TypeError(f"trace must be a Trace or a path, got {type(trace).__name__}")
     if mode not in ("sequential", "concurrent"):
         raise ConfigError(f"mode must be 'sequential' or 'concurrent', got {mode!r}", field="mode")
-    pol, label = _policy(policy, trace, {"capacity_tokens": capacity_tokens, "num_gpu_blocks": num_gpu_blocks,
-                                         "max_total_num_tokens": max_total_num_tokens})
+    pol, label, spec = _policy(policy, trace, {"capacity_tokens": capacity_tokens, "num_gpu_blocks": num_gpu_blocks,
+                                               "max_total_num_tokens": max_total_num_tokens})
+    if miss_causes and (mode != "sequential" or spec is None):
+        raise ConfigError("miss_causes needs the sequential mode and the policy as a class, spec text or PolicySpec "
+                          "(not a built instance)", field="miss_causes")
     if mode == "sequential":
         from radixkv.replay.sequential import replay_sequential
 
         rec = replay_sequential(trace, pol, limit=limit, quiet=quiet, label=label)
         rec.meta["evictions"] = int(pol.evictions)
+        if miss_causes:
+            from radixkv.replay.misses import attach_miss_causes
+
+            attach_miss_causes(trace, spec, rec, limit=limit)
         return rec
     from radixkv.replay.concurrent import replay_concurrent
 

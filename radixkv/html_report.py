@@ -40,6 +40,7 @@ FIGURES = (
     ("pool-split", "Pool split over time (running / cached / free)"),
     ("evictions", "Evictions over time"),
     ("hit-vs-prompt", "Per-request hit vs prompt length"),
+    ("miss-causes", "Prompt tokens by miss cause"),
 )
 
 _CSS = """
@@ -204,6 +205,18 @@ def _fig_alignment(docs, tables):
     return _png(fig)
 
 
+def _fig_miss_causes(docs, tables):
+    from radixkv.plots import draw_miss_causes
+
+    rows = [(lab, s["miss_causes"]) for lab, s in _results(docs) if isinstance(s.get("miss_causes"), dict)]
+    if not rows:
+        return None
+    fig, ax = _fig(7.2, 3.6)
+    draw_miss_causes(ax, rows)
+    fig.tight_layout()
+    return _png(fig)
+
+
 def _fig_pool(docs, tables):
     tls = [t for t in tables if t["kind"] == "timeline"]
     if not tls:
@@ -278,6 +291,8 @@ _DRAW = {
     "pool-split": (_fig_pool, "a concurrent timeline (<code>replay --mode concurrent --timeline CSV</code>)"),
     "evictions": (_fig_evictions, "per-request rows (<code>replay --per-request CSV</code>)"),
     "hit-vs-prompt": (_fig_hit_vs_prompt, "per-request rows (<code>replay --per-request CSV</code>)"),
+    "miss-causes": (_fig_miss_causes, "a sequential <code>replay</code>/<code>compare</code> result with "
+                                      "<code>--miss-causes</code>"),
 }
 
 

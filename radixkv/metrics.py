@@ -30,6 +30,9 @@ Definitions (docs/DESIGN.md, "Metrics"); every key carries its unit (``_tokens``
   (32 evenly spaced requests of the second half; −1 elsewhere; see
   :func:`radixkv.replay.sequential.replay_sequential`).
 - evictions = eviction events and tokens evicted.
+- miss causes (only when the records carry them, ``miss_causes=True``): ``miss_causes``
+  with the tokens and shares of prompt tokens that were hits and misses by cause
+  (:func:`radixkv.replay.misses.summarize_causes`; docs/DESIGN.md, "Miss causes").
 
 "Time-averaged" in a sequential replay means averaged over the samples taken after each
 request (time is not modelled there: every request runs alone).
@@ -147,4 +150,10 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
     out["cached_tokens_per_slot"] = _ratio(cap, rec.num_slots)
     out["cached_tokens_share_of_pool"] = _ratio(cap, pool_tokens)
     out["valid_tokens_second_half_mean"] = float(c["valid_tokens"][n // 2 :].mean()) if n else 0.0
+    if "miss_compulsory_tokens" in c:  # the replay ran with miss causes (radixkv.replay.misses)
+        from radixkv.replay.misses import summarize_causes
+
+        mc = summarize_causes(c, total_prompt, total_hit)
+        mc["unbounded_pool_tokens"] = rec.meta.get("miss_unbounded_pool_tokens")
+        out["miss_causes"] = mc
     return out

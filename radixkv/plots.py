@@ -121,3 +121,60 @@ def plot_sweep(rows: list[dict], path, *, metric: str = "token_hit_rate") -> int
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
     return lines
+
+
+#: colours of the miss-cause bars, in :data:`radixkv.replay.misses.CAUSES` order then the
+#: concurrent-only causes
+MISS_COLOURS = {"hit": "#4f81bd", "compulsory": "#7f7f7f", "capacity": "#c0504d", "alignment": "#f79646",
+                "last_token_cap": "#9bbb59", "not_cached": "#8064a2", "in_flight": "#4bacc6",
+                "preemption": "#e6b9b8", "routing": "#d99694"}
+
+
+def draw_miss_causes(ax, rows) -> bool:
+    """Stacked bars of the prompt split by miss cause, one bar per policy, on *ax*.
+
+    Parameters
+    ----------
+    ax : matplotlib Axes
+    rows : list of (label, miss_causes)
+        ``miss_causes`` as a summary holds it (:func:`radixkv.replay.misses.summarize_causes`):
+        ``share`` maps cause → share of prompt tokens, ``None`` when not modelled (no bar
+        segment, and the legend says so by leaving it out).
+
+    Returns False (nothing drawn) when *rows* is empty.
+    """
+    if not rows:
+        return False
+    x = list(range(len(rows)))
+    bottom = [0.0] * len(rows)
+    for cause, colour in MISS_COLOURS.items():
+        vals = [r["share"].get(cause) for _, r in rows]
+        if all(v is None for v in vals):
+            continue
+        vals = [v or 0.0 for v in vals]
+        ax.bar(x, vals, bottom=bottom, color=colour, label=cause.replace("_", " "), width=0.6)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xticks(x, [lab for lab, _ in rows], rotation=30 if len(rows) > 3 else 0, fontsize=8)
+    ax.set_ylabel("share of prompt tokens")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.grid(True, axis="y", alpha=0.3)
+    return True
+
+
+def plot_miss_causes(rows, path, *, title: str = "") -> None:
+    """:func:`draw_miss_causes` written atomically to the PNG *path*."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    draw_miss_causes(ax, rows)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

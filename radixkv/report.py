@@ -6,7 +6,7 @@ rows (metric key, label, format) of the two replay modes.
 """
 from __future__ import annotations
 
-__all__ = ["format_table", "SEQUENTIAL_ROWS", "CONCURRENT_ROWS"]
+__all__ = ["format_table", "SEQUENTIAL_ROWS", "CONCURRENT_ROWS", "MISS_ROWS"]
 
 SEQUENTIAL_ROWS = [
     ("requests", "requests", "{:,}"),
@@ -30,6 +30,34 @@ SEQUENTIAL_ROWS = [
     ("free_space_scatter_mean", "free-space scatter (mean)", "{:.4f}"),
     ("metadata_bytes_peak", "metadata bytes (peak)", "{:,}"),
 ]
+
+
+#: rows added when a summary has ``miss_causes`` (``--miss-causes``; radixkv/replay/misses.py);
+#: a dotted key reads a nested value
+MISS_ROWS = [
+    ("miss_causes.share.hit", "prompt share: hit", "{:.4f}"),
+    ("miss_causes.share.compulsory", "prompt share: compulsory miss", "{:.4f}"),
+    ("miss_causes.share.capacity", "prompt share: capacity miss", "{:.4f}"),
+    ("miss_causes.share.alignment", "prompt share: alignment miss", "{:.4f}"),
+    ("miss_causes.share.last_token_cap", "prompt share: last-token cap", "{:.4f}"),
+    ("miss_causes.share.not_cached", "prompt share: not cached by policy", "{:.4f}"),
+    ("miss_causes.share.in_flight", "prompt share: in-flight (concurrent)", "{:.4f}"),
+    ("miss_causes.share.preemption", "prompt share: preemption (concurrent)", "{:.4f}"),
+    ("miss_causes.share.routing", "prompt share: routing (replicas)", "{:.4f}"),
+    ("miss_causes.fix.capacity_tokens_to_halve", "pool halving capacity misses (tokens)", "{:,}"),
+    ("miss_causes.fix.smaller_size", "next smaller block/page size", "{:,}"),
+    ("miss_causes.fix.hit_tokens_gained_at_smaller_size", "hit tokens gained at that size", "{:,}"),
+]
+
+
+def _get(summary: dict, key: str):
+    """``summary[key]``, reading ``a.b.c`` as nested keys; None when missing."""
+    v = summary
+    for part in key.split("."):
+        if not isinstance(v, dict):
+            return None
+        v = v.get(part)
+    return v
 
 
 CONCURRENT_ROWS = [
@@ -73,6 +101,7 @@ def format_table(summaries: list[dict], timing: bool = True, rows_spec=None) -> 
     rows_spec : list of (key, label, format) or None
         The metric rows; default :data:`SEQUENTIAL_ROWS` (:data:`CONCURRENT_ROWS` for a
         concurrent replay's summary). A metric that is missing, None or NaN prints "n/a".
+        :data:`MISS_ROWS` follow when a summary has ``miss_causes``.
 
     Returns
     -------
@@ -81,8 +110,12 @@ def format_table(summaries: list[dict], timing: bool = True, rows_spec=None) -> 
     """
     head = ["metric"] + [s["policy"] for s in summaries]
     rows = [head]
-    for key, label, fmt in rows_spec or SEQUENTIAL_ROWS:
-        rows.append([label] + [_fmt(fmt, s.get(key)) for s in summaries])
+    spec = list(rows_spec or SEQUENTIAL_ROWS)
+    if any("miss_causes" in s for s in summaries):
+        spec += [r for r in MISS_ROWS if not r[0].startswith("miss_causes.fix.")
+                 or any(_get(s, "miss_causes.fix") for s in summaries)]
+    for key, label, fmt in spec:
+        rows.append([label] + [_fmt(fmt, _get(s, key)) for s in summaries])
     if timing:
         rows.append(["replay time (s)"] + [f"{s['timing_s']['replay']:.3f}" for s in summaries])
         rows.append(

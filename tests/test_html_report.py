@@ -46,12 +46,12 @@ class _Cells(HTMLParser):
 
 @pytest.fixture(scope="module")
 def demo_report(tmp_path_factory):
-    """The bundled demo: a sequential compare, a curve and a concurrent replay (timeline and
+    """The bundled demo: a sequential compare (with miss causes), a curve and a concurrent replay (timeline and
     per-request rows), reported on one page."""
     d = tmp_path_factory.mktemp("report")
     common = ["--limit", "120", "--quiet", "--no-timing"]
     assert main(["compare", DEMO, "--policies", "vllm:16,vllm:32,sglang:1,none", "--capacity-tokens", "8000",
-                 "--json", str(d / "compare.json")] + common) == 0
+                 "--miss-causes", "--json", str(d / "compare.json")] + common) == 0
     assert main(["curve", DEMO, "--policies", "vllm:16,unit-lru", "--capacities", "2000,8000,32000",
                  "--json", str(d / "curve.json")] + common) == 0
     assert main(["replay", DEMO, "--policy", "vllm:16", "--capacity-tokens", "8000", "--mode", "concurrent",

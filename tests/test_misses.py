@@ -200,3 +200,55 @@ def test_goldens_sum(name, policy, data_dir):
         rec, summ = run_replay(t, parse_policy(policy), PoolSpec(capacity_tokens=cap), miss_causes=True)
         _check_sums(rec)
         assert summ["miss_causes"]["nesting_violations"] == 0
+
+
+# ---------------------------------------------------------------------- CLI
+def test_cli_replay_compare_and_fix(tmp_path, capsys):
+    import json
+
+    from radixkv.cli import main
+
+    p = list(range(40))
+    path = tmp_path / "t.jsonl"
+    rows = [p, list(range(100, 164)), p, list(range(100, 164))]
+    path.write_text("".join(json.dumps({"id": f"r{i}", "tokens": r, "output_tokens": []}) + "\n"
+                            for i, r in enumerate(rows)))
+    csv = tmp_path / "r.csv"
+    js = tmp_path / "r.json"
+    assert main(["replay", str(path), "--policy", "vllm:16", "--capacity-tokens", "64", "--miss-fix", "--quiet",
+                 "--per-request", str(csv), "--json", str(js), "--no-timing"]) == 0
+    head, *lines = csv.read_text().splitlines()
+    cols = head.split(",")
+    assert cols[-5:] == list(MISS_COLUMNS)
+    # r2 repeats r0 after r1 filled the 64-token pool: 32 tokens were hittable (40 → 2
+    # blocks, the cap does not bite), so 32 capacity + 8 alignment tokens
+    r2 = dict(zip(cols, lines[2].split(",")))
+    assert (r2["hit_tokens"], r2["miss_capacity_tokens"], r2["miss_alignment_tokens"]) == ("0", "32", "8")
+    fix = json.loads(js.read_text())["results"][0]["summary"]["miss_causes"]["fix"]
+    # r3 repeats r1 (64 tokens, 4 blocks: 48 hittable under the cap) after r2 took 3 of the
+    # 4 blocks from the free queue's head — r1's blocks were appended tail first, so its
+    # first block survives: r3 hits 16, misses 32 to capacity; 32 + 32 = 64 at 64 tokens
+    assert fix["capacity_curve"][0] == [64, 64]
+    assert fix["capacity_tokens_to_halve"] is not None and 64 < fix["capacity_tokens_to_halve"] <= 128
+    assert fix["smaller_size"] == 8
+    out = capsys.readouterr().out
+    assert "prompt share: capacity miss" in out
+    png = tmp_path / "m.png"
+    assert main(["compare", str(path), "--policies", "vllm:16,sglang:1", "--capacity-tokens", "64", "--quiet",
+                 "--miss-plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["replay", str(path), "--policy", "vllm:16", "--capacity-tokens", "64", "--miss-causes",
+                 "--mode", "concurrent", "--model", "Llama-3.1-8B", "--gpu", "A100-80GB", "--quiet"]) != 0
+    assert "--miss-causes" in capsys.readouterr().err
+
+
+def test_library_call():
+    import radixkv
+
+    p = list(range(40))
+    t = _trace([p, p])
+    rec = radixkv.replay(t, "sglang:16", capacity_tokens=512, miss_causes=True)
+    mc = radixkv.summarize(rec)["miss_causes"]
+    assert mc["tokens"]["alignment"] == 8 and mc["tokens"]["hit"] == 32 and mc["tokens"]["compulsory"] == 40
+    with pytest.raises(radixkv.errors.ConfigError):
+        radixkv.replay(t, radixkv.parse_policy("vllm:16").cls(32, 16), miss_causes=True)

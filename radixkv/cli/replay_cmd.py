@@ -252,6 +252,7 @@ def cmd_replay(args) -> int:
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
 
+    _check_miss_args(args)
     if _routing.routed(args):
         if args.per_request or timeline or args.report:
             raise ConfigError("--per-request, --timeline and --report are written by the single-pool replay "
@@ -261,7 +262,8 @@ def cmd_replay(args) -> int:
         rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
     else:
         options = {"verify": True} if args.verify else {}
-        rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **options)
+        rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **options,
+                               **_miss_options(args))
     out = human(*outs)
     print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; {args.mode} replay; "
           f"load {load_s:.2f} s, compile {summ['timing_s']['compile']:.2f} s", file=out)
@@ -289,11 +291,14 @@ def _policies(args) -> list[PolicySpec]:
 def cmd_compare(args) -> int:
     """Replay a trace through several policies on one pool size; print one column per policy
     and write the summaries as JSON (``--json``)."""
-    check_output_paths(*files(args.json, args.report), inputs=[args.trace])
+    check_output_paths(*files(args.json, args.report, args.miss_plot), inputs=[args.trace])
     if getattr(args, "timeline", None):
         raise ConfigError("--timeline is written by 'radixkv replay' (one policy)", field="timeline")
+    if args.miss_plot:
+        args.miss_causes = True
     _check_pool_args(args)
     specs = _policies(args)
+    _check_miss_args(args)
     pools = [pool_for_policy(args, s, per_engine_rule=args.per_engine_rule) for s in specs]
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
@@ -319,7 +324,7 @@ def cmd_compare(args) -> int:
         elif concurrent:
             rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
         else:
-            rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet)
+            rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_miss_options(args))
         results.append((spec, summ))
         if args.report:
             tables += run_tables(spec.label, rec)
@@ -334,6 +339,12 @@ def cmd_compare(args) -> int:
     doc = _doc(trace, args, load_s, results, [d for _, d in pools])
     emit(args.json, dumps_json(doc), args.json, args.report)
     write_run_report(args.report, doc, tables, stream=out)
+    if args.miss_plot:
+        from radixkv.plots import plot_miss_causes
+
+        plot_miss_causes([(s["policy"], s["miss_causes"]) for _, s in results], args.miss_plot,
+                         title=f"{trace.name or args.trace}: prompt tokens by miss cause")
+        print(f"wrote {args.miss_plot}", file=out)
     return 0
 
 
@@ -443,6 +454,37 @@ def _on_executor(args, trace, settings_list):
     return out
 
 
+def _add_miss_args(p):
+    p.add_argument("--miss-causes", action="store_true",
+                   help="split every request's missed prompt tokens by cause (compulsory, capacity, alignment, "
+                        "last-token cap; docs/DESIGN.md) against two shadow replays; sequential mode only; "
+                        "costs about one more replay (default off)")
+    p.add_argument("--miss-fix", action="store_true",
+                   help="with the miss causes, what would fix them: the pool at which capacity misses halve "
+                        "(a few more replays) and the hit gained at the next smaller block/page size")
+
+
+def _check_miss_args(args):
+    """``--miss-causes`` / ``--miss-fix`` run with the sequential single-pool replay only."""
+    if not (getattr(args, "miss_causes", False) or getattr(args, "miss_fix", False)):
+        return
+    if args.mode != "sequential":
+        raise ConfigError("--miss-causes is computed for the sequential replay (the concurrent causes in-flight, "
+                          "preemption and routing are not modelled yet)", field="miss_causes")
+    if _routing.routed(args):
+        raise ConfigError("--miss-causes runs with one pool (not with --replicas)", field="miss_causes")
+    if (getattr(args, "executor", None) is not None or getattr(args, "scheduler", None)) and _executor(args) != "local":
+        raise ConfigError("--miss-causes runs on the local executor", field="miss_causes")
+
+
+def _miss_options(args) -> dict:
+    """``run_replay`` keywords of the miss-cause flags (none when both are off)."""
+    fix = bool(getattr(args, "miss_fix", False))
+    if not (fix or getattr(args, "miss_causes", False)):
+        return {}
+    return {"miss_causes": "fix" if fix else True}
+
+
 def _add_policy_size_args(p):
     p.add_argument("--block-size", type=int, default=None, metavar="TOKENS",
                    help="vLLM block_size in tokens for vllm/none/static specs without :SIZE (default 16)")
@@ -467,6 +509,7 @@ def register(sub) -> None:
     p.add_argument("--verify", action="store_true",
                    help="vllm: compare the stored ids on every block-hash hit (slower; default off)")
     p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
+    _add_miss_args(p)
     add_concurrent_args(p)
     _routing.add_routing_args(p)
     p.set_defaults(func=cmd_replay)
@@ -481,6 +524,9 @@ def register(sub) -> None:
     add_json_arg(p, "every policy's summary")
     add_report_arg(p)
     p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
+    _add_miss_args(p)
+    p.add_argument("--miss-plot", metavar="OUT.png", default=None,
+                   help="write a stacked bar per policy of the miss causes to OUT.png (implies --miss-causes)")
     add_concurrent_args(p)
     add_executor_args(p)
     _routing.add_routing_args(p)

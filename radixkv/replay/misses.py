@@ -308,22 +308,22 @@ def _shadows(t: Trace, trace: Trace, spec, limit, options):
     return val
 
 
-def attach_miss_causes(trace: Trace, spec, records, summary: dict, *, limit=None, **options) -> float:
-    """Add the miss-cause columns to *records* and ``summary["miss_causes"]`` (in place).
+def attach_miss_causes(trace: Trace, spec, records, *, limit=None, **options) -> float:
+    """Add the miss-cause columns (:data:`MISS_COLUMNS`) to *records* in place, and
+    ``records.meta["miss_unbounded_pool_tokens"]`` (the capacity shadow's pool, tokens).
 
-    The sequential replay's hook (:func:`radixkv.replay.run.run_replay` with
-    ``miss_causes=True``). ``summary["miss_causes"]`` is :func:`summarize_causes` plus
-    ``unbounded_pool_tokens`` (the capacity shadow's pool). Returns the seconds spent.
+    The sequential replay's hook (:func:`radixkv.replay.run.run_replay` and
+    :func:`radixkv.api.replay` with ``miss_causes=True``); :func:`radixkv.metrics.summarize`
+    then adds ``miss_causes`` (:func:`summarize_causes`) to the summary. Returns the
+    seconds spent.
     """
     import time
 
     t0 = time.perf_counter()
     cols = miss_causes(trace, spec, records, limit=limit, **options)
     meta = cols.pop("_meta")
-    records.columns.update(cols)
-    mc = summarize_causes(cols, int(summary["prompt_tokens"]), int(summary["hit_tokens"]))
-    mc["unbounded_pool_tokens"] = meta["unbounded_pool_tokens"]
-    summary["miss_causes"] = mc
+    records.columns.update({k: cols[k] for k in MISS_COLUMNS})
+    records.meta["miss_unbounded_pool_tokens"] = meta["unbounded_pool_tokens"]
     return time.perf_counter() - t0
 
 
@@ -387,3 +387,89 @@ def summarize_causes(columns: dict, prompt_tokens: int, hit_tokens: int) -> dict
     for k in MISS_COLUMNS:
         neg |= np.asarray(columns[k]) < 0
     return {"mode": "sequential", "tokens": tokens, "share": share, "nesting_violations": int(neg.sum())}
+
+
+#: bisection steps (in log capacity) after the doubling search brackets the halving point:
+#: the reported pool is within a factor 2^(1/2^FIX_BISECT) above the true crossing
+FIX_BISECT = 3
+
+
+def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=None, **options) -> dict:
+    """What would remove the misses of a replay with miss causes (``--miss-fix``).
+
+    - ``capacity_tokens_to_halve``: the smallest pool (usable tokens) on a curve at which
+      the capacity misses (Σ ``H∞ − H``) are at most half of this replay's. The curve
+      doubles the pool from this replay's until the target is met (or the shadow's
+      unbounded pool, where capacity misses are 0 by definition, is reached), then bisects
+      the last doubling :data:`FIX_BISECT` times in log capacity. Assumes capacity misses
+      fall as the pool grows (true of LRU caches; the curve is reported to check).
+      ``None`` when this replay has no capacity miss.
+    - ``smaller_size`` / ``hit_tokens_gained_at_smaller_size``: the same policy at half its
+      block/page size on the same pool, and Σ hit tokens gained (negative: lost). ``None``
+      when the policy has no block/page size or it is already 1.
+
+    Parameters
+    ----------
+    trace, spec, limit, **options : as for :func:`radixkv.replay.run.run_replay`.
+    pool : radixkv.policies.registry.PoolSpec
+        The replay's pool.
+    records, summary :
+        The replay's records (with the miss-cause columns) and summary (with
+        ``miss_causes``).
+
+    Returns
+    -------
+    dict: ``capacity_tokens_to_halve`` (int or None), ``capacity_curve`` (list of
+    ``[pool tokens, capacity miss tokens]``, ascending), ``smaller_size`` (int or None),
+    ``hit_tokens_gained_at_smaller_size`` (int or None).
+    """
+    import dataclasses
+    import math
+
+    from radixkv.policies.registry import PoolSpec
+    from radixkv.replay.run import run_replay
+
+    m0 = int(np.sum(records["miss_capacity_tokens"]))
+    hit_unb = m0 + int(summary["hit_tokens"])  # Σ H∞
+    c0 = int(records.capacity_tokens)
+    top = int(summary["miss_causes"]["unbounded_pool_tokens"])
+    curve = {c0: m0}
+
+    def misses_at(c: int) -> int:
+        if c not in curve:
+            _, s = run_replay(trace, spec, PoolSpec(capacity_tokens=int(c)), limit=limit, **options)
+            curve[c] = hit_unb - int(s["hit_tokens"])
+        return curve[c]
+
+    halve = None
+    if m0 > 0:
+        target = m0 / 2
+        lo, hi = c0, None
+        c = c0
+        while hi is None:
+            c = min(2 * c, top)
+            if c >= top:
+                curve.setdefault(top, 0)
+                hi = top
+            elif misses_at(c) <= target:
+                hi = c
+            else:
+                lo = c
+        for _ in range(FIX_BISECT):
+            mid = int(round(math.sqrt(lo * hi)))
+            if mid <= lo or mid >= hi:
+                break
+            if misses_at(mid) <= target:
+                hi = mid
+            else:
+                lo = mid
+        halve = hi
+    size = None
+    gained = None
+    if spec.cls.size_name in ("block_size", "page_size") and spec.size and int(spec.size) > 1:
+        size = int(spec.size) // 2
+        small = dataclasses.replace(spec, size=size)
+        _, s = run_replay(trace, small, pool, limit=limit, **options)
+        gained = int(s["hit_tokens"]) - int(summary["hit_tokens"])
+    return {"capacity_tokens_to_halve": halve, "capacity_curve": [[int(k), int(v)] for k, v in sorted(curve.items())],
+            "smaller_size": size, "hit_tokens_gained_at_smaller_size": gained}

@@ -136,6 +136,8 @@ def run_replay(
         :data:`radixkv.replay.misses.MISS_COLUMNS` and the summary ``miss_causes``
         (:func:`radixkv.replay.misses.summarize_causes`); ``timing_s["miss_causes"]`` is
         the seconds the breakdown took (its shadows are reused across pool sizes).
+        ``miss_causes="fix"`` adds ``summary["miss_causes"]["fix"]``
+        (:func:`radixkv.replay.misses.what_would_fix`: more replays).
 
     Raises
     ------
@@ -150,12 +152,19 @@ def run_replay(
             rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)
     else:
         rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)
+    miss_s = None
+    if miss_causes:
+        from radixkv.replay.misses import attach_miss_causes, what_would_fix
+
+        miss_s = attach_miss_causes(trace, spec, rec, limit=limit, **options)
     summary = summarize(rec, evictions=policy.evictions, measures=measured_metrics(policy))
     summary["timing_s"] = {"compile": compile_s, "replay": rec.meta["replay_s"], "kernels": kernels or "none"}
     if miss_causes:
-        from radixkv.replay.misses import attach_miss_causes
-
-        summary["timing_s"]["miss_causes"] = attach_miss_causes(trace, spec, rec, summary, limit=limit, **options)
+        summary["timing_s"]["miss_causes"] = miss_s
+        if miss_causes == "fix":
+            t0 = time.perf_counter()
+            summary["miss_causes"]["fix"] = what_would_fix(trace, spec, pool, rec, summary, limit=limit, **options)
+            summary["timing_s"]["miss_fix"] = time.perf_counter() - t0
     tokens = int(np.sum(rec["prompt_tokens"]))
     summary["timing_s"]["prompt_tokens_per_s"] = tokens / rec.meta["replay_s"] if rec.meta["replay_s"] > 0 else None
     return rec, summary
