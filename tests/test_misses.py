@@ -252,3 +252,15 @@ def test_library_call():
     assert mc["tokens"]["alignment"] == 8 and mc["tokens"]["hit"] == 32 and mc["tokens"]["compulsory"] == 40
     with pytest.raises(radixkv.errors.ConfigError):
         radixkv.replay(t, radixkv.parse_policy("vllm:16").cls(32, 16), miss_causes=True)
+
+
+@SETTINGS
+@given(st.one_of(token_traces(), unit_traces()))
+def test_trace_segments_are_kv_seqs(trace):
+    from radixkv.replay.misses import trace_segments
+
+    sid, send, off = trace_segments(trace)
+    for i in range(len(trace)):
+        s = trace.kv_seq(i)
+        assert sid[off[i]:off[i + 1]].tolist() == s.seg_id.tolist()
+        assert send[off[i]:off[i + 1]].tolist() == s.seg_end.tolist()

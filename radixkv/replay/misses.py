@@ -100,7 +100,7 @@ def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out):
     node, segment id, start position); ``cover[node]`` is the longest run of that
     segment's tokens (from its offset 0) any request has computed. For request r: walk its
     segments while the node exists and covers the whole segment (a partial cover ends the
-    match inside the segment); then insert its whole cacheable extent.
+    match inside the segment); then insert the rest of its cacheable extent from there.
 
     Writes ``out[r, 0]`` = the prompt prefix held (``L``, ≤ P) and ``out[r, 1]`` = the
     tokens of r's cacheable extent beyond that prefix. Returns the nodes used.
@@ -114,7 +114,8 @@ def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out):
         node = _ROOT
         start = 0
         held = 0
-        for s in range(s0, s1):
+        s = s0
+        while s < s1:
             end = seg_end[s]
             i = _slot(kt, node, seg_id[s], start)
             if kt[i, 3] < 0:
@@ -125,6 +126,7 @@ def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out):
                 held = end
                 node = child
                 start = end
+                s += 1
                 continue
             held = start + m
             break
@@ -132,9 +134,9 @@ def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out):
         L = held if held < P else P
         out[r, 0] = L
         out[r, 1] = kv - L
-        node = _ROOT
-        start = 0
-        for s in range(s0, s1):
+        # insert the rest of the extent from where the walk stopped (the segments before
+        # are fully covered already)
+        for s in range(s, s1):
             end = seg_end[s]
             i = _slot(kt, node, seg_id[s], start)
             if kt[i, 3] < 0:
@@ -152,22 +154,76 @@ def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out):
     return nodes
 
 
+@nb.njit(cache=True)
+def _segments_kernel(prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off, fill, seg_id, seg_end,
+                     seg_off):
+    """:meth:`Trace.kv_seq` of every request, from the trace's columns (count when not
+    *fill*, else write). Returns the segment count."""
+    n = prompt_len.shape[0]
+    k = 0
+    for r in range(n):
+        if fill:
+            seg_off[r] = k
+        P = prompt_len[r]
+        N = output_len[r]
+        kv = P + (N - 1 if N > 1 else 0)
+        a = id_off[r]
+        b = id_off[r + 1]
+        covered = 0
+        for j in range(a, b):
+            end = (j - a + 1) * U
+            if end > P:
+                end = P
+            if fill:
+                seg_id[k] = ids[j]
+                seg_end[k] = end
+            k += 1
+            covered = end
+        if covered < P:  # a unique prompt tail (WEKA-style), Trace._unique_prompt_id
+            if fill:
+                seg_id[k] = -(2 * r + 1)
+                seg_end[k] = P
+            k += 1
+        if kv > P:
+            if has_out:
+                o = out_off[r]
+                for j in range(kv - P):
+                    if fill:
+                        seg_id[k] = out_ids[o + j]
+                        seg_end[k] = P + j + 1
+                    k += 1
+            else:  # unique output, Trace._unique_output_id
+                if fill:
+                    seg_id[k] = -(2 * r + 2)
+                    seg_end[k] = kv
+                k += 1
+    if fill:
+        seg_off[n] = k
+    return k
+
+
 def trace_segments(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every request's KV segments (:meth:`Trace.kv_seq`) in one CSR layout.
+    """Every request's KV segments (those of :meth:`Trace.kv_seq`) in one CSR layout,
+    built from the trace's columns in one compiled pass.
 
     Returns
     -------
     (seg_id, seg_end, seg_off) : int64 arrays; request r's segments are
     ``seg_id[seg_off[r]:seg_off[r+1]]`` with exclusive ends ``seg_end[...]`` (tokens).
     """
-    n = len(trace)
-    seqs = [trace.kv_seq(i) for i in range(n)]
-    off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum([len(s.seg_id) for s in seqs], out=off[1:])
-    if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), off
-    return (np.concatenate([s.seg_id for s in seqs]).astype(np.int64, copy=False),
-            np.concatenate([s.seg_end for s in seqs]).astype(np.int64, copy=False), off)
+    z = np.zeros(0, dtype=np.int64)
+    has_out = trace.out_ids is not None
+    args = (np.asarray(trace.prompt_len, dtype=np.int64), np.asarray(trace.output_len, dtype=np.int64),
+            np.asarray(trace.ids, dtype=np.int64), np.asarray(trace.id_offsets, dtype=np.int64),
+            int(trace.unit_tokens), has_out,
+            np.asarray(trace.out_ids, dtype=np.int64) if has_out else z,
+            np.asarray(trace.out_offsets, dtype=np.int64) if has_out else z)
+    k = _segments_kernel(*args, False, z, z, z)
+    seg_id = np.empty(k, dtype=np.int64)
+    seg_end = np.empty(k, dtype=np.int64)
+    seg_off = np.zeros(len(trace) + 1, dtype=np.int64)
+    _segments_kernel(*args, True, seg_id, seg_end, seg_off)
+    return seg_id, seg_end, seg_off
 
 
 def token_prefix_lengths(trace: Trace) -> tuple[np.ndarray, np.ndarray]:

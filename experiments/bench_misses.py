@@ -1,0 +1,60 @@
+"""Overhead of the miss-cause breakdown (``--miss-causes``): replay time with it over without.
+
+For each policy and pool size it replays the trace twice in this process, once plainly and
+once with ``miss_causes=True`` (the shadow memo cleared first, so the shadows are paid in
+full), and prints both times, their ratio, and the breakdown's shares. Kernels are
+compiled before timing. The issue's target is a ratio ≤ 2 (docs/DESIGN.md, "Miss causes").
+
+    RADIXKV_SHARED=/work/shared python experiments/bench_misses.py \\
+        [--trace PATH] [--policies vllm:16,sglang:1,unit-lru] [--capacities 1e6,1e7] [--repeat 3]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    from radixkv.policies.registry import PoolSpec, parse_policy
+    from radixkv.replay import misses
+    from radixkv.replay.run import run_replay, warmup
+    from radixkv.trace.load import load_trace
+
+    shared = os.environ.get("RADIXKV_SHARED", "../shared")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default=str(Path(shared) / "traces/mooncake-fast25/conversation_trace.jsonl"))
+    ap.add_argument("--policies", default="vllm:16,sglang:1,unit-lru")
+    ap.add_argument("--capacities", default="1e6,1e7")
+    ap.add_argument("--repeat", type=int, default=3, help="best of N timings of each (default 3)")
+    a = ap.parse_args(argv)
+    trace = load_trace(a.trace)
+    print(f"trace {a.trace}: {len(trace):,} requests, {trace.total_prompt_tokens:,} prompt tokens, "
+          f"unit_tokens={trace.unit_tokens}")
+    print(f"{'policy':<10} {'pool':>12} {'plain_s':>8} {'misses_s':>9} {'ratio':>6}  shares "
+          f"(hit / compulsory / capacity / alignment / last_token_cap / not_cached)")
+    for text in a.policies.split(","):
+        spec = parse_policy(text)
+        warmup(spec)
+        for cap in (int(float(c)) for c in a.capacities.split(",")):
+            pool = PoolSpec(capacity_tokens=cap)
+            plain = with_m = float("inf")
+            summ = None
+            for _ in range(a.repeat):
+                t0 = time.perf_counter()
+                run_replay(trace, spec, pool)
+                plain = min(plain, time.perf_counter() - t0)
+                misses._MEMO.clear()
+                t0 = time.perf_counter()
+                _, summ = run_replay(trace, spec, pool, miss_causes=True)
+                with_m = min(with_m, time.perf_counter() - t0)
+            sh = summ["miss_causes"]["share"]
+            shares = " / ".join(f"{sh[c]:.4f}" for c in misses.CAUSES)
+            print(f"{spec.label:<10} {cap:>12,} {plain:>8.3f} {with_m:>9.3f} {with_m / plain:>6.2f}  {shares}",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
