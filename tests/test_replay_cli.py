@@ -78,6 +78,13 @@ def test_compare_concurrent_mode(tmp_path, capsys):
     (["replay", MIXED, "--policy", "vllm"], "give a pool size"),
     (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "10", "--num-gpu-blocks", "4"], "only one of"),
     (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "100"], "tokens more than the whole pool"),
+    # 100 tokens // 16 = 6 blocks of 16 = 96 tokens: the message says how the capacity was rounded
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "100"], "pool of 96 tokens under vllm:16 (6 slots of 16"),
+    (["compare", MIXED, "--policies", "vllm:16,sglang:1,", "--capacity-tokens", "9999"], "entry 3 of 3 is empty"),
+    (["compare", MIXED, "--policies", "vllm:16,,sglang:1", "--capacity-tokens", "9999"], "entry 2 of 3 is empty"),
+    (["compare", MIXED, "--policies", "vllm:16,sglang,vllm", "--capacity-tokens", "9999"],
+     "entry 3 ('vllm') is the same policy as entry 1 (vllm:16)"),
+    (["curve", MIXED, "--policies", "sglang:1,sglang", "--capacities", "1e4"], "same policy as entry 1"),
     (["replay", MIXED, "--policy", "vllm", "--model", "Llama-3.1-8B"], "--model and --gpu go together"),
     (["replay", "/nonexistent/trace.jsonl", "--policy", "vllm", "--capacity-tokens", "1000"], "/nonexistent/trace.jsonl"),
     (["curve", MIXED, "--policies", "vllm", "--capacities", "1e4,abc"], "'abc' is not a number"),
@@ -131,3 +138,20 @@ def test_weka_block64_equals_radix_page64_without_eviction():
     rs, ss = run_replay(trace, parse_policy("sglang:64"), pool)
     assert sv["evicted_tokens"] == 0 and ss["evicted_tokens"] == 0
     assert list(rv["hit_tokens"]) == list(rs["hit_tokens"])
+
+
+def test_lengths_only_trace_warns_that_every_hit_is_zero(tmp_path, capsys):
+    # an Azure-format trace gives lengths only: no two prompts can be shown to share a prefix
+    az = tmp_path / "AzureLLMInferenceTrace_conv.csv"
+    az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                  "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,374,44\n")
+    assert main(["replay", str(az), "--policy", "vllm:16", "--capacity-tokens", "9999", "--quiet",
+                 "--json", "-"]) == 0
+    cap = capsys.readouterr()
+    assert "lengths only" in cap.err and "0 by construction" in cap.err
+    assert json.loads(cap.out)["results"][0]["summary"]["hit_tokens"] == 0
+
+
+def test_trace_with_ids_does_not_warn(capsys):
+    assert main(["replay", MIXED, "--policy", "vllm:16", "--capacity-tokens", "9999", "--quiet"]) == 0
+    assert "lengths only" not in capsys.readouterr().err

@@ -73,3 +73,17 @@ def test_convert_golden_native_to_npz_is_deterministic(tmp_path):
     assert main(["trace", "convert", str(src), str(tmp_path / "a.npz")]) == 0
     assert main(["trace", "convert", str(src), str(tmp_path / "b.npz")]) == 0
     assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
+
+
+def test_inspect_of_a_converted_trace_names_the_file_read_and_its_source(tmp_path, capsys):
+    src = tmp_path / "t.jsonl"
+    src.write_text(TOKENS)
+    npz = tmp_path / "t.npz"
+    assert main(["trace", "convert", str(src), str(npz)]) == 0
+    capsys.readouterr()
+    assert main(["trace", "inspect", str(npz)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["trace", str(npz)]
+    assert lines[1].split() == ["converted", "from", str(src)]
+    assert main(["trace", "inspect", str(src)]) == 0
+    assert "converted from" not in capsys.readouterr().out

@@ -175,6 +175,9 @@ def _load(args):
 
     t0 = time.perf_counter()
     trace = load_trace(args.trace, format=args.format)
+    if len(trace) and trace.ids.size == 0 and trace.out_ids is None:
+        print(f"radixkv: warning: {args.trace} gives lengths only (no prefix/hash ids): no two requests can be "
+              f"shown to share a prefix, so every hit rate is 0 by construction", file=sys.stderr)
     return trace, time.perf_counter() - t0
 
 
@@ -281,10 +284,22 @@ def cmd_replay(args) -> int:
 
 
 def _policies(args) -> list[PolicySpec]:
-    specs = [parse_policy(t, block_size=args.block_size, page_size=args.page_size)
-             for t in args.policies.split(",") if t.strip()]
-    if not specs:
+    """The ``--policies`` list, parsed; an empty entry (``a,,b``, a trailing comma) or a policy
+    named twice (``vllm,vllm:16``) is a :class:`ConfigError` naming the entry."""
+    toks = args.policies.split(",")
+    if not args.policies.strip():
         raise ConfigError("--policies is empty", field="policies")
+    specs, seen = [], {}
+    for k, t in enumerate(toks, 1):
+        if not t.strip():
+            raise ConfigError(f"--policies entry {k} of {len(toks)} is empty (a stray comma?) in {args.policies!r}",
+                              field="policies")
+        spec = parse_policy(t, block_size=args.block_size, page_size=args.page_size)
+        if spec.label in seen:
+            raise ConfigError(f"--policies entry {k} ({t.strip()!r}) is the same policy as entry {seen[spec.label]} "
+                              f"({spec.label}); each policy is replayed once", field="policies")
+        seen[spec.label] = k
+        specs.append(spec)
     return specs
 
 

@@ -46,7 +46,11 @@ def cmd_inspect(args) -> int:
     from radixkv.util import check_output_paths
 
     check_output_paths(*files(args.json), inputs=[args.path])
-    d = describe(_load(args))
+    trace = _load(args)
+    d = describe(trace)
+    if trace.name and trace.name != str(args.path):
+        # a converted trace (.npz) keeps its source's name: show the file read, and the source
+        d["name"], d["source"] = str(args.path), trace.name
     if args.json is None or args.json != "-":
         sys.stdout.write(format_description(d) + "\n")
     emit(args.json, json.dumps(d, indent=2, sort_keys=True) + "\n", args.json)

@@ -153,8 +153,9 @@ def replay_sequential(
             raise ConfigError(
                 f"request {str(t.req_id[i])!r} (#{i} in replay order) needs {seq.kv_len} tokens of KV "
                 f"(prompt {seq.prompt_len} + output {seq.kv_len - seq.prompt_len}), {over} tokens more than the "
-                f"whole pool of {policy.capacity_tokens} tokens under {label or policy.name}; "
-                f"give a larger capacity or --limit",
+                f"whole pool of {policy.capacity_tokens} tokens under {label or policy.name} "
+                f"({policy.num_slots} slots of {policy.slot_tokens} tokens: the capacity is rounded down to "
+                f"whole blocks/pages); give a larger capacity or --limit",
                 path=trace.name or None,
                 field="capacity",
             )

@@ -145,6 +145,7 @@ def format_description(d: dict) -> str:
 
     lines = [
         f"trace              {d['name']}",
+        *([f"converted from     {d['source']}"] if d.get("source") else []),
         f"requests           {d['requests']:,}",
         f"unit_tokens        {d['unit_tokens']}"
         + (" (last unit partial)" if d["partial_last_unit"] else (" (unique tail after full units)" if d["unit_tokens"] > 1 else "")),
