@@ -176,6 +176,119 @@ def _check(trace: Trace, n_replicas: int, router: str):
                           f"(WEKA traces have them; Mooncake's do not)", path=trace.name or None, field="router")
 
 
+class Router:
+    """The routing decision of one run, request by request (module docstring, "Routers").
+
+    Shared by the sequential plan (:func:`plan_routes`, load = the window count) and the
+    concurrent multi-replica replay (:mod:`radixkv.replay.multi_concurrent`, load = the
+    requests in flight on each replica at the arrival time): each caller supplies the
+    load; the router keeps what it needs itself (requests sent per replica, sticky
+    sessions, approximate trees).
+
+    Parameters
+    ----------
+    trace : Trace
+        The requests, in replay order (row *i* of :meth:`choose` is a row of it).
+    n_replicas : int
+    router : str
+        One of :data:`ROUTERS`.
+    seed, cache_threshold, balance_abs_threshold, balance_rel_threshold, max_tree_tokens, capacity_tokens
+        As in :func:`plan_routes`.
+
+    Attributes
+    ----------
+    needs_load : bool
+        Whether :meth:`choose` reads its *load* argument (least-load, session, prefix-aware
+        with N > 1).
+    total : np.ndarray, int64, shape (N,)
+        Requests sent to each replica so far (the first tie-break after load).
+
+    Raises
+    ------
+    ConfigError
+        As :func:`plan_routes`.
+    """
+
+    def __init__(self, trace: Trace, n_replicas: int, router: str, *, seed: int = 0,
+                 cache_threshold: float = CACHE_THRESHOLD, balance_abs_threshold: float = BALANCE_ABS_THRESHOLD,
+                 balance_rel_threshold: float = BALANCE_REL_THRESHOLD, max_tree_tokens: int | None = None,
+                 capacity_tokens: int | None = None):
+        _check(trace, n_replicas, router)
+        self.trace = trace
+        self.n = N = int(n_replicas)
+        self.router = router
+        self.total = np.zeros(N, dtype=np.int64)
+        self.needs_load = N > 1 and router in ("least-load", "session", "prefix-aware")
+        self._draws = np.random.default_rng(seed).integers(0, N, size=len(trace)) if router == "random" and N > 1 else None
+        self._sticky: dict = {}
+        self._trees = None
+        self._counts = None
+        self._thr = (float(cache_threshold), float(balance_abs_threshold), float(balance_rel_threshold))
+        if router == "prefix-aware" and N > 1:
+            bound = max_tree_tokens if max_tree_tokens is not None else capacity_tokens
+            nodes = (1 << 62) if bound is None else int(bound) // trace.unit_tokens
+            self._trees = [ApproxTree(nodes) for _ in range(N)]
+            self._counts = {"balanced_routes": 0, "cache_routes": 0, "smallest_tree_routes": 0}
+
+    def _least(self, load) -> int:
+        total = self.total
+        return min(range(self.n), key=lambda r: (load[r], total[r], r))
+
+    def choose(self, i: int, load=None) -> int:
+        """The replica of request row *i*; records the decision.
+
+        *load* : int64 array, shape (N,), each replica's load now (read only when
+        :attr:`needs_load`). Returns an int in [0, N).
+        """
+        N = self.n
+        rt = self.router
+        if N == 1:
+            r = 0
+        elif rt == "round-robin":
+            r = i % N
+        elif rt == "random":
+            r = int(self._draws[i])
+        elif rt == "least-load":
+            r = self._least(load)
+        elif rt == "session":
+            s = self.trace.session_id[i]
+            r = self._sticky.get(s)
+            if r is None:
+                r = self._sticky[s] = self._least(load)
+        else:
+            cache_thr, abs_thr, rel_thr = self._thr
+            trees, counts, total = self._trees, self._counts, self.total
+            keys = prefix_keys(self.trace.prompt_ids(i))
+            mx, mn = int(load.max()), int(load.min())
+            if mx - mn > abs_thr and mx > rel_thr * mn:
+                r = self._least(load)
+                counts["balanced_routes"] += 1
+            else:
+                m = [tr.match(keys) for tr in trees]
+                best = max(range(N), key=lambda q: (m[q], -load[q], -total[q], -q))
+                if keys and m[best] / len(keys) > cache_thr:
+                    r = best
+                    counts["cache_routes"] += 1
+                else:
+                    r = min(range(N), key=lambda q: (len(trees[q]), load[q], total[q], q))
+                    counts["smallest_tree_routes"] += 1
+            trees[r].insert(keys)
+        self.total[r] += 1
+        return int(r)
+
+    def stats(self) -> dict:
+        """``balanced_routes``, ``cache_routes``, ``smallest_tree_routes``,
+        ``tree_nodes_peak`` (per replica), ``tree_bytes_peak`` for ``prefix-aware`` with
+        N > 1; None otherwise (:class:`RoutePlan`)."""
+        st: dict = {"balanced_routes": None, "cache_routes": None, "smallest_tree_routes": None,
+                    "tree_nodes_peak": None, "tree_bytes_peak": None}
+        if self._trees is not None:
+            st.update(self._counts)
+            st["tree_nodes_peak"] = [tr.peak_nodes for tr in self._trees]
+            st["tree_bytes_peak"] = TREE_NODE_BYTES * sum(tr.peak_nodes for tr in self._trees)
+        return st
+
+
 def plan_routes(
     trace: Trace,
     n_replicas: int,
@@ -213,70 +326,29 @@ def plan_routes(
         ids, or a non-positive tree bound.
     """
     t = trace.head(limit)
-    _check(t, n_replicas, router)
-    n, N = len(t), int(n_replicas)
+    ro = Router(t, n_replicas, router, seed=seed, cache_threshold=cache_threshold,
+                balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
+                max_tree_tokens=max_tree_tokens, capacity_tokens=capacity_tokens)
+    n, N = len(t), ro.n
     rep = np.zeros(n, dtype=np.int64)
-    total = np.zeros(N, dtype=np.int64)
-    stats: dict = {"balanced_routes": None, "cache_routes": None, "smallest_tree_routes": None,
-                   "tree_nodes_peak": None, "tree_bytes_peak": None}
-    if N == 1:
-        pass
-    elif router == "round-robin":
-        rep[:] = np.arange(n) % N
-    elif router == "random":
-        rep[:] = np.random.default_rng(seed).integers(0, N, size=n)
+    if not ro.needs_load:
+        for i in range(n):
+            rep[i] = ro.choose(i)
     else:
         arr = np.asarray(t.arrival_s, dtype=np.float64)
         window: list = []  # (arrival, replica) of requests still counted, oldest first
         head = 0
         load = np.zeros(N, dtype=np.int64)
-        sticky: dict = {}
-        trees = None
-        if router == "prefix-aware":
-            bound = max_tree_tokens if max_tree_tokens is not None else capacity_tokens
-            nodes = (1 << 62) if bound is None else int(bound) // t.unit_tokens
-            trees = [ApproxTree(nodes) for _ in range(N)]
-            counts = {"balanced_routes": 0, "cache_routes": 0, "smallest_tree_routes": 0}
-
-        def least(cands):
-            return min(cands, key=lambda r: (load[r], total[r], r))
-
         for i in range(n):
             ti = arr[i]
             while head < len(window) and window[head][0] <= ti - load_window_s:
                 load[window[head][1]] -= 1
                 head += 1
-            if router == "least-load":
-                r = least(range(N))
-            elif router == "session":
-                s = t.session_id[i]
-                r = sticky.get(s)
-                if r is None:
-                    r = sticky[s] = least(range(N))
-            else:
-                keys = prefix_keys(t.prompt_ids(i))
-                mx, mn = int(load.max()), int(load.min())
-                if mx - mn > balance_abs_threshold and mx > balance_rel_threshold * mn:
-                    r = least(range(N))
-                    counts["balanced_routes"] += 1
-                else:
-                    m = [tr.match(keys) for tr in trees]
-                    best = max(range(N), key=lambda q: (m[q], -load[q], -total[q], -q))
-                    if keys and m[best] / len(keys) > cache_threshold:
-                        r = best
-                        counts["cache_routes"] += 1
-                    else:
-                        r = min(range(N), key=lambda q: (len(trees[q]), load[q], total[q], q))
-                        counts["smallest_tree_routes"] += 1
-                trees[r].insert(keys)
+            r = ro.choose(i, load)
             rep[i] = r
             load[r] += 1
-            total[r] += 1
             window.append((ti, r))
-        if trees is not None:
-            stats.update(counts)
-            stats["tree_nodes_peak"] = [tr.peak_nodes for tr in trees]
-            stats["tree_bytes_peak"] = TREE_NODE_BYTES * sum(tr.peak_nodes for tr in trees)
+    stats = ro.stats()
     per = np.bincount(rep, minlength=N)
     stats["requests_per_replica"] = per.tolist()
     stats["load_imbalance"] = float(per.max() / per.mean()) if n else None
