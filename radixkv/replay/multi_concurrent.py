@@ -1,0 +1,447 @@
+"""Concurrent replay on several replicas behind a request router, on one global clock.
+
+N replicas (data parallelism), each a continuous-batching engine with its own scheduler
+(vLLM's or SGLang's step rules, :func:`~radixkv.replay.scheduler.make_scheduler`) and its
+own policy instance on its own pool. One clock drives them all:
+
+1. Requests arrive in time order (:mod:`radixkv.replay.arrivals`).
+2. Before request *i* (arrival ``a``) is routed, every replica runs every step that
+   STARTS before ``a`` (a step starting at ``a`` or later may already see request *i*, as
+   in the single-engine loop, which enqueues every arrival ``≤ now`` before it schedules).
+   Replicas share nothing, so the order in which they are advanced does not matter.
+3. The router (:class:`radixkv.replay.routing.Router`) picks a replica from the replicas'
+   state at time ``a``; the request joins that replica's waiting queue at its next step
+   boundary (at once if it is idle: the clock of an idle replica jumps to ``a``).
+4. After the last arrival every replica runs to completion.
+
+Each replica's step is the single-engine loop's step (:func:`radixkv.replay.concurrent.
+replay_concurrent`): schedule, price with the :class:`~radixkv.cost.CostModel`, apply;
+runs of identical decode steps are fast-forwarded and cut at the next arrival (any
+replica's: the next request may be routed to it). With one replica every router sends
+every request to it and the run is the single-engine replay exactly (same summary, byte
+for byte: ``tests/test_multi_concurrent.py``).
+
+Load (what ``least-load``, ``session`` and ``prefix-aware`` read)
+---------------------------------------------------------------
+A replica's load at time ``a`` is its number of requests IN FLIGHT: routed to it at or
+before ``a`` and not finished by ``a`` — its running plus waiting requests (a request
+finishing in a step that ends after ``a`` still counts). This is the router-side counter
+of SGLang's router (sgl-router ``src/core/worker.rs``: ``Worker::load``, incremented when
+a request is routed to the worker, decremented when its response completes; read by the
+``cache_aware`` and ``power_of_two`` policies), and the number vLLM's production-stack
+router scrapes per engine as ``num_running_requests + num_queuing_requests``
+(``src/vllm_router/stats/engine_stats.py``). Ties: fewest requests sent so far, then the
+lowest index (as in the sequential replay).
+
+Metrics
+-------
+Per replica: a :class:`~radixkv.replay.concurrent.ConcurrentResult` of its own requests
+(``summary()`` as the single-engine replay's), over the run's duration (first arrival to
+the last finish on ANY replica, so per-replica throughputs and mean concurrencies add up
+to the aggregate's). Aggregate: every request's columns (steps numbered per replica);
+``concurrency_*`` of all running requests together (peak: the most running at one time
+over all replicas; busy time: time at least one replica runs a request); pool shares over
+all replicas' slots; ``internal_fragmentation_share_peak``: the largest replica's peak
+share. Load imbalance: max / mean of requests, prompt tokens and busy time per replica.
+
+The global KV pool is not modelled here (:data:`GLOBAL_POOL_REFUSAL`).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.replay.concurrent import ConcurrentResult, _result
+from radixkv.replay.routing import Router
+from radixkv.replay.scheduler import SchedulerConfig, make_scheduler
+
+#: why ``--kv-pool global`` is refused in the concurrent mode (CLI and API)
+GLOBAL_POOL_REFUSAL = (
+    "--kv-pool global is not modelled in the concurrent mode: there a replica's pool is its GPU "
+    "memory, which also holds its running requests' KV, and N GPUs do not share one HBM pool. A "
+    "global cache (Mooncake Store, LMCache, Dynamo's KV store) is a second tier behind the "
+    "replicas' pools whose hits must be copied over the network into a replica's pool before "
+    "the prefill can use them; the concurrent replay has no network-transfer cost and no second "
+    "tier, so it would report those hits as free. Use the sequential mode for the hit rate of a "
+    "global pool (--mode sequential --kv-pool global)")
+
+
+class ReplicaEngine:
+    """One replica of the concurrent replay, advanced one engine step at a time.
+
+    Parameters
+    ----------
+    trace : radixkv.trace.Trace
+        The WHOLE trace: rows are global request rows (the policy's ``rid``); the replica
+        only ever sees the rows routed to it.
+    policy : radixkv.policies.base.PrefixCache
+        A fresh policy instance of this replica (its own pool).
+    cost : radixkv.cost.CostModel
+    config : SchedulerConfig
+    arrivals : list of float
+        Every request's arrival time, seconds.
+    index : int
+        The replica's index (error messages).
+    out : dict of lists
+        Shared per-row outputs ``admit_s``, ``first_token_s``, ``finish_s``,
+        ``admit_step``, ``finish_step`` (length n); this replica writes its rows only.
+    fast_forward : bool
+        As :func:`radixkv.replay.concurrent.replay_concurrent`.
+
+    Attributes
+    ----------
+    now : float or None
+        Start time of the replica's next step, seconds; None before its first request.
+    rows : list of int
+        Rows routed here, in routing (= arrival) order.
+    intervals : list of (float, float, int)
+        (start, end, running requests) of every step or fast-forwarded run.
+    """
+
+    def __init__(self, trace, policy, cost, config, arrivals, index, out, *, fast_forward=True):
+        self.trace, self.policy, self.cost, self.config = trace, policy, cost, config
+        self.sch = make_scheduler(trace, policy, config)
+        self.arr = arrivals
+        self.index = index
+        self.out = out
+        self.fast_forward = fast_forward
+        self.now = None
+        self.t0 = None
+        self.rows: list = []
+        self.intervals: list = []
+        self.in_flight = 0
+        self._finishing: deque = deque()  # (finish time, count) not yet taken off in_flight
+        self.steps = 0
+        self.area = 0.0
+        self.busy = 0.0
+        self.peak = 0
+        self.pf_flops = 0.0
+        self.pool = {"waste_area": 0.0, "waste_peak": 0, "used_area": 0.0, "cached_area": 0.0,
+                     "capacity_tokens": policy.capacity_tokens}
+
+    # ------------------------------------------------------------------ router's view
+    def load_at(self, t: float) -> int:
+        """Requests in flight at time *t* (module docstring, "Load"); *t* never decreases
+        between calls."""
+        f = self._finishing
+        while f and f[0][0] <= t:
+            self.in_flight -= f.popleft()[1]
+        return self.in_flight
+
+    @property
+    def busy_now(self) -> bool:
+        """Whether the replica has a running or waiting request."""
+        return bool(self.sch.running or self.sch.waiting)
+
+    def receive(self, i: int, a: float) -> None:
+        """Request row *i*, arriving at *a* seconds, is routed here."""
+        if self.now is None:
+            self.now = self.t0 = a
+        elif not self.busy_now and a > self.now:
+            self.sch.idle()
+            self.now = a
+        self.sch.enqueue(i)
+        self.rows.append(i)
+        self.in_flight += 1
+
+    # ------------------------------------------------------------------ one step
+    def step(self, next_arrival: float) -> None:
+        """Run one iteration of the engine loop at :attr:`now` (< *next_arrival*, the next
+        request to arrive anywhere, ``inf`` when none is left)."""
+        sch, cost, policy, out = self.sch, self.cost, self.policy, self.out
+        now = self.now
+        plan = sch.schedule()
+        for i in sch.admitted_now:
+            out["admit_s"][i] = now
+            out["admit_step"][i] = self.steps + 1
+        if plan.empty:
+            if not sch.running:
+                i = sch.waiting[0]
+                raise ConfigError(
+                    f"request {str(self.trace.req_id[i])!r} cannot be admitted into replica {self.index}'s "
+                    f"otherwise idle pool ({policy.capacity_tokens} tokens)",
+                    path=self.trace.name or None, field="num_slots")
+            return  # only preemptions happened; schedule again at the same time
+        self.peak = max(self.peak, plan.n_running)
+        t_start = now
+        S = policy.slot_tokens
+        pool = self.pool
+        if self.fast_forward and sch.can_fast_forward(plan):
+            k = sch.max_fast_forward()
+            dts = cost.decode_steps_time(len(plan.req), int(sum(plan.ctx)), k)
+            if not sch.waiting and next_arrival != math.inf:
+                ends = now + np.cumsum(dts)
+                j = int(np.searchsorted(ends, next_arrival, side="left"))
+                if j + 1 < k:
+                    k = j + 1
+                    dts = dts[:k]
+            pools = sch.fast_forward(k)
+            n_run = plan.n_running
+            for j, (used, cached, valid) in enumerate(pools.tolist()):
+                dt = float(dts[j])
+                self.area += n_run * dt
+                self.busy += dt
+                waste = (used + cached) * S - valid
+                pool["waste_area"] += waste * dt
+                pool["waste_peak"] = max(pool["waste_peak"], waste)
+                pool["used_area"] += used * dt
+                pool["cached_area"] += cached * dt
+                now += dt
+            self.steps += k
+        else:
+            dt = float(cost.step_time(plan.new, plan.ctx))
+            pre_new = [c for c, p in zip(plan.new, plan.prefill) if p]
+            if pre_new:
+                pre_ctx = [c for c, p in zip(plan.ctx, plan.prefill) if p]
+                self.pf_flops += float(np.sum(cost.prefill_flops(np.asarray(pre_new), np.asarray(pre_ctx))))
+            sch.complete(plan)
+            self.steps += 1
+            self.area += plan.n_running * dt
+            self.busy += dt
+            st = policy.stats(detail=False)
+            waste = (st.used_slots + st.cached_slots) * S - st.valid_tokens
+            pool["waste_area"] += waste * dt
+            pool["waste_peak"] = max(pool["waste_peak"], waste)
+            pool["used_area"] += st.used_slots * dt
+            pool["cached_area"] += st.cached_slots * dt
+            now += dt
+        self.now = now
+        self.intervals.append((t_start, now, plan.n_running))
+        for i in sch.first_token_now:
+            if math.isnan(out["first_token_s"][i]):
+                out["first_token_s"][i] = now
+        sch.first_token_now = []
+        for i in sch.finished_now:
+            out["finish_s"][i] = now
+            out["finish_step"][i] = self.steps
+        if sch.finished_now:
+            self._finishing.append((now, len(sch.finished_now)))
+        sch.finished_now = []
+
+
+@dataclass
+class MultiConcurrentResult:
+    """What a concurrent multi-replica replay saw.
+
+    Attributes
+    ----------
+    aggregate : ConcurrentResult
+        Every request (replay order) and the run's metrics over all replicas (module
+        docstring, "Metrics"); ``admit_step`` / ``finish_step`` count steps of the
+        request's replica.
+    replicas : list of (ConcurrentResult or None)
+        Per replica, its requests only (None for a replica that got none).
+    replica : np.ndarray, int64, shape (n,)
+        The replica of each request.
+    n_replicas : int
+    router : str
+    routing : dict
+        ``requests_per_replica``, ``prompt_tokens_per_replica``, ``busy_s_per_replica``,
+        ``load_imbalance`` (max / mean requests per replica), ``prompt_token_imbalance``,
+        ``busy_imbalance`` (max / mean busy seconds), and the router's own statistics
+        (:meth:`radixkv.replay.routing.Router.stats`).
+    """
+
+    aggregate: ConcurrentResult
+    replicas: list
+    replica: np.ndarray
+    n_replicas: int
+    router: str
+    routing: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """``aggregate.summary()`` with ``replicas`` (each replica's ``summary()`` or None)
+        and ``routing`` (:attr:`routing` plus ``n_replicas``, ``router``, ``kv_pool``
+        "local")."""
+        s = self.aggregate.summary()
+        if self.n_replicas > 1:
+            peaks = [r.summary()["internal_fragmentation_share_peak"] for r in self.replicas
+                     if r is not None and "internal_fragmentation_share_peak" in r.summary()]
+            if peaks:
+                s["internal_fragmentation_share_peak"] = max(peaks)
+        s["replicas"] = [None if r is None else r.summary() for r in self.replicas]
+        s["routing"] = {"n_replicas": self.n_replicas, "router": self.router, "kv_pool": "local", **self.routing}
+        return s
+
+
+def _overlap_s(intervals) -> tuple:
+    """Over (start, end, running) intervals of several replicas: the time counted more
+    than once in the sum of their busy times, and the most requests running at one time.
+    Returns (seconds: float, peak: int)."""
+    ev = []
+    for a, b, k in intervals:
+        if b > a:
+            ev.append((a, 1, k))
+            ev.append((b, -1, -k))
+    ev.sort(key=lambda e: (e[0], e[1]))  # ends before starts at the same time
+    extra = 0.0
+    active = run = peak = 0
+    last = None
+    for t, d, k in ev:
+        if last is not None and active > 1:
+            extra += (active - 1) * (t - last)
+        active += d
+        run += k
+        peak = max(peak, run)
+        last = t
+    return extra, peak
+
+
+def replay_multi_concurrent(
+    trace,
+    policies: list,
+    cost,
+    router: str,
+    *,
+    arrivals: np.ndarray | None = None,
+    config: SchedulerConfig | None = None,
+    fast_forward: bool = True,
+    progress=None,
+    **router_options,
+) -> MultiConcurrentResult:
+    """Replay *trace* concurrently on ``len(policies)`` replicas behind *router*.
+
+    Parameters
+    ----------
+    trace : radixkv.trace.Trace
+        Requests in replay order.
+    policies : list of radixkv.policies.base.PrefixCache
+        One FRESH policy instance per replica (each replica's own pool); N = its length.
+    cost : radixkv.cost.CostModel
+        Prices each replica's steps (the replicas are identical GPUs).
+    router : str
+        One of :data:`radixkv.replay.routing.ROUTERS`.
+    arrivals : np.ndarray of float64, shape (n,), or None
+        Arrival times, seconds, non-decreasing (default: the trace's, shifted to 0).
+    config : SchedulerConfig or None
+        Every replica's scheduler knobs.
+    fast_forward : bool
+        As :func:`radixkv.replay.concurrent.replay_concurrent`.
+    progress : callable or None
+        ``progress(done, total)`` after each routed request.
+    **router_options
+        ``seed``, ``cache_threshold``, ``balance_abs_threshold``, ``balance_rel_threshold``,
+        ``max_tree_tokens`` (:class:`~radixkv.replay.routing.Router`; the tree bound
+        defaults to one replica's pool, ``policies[0].capacity_tokens``).
+
+    Returns
+    -------
+    MultiConcurrentResult
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        No policy, a policy that models no running requests (``holds_running_kv = False``),
+        bad arrivals, a router the trace cannot feed (``session`` without session ids), or a
+        request that can never fit a replica's pool.
+    """
+    N = len(policies)
+    if N < 1:
+        raise ConfigError("the concurrent multi-replica replay needs ≥ 1 replica", field="replicas")
+    for p in policies:
+        if not getattr(p, "holds_running_kv", True):
+            raise ConfigError(f"{type(p).__name__} models no running requests (holds_running_kv = False), "
+                              "so it has no concurrent replay; use the sequential mode", field="mode")
+    if len({id(p) for p in policies}) != N:
+        raise ConfigError("each replica needs its own policy instance", field="replicas")
+    config = config or SchedulerConfig()
+    n = len(trace)
+    if arrivals is None:
+        arrivals = np.asarray(trace.arrival_s, dtype=np.float64) - (float(trace.arrival_s[0]) if n else 0.0)
+    arrivals = np.asarray(arrivals, dtype=np.float64)
+    if arrivals.shape != (n,):
+        raise ConfigError(f"{arrivals.shape[0] if arrivals.ndim else 0} arrival times for {n} requests", field="arrivals")
+    if n and (np.any(np.diff(arrivals) < 0) or not np.all(np.isfinite(arrivals))):
+        raise ConfigError("arrival times must be finite and non-decreasing", field="arrivals")
+    router_options.setdefault("capacity_tokens", policies[0].capacity_tokens)
+    ro = Router(trace, N, router, **router_options)
+    arr = arrivals.tolist()
+    nan = float("nan")
+    out = {"admit_s": [nan] * n, "first_token_s": [nan] * n, "finish_s": [nan] * n,
+           "admit_step": [-1] * n, "finish_step": [-1] * n}
+    eng = [ReplicaEngine(trace, p, cost, config, arr, r, out, fast_forward=fast_forward)
+           for r, p in enumerate(policies)]
+    replica = np.zeros(n, dtype=np.int64)
+    load = np.zeros(N, dtype=np.int64)
+    inf = math.inf
+    for i in range(n + 1):
+        a = arr[i] if i < n else inf
+        for e in eng:
+            while e.now is not None and e.now < a and e.busy_now:
+                e.step(a)
+        if i == n:
+            break
+        if ro.needs_load:
+            for r, e in enumerate(eng):
+                load[r] = e.load_at(a)
+        r = ro.choose(i, load)
+        eng[r].receive(i, a)
+        replica[i] = r
+        if progress is not None:
+            progress(i + 1, n)
+    return _assemble(trace, policies, cost, config, arrivals, eng, out, replica, ro)
+
+
+def _assemble(trace, policies, cost, config, arrivals, eng, out, replica, ro) -> MultiConcurrentResult:
+    N, n = len(eng), len(trace)
+    t0 = float(arrivals[0]) if n else 0.0
+    t_end = max((e.now for e in eng if e.now is not None), default=t0)
+    full = []
+    for e in eng:
+        full.append(_result(trace, e.policy, cost, config, e.sch, arrivals, out["admit_s"], out["first_token_s"],
+                            out["finish_s"], t0, t_end, e.busy, e.area, e.peak, e.steps, e.pf_flops, e.pool))
+    step_cols = {c: np.asarray(out[c], dtype=np.int64) for c in ("admit_step", "finish_step")}
+    # aggregate: each row's columns from its replica
+    cols = {}
+    for c in full[0].columns:
+        col = full[0].columns[c].copy()
+        for r in range(1, N):
+            m = replica == r
+            col[m] = full[r].columns[c][m]
+        cols[c] = col
+    cols.update({c: v.copy() for c, v in step_cols.items()})
+    extra, peak = _overlap_s([iv for e in eng for iv in e.intervals])
+    peak = max([peak] + [e.peak for e in eng])  # a zero-length step still had its requests running
+    pool = {"waste_area": sum(e.pool["waste_area"] for e in eng),
+            "waste_peak": sum(e.pool["waste_peak"] for e in eng),
+            "used_area": sum(e.pool["used_area"] for e in eng),
+            "cached_area": sum(e.pool["cached_area"] for e in eng),
+            "capacity_tokens": sum(e.pool["capacity_tokens"] for e in eng)}
+    hit = cols["hit_tokens"]
+    meta = dict(full[0].meta, n_replicas=N, router=ro.router)
+    agg = ConcurrentResult(
+        req_id=np.asarray(trace.req_id), columns=cols, duration_s=float(t_end - t0),
+        busy_s=float(sum(e.busy for e in eng) - extra), running_area=float(sum(e.area for e in eng)),
+        peak_running=int(peak), steps=int(sum(e.steps for e in eng)),
+        prefill_flops=float(sum(e.pf_flops for e in eng)),
+        prefill_flops_saved=float(np.sum(cost.prefill_flops(hit, 0))) if n else 0.0, pool=pool, meta=meta)
+    reps = []
+    for r, e in enumerate(eng):
+        idx = np.asarray(e.rows, dtype=np.int64)
+        if idx.size == 0:
+            reps.append(None)
+            continue
+        res = full[r]
+        rc = {c: v[idx] for c, v in res.columns.items()}
+        rc.update({c: v[idx] for c, v in step_cols.items()})
+        reps.append(ConcurrentResult(
+            req_id=np.asarray(trace.req_id)[idx], columns=rc, duration_s=res.duration_s, busy_s=res.busy_s,
+            running_area=res.running_area, peak_running=res.peak_running, steps=res.steps,
+            prefill_flops=res.prefill_flops, prefill_flops_saved=float(np.sum(cost.prefill_flops(rc["hit_tokens"], 0))),
+            pool=res.pool, meta=dict(res.meta, replica=r)))
+    per = np.bincount(replica, minlength=N)
+    ptok = np.bincount(replica, weights=np.asarray(trace.prompt_len, dtype=np.float64), minlength=N)
+    busy = np.asarray([e.busy for e in eng], dtype=np.float64)
+
+    def imb(x):
+        return float(x.max() / x.mean()) if n and x.mean() > 0 else None
+
+    routing = {"requests_per_replica": per.tolist(), "prompt_tokens_per_replica": [int(x) for x in ptok],
+               "busy_s_per_replica": busy.tolist(), "load_imbalance": imb(per),
+               "prompt_token_imbalance": imb(ptok), "busy_imbalance": imb(busy), **ro.stats()}
+    return MultiConcurrentResult(aggregate=agg, replicas=reps, replica=replica, n_replicas=N,
+                                 router=ro.router, routing=routing)
