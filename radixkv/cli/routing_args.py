@@ -21,7 +21,10 @@ flag                                        meaning (default)
 =========================================== ============================================
 
 See :mod:`radixkv.replay.routing` for the routers and what the approximate tree
-approximates. Only the sequential replay runs several replicas.
+approximates. With ``--mode concurrent`` the replicas run on one clock
+(:mod:`radixkv.replay.multi_concurrent`; load = requests in flight at the arrival, and
+``--router-load-window`` is not used); ``--kv-pool global`` is refused there
+(:data:`radixkv.replay.multi_concurrent.GLOBAL_POOL_REFUSAL` says why).
 """
 from __future__ import annotations
 
@@ -58,16 +61,49 @@ def routed(args) -> bool:
         if args.router is not None or args.kv_pool != "local":
             raise ConfigError("--router and --kv-pool need --replicas N", field="replicas")
         return False
-    if getattr(args, "mode", "sequential") == "concurrent":
-        raise ConfigError("--replicas runs the sequential replay only; the concurrent multi-replica mode "
-                          "is not built", field="replicas")
+    if getattr(args, "mode", "sequential") == "concurrent" and args.kv_pool == "global":
+        from radixkv.replay.multi_concurrent import GLOBAL_POOL_REFUSAL
+
+        raise ConfigError(GLOBAL_POOL_REFUSAL, field="kv_pool")
     return True
+
+
+def _run_routed_concurrent(trace, spec, pool, args) -> dict:
+    """``--mode concurrent --replicas N``: N fresh policies (the registry's, then the
+    caching flags', :func:`radixkv.cli.concurrent_args.policy_from_args`) on one clock."""
+    from radixkv.cli.concurrent_args import concurrent_config_from_args, cost_model_from_args, policy_from_args
+    from radixkv.policies.registry import build_policy
+    from radixkv.replay.arrivals import arrival_times
+    from radixkv.replay.multi_concurrent import replay_multi_concurrent
+    from radixkv.replay.run import warmup
+
+    t = trace.head(args.limit)
+    if len(t) == 0:
+        raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
+    compile_s = warmup(spec)
+    cost = cost_model_from_args(args)
+    pols = [policy_from_args(build_policy(spec, pool, unit_tokens=t.unit_tokens), args) for _ in range(args.replicas)]
+    arr = arrival_times(t, arrival=getattr(args, "arrival", "trace"), time_scale=float(getattr(args, "time_scale", 1.0)),
+                        request_rate=getattr(args, "request_rate", None),
+                        burstiness=float(getattr(args, "burstiness", 1.0)), seed=int(getattr(args, "seed", 0)))
+    t0 = time.perf_counter()
+    res = replay_multi_concurrent(
+        t, pols, cost, args.router or "round-robin", arrivals=arr, config=concurrent_config_from_args(args, pols[0]),
+        seed=args.router_seed, cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
+        balance_rel_threshold=args.balance_rel_threshold, max_tree_tokens=args.max_tree_tokens)
+    el = time.perf_counter() - t0
+    summ = {"policy": f"{spec.label} x{res.n_replicas} {res.router}", **res.summary()}
+    summ["timing_s"] = {"compile": compile_s, "replay": el,
+                        "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
+    return summ
 
 
 def run_routed(trace, spec, pool, args) -> dict:
     """Replay per :mod:`radixkv.replay.routing`; returns a summary in the shape of
     :func:`radixkv.replay.run.run_replay`'s (aggregate metrics; the metrics that do not add
     up over pools are absent, so tables show n/a) plus ``replicas`` and ``routing``."""
+    if getattr(args, "mode", "sequential") == "concurrent":
+        return _run_routed_concurrent(trace, spec, pool, args)
     t0 = time.perf_counter()
     res = R.replay_replicas(
         trace, spec, pool, args.replicas, args.router or "round-robin", global_pool=args.kv_pool == "global",
@@ -96,14 +132,18 @@ def report_replay(trace, spec, pool, args, load_s, desc, make_doc, format_table)
     from radixkv.cli._output import emit, human
     from radixkv.util import dumps_json
 
+    from radixkv.report import CONCURRENT_ROWS
+
     summ = run_routed(trace, spec, pool, args)
+    conc = getattr(args, "mode", "sequential") == "concurrent"
+    rows = CONCURRENT_ROWS if conc else None
     out = human(args.json)
-    print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; sequential replay "
-          f"on {args.replicas} replicas; load {load_s:.2f} s", file=out)
-    print(format_table([summ]), file=out)
+    print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; "
+          f"{'concurrent' if conc else 'sequential'} replay on {args.replicas} replicas; load {load_s:.2f} s", file=out)
+    print(format_table([summ], rows_spec=rows), file=out)
     per = [dict(r, policy=f"replica {k}") for k, r in enumerate(summ["replicas"]) if r is not None]
     if per and summ["routing"]["kv_pool"] == "local":
-        print(format_table(per, timing=False), file=out)
+        print(format_table(per, timing=False, rows_spec=rows), file=out)
     print(describe(summ), file=out)
     emit(args.json, dumps_json(make_doc(trace, args, load_s, [(spec, summ)], [desc])), args.json)
     return 0
@@ -114,6 +154,8 @@ def describe(summ) -> str:
     r = summ["routing"]
     s = (f"{r['router']} over {r['n_replicas']} replicas, {r['kv_pool']} KV pool; requests per replica "
          f"{r['requests_per_replica']}, load imbalance (max/mean) {r['load_imbalance']:.3f}")
+    if r.get("busy_imbalance") is not None:
+        s += f", busy-time imbalance {r['busy_imbalance']:.3f}"
     if r.get("tree_bytes_peak") is not None:
         s += (f"; approximate trees peak {sum(r['tree_nodes_peak']):,} nodes, "
               f"{r['tree_bytes_peak']:,} bytes at {R.TREE_NODE_BYTES} B/node")
