@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from radixkv.memory.calibration import load_calibration, recompute
+from radixkv.memory import get_model
+from radixkv.memory.calibration import inputs_logged, load_calibration, recompute
+from radixkv.memory.specs import DTYPE_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "memory_calibration.json"
@@ -55,6 +57,35 @@ def test_calibration_set_shape():
     assert engines == {"vllm", "sglang"}
     assert all(e["source"]["repo"] and e["source"]["number"] for e in ENTRIES)
     assert len({e["id"] for e in ENTRIES}) == len(ENTRIES)
+
+
+def test_calibration_set_covers_issue_20():
+    """At least 16 logs; both engines; >= 6 models with MHA, GQA, MLA, MoE, an fp8
+    checkpoint and an fp8 KV cache; >= 3 GPU types; TP 1 to 8; each with its source,
+    engine version and the log lines."""
+    assert len(ENTRIES) >= 16
+    models = {e["model"]: get_model(e["model"]) for e in ENTRIES}
+    assert len(models) >= 6
+    attn = {"MLA" if m.is_mla else "MHA" if m.num_kv_heads == m.num_attention_heads else "GQA"
+            for m in models.values()}
+    assert attn == {"MHA", "GQA", "MLA"}
+    assert any("A3B" in n or "A22B" in n for n in models)            # MoE (Qwen3 MoE)
+    assert any(m.weight_dtype == "fp8" for m in models.values())    # fp8 checkpoint
+    assert any(DTYPE_BYTES[e.get("kv_cache_dtype", "auto")] == 1
+               for e in ENTRIES if e.get("kv_cache_dtype", "auto") != "auto")  # fp8 KV
+    assert len({e["gpu"] for e in ENTRIES if e["gpu"]}) >= 3
+    tps = {e["tp"] for e in ENTRIES}
+    assert min(tps) == 1 and max(tps) == 8
+    for e in ENTRIES:
+        assert e["engine_version"] and e["rules_version"] and e["log_lines"], e["id"]
+        assert e["source"]["kind"] in ("issue", "pull request"), e["id"]
+        assert isinstance(e.get("knobs", {}), dict), e["id"]
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if inputs_logged(e)],
+                         ids=[e["id"] for e in ENTRIES if inputs_logged(e)])
+def test_pool_within_5pct_where_the_log_gives_every_input(entry):
+    assert abs(recompute(entry)["pool_err_pct"]) <= 5.0
 
 
 def test_table_is_current():

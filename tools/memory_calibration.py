@@ -46,10 +46,14 @@ def render(entries: list[dict]) -> str:
         "`(num_gpu_blocks - 1) x block_size`, SGLang `max_total_num_tokens`). *B/token exact*:",
         "radixkv's KV bytes per token reproduces the logged pool and the logged GiB together",
         "(within the log's 0.01 GiB rounding); n/a where the log gives only one of them.",
+        "*Inputs*: `all` when the log shows every term the engine version sizes the pool",
+        "with (vLLM: device total, weights, non-torch, activation peak, and the CUDA-graph pool",
+        "from 0.21; SGLang: mem_fraction_static, free memory before loading, weights), so",
+        "nothing is estimated; `part` otherwise. The test holds `all` rows to +/-5 %.",
         "`--pool-from-log` reproduces the logged pool of every row exactly (test).",
         "",
-        "| id | engine (version) | model | GPU x TP | B/token/rank | B/token exact | logged pool | radixkv pool | pool error | logged KV GiB | radixkv KV GiB | KV GiB error |",
-        "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| id | engine (version) | model | KV dtype | GPU x TP | inputs | B/token/rank | B/token exact | logged pool | radixkv pool | pool error | logged KV GiB | radixkv KV GiB | KV GiB error |",
+        "|---|---|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for e, r in rows:
         src = e["source"]
@@ -58,8 +62,9 @@ def render(entries: list[dict]) -> str:
         out.append(
             f"| [{e['id']}](https://github.com/{src['repo']}/"
             f"{'pull' if src['kind'] == 'pull request' else 'issues'}/{src['number']}) "
-            f"| {e['engine']} {e['rules_version']} | {e['model']} | {gpu} x {e['tp']} "
-            f"| {r['kv_bytes_per_token']:,} | "
+            f"| {e['engine']} {e['rules_version']} | {e['model']} "
+            f"| {e.get('kv_cache_dtype', 'auto')} | {gpu} x {e['tp']} "
+            f"| {'all' if r['inputs_logged'] else 'part'} | {r['kv_bytes_per_token']:,} | "
             f"{'n/a' if r['bpt_exact'] is None else ('yes' if r['bpt_exact'] else 'NO')} "
             f"| {r['logged_tokens']:,} | {r['model_tokens']:,} | {_pct(r['pool_err_pct'])} "
             f"| {lg} "
@@ -77,6 +82,16 @@ def render(entries: list[dict]) -> str:
         out.append(f"| {eng} | {len(rs)} | {_pct(statistics.median(pe))} | {_pct(worst)} | "
                    f"{_pct(statistics.median(ke)) if ke else 'n/a'} | "
                    f"{_pct(max(ke, key=abs)) if ke else 'n/a'} |")
+    full = [r for _, r in rows if r["inputs_logged"]]
+    if full:
+        worst = max((r["pool_err_pct"] for r in full), key=abs)
+        out += ["", f"Rows with every input logged: {len(full)}; worst pool error "
+                    f"{_pct(worst)}."]
+    exact = [r for _, r in rows if r["bpt_exact"]]
+    na = [r for _, r in rows if r["bpt_exact"] is None]
+    out += [f"KV bytes per token exact on {len(exact)} of {len(rows)} rows; "
+            f"{len(na)} rows log only the pool (or GiB and pool of different ranks), "
+            "so the log cannot check it; no row contradicts it."]
     out += ["", "## Errors above 5 %, explained", ""]
     for e, r in rows:
         if abs(r["pool_err_pct"]) > 5 or (r["kv_gib_err_pct"] is not None and abs(r["kv_gib_err_pct"]) > 5):
@@ -84,8 +99,13 @@ def render(entries: list[dict]) -> str:
     out += ["", "## Sources", ""]
     for e in entries:
         s = e["source"]
+        knobs = ", ".join(f"{k}={v}" for k, v in e.get("knobs", {}).items()) or "none"
+        assumed = ", ".join(f"{k}={v}" for k, v in e.get("assumed", {}).items())
+        notes = " ".join(e[k] for k in ("gpu_note", "kv_note") if e.get(k))
         out.append(f"* {e['id']}: {s['repo']} {s['kind']} #{s['number']} ({s['comment_date']}); "
-                   f"engine {e['engine_version']}; model {e['hf_model']}.")
+                   f"engine {e['engine_version']}; model {e['hf_model']}; knobs in the log: "
+                   f"{knobs}" + (f"; engine defaults assumed: {assumed}" if assumed else "")
+                   + (f". {notes}" if notes else "") + ".")
     return "\n".join(out) + "\n"
 
 

@@ -20,6 +20,7 @@ from radixkv.errors import InputError
 from radixkv.memory.pool import (
     GiB,
     PoolSize,
+    SGLANG_CURRENT_VERSION,
     VLLM_CURRENT_VERSION,
     VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS,
     sglang_pool_size,
@@ -53,8 +54,11 @@ def register(subparsers) -> None:
                    help="a vLLM or SGLang start-up log: print the pool it shows (and, with "
                         "--model/--gpu, the memory model's error against it)")
     p.add_argument("--engine-version", default=None,
-                   help=f"vLLM version whose start-up rules apply (default {VLLM_CURRENT_VERSION}"
-                        "; before 0.21: utilization 0.9, no CUDA-graph term)")
+                   help=f"version of the engine shown whose start-up rules apply (vLLM default "
+                        f"{VLLM_CURRENT_VERSION}: before 0.21 utilization 0.9 and no CUDA-graph "
+                        f"term; SGLang default {SGLANG_CURRENT_VERSION}: before 0.5.3 "
+                        "mem_fraction_static by TP size, before 0.5.4 no indexer in the cell); "
+                        "with both engines shown it needs --engine")
     frac = p.add_mutually_exclusive_group()
     frac.add_argument("--gpu-memory-utilization", type=str, default=None,
                       help="vLLM knob in (0, 1] (default 0.92)")
@@ -124,6 +128,10 @@ def memory_report(args) -> dict:
     if engine == "sglang" and util is not None:
         raise InputError("--gpu-memory-utilization is a vLLM knob",
                          field="gpu_memory_utilization")
+    version = getattr(args, "engine_version", None)
+    if version is not None and engine == "both":
+        raise InputError("--engine-version is one engine's version: add --engine vllm or "
+                         "--engine sglang", field="engine_version")
 
     kv_dtype = args.kv_cache_dtype
     per_rank = model.kv_bytes_per_token(args.tp, kv_dtype)
@@ -157,11 +165,12 @@ def memory_report(args) -> dict:
         pool = vllm_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
                               gpu_memory_utilization=util, block_size=args.block_size,
                               max_num_batched_tokens=args.max_num_batched_tokens,
-                              engine_version=getattr(args, "engine_version", None))
+                              engine_version=version)
         out["pools"]["vllm"] = _pool_dict(pool, max_len)
     if engine in ("sglang", "both"):
         pool = sglang_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
-                                mem_fraction_static=mfs, page_size=args.page_size)
+                                mem_fraction_static=mfs, page_size=args.page_size,
+                                engine_version=version)
         out["pools"]["sglang"] = _pool_dict(pool, max_len)
     if logged is not None:
         out["logged"] = _logged_dict(logged)

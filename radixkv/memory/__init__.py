@@ -14,8 +14,11 @@ from radixkv.memory.pool import (
     PoolSize,
     pool_for,
     sglang_default_mem_fraction_static,
+    sglang_legacy_mem_fraction_static,
     sglang_pool_size,
+    sglang_version_rules,
     vllm_pool_size,
+    vllm_version_rules,
 )
 from radixkv.memory.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
 from radixkv.memory.startup_log import LoggedPool, parse_startup_log, read_startup_log
@@ -25,5 +28,6 @@ __all__ = [
     "AccountingRow", "DTYPE_BYTES", "LoggedPool", "parse_startup_log", "read_startup_log", "GPUSpec", "GPU_PRESETS", "MODEL_PRESETS", "ModelSpec",
     "PoolSize", "dtype_bytes", "estimate_num_params", "get_gpu", "get_model",
     "load_hf_config", "pool_for", "sglang_default_mem_fraction_static", "sglang_pool_size",
-    "vllm_pool_size",
+    "vllm_pool_size", "sglang_legacy_mem_fraction_static", "sglang_version_rules",
+    "vllm_version_rules",
 ]

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from radixkv.errors import InputError
-from radixkv.memory.pool import sglang_pool_size, vllm_pool_size
+from radixkv.memory.pool import sglang_pool_size, vllm_pool_size, vllm_version_rules
 from radixkv.memory.presets import get_gpu, get_model
 from radixkv.memory.specs import GPUSpec
 from radixkv.memory.startup_log import parse_startup_log
@@ -64,11 +64,34 @@ def _bpt_consistent(engine: str, bpt: int, unit: int, logged: dict, lp) -> bool 
     if "k_size_gb" in logged:
         # SGLang allocates size + page_size rows (mem_cache/memory_pool.py); K and V
         # each take half of a token's cell and are logged rounded to 0.01 GiB
-        rows = lp.max_total_num_tokens + lp.unit_tokens
+        rows = lp.max_total_num_tokens + unit
         half = rows * bpt / 2 / GiB
         return abs(half - logged["k_size_gb"]) <= 0.005 + 1e-9 and \
             abs(half - logged["v_size_gb"]) <= 0.005 + 1e-9
+    if "kv_size_gb" in logged:
+        # MLA pools log one "KV size" (latent, plus the indexer cache when counted)
+        rows = lp.max_total_num_tokens + unit
+        return abs(rows * bpt / GiB - logged["kv_size_gb"]) <= 0.005 + 1e-9
     return None
+
+
+def inputs_logged(entry: dict) -> bool:
+    """Does the log show every term the entry's engine version sizes the pool with?
+
+    vLLM: device total, weights, non-torch memory and the activation peak, plus the
+    CUDA-graph pool from 0.21 on (:func:`~radixkv.memory.pool.vllm_version_rules`).
+    SGLang: ``mem_fraction_static``, the free memory before loading and the weights.
+    Where this is True nothing in the recomputation is estimated, so the pool must come
+    out within the 5 % the calibration test allows.
+    """
+    meas, knobs = entry.get("measured", {}), entry.get("knobs", {})
+    if entry["engine"] == "vllm":
+        need = {"total_gib", "weights_gib", "non_torch_gib"}
+        if vllm_version_rules(entry.get("rules_version"))["cuda_graphs_in_budget"]:
+            need.add("cuda_graph_gib")
+        return need <= meas.keys() and ("activation_gib" in meas or "peak_torch_gib" in meas)
+    return ("mem_fraction_static" in knobs and "preload_free_gib" in meas
+            and "weights_gib" in meas)
 
 
 def recompute(entry: dict) -> dict:
@@ -77,7 +100,9 @@ def recompute(entry: dict) -> dict:
     Returns
     -------
     dict
-        ``id``, ``engine``, ``kv_bytes_per_token`` (per rank), ``bpt_exact``,
+        ``id``, ``engine``, ``kv_bytes_per_token`` (per rank, the cell the entry's engine
+        version sizes the pool with), ``bpt_exact``, ``inputs_logged``
+        (:func:`inputs_logged`),
         ``logged_tokens``, ``model_tokens``, ``pool_err_pct``, ``logged_kv_gib``,
         ``model_kv_gib``, ``kv_gib_err_pct`` (None when the log has no GiB figure),
         ``from_log`` (the pool :func:`parse_startup_log` reads from ``log_lines``).
@@ -94,10 +119,12 @@ def recompute(entry: dict) -> dict:
             entry["dtype"] if model.weight_dtype == model.dtype else model.weight_dtype))
     tp = int(entry["tp"])
     kv = entry.get("kv_cache_dtype", "auto")
-    knobs, meas, logged = entry.get("knobs", {}), entry.get("measured", {}), entry["logged"]
+    # knobs the log shows, then engine defaults the log does not show (``assumed``)
+    knobs = {**entry.get("assumed", {}), **entry.get("knobs", {})}
+    meas, logged = entry.get("measured", {}), entry["logged"]
     lp = parse_startup_log("\n".join(entry["log_lines"]), path=entry["id"], engine=eng,
                            block_size=knobs.get("block_size"))
-    bpt = model.kv_bytes_per_token(tp, kv)
+    weights = _gib(meas["weights_gib"]) if "weights_gib" in meas else None
     if eng == "vllm":
         gpu = get_gpu(entry["gpu"])
         kw = {}
@@ -105,7 +132,9 @@ def recompute(entry: dict) -> dict:
             kw["total_bytes"] = _gib(meas["total_gib"])
         if "non_torch_gib" in meas:
             kw["non_torch_bytes"] = _gib(meas["non_torch_gib"])
-        if "peak_torch_gib" in meas:
+        if "activation_gib" in meas:
+            kw["activation_bytes"] = _gib(meas["activation_gib"])
+        elif "peak_torch_gib" in meas:
             kw["activation_bytes"] = _gib(meas["peak_torch_gib"] - meas["weights_gib"])
         if "cuda_graph_gib" in meas:
             kw["cuda_graph_bytes"] = _gib(meas["cuda_graph_gib"])
@@ -114,7 +143,7 @@ def recompute(entry: dict) -> dict:
             gpu_memory_utilization=knobs.get("gpu_memory_utilization"),
             block_size=knobs.get("block_size", 16),
             max_num_batched_tokens=knobs.get("max_num_batched_tokens", 8192),
-            engine_version=entry.get("rules_version"), **kw)
+            engine_version=entry.get("rules_version"), weight_bytes=weights, **kw)
         model_gib = pool.budget_bytes / GiB
         logged_gib = logged.get("kv_cache_gib")
         logged_tokens = lp.capacity_tokens
@@ -127,15 +156,21 @@ def recompute(entry: dict) -> dict:
             used0 = 0
         pool = sglang_pool_size(model, gpu, tp=tp, kv_cache_dtype=kv,
                                 mem_fraction_static=knobs.get("mem_fraction_static"),
-                                page_size=knobs.get("page_size", 1), preload_used_bytes=used0)
-        model_gib = (pool.max_total_num_tokens + pool.unit_tokens) * bpt / GiB
+                                page_size=knobs.get("page_size", 1), preload_used_bytes=used0,
+                                engine_version=entry.get("rules_version"),
+                                weight_bytes=weights)
+        model_gib = (pool.max_total_num_tokens + pool.unit_tokens) * pool.kv_bytes_per_token / GiB
         logged_gib = (logged["k_size_gb"] + logged["v_size_gb"]) if "k_size_gb" in logged \
             else logged.get("kv_size_gb")
         logged_tokens = lp.capacity_tokens
+    # the cell the engine version sized the pool with (e.g. SGLang before 0.5.4 leaves
+    # DeepSeek-V3.2's indexer cache out of it)
+    bpt = pool.kv_bytes_per_token
     same_rank = entry.get("same_rank", True)
-    exact = _bpt_consistent(eng, bpt, lp.unit_tokens, logged, lp) if same_rank else None
+    exact = _bpt_consistent(eng, bpt, pool.unit_tokens, logged, lp) if same_rank else None
     return {
         "id": entry["id"], "engine": eng, "kv_bytes_per_token": bpt, "bpt_exact": exact,
+        "inputs_logged": inputs_logged(entry),
         "logged_tokens": logged_tokens, "model_tokens": pool.capacity_tokens,
         "pool_err_pct": 100.0 * (pool.capacity_tokens - logged_tokens) / logged_tokens,
         "logged_kv_gib": logged_gib, "model_kv_gib": model_gib,
@@ -144,4 +179,4 @@ def recompute(entry: dict) -> dict:
     }
 
 
-__all__ = ["load_calibration", "recompute"]
+__all__ = ["inputs_logged", "load_calibration", "recompute"]

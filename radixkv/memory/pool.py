@@ -72,6 +72,22 @@ VLLM_DEFAULT_CUDA_GRAPH_BYTES = int(0.5 * GiB)
 #: 1.25 GiB.
 VLLM_ACTIVATION_FACTOR = 2.5
 
+#: First SGLang version whose default ``mem_fraction_static`` is derived from the GPU's
+#: memory (``(M − reserved) / M``, reserving room for activations and CUDA-graph buffers;
+#: SGLang PR #10975, merged 2025-09-27). Before it SGLang took a fixed fraction by
+#: tensor-parallel size (:data:`SGLANG_LEGACY_MEM_FRACTION_BY_TP`).
+SGLANG_GPU_MEMORY_MFS_SINCE = (0, 5, 3)
+#: SGLang ≤ 0.5.2 ``server_args.py :: ServerArgs.__post_init__``: default
+#: ``mem_fraction_static`` by tensor-parallel size, as ``(min_tp, fraction)`` from the
+#: largest: tp ≥ 16: 0.79, ≥ 8: 0.81, ≥ 4: 0.85, ≥ 2: 0.87, else 0.88. (Late 0.4.x
+#: builds also raised it on cards above 96 GiB and lowered it on B200; not modelled.)
+SGLANG_LEGACY_MEM_FRACTION_BY_TP = ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88))
+#: First SGLang version that counts DeepSeek-V3.2's indexer key cache in the per-token
+#: cell it sizes the pool with (SGLang PR #11309, October 2025, after the 0.5.3
+#: release); before it the pool was sized on the MLA latent alone and the indexer cache
+#: was allocated on top of the budget.
+SGLANG_INDEXER_IN_CELL_SINCE = (0, 5, 4)
+
 #: ESTIMATE of the memory in use on a GPU before SGLang loads the model, relative to
 #: ``nvidia-smi``'s total: ≈ 0.45 GiB the driver keeps out of ``cudaMemGetInfo``'s total
 #: (79.22 GiB reported vs 81,559 MiB on an H100) plus ≈ 0.5 GiB of CUDA context and
@@ -231,6 +247,54 @@ def vllm_version_rules(engine_version=None) -> dict:
                                        else VLLM_LEGACY_GPU_MEMORY_UTILIZATION)}
 
 
+def sglang_version_rules(engine_version=None) -> dict:
+    """The SGLang start-up rules that depend on the version.
+
+    Parameters
+    ----------
+    engine_version : str or None
+        SGLang version; None = :data:`SGLANG_CURRENT_VERSION`.
+
+    Returns
+    -------
+    dict
+        ``version`` (the tuple); ``gpu_memory_mfs`` (bool: the default
+        ``mem_fraction_static`` comes from :func:`sglang_default_mem_fraction_static`,
+        since :data:`SGLANG_GPU_MEMORY_MFS_SINCE`; else from
+        :func:`sglang_legacy_mem_fraction_static`); ``indexer_in_cell`` (bool: a sparse-
+        attention indexer's cache is part of the per-token cell, since
+        :data:`SGLANG_INDEXER_IN_CELL_SINCE`).
+
+    Raises
+    ------
+    InputError
+        Not a version.
+    """
+    v = parse_version(SGLANG_CURRENT_VERSION if engine_version is None else engine_version)
+    v3 = (v + (0, 0))[:3]
+    return {"version": v, "gpu_memory_mfs": v3 >= SGLANG_GPU_MEMORY_MFS_SINCE,
+            "indexer_in_cell": v3 >= SGLANG_INDEXER_IN_CELL_SINCE}
+
+
+def sglang_legacy_mem_fraction_static(tp: int = 1) -> float:
+    """SGLang's default ``mem_fraction_static`` before 0.5.3: a fixed fraction by TP size.
+
+    SGLang ≤ 0.5.2 ``server_args.py :: ServerArgs.__post_init__`` (see
+    :data:`SGLANG_LEGACY_MEM_FRACTION_BY_TP`): 0.88 at tp 1, 0.87 at 2–3, 0.85 at 4–7,
+    0.81 at 8–15, 0.79 from 16.
+
+    Raises
+    ------
+    InputError
+        ``tp`` is not a positive integer.
+    """
+    _pos_int(tp, "tp")
+    for min_tp, frac in SGLANG_LEGACY_MEM_FRACTION_BY_TP:
+        if tp >= min_tp:
+            return frac
+    raise AssertionError("unreachable: the table ends at tp 1")
+
+
 def _fraction(value, field: str) -> float:
     try:
         v = float(value)
@@ -359,7 +423,8 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
                    activation_bytes: int | None = None,
                    cuda_graph_bytes: int | None = None,
                    total_bytes: int | None = None,
-                   engine_version: str | None = None) -> PoolSize:
+                   engine_version: str | None = None,
+                   weight_bytes: int | None = None) -> PoolSize:
     """vLLM v1's KV pool on one GPU: ``num_gpu_blocks`` and the accounting table.
 
     Parameters
@@ -387,6 +452,9 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
         vLLM version whose rules apply (:func:`vllm_version_rules`): before 0.21 the
         default ``gpu_memory_utilization`` is 0.9 and the CUDA-graph pool is not in the
         budget (``cuda_graph_bytes`` defaults to 0). None = the current version.
+    weight_bytes : int or None
+        Weights one rank holds, as vLLM logs them ("Model loading took X GiB"); default
+        ``model.weight_bytes_per_rank(tp)``.
 
     Returns
     -------
@@ -419,7 +487,8 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
     kv_dtype = _kv_dtype_name(model, kv_cache_dtype)
     per_tok = model.kv_bytes_per_token(tp, kv_dtype)
     per_block = per_tok * B
-    weights = model.weight_bytes_per_rank(tp)
+    weights = model.weight_bytes_per_rank(tp) if weight_bytes is None else \
+        _nonneg_bytes(weight_bytes, "weight_bytes")
     requested = math.ceil(total * util)
     budget = requested - weights - non_torch - act - graphs
     if budget < 2 * per_block:
@@ -459,7 +528,9 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
 def sglang_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype=None,
                      mem_fraction_static: float | None = None, page_size: int = 1,
                      chunked_prefill_size: int | None = None,
-                     preload_used_bytes: int | None = None) -> PoolSize:
+                     preload_used_bytes: int | None = None,
+                     engine_version: str | None = None,
+                     weight_bytes: int | None = None) -> PoolSize:
     """SGLang's KV pool on one GPU: ``max_total_num_tokens`` and the accounting table.
 
     Parameters
@@ -480,6 +551,14 @@ def sglang_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dt
         measures free memory itself); default the ESTIMATE
         :data:`SGLANG_DEFAULT_PRELOAD_USED_BYTES` (+
         :data:`SGLANG_PRELOAD_TP_EXTRA_BYTES` when tp > 1).
+    engine_version : str or None
+        SGLang version whose rules apply (:func:`sglang_version_rules`): before 0.5.3 the
+        default ``mem_fraction_static`` is :func:`sglang_legacy_mem_fraction_static`;
+        before 0.5.4 a sparse-attention indexer's cache is left out of the cell. None =
+        :data:`SGLANG_CURRENT_VERSION`.
+    weight_bytes : int or None
+        Weights one rank holds, as SGLang logs them ("Load weight end ... mem usage=X
+        GB"); default ``model.weight_bytes_per_rank(tp)``.
 
     Returns
     -------
@@ -501,7 +580,10 @@ def sglang_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dt
     """
     _pos_int(tp, "tp")
     p = _pos_int(page_size, "page_size")
-    if mem_fraction_static is None:
+    rules = sglang_version_rules(engine_version)
+    if mem_fraction_static is None and not rules["gpu_memory_mfs"]:
+        mfs = sglang_legacy_mem_fraction_static(tp)
+    elif mem_fraction_static is None:
         mfs = sglang_default_mem_fraction_static(
             gpu, tp, is_mla=model.is_mla, model_name=model.name,
             chunked_prefill_size=chunked_prefill_size)
@@ -513,7 +595,10 @@ def sglang_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dt
         used0 = _nonneg_bytes(preload_used_bytes, "preload_used_bytes")
     kv_dtype = _kv_dtype_name(model, kv_cache_dtype)
     cell = model.kv_bytes_per_token(tp, kv_dtype)
-    weights = model.weight_bytes_per_rank(tp)
+    if not rules["indexer_in_cell"]:
+        cell -= model.indexer_bytes_per_token()
+    weights = model.weight_bytes_per_rank(tp) if weight_bytes is None else \
+        _nonneg_bytes(weight_bytes, "weight_bytes")
     total = gpu.total_bytes
     pre_free = total - used0
     after_load = pre_free - weights

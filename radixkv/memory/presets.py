@@ -140,6 +140,40 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         vocab_size=151936, num_params=80_000_000_000, max_position_embeddings=262144,
         layer_types=tuple("linear_attention" if (i + 1) % 4 else "full_attention" for i in range(48)),
         ssm=SSMSpec(conv_kernel=4, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)),
+    # deepseek-ai/DeepSeek-V3.2-Exp config.json: DeepSeek-V3's shapes (above) plus the
+    # sparse-attention indexer (index_head_dim 128, index_n_heads 64, index_topk 2048);
+    # the indexer's key cache adds 61 × (128 + 4) B per token (ModelSpec.index_head_dim).
+    # Parameters counted as DeepSeek-V3's 671B (the indexer adds < 0.1 %).
+    "DeepSeek-V3.2-Exp": ModelSpec(
+        name="DeepSeek-V3.2-Exp", num_layers=61, num_attention_heads=128, num_kv_heads=128,
+        head_dim=192, v_head_dim=128, hidden_size=7168, intermediate_size=18432,
+        vocab_size=129280, num_params=671_026_419_200, dtype="bf16", weight_dtype="fp8",
+        kv_lora_rank=512, qk_rope_head_dim=64, max_position_embeddings=163840,
+        index_head_dim=128),
+    # meta-llama/Llama-3.2-11B-Vision-Instruct config.json, text_config: 40 layers (32
+    # self-attention + 8 cross-attention, each with its own KV cache in vLLM), hidden
+    # 4096, 32 heads, 8 KV heads, head_dim 128, intermediate 14336, vocab 128256,
+    # max_position_embeddings 131072, bfloat16. 10,670,220,835 parameters (safetensors
+    # index total_size 21,340,441,670 B / 2; the card's "10.6B"), vision encoder included.
+    "Llama-3.2-11B-Vision": ModelSpec(
+        name="Llama-3.2-11B-Vision", num_layers=40, num_attention_heads=32, num_kv_heads=8,
+        head_dim=128, v_head_dim=128, hidden_size=4096, intermediate_size=14336,
+        vocab_size=128256, num_params=10_670_220_835, max_position_embeddings=131072),
+    # Qwen/Qwen3-0.6B config.json: 28 layers, hidden 1024, 16 heads, 8 KV heads, head_dim
+    # 128, intermediate 3072, vocab 151936 (tied), max_position_embeddings 40960,
+    # bfloat16. 596,049,920 parameters (shapes; the card's "0.6B").
+    "Qwen3-0.6B": ModelSpec(
+        name="Qwen3-0.6B", num_layers=28, num_attention_heads=16, num_kv_heads=8,
+        head_dim=128, v_head_dim=128, hidden_size=1024, intermediate_size=3072,
+        vocab_size=151936, num_params=596_049_920, max_position_embeddings=40960),
+    # Qwen/Qwen2.5-VL-7B-Instruct config.json: the language model of Qwen2.5-7B (28
+    # layers, hidden 3584, 28 heads, 4 KV heads, intermediate 18944, vocab 152064) plus a
+    # 32-layer vision encoder; max_position_embeddings 128000, bfloat16. 8,292,166,656
+    # parameters (the card's "8.29B"), vision encoder included.
+    "Qwen2.5-VL-7B": ModelSpec(
+        name="Qwen2.5-VL-7B", num_layers=28, num_attention_heads=28, num_kv_heads=4,
+        head_dim=128, v_head_dim=128, hidden_size=3584, intermediate_size=18944,
+        vocab_size=152064, num_params=8_292_166_656, max_position_embeddings=128000),
 }
 
 _MiB = 2**20
@@ -189,6 +223,11 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         source="NVIDIA Ada Lovelace GPU Architecture whitepaper, appendix table "
                "(GeForce RTX 4090: 165.2 TFLOPS BF16 dense with FP32 accumulate; 24 GB "
                "GDDR6X, 1,008 GB/s); nvidia-smi memory.total 24,564 MiB"),
+    "B200": GPUSpec(
+        name="B200", total_bytes=183_359 * _MiB, bf16_flops=2_250 * _T,
+        hbm_bytes_per_s=8e12,
+        source="NVIDIA HGX B200 datasheet (B200 SXM: 4.5 PFLOPS FP16/BF16 with sparsity "
+               "= 2.25 dense, 8 TB/s HBM3e); nvidia-smi memory.total 183,359 MiB"),
 }
 
 

@@ -40,7 +40,18 @@ DTYPE_BYTES: dict[str, int] = {
     "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2,
     "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
     "int8": 1,
+    # DeepSeek's FlashMLA fp8 layout for MLA latents (vLLM ``--kv-cache-dtype fp8_ds_mla``;
+    # SGLang's default for DeepSeek-V3.2 sparse attention): see :data:`FP8_DS_MLA`.
+    "fp8_ds_mla": 1,
 }
+
+#: The fp8 MLA cache layout DeepSeek's FlashMLA reads (vLLM ``fp8_ds_mla``,
+#: ``v1/attention/backends/mla/flashmla_sparse.py``; SGLang
+#: ``mem_cache/memory_pool.py :: NSATokenToKVPool``): per layer and token, the
+#: ``kv_lora_rank`` latent in fp8, one fp32 scale per 128 latent elements, and the
+#: ``qk_rope_head_dim`` RoPE key left in bf16 — 512 + 4 × 4 + 64 × 2 = 656 bytes for
+#: DeepSeek-V3.
+FP8_DS_MLA = "fp8_ds_mla"
 
 
 def dtype_bytes(name: str, *, field: str = "dtype") -> int:
@@ -188,6 +199,10 @@ class ModelSpec:
         ``SlidingWindowSpec.sliding_window``); required when a layer slides.
     ssm : SSMSpec or None
         State shapes of the ``linear_attention`` layers; required when there are any.
+    index_head_dim : int or None
+        Width of the DeepSeek sparse-attention indexer key (DeepSeek-V3.2
+        ``index_head_dim``); None for models without an indexer. Its cache adds
+        :meth:`indexer_bytes_per_token` to every token.
     """
 
     name: str
@@ -208,6 +223,7 @@ class ModelSpec:
     layer_types: tuple | None = None
     sliding_window: int | None = None
     ssm: SSMSpec | None = None
+    index_head_dim: int | None = None
 
     def __post_init__(self):
         for f in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -222,6 +238,8 @@ class ModelSpec:
             _positive_int(self.qk_rope_head_dim, "qk_rope_head_dim")
         dtype_bytes(self.dtype, field="dtype")
         dtype_bytes(self.weight_dtype, field="weight_dtype")
+        if self.index_head_dim is not None:
+            _positive_int(self.index_head_dim, "index_head_dim")
         if self.layer_types is not None:
             lt = tuple(self.layer_types)
             if len(lt) != self.num_layers:
@@ -337,11 +355,34 @@ class ModelSpec:
         -------
         int
             Bytes per token per rank. E.g. Llama-3.1-8B bf16: 2 × 32 × 8 × 128 × 2 =
-            131,072; DeepSeek-V3 bf16: 61 × 576 × 2 = 70,272 at every tp. A hybrid model
-            counts its full and sliding layers only (:attr:`num_kv_layers`).
+            131,072; DeepSeek-V3 bf16: 61 × 576 × 2 = 70,272 at every tp; DeepSeek-V3
+            ``fp8_ds_mla``: 61 × 656 = 40,016. A hybrid model counts its full and sliding
+            layers only (:attr:`num_kv_layers`); a model with a sparse-attention indexer adds
+            :meth:`indexer_bytes_per_token`.
         """
+        if kv_cache_dtype is not None and str(kv_cache_dtype).lower() == FP8_DS_MLA:
+            if not self.is_mla:
+                raise ConfigError(f"{self.name}: kv_cache_dtype fp8_ds_mla is for MLA models",
+                                  field="kv_cache_dtype")
+            self.kv_heads_per_rank(tp)  # validates tp
+            per_layer = (self.kv_lora_rank + -(-self.kv_lora_rank // 128) * 4
+                         + self.qk_rope_head_dim * 2)
+            return self.num_kv_layers * per_layer + self.indexer_bytes_per_token()
         return (self.num_kv_layers * self.kv_elements_per_token_layer(tp)
-                * self.kv_dtype_bytes(kv_cache_dtype))
+                * self.kv_dtype_bytes(kv_cache_dtype) + self.indexer_bytes_per_token())
+
+    def indexer_bytes_per_token(self) -> int:
+        """Bytes of the sparse-attention indexer cache per token (0 without an indexer).
+
+        DeepSeek-V3.2 keeps one fp8 indexer key of ``index_head_dim`` elements plus one
+        fp32 scale per 128 elements, per layer and token, on every rank (SGLang
+        ``mem_cache/memory_pool.py :: NSATokenToKVPool``, ``index_k_with_scale_buffer``;
+        vLLM ``DeepseekV32IndexerCache``): 61 × (128 + 4) = 8,052 bytes. Included in
+        :meth:`kv_bytes_per_token`.
+        """
+        if self.index_head_dim is None:
+            return 0
+        return self.num_layers * (self.index_head_dim + -(-self.index_head_dim // 128) * 4)
 
     def kv_bytes_per_token_total(self, tp: int = 1, kv_cache_dtype: str | None = None) -> int:
         """KV-cache bytes one token takes summed over all ``tp`` ranks.

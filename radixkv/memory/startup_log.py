@@ -17,7 +17,8 @@ vLLM
       a little less otherwise; ``num_blocks`` is then recovered as the integer that
       reproduces the logged figure. Either way ``num_blocks`` counts block 0 (the null
       block), so the pool is ``num_gpu_blocks = num_blocks``.
-    * ``# GPU blocks: N`` (v0 engine, ``worker/worker.py`` / ``executor``), which is
+    * ``# GPU blocks: N`` (v0 engine, ``worker/worker.py`` / ``executor``; vLLM 0.6.6–0.7
+      print ``# CUDA blocks: N`` from ``executor/executor_base.py``), which is
       ``num_gpu_blocks`` itself.
     * ``Available KV cache memory: X GiB`` (v1 ``gpu_worker.py ::
       determine_available_memory``; v0 logs ``kv_cache_size=XGiB`` or "the rest of the
@@ -48,7 +49,7 @@ _FLOAT = r"([0-9]+(?:\.[0-9]+)?)"
 
 _VLLM_TOKENS = re.compile(r"KV cache size:\s*" + _NUM + r"\s*tokens")
 _VLLM_MAXLEN = re.compile(r"Maximum concurrency for\s*" + _NUM + r"\s*tokens per request")
-_VLLM_BLOCKS = re.compile(r"#\s*GPU blocks:\s*" + _NUM + r"|GPU blocks:\s*" + _NUM
+_VLLM_BLOCKS = re.compile(r"#\s*(?:GPU|CUDA) blocks:\s*" + _NUM + r"|GPU blocks:\s*" + _NUM
                           + r",\s*#?\s*CPU blocks")
 _VLLM_AVAIL = re.compile(
     r"(?:Available KV cache memory:\s*|kv_cache_size=|reserved for KV Cache is\s*)"
