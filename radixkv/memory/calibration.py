@@ -149,7 +149,11 @@ def recompute(entry: dict) -> dict:
         logged_tokens = lp.capacity_tokens
     else:
         if entry.get("gpu"):
-            gpu, used0 = get_gpu(entry["gpu"]), None
+            gpu = get_gpu(entry["gpu"])
+            # "Load weight begin. avail mem=X GB": SGLang's pre_model_load_memory (min
+            # over ranks); without it radixkv's estimate of the memory in use applies
+            used0 = (max(gpu.total_bytes - _gib(meas["preload_free_gib"]), 0)
+                     if "preload_free_gib" in meas else None)
         else:
             free = _gib(meas["preload_free_gib"])
             gpu = GPUSpec(name="from-log", total_bytes=free, bf16_flops=1.0, hbm_bytes_per_s=1.0)

@@ -24,6 +24,12 @@ SGLang (``mem_cache/kv_cache_configurator.py :: _profile_available_bytes``,
     pre_load_free        = free memory before the weights load
     rest                 = (pre_load_free − weights) − pre_load_free × (1 − mem_fraction_static)
     max_total_num_tokens = (rest // cell_size) rounded down to page_size
+
+Both rule sets are version-aware (``--engine-version``; :func:`vllm_version_rules`,
+:func:`sglang_version_rules`): vLLM subtracts the CUDA-graph pool since 0.21; SGLang
+derives the default ``mem_fraction_static`` from the GPU's memory since 0.5.3 (a fixed
+fraction by TP size before) and counts DeepSeek-V3.2's indexer cache in ``cell_size``
+since 0.5.4. docs/memory-calibration.md checks both against published start-up logs.
 """
 from __future__ import annotations
 
