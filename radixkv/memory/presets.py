@@ -46,14 +46,6 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         name="Qwen2.5-7B", num_layers=28, num_attention_heads=28, num_kv_heads=4,
         head_dim=128, v_head_dim=128, hidden_size=3584, intermediate_size=18944,
         vocab_size=152064, num_params=7_615_616_512, max_position_embeddings=32768),
-    # meta-llama/Llama-2-7b-hf config.json: 32 layers, hidden 4096, 32 heads = 32 KV heads
-    # (MHA), intermediate 11008, vocab 32000, max_position_embeddings 4096, float16.
-    # 6,738,415,616 parameters (shapes; the model card's "7B").
-    "Llama-2-7B": ModelSpec(
-        name="Llama-2-7B", num_layers=32, num_attention_heads=32, num_kv_heads=32,
-        head_dim=128, v_head_dim=128, hidden_size=4096, intermediate_size=11008,
-        vocab_size=32000, num_params=6_738_415_616, dtype="fp16", weight_dtype="fp16",
-        max_position_embeddings=4096),
     # meta-llama/Llama-2-70b-hf config.json: 80 layers, hidden 8192, 64 heads, 8 KV heads,
     # intermediate 28672, vocab 32000, max_position_embeddings 4096, float16.
     # 68,976,648,192 parameters (shapes).
