@@ -551,6 +551,43 @@ class RadixCache(PrefixCache):
             raise RuntimeError("decode needs a page but none is free or evictable")
         return e == 1
 
+    def extend_many(self, rids, n_tokens) -> int:
+        """:meth:`PrefixCache.extend_many`: the same as :meth:`extend` item by item, but a
+        decode that takes only free slots (no eviction, no prompt left; the common case)
+        updates the slot counts here, without a kernel call — the arithmetic of the
+        ``_decode`` kernel (``alloc_for_decode``: a new page when the position starts one,
+        taken from the free slots while at least one stays free)."""
+        if type(self).extend is not RadixCache.extend:  # a subclass's extend decides
+            return super().extend_many(rids, n_tokens)
+        one = isinstance(n_tokens, int)
+        S = self._S
+        p = self.page_size
+        free = int(S[K.S_FREE])
+        priv = int(S[K.S_PRIV])
+        reqs = self._reqs
+        C, PL, KM = K.R_COMP, K.R_PLEN, K.R_KVMAX
+        for j, rid in enumerate(rids):
+            n = int(n_tokens if one else n_tokens[j])
+            row = reqs[rid].row
+            comp = int(row[C])
+            end = comp + n
+            if n > 0 and comp >= int(row[PL]) and end <= int(row[KM]):
+                nb = -(-end // p) - -(-comp // p)  # pages the decode starts
+                if free > nb or (nb == 0 and free > 0):
+                    free -= nb
+                    priv += nb
+                    row[C] = end
+                    continue
+            S[K.S_FREE] = free
+            S[K.S_PRIV] = priv
+            if not self.extend(rid, n):  # the general path (raises on bad input)
+                return j
+            free = int(S[K.S_FREE])
+            priv = int(S[K.S_PRIV])
+        S[K.S_FREE] = free
+        S[K.S_PRIV] = priv
+        return len(rids)
+
     def finish(self, rid: int) -> None:
         """``release_kv_cache``: insert the KV computed, then the prompt; free the rest; unlock."""
         r = self._reqs.pop(rid)

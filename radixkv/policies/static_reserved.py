@@ -96,6 +96,10 @@ class StaticReservedCache(PrefixCache):
         self._lru: OrderedDict[int, None] = OrderedDict()  # key -> None, least recent first
         self._reqs: dict[int, _Req] = {}
         self._used = 0
+        # keys of recently looked-up sequences: id(seg_id) -> (seg_id, seg_end, kv_len, keys);
+        # a blocked waiting head is peeked at every engine step
+        self._key_memo: dict = {}
+        self._walk = None  # the last lookup's walk (_found)
 
     @classmethod
     def from_capacity_tokens(cls, capacity_tokens: int, block_size: int = 16, **kw) -> "StaticReservedCache":
@@ -119,16 +123,43 @@ class StaticReservedCache(PrefixCache):
         return -(-tokens // self.slot_tokens)
 
     def _keys(self, seq: KVSeq) -> list:
+        """Keys of every full block of *seq*'s KV extent (memoised per content arrays: the
+        caller must not mutate the returned list)."""
+        m = self._key_memo.get(id(seq.seg_id))
+        if m is not None and m[0] is seq.seg_id and m[1] is seq.seg_end and m[2] == seq.kv_len:
+            return m[3]
         keys, _ = seq_block_keys(seq.seg_id, seq.seg_end, self.slot_tokens, seq.kv_len // self.slot_tokens, _ALL_ONES)
-        return keys.tolist()
+        keys = keys.tolist()
+        if len(self._key_memo) >= 64:
+            self._key_memo.clear()
+        self._key_memo[id(seq.seg_id)] = (seq.seg_id, seq.seg_end, seq.kv_len, keys)
+        return keys
 
     def _found(self, keys, L: int) -> int:
-        """Hit blocks of a lookup of the first L tokens (vLLM cap: ``(L − 1) // B``)."""
+        """Hit blocks of a lookup of the first L tokens (vLLM cap: ``(L − 1) // B``).
+
+        The walk over the last looked-up key list is remembered (``_walk``: the list, how
+        many of its leading keys are cached, and those keys as a set): the next lookup of
+        the same list resumes from there, since cached keys leave only by eviction and
+        :meth:`_insert` forgets the walk when it evicts one of them.
+        """
         cap = min((L - 1) // self.slot_tokens, len(keys))
-        j = 0
+        w = self._walk
+        if w is not None and w[0] is keys:
+            j0 = w[1]
+            if j0 >= cap:
+                return cap
+        else:
+            j0 = 0
+            w = None
+        j = j0
         lru = self._lru
         while j < cap and keys[j] in lru:
             j += 1
+        if w is None:
+            w = self._walk = [keys, 0, set()]
+        w[2].update(keys[j0:j])
+        w[1] = j
         return j
 
     def _insert(self, keys, lo: int, hi: int) -> None:
@@ -143,7 +174,9 @@ class StaticReservedCache(PrefixCache):
             else:
                 lru[k] = None
         while len(lru) > self.reserved_slots:
-            lru.popitem(last=False)
+            k, _ = lru.popitem(last=False)
+            if self._walk is not None and k in self._walk[2]:
+                self._walk = None
             self.evictions += 1
             self.evicted_tokens_total += self.slot_tokens
 

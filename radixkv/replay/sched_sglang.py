@@ -64,6 +64,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 from radixkv.errors import ConfigError
 from radixkv.replay.scheduler import LPM_MAX_WAITING, Scheduler, StepPlan
 
@@ -191,6 +193,8 @@ class SglangScheduler(Scheduler):
     def schedule(self) -> StepPlan:
         """Build one step's batch: a prefill batch if there is one, else a decode of all."""
         plan = StepPlan([], [], [], [])
+        self._head_check = None
+        self._ff_blocked = False
         self.admitted_now = []
         clip = SGLANG_CLIP_MAX_NEW_TOKENS
         p = self._page
@@ -239,7 +243,11 @@ class SglangScheduler(Scheduler):
                 ok = c > 0 and (fits or (lone and self._lone_fits(i, h, c)))
                 if not ok:
                     if self.deferred:
+                        room_locked = self._room_tokens()
                         self.policy.preempt(i)  # drop the lock; nothing was allocated
+                        if not lone:  # what a repeat of this check depends on (_blocked_bound)
+                            self._head_check = (i, c, extend + max_new + p, room_locked,
+                                                int(self.policy.room_slots()))
                     plan.blocked = True
                     break
                 if not self.deferred:
@@ -275,7 +283,19 @@ class SglangScheduler(Scheduler):
             plan.n_running = len(self.running)
             return plan
         # 4. decode (update_running_batch): retract until it fits, else decay the ratio
-        for r in list(self.running):
+        snap = list(self.running)
+        ctx, target, kv = self.ctx, self.target, self.kv
+        j = 0  # the leading plain decodes (KV = computed tokens) go in one extend_many call
+        while j < len(snap) and ctx[snap[j]] >= target[snap[j]] and kv[snap[j]] == ctx[snap[j]]:
+            j += 1
+        m = self.policy.extend_many(snap[:j], 1) if j else 0
+        for r in snap[:m]:
+            kv[r] += 1
+            plan.req.append(r)
+            plan.new.append(1)
+            plan.ctx.append(ctx[r])
+            plan.prefill.append(False)
+        for r in snap[m:]:  # from the first refusal on: one by one, retracting as needed
             if r in self.running:
                 self._serve_running(r, plan, 1)
         if plan.preempted:
@@ -320,7 +340,80 @@ class SglangScheduler(Scheduler):
             return True
         if not plan.blocked or self.cfg.schedule_policy != "fcfs":
             return False
-        return len(self.running) >= self.cfg.max_num_seqs
+        if len(self.running) >= self.cfg.max_num_seqs:
+            return True
+        # a head refused by the PrefillAdder budget: the steps repeat while the check keeps
+        # refusing it (max_fast_forward finds how long; each is then exactly a scheduled step)
+        self._ff_blocked = self._head_check is not None and self._repeat_inert()
+        return self._ff_blocked
+
+    def _repeat_inert(self) -> bool:
+        """Whether repeating the head's refused lookup changes nothing later steps see:
+        :class:`~radixkv.policies.radix.RadixCache`'s own ``match_and_lock`` + ``preempt``
+        (on an unchanged tree: the same hit, no split, the head's nodes stamped most recent
+        again, no eviction while a slot is free) and its own decode rule."""
+        from radixkv.policies.radix import RadixCache
+
+        t = type(self.policy)
+        return (issubclass(t, RadixCache) and t._admit is RadixCache._admit and t.extend is RadixCache.extend
+                and t.preempt is RadixCache.preempt and t.match_and_lock is RadixCache.match_and_lock)
+
+    def max_fast_forward(self) -> int:
+        """The base bound; for a budget-refused head also :meth:`_blocked_bound`."""
+        k = super().max_fast_forward()
+        if self._ff_blocked and k > 1:
+            k = self._blocked_bound(k)
+        return k
+
+    def _blocked_bound(self, k: int) -> int:
+        """Most steps (≤ *k*, this one included) before the budget-refused head could be admitted.
+
+        Step j of the run (j = 1 … k − 1) repeats this step's admission check
+        (``PrefillAdder.add_one_req`` → ``check_prefill``) with the state after j decodes:
+        every running request has j more outputs (``offset`` = Σ ``min(N − g − j, 4096) ·
+        ratio_j``, summed in running order, ``ratio_j`` decayed j times one step at a time);
+        the pool has the pages those decodes took fewer (``room``), and the head's hit is
+        unchanged, since the run is bounded to steps whose decodes leave a slot free (no
+        eviction touches the tree). The run stops before the first step whose check would
+        pass; values within rounding of the boundary are recomputed exactly as
+        :meth:`schedule` computes them.
+        """
+        i, c, need_tokens, room_locked, room_unlocked = self._head_check
+        pol = self.policy
+        S = int(pol.slot_tokens)
+        run = self.running
+        n = len(run)
+        kv0 = np.fromiter((self.kv[r] for r in run), dtype=np.int64, count=n)
+        ts = np.arange(0, k, dtype=np.int64)
+        # newc[t]: pages the run's decodes start with t extra tokens per request
+        newc = (-(-(kv0[None, :] + ts[:, None]) // S) - (-(-kv0 // S))[None, :]).sum(axis=1)
+        free = int(pol.stats(detail=False).free_slots)
+        # every decode of steps 1 … k' − 1 must leave a slot free (no eviction)
+        k = min(k, int(np.searchsorted(newc, free - 1, side="right")))
+        if k <= 1 or c <= 0:
+            return max(k, 1)
+        lock = room_unlocked - room_locked // S  # slots the head's locked match takes from room
+        room_now = int(pol.room_slots())
+        js = np.arange(1, k, dtype=np.int64)
+        room_j = (room_now - newc[js - 1] - lock) * S
+        d = self.ratio_decay
+        ratios = np.maximum(np.cumsum(np.concatenate(([self.ratio], np.full(k - 2, -d)))), self.ratio_min)
+        left = np.fromiter((self.N[r] - self.gen[r] for r in run), dtype=np.int64, count=n)
+        rem = np.minimum(left[None, :] - js[:, None], SGLANG_CLIP_MAX_NEW_TOKENS).astype(np.float64)
+        offset = np.cumsum(rem * ratios[:, None], axis=1)[:, -1]
+        margin = (room_j - offset) - need_tokens
+        near = np.abs(margin) <= 1e-6 * np.maximum(1.0, np.abs(offset))
+        for t in np.flatnonzero(near).tolist():  # exact recomputation near the boundary
+            j = t + 1
+            ratio = float(ratios[t])
+            off = sum(min(self.N[r] - self.gen[r] - j, SGLANG_CLIP_MAX_NEW_TOKENS) * ratio for r in run)
+            margin[t] = 1.0 if need_tokens < int(room_j[t]) - off else -1.0
+        passes = np.flatnonzero(margin > 0)
+        return int(passes[0]) + 1 if passes.size else k
 
     def _on_fast_forward(self, k: int) -> None:
+        if self._ff_blocked:  # the steps' decays, one at a time (as the steps make them)
+            for _ in range(k - 1):
+                self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
+            return
         self.ratio = max(self.ratio - self.ratio_decay * (k - 1), self.ratio_min)
