@@ -41,6 +41,9 @@ import numpy as np
 
 from radixkv.errors import ConfigError
 
+#: integers below this are exact in float64 (2**53)
+_EXACT = 2**53
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -155,6 +158,9 @@ class CostModel:
         float or np.ndarray of float64
             ``2 · N_params · n + 4 · L · d_attn · (n · c + n (n + 1) / 2)``.
         """
+        if type(new_tokens) is int and type(context_tokens) is int:  # the same float operations
+            n, c = float(new_tokens), float(context_tokens)
+            return 2.0 * self.params * n + 4.0 * self.num_layers * self.attn_dim * (n * c + n * (n + 1) / 2)
         n = np.asarray(new_tokens, dtype=np.float64)
         c = np.asarray(context_tokens, dtype=np.float64)
         f = 2.0 * self.params * n + 4.0 * self.num_layers * self.attn_dim * (n * c + n * (n + 1) / 2)
@@ -174,6 +180,10 @@ class CostModel:
             ``max(F / (peak · mfu · tp), M / (bw · mbu · tp)) + step_overhead_s``; 0 for an
             empty batch.
         """
+        if type(new_tokens) is list and type(context_tokens) is list:
+            t = self._step_time_ints(new_tokens, context_tokens)
+            if t is not None:
+                return t
         n = np.asarray(new_tokens, dtype=np.float64)
         c = np.asarray(context_tokens, dtype=np.float64)
         if n.size == 0:
@@ -183,6 +193,29 @@ class CostModel:
         )
         bytes_ = self.params * self.weight_dtype_bytes + self.kv_bytes_per_token * float((c + n).sum())
         return self._time(flops, bytes_)
+
+    def _step_time_ints(self, new_tokens: list, context_tokens: list):
+        """:meth:`step_time` of lists of Python ints, bit for bit, without numpy: every
+        term of the numpy sums is an integer and every partial sum stays below 2**53, so
+        the float sums are exact whatever their order, and equal these integer sums.
+        None when that does not hold (non-int items, or sums too large)."""
+        if not new_tokens:
+            return 0.0
+        sn = sa = sb = 0
+        for n, c in zip(new_tokens, context_tokens):
+            if type(n) is not int or type(c) is not int:
+                return None
+            sn += n
+            sa += n * c + n * (n + 1) // 2
+            sb += c + n
+        if len(new_tokens) != len(context_tokens) or min(new_tokens) < 0 or min(context_tokens) < 0 \
+                or sa >= _EXACT or sb >= _EXACT:
+            return None
+        flops = 2.0 * self.params * float(sn) + 4.0 * self.num_layers * self.attn_dim * float(sa)
+        bytes_ = self.params * self.weight_dtype_bytes + self.kv_bytes_per_token * float(sb)
+        t_c = flops / (self.peak_flops * self.mfu * self.tp)
+        t_m = bytes_ / (self.hbm_bytes_per_s * self.mbu * self.tp)
+        return (t_c if t_c >= t_m else t_m) + self.step_overhead_s
 
     def _time(self, flops, bytes_):
         t_c = flops / (self.peak_flops * self.mfu * self.tp)

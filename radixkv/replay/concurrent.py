@@ -378,7 +378,9 @@ def replay_concurrent(
         else:
             dt = float(cost.step_time(plan.new, plan.ctx))
             pre_new = [c for c, p in zip(plan.new, plan.prefill) if p]
-            if pre_new:
+            if len(pre_new) == 1:  # the sum of one item is the item
+                pf_flops += float(cost.prefill_flops(pre_new[0], plan.ctx[plan.prefill.index(True)]))
+            elif pre_new:
                 pre_ctx = [c for c, p in zip(plan.ctx, plan.prefill) if p]
                 pf_flops += float(np.sum(cost.prefill_flops(np.asarray(pre_new), np.asarray(pre_ctx))))
             sch.complete(plan)
