@@ -264,3 +264,40 @@ def test_trace_segments_are_kv_seqs(trace):
         s = trace.kv_seq(i)
         assert sid[off[i]:off[i + 1]].tolist() == s.seg_id.tolist()
         assert send[off[i]:off[i + 1]].tolist() == s.seg_end.tolist()
+
+
+def test_explain_names_producer_and_evictor(capsys):
+    from radixkv.replay.misses import explain
+
+    a, b = list(range(40)), list(range(1000, 1064))
+    t = _trace([a, b, a])
+    ex = explain(t, parse_policy("vllm:16"), PoolSpec(capacity_tokens=64), "r2")
+    assert ex["index"] == 2 and ex["hit_tokens"] == 0
+    assert ex["causes"] == {"compulsory": 0, "alignment": 8, "last_token_cap": 0, "not_cached": 0, "capacity": 32}
+    # all 40 tokens were first computed by r0
+    assert [(s["start"], s["end"], s["produced_by"]) for s in ex["spans"]] == [(0, 40, "r0")]
+    # r0 made 2 blocks (32 tokens) hittable; r1 (4 blocks on a 4-block pool) evicted them
+    assert [(h["after_request"], h["hittable_before"], h["hittable_after"], h["event"]) for h in ex["history"]] == [
+        ("r0", 0, 32, "inserted"), ("r1", 32, 0, "evicted")]
+    # two producers: r1 branches off r0 after 20 tokens; r2 follows r1 for 10 more, then 6 new
+    x = list(range(5000, 5020))
+    t2 = _trace([a, a[:20] + x, a[:20] + x[:10] + [7] * 6])
+    ex = explain(t2, parse_policy("sglang:1"), PoolSpec(capacity_tokens=4096), "r2")
+    assert [(s["start"], s["end"], s["produced_by"]) for s in ex["spans"]] == [(0, 20, "r0"), (20, 30, "r1")]
+    assert ex["hit_tokens"] == 30 and ex["causes"]["compulsory"] == 6
+    with pytest.raises(Exception, match="no request 'zz'"):
+        explain(t, parse_policy("vllm:16"), PoolSpec(capacity_tokens=64), "zz")
+
+
+def test_cli_explain(tmp_path, capsys):
+    import json
+
+    from radixkv.cli import main
+
+    path = tmp_path / "t.jsonl"
+    rows = [list(range(40)), list(range(1000, 1064)), list(range(40))]
+    path.write_text("".join(json.dumps({"id": f"r{i}", "tokens": r, "output_tokens": []}) + "\n"
+                            for i, r in enumerate(rows)))
+    assert main(["replay", str(path), "--policy", "vllm:16", "--capacity-tokens", "64", "--explain", "r2"]) == 0
+    out = capsys.readouterr().out
+    assert "first computed by r0" in out and "evicted by r1" in out

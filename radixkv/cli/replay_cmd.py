@@ -256,6 +256,8 @@ def cmd_replay(args) -> int:
     from radixkv.replay.run import run_replay
 
     _check_miss_args(args)
+    if getattr(args, "explain", None) is not None:
+        return _explain(args, spec, pool)
     if _routing.routed(args):
         if args.per_request or timeline or args.report:
             raise ConfigError("--per-request, --timeline and --report are written by the single-pool replay "
@@ -280,6 +282,24 @@ def cmd_replay(args) -> int:
     if timeline:
         rec.write_timeline_csv(timeline)
         print(f"wrote {timeline}", file=out)
+    return 0
+
+
+def _explain(args, spec, pool) -> int:
+    """``replay --explain REQUEST_ID``: print (and with ``--json`` write) why that request
+    missed what it missed (:func:`radixkv.replay.misses.explain`)."""
+    from radixkv.replay.misses import explain, format_explain
+    from radixkv.replay.run import warmup
+
+    if args.mode != "sequential" or _routing.routed(args):
+        raise ConfigError("--explain runs the sequential single-pool replay", field="explain")
+    trace, _ = _load(args)
+    warmup(spec)
+    options = {"verify": True} if args.verify else {}
+    ex = explain(trace, spec, pool, args.explain, limit=args.limit, **options)
+    out = human(args.json)
+    print(format_explain(ex), file=out)
+    emit(args.json, dumps_json({"policy": spec.label, "explain": ex}), args.json)
     return 0
 
 
@@ -525,6 +545,9 @@ def register(sub) -> None:
                    help="vllm: compare the stored ids on every block-hash hit (slower; default off)")
     p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
     _add_miss_args(p)
+    p.add_argument("--explain", metavar="REQUEST_ID", default=None,
+                   help="instead of the summary, explain one request: which earlier request first computed each "
+                        "reusable span of its prompt, and which requests inserted and evicted what it could hit")
     add_concurrent_args(p)
     _routing.add_routing_args(p)
     p.set_defaults(func=cmd_replay)

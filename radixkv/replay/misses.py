@@ -93,7 +93,7 @@ def _slot(kt, a, b, c):
 
 
 @nb.njit(cache=True)
-def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out):
+def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out, creator):
     """The infinite token-level cache over the requests' segments, in replay order.
 
     A trie node is one segment at one position below one parent node, keyed by (parent
@@ -103,7 +103,8 @@ def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out):
     match inside the segment); then insert the rest of its cacheable extent from there.
 
     Writes ``out[r, 0]`` = the prompt prefix held (``L``, ≤ P) and ``out[r, 1]`` = the
-    tokens of r's cacheable extent beyond that prefix. Returns the nodes used.
+    tokens of r's cacheable extent beyond that prefix, and ``creator[node]`` = the request
+    that first computed the node's segment. Returns the nodes used.
     """
     n = prompt_len.shape[0]
     nodes = 1
@@ -145,6 +146,7 @@ def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out):
                 kt[i, 2] = start
                 kt[i, 3] = nodes
                 cover[nodes] = 0
+                creator[nodes] = r
                 nodes += 1
             child = kt[i, 3]
             if cover[child] < end - start:
@@ -243,15 +245,23 @@ def token_prefix_lengths(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     to a cache that never evicts (used to size the capacity shadow's pool).
     """
     seg_id, seg_end, seg_off = trace_segments(trace)
+    kt, cover, creator, out = _infinite_cache(trace, seg_id, seg_end, seg_off)
+    return out[:, 0].copy(), out[:, 1].copy()
+
+
+def _infinite_cache(trace: Trace, seg_id, seg_end, seg_off):
+    """Run :func:`_prefix_kernel` over *trace*; returns its table, covers, creators and
+    per-request output."""
     nseg = len(seg_id)
     cap = 1
     while cap < 2 * nseg + 2:
         cap *= 2
     kt = np.full((cap, 4), -1, dtype=np.int64)
     cover = np.zeros(nseg + 1, dtype=np.int64)
+    creator = np.full(nseg + 1, -1, dtype=np.int64)
     out = np.zeros((len(trace), 2), dtype=np.int64)
-    _prefix_kernel(seg_id, seg_end, seg_off, np.asarray(trace.prompt_len, dtype=np.int64), kt, cover, out)
-    return out[:, 0].copy(), out[:, 1].copy()
+    _prefix_kernel(seg_id, seg_end, seg_off, np.asarray(trace.prompt_len, dtype=np.int64), kt, cover, out, creator)
+    return kt, cover, creator, out
 
 
 def unbounded_pool_tokens(trace: Trace, new_tokens: np.ndarray, slot_tokens: int) -> int:
@@ -529,3 +539,115 @@ def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=No
         gained = int(s["hit_tokens"]) - int(summary["hit_tokens"])
     return {"capacity_tokens_to_halve": halve, "capacity_curve": [[int(k), int(v)] for k, v in sorted(curve.items())],
             "smaller_size": size, "hit_tokens_gained_at_smaller_size": gained}
+
+
+def explain(trace: Trace, spec, pool, request_id: str, *, limit=None, **options) -> dict:
+    """Why one request missed what it missed (``--explain REQUEST_ID``; sequential mode).
+
+    Replays the requests before it through a fresh *spec* policy on *pool* one at a time
+    (``run_request``, the same life cycle as the sequential replay) and, after each, asks
+    the policy what the explained request would hit now (``peek_hit``, side-effect free).
+    Each rise of that length is an insertion by the request just run, each fall an
+    eviction by it. The infinite token-level cache names the earlier request that first
+    computed each reusable span of the prompt.
+
+    Parameters
+    ----------
+    trace, spec, pool, limit, **options : as for :func:`radixkv.replay.run.run_replay`.
+    request_id : str
+        The request's id as the trace names it.
+
+    Returns
+    -------
+    dict: ``request``, ``index`` (replay order), ``arrival_s``, ``prompt_tokens``,
+    ``hit_tokens``, ``causes`` (cause → tokens for this request, as the breakdown's
+    columns), ``spans`` (list of ``{start, end, produced_by, produced_by_index,
+    produced_at_s}``: token ranges of the reusable prefix ``[0, L)`` and the request that
+    first computed each), ``history`` (list of ``{after_request, index, arrival_s,
+    hittable_before, hittable_after, event}`` with event ``"inserted"`` or ``"evicted"``;
+    None when the policy has no ``peek_hit``).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When no request of the (limited) trace has that id.
+    """
+    from radixkv.policies.registry import build_policy
+
+    t = trace.head(limit)
+    where = np.flatnonzero(t.req_id == str(request_id))
+    if where.size == 0:
+        raise ConfigError(f"--explain: no request {request_id!r} among the {len(t):,} replayed requests",
+                          path=trace.name or None, field="explain")
+    i = int(where[0])
+    sub = t.head(i + 1)
+    seg_id, seg_end, seg_off = trace_segments(sub)
+    kt, cover, creator, out = _infinite_cache(sub, seg_id, seg_end, seg_off)
+    # the trie now also holds request i itself: walk its prompt through nodes created before it
+    P = int(sub.prompt_len[i])
+    spans = []
+    node, start = _ROOT, 0
+    for s in range(int(seg_off[i]), int(seg_off[i + 1])):
+        if start >= P:
+            break
+        end = int(seg_end[s])
+        row = _slot(kt, node, seg_id[s], start)
+        child = int(kt[row, 3])
+        if child < 0 or int(creator[child]) >= i:
+            break
+        stop = min(end, int(out[i, 0]), start + int(cover[child]))  # L bounds it (a cover i itself extended)
+        if stop <= start:
+            break
+        k = int(creator[child])
+        if spans and spans[-1]["produced_by_index"] == k and spans[-1]["end"] == start:
+            spans[-1]["end"] = stop
+        else:
+            spans.append({"start": start, "end": stop, "produced_by": str(sub.req_id[k]), "produced_by_index": k,
+                          "produced_at_s": float(sub.arrival_s[k])})
+        if stop < end:
+            break
+        node, start = child, end
+    policy = build_policy(spec, pool, unit_tokens=t.unit_tokens, **options)
+    seq = sub.kv_seq(i)
+    peek = type(policy).can_peek_hit()
+    history = [] if peek else None
+    before = policy.peek_hit(seq) if peek else 0
+    for j in range(i):
+        if policy.run_request(j, sub.kv_seq(j)) is None:
+            raise ConfigError(f"request {str(sub.req_id[j])!r} was refused by {spec.label}", field="capacity")
+        if peek:
+            now = policy.peek_hit(seq)
+            if now != before:
+                history.append({"after_request": str(sub.req_id[j]), "index": j, "arrival_s": float(sub.arrival_s[j]),
+                                "hittable_before": int(before), "hittable_after": int(now),
+                                "event": "inserted" if now > before else "evicted"})
+                before = now
+    adm = policy.run_request(i, seq)
+    hit = int(adm.hit_tokens) if adm is not None else 0
+    held_inf = int(out[i, 0])
+    _, hit_unb, aligned, capped, _, _ = _shadows(sub, sub, spec, None, options)
+    cols = decompose(np.array([P]), np.array([hit]), np.array([held_inf]), hit_unb[i:i + 1], aligned[i:i + 1],
+                     capped[i:i + 1])
+    return {"request": str(sub.req_id[i]), "index": i, "arrival_s": float(sub.arrival_s[i]), "prompt_tokens": P,
+            "hit_tokens": hit, "causes": {k[5:-7]: int(v[0]) for k, v in cols.items()}, "spans": spans,
+            "history": history}
+
+
+def format_explain(ex: dict) -> str:
+    """The human-readable text of :func:`explain`'s answer."""
+    lines = [f"request {ex['request']} (#{ex['index']} in replay order, arrival {ex['arrival_s']:.3f} s): "
+             f"{ex['prompt_tokens']:,} prompt tokens, {ex['hit_tokens']:,} hit",
+             "  causes: " + ", ".join(f"{k} {v:,}" for k, v in ex["causes"].items())]
+    if not ex["spans"]:
+        lines.append("  no earlier request computed any prefix of this prompt (all compulsory)")
+    for sp in ex["spans"]:
+        lines.append(f"  tokens [{sp['start']:,}, {sp['end']:,}) first computed by {sp['produced_by']} "
+                     f"(#{sp['produced_by_index']}, arrival {sp['produced_at_s']:.3f} s)")
+    if ex["history"] is None:
+        lines.append("  eviction history: n/a (the policy has no side-effect-free lookup, peek_hit)")
+    else:
+        for h in ex["history"]:
+            verb = "inserted by" if h["event"] == "inserted" else "evicted by"
+            lines.append(f"  hittable prefix {h['hittable_before']:,} -> {h['hittable_after']:,} tokens: {verb} "
+                         f"{h['after_request']} (#{h['index']}, arrival {h['arrival_s']:.3f} s)")
+    return "\n".join(lines)
