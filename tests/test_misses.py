@@ -301,3 +301,65 @@ def test_cli_explain(tmp_path, capsys):
     assert main(["replay", str(path), "--policy", "vllm:16", "--capacity-tokens", "64", "--explain", "r2"]) == 0
     out = capsys.readouterr().out
     assert "first computed by r0" in out and "evicted by r1" in out
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_every_golden_configuration_sums(engine, data_dir):
+    """Every golden run's trace and pool (the engines' own configurations, shared folder), for
+    its engine's policy and unit-lru: causes ≥ 0 and summing to the prompt, request by request."""
+    import json
+
+    from _golden_traces import golden_trace
+    from conftest import shared_path
+
+    rows = [json.loads(x) for x in shared_path("golden", engine, "manifest.jsonl").read_text().splitlines() if x.strip()]
+    for row in rows:
+        t = golden_trace(row["trace"], data_dir / "golden", shared_path)
+        if engine == "vllm":
+            spec, pool = parse_policy(f"vllm:{row['block_size']}"), PoolSpec(num_gpu_blocks=row["num_gpu_blocks"])
+        else:
+            spec, pool = parse_policy(f"sglang:{row['page_size']}"), PoolSpec(max_total_num_tokens=row["capacity_tokens"])
+        for s, p in ((spec, pool), (parse_policy("unit-lru"), PoolSpec(capacity_tokens=pool.usable_tokens()))):
+            try:
+                rec, summ = run_replay(t, s, p, miss_causes=True)
+            except Exception as e:  # unit-lru on a pool smaller than one unit of a hash-id trace
+                if s.name == "unit-lru" and "capacity" in str(e):
+                    continue
+                raise
+            _check_sums(rec)
+            assert summ["miss_causes"]["nesting_violations"] == 0, (row["name"], s.label)
+
+
+@pytest.mark.slow
+def test_mooncake_capacity_share_falls_compulsory_constant():
+    """The issue's check on the Mooncake conversation trace at 1M / 3M / 10M tokens."""
+    if os.environ.get("RADIXKV_SLOW") != "1":
+        pytest.skip("full public-trace replays run only with RADIXKV_SLOW=1")
+    from conftest import shared_path
+
+    from radixkv.trace.load import load_trace
+
+    t = load_trace(shared_path("traces", "mooncake-fast25", "conversation_trace.jsonl"))
+    for pol in ("vllm:16", "sglang:1", "unit-lru"):
+        shares = []
+        for cap in (10 ** 6, 3 * 10 ** 6, 10 ** 7):
+            rec, summ = run_replay(t, parse_policy(pol), PoolSpec(capacity_tokens=cap), miss_causes=True)
+            _check_sums(rec)
+            shares.append(summ["miss_causes"]["share"])
+        assert shares[0]["compulsory"] == shares[1]["compulsory"] == shares[2]["compulsory"]
+        assert shares[0]["capacity"] > shares[1]["capacity"] > shares[2]["capacity"]
+
+
+@pytest.mark.slow
+def test_weka_traces_sum():
+    if os.environ.get("RADIXKV_SLOW") != "1":
+        pytest.skip("full public-trace replays run only with RADIXKV_SLOW=1")
+    from conftest import shared_path
+
+    from radixkv.trace.load import load_trace
+
+    for f in sorted(shared_path("traces", "weka-claude-code", "traces").glob("*.json")):
+        t = load_trace(f)
+        for pol in ("vllm:16", "sglang:1", "unit-lru"):
+            rec, summ = run_replay(t, parse_policy(pol), PoolSpec(capacity_tokens=10 ** 6), miss_causes=True)
+            _check_sums(rec)
