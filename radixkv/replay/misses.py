@@ -81,9 +81,15 @@ def _slot(kt, a, b, c):
     """Row of key (a, b, c) in the open-addressed table *kt* (cap, 4): key then value; the
     first empty row (value −1) when absent."""
     mask = kt.shape[0] - 1
-    h = (a * np.int64(0x9E3779B97F4A7C15) + b * np.int64(0xC2B2AE3D27D4EB4F) + c * np.int64(0x165667B19E3779F9))
-    h ^= h >> np.int64(29)
-    i = h & mask
+    # splitmix64's finaliser over a combination of the three words (full avalanche)
+    h = np.uint64(a) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(b) * np.uint64(0xC2B2AE3D27D4EB4F) \
+        ^ np.uint64(c) * np.uint64(0x165667B19E3779F9)
+    h ^= h >> np.uint64(30)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(27)
+    h *= np.uint64(0x94D049BB133111EB)
+    h ^= h >> np.uint64(31)
+    i = np.int64(h & np.uint64(mask))
     while True:
         if kt[i, 3] < 0:
             return i
@@ -93,7 +99,32 @@ def _slot(kt, a, b, c):
 
 
 @nb.njit(cache=True)
-def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out, creator):
+def _rehash(kt, kt2):
+    """Move every row of table *kt* into the empty, larger table *kt2*."""
+    for i in range(kt.shape[0]):
+        if kt[i, 3] >= 0:
+            j = _slot(kt2, kt[i, 0], kt[i, 1], kt[i, 2])
+            kt2[j, 0] = kt[i, 0]
+            kt2[j, 1] = kt[i, 1]
+            kt2[j, 2] = kt[i, 2]
+            kt2[j, 3] = kt[i, 3]
+
+
+@nb.njit(cache=True)
+def _child(kt, hint, nkey, node, sid, start):
+    """Child of *node* for segment (*sid*, *start*), or −1: first the node's last-used child
+    (*hint*; consecutive requests mostly re-walk the same path), then the table."""
+    c = hint[node]
+    if c >= 0 and nkey[c, 0] == sid and nkey[c, 1] == start:
+        return c
+    c = kt[_slot(kt, node, sid, start), 3]
+    if c >= 0:
+        hint[node] = c
+    return c
+
+
+@nb.njit(cache=True)
+def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out, creator, r0, nodes, hint, nkey):
     """The infinite token-level cache over the requests' segments, in replay order.
 
     A trie node is one segment at one position below one parent node, keyed by (parent
@@ -104,13 +135,17 @@ def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out, creator
 
     Writes ``out[r, 0]`` = the prompt prefix held (``L``, ≤ P) and ``out[r, 1]`` = the
     tokens of r's cacheable extent beyond that prefix, and ``creator[node]`` = the request
-    that first computed the node's segment. Returns the nodes used.
+    that first computed the node's segment. Starts at request *r0* with *nodes* nodes in
+    use; returns ``(r, nodes)``: r = n when done, or the request at which the table would
+    pass half full (nothing of r done; the caller grows the table and calls again).
     """
     n = prompt_len.shape[0]
-    nodes = 1
-    for r in range(n):
+    half = kt.shape[0] // 2
+    for r in range(r0, n):
         s0 = seg_off[r]
         s1 = seg_off[r + 1]
+        if nodes + (s1 - s0) > half:
+            return r, nodes
         kv = seg_end[s1 - 1] if s1 > s0 else 0
         node = _ROOT
         start = 0
@@ -118,10 +153,9 @@ def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out, creator
         s = s0
         while s < s1:
             end = seg_end[s]
-            i = _slot(kt, node, seg_id[s], start)
-            if kt[i, 3] < 0:
+            child = _child(kt, hint, nkey, node, seg_id[s], start)
+            if child < 0:
                 break
-            child = kt[i, 3]
             m = cover[child]
             if m >= end - start:
                 held = end
@@ -147,13 +181,16 @@ def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out, creator
                 kt[i, 3] = nodes
                 cover[nodes] = 0
                 creator[nodes] = r
+                nkey[nodes, 0] = seg_id[s]
+                nkey[nodes, 1] = start
                 nodes += 1
             child = kt[i, 3]
+            hint[node] = child
             if cover[child] < end - start:
                 cover[child] = end - start
             node = child
             start = end
-    return nodes
+    return n, nodes
 
 
 @nb.njit(cache=True)
@@ -253,15 +290,25 @@ def _infinite_cache(trace: Trace, seg_id, seg_end, seg_off):
     """Run :func:`_prefix_kernel` over *trace*; returns its table, covers, creators and
     per-request output."""
     nseg = len(seg_id)
-    cap = 1
-    while cap < 2 * nseg + 2:
-        cap *= 2
+    cap = 1 << 12  # grown (doubling, rehashed) to stay at most half full: sized by distinct nodes
     kt = np.full((cap, 4), -1, dtype=np.int64)
     cover = np.zeros(nseg + 1, dtype=np.int64)
     creator = np.full(nseg + 1, -1, dtype=np.int64)
+    hint = np.full(nseg + 1, -1, dtype=np.int64)  # last child used, per node
+    nkey = np.zeros((nseg + 1, 2), dtype=np.int64)  # (segment id, start) of each node
     out = np.zeros((len(trace), 2), dtype=np.int64)
-    _prefix_kernel(seg_id, seg_end, seg_off, np.asarray(trace.prompt_len, dtype=np.int64), kt, cover, out, creator)
-    return kt, cover, creator, out
+    plen = np.asarray(trace.prompt_len, dtype=np.int64)
+    r, nodes = 0, 1
+    while True:
+        r, nodes = _prefix_kernel(seg_id, seg_end, seg_off, plen, kt, cover, out, creator, r, nodes, hint, nkey)
+        if r >= len(trace):
+            return kt, cover, creator, out
+        need = nodes + int(seg_off[r + 1] - seg_off[r])
+        while cap // 2 < need:
+            cap *= 2
+        kt2 = np.full((cap, 4), -1, dtype=np.int64)
+        _rehash(kt, kt2)
+        kt = kt2
 
 
 def unbounded_pool_tokens(trace: Trace, new_tokens: np.ndarray, slot_tokens: int) -> int:
