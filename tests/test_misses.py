@@ -363,3 +363,26 @@ def test_weka_traces_sum():
         for pol in ("vllm:16", "sglang:1", "unit-lru"):
             rec, summ = run_replay(t, parse_policy(pol), PoolSpec(capacity_tokens=10 ** 6), miss_causes=True)
             _check_sums(rec)
+
+
+def test_curve_points_carry_causes(tmp_path):
+    import json
+
+    from radixkv.cli import main
+
+    path = tmp_path / "t.jsonl"
+    rows = [list(range(40)), list(range(1000, 1064)), list(range(40)), list(range(1000, 1064))]
+    path.write_text("".join(json.dumps({"id": f"r{i}", "tokens": r, "output_tokens": []}) + "\n"
+                            for i, r in enumerate(rows)))
+    js = tmp_path / "c.json"
+    assert main(["curve", str(path), "--policies", "vllm:16", "--capacities", "64,4096", "--miss-causes",
+                 "--quiet", "--no-timing", "--json", str(js)]) == 0
+    pts = json.loads(js.read_text())["curves"][0]["points"]
+    # the per-request breakdown at each capacity, summed, is what the curve point says
+    for pt in pts:
+        _, summ = run_replay(_trace(rows), parse_policy("vllm:16"), PoolSpec(capacity_tokens=pt["capacity_tokens"]),
+                             miss_causes=True)
+        assert {k: v for k, v in pt["miss_causes"]["tokens"].items()} == summ["miss_causes"]["tokens"]
+    # hand-worked at 64 tokens: capacity 32 (r2) + 32 (r3); at 4096 nothing is evicted
+    assert [pt["miss_causes"]["tokens"]["capacity"] for pt in pts] == [64, 0]
+    assert pts[0]["miss_causes"]["tokens"]["compulsory"] == pts[1]["miss_causes"]["tokens"]["compulsory"] == 104

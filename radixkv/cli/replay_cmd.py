@@ -390,6 +390,8 @@ def cmd_curve(args) -> int:
     outs = (args.json, args.report) + ((args.out + ".json", args.out + ".png") if args.out else ())
     check_output_paths(*files(*outs), inputs=[args.trace])
     specs = _policies(args)
+    if args.miss_causes and _executor(args) != "local":
+        raise ConfigError("--miss-causes runs on the local executor", field="miss_causes")
     try:
         caps = [_int_tokens(c) for c in args.capacities.split(",") if c.strip()]
     except argparse.ArgumentTypeError as e:
@@ -438,6 +440,10 @@ def cmd_curve(args) -> int:
                 "evicted_tokens": s["evicted_tokens"],
                 **({} if args.no_timing else {"replay_s": s["timing_s"]["replay"]}),
             })
+            if args.miss_causes:
+                from radixkv.replay.misses import causes_at_capacity
+
+                pts[-1]["miss_causes"] = causes_at_capacity(trace, spec, s["hit_tokens"], limit=args.limit)
             print(f"{spec.label:>10} @ {cap:>12,} tokens: token hit rate {s['token_hit_rate']:.4f}, "
                   f"mean per-request {s['mean_request_hit_ratio']:.4f} ({s['timing_s']['replay']:.2f} s)",
                   file=human(*outs))
@@ -587,5 +593,8 @@ def register(sub) -> None:
     add_json_arg(p, "the curves")
     add_report_arg(p)
     p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
+    p.add_argument("--miss-causes", action="store_true",
+                   help="add the totals and shares of the miss causes to every point (one pair of shadow replays "
+                        "per policy serves all capacities; docs/DESIGN.md)")
     add_executor_args(p)
     p.set_defaults(func=cmd_curve)

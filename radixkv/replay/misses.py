@@ -698,3 +698,26 @@ def format_explain(ex: dict) -> str:
             lines.append(f"  hittable prefix {h['hittable_before']:,} -> {h['hittable_after']:,} tokens: {verb} "
                          f"{h['after_request']} (#{h['index']}, arrival {h['arrival_s']:.3f} s)")
     return "\n".join(lines)
+
+
+def causes_at_capacity(trace: Trace, spec, hit_tokens: int, *, limit=None, **options) -> dict:
+    """Totals and shares of the miss causes of a replay of *spec* whose Σ hit is *hit_tokens*
+    (a point of ``radixkv curve --miss-causes``), without per-request records.
+
+    Every cause but ``capacity`` depends on the shadows only (not on the pool), and
+    ``capacity`` = Σ ``H∞`` − Σ ``H``, so one pair of shadows (memoised) serves every
+    capacity of a curve. Returns what :func:`summarize_causes` returns (``tokens``,
+    ``share``, ``mode``; ``nesting_violations`` is None: it needs per-request rows) plus
+    ``unbounded_pool_tokens``.
+    """
+    t = trace.head(limit)
+    held_inf, hit_unb, aligned, capped, pool, _ = _shadows(t, trace, spec, limit, options)
+    prompt = int(np.sum(t.prompt_len))
+    L, A, C, Hu = (int(np.sum(x)) for x in (held_inf, aligned, capped, hit_unb))
+    tokens = {"hit": int(hit_tokens), "compulsory": prompt - L, "capacity": Hu - int(hit_tokens),
+              "alignment": L - A, "last_token_cap": A - C, "not_cached": C - Hu}
+    share = {c: (v / prompt if prompt else None) for c, v in tokens.items()}
+    for c in CONCURRENT_CAUSES:
+        tokens[c] = share[c] = None
+    return {"mode": "sequential", "tokens": tokens, "share": share, "nesting_violations": None,
+            "unbounded_pool_tokens": pool}
