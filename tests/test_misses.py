@@ -167,7 +167,8 @@ def test_infinite_cache_matches_brute_force(trace):
 
 @SETTINGS
 @given(st.one_of(token_traces(), unit_traces()), st.sampled_from(["vllm:1", "vllm:4", "sglang:1", "sglang:4",
-                                                                   "unit-lru"]),
+                                                                   "unit-lru", "static:4@0.5", "sglang:1@lfu",
+                                                                   "vllm:4@lfu"]),
        st.integers(0, 40))
 def test_causes_sum_to_prompt_and_are_nonnegative(trace, policy, slack):
     from hypothesis import assume
@@ -181,6 +182,8 @@ def test_causes_sum_to_prompt_and_are_nonnegative(trace, policy, slack):
     spec = parse_policy(policy)
     g = trace.unit_tokens if spec.size is None else spec.size
     need = max(-(-trace.kv_len(i) // g) for i in range(len(trace))) + 1
+    if spec.name == "static":  # half of its pool is reserved for the cache
+        need = 2 * need + 2
     rec, summ = run_replay(trace, spec, PoolSpec(capacity_tokens=(need + slack) * g), miss_causes=True)
     _check_sums(rec)
     assert (rec["miss_compulsory_tokens"] == rec["prompt_tokens"] - np.array(_oracle_held(trace))).all()

@@ -35,8 +35,19 @@ def _tiny_trace() -> Trace:
 def _tiny_run(spec: PolicySpec) -> None:
     """Run every kernel *spec*'s policy uses once, on the tiny trace (compiles them when
     they are compiled and not yet loaded)."""
-    pol = build_policy(spec, PoolSpec(capacity_tokens=max(64, 8 * (spec.size or 1))), unit_tokens=1)
-    replay_sequential(_tiny_trace(), pol, quiet=True)
+    from radixkv.errors import ConfigError
+
+    # a small pool, so that the tiny trace evicts; a larger one when its requests do not fit
+    # it (a policy that reserves most of the pool, static:B@0.9)
+    for cap in (max(64, 8 * (spec.size or 1)), max(4096, 64 * (spec.size or 1))):
+        pol = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=1)
+        try:
+            replay_sequential(_tiny_trace(), pol, quiet=True)
+        except ConfigError:
+            if cap >= 4096:
+                raise
+            continue
+        break
     pol.warm_kernels()
 
 
