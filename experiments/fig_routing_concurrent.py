@@ -8,6 +8,9 @@ a continuous-batching engine on its own A100-80GB (KV pool of vLLM's memory mode
 clock (radixkv.replay.multi_concurrent). Both engines: SGLang page 1 with SGLang's rules,
 vLLM block 16 with vLLM's. N = 1 is the single-engine replay.
 
+Part 2 (SGLang only, the first 3,000 requests): the trace's real rate (time scale 1), which
+saturates one replica and two, so that throughput, not only latency, depends on the router.
+
 Per cell: token hit rate, TTFT mean / p50 / p90 / p99, TPOT p50, queueing delay, throughput
 (prompt + output tokens per second of the run), mean and peak concurrency over all
 replicas, preemptions, load imbalance (max / mean requests, prompt tokens and busy time
@@ -16,8 +19,8 @@ per replica) and each replica's hit rate and TTFT p50.
     nice python experiments/fig_routing_concurrent.py [--quick]
         # writes results/routing_concurrent.{json,png}
 
-Full: 12,031 requests, 26 replays, about 10 minutes on one idle core; --quick: the first
-2,000 requests, SGLang only.
+Full: 12,031 requests, 26 replays, plus 13 replays of part 2, about 15 minutes on one idle
+core; --quick: the first 2,000 requests, SGLang only, time scale 10 only.
 """
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ REPLICAS = [2, 4, 8]
 ROUTERS = ["round-robin", "random", "least-load", "prefix-aware"]  # no session ids in Mooncake
 ENGINES = {"sglang": "sglang:1"} if QUICK else {"sglang": "sglang:1", "vllm": "vllm:16"}
 LIMIT = 2000 if QUICK else None
+#: (label, time scale, first requests or None, engines) of each part
+PARTS = [("x10", TIME_SCALE, LIMIT, list(ENGINES))] + ([] if QUICK else [("x1", 1.0, 3000, ["sglang"])])
 KEEP = ("token_hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "queue_mean_s",
         "e2e_p50_s", "throughput_total_tokens_per_s", "throughput_output_tokens_per_s", "concurrency_mean",
         "concurrency_peak", "preemptions", "duration_s")
@@ -69,23 +74,27 @@ def cell(tr, engine, cap, cost, arr, n, router):
 
 
 def main() -> None:
-    tr = load("mooncake", LIMIT)
     cap = pool_for("vllm", MODEL, GPU, gpu_memory_utilization=GMU).capacity_tokens
     cost = CostModel.from_specs(MODEL, GPU)
-    arr = arrival_times(tr, arrival="trace", time_scale=TIME_SCALE)
-    rows = []
-    for engine in ENGINES:
-        rows.append(cell(tr, engine, cap, cost, arr, 1, None))
-        for n in REPLICAS:
-            for r in ROUTERS:
-                c = cell(tr, engine, cap, cost, arr, n, r)
-                rows.append(c)
-                print(f"{engine} N={n} {r:>13}: hit {c['token_hit_rate']:.4f}  TTFT p50 {c['ttft_p50_s']:.3f} "
-                      f"p99 {c['ttft_p99_s']:.2f} s  thr {c['throughput_total_tokens_per_s']:,.0f} tok/s  "
-                      f"imbalance {c['load_imbalance']:.3f}/{c['busy_imbalance']:.3f}  ({c['wall_s']:.1f} s)", flush=True)
-    doc = {"trace": tr.name, "requests": len(tr), "pool_tokens_per_replica": int(cap), "cells": rows}
-    settings = {"model": MODEL, "gpu": GPU, "gpu_memory_utilization": GMU, "time_scale": TIME_SCALE,
-                "replicas": REPLICAS, "routers": ROUTERS, "engines": ENGINES, "limit": LIMIT, "router_seed": 0,
+    doc = {"trace": None, "pool_tokens_per_replica": int(cap), "parts": {}}
+    for label, scale, limit, engines in PARTS:
+        tr = load("mooncake", limit)
+        doc["trace"] = tr.name
+        arr = arrival_times(tr, arrival="trace", time_scale=scale)
+        rows = []
+        for engine in engines:
+            rows.append(cell(tr, engine, cap, cost, arr, 1, None))
+            for n in REPLICAS:
+                for r in ROUTERS:
+                    c = cell(tr, engine, cap, cost, arr, n, r)
+                    rows.append(c)
+                    print(f"{label} {engine} N={n} {r:>13}: hit {c['token_hit_rate']:.4f}  TTFT p50 "
+                          f"{c['ttft_p50_s']:.3f} p99 {c['ttft_p99_s']:.2f} s  thr "
+                          f"{c['throughput_total_tokens_per_s']:,.0f} tok/s  imbalance {c['load_imbalance']:.3f}/"
+                          f"{c['busy_imbalance']:.3f}  ({c['wall_s']:.1f} s)", flush=True)
+        doc["parts"][label] = {"time_scale": scale, "requests": len(tr), "cells": rows}
+    settings = {"model": MODEL, "gpu": GPU, "gpu_memory_utilization": GMU, "parts": PARTS,
+                "replicas": REPLICAS, "routers": ROUTERS, "engines": ENGINES, "router_seed": 0,
                 "cache_threshold": R.CACHE_THRESHOLD, "balance_abs_threshold": R.BALANCE_ABS_THRESHOLD,
                 "balance_rel_threshold": R.BALANCE_REL_THRESHOLD, "max_tree_tokens": "pool of one replica",
                 "scheduler": "SchedulerConfig defaults (max_num_seqs 256, max_num_batched_tokens 8192)",
@@ -96,14 +105,15 @@ def main() -> None:
 
 def plot(doc) -> None:
     plt = pyplot()
-    engines = list(dict.fromkeys(c["engine"] for c in doc["cells"]))
+    rows = [(label, part, eng) for label, part in doc["parts"].items()
+            for eng in dict.fromkeys(c["engine"] for c in part["cells"])]
     panels = [("token_hit_rate", "token hit rate"), ("ttft_p50_s", "TTFT p50 (s)"), ("ttft_p99_s", "TTFT p99 (s)"),
               ("throughput_total_tokens_per_s", "throughput, prompt+output (tok/s)")]
-    fig, axes = plt.subplots(len(engines), len(panels), figsize=(4.2 * len(panels), 3.6 * len(engines)), squeeze=False)
-    for i, eng in enumerate(engines):
-        cells = [c for c in doc["cells"] if c["engine"] == eng]
+    fig, axes = plt.subplots(len(rows), len(panels), figsize=(4.2 * len(panels), 3.4 * len(rows)), squeeze=False)
+    for i, (label, part, eng) in enumerate(rows):
+        cells = [c for c in part["cells"] if c["engine"] == eng]
         one = next(c for c in cells if c["replicas"] == 1)
-        for j, (key, label) in enumerate(panels):
+        for j, (key, plabel) in enumerate(panels):
             ax = axes[i][j]
             for r in ROUTERS:
                 pts = [(c["replicas"], c[key]) for c in cells if c["router"] == r]
@@ -111,14 +121,14 @@ def plot(doc) -> None:
             ax.set_xscale("log", base=2)
             ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
             ax.set_xlabel("replicas")
-            ax.set_ylabel(label)
+            ax.set_ylabel(plabel)
             if key.startswith("ttft"):
                 ax.set_yscale("log")
-            ax.set_title(f"{eng}: {label}", fontsize=9)
+            ax.set_title(f"{eng}, time scale {part['time_scale']:g}, {part['requests']:,} req.: {plabel}", fontsize=8)
             if j == 0:
                 ax.legend(fontsize=7)
-    fig.suptitle(f"Mooncake conversation ({doc['requests']:,} requests) at time scale {TIME_SCALE:g}, concurrent "
-                 f"replay, {doc['pool_tokens_per_replica']:,} KV tokens per replica", fontsize=10)
+    fig.suptitle(f"Mooncake conversation, concurrent replay on N replicas, {doc['pool_tokens_per_replica']:,} KV "
+                 f"tokens per replica", fontsize=10)
     fig.tight_layout()
     save_fig(fig, "routing_concurrent.png")
 
