@@ -21,6 +21,11 @@ clock; slower).
 
 Per-request results are numpy columns (:class:`ConcurrentResult`); ``summary()`` gives the
 run's metrics with their units in the key names.
+
+Several replicas on one clock (:mod:`radixkv.replay.multi_concurrent`) step each replica
+with ``ReplicaEngine.step``, which repeats this loop's body through the same scheduler
+calls; ``tests/test_multi_concurrent.py`` checks that one replica gives this replay's
+summary byte for byte, so a change here must be mirrored there.
 """
 from __future__ import annotations
 

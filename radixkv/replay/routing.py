@@ -2,7 +2,9 @@
 
 A deployment of N replicas (data parallelism) puts each request on one replica; with
 prefix caching per replica, what a request hits depends on where earlier requests with
-the same prefix were sent. This module models that in the sequential replay:
+the same prefix were sent. The routing decision is :class:`Router` (the caller supplies
+each replica's load); the concurrent mode drives it from live in-flight counts
+(:mod:`radixkv.replay.multi_concurrent`). This module models the sequential replay:
 
 1. :func:`plan_routes` decides, request by request in replay order, which replica serves
    it (:data:`ROUTERS`). No router here reads the replicas' real caches — exactly as
