@@ -14,6 +14,9 @@ The library API (loaded on first use, so ``import radixkv`` stays cheap):
 ``Admission``,      what a policy returns
 ``PoolStats``
 ``Trace``, ``KVSeq`` the trace and one request's KV content (:mod:`radixkv.trace.types`)
+``replay_replicas``  N replicas behind a router, sequential (:mod:`radixkv.replay.routing`)
+``replay_multi_concurrent``  N replicas behind a router on one clock, concurrent
+                    (:mod:`radixkv.replay.multi_concurrent`)
 =================== ===================================================================
 
 Helpers for policy authors are in :mod:`radixkv.policies.toolkit`.
@@ -33,6 +36,8 @@ _EXPORTS = {
     "PoolStats": "radixkv.policies.base",
     "Trace": "radixkv.trace.types",
     "KVSeq": "radixkv.trace.types",
+    "replay_replicas": "radixkv.replay.routing",
+    "replay_multi_concurrent": "radixkv.replay.multi_concurrent",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -160,6 +160,13 @@ def test_random_router_is_seeded():
     assert sorted(set(a.replica.tolist())) == [0, 1, 2]
 
 
+def test_exported():
+    import radixkv
+
+    assert radixkv.replay_multi_concurrent is replay_multi_concurrent
+    assert "replay_replicas" in radixkv.__all__
+
+
 def test_refusals():
     t = _trace([A], [1], [0.0])
     with pytest.raises(ConfigError, match="holds_running_kv"):
