@@ -209,3 +209,33 @@ def test_cli_concurrent_replicas(tmp_path, capsys):
     assert s["routing"]["n_replicas"] == 3
     assert sum(r["requests"] for r in s["replicas"]) == s["requests"] == 60
     assert sum(s["routing"]["requests_per_replica"]) == 60
+
+
+@pytest.mark.parametrize("engine", sorted(POLICIES))
+@pytest.mark.parametrize("router", ["round-robin", "random"])
+def test_state_blind_routes_equal_independent_replays(engine, router):
+    # round-robin and random do not read the replicas' state, so each replica must behave
+    # as a single engine replaying just its requests at their arrival times (the oracle:
+    # replay_concurrent on the sub-trace). Integer columns are equal; times agree up to
+    # float rounding (a replica's decode runs are also cut at the other replicas' arrivals).
+    from radixkv.replay.routing import take
+
+    t = _busy_trace()
+    cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8)
+    arr = np.asarray(t.arrival_s) - t.arrival_s[0]
+    small = {"vllm": lambda: BlockHashCache(32, 4), "sglang": lambda: RadixCache(120, 1)}[engine]  # preemption on 3
+    m = replay_multi_concurrent(t, [small() for _ in range(3)], COST, router, config=cfg, arrivals=arr)
+    assert sum(m.routing["requests_per_replica"]) == len(t)
+    preempted = 0
+    for r in range(3):
+        idx = np.flatnonzero(m.replica == r)
+        solo = replay_concurrent(take(t, idx), small(), COST, config=cfg, arrivals=arr[idx])
+        rep = m.replicas[r]
+        for col in ("hit_tokens", "held_tokens", "evicted_tokens", "preemptions", "recomputed_tokens",
+                    "prompt_tokens", "output_tokens"):
+            np.testing.assert_array_equal(rep[col], solo[col], err_msg=col)
+        for col in ("admit_s", "first_token_s", "finish_s", "ttft_s", "e2e_s"):
+            np.testing.assert_allclose(rep[col], solo[col], rtol=1e-9, atol=1e-9, err_msg=col)
+            np.testing.assert_allclose(m.aggregate[col][idx], solo[col], rtol=1e-9, atol=1e-9, err_msg=col)
+        preempted += int(solo["preemptions"].sum())
+    assert preempted > 0  # the oracle covers preemption too
