@@ -108,7 +108,7 @@ def plot(doc) -> None:
     rows = [(label, part, eng) for label, part in doc["parts"].items()
             for eng in dict.fromkeys(c["engine"] for c in part["cells"])]
     panels = [("token_hit_rate", "token hit rate"), ("ttft_p50_s", "TTFT p50 (s)"), ("ttft_p99_s", "TTFT p99 (s)"),
-              ("throughput_total_tokens_per_s", "throughput, prompt+output (tok/s)")]
+              ("throughput_total_tokens_per_s", "prompt+output tok/s")]
     fig, axes = plt.subplots(len(rows), len(panels), figsize=(4.2 * len(panels), 3.4 * len(rows)), squeeze=False)
     for i, (label, part, eng) in enumerate(rows):
         cells = [c for c in part["cells"] if c["engine"] == eng]
