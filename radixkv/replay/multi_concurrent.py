@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.replay.concurrent import ConcurrentResult, _result
+from radixkv.replay.concurrent import ConcurrentResult, _accumulate, _result
 from radixkv.replay.routing import Router
 from radixkv.replay.scheduler import SchedulerConfig, make_scheduler
 
@@ -180,22 +180,24 @@ class ReplicaEngine:
                     k = j + 1
                     dts = dts[:k]
             pools = sch.fast_forward(k)
-            n_run = plan.n_running
-            for j, (used, cached, valid) in enumerate(pools.tolist()):
-                dt = float(dts[j])
-                self.area += n_run * dt
-                self.busy += dt
-                waste = (used + cached) * S - valid
-                pool["waste_area"] += waste * dt
-                pool["waste_peak"] = max(pool["waste_peak"], waste)
-                pool["used_area"] += used * dt
-                pool["cached_area"] += cached * dt
-                now += dt
+            # the skipped steps integrated left to right, as the single-engine loop does
+            dts = dts[:k]
+            used, cached = pools[:, 0], pools[:, 1]
+            waste = (used + cached) * S - pools[:, 2]
+            self.area = _accumulate(self.area, plan.n_running * dts)
+            self.busy = _accumulate(self.busy, dts)
+            pool["waste_area"] = _accumulate(pool["waste_area"], waste * dts)
+            pool["waste_peak"] = max(pool["waste_peak"], int(waste.max()))
+            pool["used_area"] = _accumulate(pool["used_area"], used * dts)
+            pool["cached_area"] = _accumulate(pool["cached_area"], cached * dts)
+            now = _accumulate(now, dts)
             self.steps += k
         else:
             dt = float(cost.step_time(plan.new, plan.ctx))
             pre_new = [c for c, p in zip(plan.new, plan.prefill) if p]
-            if pre_new:
+            if len(pre_new) == 1:  # the sum of one item is the item
+                self.pf_flops += float(cost.prefill_flops(pre_new[0], plan.ctx[plan.prefill.index(True)]))
+            elif pre_new:
                 pre_ctx = [c for c, p in zip(plan.ctx, plan.prefill) if p]
                 self.pf_flops += float(np.sum(cost.prefill_flops(np.asarray(pre_new), np.asarray(pre_ctx))))
             sch.complete(plan)
