@@ -14,6 +14,7 @@ from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.sched_sglang import (
     SGLANG_INIT_NEW_TOKEN_RATIO,
     SglangScheduler,
+    available_chunk_tokens,
     ratio_after_retract,
 )
 from radixkv.replay.sched_vllm import VllmScheduler
@@ -265,3 +266,16 @@ def test_retraction_order_and_ratio_match_sglang():
     assert ratios == pytest.approx(g["retraction"]["ratio_after"], rel=1e-15)
     assert (sch.ratio, sch.ratio_min) == pytest.approx((g["ratio"]["init"], g["ratio"]["min"]), rel=1e-15)
     assert sch.ratio_decay == pytest.approx(g["ratio"]["decay"], rel=1e-12)
+
+
+def test_continuing_chunk_truncates_the_remaining_total_before_falling_back_to_the_budget():
+    """``PrefillBudget.available_chunk_tokens``: ``min(chunk_limit, int(remaining_total))``,
+    and the whole ``chunk_limit`` when that is <= 0. A remaining total of 0.5 tokens
+    truncates to 0, so the chunk gets the whole budget (a 0-token chunk would be planned
+    forever while the decodes that could retract never run)."""
+    assert available_chunk_tokens(8192, 100.7) == 100
+    assert available_chunk_tokens(50, 100.0) == 50
+    assert available_chunk_tokens(8192, 0.5) == 8192
+    assert available_chunk_tokens(8192, 0.0) == 8192
+    assert available_chunk_tokens(8192, -300.2) == 8192
+    assert available_chunk_tokens(8192, 1.0) == 1

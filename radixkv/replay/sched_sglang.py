@@ -93,6 +93,26 @@ def ratio_after_retract(gen, max_new) -> float:
     return min(1.0, (sum(gen) + SGLANG_RETRACT_DECODE_STEPS * len(gen)) / (sum(max_new) + 1))
 
 
+def available_chunk_tokens(budget: int, rem_total: float) -> int:
+    """Tokens a continuing chunked prefill may take this step (``PrefillAdder.add_chunked_req``).
+
+    SGLang (``sglang/srt/mem_cache/prefill_budget.py``, ``available_chunk_tokens``) takes
+    ``min(rem_chunk_tokens, int(rem_total_tokens))`` and, when that is ≤ 0, the whole
+    ``rem_chunk_tokens`` so the chunked request always makes progress (it holds KV that
+    only its completion frees). The truncation comes first: a remaining total in (0, 1)
+    also gives the whole budget, not a 0-token chunk (which would stall the engine).
+
+    Parameters
+    ----------
+    budget : int
+        ``rem_chunk_tokens`` left in this step (tokens, > 0).
+    rem_total : float
+        ``rem_total_tokens``: free + evictable tokens minus the batch's reserved offset.
+    """
+    avail = min(int(budget), int(rem_total))
+    return avail if avail > 0 else int(budget)
+
+
 class SglangScheduler(Scheduler):
     """SGLang's scheduler: prefill-first steps, ``PrefillAdder`` budget, retraction.
 
@@ -207,8 +227,7 @@ class SglangScheduler(Scheduler):
         for r in chunking:
             if budget <= 0:
                 break
-            rem = self._room_tokens() - offset
-            avail = min(budget, int(rem)) if rem > 0 else budget
+            avail = available_chunk_tokens(budget, self._room_tokens() - offset)
             left = self.target[r] - self.ctx[r]
             c = min(left, avail)
             offset += self._ceil_page(c) + p + (min(self.N[r], clip) if c >= left else 0)
