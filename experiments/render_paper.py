@@ -11,7 +11,9 @@ walk: a dict key, a list index (``0``, ``-1``), or a selector ``field=value[&fie
 picking the first dict of a list whose fields equal the values (numbers compared as
 numbers). FMT is a Python format spec (``.3f``, ``,.0f``, ``+.3f``) or one of ``pct0``,
 ``pct1``, ``pct2`` (the value × 100 with 0/1/2 decimals, no % sign), ``int`` (thousands
-separators), ``x1`` / ``x2`` (a ratio with 1/2 decimals). A missing value (JSON null)
+separators), ``x1`` / ``x2`` (a ratio with 1/2 decimals), or ``dir:POS/NEG[/ZERO]``, which
+renders a word chosen by the value's sign (``{{ $a/x - $b/x | dir:higher/lower/the same }}``),
+so a sentence's direction comes from the data as its numbers do. A missing value (JSON null)
 renders as ``n/a``.
 
     python experiments/render_paper.py            # results/ → paper/paper.md
@@ -101,6 +103,13 @@ def fmt(value, spec: str) -> str:
     if isinstance(value, str):
         return value
     spec = spec.strip()
+    if spec.startswith("dir:"):
+        words = spec[4:].split("/")
+        if len(words) not in (2, 3):
+            raise ValueError("dir: needs POS/NEG or POS/NEG/ZERO")
+        if value == 0 and len(words) == 3:
+            return words[2]
+        return words[0] if value >= 0 else words[1]
     if spec.startswith("pct"):
         return f"{value * 100:.{int(spec[3:] or 1)}f}"
     if spec == "int":

@@ -66,6 +66,16 @@ def test_renderer_arithmetic_selectors_and_formats(rp, tmp_path):
     assert rp.render(t, tmp_path) == "50.0 0.50 1,234,567 n/a +50%"
 
 
+def test_renderer_direction_words_follow_the_sign(rp, tmp_path):
+    # the word is picked by the sign of the rendered value: 3 - 5 < 0, 5 - 3 > 0, 4 - 4 = 0
+    (tmp_path / "r.json").write_text(json.dumps({"a": 3, "b": 5, "c": 4}))
+    t = ("{{ $r/a - $r/b | dir:higher/lower/the same }} {{ $r/b - $r/a | dir:higher/lower/the same }} "
+         "{{ $r/c - $r/c | dir:higher/lower/the same }} {{ $r/c - $r/c | dir:at least/below }}")
+    assert rp.render(t, tmp_path) == "lower higher the same at least"
+    with pytest.raises(rp.RenderError, match="dir"):
+        rp.render("{{ $r/a | dir:up }}", tmp_path)
+
+
 def test_renderer_errors_name_the_line(rp, tmp_path):
     (tmp_path / "r.json").write_text(json.dumps({"a": 1}))
     with pytest.raises(rp.RenderError, match=r":2: .*no key 'b'"):
