@@ -7,7 +7,8 @@ the roofline cost model on A100 GPUs, through both engines' caches:
 
 - vLLM block 16 with vLLM's admission rules, SGLang page 1 with SGLang's;
 - cache on / off (``NoCache`` on the same pool) / statically reserved (30 % of the pool
-  held for cached prefixes, ``StaticReservedCache``: the design claims C2 and C8 picture);
+  held for cached prefixes, ``StaticReservedCache`` in 16-token blocks under either
+  engine's scheduler: the design claims C2 and C8 picture);
 - memory pressure: the KV pool vLLM's memory model gives for ``gpu_memory_utilization``
   0.80 / 0.85 / 0.90 / 0.95 on an A100-80GB and 0.90 on an A100-40GB (both engines get the
   same pool in tokens) × load (time scale 1 and 10);
@@ -28,6 +29,7 @@ from __future__ import annotations
 import _common as C  # noqa: I001
 
 import sys
+import time
 
 import numpy as np
 
@@ -46,6 +48,12 @@ MODEL = "Llama-3.1-8B"
 ENGINES = {"vllm": "vllm:16", "sglang": "sglang:1"}
 MODES = ["on", "off", "static"]
 STATIC_FRACTION = 0.3
+#: block size of the static-reserved design under both engines' schedulers. It is no engine's
+#: design, so it need not copy SGLang's page 1; on Mooncake (512-token hash blocks) page 1 and
+#: block 16 give the same hits (150 requests, A100-80GB@0.90, ×1, SGLang's scheduler: hit rate
+#: 0.03566 both, mean running 17.40 vs 17.41, throughput equal to 4 digits), while page 1 makes
+#: its pure-Python LRU 17x slower (30 s vs 1.8 s; > 20 CPU-minutes per 1,500-request cell).
+STATIC_BLOCK = 16
 KEEP = ("token_hit_rate", "concurrency_mean", "concurrency_busy_mean", "concurrency_peak", "ttft_p50_s",
         "ttft_p99_s", "ttft_mean_s", "tpot_p50_s", "e2e_p50_s", "throughput_total_tokens_per_s",
         "throughput_output_tokens_per_s", "preemptions", "recomputed_tokens", "duration_s",
@@ -64,8 +72,8 @@ def _policy(engine: str, mode: str, cap: int):
     pol = build_policy(parse_policy(ENGINES[engine]), PoolSpec(capacity_tokens=cap))
     if mode == "off":
         return NoCache(pol.num_slots, pol.slot_tokens)
-    if mode == "static":
-        return StaticReservedCache(pol.num_slots, pol.slot_tokens, STATIC_FRACTION)
+    if mode == "static":  # the same 16-token blocks under either engine's scheduler (see STATIC_BLOCK)
+        return StaticReservedCache(int(cap) // STATIC_BLOCK, STATIC_BLOCK, STATIC_FRACTION)
     return pol
 
 
@@ -109,8 +117,12 @@ def _cell(job: tuple) -> dict:
     group, extra, name, n, args, kw = job
     if (name, n) not in _TRACES:
         _TRACES[(name, n)] = C.load(name, n)
+    t0, c0 = time.perf_counter(), time.process_time()
     r = run(_TRACES[(name, n)], *args, **kw)
     r.update(extra)
+    # timing goes to stderr only: the result file stays byte-identical across runs
+    print(f"  cell {group} {name} {args[0]} {args[1]} pool {args[2]} {kw}: {time.perf_counter() - t0:.1f} s wall, "
+          f"{time.process_time() - c0:.1f} s CPU", file=sys.stderr, flush=True)
     return r
 
 
@@ -170,12 +182,89 @@ def main() -> None:
                   f"pre {r['preemptions']}"), flush=True)
     doc = {"trace_requests": n, **out, "base": {"gpu": base_gpu, "gpu_memory_utilization": base_gmu,
                                                 "pool_tokens": base_cap}}
+    doc["findings"] = findings(doc)
     C.write_result("concurrent.json", doc, {
         "model": MODEL, "engines": ENGINES, "modes": MODES, "static_fraction": STATIC_FRACTION,
+        "static_block_size": STATIC_BLOCK,
         "pressures": pressures(q), "time_scales": scales, "requests": n, "arrival": "trace",
         "scheduler_commit": C._git("log", "-1", "--format=%H", "--", "radixkv/replay"),
         "cost_model": "roofline, mfu 0.6, mbu 0.8 unless stated", "max_num_seqs": 256})
     plot(doc)
+
+
+def _cells(rows: list, **match) -> list:
+    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+
+def _ratios(pairs: list, key: str) -> list:
+    return [a[key] / b[key] for a, b in pairs if a[key] is not None and b[key] is not None and b[key]]
+
+
+def findings(doc: dict) -> dict:
+    """The statements the paper makes about the grid, counted over its cells.
+
+    For each arrival scale (``x1``, ``x10``): over the (pressure, engine) cells, how many
+    have cache-on concurrency ≥ cache-off, throughput ≥ off, TTFT p50/p99 ≤ off, more
+    preemptions on than off, the extreme on/off ratios; how many static-reserved cells have
+    lower concurrency / throughput than cache on, their concurrency ratios, and how many
+    could not run; the grid's highest hit rate; the MFU/MBU pairs where on beats off; the Azure
+    on/off differences; the ``max_num_batched_tokens`` spread of hit rate. The paper's
+    quantifiers ("in every cell", "in N of M cells") are rendered from these counts.
+    """
+    grid = doc["grid"]
+    out: dict = {}
+    for scale in sorted({r["time_scale"] for r in grid}):
+        pairs, spairs = [], []
+        for r in _cells(grid, time_scale=scale, mode="on"):
+            key = dict(time_scale=scale, pressure=r["pressure"], engine=r["engine"])
+            off = _cells(grid, mode="off", **key)[0]
+            pairs.append((r, off))
+            st = _cells(grid, mode="static", **key)
+            if st:
+                spairs.append((st[0], r))
+        ran = [(a, b) for a, b in pairs if a["concurrency_mean"] is not None and b["concurrency_mean"] is not None]
+        sran = [(a, b) for a, b in spairs if a["concurrency_mean"] is not None]
+        f = {
+            "cells": len(ran),
+            "conc_on_ge_off": sum(a["concurrency_mean"] >= b["concurrency_mean"] for a, b in ran),
+            "tput_on_ge_off": sum(a["throughput_total_tokens_per_s"] >= b["throughput_total_tokens_per_s"] for a, b in ran),
+            "ttft_p50_on_le_off": sum(a["ttft_p50_s"] <= b["ttft_p50_s"] for a, b in ran),
+            "ttft_p99_on_le_off": sum(a["ttft_p99_s"] <= b["ttft_p99_s"] for a, b in ran),
+            "preempt_on_gt_off": sum(a["preemptions"] > b["preemptions"] for a, b in ran),
+            "conc_on_over_off": {"min": min(_ratios(ran, "concurrency_mean")), "max": max(_ratios(ran, "concurrency_mean"))},
+            "tput_on_over_off": {"min": min(_ratios(ran, "throughput_total_tokens_per_s")),
+                                 "max": max(_ratios(ran, "throughput_total_tokens_per_s"))},
+            "ttft_p50_on_over_off": {"min": min(_ratios(ran, "ttft_p50_s")), "max": max(_ratios(ran, "ttft_p50_s"))},
+            "static_cells": len(spairs),
+            "static_not_run": len(spairs) - len(sran),
+            "static_conc_lt_on": sum(a["concurrency_mean"] < b["concurrency_mean"] for a, b in sran),
+            "static_tput_lt_on": sum(a["throughput_total_tokens_per_s"] < b["throughput_total_tokens_per_s"] for a, b in sran),
+            "static_over_on_conc": ({"min": min(_ratios(sran, "concurrency_mean")), "max": max(_ratios(sran, "concurrency_mean"))}
+                                    if sran else {"min": None, "max": None}),
+            "hit_max": max(r["token_hit_rate"] for r in grid if r["time_scale"] == scale and r["token_hit_rate"] is not None),
+        }
+        out[f"x{scale:g}"] = f
+    sens = doc["sensitivity"]
+    sp = [(a, b) for a in sens if a["mode"] == "on" for b in sens
+          if b["mode"] == "off" and (b["mfu"], b["mbu"]) == (a["mfu"], a["mbu"])]
+    out["sensitivity"] = {"pairs": len(sp), "mfu_min": min(r["mfu"] for r in sens), "mfu_max": max(r["mfu"] for r in sens),
+                          "mbu_min": min(r["mbu"] for r in sens), "mbu_max": max(r["mbu"] for r in sens),
+                          "tput_on_ge_off": sum(a["throughput_total_tokens_per_s"] >= b["throughput_total_tokens_per_s"] for a, b in sp),
+                          "ttft_p50_on_le_off": sum(a["ttft_p50_s"] <= b["ttft_p50_s"] for a, b in sp)}
+    az = doc["azure"]
+    ap = [(a, b) for a in az if a["mode"] == "on" for b in az
+          if b["mode"] == "off" and (b["engine"], b["pressure"]) == (a["engine"], a["pressure"])]
+    out["azure"] = {"pairs": len(ap), "hit_max": max(r["token_hit_rate"] for r in az),
+                    "conc_max_abs_rel_diff": max(abs(a["concurrency_mean"] / b["concurrency_mean"] - 1) for a, b in ap),
+                    "tput_max_abs_rel_diff": max(abs(a["throughput_total_tokens_per_s"] / b["throughput_total_tokens_per_s"] - 1)
+                                                 for a, b in ap)}
+    mn = doc["max_num_batched_tokens"]
+    out["max_num_batched_tokens"] = {e: {"hit_min": min(r["token_hit_rate"] for r in mn if r["engine"] == e),
+                                         "hit_max": max(r["token_hit_rate"] for r in mn if r["engine"] == e),
+                                         "ttft_p50_min": min(r["ttft_p50_s"] for r in mn if r["engine"] == e),
+                                         "ttft_p50_max": max(r["ttft_p50_s"] for r in mn if r["engine"] == e)}
+                                     for e in ENGINES}
+    return out
 
 
 def plot(doc: dict) -> None:

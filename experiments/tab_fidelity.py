@@ -14,6 +14,7 @@ from __future__ import annotations
 import _common as C  # noqa: I001
 
 import json
+import sys
 
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.radix import RadixCache
@@ -58,9 +59,38 @@ def main() -> None:
     doc = {"runs": runs, "total_runs": len(runs), "total_requests": sum(r["requests"] for r in runs),
            "total_mismatching_requests": sum(r["mismatching_requests"] for r in runs),
            "vllm_runs": sum(r["engine"].startswith("vllm") for r in runs),
-           "sglang_runs": sum(r["engine"].startswith("sglang") for r in runs)}
+           "sglang_runs": sum(r["engine"].startswith("sglang") for r in runs),
+           "scheduler": scheduler_goldens()}
     C.write_result("fidelity.json", doc, {"golden": "$RADIXKV_SHARED/golden/{vllm,sglang}/manifest.jsonl",
-                                          "replay": "sequential, each request alone"})
+                                          "replay": "sequential, each request alone",
+                                          "scheduler_golden": "tests/data/concurrent/vllm/*.jsonl (step level, "
+                                                              "vLLM 0.33 v1 Scheduler on CPU)"})
+
+
+def scheduler_goldens() -> dict:
+    """The concurrent replay against vLLM's real scheduler, step by step.
+
+    Every golden in ``tests/data/concurrent/vllm`` (vLLM 0.33's v1 ``Scheduler`` driven on
+    CPU by ``tools/engines/vllm_scheduler_golden.py``) is replayed on a step clock and
+    compared request by request (first-admission hit, admission and finish steps,
+    preemptions) and step by step (scheduled requests and token counts, preemptions), by
+    ``tests/_vllm_sched_golden.py``. SGLang's scheduler has per-rule tests, not goldens."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_vllm_sched_golden", C.REPO / "tests" / "_vllm_sched_golden.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    rows = []
+    for p in mod.golden_files():
+        c = mod.compare(mod.load_golden(p))
+        rows.append({"name": p.stem, "requests": c.n_requests, "steps": c.n_steps,
+                     "mismatching_requests": len(c.requests), "mismatching_steps": len(c.steps)})
+        print(f"scheduler {p.stem}: {c.summary()}", flush=True)
+    return {"runs": rows, "total_runs": len(rows), "total_requests": sum(r["requests"] for r in rows),
+            "total_steps": sum(r["steps"] for r in rows),
+            "total_mismatching_requests": sum(r["mismatching_requests"] for r in rows),
+            "total_mismatching_steps": sum(r["mismatching_steps"] for r in rows)}
 
 
 if __name__ == "__main__":
