@@ -21,8 +21,8 @@ the roofline cost model on A100 GPUs, through both engines' caches:
     python experiments/fig_concurrent.py [--quick] [--jobs N]   # N worker processes (default 2)
         # writes results/concurrent.json, concurrent_pressure.png, pool_split.png
 
-Full: ~8 min on 2 idle cores (1,500 requests per run); --quick: ~3 min (600 requests,
-fewer cells).
+Full: 74 replays of 1,500 requests, 83 CPU-seconds in all (~1.5 min on 2 idle cores; 6 min
+with --jobs 2 on a shared machine at load 13); --quick: 600 requests, fewer cells.
 """
 from __future__ import annotations
 

@@ -30,8 +30,9 @@ SCRIPTS = [
     ("fig_mooncake_curve", "mooncake_curve.{json,png}: Mooncake FAST'25 Fig. 9, both hit-rate definitions, read-off bands, 41 %-of-max check", 2, 0.3),
     ("fig_capacity", "capacity.json, capacity_curves.png, hit_lengths.png, alignment.png: hit rate vs capacity per policy on each public trace; fp8 vs bf16 pools (C5, C13, C17)", 8, 1),
     ("tab_workloads", "workloads.{json,png}: hit-rate spread, concentration, cross-session share on real traces; 5-seed synthetic ablations (C3, C5, C7, C10, C13, C18)", 5, 2),
+    ("tab_misses", "misses.json: why prompt tokens miss (compulsory / capacity / alignment / last-token cap) per trace, policy and pool (C3, C6, C10, C13)", 4, 0.5),
     ("tab_fragmentation", "fragmentation.{json,png}: cached tokens, fragmentation over a pool sweep, whole-leaf vs granularity ablation (C6)", 4, 1),
-    ("fig_concurrent", "concurrent.json, concurrent_pressure.png, pool_split.png: cache on/off/static × memory pressure × load, MFU/MBU, max_num_batched_tokens (C1, C2, C4, C8, C9, C14)", 8, 3),
+    ("fig_concurrent", "concurrent.json, concurrent_pressure.png, pool_split.png: cache on/off/static × memory pressure × load, MFU/MBU, max_num_batched_tokens (C1, C2, C4, C8, C9, C14)", 2, 1),
     ("fig_routing", "routing.{json,png}: replicas behind a router vs a global pool, Mooncake Fig. 10 Conversation bars, hit rate vs replicas on Mooncake and WEKA", 2, 0.5),
     ("fig_routing_concurrent", "routing_concurrent.{json,png}: routers x 2-8 replicas in the concurrent replay, Mooncake at time scale 10: hit rate, TTFT, throughput, load imbalance", 10, 1),
 ]
