@@ -289,13 +289,15 @@ def token_prefix_lengths(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 def _infinite_cache(trace: Trace, seg_id, seg_end, seg_off):
     """Run :func:`_prefix_kernel` over *trace*; returns its table, covers, creators and
     per-request output."""
-    nseg = len(seg_id)
-    cap = 1 << 12  # grown (doubling, rehashed) to stay at most half full: sized by distinct nodes
+    # the table and the per-node arrays grow together (doubling; the table rehashed) so that
+    # the table stays at most half full: memory follows the distinct nodes, not the segments
+    cap = 1 << 12
     kt = np.full((cap, 4), -1, dtype=np.int64)
-    cover = np.zeros(nseg + 1, dtype=np.int64)
-    creator = np.full(nseg + 1, -1, dtype=np.int64)
-    hint = np.full(nseg + 1, -1, dtype=np.int64)  # last child used, per node
-    nkey = np.zeros((nseg + 1, 2), dtype=np.int64)  # (segment id, start) of each node
+    size = cap // 2 + 1
+    cover = np.zeros(size, dtype=np.int64)
+    creator = np.full(size, -1, dtype=np.int64)
+    hint = np.full(size, -1, dtype=np.int64)  # last child used, per node
+    nkey = np.zeros((size, 2), dtype=np.int64)  # (segment id, start) of each node
     out = np.zeros((len(trace), 2), dtype=np.int64)
     plen = np.asarray(trace.prompt_len, dtype=np.int64)
     r, nodes = 0, 1
@@ -309,6 +311,11 @@ def _infinite_cache(trace: Trace, seg_id, seg_end, seg_off):
         kt2 = np.full((cap, 4), -1, dtype=np.int64)
         _rehash(kt, kt2)
         kt = kt2
+        grow = cap // 2 + 1 - len(cover)
+        cover = np.concatenate([cover, np.zeros(grow, dtype=np.int64)])
+        creator = np.concatenate([creator, np.full(grow, -1, dtype=np.int64)])
+        hint = np.concatenate([hint, np.full(grow, -1, dtype=np.int64)])
+        nkey = np.concatenate([nkey, np.zeros((grow, 2), dtype=np.int64)])
 
 
 def unbounded_pool_tokens(trace: Trace, new_tokens: np.ndarray, slot_tokens: int) -> int:
