@@ -20,6 +20,7 @@ Where policies come from, in lookup order:
    ``unit-lru``:class:`~radixkv.policies.unit_lru.UnitLRUCache`         the trace's unit
    ``none``    :class:`~radixkv.policies.no_cache.NoCache`              ``block_size`` (1)
    ``static``  :class:`~radixkv.policies.static_reserved.StaticReservedCache` ``block_size`` (16)
+   ``sglang-hicache`` :class:`~radixkv.policies.hicache.HiCacheRadixCache` ``page_size`` (1)
    =========== ======================================================= ====================
 
    ``static`` takes the reserved share of the pool after ``@`` (``static:16@0.3``);
@@ -66,6 +67,7 @@ _BUILTIN_PATHS = (
     "radixkv.policies.unit_lru:UnitLRUCache",
     "radixkv.policies.no_cache:NoCache",
     "radixkv.policies.static_reserved:StaticReservedCache",
+    "radixkv.policies.hicache:HiCacheRadixCache",
 )
 _REGISTERED: dict[str, type] = {}  # register_policy, in this process
 

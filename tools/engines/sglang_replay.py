@@ -119,6 +119,25 @@ def parse_args(argv=None):
         "that has a waiting queue; with one request at a time that is requests "
         "0, 32, 64, ... (0 = off)",
     )
+    p.add_argument(
+        "--hicache-write-policy",
+        choices=["write_through", "write_through_selective", "write_back"],
+        default=None,
+        help="turn on HiCache (--enable-hierarchical-cache) with this write policy "
+        "(SGLang --hicache-write-policy); off by default",
+    )
+    p.add_argument(
+        "--hicache-ratio",
+        type=float,
+        default=2.0,
+        help="host pool size as a multiple of the device pool (SGLang --hicache-ratio)",
+    )
+    p.add_argument(
+        "--hicache-size",
+        type=int,
+        default=0,
+        help="host pool size in GB (SGLang --hicache-size; 0 = use --hicache-ratio)",
+    )
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument(
         "--check",
@@ -257,8 +276,22 @@ class SGLangReplayer:
         self.max_req_len = min(ctx - 1, self.capacity - 1)
         self.max_req_input_len = self.max_req_len - 5
 
-        server_args = ServerArgs(model_path="dummy", page_size=ps)
+        self.hicache = args.hicache_write_policy is not None
+        if self.hicache:
+            server_args = ServerArgs(
+                model_path="dummy",
+                page_size=ps,
+                enable_hierarchical_cache=True,
+                hicache_ratio=args.hicache_ratio,
+                hicache_size=args.hicache_size,
+                hicache_write_policy=args.hicache_write_policy,
+                hicache_io_backend="direct",
+                hicache_mem_layout="layer_first",
+            )
+        else:
+            server_args = ServerArgs(model_path="dummy", page_size=ps)
         set_global_server_args_for_scheduler(server_args)
+        kvcache = _hicache_kv_pool(self.capacity, ps) if self.hicache else None
 
         # One request runs at a time; a few spare rows cost nothing.
         self.req_to_token_pool = ReqToTokenPool(
@@ -268,13 +301,14 @@ class SGLangReplayer:
             enable_memory_saver=False,
         )
         # The real allocators hand out integer slot ids from a free list; they
-        # never touch KV tensors, so no KV pool is attached (kvcache=None).
+        # never touch KV tensors, so no KV pool is attached (kvcache=None),
+        # except in HiCache mode, whose host pool is shaped after a (tiny) one.
         if ps == 1:
             self.allocator = TokenToKVPoolAllocator(
                 size=self.capacity,
                 dtype=torch.bfloat16,
                 device="cpu",
-                kvcache=None,
+                kvcache=kvcache,
                 need_sort=False,
             )
         else:
@@ -283,7 +317,7 @@ class SGLangReplayer:
                 page_size=ps,
                 dtype=torch.bfloat16,
                 device="cpu",
-                kvcache=None,
+                kvcache=kvcache,
                 need_sort=False,
             )
 
@@ -302,6 +336,13 @@ class SGLangReplayer:
         )
         base = UnifiedRadixCache if args.impl == "unified" else RadixCache
         self.cache = _counting_cache_class(base)(params)
+        self.host_capacity = None
+        if self.hicache:
+            if args.impl != "unified":
+                raise SystemExit("HiCache runs only with --impl unified (UnifiedRadixCache.init_hicache)")
+            self.cache.init_hicache(server_args, params)
+            self.host_capacity = int(self.cache.cache_controller.mem_pool_host.size)
+            _count_transfers(self.cache)
         self.impl_name = type(self.cache).__mro__[1].__name__
         core = getattr(self.cache, "tree_core", None)
         self.tree_core_name = type(core).__name__ if core is not None else "-"
@@ -398,6 +439,36 @@ class SGLangReplayer:
         req.init_next_round_input(self.cache)
         hit = int(req.prefix_len)
         rec["hit_tokens"] = hit
+        if self.hicache:
+            ctl = self.cache.cache_controller
+            w0, l0, h0 = ctl.n_written, ctl.n_loaded, self.cache.host_evicted_total
+            rec["host_hit_tokens"] = int(req.host_hit_length)
+            rec["loaded_tokens"] = 0
+            if req.needs_host_load_back():
+                # PrefillAdder.add_one_req: pin the device match, then (host-locked
+                # best match) init_load_back; a lone request always passes
+                # memory_budget.prepare_load_back (its prompt + outputs + a page fit,
+                # see mem_cap above), so that check is not run here.
+                from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+
+                pin = self.cache.lock(req.last_node)
+                hl = self.cache.inc_host_lock_ref(req.best_match_node).to_dec_params()
+                try:
+                    loaded = self.cache.init_load_back(
+                        InitLoadBackParams(
+                            best_match_node=req.best_match_node,
+                            host_hit_length=req.host_hit_length,
+                            req=req,
+                        )
+                    )
+                finally:
+                    self.cache.dec_host_lock_ref(req.best_match_node, hl)
+                    self.cache.unlock(pin)
+                req.host_loaded_length, req.last_node = loaded
+                req.prefix_len += req.host_loaded_length
+                req.kv.cache_protected_len = req.prefix_len
+                rec["loaded_tokens"] = int(req.host_loaded_length)
+                hit = int(req.prefix_len)
 
         # 2./3. admit: lock the matched node, then allocate the extend part
         self.req_to_token_pool.alloc([req])
@@ -420,6 +491,7 @@ class SGLangReplayer:
             self.sgl_common.checkpoint_kv_cache(req, self.cache)
 
         # 4. prefill produced the first output token
+        self._hicache_step()
         req.output_ids.append(outs[0])
         req.update_finish_state()
         if not req.finished():
@@ -428,6 +500,7 @@ class SGLangReplayer:
         # 5. decode steps
         k = 1
         while not req.finished():
+            self._hicache_step()
             self._decode_step(req)
             req.output_ids.append(outs[k])
             k += 1
@@ -438,6 +511,14 @@ class SGLangReplayer:
 
         # 6. finish: insert into the tree, free the rest, unlock
         self.sgl_common.release_kv_cache(req, self.cache, checkpoint=True)
+        self._hicache_step()
+        if self.hicache:
+            rec.update(
+                written_tokens=int(ctl.n_written - w0),
+                load_tokens=int(ctl.n_loaded - l0),
+                host_evicted_tokens=int(self.cache.host_evicted_total - h0),
+                host_cached_after=int(self.host_capacity - ctl.mem_pool_host.available_size()),
+            )
 
         rec.update(
             status="ok" if n_eff == n or not n else "clipped",
@@ -447,12 +528,89 @@ class SGLangReplayer:
         )
         return rec
 
+    def _hicache_step(self):
+        """The scheduler's per-step HiCache events (``check_hicache_events``) after
+        the forward pass started the queued loads (``ready_to_load_host_cache``).
+        On CPU every transfer is done when polled, so all acks are reaped here:
+        a write-through or load-back finishes before the next scheduler step."""
+        if not self.hicache:
+            return
+        self.cache.ready_to_load_host_cache()
+        self.cache.check_hicache_events()
+        assert not self.cache.ongoing_write_through and not self.cache.ongoing_load_back
+
     def check(self):
         free = int(self.allocator.available_size())
         cached = self.cached_tokens()
         prot = int(self.cache.protected_size())
         assert prot == 0, f"protected tokens left after a request: {prot}"
         assert free + cached == self.capacity, (free, cached, self.capacity)
+
+
+def _hicache_kv_pool(capacity, page_size):
+    """A 1-layer, 1-head, 8-dim bf16 device KV pool: HiCache's host pool copies its
+    geometry; the tree's decisions never depend on the KV values."""
+    import torch
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    _cpu_hicache_patches()
+    return MHATokenToKVPool(
+        size=capacity, page_size=page_size, dtype=torch.bfloat16, head_num=1, head_dim=8,
+        layer_num=1, device="cpu", enable_memory_saver=False, enable_alt_stream=False,
+    )
+
+
+def _cpu_hicache_patches():
+    """Let HiCache's host pool and transfer engine run on a CPU-only torch.
+
+    - ``pool_host/common.py :: _cuda_host_register`` (cudaHostRegister of the host
+      buffer) becomes a no-op;
+    - the sgl_kernel copy kernels ``pool_host/mha.py`` calls (``transfer_kv_*``)
+      become no-ops: the KV values are never read, only the tree's bookkeeping;
+    - ``torch.cpu.Stream`` gains the ``synchronize`` the L2 transfer engine calls.
+    Nothing in the tree, eviction, host allocator or controller logic is touched.
+    """
+    import torch
+    import sglang.srt.mem_cache.pool_host.common as phc
+    import sglang.srt.mem_cache.pool_host.mha as phm
+
+    phc._cuda_host_register = lambda *a, **k: None
+    for name in dir(phm):
+        if name.startswith("transfer_kv_"):
+            setattr(phm, name, lambda *a, **k: None)
+    for name in ("transfer_kv_direct", "transfer_kv_per_layer", "transfer_kv_all_layer"):
+        setattr(phm, name, lambda *a, **k: None)
+    if not hasattr(torch.cpu.Stream, "synchronize"):
+        torch.cpu.Stream.synchronize = lambda self: None
+
+
+def _count_transfers(cache):
+    """Count tokens moved GPU→host (``write``) and host→GPU (``load``) by the real
+    controller, and host tokens freed by ``evict_host``."""
+    ctl = cache.cache_controller
+    ctl.n_written = 0
+    ctl.n_loaded = 0
+    cache.host_evicted_total = 0
+    write, load, evict_host = ctl.write, ctl.load, cache.evict_host
+
+    def counted_write(device_indices, *a, **k):
+        out = write(device_indices, *a, **k)
+        if out is not None:
+            ctl.n_written += len(device_indices)
+        return out
+
+    def counted_load(host_indices, *a, **k):
+        out = load(host_indices, *a, **k)
+        if out is not None:
+            ctl.n_loaded += len(host_indices)
+        return out
+
+    def counted_evict_host(num_tokens, *a, **k):
+        n = evict_host(num_tokens, *a, **k)
+        cache.host_evicted_total += int(n)
+        return n
+
+    ctl.write, ctl.load, cache.evict_host = counted_write, counted_load, counted_evict_host
 
 
 def _counting_cache_class(base):
@@ -541,6 +699,8 @@ def main(argv=None):
         "token_hit_rate": round(rate, 6),
         "output_tokens": tot_out,
         "evicted_tokens": tot_evicted,
+        "hicache_write_policy": args.hicache_write_policy,
+        "host_capacity_tokens": rep.host_capacity,
         "cached_tokens_at_end": rep.cached_tokens(),
         "replay_seconds": round(dt, 3),
         "requests_per_s": round(n_req / dt, 2) if dt > 0 else None,

@@ -1,0 +1,765 @@
+"""``HiCacheRadixCache``: SGLang's RadixAttention with HiCache, a host-memory (L2) tier.
+
+SGLang 0.5.23 runs HiCache (``--enable-hierarchical-cache``) as a mode of
+``srt/mem_cache/unified_radix_cache.py :: UnifiedRadixCache`` (``init_hicache``) with its
+tree core ``unified_cache/unified_tree_core.py :: UnifiedTreeCore`` (the Rust core gives
+the same decisions) and the full-attention component ``unified_cache/components/full.py``.
+A tree node holds a device (GPU) value, a host value, or both. This model reproduces the
+tree's decisions request for request: device hit, host hit, what is loaded back, what
+is written to host, what is evicted from either tier. Goldens: SGLang's own code driven
+on CPU (``tools/engines/gen_sglang_hicache_goldens.py``, docs/hicache.md).
+
+The device pool, lookup, insert, LRU clock and the device-eviction amounts are those of
+:class:`~radixkv.policies.radix.RadixCache` (its docstring gives their sources). What
+HiCache adds (SGLang source in brackets):
+
+- **Host pool** (``pool_host/base.py :: HostKVCache.__init__``): ``--hicache-size`` GB
+  at the model's KV bytes per token, else ``int(max_total_num_tokens × --hicache-ratio)``
+  tokens; then rounded to pages with one extra page: ``(size // p + 1) · p`` tokens,
+  all allocatable.
+- **Write policies** (``init_hicache``; ``UnifiedTreeCore._inc_hit_count_and_check``):
+  an insert walk increments ``hit_count`` of every device-resident node it passes that
+  ends past what the request itself inserted before (``InsertParams.inserted_len``),
+  and of the new leaf; a node whose count reaches the threshold and has no host copy is
+  backed up — ``write_through``: threshold 1, ``write_through_selective``: threshold 2.
+  A backup also backs up the node's unbacked ancestors first
+  (``_build_backup_kv_action``). ``write_back`` never backs up on insert: a device leaf
+  without a host copy is backed up when it is evicted, then demoted; if the host cannot
+  make room its subtree is dropped (``UnifiedRadixCache._evict_components``,
+  ``drop_subtree_no_host``). A split copies ``hit_count`` to the new upper node.
+- **Host allocation** (``UnifiedRadixCache._execute_kv_backup``): when the host pool has
+  fewer free tokens than the node, host leaves are evicted for the shortfall; if that
+  is not enough the backup (and the rest of its chain) fails and the node stays
+  device-only.
+- **Device eviction** (``UnifiedTreeCore.evict_device_leaf``): device leaves (a device
+  value, no child with a device value, unlocked) by least recent access; a node with a
+  host copy is **demoted** (its device value is freed, the node stays as host-only); one
+  without is deleted, with childless ancestors that hold nothing.
+- **Host eviction** (``components/full.py :: drive_host_eviction``): host leaves (host
+  copy, no device value, no children, unlocked) by least recent access; the node is
+  deleted. Under ``write_back`` host copies of nodes that are also on the device are
+  reclaimed first (``_reclaim_full_host_duplicates``: in the order they became
+  duplicates, sparing evictable device leaves in a first pass).
+- **Match** (``_match_prefix_helper``; ``full.py :: finalize_match_result_in_tree_core``):
+  the walk continues through host-only nodes; the device hit is the depth of the
+  deepest device-resident matched node, ``host_hit_length`` the host tokens below it.
+- **Load back** (``init_load_back`` → ``load_back`` → ``_load_back_transfers``): the
+  host-only nodes of the match are copied to freshly allocated device slots (evicting
+  device leaves for the shortfall, the path locked) unless fewer than
+  ``load_back_threshold = 10`` tokens; then they are device-resident again (and keep
+  their host copy). A declined load is recomputed; the insert then re-attaches the
+  recomputed KV to the host-only nodes (``_unevict_node_on_insert``).
+
+Choices: every HiCache transfer (write, load) finishes before the next scheduler step
+(the harness reaps all acks at every step); the scheduler's load-back budget check
+(``PrefillAdder.add_one_req`` → ``prepare_load_back``) always passes for a lone request.
+Only the sequential replay (one request at a time) is modelled: :attr:`admission_rule`
+is ``"sglang"`` but the concurrent replay is refused (no ``peek_hit``/batch hooks).
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.policies.base import Admission, PoolStats, PrefixCache
+from radixkv.trace.types import KVSeq
+
+#: SGLang ``UnifiedRadixCache.init_hicache``: ``self.load_back_threshold = 10``
+LOAD_BACK_THRESHOLD = 10
+#: write policy → hit-count threshold of a write-through (None: write-back)
+WRITE_POLICIES = {"write_through": 1, "write_through_selective": 2, "write_back": None}
+#: offset of the unique-content tokens (negative segment ids) in the token encoding
+_SEG_SHIFT = 24
+
+
+def seq_tokens(seq: KVSeq) -> np.ndarray:
+    """The request's KV content as one int64 per token, shape ``(kv_len,)``.
+
+    Token ``t`` of segment ``s`` (start ``a``) is ``seg_id[s] · 2**24 + (t − a)`` for
+    trace content (``seg_id ≥ 0``), so two sequences hold the same token at a position
+    exactly when radixkv's segment comparison says so (same id, same start); unique
+    content (``seg_id < 0``) gets values no other request has.
+    """
+    sid, send = seq.seg_id, seq.seg_end
+    n = int(send[-1])
+    starts = np.concatenate(([0], send[:-1])).astype(np.int64)
+    lens = (send - starts).astype(np.int64)
+    ids = np.repeat(sid.astype(np.int64), lens)
+    offs = np.arange(n, dtype=np.int64) - np.repeat(starts, lens)
+    out = ids * (1 << _SEG_SHIFT) + offs
+    neg = ids < 0
+    if neg.any():
+        # unique content: distinct per request and position
+        out[neg] = -(1 + (np.int64(seq.index) << 32) + np.arange(n, dtype=np.int64)[neg])
+    return out
+
+
+class _Node:
+    __slots__ = ("key", "parent", "children", "dev", "host", "lock", "hits", "time", "id")
+
+    def __init__(self, key, parent, time, nid):
+        self.key = key
+        self.parent = parent
+        self.children = {}
+        self.dev = False
+        self.host = False
+        self.lock = 0
+        self.hits = 0
+        self.time = time
+        self.id = nid
+
+
+class HiCacheRadixCache(PrefixCache):
+    """SGLang RadixAttention + HiCache: a device pool of ``max_total_num_tokens`` and a
+    host pool behind it.
+
+    Parameters
+    ----------
+    max_total_num_tokens : int
+        Device pool in tokens (SGLang ``max_total_num_tokens``), a multiple of
+        *page_size*.
+    page_size : int
+        SGLang ``--page-size``.
+    write_policy : str
+        SGLang ``--hicache-write-policy``: ``write_through`` (default),
+        ``write_through_selective`` or ``write_back``.
+    hicache_ratio : float
+        SGLang ``--hicache-ratio`` (default 2.0): host pool = ratio × device pool.
+    host_tokens : int or None
+        Host pool in tokens before SGLang's page rounding, instead of the ratio (what
+        ``--hicache-size`` GB gives at the model's KV bytes per token). 0: no host tier —
+        the replay equals :class:`~radixkv.policies.radix.RadixCache` exactly.
+
+    Attributes
+    ----------
+    host_capacity : int
+        Host pool in tokens (0 without a host tier).
+    host_hit_tokens_total, loaded_tokens_total, written_tokens_total,
+    host_evicted_tokens_total : int
+        Tokens found on host by lookups, loaded host→GPU, written GPU→host and evicted
+        from host since construction.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        On a bad size, page, ratio or write policy.
+    """
+
+    name = "sglang-hicache"
+    aliases = ("hicache",)
+    size_name = "page_size"
+    default_size = 1
+    admission_rule = "sglang"
+    engine = "sglang"
+    kernel_family = None
+    option_name = "hicache"
+    models_metadata = False
+    #: host-tier metrics (``host_hit_tokens`` …) are measured by this class
+    models_host_tier = True
+
+    def __init__(self, max_total_num_tokens: int, page_size: int = 1, *, write_policy: str = "write_through",
+                 hicache_ratio: float = 2.0, host_tokens: int | None = None):
+        p = int(page_size)
+        if p < 1:
+            raise ConfigError(f"page_size must be ≥ 1, got {page_size}", field="page_size")
+        total = int(max_total_num_tokens)
+        if total < p or total % p:
+            raise ConfigError(f"max_total_num_tokens must be a positive multiple of page_size={p}, "
+                              f"got {max_total_num_tokens}", field="max_total_num_tokens")
+        if write_policy not in WRITE_POLICIES:
+            raise ConfigError(f"unknown write_policy {write_policy!r}; known: {', '.join(WRITE_POLICIES)}",
+                              field="write_policy")
+        if float(hicache_ratio) < 0:
+            raise ConfigError(f"hicache_ratio must be ≥ 0, got {hicache_ratio}", field="hicache_ratio")
+        super().__init__(total // p, p)
+        self.page_size = p
+        self.max_total_num_tokens = total
+        self.write_policy = write_policy
+        self.hicache_ratio = float(hicache_ratio)
+        self._threshold = WRITE_POLICIES[write_policy]
+        self._write_back = self._threshold is None
+        if host_tokens is not None:
+            if int(host_tokens) < 0:
+                raise ConfigError(f"host_tokens must be ≥ 0, got {host_tokens}", field="host_tokens")
+            size = int(host_tokens)
+        else:
+            size = int(total * self.hicache_ratio)
+        # pool_host/base.py: page_num = size // page_size + 1 (a host tier of 0 is off)
+        self.host_capacity = 0 if size == 0 else (size // p + 1) * p
+        self._hicache = self.host_capacity > 0
+        self._clock = 0
+        self._nid = 0
+        self.root = _Node(np.zeros(0, np.int64), None, (0, 0), 0)
+        self.root.dev = True
+        self.root.lock = 1
+        self.free = total
+        self.host_free = self.host_capacity
+        self.tree_dev = 0
+        self.tree_host = 0
+        self.n_nodes = 0
+        self._dups: dict = {}  # write_back: nodes on both tiers, in the order they became so
+        self._host_locked: set = set()  # node ids host-locked during a load-back
+        self._reqs: dict = {}
+        self.host_hit_tokens_total = 0
+        self.loaded_tokens_total = 0
+        self.written_tokens_total = 0
+        self.host_evicted_tokens_total = 0
+        self.last_host_hit = 0
+        self.last_loaded = 0
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_capacity_tokens(cls, capacity_tokens: int, page_size: int = 1, **kw):
+        """A cache of ``capacity_tokens`` rounded down to a whole page (as RadixCache)."""
+        p = int(page_size)
+        if p < 1:
+            raise ConfigError(f"page_size must be ≥ 1, got {page_size}", field="page_size")
+        return cls(int(capacity_tokens) // p * p, p, **kw)
+
+    @classmethod
+    def from_engine_pool(cls, pool, size, **kw):
+        """SGLang's own terms: ``max_total_num_tokens``, rounded down to a whole page."""
+        if pool.max_total_num_tokens is None:
+            return None
+        p = cls.default_size if size is None else int(size)
+        return cls(int(pool.max_total_num_tokens) // p * p, p, **kw)
+
+    @classmethod
+    def parse_option(cls, text: str) -> tuple:
+        """``KEY=VALUE[,KEY=VALUE…]`` with keys ``write_policy`` (or a bare policy name),
+        ``hicache_ratio``, ``host_tokens``. E.g. ``sglang-hicache:1@write_back,hicache_ratio=4``. Returns sorted
+        ``(keyword, value)`` pairs."""
+        out: dict = {}
+        for part in str(text).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            k, eq, v = part.partition("=")
+            k = k.strip().replace("-", "_")
+            if not eq:
+                k, v = "write_policy", k
+            v = v.strip()
+            if k == "write_policy":
+                if v not in WRITE_POLICIES:
+                    raise ConfigError(f"policy {cls.name!r}: unknown write policy {v!r}; known: "
+                                      f"{', '.join(WRITE_POLICIES)}", field="policy")
+                out[k] = v
+            elif k == "hicache_ratio":
+                try:
+                    out[k] = float(v)
+                except ValueError:
+                    raise ConfigError(f"policy {cls.name!r}: hicache_ratio={v!r} is not a number",
+                                      field="policy") from None
+            elif k == "host_tokens":
+                try:
+                    out[k] = int(float(v))
+                except ValueError:
+                    raise ConfigError(f"policy {cls.name!r}: host_tokens={v!r} is not a number",
+                                      field="policy") from None
+            else:
+                raise ConfigError(f"policy {cls.name!r}: unknown option {k!r} (write_policy, hicache_ratio, "
+                                  f"host_tokens)", field="policy")
+        return tuple(sorted(out.items()))  # hashable: a policy spec is a dict key
+
+    @classmethod
+    def class_for_option(cls, value):
+        """The keywords of :meth:`parse_option` (a tuple of ``(keyword, value)`` pairs)."""
+        return cls, dict(value or ())
+
+    @classmethod
+    def format_option(cls, value) -> str:
+        """Inverse of :meth:`parse_option`."""
+        return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in (value or ()))
+
+    # ------------------------------------------------------------------ tree helpers
+    def _draw(self):
+        self._clock += 1
+        return self._clock
+
+    def _new_node(self, key, parent):
+        self._nid += 1
+        self.n_nodes += 1
+        return _Node(key, parent, (self._draw(), 0), self._nid)
+
+    def _ckey(self, arr, off):
+        p = self.page_size
+        return int(arr[off]) if p == 1 else arr[off:off + p].tobytes()
+
+    def _match_len(self, a, b):
+        n = min(len(a), len(b))
+        if n == 0:
+            return 0
+        ne = np.flatnonzero(a[:n] != b[:n])
+        m = int(ne[0]) if len(ne) else n
+        return m // self.page_size * self.page_size
+
+    def _split(self, child, k):
+        """``_split_node``: a new upper node with ``child.key[:k]``; the lock, hit
+        count and residency carry over; fresh draws for the new node, then the child."""
+        up = self._new_node(child.key[:k], child.parent)
+        up.lock = child.lock
+        up.hits = child.hits
+        up.dev, up.host = child.dev, child.host
+        parent = child.parent
+        parent.children[self._ckey(child.key, 0)] = up
+        child.key = child.key[k:]
+        child.parent = up
+        up.children[self._ckey(child.key, 0)] = child
+        child.time = (self._draw(), 0)
+        if self._write_back and child.id in self._dups:
+            # the new fragment qualifies as a duplicate after the child
+            self._dups[up.id] = up
+        return up
+
+    def _is_dev_leaf(self, x):
+        return x is not self.root and x.dev and x.lock == 0 and not any(c.dev for c in x.children.values())
+
+    def _is_host_leaf(self, x):
+        return x is not self.root and not x.dev and x.host and x.lock == 0 and not x.children
+
+    def _remove(self, x):
+        del x.parent.children[self._ckey(x.key, 0)]
+        self.n_nodes -= 1
+        self._dups.pop(x.id, None)
+
+    def _delete_tombstones(self, cur):
+        while cur is not self.root and not cur.children and not cur.dev and not cur.host and cur.lock == 0:
+            par = cur.parent
+            self._remove(cur)
+            cur = par
+
+    def _lock(self, x, d):
+        while x is not None:
+            x.lock += d
+            x = x.parent
+
+    # ------------------------------------------------------------------ eviction
+    def _leaves(self, pred):
+        out, stack = [], [self.root]
+        while stack:
+            x = stack.pop()
+            stack.extend(x.children.values())
+            if pred(x):
+                out.append(x)
+        return out
+
+    def _evict_device(self, need):
+        """Evict device leaves by LRU until *need* tokens are freed; returns freed."""
+        if need <= 0:
+            return 0
+        heap = [(x.time, x.id, x) for x in self._leaves(self._is_dev_leaf)]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < need and heap:
+            _, _, x = heapq.heappop(heap)
+            if not self._is_dev_leaf(x):
+                continue
+            n = len(x.key)
+            par = x.parent
+            if not x.host and self._write_back and self._hicache:
+                if self._backup(x):
+                    self._demote(x)
+                else:
+                    self._drop_subtree(x)
+            elif x.host:
+                self._demote(x)
+            else:
+                self.tree_dev -= n
+                self.free += n
+                self._remove(x)
+                self._delete_tombstones(par)
+            freed += n
+            self.evictions += 1
+            if self._is_dev_leaf(par):
+                heapq.heappush(heap, (par.time, par.id, par))
+        self.evicted_tokens_total += freed
+        return freed
+
+    def _demote(self, x):
+        n = len(x.key)
+        x.dev = False
+        self.tree_dev -= n
+        self.free += n
+        self._dups.pop(x.id, None)
+
+    def _drop_subtree(self, x):
+        """``drop_subtree_no_host``: delete *x* and everything below it."""
+        stack = [x]
+        while stack:
+            y = stack.pop()
+            stack.extend(y.children.values())
+            if y.dev:
+                self.tree_dev -= len(y.key)
+                self.free += len(y.key)
+            if y.host:
+                self.tree_host -= len(y.key)
+                self.host_free += len(y.key)
+            self._dups.pop(y.id, None)
+            if y is not x:
+                self.n_nodes -= 1
+        par = x.parent
+        self._remove(x)
+        self._delete_tombstones(par)
+
+    def _evict_host(self, need):
+        """``evict_host``: free at least *need* host tokens; returns what was freed."""
+        freed = 0
+        if self._write_back:
+            for spare in (True, False):
+                if freed >= need:
+                    break
+                for nid, x in list(self._dups.items()):
+                    if freed >= need:
+                        break
+                    if not (x.dev and x.host):
+                        self._dups.pop(nid, None)
+                        continue
+                    if (spare and self._is_dev_leaf(x)) or nid in self._host_locked:
+                        continue
+                    x.host = False
+                    self.tree_host -= len(x.key)
+                    self.host_free += len(x.key)
+                    freed += len(x.key)
+                    self._dups.pop(nid, None)
+        if freed < need:
+            heap = [(x.time, x.id, x) for x in self._leaves(self._is_host_leaf)]
+            heapq.heapify(heap)
+            while freed < need and heap:
+                _, _, x = heapq.heappop(heap)
+                if not self._is_host_leaf(x):
+                    continue
+                n = len(x.key)
+                par = x.parent
+                x.host = False
+                self.tree_host -= n
+                self.host_free += n
+                self._remove(x)
+                self._delete_tombstones(par)
+                freed += n
+                if self._is_host_leaf(par):
+                    heapq.heappush(heap, (par.time, par.id, par))
+        self.host_evicted_tokens_total += freed
+        return freed
+
+    def _backup(self, x):
+        """Write node *x* to host; False when the host cannot make room."""
+        n = len(x.key)
+        if self.host_free < n:
+            need = n - self.host_free
+            if self._evict_host(need) < need:
+                return False
+        self.host_free -= n
+        self.tree_host += n
+        x.host = True
+        self.written_tokens_total += n
+        return True
+
+    def _backup_chain(self, x):
+        chain = [x]
+        a = x.parent
+        while a is not None and a is not self.root and not a.host:
+            chain.append(a)
+            a = a.parent
+        for y in reversed(chain):
+            if y.host or not y.dev:
+                continue
+            if not self._backup(y):
+                return
+
+    def _hit_check(self, x):
+        """``_inc_hit_count_and_check``: count an insert through *x*; back it up when due."""
+        if not x.dev or self._write_back or not self._hicache:
+            return
+        x.hits += 1
+        if not x.host and x.hits >= self._threshold:
+            self._backup_chain(x)
+
+    # ------------------------------------------------------------------ lookup / insert
+    def _match(self, toks, klen):
+        """``_match_prefix_helper``: (device prefix, host tokens, best node, best device
+        node); splits and stamps the path."""
+        x = self.root
+        off = 0
+        best = best_dev = self.root
+        dev_len = 0
+        while off < klen:
+            c = x.children.get(self._ckey(toks, off))
+            if c is None or (not c.dev and not c.host):
+                break
+            m = self._match_len(c.key, toks[off:klen])
+            if m < len(c.key):
+                c = self._split(c, m)
+                best = c
+                if c.dev:
+                    best_dev, dev_len = c, off + m
+                break
+            off += m
+            x = c
+            best = c
+            if c.dev:
+                best_dev, dev_len = c, off
+        t = self._draw()
+        k = 0
+        y = best
+        while y is not None:
+            y.time = (t, -k)
+            k += 1
+            y = y.parent
+        host = 0
+        y = best
+        while y is not best_dev and y is not self.root:
+            if y.host:
+                host += len(y.key)
+            y = y.parent
+        return dev_len, host, best, best_dev
+
+    def _insert(self, r, L, prev, inserted):
+        """Insert the request's first *L* tokens (page-aligned); returns the last node.
+
+        *prev* = the request's protected prefix (its duplicates below it are its own
+        tree slots), *inserted* = what it inserted before (``InsertParams.inserted_len``).
+        """
+        toks = r["toks"]
+        x = self.root
+        off = 0
+        self.root.time = (self._draw(), 0)
+        while off < L:
+            c = x.children.get(self._ckey(toks, off))
+            if c is None:
+                break
+            c.time = (self._draw(), 0)
+            m = self._match_len(c.key, toks[off:L])
+            if m < len(c.key):
+                c = self._split(c, m)
+            if not c.dev:
+                # _unevict_node_on_insert: the request's fresh KV becomes the node's value
+                c.dev = True
+                self.tree_dev += m
+                if self._write_back and c.host:
+                    self._dups[c.id] = c
+            else:
+                dup = off + m - max(prev, off)
+                if dup > 0:
+                    self.free += dup
+            if off + m > inserted:
+                self._hit_check(c)
+            off += m
+            x = c
+        if off < L:
+            leaf = self._new_node(toks[off:L].copy(), x)
+            leaf.dev = True
+            x.children[self._ckey(toks, off)] = leaf
+            self.tree_dev += L - off
+            if L > inserted:
+                self._hit_check(leaf)
+            x = leaf
+        return x
+
+    # ------------------------------------------------------------------ life cycle
+    def _alloc(self, n_tokens):
+        """Evict for *n_tokens* (the SGLang shortfall rule) and check they fit."""
+        if self.free < n_tokens:
+            self._evict_device(n_tokens - self.free)
+        return self.free >= n_tokens
+
+    def admit(self, rid, seq, n_tokens=None):
+        """Lookup (device + host), load back, allocate the prompt (sequential replay)."""
+        if rid in self._reqs:
+            raise ValueError(f"request {rid} is already running")
+        if n_tokens is not None and int(n_tokens) != seq.prompt_len:
+            raise NotImplementedError("sglang-hicache models whole-prompt prefill only (no chunked prefill)")
+        p = self.page_size
+        P = seq.prompt_len
+        toks = seq_tokens(seq)
+        klen = (P - 1) // p * p
+        held = self._held(toks, min(P, seq.kv_len))
+        dev, host, best, best_dev = self._match(toks, klen)
+        self.last_host_hit = host
+        self.host_hit_tokens_total += host
+        ev0 = self.evicted_tokens_total
+        loaded = 0
+        last = best_dev
+        if host > 0:
+            loaded, last = self._load_back(best, best_dev)
+        self.last_loaded = loaded
+        hit = dev + loaded
+        self._lock(last, +1)
+        need = P - hit + (p if p > 1 else 0)
+        if not self._alloc(need):
+            self._lock(last, -1)
+            return None
+        pages = -(-P // p) * p - hit
+        self.free -= pages
+        r = {"seq": seq, "toks": toks, "node": last, "owned": hit, "comp": P, "alloc": hit + pages,
+             "inserted": 0, "prot": hit, "ev": self.evicted_tokens_total - ev0}
+        self._reqs[rid] = r
+        return Admission(hit_tokens=hit, held_tokens=held, evicted_tokens=self.evicted_tokens_total - ev0)
+
+    def _held(self, toks, n):
+        """Longest prefix of ``toks[:n]`` the tree holds on device or host, at token
+        granularity (no page rounding), read-only."""
+        x, off = self.root, 0
+        while off < n:
+            best_m, best_c = 0, None
+            for c in x.children.values():
+                a = c.key[:n - off]
+                ne = np.flatnonzero(a != toks[off:off + len(a)])
+                m = int(ne[0]) if len(ne) else len(a)
+                if m > best_m:
+                    best_m, best_c = m, c
+            off += best_m
+            if best_c is None or best_m < len(best_c.key):
+                break
+            x = best_c
+        return off
+
+    def _load_back(self, best, best_dev):
+        """``_load_back_transfers``: returns (tokens loaded, new last node)."""
+        nodes = []
+        y = best
+        while not y.dev:
+            nodes.append(y)
+            y = y.parent
+        kv = sum(len(y.key) for y in nodes)
+        if kv < max(1, LOAD_BACK_THRESHOLD):
+            return 0, best_dev
+        self._lock(best, +1)
+        # the scheduler host-locks the best match node only (PrefillAdder._lock_node →
+        # full.py :: acquire_component_lock: "only the last host node needs to be protected")
+        self._host_locked.add(best.id)
+        ok = self._alloc(kv)
+        self._host_locked.clear()
+        self._lock(best, -1)
+        if not ok:
+            return 0, best_dev
+        self.free -= kv
+        for y in nodes:
+            y.dev = True
+            self.tree_dev += len(y.key)
+            if self._write_back:
+                self._dups[y.id] = y
+        self.loaded_tokens_total += kv
+        return kv, best
+
+    def extend(self, rid, n_tokens):
+        """Decode *n_tokens* more tokens (one step at a time: ``alloc_for_decode``)."""
+        r = self._reqs[rid]
+        p = self.page_size
+        end = r["comp"] + int(n_tokens)
+        if end > r["seq"].kv_len:
+            raise ValueError(f"request {rid}: {end} tokens exceed its KV extent {r['seq'].kv_len}")
+        if r["comp"] == r["seq"].prompt_len and n_tokens > 0 and r["inserted"] == 0:
+            self._checkpoint(r)
+        while r["comp"] < end:
+            pos = r["comp"]
+            if self.free < p:
+                self._evict_device(p - self.free)
+            if pos % p == 0:
+                if self.free < p:
+                    return False
+                self.free -= p
+                r["alloc"] += p
+            r["comp"] += 1
+        return True
+
+    def _checkpoint(self, r):
+        """``checkpoint_kv_cache`` after the prefill: insert the page-aligned prompt."""
+        p = self.page_size
+        L = r["seq"].prompt_len // p * p
+        node = self._insert(r, L, r["prot"], r["inserted"])
+        self._move_lock(r, node, L)
+
+    def _move_lock(self, r, node, L):
+        self._lock(r["node"], -1)
+        self._lock(node, +1)
+        r["node"] = node
+        r["owned"] = max(r["owned"], L)
+        r["prot"] = max(r["prot"], L)
+        r["inserted"] = max(r["inserted"], L)
+
+    def finish(self, rid):
+        """``release_kv_cache``: insert the KV computed, then the prompt; free the rest."""
+        r = self._reqs.pop(rid)
+        p = self.page_size
+        L = r["comp"] // p * p
+        node = self._insert(r, L, r["prot"], r["inserted"])
+        self._move_lock(r, node, L)
+        PL = r["seq"].prompt_len // p * p
+        if 0 < PL < L:
+            self._insert(r, PL, PL, PL)
+        self.free += r["alloc"] - r["owned"]
+        self._lock(r["node"], -1)
+
+    def preempt(self, rid):
+        """Free the request's private slots and unlock; insert nothing."""
+        r = self._reqs.pop(rid)
+        self.free += r["alloc"] - r["owned"]
+        self._lock(r["node"], -1)
+
+    def run_request(self, rid, seq):
+        """Admit, decode to the KV extent, finish (SGLang's lone-request lifecycle)."""
+        adm = self.admit(rid, seq)
+        if adm is None:
+            return None
+        if seq.kv_len > seq.prompt_len:
+            if not self.extend(rid, seq.kv_len - seq.prompt_len):
+                self.preempt(rid)
+                return None
+        self.finish(rid)
+        return adm
+
+    def fits_alone(self, seq):
+        """Tokens by which *seq* overflows the empty device pool (0 when it fits)."""
+        p = self.page_size
+        return max(0, -(-seq.kv_len // p) - self.num_slots) * p
+
+    def stats(self, detail=True):
+        """The device pool now (``used``: locked tree + private; ``cached``: the rest of
+        the tree's device tokens). Host tokens: :attr:`host_cached_tokens`."""
+        p = self.page_size
+        prot = self._locked_dev_tokens() if self._reqs else 0
+        priv = sum(r["alloc"] - r["owned"] for r in self._reqs.values())
+        used = (prot + priv) // p
+        cached = (self.tree_dev - prot) // p
+        return PoolStats(num_slots=self.num_slots, slot_tokens=p, used_slots=used, cached_slots=cached,
+                         free_slots=self.num_slots - used - cached,
+                         valid_tokens=self.tree_dev + sum(r["comp"] - r["owned"] for r in self._reqs.values()),
+                         cached_tokens=self.tree_dev, duplicate_tokens=-1, metadata_bytes=0, largest_free_run=-1)
+
+    def _locked_dev_tokens(self):
+        seen, n = set(), 0
+        for r in self._reqs.values():
+            x = r["node"]
+            while x is not None and x is not self.root and x.id not in seen:
+                seen.add(x.id)
+                if x.dev:
+                    n += len(x.key)
+                x = x.parent
+        return n
+
+    @property
+    def host_cached_tokens(self) -> int:
+        """Tokens held in the host pool."""
+        return self.tree_host
+
+    def check_invariants(self):
+        """Recount the tree and both pools; AssertionError on a disagreement (tests)."""
+        dev = host = 0
+        stack = [self.root]
+        while stack:
+            x = stack.pop()
+            for c in x.children.values():
+                assert c.parent is x and len(c.key) > 0 and len(c.key) % self.page_size == 0
+                assert c.dev or c.host
+                if c.dev:
+                    assert x.dev, "a device node below a host-only node"
+                stack.append(c)
+            if x is not self.root:
+                dev += len(x.key) if x.dev else 0
+                host += len(x.key) if x.host else 0
+        assert dev == self.tree_dev and host == self.tree_host
+        assert 0 <= self.host_free and self.host_free + host == self.host_capacity
+        priv = sum(r["alloc"] - r["owned"] for r in self._reqs.values())
+        assert self.free >= 0 and self.free + dev + priv == self.max_total_num_tokens

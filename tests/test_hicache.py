@@ -1,0 +1,155 @@
+"""HiCache (SGLang's host-memory tier) against real SGLang 0.5.23, and by hand.
+
+The goldens in tests/data/golden/sglang_hicache were written by SGLang's own
+``UnifiedRadixCache`` in HiCache mode (``init_hicache``; real ``HybridCacheController``,
+host pool and host allocator, Rust tree core), driven on CPU by
+tools/engines/gen_sglang_hicache_goldens.py: mixed200 and edge300, pages 1, 16 and 64,
+tight device pools, host pools of 1–3 × the device pool, each write policy. Per request the
+device hit, the host hit (``host_hit_length``) and the tokens loaded back must agree.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from _golden_traces import native_trace
+from conftest import GOLDEN_LOCAL
+from radixkv.policies.hicache import HiCacheRadixCache
+from radixkv.policies.radix import RadixCache
+from radixkv.policies.registry import PoolSpec, build_policy, parse_policy
+from radixkv.trace.types import Trace
+
+_DIR = GOLDEN_LOCAL / "sglang_hicache"
+_RUNS = [json.loads(line) for line in open(_DIR / "manifest.jsonl")]
+_TRACES: dict = {}
+#: write_back runs where the model still differs from SGLang on a few requests
+#: (host-eviction order under write_back; docs/hicache.md "Not met")
+_WB_KNOWN = {
+    "hicache_write_back_mixed200_p16_c1904_r2",
+    "hicache_write_back_mixed200_p64_c1920_r2",
+    "hicache_write_back_mixed200_p1_c1904_r1",
+    "hicache_write_back_edge300_p16_c640_r2",
+}
+
+
+def _trace(name):
+    if name not in _TRACES:
+        _TRACES[name] = native_trace(GOLDEN_LOCAL / "traces" / name)
+    return _TRACES[name]
+
+
+def _params():
+    for m in _RUNS:
+        marks = [pytest.mark.xfail(strict=True, reason="write_back host-eviction order differs on a few requests")] \
+            if m["name"] in _WB_KNOWN else []
+        yield pytest.param(m, id=m["name"], marks=marks)
+
+
+@pytest.mark.parametrize("run", list(_params()))
+def test_hicache_golden(run):
+    tr = _trace(run["trace"])
+    gold = [json.loads(line) for line in open(_DIR / f"{run['name']}.jsonl")]
+    c = HiCacheRadixCache(run["capacity_tokens"], run["page_size"], write_policy=run["hicache_write_policy"],
+                          hicache_ratio=run["hicache_ratio"])
+    assert c.host_capacity == run["host_capacity_tokens"]
+    bad = []
+    for i, g in enumerate(gold):
+        adm = c.run_request(i, tr.kv_seq(i))
+        got = (adm.hit_tokens - c.last_loaded, c.last_host_hit, c.last_loaded)
+        if got != (g["hit_tokens"], g["host_hit_tokens"], g["loaded_tokens"]):
+            bad.append((g["id"], got, (g["hit_tokens"], g["host_hit_tokens"], g["loaded_tokens"])))
+    c.check_invariants()
+    assert not bad, f"{len(bad)} mismatching requests, first {bad[:3]}"
+
+
+@pytest.mark.parametrize("trace,page,cap", [("mixed200.jsonl", 1, 1904), ("mixed200.jsonl", 16, 1904),
+                                            ("edge300.jsonl", 1, 640), ("edge300.jsonl", 16, 640)])
+def test_zero_host_tier_equals_radix(trace, page, cap):
+    """With no host tier every request's hit and eviction equal RadixCache's."""
+    tr = _trace(trace)
+    a = HiCacheRadixCache(cap, page, host_tokens=0)
+    b = RadixCache(cap, page)
+    for i in range(len(tr)):
+        x, y = a.run_request(i, tr.kv_seq(i)), b.run_request(i, tr.kv_seq(i))
+        assert (x.hit_tokens, x.held_tokens, x.evicted_tokens) == (y.hit_tokens, y.held_tokens, y.evicted_tokens), i
+        assert a.stats().cached_tokens == b.stats().cached_tokens
+    assert a.host_capacity == 0 and a.written_tokens_total == 0
+
+
+def _toks(*runs):
+    return [list(r) for r in runs]
+
+
+def _run(cache, prompts, outputs=None):
+    n = len(prompts)
+    outputs = outputs or [[] for _ in range(n)]
+    tr = Trace.from_requests(req_id=[f"q{i}" for i in range(n)], arrival_s=[0.0] * n,
+                             prompt_len=[len(p) for p in prompts], output_len=[len(o) for o in outputs],
+                             prompt_ids=prompts, output_ids=outputs)
+    out = []
+    for i in range(n):
+        adm = cache.run_request(i, tr.kv_seq(i))
+        out.append((adm.hit_tokens, cache.last_host_hit, cache.last_loaded))
+        cache.check_invariants()
+    return out
+
+
+A = list(range(1000, 1012))          # 12 tokens
+B = list(range(2000, 2020))          # 20 tokens
+
+
+def test_demote_then_load_back_by_hand():
+    """Pool 24, host int(24·2)=48 → 49 tokens. A (12) is written through on insert
+    (threshold 1); B (20) needs 20 with 12 free: A, the only leaf, is demoted (host copy
+    kept). A + 1 token: key = A (P − 1), device hit 0, host hit 12 ≥ 10 → loaded: 12
+    slots needed, 4 free → B is demoted; the request hits 12."""
+    c = HiCacheRadixCache(24, 1, write_policy="write_through", hicache_ratio=2.0)
+    assert c.host_capacity == 49
+    got = _run(c, [A, B, A + [7]])
+    assert got == [(0, 0, 0), (0, 0, 0), (12, 12, 12)]
+    assert c.written_tokens_total == 12 + 20 + 1  # A, B, then the new 1-token leaf
+    assert c.loaded_tokens_total == 12
+
+
+def test_selective_needs_a_second_insert():
+    """write_through_selective (threshold 2): A's leaf is counted once, so it is not
+    backed up; B's eviction deletes it and A + 1 misses on both tiers."""
+    c = HiCacheRadixCache(24, 1, write_policy="write_through_selective", hicache_ratio=2.0)
+    assert _run(c, [A, B, A + [7]]) == [(0, 0, 0), (0, 0, 0), (0, 0, 0)]
+    assert c.written_tokens_total == 0
+
+
+def test_load_back_threshold():
+    """A 9-token host hit is under load_back_threshold = 10: not loaded, recomputed
+    (hit 0), and the insert re-attaches the recomputed KV to the host-only node."""
+    a9 = A[:9]
+    c = HiCacheRadixCache(24, 1, write_policy="write_through", hicache_ratio=2.0)
+    got = _run(c, [a9, B[:16], a9 + [7]])
+    assert got == [(0, 0, 0), (0, 0, 0), (0, 9, 0)]
+
+
+def test_write_back_writes_on_eviction_only():
+    """write_back: nothing is written on insert; B's allocation evicts A, which is
+    written then demoted; A + 1 loads it back (host hit 12)."""
+    c = HiCacheRadixCache(24, 1, write_policy="write_back", hicache_ratio=2.0)
+    got = _run(c, [A, B])
+    assert c.written_tokens_total == 12
+    assert _run(c, [A + [7]])[0][1:] == (12, 12)
+
+
+def test_option_spec():
+    spec = parse_policy("sglang-hicache:16@write_back,hicache_ratio=4")
+    pol = build_policy(spec, PoolSpec(capacity_tokens=1024))
+    assert isinstance(pol, HiCacheRadixCache)
+    assert (pol.page_size, pol.write_policy, pol.host_capacity) == (16, "write_back", (4096 // 16 + 1) * 16)
+    with pytest.raises(Exception, match="write policy"):
+        parse_policy("sglang-hicache:1@write_sometimes")
+
+
+def test_seq_tokens_match_segments():
+    tr = _trace("mixed200.jsonl")
+    from radixkv.policies.hicache import seq_tokens
+    a, b = seq_tokens(tr.kv_seq(0)), seq_tokens(tr.kv_seq(1))
+    assert a.dtype == np.int64 and len(a) == tr.kv_seq(0).kv_len

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Golden per-request device and host hits of SGLang 0.5.23's HiCache (host-memory tier).
+
+Runs ``sglang_replay.py`` (this folder) in HiCache mode — the real ``UnifiedRadixCache``
+with ``init_hicache``, its default (Rust) tree core, the real ``HybridCacheController``,
+host KV pool and host allocator, made to run on a CPU-only torch by
+``sglang_replay._cpu_hicache_patches`` (no-op copy kernels and host-register; the tree's
+decisions never read KV values) — for every write policy x run below, in one process,
+and writes ``<out>/hicache_<policy>_<trace>_p<page>_c<capacity>_r<ratio>.jsonl`` plus
+``<out>/manifest.jsonl``. Needs the SGLang 0.5.23 CPU venv (docs/golden.md)::
+
+    $SGLANG_VENV/bin/python tools/engines/gen_sglang_hicache_goldens.py \\
+        --traces tests/data/golden/traces --out tests/data/golden/sglang_hicache
+
+Per request the files hold ``hit_tokens`` (device prefix from ``match_prefix``),
+``host_hit_tokens`` (``MatchResult.host_hit_length``), ``loaded_tokens`` (what
+``init_load_back`` spliced onto the device), plus diagnostics: tokens written GPU→host and
+loaded host→GPU by the controller, host tokens evicted, host tokens held after the
+request. Conventions: sglang_replay.py's lone-request lifecycle; every HiCache
+transfer (write-through ack, load-back) completes before the next scheduler step
+(``check_hicache_events`` after the prefill, after each decode step and after the finish).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sglang_replay  # noqa: E402
+
+POLICIES = ("write_through", "write_through_selective", "write_back")
+#: (trace file, page_size, capacity_tokens, hicache_ratio): tight device pools that
+#: evict, host pools that evict too
+RUNS = (
+    ("mixed200.jsonl", 1, 1904, 2.0),
+    ("mixed200.jsonl", 16, 1904, 2.0),
+    ("mixed200.jsonl", 64, 1920, 2.0),
+    ("mixed200.jsonl", 1, 1904, 1.0),
+    ("edge300.jsonl", 1, 640, 2.0),
+    ("edge300.jsonl", 16, 640, 2.0),
+    ("edge300.jsonl", 64, 640, 3.0),
+)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", required=True, help="folder holding the token traces")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    a = ap.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    manifest = []
+    for pol in a.policies.split(","):
+        for trace, ps, cap, ratio in RUNS:
+            name = f"hicache_{pol}_{trace.split('.')[0]}_p{ps}_c{cap}_r{ratio:g}"
+            argv = ["--trace", os.path.join(a.traces, trace), "--out", "-", "--page-size", str(ps),
+                    "--capacity-tokens", str(cap), "--hicache-write-policy", pol,
+                    "--hicache-ratio", str(ratio), "--check", "--quiet"]
+            args = sglang_replay.parse_args(argv)
+            rep = sglang_replay.SGLangReplayer(args)
+            t0 = time.perf_counter()
+            recs = []
+            for rid, prompt, output, prio in sglang_replay.iter_trace(args.trace):
+                recs.append(rep.run_request(rid, prompt, output, prio))
+                rep.check()
+            dt = time.perf_counter() - t0
+            tmp = os.path.join(a.out, name + ".jsonl.tmp")
+            with open(tmp, "w") as f:
+                for r in recs:
+                    f.write(json.dumps(r) + "\n")
+            os.replace(tmp, os.path.join(a.out, name + ".jsonl"))
+            tot = {k: sum(r.get(k, 0) for r in recs) for k in ("hit_tokens", "host_hit_tokens", "loaded_tokens")}
+            manifest.append({"name": name, "engine": "sglang 0.5.23", "impl": rep.impl_name,
+                             "tree_core": rep.tree_core_name, "trace": trace, "page_size": ps,
+                             "capacity_tokens": rep.capacity, "hicache_write_policy": pol,
+                             "hicache_ratio": ratio, "host_capacity_tokens": rep.host_capacity, **tot})
+            print(name, tot, f"{dt:.1f}s", file=sys.stderr, flush=True)
+    tmp = os.path.join(a.out, "manifest.jsonl.tmp")
+    with open(tmp, "w") as f:
+        for m in manifest:
+            f.write(json.dumps(m) + "\n")
+    os.replace(tmp, os.path.join(a.out, "manifest.jsonl"))
+
+
+if __name__ == "__main__":
+    main()
