@@ -29,6 +29,9 @@ SEQUENTIAL_ROWS = [
     ("duplicate_share_mean", "duplication (mean)", "{:.4f}"),
     ("free_space_scatter_mean", "free-space scatter (mean)", "{:.4f}"),
     ("metadata_bytes_peak", "metadata bytes (peak)", "{:,}"),
+    ("host_hit_rate", "host-tier hit rate (loaded back)", "{:.4f}"),
+    ("gpu_to_host_tokens", "GPU→host tokens", "{:,}"),
+    ("host_to_gpu_tokens", "host→GPU tokens", "{:,}"),
 ]
 
 

@@ -4,7 +4,8 @@ The goldens in tests/data/golden/sglang_hicache were written by SGLang's own
 ``UnifiedRadixCache`` in HiCache mode (``init_hicache``; real ``HybridCacheController``,
 host pool and host allocator, Rust tree core), driven on CPU by
 tools/engines/gen_sglang_hicache_goldens.py: mixed200 and edge300, pages 1, 16 and 64,
-tight device pools, host pools of 1–3 × the device pool, each write policy. Per request the
+tight device pools, host pools of 1–3 × the device pool, each write policy; and the first
+800 requests of the Mooncake conversation trace (pages 1 and 16; needs RADIXKV_SHARED). Per request the
 device hit, the host hit (``host_hit_length``) and the tokens loaded back must agree.
 """
 from __future__ import annotations
@@ -14,8 +15,8 @@ import json
 import numpy as np
 import pytest
 
-from _golden_traces import native_trace
-from conftest import GOLDEN_LOCAL
+from _golden_traces import mooncake_trace, native_trace
+from conftest import GOLDEN_LOCAL, shared_path
 from radixkv.policies.hicache import HiCacheRadixCache
 from radixkv.policies.radix import RadixCache
 from radixkv.policies.registry import PoolSpec, build_policy, parse_policy
@@ -24,30 +25,18 @@ from radixkv.trace.types import Trace
 _DIR = GOLDEN_LOCAL / "sglang_hicache"
 _RUNS = [json.loads(line) for line in open(_DIR / "manifest.jsonl")]
 _TRACES: dict = {}
-#: write_back runs where the model still differs from SGLang on a few requests
-#: (host-eviction order under write_back; docs/hicache.md "Not met")
-_WB_KNOWN = {
-    "hicache_write_back_mixed200_p16_c1904_r2",
-    "hicache_write_back_mixed200_p64_c1920_r2",
-    "hicache_write_back_mixed200_p1_c1904_r1",
-    "hicache_write_back_edge300_p16_c640_r2",
-}
-
-
 def _trace(name):
     if name not in _TRACES:
-        _TRACES[name] = native_trace(GOLDEN_LOCAL / "traces" / name)
+        if name.startswith("moon_conv_"):
+            # the first K lines of the Mooncake conversation trace (docs/golden.md conventions)
+            k = int(name.split("_")[2].split(".")[0])
+            _TRACES[name] = mooncake_trace(shared_path("traces", "mooncake-fast25", "conversation_trace.jsonl"), k)
+        else:
+            _TRACES[name] = native_trace(GOLDEN_LOCAL / "traces" / name)
     return _TRACES[name]
 
 
-def _params():
-    for m in _RUNS:
-        marks = [pytest.mark.xfail(strict=True, reason="write_back host-eviction order differs on a few requests")] \
-            if m["name"] in _WB_KNOWN else []
-        yield pytest.param(m, id=m["name"], marks=marks)
-
-
-@pytest.mark.parametrize("run", list(_params()))
+@pytest.mark.parametrize("run", _RUNS, ids=[m["name"] for m in _RUNS])
 def test_hicache_golden(run):
     tr = _trace(run["trace"])
     gold = [json.loads(line) for line in open(_DIR / f"{run['name']}.jsonl")]
@@ -153,3 +142,44 @@ def test_seq_tokens_match_segments():
     from radixkv.policies.hicache import seq_tokens
     a, b = seq_tokens(tr.kv_seq(0)), seq_tokens(tr.kv_seq(1))
     assert a.dtype == np.int64 and len(a) == tr.kv_seq(0).kv_len
+
+
+def test_cli_flags_fill_the_spec():
+    import argparse
+
+    from radixkv.cli.host_tier_args import host_tier_spec
+    from radixkv.errors import ConfigError
+
+    ns = argparse.Namespace(hicache_ratio=4.0, hicache_size=None, host_cache_tokens=None,
+                            hicache_write_policy="write_back", model=None)
+    spec = host_tier_spec(parse_policy("sglang-hicache:16@hicache_ratio=3"), ns)
+    pol = build_policy(spec, PoolSpec(capacity_tokens=1024))
+    # the spec's own ratio wins over the flag; the flag's write policy is taken
+    assert (pol.write_policy, pol.host_capacity) == ("write_back", (3072 // 16 + 1) * 16)
+    with pytest.raises(ConfigError, match="host-memory"):
+        host_tier_spec(parse_policy("sglang:16"), ns)
+    ns = argparse.Namespace(hicache_ratio=None, hicache_size=1.0, host_cache_tokens=None,
+                            hicache_write_policy=None, model=None)
+    with pytest.raises(ConfigError, match="--model"):
+        host_tier_spec(parse_policy("sglang-hicache"), ns)
+    # Llama-3.1-8B bf16 holds 131,072 bytes per token: 1 GB = 10**9 // 131072 = 7629 tokens
+    ns.model = "Llama-3.1-8B"
+    spec = host_tier_spec(parse_policy("sglang-hicache"), ns)
+    assert dict(spec.option)["host_tokens"] == 7629
+
+
+def test_summary_tier_metrics_match_golden_totals():
+    """run_replay's per-tier totals equal the sums over SGLang's per-request files."""
+    from radixkv.replay.run import run_replay
+
+    name = "hicache_write_back_mixed200_p16_c1904_r2"
+    m = next(r for r in _RUNS if r["name"] == name)
+    gold = [json.loads(line) for line in open(_DIR / f"{name}.jsonl")]
+    spec = parse_policy("sglang-hicache:16@write_back,hicache_ratio=2")
+    _, s = run_replay(_trace("mixed200.jsonl"), spec, PoolSpec(capacity_tokens=m["capacity_tokens"]))
+    assert s["hit_tokens"] == sum(g["hit_tokens"] + g["loaded_tokens"] for g in gold)
+    assert s["host_to_gpu_tokens"] == sum(g["load_tokens"] for g in gold)
+    assert s["gpu_to_host_tokens"] == sum(g["written_tokens"] for g in gold)
+    assert s["host_evicted_tokens"] == sum(g["host_evicted_tokens"] for g in gold)
+    _, s = run_replay(_trace("mixed200.jsonl"), parse_policy("sglang:16"), PoolSpec(capacity_tokens=1904))
+    assert s["host_hit_rate"] is None and s["gpu_to_host_tokens"] is None

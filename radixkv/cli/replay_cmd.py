@@ -21,6 +21,7 @@ from radixkv.cli.concurrent_args import add_concurrent_args
 from radixkv.cli.report_cmd import add_report_arg, run_tables, write_run_report
 from radixkv.cli.sweep_cmd import add_executor_args
 from radixkv.errors import ConfigError
+from radixkv.cli.host_tier_args import add_host_tier_args, host_tier_spec
 from radixkv.policies.registry import PolicySpec, PoolSpec, parse_policy
 from radixkv.report import CONCURRENT_ROWS as _CONCURRENT_ROWS
 from radixkv.report import format_table
@@ -250,7 +251,7 @@ def cmd_replay(args) -> int:
     if timeline and args.mode != "concurrent":
         raise ConfigError("--timeline records engine steps: it needs --mode concurrent", field="timeline")
     _check_pool_args(args)
-    spec = parse_policy(args.policy, block_size=args.block_size, page_size=args.page_size)
+    spec = host_tier_spec(parse_policy(args.policy, block_size=args.block_size, page_size=args.page_size), args)
     pool, desc = pool_for_policy(args, spec)
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
@@ -315,6 +316,8 @@ def _policies(args) -> list[PolicySpec]:
             raise ConfigError(f"--policies entry {k} of {len(toks)} is empty (a stray comma?) in {args.policies!r}",
                               field="policies")
         spec = parse_policy(t, block_size=args.block_size, page_size=args.page_size)
+        if getattr(spec.build_class, "models_host_tier", False):
+            spec = host_tier_spec(spec, args)
         if spec.label in seen:
             raise ConfigError(f"--policies entry {k} ({t.strip()!r}) is the same policy as entry {seen[spec.label]} "
                               f"({spec.label}); each policy is replayed once", field="policies")
@@ -531,6 +534,7 @@ def _add_policy_size_args(p):
                    help="vLLM block_size in tokens for vllm/none/static specs without :SIZE (default 16)")
     p.add_argument("--page-size", type=int, default=None, metavar="TOKENS",
                    help="SGLang page_size in tokens for sglang specs without :SIZE (default 1)")
+    add_host_tier_args(p)
 
 
 _TIMING_HELP = "leave wall-clock times out of the JSON, so two runs give byte-identical files (default: kept)"

@@ -136,10 +136,12 @@ class HiCacheRadixCache(PrefixCache):
     ----------
     host_capacity : int
         Host pool in tokens (0 without a host tier).
-    host_hit_tokens_total, loaded_tokens_total, written_tokens_total,
-    host_evicted_tokens_total : int
-        Tokens found on host by lookups, loaded host→GPU, written GPU→host and evicted
-        from host since construction.
+    device_hit_tokens_total, host_hit_tokens_total, loaded_tokens_total,
+    written_tokens_total, host_evicted_tokens_total : int
+        Tokens hit on the device, found on host by lookups, loaded host→GPU, written
+        GPU→host and evicted from host since construction.
+    last_host_hit, last_loaded : int
+        Host hit and loaded-back tokens of the last admission.
 
     Raises
     ------
@@ -201,8 +203,10 @@ class HiCacheRadixCache(PrefixCache):
         self.n_nodes = 0
         self._dups: dict = {}  # write_back: nodes on both tiers, in the order they became so
         self._host_locked: set = set()  # node ids host-locked during a load-back
+        self._loaded_pending: list = []  # loaded nodes whose load ack is not reaped yet
         self._reqs: dict = {}
         self.host_hit_tokens_total = 0
+        self.device_hit_tokens_total = 0
         self.loaded_tokens_total = 0
         self.written_tokens_total = 0
         self.host_evicted_tokens_total = 0
@@ -229,10 +233,14 @@ class HiCacheRadixCache(PrefixCache):
     @classmethod
     def parse_option(cls, text: str) -> tuple:
         """``KEY=VALUE[,KEY=VALUE…]`` with keys ``write_policy`` (or a bare policy name),
-        ``hicache_ratio``, ``host_tokens``. E.g. ``sglang-hicache:1@write_back,hicache_ratio=4``. Returns sorted
+        ``hicache_ratio``, ``host_tokens``; pairs are separated by ``,``, ``+`` or ``;``
+        (``+`` inside a comma-separated ``--policies`` list). E.g.
+        ``sglang-hicache:1@write_back,hicache_ratio=4``. Returns sorted
         ``(keyword, value)`` pairs."""
+        import re
+
         out: dict = {}
-        for part in str(text).split(","):
+        for part in re.split(r"[,+;]", str(text)):
             part = part.strip()
             if not part:
                 continue
@@ -308,10 +316,16 @@ class HiCacheRadixCache(PrefixCache):
         child.parent = up
         up.children[self._ckey(child.key, 0)] = child
         child.time = (self._draw(), 0)
-        if self._write_back and child.id in self._dups:
-            # the new fragment qualifies as a duplicate after the child
-            self._dups[up.id] = up
+        self._track(up)
         return up
+
+    def _track(self, x):
+        """``_update_duplicate_tracking``: register a node on both tiers (first
+        registration fixes its place), drop one that is not; entries go stale lazily."""
+        if x is not self.root and x.dev and x.host:
+            self._dups.setdefault(x.id, x)
+        else:
+            self._dups.pop(x.id, None)
 
     def _is_dev_leaf(self, x):
         return x is not self.root and x.dev and x.lock == 0 and not any(c.dev for c in x.children.values())
@@ -322,7 +336,6 @@ class HiCacheRadixCache(PrefixCache):
     def _remove(self, x):
         del x.parent.children[self._ckey(x.key, 0)]
         self.n_nodes -= 1
-        self._dups.pop(x.id, None)
 
     def _delete_tombstones(self, cur):
         while cur is not self.root and not cur.children and not cur.dev and not cur.host and cur.lock == 0:
@@ -360,6 +373,7 @@ class HiCacheRadixCache(PrefixCache):
             par = x.parent
             if not x.host and self._write_back and self._hicache:
                 if self._backup(x):
+                    self._track(x)  # the backup's ack (finish_write_through) registers it
                     self._demote(x)
                 else:
                     self._drop_subtree(x)
@@ -382,7 +396,6 @@ class HiCacheRadixCache(PrefixCache):
         x.dev = False
         self.tree_dev -= n
         self.free += n
-        self._dups.pop(x.id, None)
 
     def _drop_subtree(self, x):
         """``drop_subtree_no_host``: delete *x* and everything below it."""
@@ -396,7 +409,7 @@ class HiCacheRadixCache(PrefixCache):
             if y.host:
                 self.tree_host -= len(y.key)
                 self.host_free += len(y.key)
-            self._dups.pop(y.id, None)
+            y.dev = y.host = False
             if y is not x:
                 self.n_nodes -= 1
         par = x.parent
@@ -407,6 +420,9 @@ class HiCacheRadixCache(PrefixCache):
         """``evict_host``: free at least *need* host tokens; returns what was freed."""
         freed = 0
         if self._write_back:
+            # _reclaim_full_host_duplicates: host copies of device nodes, in registration
+            # order; pass 1 spares evictable device leaves; stale entries are swept
+            swept = []
             for spare in (True, False):
                 if freed >= need:
                     break
@@ -414,15 +430,17 @@ class HiCacheRadixCache(PrefixCache):
                     if freed >= need:
                         break
                     if not (x.dev and x.host):
-                        self._dups.pop(nid, None)
+                        swept.append(nid)
                         continue
-                    if (spare and self._is_dev_leaf(x)) or nid in self._host_locked:
-                        continue
+                    if (spare and self._is_dev_leaf(x)) or nid in self._host_locked or x in self._loaded_pending:
+                        continue  # _can_reclaim_full_host_duplicate: host lock, load in flight
                     x.host = False
                     self.tree_host -= len(x.key)
                     self.host_free += len(x.key)
                     freed += len(x.key)
-                    self._dups.pop(nid, None)
+                    swept.append(nid)
+            for nid in swept:
+                self._dups.pop(nid, None)
         if freed < need:
             heap = [(x.time, x.id, x) for x in self._leaves(self._is_host_leaf)]
             heapq.heapify(heap)
@@ -537,8 +555,7 @@ class HiCacheRadixCache(PrefixCache):
                 # _unevict_node_on_insert: the request's fresh KV becomes the node's value
                 c.dev = True
                 self.tree_dev += m
-                if self._write_back and c.host:
-                    self._dups[c.id] = c
+                self._track(c)
             else:
                 dup = off + m - max(prev, off)
                 if dup > 0:
@@ -584,14 +601,20 @@ class HiCacheRadixCache(PrefixCache):
         if host > 0:
             loaded, last = self._load_back(best, best_dev)
         self.last_loaded = loaded
+        self.device_hit_tokens_total += dev
         hit = dev + loaded
         self._lock(last, +1)
         need = P - hit + (p if p > 1 else 0)
         if not self._alloc(need):
             self._lock(last, -1)
+            self._loaded_pending = []
             return None
         pages = -(-P // p) * p - hit
         self.free -= pages
+        if self._loaded_pending:
+            for y in self._loaded_pending:
+                self._track(y)
+            self._loaded_pending = []
         r = {"seq": seq, "toks": toks, "node": last, "owned": hit, "comp": P, "alloc": hit + pages,
              "inserted": 0, "prot": hit, "ev": self.evicted_tokens_total - ev0}
         self._reqs[rid] = r
@@ -638,8 +661,9 @@ class HiCacheRadixCache(PrefixCache):
         for y in nodes:
             y.dev = True
             self.tree_dev += len(y.key)
-            if self._write_back:
-                self._dups[y.id] = y
+        # finish_load_back registers the loaded nodes as duplicates from the anchor up,
+        # at the ack — the next scheduler step, after this request's prefill allocation
+        self._loaded_pending = nodes
         self.loaded_tokens_total += kv
         return kv, best
 
@@ -763,3 +787,44 @@ class HiCacheRadixCache(PrefixCache):
         assert 0 <= self.host_free and self.host_free + host == self.host_capacity
         priv = sum(r["alloc"] - r["owned"] for r in self._reqs.values())
         assert self.free >= 0 and self.free + dev + priv == self.max_total_num_tokens
+
+
+#: summary keys of the host tier (:func:`host_tier_summary`), all None (n/a) for a
+#: policy without one
+HOST_TIER_KEYS = ("host_capacity_tokens", "device_hit_tokens", "host_hit_tokens", "host_loaded_tokens",
+                  "host_hit_rate", "gpu_to_host_tokens", "host_to_gpu_tokens", "host_evicted_tokens")
+
+
+def host_tier_summary(policy, prompt_tokens: int) -> dict:
+    """Per-tier totals of a finished sequential replay, for the summary.
+
+    Parameters
+    ----------
+    policy : PrefixCache
+        The replayed policy; a class without ``models_host_tier`` gets every key None
+        (reported ``n/a`` / JSON ``null``, never 0).
+    prompt_tokens : int
+        Prompt tokens replayed (the denominator of ``host_hit_rate``).
+
+    Returns
+    -------
+    dict
+        ``host_capacity_tokens`` (host pool, tokens), ``device_hit_tokens`` (hits served
+        from GPU memory), ``host_hit_tokens`` (tokens lookups found on host only),
+        ``host_loaded_tokens`` (of those, loaded back and hit; the rest were under
+        ``load_back_threshold`` and recomputed), ``host_hit_rate`` (loaded / prompt
+        tokens), ``gpu_to_host_tokens`` and ``host_to_gpu_tokens`` (tokens copied each way;
+        bytes = tokens × the model's KV bytes per token), ``host_evicted_tokens``.
+    """
+    if not getattr(type(policy), "models_host_tier", False):
+        return dict.fromkeys(HOST_TIER_KEYS)
+    return {
+        "host_capacity_tokens": int(policy.host_capacity),
+        "device_hit_tokens": int(policy.device_hit_tokens_total),
+        "host_hit_tokens": int(policy.host_hit_tokens_total),
+        "host_loaded_tokens": int(policy.loaded_tokens_total),
+        "host_hit_rate": policy.loaded_tokens_total / prompt_tokens if prompt_tokens else None,
+        "gpu_to_host_tokens": int(policy.written_tokens_total),
+        "host_to_gpu_tokens": int(policy.loaded_tokens_total),
+        "host_evicted_tokens": int(policy.host_evicted_tokens_total),
+    }

@@ -43,6 +43,13 @@ RUNS = (
     ("edge300.jsonl", 16, 640, 2.0),
     ("edge300.jsonl", 64, 640, 3.0),
 )
+#: Mooncake conversation slice (``--mooncake``: the first 800 lines expanded to tokens by
+#: the shared harness's ``to_tokens.py mooncake --limit 800``; docs/golden.md conventions)
+MOON_RUNS = (
+    ("moon_conv_800.jsonl", 1, 200000, 2.0),
+    ("moon_conv_800.jsonl", 16, 200000, 2.0),
+    ("moon_conv_800.jsonl", 1, 100000, 8.0),
+)
 
 
 def main(argv=None):
@@ -50,12 +57,17 @@ def main(argv=None):
     ap.add_argument("--traces", required=True, help="folder holding the token traces")
     ap.add_argument("--out", required=True)
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--mooncake", action="store_true",
+                    help="run MOON_RUNS (the traces folder must hold moon_conv_800.jsonl) instead of RUNS")
+    ap.add_argument("--only", default="", help="run only the runs whose name contains this text")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     manifest = []
     for pol in a.policies.split(","):
-        for trace, ps, cap, ratio in RUNS:
+        for trace, ps, cap, ratio in (MOON_RUNS if a.mooncake else RUNS):
             name = f"hicache_{pol}_{trace.split('.')[0]}_p{ps}_c{cap}_r{ratio:g}"
+            if a.only not in name:
+                continue
             argv = ["--trace", os.path.join(a.traces, trace), "--out", "-", "--page-size", str(ps),
                     "--capacity-tokens", str(cap), "--hicache-write-policy", pol,
                     "--hicache-ratio", str(ratio), "--check", "--quiet"]
@@ -78,7 +90,12 @@ def main(argv=None):
                              "capacity_tokens": rep.capacity, "hicache_write_policy": pol,
                              "hicache_ratio": ratio, "host_capacity_tokens": rep.host_capacity, **tot})
             print(name, tot, f"{dt:.1f}s", file=sys.stderr, flush=True)
-    tmp = os.path.join(a.out, "manifest.jsonl.tmp")
+    mpath = os.path.join(a.out, "manifest.jsonl")
+    if os.path.exists(mpath):  # keep the other runs' lines
+        names = {m["name"] for m in manifest}
+        with open(mpath) as f:
+            manifest = [m for m in map(json.loads, f) if m["name"] not in names] + manifest
+    tmp = mpath + ".tmp"
     with open(tmp, "w") as f:
         for m in manifest:
             f.write(json.dumps(m) + "\n")

@@ -1,0 +1,79 @@
+"""CLI flags of a host-memory (L2) KV tier, SGLang HiCache's names.
+
+``--hicache-ratio R``          host pool = R × the device pool (SGLang ``--hicache-ratio``)
+``--hicache-size GB``          host pool in GB at the model's KV bytes per token (SGLang
+                               ``--hicache-size``; needs ``--model``); wins over the ratio
+``--host-cache-tokens N``      host pool in tokens (radixkv's own; 0 turns the tier off)
+``--hicache-write-policy P``   ``write_through`` | ``write_through_selective`` | ``write_back``
+
+They fill the options of a policy spec whose class models a host tier
+(``models_host_tier``, e.g. ``sglang-hicache``), so ``--policy sglang-hicache:64
+--hicache-ratio 4`` is ``--policy sglang-hicache:64@hicache_ratio=4``; an option the spec
+already gives wins over the flag. Given with any other policy they are a ConfigError.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from radixkv.errors import ConfigError
+
+_FLAGS = ("hicache_ratio", "hicache_size", "host_cache_tokens", "hicache_write_policy")
+
+
+def add_host_tier_args(p) -> None:
+    """Add the four flags to parser *p*."""
+    g = p.add_argument_group("host-memory KV tier (sglang-hicache)")
+    g.add_argument("--hicache-ratio", type=float, default=None, metavar="R",
+                   help="host KV pool = R x the device pool (SGLang --hicache-ratio; the policy's default 2.0)")
+    g.add_argument("--hicache-size", type=float, default=None, metavar="GB",
+                   help="host KV pool in GB (1e9 bytes) at the model's KV bytes per token (SGLang --hicache-size; "
+                        "needs --model)")
+    g.add_argument("--host-cache-tokens", type=int, default=None, metavar="N",
+                   help="host KV pool in tokens (0: no host tier)")
+    g.add_argument("--hicache-write-policy", default=None,
+                   choices=("write_through", "write_through_selective", "write_back"),
+                   help="SGLang --hicache-write-policy (default write_through)")
+
+
+def host_tier_spec(spec, args):
+    """*spec* with the host-tier flags merged into its options (unchanged when none is given).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        A flag given for a policy without a host tier; ``--hicache-size`` without
+        ``--model``; a negative size.
+    """
+    given = {k: getattr(args, k, None) for k in _FLAGS if getattr(args, k, None) is not None}
+    if not given:
+        return spec
+    if not getattr(spec.build_class, "models_host_tier", False):
+        flag = "--" + next(iter(given)).replace("_", "-")
+        raise ConfigError(f"{flag} sets a host-memory KV tier, which policy {spec.label!r} does not model "
+                          f"(use sglang-hicache)", field=next(iter(given)))
+    opts = {}
+    if "hicache_write_policy" in given:
+        opts["write_policy"] = given["hicache_write_policy"]
+    if "hicache_ratio" in given:
+        if given["hicache_ratio"] < 0:
+            raise ConfigError("--hicache-ratio must be ≥ 0", field="hicache_ratio")
+        opts["hicache_ratio"] = float(given["hicache_ratio"])
+    if "hicache_size" in given:
+        gb = given["hicache_size"]
+        if gb < 0:
+            raise ConfigError("--hicache-size must be ≥ 0", field="hicache_size")
+        if getattr(args, "model", None) is None:
+            raise ConfigError("--hicache-size is in GB: give --model for its KV bytes per token "
+                              "(or use --host-cache-tokens)", field="hicache_size")
+        from radixkv.memory.presets import get_model
+
+        bpt = get_model(args.model).kv_bytes_per_token(int(getattr(args, "tp", 1) or 1),
+                                                       getattr(args, "kv_cache_dtype", None))
+        # SGLang pool_host/base.py: int(hicache_size * 1e9 // size_per_token)
+        opts["host_tokens"] = int(gb * 1e9 // bpt)
+    if "host_cache_tokens" in given:
+        if given["host_cache_tokens"] < 0:
+            raise ConfigError("--host-cache-tokens must be ≥ 0", field="host_cache_tokens")
+        opts["host_tokens"] = int(given["host_cache_tokens"])
+    opts.update(dict(spec.option or ()))  # the spec's own options win
+    return replace(spec, option=tuple(sorted(opts.items())))
