@@ -45,6 +45,12 @@ def test_hicache_golden(run):
     assert c.host_capacity == run["host_capacity_tokens"]
     bad = []
     for i, g in enumerate(gold):
+        if g["status"] == "rejected":
+            # SGLang refuses a prompt of ≥ max_req_input_len = capacity − 6 tokens
+            # (tp_worker): it never reaches the tree, so it is not replayed
+            assert g["prompt_len"] >= run["capacity_tokens"] - 6
+            continue
+        assert g["status"] == "ok", g  # no output clipping in these runs
         adm = c.run_request(i, tr.kv_seq(i))
         got = (adm.hit_tokens - c.last_loaded, c.last_host_hit, c.last_loaded)
         if got != (g["hit_tokens"], g["host_hit_tokens"], g["loaded_tokens"]):
