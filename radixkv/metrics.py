@@ -46,6 +46,11 @@ from radixkv.replay.records import Records
 _PCTS = (50, 90, 99)
 
 
+#: summary keys of a host-memory KV tier (docs/hicache.md "Metrics per tier")
+HOST_TIER_KEYS = ("host_capacity_tokens", "device_hit_tokens", "host_hit_tokens", "host_loaded_tokens",
+                  "host_hit_rate", "gpu_to_host_tokens", "host_to_gpu_tokens", "host_evicted_tokens")
+
+
 def _ratio(a: float, b: float) -> float:
     return float(a) / float(b) if b else 0.0
 
@@ -156,4 +161,7 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
         mc = summarize_causes(c, total_prompt, total_hit)
         mc["unbounded_pool_tokens"] = rec.meta.get("miss_unbounded_pool_tokens")
         out["miss_causes"] = mc
+    # the host-memory tier's totals (radixkv.policies.hicache.host_tier_summary): null
+    # here; the sequential replay fills them for a policy that models a host tier
+    out.update(dict.fromkeys(HOST_TIER_KEYS))
     return out

@@ -189,3 +189,13 @@ def test_summary_tier_metrics_match_golden_totals():
     assert s["host_evicted_tokens"] == sum(g["host_evicted_tokens"] for g in gold)
     _, s = run_replay(_trace("mixed200.jsonl"), parse_policy("sglang:16"), PoolSpec(capacity_tokens=1904))
     assert s["host_hit_rate"] is None and s["gpu_to_host_tokens"] is None
+
+
+def test_concurrent_mode_is_refused():
+    import argparse
+
+    from radixkv.cli.concurrent_args import policy_from_args
+    from radixkv.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sequential replay only"):
+        policy_from_args(HiCacheRadixCache(64, 1), argparse.Namespace())

@@ -153,6 +153,9 @@ def policy_from_args(policy, args):
     ``--static-reserved-fraction F`` gives ``StaticReservedCache(policy.num_slots,
     policy.slot_tokens, F)``. Both at once is a :class:`ConfigError`.
     """
+    if getattr(policy, "sequential_only", False):
+        raise ConfigError(f"policy {policy.name!r} is modelled for the sequential replay only: "
+                          f"drop --mode concurrent", field="mode")
     frac = getattr(args, "static_reserved_fraction", None)
     on = getattr(args, "enable_prefix_caching", True)
     if frac is not None and not on:

@@ -160,6 +160,9 @@ class HiCacheRadixCache(PrefixCache):
     models_metadata = False
     #: host-tier metrics (``host_hit_tokens`` …) are measured by this class
     models_host_tier = True
+    #: only the sequential replay's lone-request lifecycle is modelled (the concurrent
+    #: replay is refused: ``radixkv.cli.concurrent_args.policy_from_args``)
+    sequential_only = True
 
     def __init__(self, max_total_num_tokens: int, page_size: int = 1, *, write_policy: str = "write_through",
                  hicache_ratio: float = 2.0, host_tokens: int | None = None):
@@ -586,7 +589,8 @@ class HiCacheRadixCache(PrefixCache):
         if rid in self._reqs:
             raise ValueError(f"request {rid} is already running")
         if n_tokens is not None and int(n_tokens) != seq.prompt_len:
-            raise NotImplementedError("sglang-hicache models whole-prompt prefill only (no chunked prefill)")
+            raise ConfigError("sglang-hicache models the sequential replay only (whole-prompt prefill, "
+                              "no chunked prefill)", field="mode")
         p = self.page_size
         P = seq.prompt_len
         toks = seq_tokens(seq)
@@ -789,10 +793,7 @@ class HiCacheRadixCache(PrefixCache):
         assert self.free >= 0 and self.free + dev + priv == self.max_total_num_tokens
 
 
-#: summary keys of the host tier (:func:`host_tier_summary`), all None (n/a) for a
-#: policy without one
-HOST_TIER_KEYS = ("host_capacity_tokens", "device_hit_tokens", "host_hit_tokens", "host_loaded_tokens",
-                  "host_hit_rate", "gpu_to_host_tokens", "host_to_gpu_tokens", "host_evicted_tokens")
+from radixkv.metrics import HOST_TIER_KEYS  # noqa: E402 (summary keys, None for no host tier)
 
 
 def host_tier_summary(policy, prompt_tokens: int) -> dict:
