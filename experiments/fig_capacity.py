@@ -109,7 +109,9 @@ def plot(doc: dict) -> None:
         ax.set_xlabel("KV pool capacity (tokens, log scale)")
         ax.set_ylabel("token hit rate (hit / prompt tokens)")
         ax.set_title(f"{t['label']}\n{t['requests']:,} requests, {t['unit_tokens']}-token hash blocks", fontsize=10)
-        ax.legend(fontsize=8, loc="upper left")
+        # the legend goes where the curves are not: below them when they run high
+        top = max(p["token_hit_rate"] for pts in t["curves"].values() for p in pts)
+        ax.legend(fontsize=8, loc="lower right" if top > 0.6 else "upper left")
     fig.suptitle("Hit rate vs KV capacity per cache policy (sequential replay)", fontsize=12)
     fig.tight_layout()
     C.save_fig(fig, "capacity_curves.png")
