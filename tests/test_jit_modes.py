@@ -140,3 +140,34 @@ print(json.dumps({**cold, "same": same, "fast_arrays": all(isinstance(r["tokens"
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res == {"compiled": False, "arrays": False, "same": True, "fast_arrays": True}
+
+
+@pytest.mark.parametrize("policy", ["vllm:16", "sglang:1"])
+def test_interpreted_kernels_do_not_warn_on_uint64_wraparound(monkeypatch, restore_jit, policy):
+    # the hash kernels wrap uint64 modulo 2**64 on purpose; run as plain Python (the cold-cache
+    # path of every small replay) numpy scalars used to print "RuntimeWarning: overflow
+    # encountered in scalar multiply" to the user (replay --miss-causes on the README demo).
+    # Hand-worked: r0 = 40 new tokens; r1 = the same 40 + 8 new, pool ample.
+    # vllm:16 -> r1 hits 2 full blocks = 32 (the 40-token prefix ends mid-block);
+    # sglang:1 -> r1 hits all 40. Everything else r1 misses is first seen (compulsory).
+    import warnings
+
+    from radixkv.replay.misses import MISS_COLUMNS
+    from radixkv.trace.types import Trace
+
+    a = list(range(1000, 1040))
+    t = Trace.from_requests(req_id=["r0", "r1"], arrival_s=[0.0, 1.0], prompt_len=[40, 48],
+                            output_len=[0, 0], prompt_ids=[a, a + list(range(5000, 5008))],
+                            output_ids=[[], []])
+    monkeypatch.setenv("RADIXKV_JIT", "interpret")
+    jit._decided.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        rec, s = run_replay(t, parse_policy(policy), PoolSpec(capacity_tokens=4096), miss_causes=True)
+    assert s["timing_s"]["kernels"] == "interpreted"
+    hit = 32 if policy == "vllm:16" else 40
+    assert list(rec["hit_tokens"]) == [0, hit]
+    causes = {k: [int(v) for v in rec[k]] for k in MISS_COLUMNS}
+    assert causes["miss_compulsory_tokens"] == [40, 8]
+    assert causes["miss_alignment_tokens"] == [0, 40 - hit]
+    assert causes["miss_capacity_tokens"] == [0, 0]

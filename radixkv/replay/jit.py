@@ -29,9 +29,12 @@ module attributes that name its kernels (:func:`use_interpreted`,
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import sys
+
+import numpy as np
 
 from radixkv.numba_cache import ColdCache, mode, without_compiling
 
@@ -83,6 +86,21 @@ def _interpreted_module(name: str):
     return twin
 
 
+def _wrapping(fn):
+    """*fn* (an interpreted kernel) called with numpy's integer-overflow warning off.
+
+    The hash kernels rely on uint64 arithmetic wrapping modulo 2**64 (splitmix64 in
+    ``_hash_kernels._mix``, the node hash of ``_radix_kernels``); compiled code wraps
+    silently, but numpy scalars warn ``RuntimeWarning: overflow encountered in scalar
+    multiply`` on every such step when the same source runs as plain Python. The values
+    are the same either way; only the spurious warning is suppressed, for the call."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        with np.errstate(over="ignore"):
+            return fn(*args, **kwargs)
+    return call
+
+
 def is_interpreted(family: str) -> bool:
     """True while *family* runs interpreted in this process."""
     return family in _swapped
@@ -102,7 +120,7 @@ def use_interpreted(family: str) -> None:
         twin = _interpreted_module(modname)
         for attr, val in vars(orig).items():
             if isinstance(val, Dispatcher) and callable(getattr(twin, attr, None)):
-                by_func[id(val)] = getattr(twin, attr)
+                by_func[id(val)] = _wrapping(getattr(twin, attr))
     for mod in list(sys.modules.values()):
         if mod is None or not getattr(mod, "__name__", "").startswith("radixkv.") or mod.__name__.endswith("__interpreted"):
             continue
