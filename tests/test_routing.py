@@ -221,3 +221,28 @@ def test_cli_refuses_what_it_does_not_model(capsys):
     assert main(["replay", MIXED, "--policy", "sglang:1", "--capacity-tokens", "2000", "--router", "random",
                  "--quiet"]) == 2
     assert "need --replicas" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, field", [
+    ("--router-seed", "-1", "router_seed"),            # numpy raised a bare ValueError (traceback, exit 1)
+    ("--cache-threshold", "2", "cache_threshold"),     # a share of the prompt: > 1 silently never routed by cache
+    ("--cache-threshold", "nan", "cache_threshold"),
+    ("--balance-abs-threshold", "-1", "balance_abs_threshold"),
+    ("--balance-rel-threshold", "0", "balance_rel_threshold"),
+    ("--router-load-window", "-1", "router_load_window"),  # a negative window counted nothing as load
+])
+def test_cli_bad_router_knobs_exit_2_naming_the_field(capsys, flag, value, field):
+    for router in ("random", "prefix-aware", "least-load"):
+        assert main(["replay", MIXED, "--policy", "sglang:1", "--capacity-tokens", "2000", "--replicas", "2",
+                     "--router", router, flag, value, "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"field '{field}'" in err[0] and "Traceback" not in err[0], err
+
+
+def test_router_knob_boundaries_are_accepted():
+    # cache_threshold 0 and 1 are the ends of a share; seed 0; the plan still covers every request
+    t = random_trace(n=20)
+    for thr in (0.0, 1.0):
+        p = plan_routes(t, 2, "prefix-aware", cache_threshold=thr, balance_abs_threshold=0, balance_rel_threshold=1.0)
+        assert len(p.replica) == 20 and set(p.replica.tolist()) <= {0, 1}
+    assert len(plan_routes(t, 2, "random", seed=0).replica) == 20

@@ -178,6 +178,23 @@ def _check(trace: Trace, n_replicas: int, router: str):
                           f"(WEKA traces have them; Mooncake's do not)", path=trace.name or None, field="router")
 
 
+def _check_knobs(seed, cache_threshold, balance_abs_threshold, balance_rel_threshold):
+    """The router's numeric knobs, checked where every caller (CLI, API, sequential plan,
+    concurrent replay) passes: a negative seed made numpy raise a bare ValueError, and a
+    share outside [0, 1] or a negative/NaN threshold silently disabled a rule."""
+    if int(seed) != seed or seed < 0:
+        raise ConfigError(f"--router-seed must be an integer ≥ 0, got {seed}", field="router_seed")
+    if not 0.0 <= float(cache_threshold) <= 1.0:  # NaN fails too
+        raise ConfigError(f"--cache-threshold is a share of the prompt in [0, 1], got {cache_threshold}",
+                          field="cache_threshold")
+    if not 0.0 <= float(balance_abs_threshold) < float("inf"):
+        raise ConfigError(f"--balance-abs-threshold must be a finite number of requests ≥ 0, got "
+                          f"{balance_abs_threshold}", field="balance_abs_threshold")
+    if not 0.0 < float(balance_rel_threshold) < float("inf"):
+        raise ConfigError(f"--balance-rel-threshold must be a finite load ratio > 0, got {balance_rel_threshold}",
+                          field="balance_rel_threshold")
+
+
 class Router:
     """The routing decision of one run, request by request (module docstring, "Routers").
 
@@ -216,6 +233,7 @@ class Router:
                  balance_rel_threshold: float = BALANCE_REL_THRESHOLD, max_tree_tokens: int | None = None,
                  capacity_tokens: int | None = None):
         _check(trace, n_replicas, router)
+        _check_knobs(seed, cache_threshold, balance_abs_threshold, balance_rel_threshold)
         self.trace = trace
         self.n = N = int(n_replicas)
         self.router = router
@@ -325,8 +343,13 @@ def plan_routes(
     ------
     ConfigError
         For ``n_replicas < 1``, an unknown router, ``session`` on a trace without session
-        ids, or a non-positive tree bound.
+        ids, a non-positive tree bound, a negative seed, ``cache_threshold`` outside [0, 1],
+        a negative ``balance_abs_threshold``, a non-positive ``balance_rel_threshold`` or
+        ``load_window_s``, or a NaN/infinite threshold.
     """
+    if not 0.0 < float(load_window_s) < float("inf"):  # NaN fails too
+        raise ConfigError(f"--router-load-window must be a finite number of seconds > 0, got {load_window_s}",
+                          field="router_load_window")
     t = trace.head(limit)
     ro = Router(t, n_replicas, router, seed=seed, cache_threshold=cache_threshold,
                 balance_abs_threshold=balance_abs_threshold, balance_rel_threshold=balance_rel_threshold,
