@@ -39,7 +39,7 @@ def check_output_paths(*paths, inputs=()) -> None:
         path = Path(p)
         real = path.resolve()
         if real in ins:
-            raise InputError("the output would overwrite the input trace", path=p, field="output")
+            raise InputError("the output would overwrite an input file", path=p, field="output")
         if real in seen:
             raise InputError(f"the same file is given for two outputs ({seen[real]} and this one)", path=p, field="output")
         seen[real] = str(p)

@@ -88,7 +88,7 @@ def test_compare_concurrent_mode(tmp_path, capsys):
     (["replay", MIXED, "--policy", "vllm", "--model", "Llama-3.1-8B"], "--model and --gpu go together"),
     (["replay", "/nonexistent/trace.jsonl", "--policy", "vllm", "--capacity-tokens", "1000"], "/nonexistent/trace.jsonl"),
     (["curve", MIXED, "--policies", "vllm", "--capacities", "1e4,abc"], "'abc' is not a number"),
-    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--json", MIXED], "overwrite the input"),
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--json", MIXED], "overwrite an input file"),
     (["replay", MIXED, "--policy", "vllm", "--block-size", "0", "--capacity-tokens", "99999"], "--block-size must be ≥ 1"),
     (["replay", MIXED, "--policy", "vllm:16", "--block-size", "32", "--capacity-tokens", "99999"], "says size 16"),
     (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--model", "Llama-3.1-8B", "--gpu",
@@ -155,3 +155,20 @@ def test_lengths_only_trace_warns_that_every_hit_is_zero(tmp_path, capsys):
 def test_trace_with_ids_does_not_warn(capsys):
     assert main(["replay", MIXED, "--policy", "vllm:16", "--capacity-tokens", "9999", "--quiet"]) == 0
     assert "lengths only" not in capsys.readouterr().err
+
+
+def test_policy_help_lists_every_builtin_policy(capsys):
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in ("vllm", "sglang", "unit-lru", "none", "static", "sglang-hicache"):
+        assert f" {name} |" in text or f"| {name}," in text, name
+
+
+def test_miss_causes_are_refused_on_a_lengths_only_trace(tmp_path, capsys):
+    az = tmp_path / "AzureLLMInferenceTrace_code.csv"
+    az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
+    assert main(["replay", str(az), "--policy", "sglang:1", "--capacity-tokens", "9999", "--miss-causes",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert str(az) in err and "lengths only" in err and "miss_causes" in err

@@ -177,6 +177,9 @@ def _load(args):
     t0 = time.perf_counter()
     trace = load_trace(args.trace, format=args.format)
     if len(trace) and trace.ids.size == 0 and trace.out_ids is None:
+        if getattr(args, "miss_causes", False) or getattr(args, "miss_fix", False):
+            raise ConfigError("--miss-causes needs a trace with prefix/hash ids; this one gives lengths only, so "
+                              "no token can be shown to be a reuse", path=args.trace, field="miss_causes")
         print(f"radixkv: warning: {args.trace} gives lengths only (no prefix/hash ids): no two requests can be "
               f"shown to share a prefix, so every hit rate is 0 by construction", file=sys.stderr)
     return trace, time.perf_counter() - t0
@@ -302,6 +305,13 @@ def _explain(args, spec, pool) -> int:
     print(format_explain(ex), file=out)
     emit(args.json, dumps_json({"policy": spec.label, "explain": ex}), args.json)
     return 0
+
+
+def _policy_names() -> str:
+    """The policy names ``--policy`` accepts, from the one registry (for help texts)."""
+    from radixkv.policies.registry import available_policies
+
+    return " | ".join(available_policies())
 
 
 def _policies(args) -> list[PolicySpec]:
@@ -544,8 +554,9 @@ def register(sub) -> None:
     p = sub.add_parser("replay", help="replay a trace through one policy", description=cmd_replay.__doc__)
     _add_trace_args(p)
     p.add_argument("--policy", required=True,
-                   help="policy spec NAME[:SIZE][@OPTION]: vllm[:B] | sglang[:p] | unit-lru | none[:B] | static[:B][@F] | "
-                        "a plug-in NAME (entry point radixkv.policies) | package.module:Class[:SIZE]")
+                   help="policy spec NAME[:SIZE][@OPTION], NAME one of " + _policy_names() + ", a plug-in NAME "
+                        "(entry point radixkv.policies) or package.module:Class[:SIZE]; e.g. vllm:16, sglang:1, "
+                        "static:16@0.3")
     _add_policy_size_args(p)
     _add_pool_args(p)
     add_json_arg(p, "the summary")
