@@ -3,5 +3,6 @@ from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.policies.no_cache import NoCache
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.radix import RadixCache
+from radixkv.policies.vllm_hybrid import HybridBlockHashCache
 
-__all__ = ["Admission", "PoolStats", "PrefixCache", "NoCache", "BlockHashCache", "RadixCache"]
+__all__ = ["Admission", "PoolStats", "PrefixCache", "NoCache", "BlockHashCache", "RadixCache", "HybridBlockHashCache"]

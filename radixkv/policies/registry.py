@@ -68,6 +68,7 @@ _BUILTIN_PATHS = (
     "radixkv.policies.no_cache:NoCache",
     "radixkv.policies.static_reserved:StaticReservedCache",
     "radixkv.policies.hicache:HiCacheRadixCache",
+    "radixkv.policies.vllm_hybrid:HybridBlockHashCache",
 )
 _REGISTERED: dict[str, type] = {}  # register_policy, in this process
 

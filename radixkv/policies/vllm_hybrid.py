@@ -1,0 +1,603 @@
+"""``HybridBlockHashCache``: vLLM 0.33's hybrid KV cache manager (full + sliding-window groups).
+
+A model of ``vllm/v1/core/kv_cache_manager.py :: KVCacheManager`` with a hybrid
+``KVCacheConfig`` — several KV cache groups sharing one ``BlockPool`` — as vLLM builds it
+for models whose layers are not all full attention (Gemma 3, gpt-oss: one group of full
+attention layers and groups of sliding-window layers, ``v1/core/kv_cache_utils.py ::
+get_kv_cache_groups``). The coordinator is ``kv_cache_coordinator.py ::
+HybridKVCacheCoordinator``; each group has a ``single_type_kv_cache_manager.py ::
+FullAttentionManager`` or ``SlidingWindowManager``. Rules (docs/engines/vllm.md "Hybrid
+models"):
+
+- **Pool.** ``num_gpu_blocks`` block ids, block 0 the null block, one free queue shared by
+  every group (``BlockPool``); a block id belongs to one group at a time. All groups use
+  one ``block_size`` B (the scheduler, hash and group block sizes are equal here).
+- **Keys.** A block's key is its chained block hash together with its group id
+  (``kv_cache_utils.make_block_hash_with_group_id``): each group caches its own blocks
+  under its own keys. A key may be held by several blocks; the first inserted that is
+  still cached serves hits (``BlockHashToBlockMap.get_one_block``).
+- **Lookup** (``HybridKVCacheCoordinator.find_longest_cache_hit``, capped at
+  ``max(P, n) − 1`` tokens, ``KVCacheManager.get_computed_blocks``). Groups with equal
+  specs are looked up together (a block index hits only if every one of them holds it).
+  Full attention first: its hit is the run of cached blocks from the start
+  (``FullAttentionManager.find_longest_cache_hit``). A sliding-window group of window W
+  then needs only the last ``need = ceil((W − 1) / B)`` blocks before the hit point: it
+  scans from the candidate end leftwards for ``need`` consecutive cached blocks and cuts
+  the hit to the end of the first such run; with no such run, the run of cached blocks at
+  the start of the prompt (shorter than ``need``) is the hit
+  (``SlidingWindowManager.find_longest_cache_hit``). With one full and one other spec
+  group one pass decides; otherwise passes repeat until no group lowers the length.
+- **Admission** (``allocate_slots(full_sequence_must_fit=True)``): per group
+  ``ceil(L / B) − hit_blocks`` new blocks plus the hit blocks it touches that sit in the
+  free queue (``SingleTypeKVCacheManager.get_num_blocks_to_allocate``); a sliding group
+  touches only the blocks inside the window, the ``(hit − W + 1) // B`` skipped ones stay
+  where they are (``add_local_computed_blocks`` pads them with the null block). The
+  sliding-window admission cap (``SlidingWindowSpec.max_admission_blocks_per_request``)
+  is not modelled: with the manager's default ``max_in_flight_tokens = max_model_len``
+  it never binds. Groups touch their hits in group order, then take new blocks from the
+  free-queue head in group order (``allocate_new_computed_blocks``,
+  ``allocate_new_blocks``); a taken block that has a key loses it (the eviction).
+- **Steps.** Before allocating, each sliding group frees the blocks wholly before
+  ``computed − W + 1`` (``SlidingWindowManager.get_num_skipped_tokens``,
+  ``remove_skipped_blocks``: from the newest such block back to the first already
+  freed, hashed blocks appended to the free-queue tail in that order). After allocating,
+  every group caches its blocks that the computed tokens fill (``cache_blocks``; dense
+  retention, vLLM's default ``prefix_cache_retention_interval = None``).
+- **Release** (``KVCacheCoordinator.free``): group by group, each group's blocks tail
+  first (its leading null blocks dropped), hashed blocks to the free-queue tail,
+  unhashed ones to the head (``BlockPool.free_blocks``).
+
+Exact against vLLM 0.33.0's own ``KVCacheManager`` on the goldens of
+``tests/data/golden/vllm_hybrid/`` (``tools/engines/vllm_hybrid_replay.py``).
+
+Per-group metrics (:meth:`group_metrics`): hit tokens, the tokens the full-attention
+group alone held (what a full-attention model with this pool state would have hit: the
+reuse the sliding groups cost), blocks held per group.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.policies import _hash_kernels as K
+from radixkv.policies.base import Admission, PoolStats, PrefixCache
+from radixkv.trace.types import KVSeq
+
+_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def parse_groups(text: str) -> tuple:
+    """``window=W[xK][+W2[xK2]…]`` → the group windows after the full-attention group.
+
+    ``window=64`` = one full-attention group and one sliding-window group of 64 tokens;
+    ``window=1024x6`` = six identical sliding groups (Gemma 3 in vLLM: 10 full layers,
+    52 sliding ones in 6 groups of at most 10 layers); ``window=64+160`` = two sliding
+    groups with different windows.
+
+    Returns
+    -------
+    tuple of int
+        One window (tokens) per sliding group, in group order.
+
+    Raises
+    ------
+    ConfigError
+        Malformed text or a window < 2.
+    """
+    t = str(text).strip().lower()
+    if not t.startswith("window="):
+        raise ConfigError(f"hybrid groups {text!r}: expected window=W[xK][+W2…]", field="policy")
+    out = []
+    for part in t[len("window="):].split("+"):
+        w, _, k = part.partition("x")
+        try:
+            w, k = int(w), int(k or 1)
+        except ValueError:
+            raise ConfigError(f"hybrid groups {text!r}: {part!r} is not W or WxK", field="policy") from None
+        if w < 2 or k < 1:
+            raise ConfigError(f"hybrid groups {text!r}: a window must be ≥ 2 tokens and K ≥ 1", field="policy")
+        out += [w] * k
+    return tuple(out)
+
+
+class _Req:
+    __slots__ = ("seq", "keys", "blocks", "ncached", "n_tokens", "L")
+
+    def __init__(self, seq, keys, blocks, ncached, n_tokens, L):
+        self.seq = seq
+        self.keys = keys
+        self.blocks = blocks      # per group: list of block ids, 0 = null block
+        self.ncached = ncached    # per group: vLLM's num_cached_block
+        self.n_tokens = n_tokens  # tokens with KV (vLLM num_computed_tokens after the step)
+        self.L = L
+
+
+class HybridBlockHashCache(PrefixCache):
+    """vLLM's hybrid KV cache manager: one full-attention group and sliding-window groups
+    on one block pool.
+
+    Parameters
+    ----------
+    num_gpu_blocks : int
+        vLLM's ``num_gpu_blocks``: block ids shared by all groups, block 0 the null block.
+    block_size : int
+        Tokens per block (every group; vLLM ``--block-size``).
+    windows : tuple of int or str
+        Sliding window (tokens) of each sliding group, in group order, or the option text
+        of :func:`parse_groups` (``"window=64"``). Default: one group of 64 tokens.
+
+    Attributes
+    ----------
+    num_slots : int
+        ``num_gpu_blocks − 1`` (a slot is one block id in any group).
+    slot_tokens : int
+        ``block_size``.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        ``num_gpu_blocks < 2``, ``block_size < 1`` or bad windows.
+    """
+
+    name = "vllm-hybrid"
+    size_name = "block_size"
+    default_size = 16
+    admission_rule = "vllm"
+    engine = "vllm"
+    kernel_family = None
+    option_name = "windows"
+    default_option = (64,)
+    models_duplication = False
+    models_metadata = False
+    models_slot_positions = False
+
+    def __init__(self, num_gpu_blocks: int, block_size: int = 16, windows=(64,)):
+        nb, B = int(num_gpu_blocks), int(block_size)
+        if B < 1:
+            raise ConfigError(f"block_size must be ≥ 1, got {block_size}", field="block_size")
+        if nb < 2:
+            raise ConfigError(f"num_gpu_blocks must be ≥ 2 (block 0 is vLLM's null block), got {num_gpu_blocks}",
+                              field="num_gpu_blocks")
+        if isinstance(windows, str):
+            windows = parse_groups(windows)
+        windows = tuple(int(w) for w in windows)
+        if not windows or any(w < 2 for w in windows):
+            raise ConfigError(f"windows must be ≥ 2 tokens, got {windows}", field="windows")
+        super().__init__(nb - 1, B)
+        self.num_gpu_blocks = nb
+        self.block_size = B
+        self.windows = windows
+        #: per group: None for full attention, else the window
+        self.group_window = (None,) + windows
+        G = len(self.group_window)
+        # spec groups (HybridKVCacheCoordinator.verify_and_split_kv_cache_groups): equal
+        # specs share one lookup; full attention first
+        specs: dict = {}
+        for g, w in enumerate(self.group_window):
+            specs.setdefault(w, []).append(g)
+        self._spec_groups = [(w, tuple(gs)) for w, gs in specs.items()]  # full (None) first by construction
+        self._need = {w: -(-(w - 1) // B) for w in windows}
+        self._ref = [0] * nb
+        self._key: list = [None] * nb          # (group, hash) or None
+        self._cached: dict = {}                # (group, hash) -> {block: None}, insertion order
+        self._free: OrderedDict = OrderedDict((b, None) for b in range(1, nb))
+        self._running: dict[int, _Req] = {}
+        self._hashed = 0
+        self._partial = 0
+        # per-group counters (group_metrics)
+        self._g_hit = [0] * G
+        self._full_alone = 0
+        self._hit_total = 0
+        self._nadmit = 0
+
+    # ------------------------------------------------------------------ option
+    @classmethod
+    def parse_option(cls, text: str):
+        """``window=W[xK][+W2…]`` (see :func:`parse_groups`)."""
+        return parse_groups(text)
+
+    @classmethod
+    def format_option(cls, value) -> str:
+        out, i = [], 0
+        while i < len(value):
+            j = i
+            while j < len(value) and value[j] == value[i]:
+                j += 1
+            out.append(f"{value[i]}" + (f"x{j - i}" if j - i > 1 else ""))
+            i = j
+        return "window=" + "+".join(out)
+
+    @classmethod
+    def from_capacity_tokens(cls, capacity_tokens: int, block_size: int = 16, **kw) -> "HybridBlockHashCache":
+        """The pool of a full-attention model with the same layers and GPU memory.
+
+        A model of ``G`` equal groups keeps each block id for the layers of one group
+        (vLLM ``kv_cache_utils.py :: get_kv_cache_groups`` with uniform page sizes: a
+        block id indexes one page in each of ``group_size`` shared tensors), so memory
+        that holds ``capacity_tokens // B`` full-attention blocks holds ``G ×`` that many
+        block ids: ``num_gpu_blocks = G × (capacity_tokens // B) + 1``.
+
+        Raises
+        ------
+        radixkv.errors.ConfigError
+            When the capacity holds no whole block.
+        """
+        B = int(block_size)
+        if B < 1:
+            raise ConfigError(f"block_size must be ≥ 1, got {block_size}", field="block_size")
+        w = kw.get("windows", cls.default_option)
+        G = 1 + len(parse_groups(w) if isinstance(w, str) else tuple(w))
+        usable = int(capacity_tokens) // B
+        if usable < 1:
+            raise ConfigError(f"capacity of {capacity_tokens} tokens holds no {B}-token block", field="capacity_tokens")
+        return cls(G * usable + 1, B, **kw)
+
+    @classmethod
+    def from_engine_pool(cls, pool, size, **kw):
+        """vLLM's own ``num_gpu_blocks`` (all groups' block ids, block 0 the null block)."""
+        if pool.num_gpu_blocks is None:
+            return None
+        return cls(int(pool.num_gpu_blocks), cls.default_size if size is None else int(size), **kw)
+
+    # ------------------------------------------------------------------ pool primitives
+    def _get(self, g: int, h: int) -> int:
+        d = self._cached.get((g, h))
+        return next(iter(d)) if d else 0
+
+    def _touch(self, blocks) -> None:
+        ref, free = self._ref, self._free
+        for b in blocks:
+            if b:
+                if ref[b] == 0:
+                    del free[b]
+                ref[b] += 1
+
+    def _take(self, n: int) -> tuple[list, int]:
+        """Pop *n* blocks from the free-queue head (BlockPool.get_new_blocks); evicted count."""
+        out, ev = [], 0
+        free, key, cached = self._free, self._key, self._cached
+        for _ in range(n):
+            b, _ = free.popitem(last=False)
+            k = key[b]
+            if k is not None:
+                d = cached[k]
+                del d[b]
+                if not d:
+                    del cached[k]
+                key[b] = None
+                self._hashed -= 1
+                ev += 1
+            self._ref[b] = 1
+            out.append(b)
+        return out, ev
+
+    def _release(self, ordered) -> None:
+        """BlockPool.free_blocks: *ordered* by eviction priority (first evicted first)."""
+        last, first = [], []
+        ref, key = self._ref, self._key
+        for b in ordered:
+            if not b:
+                continue
+            ref[b] -= 1
+            if ref[b] == 0:
+                (first if key[b] is None else last).append(b)
+        free = self._free
+        for b in reversed(first):
+            free[b] = None
+            free.move_to_end(b, last=False)
+        for b in last:
+            free[b] = None
+
+    # ------------------------------------------------------------------ lookup
+    def _find(self, keys, max_len: int):
+        """HybridKVCacheCoordinator.find_longest_cache_hit: (hit tokens, per-group hit block
+        lists with 0 for null, the full group's own hit in tokens)."""
+        B = self.block_size
+        G = len(self.group_window)
+        hit_len = max_len
+        lists: list = [None] * G
+        lens = [0] * G
+        full_len = None
+        simple = len(self._spec_groups) == 2
+        while True:
+            curr = hit_len
+            for w, gids in self._spec_groups:
+                if w is None:
+                    if full_len is not None:
+                        curr = min(curr, full_len)
+                        continue
+                    blocks = [[] for _ in gids]
+                    for j in range(min(curr // B, len(keys))):
+                        got = [self._get(g, keys[j]) for g in gids]
+                        if not all(got):
+                            break
+                        for lst, b in zip(blocks, got):
+                            lst.append(b)
+                    full_len = len(blocks[0]) * B
+                    curr = full_len
+                else:
+                    blocks, curr = self._find_swa(keys, curr, gids, self._need[w])
+                for g, lst in zip(gids, blocks):
+                    lists[g] = lst
+                    lens[g] = curr
+            if curr >= hit_len:
+                break
+            hit_len = curr
+            if simple:
+                break
+        nb = hit_len // B
+        for gids in (self._spec_groups[0][1],):  # truncate the full group to the final length
+            for g in gids:
+                del lists[g][nb:]
+        return hit_len, lists, full_len
+
+    def _find_swa(self, keys, max_len: int, gids, need: int):
+        """SlidingWindowManager.find_longest_cache_hit (no EAGLE, alignment = block)."""
+        B = self.block_size
+        m = min(max_len // B, len(keys))
+        comp = [[0] * m for _ in gids]
+        run = 0
+        found = False
+        for i in range(m - 1, -1, -1):
+            got = [self._get(g, keys[i]) for g in gids]
+            if all(got):
+                for c, b in zip(comp, got):
+                    c[i] = b
+                run += 1
+                if run >= need:
+                    for c in comp:
+                        del c[i + run:]
+                    found = True
+                    break
+            else:
+                run = 0
+        if not found:
+            for c in comp:
+                del c[run:]
+        return comp, len(comp[0]) * B
+
+    def _keys(self, seq: KVSeq) -> list:
+        keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, self.block_size, seq.kv_len // self.block_size, _MASK)
+        return keys.tolist()
+
+    # ------------------------------------------------------------------ steps
+    def _skip_blocks(self, g: int, computed: int) -> int:
+        w = self.group_window[g]
+        return 0 if w is None else max(0, computed - w + 1) // self.block_size
+
+    def _remove_skipped(self, r: _Req, computed: int) -> None:
+        """SlidingWindowManager.remove_skipped_blocks for every sliding group."""
+        for g, w in enumerate(self.group_window):
+            if w is None:
+                continue
+            blocks = r.blocks[g]
+            n = min(self._skip_blocks(g, computed), len(blocks))
+            freed = []
+            for i in range(n - 1, -1, -1):
+                if blocks[i] == 0:
+                    break
+                freed.append(blocks[i])
+                blocks[i] = 0
+            if freed:
+                self._release(freed)
+
+    def _cache(self, r: _Req, n_tokens: int) -> None:
+        """cache_blocks: key every block the computed tokens fill, group by group."""
+        nfull = min(n_tokens // self.block_size, len(r.keys))
+        key, cached = self._key, self._cached
+        for g in range(len(self.group_window)):
+            blocks = r.blocks[g]
+            for i in range(r.ncached[g], nfull):
+                b = blocks[i]
+                if b == 0 or key[b] is not None:
+                    continue
+                k = (g, r.keys[i])
+                key[b] = k
+                cached.setdefault(k, {})[b] = None
+                self._hashed += 1
+            if nfull > r.ncached[g]:
+                r.ncached[g] = nfull
+
+    # ------------------------------------------------------------------ hooks
+    def _lookup(self, seq: KVSeq, n_tokens):
+        L = max(seq.prompt_len, self._admit_length((), -1, seq, n_tokens))
+        keys = self._keys(seq)
+        hit, lists, full_len = self._find(keys, L - 1)
+        return keys, L, hit, lists, full_len
+
+    def _need_blocks(self, L: int, hit: int, lists) -> int:
+        B = self.block_size
+        total = 0
+        for g in range(len(self.group_window)):
+            skip = self._skip_blocks(g, hit)
+            new = max(-(-L // B) - max(skip, hit // B), 0)
+            total += new + sum(1 for b in lists[g][skip:] if b and self._ref[b] == 0)
+        return total
+
+    def peek_hit(self, seq: KVSeq, n_tokens: int | None = None) -> int:
+        """Hit tokens ``admit`` would get now, without side effects (``get_computed_blocks``)."""
+        return self._lookup(seq, n_tokens)[2]
+
+    def admission_slots(self, seq: KVSeq, n_tokens: int | None = None) -> int:
+        """Blocks ``admit`` would take out of the free queue (all groups), without side effects."""
+        _, L, hit, lists, _ = self._lookup(seq, n_tokens)
+        return self._need_blocks(L, hit, lists)
+
+    def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
+        """Look up *seq* over all groups and allocate its first *n_tokens* tokens in each.
+
+        Returns None (state unchanged) when the blocks all groups need for
+        ``L = max(P, n_tokens)`` tokens, plus the touched hit blocks, exceed the free queue.
+
+        Raises
+        ------
+        ValueError
+            When *rid* is running or *n_tokens* is out of ``[1, seq.kv_len]``.
+        """
+        n = self._admit_length(self._running, rid, seq, n_tokens)
+        keys, L, hit, lists, full_len = self._lookup(seq, n_tokens)
+        if self._need_blocks(L, hit, lists) > len(self._free):
+            return None
+        B = self.block_size
+        G = len(self.group_window)
+        r = _Req(seq, keys, [None] * G, [0] * G, max(n, hit), L)
+        for g in range(G):  # touch every group's hits first (allocate_new_computed_blocks)
+            skip = self._skip_blocks(g, hit)
+            kept = lists[g][skip:]
+            self._touch(kept)
+            r.blocks[g] = [0] * skip + kept
+            r.ncached[g] = len(r.blocks[g])
+        ev = self._alloc(r, r.n_tokens)
+        self._cache(r, r.n_tokens)
+        self._running[rid] = r
+        self._partial += r.n_tokens % B
+        for g in range(G):
+            self._g_hit[g] += sum(1 for b in lists[g] if b) * B
+        self._full_alone += min(full_len, (L - 1) // B * B)
+        self._hit_total += hit
+        self._nadmit += 1
+        held = min(full_len if full_len is not None else hit, seq.prompt_len)
+        return Admission(hit_tokens=hit, held_tokens=max(held, hit), evicted_tokens=ev * B)
+
+    def _alloc(self, r: _Req, n_tokens: int) -> int:
+        need = -(-n_tokens // self.block_size)
+        ev = 0
+        for g in range(len(self.group_window)):
+            k = need - len(r.blocks[g])
+            if k > 0:
+                got, e = self._take(k)
+                r.blocks[g].extend(got)
+                ev += e
+        self.evictions += ev
+        self.evicted_tokens_total += ev * self.block_size
+        return ev
+
+    def extend(self, rid: int, n_tokens: int) -> bool:
+        """*rid* computes *n_tokens* more tokens: one ``allocate_slots`` step (sliding groups
+        free what left the window, new blocks in every group, full blocks cached).
+
+        Returns False when the new blocks exceed the free queue (the freeing of
+        out-of-window blocks, done first as in vLLM, stays done).
+
+        Raises
+        ------
+        ValueError
+            When the request would pass its KV extent.
+        KeyError
+            When *rid* is not running.
+        """
+        r = self._running[rid]
+        n = int(n_tokens)
+        if n < 0 or r.n_tokens + n > r.seq.kv_len:
+            raise ValueError(f"request {rid}: extending {r.n_tokens} tokens by {n} passes its KV extent {r.seq.kv_len}")
+        if n == 0:
+            return True
+        self._remove_skipped(r, r.n_tokens)
+        t = r.n_tokens + n
+        need = -(-t // self.block_size)
+        if sum(max(need - len(b), 0) for b in r.blocks) > len(self._free):
+            return False
+        self._alloc(r, t)
+        self._cache(r, t)
+        B = self.block_size
+        self._partial += t % B - r.n_tokens % B
+        r.n_tokens = t
+        return True
+
+    def finish(self, rid: int) -> None:
+        """Free *rid*'s blocks group by group, tail first (KVCacheCoordinator.free).
+
+        Raises
+        ------
+        KeyError
+            When *rid* is not running.
+        """
+        r = self._running.pop(rid)
+        self._partial -= r.n_tokens % self.block_size
+        for blocks in r.blocks:
+            i = 0
+            while i < len(blocks) and blocks[i] == 0:
+                i += 1
+            self._release(reversed(blocks[i:]))
+
+    def fits_alone(self, seq: KVSeq) -> int:
+        """Tokens by which *seq* overflows the empty pool (0 when it fits): the admission
+        needs ``ceil(P / B)`` blocks in every group; at the end of its decode the full
+        group holds ``ceil(kv_len / B)`` and each sliding group what is left after
+        ``remove_skipped_blocks`` at ``kv_len − 1`` computed tokens."""
+        B = self.block_size
+        P, kv = seq.prompt_len, seq.kv_len
+        need = len(self.group_window) * -(-P // B)
+        if kv > P:
+            end = sum(-(-kv // B) - self._skip_blocks(g, kv - 1) for g in range(len(self.group_window)))
+            need = max(need, end)
+        return max(0, need - self.num_slots) * B
+
+    def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
+        """Admit the prompt, decode one token per step to the KV extent, finish.
+
+        One step per token, as vLLM's scheduler calls ``allocate_slots``: the sliding
+        groups free out-of-window blocks step by step, which orders the free queue.
+        """
+        a = self.admit(rid, seq)
+        if a is None:
+            return None
+        for _ in range(seq.kv_len - seq.prompt_len):
+            if not self.extend(rid, 1):
+                self.finish(rid)
+                return None
+        self.finish(rid)
+        return a
+
+    # ------------------------------------------------------------------ stats
+    def stats(self, detail: bool = True) -> PoolStats:
+        """Block ids of all groups: ``used`` (ref_cnt > 0), ``cached`` (in the free queue
+        with a key), ``free``. ``valid_tokens`` = B × keyed blocks + the partial blocks of
+        running requests (one per group). ``cached_tokens`` = B × distinct keys of the
+        full-attention group (an upper bound on what a lookup could hit: a sliding group
+        may lack the blocks before a hit point)."""
+        used = sum(1 for b in range(1, self.num_gpu_blocks) if self._ref[b] > 0)
+        cached = sum(1 for b in self._free if self._key[b] is not None)
+        B = self.block_size
+        G = len(self.group_window)
+        full_keys = sum(1 for (g, _h) in self._cached if g == 0) if detail else -1
+        return PoolStats(num_slots=self.num_slots, slot_tokens=B, used_slots=used, cached_slots=cached,
+                         free_slots=self.num_slots - used - cached, valid_tokens=self._hashed * B + G * self._partial,
+                         cached_tokens=full_keys * B if detail else -1)
+
+    def group_metrics(self) -> dict:
+        """Per KV cache group since construction (JSON-ready).
+
+        ``groups``: per group its kind (``full_attention`` / ``sliding_attention``), window,
+        ``hit_tokens`` (B × the non-null hit blocks it served: a sliding group serves only
+        the blocks inside its window), ``held_blocks`` and ``cached_blocks`` now.
+        ``hit_tokens`` (the hybrid's hit), ``full_attention_hit_tokens`` (what the full
+        group alone held, capped as vLLM caps a hit: the hit a full-attention model would
+        have had on this pool state) and ``hybrid_loss_tokens`` (their difference).
+        """
+        G = len(self.group_window)
+        held = [0] * G
+        cached = [0] * G
+        for b in range(1, self.num_gpu_blocks):
+            k = self._key[b]
+            if k is not None and self._ref[b] == 0:
+                cached[k[0]] += 1
+        for r in self._running.values():
+            for g, blocks in enumerate(r.blocks):
+                held[g] += sum(1 for b in blocks if b)
+        groups = [{"group": g, "kind": "full_attention" if w is None else "sliding_attention", "window": w,
+                   "hit_tokens": self._g_hit[g], "held_blocks": held[g], "cached_blocks": cached[g]}
+                  for g, w in enumerate(self.group_window)]
+        return {"groups": groups, "hit_tokens": self._hit_total, "full_attention_hit_tokens": self._full_alone,
+                "hybrid_loss_tokens": self._full_alone - self._hit_total, "admissions": self._nadmit}
+
+    # ------------------------------------------------------------------ inspection
+    def free_queue(self) -> np.ndarray:
+        """Block ids in the free queue, head first (int64)."""
+        return np.fromiter(self._free, dtype=np.int64, count=len(self._free))
+
+    def block_table(self, rid: int, group: int = 0) -> np.ndarray:
+        """Block ids of running *rid* in *group* (0 = the null block), in order."""
+        return np.asarray(self._running[rid].blocks[group], dtype=np.int64)
