@@ -24,6 +24,10 @@ Definitions (docs/DESIGN.md, "Metrics"); every key carries its unit (``_tokens``
   ``models_metadata``, ``models_slot_positions``) is ``None``: ``n/a`` in tables, ``null``
   in JSON, never 0.
 - metadata = host bytes of hash-table entries or tree nodes (peak).
+- ``kv_cache_groups`` (hybrid models, ``vllm-hybrid``): per KV cache group its hit tokens
+  and cached blocks, and the tokens the full-attention group alone held
+  (``full_attention_hit_tokens``, what the sliding groups cost in reuse); ``null`` for a
+  policy with one group.
 - cached-token capacity = distinct hittable tokens the pool holds, averaged over the
   second half of the replay, absolute and per pool slot and per pool token. It, the
   duplication and the scatter are averaged over the rows where the replay sampled them
@@ -164,4 +168,7 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
     # the host-memory tier's totals (radixkv.policies.hicache.host_tier_summary): null
     # here; the sequential replay fills them for a policy that models a host tier
     out.update(dict.fromkeys(HOST_TIER_KEYS))
+    # hybrid models: hits and memory per KV cache group, and the hit the full-attention
+    # group alone held (HybridBlockHashCache.group_metrics); null for one-group policies
+    out["kv_cache_groups"] = rec.meta.get("kv_cache_groups")
     return out

@@ -33,7 +33,10 @@ def test_golden_runs_match_vllm(run):
     gold = [json.loads(line) for line in (HYB / f"{run['name']}.jsonl").read_text().splitlines() if line]
     assert run["coordinator"] == "HybridKVCacheCoordinator"
     trace = native_trace(GOLDEN_LOCAL / "traces" / run["trace"])
-    spec = parse_policy(f"vllm-hybrid:{run['block_size']}@window=" + "+".join(map(str, _windows(run["groups"]))))
+    opt = "window=" + "+".join(map(str, _windows(run["groups"])))
+    if run.get("max_num_batched_tokens"):
+        opt += f"/max_num_batched_tokens={run['max_num_batched_tokens']}"
+    spec = parse_policy(f"vllm-hybrid:{run['block_size']}@{opt}")
     pol = build_policy(spec, PoolSpec(num_gpu_blocks=run["num_gpu_blocks"]))
     rec = replay_sequential(trace, pol)
     hits = rec.columns["hit_tokens"].tolist()
@@ -123,6 +126,14 @@ def test_parse_and_pool_terms():
             parse_groups(bad)
     spec = parse_policy("vllm-hybrid:16@window=64")
     assert spec.label == "vllm-hybrid:16@window=64"
+    s2 = parse_policy("vllm-hybrid:16@window=1024x6/max_num_batched_tokens=8192")
+    assert s2.label == "vllm-hybrid:16@window=1024x6/max_num_batched_tokens=8192"
+    pol = build_policy(s2, PoolSpec(num_gpu_blocks=1000))
+    # admission cap of a sliding group: ceil((1024 − 1 + 8192) / 16) + 1 = 576 + 1 blocks
+    assert pol.windows == (1024,) * 6 and pol._cap == (None,) + (577,) * 6
+    for bad in ("window=64/chunk=8", "window=64/max_num_batched_tokens=0"):
+        with pytest.raises(ConfigError):
+            parse_policy(f"vllm-hybrid:16@{bad}")
     # equal GPU memory as a full-attention pool of 1,600 tokens: 2 groups -> 2 × 100 block ids
     pol = build_policy(spec, PoolSpec(capacity_tokens=1600))
     assert pol.num_gpu_blocks == 201

@@ -68,6 +68,28 @@ from radixkv.trace.types import KVSeq
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
+def parse_option_text(text: str) -> tuple:
+    """``window=W[xK][+W2…][/max_num_batched_tokens=N]`` → ``(windows, N or None)``.
+
+    ``max_num_batched_tokens`` (vLLM's knob) turns on chunked prefill in
+    :meth:`HybridBlockHashCache.run_request` and the sliding-window admission cap.
+
+    Raises
+    ------
+    ConfigError
+        Malformed text (see :func:`parse_groups`) or N < 1.
+    """
+    head, _, tail = str(text).strip().partition("/")
+    mnbt = None
+    if tail:
+        k, _, v = tail.strip().lower().partition("=")
+        if k != "max_num_batched_tokens" or not v.isdigit() or int(v) < 1:
+            raise ConfigError(f"hybrid option {text!r}: expected /max_num_batched_tokens=N after the windows",
+                              field="policy")
+        mnbt = int(v)
+    return parse_groups(head), mnbt
+
+
 def parse_groups(text: str) -> tuple:
     """``window=W[xK][+W2[xK2]…]`` → the group windows after the full-attention group.
 
@@ -127,6 +149,14 @@ class HybridBlockHashCache(PrefixCache):
     windows : tuple of int or str
         Sliding window (tokens) of each sliding group, in group order, or the option text
         of :func:`parse_groups` (``"window=64"``). Default: one group of 64 tokens.
+    max_num_batched_tokens : int or None
+        vLLM's step budget. None (default): a prompt is prefilled in one
+        ``allocate_slots`` step and nothing caps admission (the goldens without
+        chunking). N: :meth:`run_request` prefills in chunks of N tokens, as vLLM's
+        chunked prefill does, and the admission check caps each sliding group at
+        ``ceil((W − 1 + N) / B) + 1`` blocks (``SlidingWindowSpec.max_admission_blocks_per_request``
+        with ``max_in_flight_tokens = N``, one batch in flight,
+        ``VllmConfig.max_in_flight_tokens``).
 
     Attributes
     ----------
@@ -148,12 +178,12 @@ class HybridBlockHashCache(PrefixCache):
     engine = "vllm"
     kernel_family = None
     option_name = "windows"
-    default_option = (64,)
+    default_option = ((64,), None)
     models_duplication = False
     models_metadata = False
     models_slot_positions = False
 
-    def __init__(self, num_gpu_blocks: int, block_size: int = 16, windows=(64,)):
+    def __init__(self, num_gpu_blocks: int, block_size: int = 16, windows=(64,), max_num_batched_tokens=None):
         nb, B = int(num_gpu_blocks), int(block_size)
         if B < 1:
             raise ConfigError(f"block_size must be ≥ 1, got {block_size}", field="block_size")
@@ -179,6 +209,13 @@ class HybridBlockHashCache(PrefixCache):
             specs.setdefault(w, []).append(g)
         self._spec_groups = [(w, tuple(gs)) for w, gs in specs.items()]  # full (None) first by construction
         self._need = {w: -(-(w - 1) // B) for w in windows}
+        if max_num_batched_tokens is not None and int(max_num_batched_tokens) < 1:
+            raise ConfigError(f"max_num_batched_tokens must be ≥ 1, got {max_num_batched_tokens}",
+                              field="max_num_batched_tokens")
+        self.max_num_batched_tokens = None if max_num_batched_tokens is None else int(max_num_batched_tokens)
+        m = self.max_num_batched_tokens
+        #: per group: the admission cap in blocks (None: none)
+        self._cap = tuple(None if (w is None or m is None) else -(-(w - 1 + m) // B) + 1 for w in self.group_window)
         self._ref = [0] * nb
         self._key: list = [None] * nb          # (group, hash) or None
         self._cached: dict = {}                # (group, hash) -> {block: None}, insertion order
@@ -188,6 +225,9 @@ class HybridBlockHashCache(PrefixCache):
         self._partial = 0
         # per-group counters (group_metrics)
         self._g_hit = [0] * G
+        self._g_keyed = [0] * G      # keyed (cached-content) blocks per group, now
+        self._g_keyed_sum = [0] * G  # Σ over finished requests of _g_keyed sampled then
+        self._nfinish = 0
         self._full_alone = 0
         self._hit_total = 0
         self._nadmit = 0
@@ -195,11 +235,25 @@ class HybridBlockHashCache(PrefixCache):
     # ------------------------------------------------------------------ option
     @classmethod
     def parse_option(cls, text: str):
-        """``window=W[xK][+W2…]`` (see :func:`parse_groups`)."""
-        return parse_groups(text)
+        """``window=W[xK][+W2…][/max_num_batched_tokens=N]`` → ``(windows, N or None)``
+        (see :func:`parse_option_text`)."""
+        return parse_option_text(text)
+
+    @classmethod
+    def class_for_option(cls, value):
+        """``(windows, N)`` → this class with ``windows`` and ``max_num_batched_tokens``."""
+        if value is None:
+            return cls, {}
+        if isinstance(value, str):
+            value = parse_option_text(value)
+        windows, mnbt = value if len(value) == 2 and isinstance(value[0], tuple) else (tuple(value), None)
+        return cls, {"windows": windows, "max_num_batched_tokens": mnbt}
 
     @classmethod
     def format_option(cls, value) -> str:
+        if len(value) == 2 and isinstance(value[0], tuple):
+            w, m = value
+            return cls.format_option(w) + ("" if m is None else f"/max_num_batched_tokens={m}")
         out, i = [], 0
         while i < len(value):
             j = i
@@ -227,7 +281,7 @@ class HybridBlockHashCache(PrefixCache):
         B = int(block_size)
         if B < 1:
             raise ConfigError(f"block_size must be ≥ 1, got {block_size}", field="block_size")
-        w = kw.get("windows", cls.default_option)
+        w = kw.get("windows", cls.default_option[0])
         G = 1 + len(parse_groups(w) if isinstance(w, str) else tuple(w))
         usable = int(capacity_tokens) // B
         if usable < 1:
@@ -268,6 +322,7 @@ class HybridBlockHashCache(PrefixCache):
                     del cached[k]
                 key[b] = None
                 self._hashed -= 1
+                self._g_keyed[k[0]] -= 1
                 ev += 1
             self._ref[b] = 1
             out.append(b)
@@ -397,6 +452,7 @@ class HybridBlockHashCache(PrefixCache):
                 key[b] = k
                 cached.setdefault(k, {})[b] = None
                 self._hashed += 1
+                self._g_keyed[g] += 1
             if nfull > r.ncached[g]:
                 r.ncached[g] = nfull
 
@@ -412,7 +468,10 @@ class HybridBlockHashCache(PrefixCache):
         total = 0
         for g in range(len(self.group_window)):
             skip = self._skip_blocks(g, hit)
-            new = max(-(-L // B) - max(skip, hit // B), 0)
+            req = -(-L // B)
+            if self._cap[g] is not None:
+                req = min(req, self._cap[g])
+            new = max(req - max(skip, hit // B), 0)
             total += new + sum(1 for b in lists[g][skip:] if b and self._ref[b] == 0)
         return total
 
@@ -425,7 +484,8 @@ class HybridBlockHashCache(PrefixCache):
         _, L, hit, lists, _ = self._lookup(seq, n_tokens)
         return self._need_blocks(L, hit, lists)
 
-    def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
+    def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None, *, _chunk: int | None = None
+              ) -> Admission | None:
         """Look up *seq* over all groups and allocate its first *n_tokens* tokens in each.
 
         Returns None (state unchanged) when the blocks all groups need for
@@ -442,7 +502,14 @@ class HybridBlockHashCache(PrefixCache):
             return None
         B = self.block_size
         G = len(self.group_window)
-        r = _Req(seq, keys, [None] * G, [0] * G, max(n, hit), L)
+        ntok = max(n, hit) if _chunk is None else min(L, hit + _chunk)
+        # the step's own check (allocate_slots without the cap): blocks up to ntok
+        step = sum(max(-(-ntok // B) - max(self._skip_blocks(g, hit), hit // B), 0)
+                   + sum(1 for b in lists[g][self._skip_blocks(g, hit):] if b and self._ref[b] == 0)
+                   for g in range(G))
+        if step > len(self._free):
+            return None
+        r = _Req(seq, keys, [None] * G, [0] * G, ntok, L)
         for g in range(G):  # touch every group's hits first (allocate_new_computed_blocks)
             skip = self._skip_blocks(g, hit)
             kept = lists[g][skip:]
@@ -521,29 +588,46 @@ class HybridBlockHashCache(PrefixCache):
             while i < len(blocks) and blocks[i] == 0:
                 i += 1
             self._release(reversed(blocks[i:]))
+        self._nfinish += 1
+        for g, n in enumerate(self._g_keyed):
+            self._g_keyed_sum[g] += n
 
     def fits_alone(self, seq: KVSeq) -> int:
-        """Tokens by which *seq* overflows the empty pool (0 when it fits): the admission
-        needs ``ceil(P / B)`` blocks in every group; at the end of its decode the full
-        group holds ``ceil(kv_len / B)`` and each sliding group what is left after
-        ``remove_skipped_blocks`` at ``kv_len − 1`` computed tokens."""
+        """Tokens by which *seq* overflows the empty pool (0 when it fits). Without
+        chunking the admission needs ``ceil(P / B)`` blocks in every group, and at the end
+        of its decode the full group holds ``ceil(kv_len / B)`` and each sliding group
+        what ``remove_skipped_blocks`` left at ``kv_len − 1`` computed tokens. With
+        ``max_num_batched_tokens`` a sliding group holds at most its admission cap, the
+        full group ``ceil(kv_len / B)`` (an estimate of the peak: the replay reports a
+        request refused alone either way)."""
         B = self.block_size
         P, kv = seq.prompt_len, seq.kv_len
-        need = len(self.group_window) * -(-P // B)
-        if kv > P:
-            end = sum(-(-kv // B) - self._skip_blocks(g, kv - 1) for g in range(len(self.group_window)))
-            need = max(need, end)
+        G = len(self.group_window)
+        if self.max_num_batched_tokens is not None:
+            need = -(-kv // B) + sum(min(-(-kv // B), self._cap[g]) for g in range(1, G))
+        else:
+            need = G * -(-P // B)
+            if kv > P:
+                need = max(need, sum(-(-kv // B) - self._skip_blocks(g, kv - 1) for g in range(G)))
         return max(0, need - self.num_slots) * B
 
     def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
         """Admit the prompt, decode one token per step to the KV extent, finish.
 
         One step per token, as vLLM's scheduler calls ``allocate_slots``: the sliding
-        groups free out-of-window blocks step by step, which orders the free queue.
+        groups free out-of-window blocks step by step, which orders the free queue. With
+        ``max_num_batched_tokens`` N the prompt is prefilled in steps of N tokens (the
+        request runs alone, so every step gives it the whole budget).
         """
-        a = self.admit(rid, seq)
+        m = self.max_num_batched_tokens
+        a = self.admit(rid, seq, _chunk=m)
         if a is None:
             return None
+        r = self._running[rid]
+        while r.n_tokens < seq.prompt_len:  # further prefill chunks (chunked prefill)
+            if not self.extend(rid, min(m, seq.prompt_len - r.n_tokens)):
+                self.finish(rid)
+                return None
         for _ in range(seq.kv_len - seq.prompt_len):
             if not self.extend(rid, 1):
                 self.finish(rid)
@@ -572,7 +656,10 @@ class HybridBlockHashCache(PrefixCache):
 
         ``groups``: per group its kind (``full_attention`` / ``sliding_attention``), window,
         ``hit_tokens`` (B × the non-null hit blocks it served: a sliding group serves only
-        the blocks inside its window), ``held_blocks`` and ``cached_blocks`` now.
+        the blocks inside its window), ``held_blocks`` (referenced by running requests) and
+        ``cached_blocks`` (keyed, unreferenced) now, and ``keyed_blocks_mean`` — the
+        memory each group's cached content takes, in block ids, averaged over the moments
+        after each request finished.
         ``hit_tokens`` (the hybrid's hit), ``full_attention_hit_tokens`` (what the full
         group alone held, capped as vLLM caps a hit: the hit a full-attention model would
         have had on this pool state) and ``hybrid_loss_tokens`` (their difference).
@@ -588,7 +675,8 @@ class HybridBlockHashCache(PrefixCache):
             for g, blocks in enumerate(r.blocks):
                 held[g] += sum(1 for b in blocks if b)
         groups = [{"group": g, "kind": "full_attention" if w is None else "sliding_attention", "window": w,
-                   "hit_tokens": self._g_hit[g], "held_blocks": held[g], "cached_blocks": cached[g]}
+                   "hit_tokens": self._g_hit[g], "held_blocks": held[g], "cached_blocks": cached[g],
+                   "keyed_blocks_mean": self._g_keyed_sum[g] / self._nfinish if self._nfinish else None}
                   for g, w in enumerate(self.group_window)]
         return {"groups": groups, "hit_tokens": self._hit_total, "full_attention_hit_tokens": self._full_alone,
                 "hybrid_loss_tokens": self._full_alone - self._hit_total, "admissions": self._nadmit}

@@ -194,5 +194,7 @@ def replay_sequential(
         num_slots=policy.num_slots,
         slot_tokens=policy.slot_tokens,
         policy=label or policy.name,
-        meta={"replay_s": elapsed, "trace": trace.name, "requests": n},
+        meta={"replay_s": elapsed, "trace": trace.name, "requests": n,
+              # per KV cache group (hybrid models); None: the policy has one group
+              "kv_cache_groups": policy.group_metrics() if hasattr(policy, "group_metrics") else None},
     )

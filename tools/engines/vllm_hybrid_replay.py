@@ -13,15 +13,18 @@ on stepping one token at a time):
 
 1. ``get_computed_blocks`` (the coordinator's ``find_longest_cache_hit`` over all groups,
    capped at ``P − 1`` tokens);
-2. ``allocate_slots(P − hit, full_sequence_must_fit=True)`` for the whole prompt;
+2. ``allocate_slots(P − hit, full_sequence_must_fit=True)`` for the whole prompt, or with
+   ``--max-num-batched-tokens N`` (chunked prefill) for a first chunk of N tokens and one
+   ``allocate_slots`` per further chunk, the manager built with ``max_in_flight_tokens =
+   N`` (one batch in flight) so the sliding-window admission cap binds;
 3. one ``allocate_slots(req, 1)`` per output token except the last (KV extent
    ``P + max(N − 1, 0)``);
 4. ``free``.
 
 Only the KV bookkeeping runs: no model, no scheduler object. The group specs' head and
 dtype numbers only size memory, which is bypassed (the pool is given in blocks).
-``max_in_flight_tokens`` is left to the manager's default (``max_model_len``), so the
-sliding-window admission cap (``SlidingWindowSpec.max_admission_blocks_per_request``)
+Without chunking ``max_in_flight_tokens`` is the manager's default (``max_model_len``), so
+the sliding-window admission cap (``SlidingWindowSpec.max_admission_blocks_per_request``)
 does not bind; ``prefix_cache_retention_interval`` is vLLM's default (None: dense).
 
 Trace: native JSONL (``id``, ``tokens``, ``output_tokens``), or ``--mooncake FILE
@@ -87,9 +90,11 @@ def parse_groups(text: str) -> list:
 
 
 class HybridReplayer:
-    def __init__(self, groups, block_size: int, num_blocks: int, hash_algo: str = "sha256"):
+    def __init__(self, groups, block_size: int, num_blocks: int, hash_algo: str = "sha256",
+                 max_num_batched_tokens: int | None = None):
         v = self.v = _import_vllm()
         self.B = block_size
+        self.mnbt = max_num_batched_tokens
         hash_fn = v["get_hash_fn_by_name"](hash_algo)
         v["kv_cache_utils"].init_none_hash(hash_fn)
         self.block_hasher = v["kv_cache_utils"].get_request_block_hasher(block_size, hash_fn)
@@ -99,8 +104,12 @@ class HybridReplayer:
             spec = v["FullAttentionSpec"](**kw) if kind == "full" else v["SlidingWindowSpec"](sliding_window=w, **kw)
             specs.append(v["KVCacheGroupSpec"]([f"layer.{i}"], spec))
         cfg = v["KVCacheConfig"](num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=specs)
+        # chunked prefill: one batch in flight (VllmConfig.max_in_flight_tokens =
+        # max_concurrent_batches × max_num_batched_tokens), which sets the sliding-window
+        # admission cap; without it the manager defaults to max_model_len (no cap)
         self.mgr = v["KVCacheManager"](kv_cache_config=cfg, max_model_len=1 << 30, scheduler_block_size=block_size,
-                                       hash_block_size=block_size, enable_caching=True, log_stats=True)
+                                       hash_block_size=block_size, enable_caching=True, log_stats=True,
+                                       max_in_flight_tokens=max_num_batched_tokens)
         self.coordinator_name = type(self.mgr.coordinator).__name__
         self.managers = [type(m).__name__ for m in self.mgr.coordinator.single_type_managers]
 
@@ -113,7 +122,8 @@ class HybridReplayer:
         blocks, hit, _ = mgr.get_computed_blocks(req)
         rec = {"id": rid, "prompt_len": P, "hit_tokens": hit,
                "group_hit_blocks": [sum(1 for b in g if not b.is_null) for g in blocks.blocks]}
-        got = mgr.allocate_slots(req, P - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+        chunk = P - hit if self.mnbt is None else min(P - hit, self.mnbt)
+        got = mgr.allocate_slots(req, chunk, num_new_computed_tokens=hit, new_computed_blocks=blocks,
                                  full_sequence_must_fit=True, has_scheduled_reqs=False)
         if got is None:
             rec["error"] = "does_not_fit"
@@ -121,7 +131,15 @@ class HybridReplayer:
             rec["free_blocks"] = mgr.block_pool.get_num_free_blocks()
             return rec
         req.status = v["RequestStatus"].RUNNING
-        req.num_computed_tokens = P
+        req.num_computed_tokens = hit + chunk
+        while req.num_computed_tokens < P:  # chunked prefill: the request runs alone
+            chunk = min(P - req.num_computed_tokens, self.mnbt)
+            if mgr.allocate_slots(req, chunk, has_scheduled_reqs=False) is None:
+                rec["error"] = "prefill_oom"
+                mgr.free(req)
+                rec["free_blocks"] = mgr.block_pool.get_num_free_blocks()
+                return rec
+            req.num_computed_tokens += chunk
         if output:
             req.append_output_token_ids(output[0])
             for tok in output[1:]:
@@ -173,11 +191,15 @@ CONFIGS = [
     ("mixed200", "full,swa:64,swa:160", 16, 600),
     ("edge300", "full,swa:48", 16, 80),
     ("edge300", "full,swa:33", 16, 64),
+    # chunked prefill (max_num_batched_tokens): the sliding admission cap binds
+    ("mixed200", "full,swa:64", 16, 240, 64),
+    ("mixed200", "full,swa:40,swa:40", 32, 150, 96),
+    ("edge300", "full,swa:48", 16, 60, 32),
 ]
 
 
-def run_one(trace_path, groups, block_size, num_blocks, out, reqs=None, limit=None) -> dict:
-    rp = HybridReplayer(parse_groups(groups), block_size, num_blocks)
+def run_one(trace_path, groups, block_size, num_blocks, out, reqs=None, limit=None, mnbt=None) -> dict:
+    rp = HybridReplayer(parse_groups(groups), block_size, num_blocks, max_num_batched_tokens=mnbt)
     if reqs is None:
         reqs = read_native(trace_path)
     n = hit = prompt = err = 0
@@ -200,12 +222,14 @@ def run_one(trace_path, groups, block_size, num_blocks, out, reqs=None, limit=No
             "coordinator": rp.coordinator_name, "managers": rp.managers,
             "trace": os.path.basename(trace_path), "limit": limit,
             "groups": groups, "block_size": block_size, "num_gpu_blocks": num_blocks,
+            "max_num_batched_tokens": mnbt,
             "requests": n, "errors": err, "prompt_tokens": prompt, "hit_tokens": hit,
             "replay_s": round(time.perf_counter() - t0, 2)}
 
 
-def golden_name(trace, groups, block_size, num_blocks) -> str:
-    return f"vllm_hybrid_{trace}_b{block_size}_n{num_blocks}_" + groups.replace(",", "_").replace(":", "-")
+def golden_name(trace, groups, block_size, num_blocks, mnbt=None) -> str:
+    return (f"vllm_hybrid_{trace}_b{block_size}_n{num_blocks}_" + groups.replace(",", "_").replace(":", "-")
+            + ("" if mnbt is None else f"_t{mnbt}"))
 
 
 def main(argv=None) -> int:
@@ -217,14 +241,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     ap.add_argument("--groups", default="full,swa:64", help="comma list of full | swa:W (one KV cache group each)")
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--max-num-batched-tokens", type=int, help="chunked prefill step budget (default: none)")
     ap.add_argument("--num-blocks", type=int, help="num_gpu_blocks (block 0 is the null block)")
     args = ap.parse_args(argv)
     if args.all:
         here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data", "golden")
         lines = []
-        for trace, groups, B, nb in CONFIGS:
-            out = os.path.join(args.all, golden_name(trace, groups, B, nb) + ".jsonl")
-            m = run_one(os.path.join(here, "traces", trace + ".jsonl"), groups, B, nb, out)
+        for trace, groups, B, nb, *t in CONFIGS:
+            mnbt = t[0] if t else None
+            out = os.path.join(args.all, golden_name(trace, groups, B, nb, mnbt) + ".jsonl")
+            m = run_one(os.path.join(here, "traces", trace + ".jsonl"), groups, B, nb, out, mnbt=mnbt)
             print(json.dumps(m))
             lines.append(json.dumps(m, sort_keys=True))
         tmp = os.path.join(args.all, "manifest.jsonl.tmp")
@@ -236,7 +262,7 @@ def main(argv=None) -> int:
         ap.error("give --all DIR, or --out with --trace or --mooncake")
     reqs = None if args.trace else read_mooncake(args.mooncake, args.limit)
     m = run_one(args.trace or args.mooncake, args.groups, args.block_size, args.num_blocks, args.out, reqs=reqs,
-                limit=args.limit if args.trace else None)
+                limit=args.limit if args.trace else None, mnbt=args.max_num_batched_tokens)
     print(json.dumps(m))
     return 0
 
