@@ -168,14 +168,18 @@ def test_run_request_steps_one_token_at_a_time():
     assert b.free_queue().tolist()[-6:] == [3, 5, 2, 1, 7, 4]
 
 
-def test_mooncake_golden():
-    # 300 Mooncake requests (4.27 M prompt tokens): about 20 s, so only with RADIXKV_SLOW=1
+SHARED_RUNS = [json.loads(line) for line in (HYB / "shared" / "manifest.jsonl").read_text().splitlines() if line]
+
+
+@pytest.mark.parametrize("run", SHARED_RUNS, ids=[m["name"] for m in SHARED_RUNS])
+def test_mooncake_golden(run):
+    # 300 Mooncake requests (4.27 M prompt tokens): 20–40 s each, so only with RADIXKV_SLOW=1
     if os.environ.get("RADIXKV_SLOW") != "1":
-        pytest.skip("the Mooncake hybrid golden replays only with RADIXKV_SLOW=1")
+        pytest.skip("the Mooncake hybrid goldens replay only with RADIXKV_SLOW=1")
     shared = shared_path("traces")
-    run = json.loads((HYB / "shared" / "manifest.jsonl").read_text().splitlines()[0])
     gold = [json.loads(line) for line in (HYB / "shared" / f"{run['name']}.jsonl").read_text().splitlines() if line]
     trace = mooncake_trace(shared / "mooncake-fast25" / "conversation_trace.jsonl", limit=run["limit"])
-    pol = HybridBlockHashCache(run["num_gpu_blocks"], run["block_size"], windows=_windows(run["groups"]))
+    pol = HybridBlockHashCache(run["num_gpu_blocks"], run["block_size"], windows=_windows(run["groups"]),
+                               max_num_batched_tokens=run.get("max_num_batched_tokens"))
     hits = replay_sequential(trace, pol).columns["hit_tokens"].tolist()
     assert [(g["id"], g["hit_tokens"]) for g in gold] == list(zip(trace.req_id, hits))

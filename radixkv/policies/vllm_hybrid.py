@@ -414,7 +414,9 @@ class HybridBlockHashCache(PrefixCache):
         return comp, len(comp[0]) * B
 
     def _keys(self, seq: KVSeq) -> list:
-        keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, self.block_size, seq.kv_len // self.block_size, _MASK)
+        with np.errstate(over="ignore"):  # interpreted kernels wrap as the compiled ones do
+            keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, self.block_size, seq.kv_len // self.block_size,
+                                       _MASK)
         return keys.tolist()
 
     # ------------------------------------------------------------------ steps
