@@ -16,8 +16,10 @@ configurations spend it differently:
   lets a sliding group hold only its window while a long prompt is prefilled).
 
 Traces: the WEKA session files whose longest prompt fits Gemma-3's 131,072-token context
-(14 of 36), each replayed on its own (one session = one user's agent), sequentially.
-Reported per trace and pooled: token hit rate of each configuration; for the hybrid, the
+(14 of 36), replayed sequentially.
+Each file is replayed on its own (one user's agent), then all of them as one trace with
+every session starting at time 0 (``read_weka_files``: many users sharing one pool).
+Reported per trace, pooled and together: token hit rate of each configuration; for the hybrid, the
 tokens its full-attention group alone held (``full_attention_hit_tokens``: the reuse the
 sliding groups cost on the same pool state) and the cached blocks per group.
 
@@ -36,6 +38,7 @@ from radixkv.memory import get_gpu, get_model, vllm_pool_size
 from radixkv.policies.registry import PoolSpec, parse_policy
 from radixkv.replay.run import run_replay
 from radixkv.trace.load import load_trace
+from radixkv.trace.weka import read_weka_files
 
 MODEL, GPU, TP, B = "Gemma-3-27B", "H100-80GB", 2, 16
 GROUP_LAYERS = 10      # vLLM group size: min layers of one kind (10 full layers)
@@ -90,6 +93,18 @@ def main() -> None:
         print(f"{f.name}: {sf['requests']} requests, full attention {sf['token_hit_rate']:.4f}, "
               f"hybrid {sh['token_hit_rate']:.4f} (its full group alone held "
               f"{g['full_attention_hit_tokens'] / max(sf['prompt_tokens'], 1):.4f})", flush=True)
+    # the same sessions as one trace, all users starting together (radixkv.trace.weka:
+    # conversation_spacing_s = 0, stable sort by arrival): they compete for one pool
+    t = read_weka_files(files, name="weka-selected")
+    _, sf = run_replay(t, full_spec, PoolSpec(num_gpu_blocks=pf.num_gpu_blocks))
+    _, sh = run_replay(t, hyb_spec, PoolSpec(num_gpu_blocks=h_blocks))
+    g = sh["kv_cache_groups"]
+    together = {"requests": sf["requests"], "prompt_tokens": sf["prompt_tokens"],
+                "full_attention_hit_rate": sf["token_hit_rate"], "hybrid_hit_rate": sh["token_hit_rate"],
+                "hybrid_full_group_hit_rate": g["full_attention_hit_tokens"] / sf["prompt_tokens"],
+                "full_attention_evicted_tokens": sf.get("evicted_tokens"),
+                "hybrid_keyed_blocks_mean": [x["keyed_blocks_mean"] for x in g["groups"]]}
+    print("sessions together:", json.dumps(together), flush=True)
     doc = {
         "model": MODEL, "gpu": GPU, "tp": TP, "block_size": B,
         "kv_budget_bytes_per_rank": pf.budget_bytes,
@@ -100,6 +115,7 @@ def main() -> None:
                    "groups": 1 + SLIDING_GROUPS, "group_layers": GROUP_LAYERS,
                    "full_group_capacity_tokens": (h_blocks - 1) * B},
         "traces": rows,
+        "sessions_together": together,
         "pooled": {"prompt_tokens": tot["prompt"],
                    "full_attention_hit_rate": tot["full_hit"] / tot["prompt"],
                    "hybrid_hit_rate": tot["hyb_hit"] / tot["prompt"],

@@ -183,3 +183,22 @@ def test_mooncake_golden(run):
                                max_num_batched_tokens=run.get("max_num_batched_tokens"))
     hits = replay_sequential(trace, pol).columns["hit_tokens"].tolist()
     assert [(g["id"], g["hit_tokens"]) for g in gold] == list(zip(trace.req_id, hits))
+
+
+def test_summary_reports_groups_and_null_for_one_group_policies():
+    from radixkv.replay.run import run_replay
+
+    trace = native_trace(GOLDEN_LOCAL / "traces" / "mixed200.jsonl")
+    _, s1 = run_replay(trace, parse_policy("vllm:16"), PoolSpec(num_gpu_blocks=120))
+    assert s1["kv_cache_groups"] is None  # one group: not modelled, null (never 0)
+    run = next(m for m in MANIFEST if m["name"] == "vllm_hybrid_mixed200_b16_n240_full_swa-64")
+    _, s2 = run_replay(trace, parse_policy("vllm-hybrid:16@window=64"), PoolSpec(num_gpu_blocks=240))
+    g = s2["kv_cache_groups"]
+    assert s2["hit_tokens"] == g["hit_tokens"] == run["hit_tokens"]  # vLLM's own total
+    assert [x["kind"] for x in g["groups"]] == ["full_attention", "sliding_attention"]
+    # the full group alone held at least the hit; the loss is their difference
+    assert g["full_attention_hit_tokens"] - g["hit_tokens"] == g["hybrid_loss_tokens"] >= 0
+    # vLLM's diagnostics: blocks the full group served in this run (group_hit_blocks[0])
+    gold = [json.loads(line) for line in (HYB / f"{run['name']}.jsonl").read_text().splitlines() if line]
+    assert g["groups"][0]["hit_tokens"] == 16 * sum(x["group_hit_blocks"][0] for x in gold)
+    assert g["groups"][1]["hit_tokens"] == 16 * sum(x["group_hit_blocks"][1] for x in gold)
