@@ -5,6 +5,7 @@ vLLM and SGLang build on a given model, GPU and tensor-parallel size.
 * :mod:`radixkv.memory.hf_config` ``ModelSpec`` from a Hugging Face ``config.json``
 * :mod:`radixkv.memory.presets`   the preset models and GPUs, lookup by name
 * :mod:`radixkv.memory.pool`      the engines' pool-size rules, ``PoolSize``, ``pool_for``
+* :mod:`radixkv.memory.hybrid`    vLLM's KV cache groups of a hybrid model, block ids per budget
 * :mod:`radixkv.memory.startup_log` the pool an engine logged at start-up (``--pool-from-log``)
 * :mod:`radixkv.memory.calibration` radixkv's model against published start-up logs
 """
