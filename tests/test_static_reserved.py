@@ -106,3 +106,72 @@ def test_bad_fraction(f):
 def test_contract_checker():
     check_policy(lambda cap: StaticReservedCache.from_capacity_tokens(cap, 4, reserved_fraction=0.3),
                  capacities=(64, 256, 10_000))
+
+
+class _OrderedDictStatic:
+    """Brute-force reference of the static pool's cache part (an ``OrderedDict`` of block
+    keys, least recent first), written from the module docstring's rules."""
+
+    def __init__(self, num_slots, B, f):
+        from collections import OrderedDict
+
+        self.B = B
+        self.reserved = int(f * num_slots)
+        self.lru = OrderedDict()
+        self.evicted = 0
+
+    def run(self, seq):
+        from radixkv.policies._hash_kernels import seq_block_keys
+
+        B, P = self.B, seq.prompt_len
+        keys, _ = seq_block_keys(seq.seg_id, seq.seg_end, B, seq.kv_len // B, 0xFFFFFFFFFFFFFFFF)
+        keys = [int(k) for k in keys]
+        found = 0
+        while found < min((P - 1) // B, len(keys)) and keys[found] in self.lru:
+            found += 1
+        held = found
+        while held < min(P // B, len(keys)) and keys[held] in self.lru:
+            held += 1
+        for j in range(found - 1, -1, -1):
+            self.lru.move_to_end(keys[j])
+        # prompt blocks at admission, then the decode's blocks
+        mid = min(max(P, found * B) // B, len(keys))
+        for lo, hi in ((found, mid), (mid, len(keys))):
+            if self.reserved == 0:
+                break
+            for j in range(hi - 1, lo - 1, -1):
+                if keys[j] in self.lru:
+                    self.lru.move_to_end(keys[j])
+                else:
+                    self.lru[keys[j]] = None
+            while len(self.lru) > self.reserved:
+                self.lru.popitem(last=False)
+                self.evicted += B
+        return found * B, min(held * B, P), len(self.lru)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lru_list_matches_an_ordered_dict(seed):
+    """Hits, held tokens, evictions and cached blocks equal a plain OrderedDict model on
+    random prompts that share prefixes, with a reservation small enough to evict often."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    B = int(rng.choice([1, 2, 4]))
+    bases = [list(rng.integers(0, 50, int(rng.integers(4, 40)))) for _ in range(5)]
+    prompts, outs = [], []
+    for _ in range(60):
+        b = bases[int(rng.integers(0, 5))]
+        head = [int(t) for t in b[: int(rng.integers(1, len(b) + 1))]]
+        prompts.append(head + [int(t) for t in rng.integers(0, 1000, int(rng.integers(0, 12)))])
+        outs.append(int(rng.integers(0, 5)))
+    f = float(rng.choice([0.05, 0.1, 0.2]))
+    c = StaticReservedCache(200, B, reserved_fraction=f)
+    ref = _OrderedDictStatic(200, B, f)
+    for i, s in enumerate(_seqs(prompts, outs)):
+        adm = c.run_request(i, s)
+        hit, held, cached = ref.run(s)
+        assert (adm.hit_tokens, adm.held_tokens) == (hit, held)
+        assert c.stats().cached_slots == cached
+        assert c.evicted_tokens_total == ref.evicted
+    assert ref.evicted > 0  # the test exercised eviction

@@ -31,18 +31,18 @@ Rules (self-contained; block granularity like vLLM):
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 
 from radixkv.errors import ConfigError
+from radixkv.policies import _static_kernels as SK
 from radixkv.policies._hash_kernels import seq_block_keys
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.types import KVSeq
 
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
-#: estimated host bytes of one cache entry (a Python int key in an OrderedDict: the int
-#: object, the dict slot and the linked-list node) — an estimate, not a measurement
+#: estimated host bytes of one cache entry of the modelled design (a Python int key in an
+#: OrderedDict: the int object, the dict slot and the linked-list node) — an estimate, not
+#: a measurement; radixkv's own list costs 32–40 bytes per entry (:mod:`._static_kernels`)
 ENTRY_BYTES = 128
 
 
@@ -51,7 +51,7 @@ class _Req:
 
     def __init__(self, seq, keys, tokens, blocks, cached):
         self.seq = seq
-        self.keys = keys  # keys of every full block of the KV extent (list of int)
+        self.keys = keys  # keys of every full block of the KV extent (int64 array)
         self.tokens = tokens  # tokens with KV
         self.blocks = blocks  # working blocks held
         self.cached = cached  # full blocks already copied to the cache
@@ -93,13 +93,15 @@ class StaticReservedCache(PrefixCache):
         self.working_slots = self.num_slots - self.reserved_slots
         if self.working_slots < 1:
             raise ConfigError("the reservation leaves no block for running requests", field="reserved_fraction")
-        self._lru: OrderedDict[int, None] = OrderedDict()  # key -> None, least recent first
+        # the cache part: an LRU list of block keys (least recent first), grown on demand
+        self._st = SK.empty_state()
+        self._alloc_nodes(min(self.reserved_slots, 1024))
         self._reqs: dict[int, _Req] = {}
         self._used = 0
         # keys of recently looked-up sequences: id(seg_id) -> (seg_id, seg_end, kv_len, keys);
         # a blocked waiting head is peeked at every engine step
         self._key_memo: dict = {}
-        self._walk = None  # the last lookup's walk (_found)
+        self._walk = None  # the last lookup's walk (_found): [keys, cached leading keys]
 
     @classmethod
     def from_capacity_tokens(cls, capacity_tokens: int, block_size: int = 16, **kw) -> "StaticReservedCache":
@@ -122,14 +124,25 @@ class StaticReservedCache(PrefixCache):
     def _blocks(self, tokens: int) -> int:
         return -(-tokens // self.slot_tokens)
 
-    def _keys(self, seq: KVSeq) -> list:
-        """Keys of every full block of *seq*'s KV extent (memoised per content arrays: the
-        caller must not mutate the returned list)."""
+    def _alloc_nodes(self, m: int) -> None:
+        """Room for *m* list nodes (keeps the listed ones; rebuilds the index)."""
+        old = getattr(self, "_nk", None)
+        nk = np.zeros(m, dtype=np.int64)
+        nl = np.full((2, m), -1, dtype=np.int32)
+        if old is not None:
+            nk[: len(old)] = old
+            nl[:, : len(old)] = self._nl
+        self._nk, self._nl = nk, nl
+        self._tab = np.zeros(SK.table_rows(m), dtype=np.int32)
+        SK.rebuild(self._nk, self._nl, self._st, self._tab)
+
+    def _keys(self, seq: KVSeq) -> np.ndarray:
+        """Keys of every full block of *seq*'s KV extent, int64 (memoised per content
+        arrays: the caller must not mutate the returned array)."""
         m = self._key_memo.get(id(seq.seg_id))
         if m is not None and m[0] is seq.seg_id and m[1] is seq.seg_end and m[2] == seq.kv_len:
             return m[3]
         keys, _ = seq_block_keys(seq.seg_id, seq.seg_end, self.slot_tokens, seq.kv_len // self.slot_tokens, _ALL_ONES)
-        keys = keys.tolist()
         if len(self._key_memo) >= 64:
             self._key_memo.clear()
         self._key_memo[id(seq.seg_id)] = (seq.seg_id, seq.seg_end, seq.kv_len, keys)
@@ -138,52 +151,41 @@ class StaticReservedCache(PrefixCache):
     def _found(self, keys, L: int) -> int:
         """Hit blocks of a lookup of the first L tokens (vLLM cap: ``(L − 1) // B``).
 
-        The walk over the last looked-up key list is remembered (``_walk``: the list, how
-        many of its leading keys are cached, and those keys as a set): the next lookup of
-        the same list resumes from there, since cached keys leave only by eviction and
-        :meth:`_insert` forgets the walk when it evicts one of them.
+        The walk over the last looked-up key array is remembered (``_walk``: the array and
+        how many of its leading keys are cached): the next lookup of the same array resumes
+        from there, since cached keys leave only by eviction and :meth:`_insert` forgets
+        the walk whenever it evicts.
         """
-        cap = min((L - 1) // self.slot_tokens, len(keys))
+        cap = max(0, min((L - 1) // self.slot_tokens, len(keys)))
         w = self._walk
         if w is not None and w[0] is keys:
-            j0 = w[1]
-            if j0 >= cap:
+            if w[1] >= cap:
                 return cap
+            j0 = w[1]
         else:
             j0 = 0
-            w = None
-        j = j0
-        lru = self._lru
-        while j < cap and keys[j] in lru:
-            j += 1
-        if w is None:
-            w = self._walk = [keys, 0, set()]
-        w[2].update(keys[j0:j])
+            w = self._walk = [keys, 0]
+        j = int(SK.found(self._nk, self._tab, keys, j0, cap))
         w[1] = j
         return j
 
     def _insert(self, keys, lo: int, hi: int) -> None:
-        """Copy full blocks ``lo … hi−1`` into the cache, deepest first (then refresh)."""
-        if self.reserved_slots == 0:
+        """Copy full blocks ``lo … hi−1`` into the cache, deepest first (then refresh);
+        then evict least recently used blocks down to ``reserved_slots``."""
+        if self.reserved_slots == 0 or hi <= lo:
             return
-        lru = self._lru
-        for j in range(hi - 1, lo - 1, -1):
-            k = keys[j]
-            if k in lru:
-                lru.move_to_end(k)
-            else:
-                lru[k] = None
-        while len(lru) > self.reserved_slots:
-            k, _ = lru.popitem(last=False)
-            if self._walk is not None and k in self._walk[2]:
-                self._walk = None
-            self.evictions += 1
-            self.evicted_tokens_total += self.slot_tokens
+        need = int(self._st[SK.LEN]) + hi - lo
+        if need > len(self._nk):
+            self._alloc_nodes(max(need, min(2 * len(self._nk), self.reserved_slots + hi - lo)))
+        ev = int(SK.insert(self._nk, self._nl, self._tab, self._st, keys, lo, hi, self.reserved_slots))
+        if ev:
+            self._walk = None  # a key of the remembered walk may have left
+        self.evictions += ev
+        self.evicted_tokens_total += ev * self.slot_tokens
 
     def _touch(self, keys, n: int) -> None:
-        lru = self._lru
-        for j in range(n - 1, -1, -1):
-            lru.move_to_end(keys[j])
+        if n > 0:
+            SK.touch(self._nk, self._nl, self._tab, self._st, keys, n)
 
     def room_slots(self) -> int:
         """Working blocks a running request can still get (the reserved part never counts)."""
@@ -233,11 +235,10 @@ class StaticReservedCache(PrefixCache):
         keys = self._keys(seq)
         B = self.slot_tokens
         found = self._found(keys, L)
-        held_blocks = found
-        lru = self._lru
         n_prompt_blocks = min(P // B, len(keys))
-        while held_blocks < n_prompt_blocks and keys[held_blocks] in lru:
-            held_blocks += 1
+        held_blocks = found
+        if held_blocks < n_prompt_blocks:
+            held_blocks = int(SK.found(self._nk, self._tab, keys, found, n_prompt_blocks))
         hit = found * B
         self._touch(keys, found)
         tokens = max(n, hit)
@@ -283,7 +284,7 @@ class StaticReservedCache(PrefixCache):
     def stats(self, detail: bool = True) -> PoolStats:
         """``used`` = working blocks held, ``cached`` = cache entries, ``free`` = the rest
         (free working blocks and unfilled reserved blocks)."""
-        cached = len(self._lru)
+        cached = int(self._st[SK.LEN])
         valid = sum(r.tokens for r in self._reqs.values()) + cached * self.slot_tokens
         return PoolStats(
             num_slots=self.num_slots,
