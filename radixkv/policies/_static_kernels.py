@@ -5,8 +5,8 @@ The cache part of the static pool is an ordered set of 64-bit block keys, least 
 used first: a doubly linked list of nodes plus an open-addressing index from key to
 node. Every operation a request needs (lookup, refresh, insert-then-evict) is one kernel
 call over a run of the request's keys, so a request costs a few calls whatever its
-length, and the cache costs 24 bytes per node (key and two links) plus 4–8 bytes of
-index per node, instead of a Python ``OrderedDict`` entry per block.
+length, and the cache costs 16 bytes per node (key and two int32 links) plus 32–64 bytes
+of index per node, instead of a Python ``OrderedDict`` entry per block.
 
 Arrays (owned by the class):
 
@@ -15,9 +15,11 @@ Arrays (owned by the class):
 ``nl`` : int32, shape (2, M)
     ``nl[0]`` previous node (−1 = none: the least recent), ``nl[1]`` next node (−1 =
     none: the most recent); for a free node, ``nl[1]`` links the free list.
-``tab`` : int32, shape (T,), T a power of two ≥ 2 M
-    Open-addressing index (linear probing, backward-shift deletion): node + 1, 0 = empty.
-    A key's home row is ``key & (T − 1)`` (keys are already well-mixed 64-bit hashes).
+``tab`` : int64, shape (T, 2), T a power of two ≥ 2 M
+    Open-addressing index (linear probing, backward-shift deletion): row ``(key, node +
+    1)``, node + 1 = 0 for an empty row; the key sits in the row so that a probe reads one
+    cache line. A key's home row is ``key & (T − 1)`` (keys are already well-mixed 64-bit
+    hashes).
 ``st`` : int64, shape (NST,)
     ``LEN`` nodes in the list, ``HEAD`` least recent node, ``TAIL`` most recent node,
     ``FREE`` first free node (−1 = none), ``BUMP`` nodes ever handed out.
@@ -53,36 +55,37 @@ def _find(nk, tab, key):
     """Node holding *key*, or −1."""
     mask = tab.shape[0] - 1
     i = key & mask
-    while tab[i] != 0:
-        x = tab[i] - 1
-        if nk[x] == key:
-            return x
+    while tab[i, 1] != 0:
+        if tab[i, 0] == key:
+            return tab[i, 1] - 1
         i = (i + 1) & mask
     return -1
 
 
 @njit(cache=True, inline="always")
-def _tab_delete(nk, tab, key):
+def _tab_delete(tab, key):
     """Remove *key*'s row (present) and close the gap (backward-shift deletion)."""
     mask = tab.shape[0] - 1
     i = key & mask
-    while nk[tab[i] - 1] != key:
+    while tab[i, 0] != key or tab[i, 1] == 0:
         i = (i + 1) & mask
     j = i
     while True:
         j = (j + 1) & mask
-        if tab[j] == 0:
+        if tab[j, 1] == 0:
             break
-        k = nk[tab[j] - 1] & mask
+        k = tab[j, 0] & mask
         # move j into the hole i unless its home k lies cyclically in (i, j]
         if i <= j:
             stay = i < k <= j
         else:
             stay = k > i or k <= j
         if not stay:
-            tab[i] = tab[j]
+            tab[i, 0] = tab[j, 0]
+            tab[i, 1] = tab[j, 1]
             i = j
-    tab[i] = 0
+    tab[i, 0] = 0
+    tab[i, 1] = 0
 
 
 @njit(cache=True, inline="always")
@@ -142,10 +145,9 @@ def insert(nk, nl, tab, st, keys, lo, hi, capacity):
         key = keys[j]
         i = key & mask
         x = -1
-        while tab[i] != 0:
-            y = tab[i] - 1
-            if nk[y] == key:
-                x = y
+        while tab[i, 1] != 0:
+            if tab[i, 0] == key:
+                x = tab[i, 1] - 1
                 break
             i = (i + 1) & mask
         if x >= 0:
@@ -160,14 +162,15 @@ def insert(nk, nl, tab, st, keys, lo, hi, capacity):
             x = st[BUMP]
             st[BUMP] = x + 1
         nk[x] = key
-        tab[i] = x + 1
+        tab[i, 0] = key
+        tab[i, 1] = x + 1
         _append(nl, st, x)
         st[LEN] += 1
     ev = 0
     while st[LEN] > capacity:
         x = st[HEAD]
         _unlink(nl, st, x)
-        _tab_delete(nk, tab, nk[x])
+        _tab_delete(tab, nk[x])
         nl[1, x] = st[FREE]
         st[FREE] = x
         st[LEN] -= 1
@@ -182,9 +185,10 @@ def rebuild(nk, nl, st, tab):
     x = st[HEAD]
     while x >= 0:
         i = nk[x] & mask
-        while tab[i] != 0:
+        while tab[i, 1] != 0:
             i = (i + 1) & mask
-        tab[i] = x + 1
+        tab[i, 0] = nk[x]
+        tab[i, 1] = x + 1
         x = nl[1, x]
 
 

@@ -42,7 +42,7 @@ from radixkv.trace.types import KVSeq
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 #: estimated host bytes of one cache entry of the modelled design (a Python int key in an
 #: OrderedDict: the int object, the dict slot and the linked-list node) — an estimate, not
-#: a measurement; radixkv's own list costs 32–40 bytes per entry (:mod:`._static_kernels`)
+#: a measurement; radixkv's own list costs 48–80 bytes per entry (:mod:`._static_kernels`)
 ENTRY_BYTES = 128
 
 
@@ -133,7 +133,7 @@ class StaticReservedCache(PrefixCache):
             nk[: len(old)] = old
             nl[:, : len(old)] = self._nl
         self._nk, self._nl = nk, nl
-        self._tab = np.zeros(SK.table_rows(m), dtype=np.int32)
+        self._tab = np.zeros((SK.table_rows(m), 2), dtype=np.int64)
         SK.rebuild(self._nk, self._nl, self._st, self._tab)
 
     def _keys(self, seq: KVSeq) -> np.ndarray:
