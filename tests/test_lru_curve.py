@@ -162,3 +162,21 @@ def test_replay_curve_does_not_touch_the_policies():
     UnitLRUCache.replay_curve(t, [pol])
     rec = replay_sequential(t, pol)
     assert rec["hit_tokens"].tolist() == [0, 3]
+
+
+def test_dense_index_numbers_keys_in_order_of_first_appearance():
+    import numpy as np
+
+    from radixkv.policies._lru_stack import dense_index
+
+    rng = np.random.default_rng(3)
+    # few distinct values, many repeats, and keys that share their low bits (probe chains)
+    base = np.array([0, 1, 2**63, 2**40 + 5, 5, 2**32 + 5, 17], dtype=np.uint64)
+    keys = base[rng.integers(0, len(base), 500)]
+    idx, n = dense_index(keys)
+    seen = {}
+    want = [seen.setdefault(int(k), len(seen)) for k in keys]
+    assert n == len(seen)
+    assert idx.tolist() == want
+    idx0, n0 = dense_index(np.zeros(0, dtype=np.uint64))
+    assert (len(idx0), n0) == (0, 0)

@@ -272,7 +272,7 @@ class UnitLRUCache(PrefixCache):
         """
         import time
 
-        from radixkv.policies._lru_stack import lru_curve, unit_keys
+        from radixkv.policies._lru_stack import dense_index, lru_curve, unit_keys
         from radixkv.replay.records import COLUMNS, Records
 
         t = trace.head(limit)
@@ -289,7 +289,7 @@ class UnitLRUCache(PrefixCache):
         offs = np.ascontiguousarray(t.id_offsets[: n + 1], dtype=np.int64)
         plen = np.ascontiguousarray(t.prompt_len, dtype=np.int64)
         keys, ends = unit_keys(ids, offs, plen, U)
-        uniq, key_idx = np.unique(keys, return_inverse=True)
+        key_idx, n_keys = dense_index(keys)
         caps = np.array([p.num_slots for p in policies], dtype=np.int64)
         K = len(caps)
         hit = np.zeros((n, K), dtype=np.int64)
@@ -297,7 +297,7 @@ class UnitLRUCache(PrefixCache):
         size = np.zeros((n, K), dtype=np.int64)
         valid = np.zeros((n, K), dtype=np.int64)
         evictions = np.zeros(K, dtype=np.int64)
-        lru_curve(key_idx.astype(np.int64).ravel(), ends, offs, len(uniq), caps,
+        lru_curve(key_idx, ends, offs, n_keys, caps,
                   hit, evicted, size, valid, evictions)
         elapsed = time.perf_counter() - t0
         out = []
