@@ -2,7 +2,8 @@
 
 Wall time on a shared machine varies by tens of percent from minute to minute, so every
 figure here is a ratio of two best-of-``--repeat`` timings taken back to back in this
-process:
+process (each also with its CPU time, ``*_cpu_s``, which does not count the waits for a
+core on a loaded machine; the load average before and after is recorded):
 
 - ``load``: the bench trace (../shared/bench, converted to native JSONL in a temporary
   folder) read by ``load_trace`` against the same reader with the plain per-line
@@ -37,13 +38,25 @@ from radixkv.util import atomic_write_text, dumps_json
 CURVE_CAPS = [10_000, 100_000, 1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_000_000, 50_000_000]
 
 
+class Seconds(float):
+    """Wall seconds of the best run; ``.cpu`` = this process's CPU seconds in that run
+    (``time.process_time``: on a loaded machine the wall time counts the waits for a
+    core, the CPU time does not)."""
+
+    cpu: float
+
+
 def best_of(repeat, fn):
-    times, out = [], None
+    best, out = None, None
     for _ in range(repeat):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
+        t = Seconds(time.perf_counter() - t0)
+        t.cpu = time.process_time() - c0
+        if best is None or t < best:
+            best = t
+    return best, out
 
 
 def bench_trace_native() -> Path:
@@ -85,7 +98,8 @@ def fig_load(repeat: int) -> dict:
     assert (tr.ids == tr2.ids).all() and (tr.id_offsets == tr2.id_offsets).all()
     ids = len(tr.ids)
     out = {"figure": "load bench trace JSONL", "ids": ids, "baseline_s": t_old, "radixkv_s": t_new,
-           "ratio": t_new / t_old, "M_ids_per_s": ids / t_new / 1e6, "target_ratio": 0.3}
+           "ratio": t_new / t_old, "M_ids_per_s": ids / t_new / 1e6, "target_ratio": 0.3,
+           "baseline_cpu_s": t_old.cpu, "radixkv_cpu_s": t_new.cpu, "M_ids_per_cpu_s": ids / t_new.cpu / 1e6}
     try:
         import orjson
     except ImportError:
@@ -97,7 +111,8 @@ def fig_load(repeat: int) -> dict:
         native.read_records = fast
     assert (tr.ids == tr3.ids).all() and (tr.id_offsets == tr3.id_offsets).all()
     out.update(orjson_version=orjson.__version__, orjson_s=t_oj, radixkv_vs_orjson=t_new / t_oj,
-               orjson_M_ids_per_s=ids / t_oj / 1e6)
+               orjson_M_ids_per_s=ids / t_oj / 1e6, orjson_cpu_s=t_oj.cpu,
+               radixkv_vs_orjson_cpu=t_new.cpu / t_oj.cpu)
     return out
 
 
@@ -135,7 +150,8 @@ def fig_curve(repeat: int) -> dict:
                and a[1]["token_hit_rate"] == b[1]["token_hit_rate"] for a, b in zip(curve, points))
     return {"figure": "unit-lru 8-point curve, Mooncake", "one_point_s": t_one, "curve_s": t_curve,
             "per_point_curve_s": t_points, "ratio": t_curve / t_one, "vs_per_point": t_curve / t_points,
-            "values_identical": same, "target_ratio": 1.5,
+            "values_identical": same, "target_ratio": 1.5, "one_point_cpu_s": t_one.cpu,
+            "curve_cpu_s": t_curve.cpu, "cpu_ratio": t_curve.cpu / t_one.cpu,
             "token_hit_rate": [round(c[1]["token_hit_rate"], 4) for c in curve]}
 
 
@@ -184,7 +200,9 @@ def fig_loop(repeat: int, n: int = 100_000) -> dict:
     same = all(np.array_equal(a[c], b[c]) for c in a.columns)
     return {"figure": f"sglang:1 sequential replay, {n:,} synthetic requests", "python_loop_s": t_py,
             "kernel_loop_s": t_k, "ratio": t_k / t_py, "records_identical": same,
-            "projected_1M_requests_s": t_k * 1_000_000 / n, "target_ratio": None}
+            "projected_1M_requests_s": t_k * 1_000_000 / n, "target_ratio": None,
+            "python_loop_cpu_s": t_py.cpu, "kernel_loop_cpu_s": t_k.cpu,
+            "projected_1M_requests_cpu_s": t_k.cpu * 1_000_000 / n}
 
 
 def fig_hash_ids(repeat: int) -> dict:
@@ -201,7 +219,9 @@ def fig_hash_ids(repeat: int) -> dict:
         warmup(spec)
         out[p], _ = best_of(max(1, repeat // 2), lambda: run_replay(tr, spec, pool))
     return {"figure": "vllm:16 vs sglang:1 replay, Mooncake, 10 M tokens", "sglang_s": out["sglang:1"],
-            "vllm_s": out["vllm:16"], "ratio": out["vllm:16"] / out["sglang:1"], "target_ratio": 2.0}
+            "vllm_s": out["vllm:16"], "ratio": out["vllm:16"] / out["sglang:1"], "target_ratio": 2.0,
+            "sglang_cpu_s": out["sglang:1"].cpu, "vllm_cpu_s": out["vllm:16"].cpu,
+            "cpu_ratio": out["vllm:16"].cpu / out["sglang:1"].cpu}
 
 
 FIGURES = {"load": fig_load, "curve": fig_curve, "loop": fig_loop, "hash_ids": fig_hash_ids}
@@ -212,14 +232,20 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--only", default=",".join(FIGURES), help="comma-separated: " + ",".join(FIGURES))
     args = ap.parse_args()
+    import os
+
     rows = []
+    load_before = os.getloadavg()
     for name in args.only.split(","):
         r = FIGURES[name.strip()](args.repeat)
         rows.append(r)
         extra = {k: v for k, v in r.items() if k not in ("figure", "ratio", "target_ratio")}
         target = f"target ≤ {r['target_ratio']}" if r["target_ratio"] else "no target"
         print(f"{r['figure']}: ratio {r['ratio']:.3f} ({target})  {extra}")
-    atomic_write_text(result("bench_perf.json"), dumps_json({"repeat": args.repeat, "figures": rows}))
+    load = {"before": list(load_before), "after": list(os.getloadavg())}
+    print(f"load average (1, 5, 15 min) before {load_before}, after {tuple(load['after'])}")
+    atomic_write_text(result("bench_perf.json"), dumps_json({"repeat": args.repeat, "figures": rows,
+                                                            "load_average": load}))
 
 
 if __name__ == "__main__":
