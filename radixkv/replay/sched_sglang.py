@@ -31,7 +31,7 @@ function it follows:
   when ``rem_total ≤ 0`` after an admission (``budget_state`` NO_TOKEN), when the chunk
   budget is spent (OTHER), or at ``max_num_seqs``. A prompt longer than the chunk budget
   left is truncated to it, page-aligned (``_select_prefill_admission``), and becomes the
-  chunked request. A chunked request's next chunk takes ``min(budget, rem_total)`` (or
+  chunked request. A chunked request's next chunk takes ``min(budget, int(rem_total))`` (or
   the whole budget if that is ≤ 0: ``available_chunk_tokens``). One radixkv-specific
   rule: when nothing runs and nothing was admitted, the first waiting request is admitted
   whenever its first chunk fits the pool — SGLang instead clips ``max_new_tokens`` at
