@@ -185,6 +185,11 @@ def test_refusals():
     with pytest.raises(ConfigError, match="not modelled in the concurrent mode"):
         routed(ap.parse_args(["--mode", "concurrent", "--replicas", "2", "--kv-pool", "global"]))
     assert routed(ap.parse_args(["--mode", "concurrent", "--replicas", "2"]))
+    # concurrent load is the requests in flight: a load window given there would be silently unused
+    with pytest.raises(ConfigError, match="sequential replicas only"):
+        routed(ap.parse_args(["--mode", "concurrent", "--replicas", "2", "--router", "least-load",
+                              "--router-load-window", "30"]))
+    assert routed(ap.parse_args(["--replicas", "2", "--router", "least-load", "--router-load-window", "30"]))
 
 
 def test_cli_concurrent_replicas(tmp_path, capsys):

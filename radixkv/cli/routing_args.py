@@ -23,7 +23,7 @@ flag                                        meaning (default)
 See :mod:`radixkv.replay.routing` for the routers and what the approximate tree
 approximates. With ``--mode concurrent`` the replicas run on one clock
 (:mod:`radixkv.replay.multi_concurrent`; load = requests in flight at the arrival, and
-``--router-load-window`` is not used); ``--kv-pool global`` is refused there
+``--router-load-window`` is refused); ``--kv-pool global`` is refused there
 (:data:`radixkv.replay.multi_concurrent.GLOBAL_POOL_REFUSAL` says why).
 """
 from __future__ import annotations
@@ -43,8 +43,9 @@ def add_routing_args(parser) -> None:
     g.add_argument("--kv-pool", choices=["local", "global"], default="local",
                    help="local: a pool per replica; global: one shared pool of N x the size")
     g.add_argument("--router-seed", type=int, default=0, help="seed of --router random (0)")
-    g.add_argument("--router-load-window", type=float, default=R.LOAD_WINDOW_S, metavar="S",
-                   help=f"seconds a request counts toward its replica's load ({R.LOAD_WINDOW_S:g})")
+    g.add_argument("--router-load-window", type=float, default=None, metavar="S",
+                   help=f"sequential replicas: seconds a request counts toward its replica's load "
+                        f"({R.LOAD_WINDOW_S:g}); refused with --mode concurrent, where load is the requests in flight")
     g.add_argument("--cache-threshold", type=float, default=R.CACHE_THRESHOLD,
                    help=f"prefix-aware: least matched share of the prompt that routes by cache ({R.CACHE_THRESHOLD:g})")
     g.add_argument("--balance-abs-threshold", type=float, default=R.BALANCE_ABS_THRESHOLD,
@@ -61,6 +62,9 @@ def routed(args) -> bool:
         if args.router is not None or args.kv_pool != "local":
             raise ConfigError("--router and --kv-pool need --replicas N", field="replicas")
         return False
+    if getattr(args, "mode", "sequential") == "concurrent" and args.router_load_window is not None:
+        raise ConfigError("--router-load-window applies to the sequential replicas only: with --mode concurrent a "
+                          "replica's load is its requests in flight at the arrival", field="router_load_window")
     if getattr(args, "mode", "sequential") == "concurrent" and args.kv_pool == "global":
         from radixkv.replay.multi_concurrent import GLOBAL_POOL_REFUSAL
 
@@ -107,7 +111,7 @@ def run_routed(trace, spec, pool, args) -> dict:
     t0 = time.perf_counter()
     res = R.replay_replicas(
         trace, spec, pool, args.replicas, args.router or "round-robin", global_pool=args.kv_pool == "global",
-        limit=args.limit, quiet=args.quiet, seed=args.router_seed, load_window_s=args.router_load_window,
+        limit=args.limit, quiet=args.quiet, seed=args.router_seed, load_window_s=R.LOAD_WINDOW_S if args.router_load_window is None else args.router_load_window,
         cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold, max_tree_tokens=args.max_tree_tokens)
     el = time.perf_counter() - t0
