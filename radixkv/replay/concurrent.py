@@ -312,13 +312,8 @@ def replay_concurrent(
     nxt = 0  # next request to arrive
     done = 0
     steps = 0
-    area = 0.0
-    busy = 0.0
     peak = 0
-    pf_flops = 0.0
-    pool = {"waste_area": 0.0, "waste_peak": 0, "used_area": 0.0, "cached_area": 0.0,
-            "capacity_tokens": policy.capacity_tokens}
-    S = policy.slot_tokens
+    acc = _Integrals(policy)
     while done < n:
         while nxt < n and arr[nxt] <= now:
             sch.enqueue(nxt)
@@ -357,49 +352,20 @@ def replay_concurrent(
             # every skipped step is integrated as the step-by-step loop integrates it
             n_run = plan.n_running
             if tl is None:  # the same float operations in the same order, vectorised
-                dts = dts[:k]
-                used, cached = pools[:, 0], pools[:, 1]
-                waste = (used + cached) * S - pools[:, 2]
-                area = _accumulate(area, n_run * dts)
-                busy = _accumulate(busy, dts)
-                pool["waste_area"] = _accumulate(pool["waste_area"], waste * dts)
-                pool["waste_peak"] = max(pool["waste_peak"], int(waste.max()))
-                pool["used_area"] = _accumulate(pool["used_area"], used * dts)
-                pool["cached_area"] = _accumulate(pool["cached_area"], cached * dts)
-                now = _accumulate(now, dts)
+                now = acc.run(now, n_run, dts[:k], pools)
             else:
                 for j, (used, cached, valid) in enumerate(pools.tolist()):
-                    dt = float(dts[j])
-                    area += n_run * dt
-                    busy += dt
-                    waste = (used + cached) * S - valid
-                    pool["waste_area"] += waste * dt
-                    pool["waste_peak"] = max(pool["waste_peak"], waste)
-                    pool["used_area"] += used * dt
-                    pool["cached_area"] += cached * dt
-                    now += dt
+                    now = acc.step(now, n_run, float(dts[j]), used, cached, valid)
                     _tl_row(tl, steps + j + 1, now, n_run, len(sch.waiting), batch, used, cached, n_slots)
             steps += k
         else:
             dt = float(cost.step_time(plan.new, plan.ctx))
-            pre_new = [c for c, p in zip(plan.new, plan.prefill) if p]
-            if len(pre_new) == 1:  # the sum of one item is the item
-                pf_flops += float(cost.prefill_flops(pre_new[0], plan.ctx[plan.prefill.index(True)]))
-            elif pre_new:
-                pre_ctx = [c for c, p in zip(plan.ctx, plan.prefill) if p]
-                pf_flops += float(np.sum(cost.prefill_flops(np.asarray(pre_new), np.asarray(pre_ctx))))
+            acc.prefill(cost, plan)
             sch.complete(plan)
             steps += 1
             k = 1
-            area += plan.n_running * dt
-            busy += dt
             st = policy.stats(detail=False)
-            waste = (st.used_slots + st.cached_slots) * S - st.valid_tokens
-            pool["waste_area"] += waste * dt
-            pool["waste_peak"] = max(pool["waste_peak"], waste)
-            pool["used_area"] += st.used_slots * dt
-            pool["cached_area"] += st.cached_slots * dt
-            now += dt
+            now = acc.step(now, plan.n_running, dt, st.used_slots, st.cached_slots, st.valid_tokens)
             if tl is not None:
                 _tl_row(tl, steps, now, plan.n_running, len(sch.waiting), int(sum(plan.new)),
                         st.used_slots, st.cached_slots, n_slots)
@@ -417,7 +383,7 @@ def replay_concurrent(
             progress(done, n)
         sch.finished_now = []
     res = _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, finish,
-                  t0, now, busy, area, peak, steps, pf_flops, pool)
+                  t0, now, acc.busy, acc.area, peak, steps, acc.pf_flops, acc.pool)
     res.columns["admit_step"] = np.asarray(admit_step, dtype=np.int64)
     res.columns["finish_step"] = np.asarray(finish_step, dtype=np.int64)
     if tl is not None:
@@ -429,6 +395,61 @@ def _accumulate(x0: float, xs: np.ndarray) -> float:
     """``x0 + xs[0] + xs[1] + …`` added left to right, as a Python loop adds them
     (``np.cumsum`` adds sequentially, unlike ``np.sum``'s pairwise summation)."""
     return float(np.cumsum(np.concatenate(([x0], xs)))[-1])
+
+
+class _Integrals:
+    """The time integrals of one engine's replay (running requests, busy time, pool slots,
+    prefill FLOPs), added step by step in one fixed order, so that a fast-forwarded run of
+    decode steps (:meth:`run`) gives the same bits as its steps added one at a time
+    (:meth:`step`). Shared by :func:`replay_concurrent` and the replicas of
+    :mod:`radixkv.replay.multi_concurrent`."""
+
+    __slots__ = ("area", "busy", "pf_flops", "pool", "S")
+
+    def __init__(self, policy):
+        self.area = 0.0
+        self.busy = 0.0
+        self.pf_flops = 0.0
+        self.pool = {"waste_area": 0.0, "waste_peak": 0, "used_area": 0.0, "cached_area": 0.0,
+                     "capacity_tokens": policy.capacity_tokens}
+        self.S = policy.slot_tokens
+
+    def step(self, now: float, n_run: int, dt: float, used: int, cached: int, valid: int) -> float:
+        """Add one step of *dt* seconds with *n_run* requests running and the pool at
+        (*used*, *cached*) slots holding *valid* tokens; returns the step's end time."""
+        pool = self.pool
+        self.area += n_run * dt
+        self.busy += dt
+        waste = (used + cached) * self.S - valid
+        pool["waste_area"] += waste * dt
+        pool["waste_peak"] = max(pool["waste_peak"], waste)
+        pool["used_area"] += used * dt
+        pool["cached_area"] += cached * dt
+        return now + dt
+
+    def run(self, now: float, n_run: int, dts: np.ndarray, pools: np.ndarray) -> float:
+        """Add a fast-forwarded run: step j lasts ``dts[j]`` seconds with the pool at
+        ``pools[j] = (used, cached, valid)`` (int64, shape (k, 3)); the same float
+        operations in the same order as k calls of :meth:`step`. Returns the run's end."""
+        pool = self.pool
+        used, cached = pools[:, 0], pools[:, 1]
+        waste = (used + cached) * self.S - pools[:, 2]
+        self.area = _accumulate(self.area, n_run * dts)
+        self.busy = _accumulate(self.busy, dts)
+        pool["waste_area"] = _accumulate(pool["waste_area"], waste * dts)
+        pool["waste_peak"] = max(pool["waste_peak"], int(waste.max()))
+        pool["used_area"] = _accumulate(pool["used_area"], used * dts)
+        pool["cached_area"] = _accumulate(pool["cached_area"], cached * dts)
+        return _accumulate(now, dts)
+
+    def prefill(self, cost, plan) -> None:
+        """Add the prefill FLOPs of *plan*'s prefilling requests (none: nothing added)."""
+        pre_new = [c for c, p in zip(plan.new, plan.prefill) if p]
+        if len(pre_new) == 1:  # the sum of one item is the item
+            self.pf_flops += float(cost.prefill_flops(pre_new[0], plan.ctx[plan.prefill.index(True)]))
+        elif pre_new:
+            pre_ctx = [c for c, p in zip(plan.ctx, plan.prefill) if p]
+            self.pf_flops += float(np.sum(cost.prefill_flops(np.asarray(pre_new), np.asarray(pre_ctx))))
 
 
 def _tl_row(tl, step, t, running, waiting, tokens, used, cached, n_slots):

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.replay.concurrent import ConcurrentResult, _accumulate, _result
+from radixkv.replay.concurrent import ConcurrentResult, _Integrals, _result
 from radixkv.replay.routing import Router
 from radixkv.replay.scheduler import SchedulerConfig, make_scheduler
 
@@ -116,12 +116,8 @@ class ReplicaEngine:
         self.in_flight = 0
         self._finishing: deque = deque()  # (finish time, count) not yet taken off in_flight
         self.steps = 0
-        self.area = 0.0
-        self.busy = 0.0
         self.peak = 0
-        self.pf_flops = 0.0
-        self.pool = {"waste_area": 0.0, "waste_peak": 0, "used_area": 0.0, "cached_area": 0.0,
-                     "capacity_tokens": policy.capacity_tokens}
+        self.acc = _Integrals(policy)  # area, busy, pf_flops, pool: as the single-engine loop keeps them
 
     # ------------------------------------------------------------------ router's view
     def load_at(self, t: float) -> int:
@@ -168,8 +164,7 @@ class ReplicaEngine:
             return  # only preemptions happened; schedule again at the same time
         self.peak = max(self.peak, plan.n_running)
         t_start = now
-        S = policy.slot_tokens
-        pool = self.pool
+        acc = self.acc
         if self.fast_forward and sch.can_fast_forward(plan):
             k = sch.max_fast_forward()
             dts = cost.decode_steps_time(len(plan.req), int(sum(plan.ctx)), k)
@@ -180,37 +175,15 @@ class ReplicaEngine:
                     k = j + 1
                     dts = dts[:k]
             pools = sch.fast_forward(k)
-            # the skipped steps integrated left to right, as the single-engine loop does
-            dts = dts[:k]
-            used, cached = pools[:, 0], pools[:, 1]
-            waste = (used + cached) * S - pools[:, 2]
-            self.area = _accumulate(self.area, plan.n_running * dts)
-            self.busy = _accumulate(self.busy, dts)
-            pool["waste_area"] = _accumulate(pool["waste_area"], waste * dts)
-            pool["waste_peak"] = max(pool["waste_peak"], int(waste.max()))
-            pool["used_area"] = _accumulate(pool["used_area"], used * dts)
-            pool["cached_area"] = _accumulate(pool["cached_area"], cached * dts)
-            now = _accumulate(now, dts)
+            now = acc.run(now, plan.n_running, dts[:k], pools)
             self.steps += k
         else:
             dt = float(cost.step_time(plan.new, plan.ctx))
-            pre_new = [c for c, p in zip(plan.new, plan.prefill) if p]
-            if len(pre_new) == 1:  # the sum of one item is the item
-                self.pf_flops += float(cost.prefill_flops(pre_new[0], plan.ctx[plan.prefill.index(True)]))
-            elif pre_new:
-                pre_ctx = [c for c, p in zip(plan.ctx, plan.prefill) if p]
-                self.pf_flops += float(np.sum(cost.prefill_flops(np.asarray(pre_new), np.asarray(pre_ctx))))
+            acc.prefill(cost, plan)
             sch.complete(plan)
             self.steps += 1
-            self.area += plan.n_running * dt
-            self.busy += dt
             st = policy.stats(detail=False)
-            waste = (st.used_slots + st.cached_slots) * S - st.valid_tokens
-            pool["waste_area"] += waste * dt
-            pool["waste_peak"] = max(pool["waste_peak"], waste)
-            pool["used_area"] += st.used_slots * dt
-            pool["cached_area"] += st.cached_slots * dt
-            now += dt
+            now = acc.step(now, plan.n_running, dt, st.used_slots, st.cached_slots, st.valid_tokens)
         self.now = now
         self.intervals.append((t_start, now, plan.n_running))
         for i in sch.first_token_now:
@@ -395,7 +368,7 @@ def _assemble(trace, policies, cost, config, arrivals, eng, out, replica, ro) ->
     full = []
     for e in eng:
         full.append(_result(trace, e.policy, cost, config, e.sch, arrivals, out["admit_s"], out["first_token_s"],
-                            out["finish_s"], t0, t_end, e.busy, e.area, e.peak, e.steps, e.pf_flops, e.pool))
+                            out["finish_s"], t0, t_end, e.acc.busy, e.acc.area, e.peak, e.steps, e.acc.pf_flops, e.acc.pool))
     step_cols = {c: np.asarray(out[c], dtype=np.int64) for c in ("admit_step", "finish_step")}
     # aggregate: each row's columns from its replica
     cols = {}
@@ -408,18 +381,18 @@ def _assemble(trace, policies, cost, config, arrivals, eng, out, replica, ro) ->
     cols.update({c: v.copy() for c, v in step_cols.items()})
     extra, peak = _overlap_s([iv for e in eng for iv in e.intervals])
     peak = max([peak] + [e.peak for e in eng])  # a zero-length step still had its requests running
-    pool = {"waste_area": sum(e.pool["waste_area"] for e in eng),
-            "waste_peak": sum(e.pool["waste_peak"] for e in eng),
-            "used_area": sum(e.pool["used_area"] for e in eng),
-            "cached_area": sum(e.pool["cached_area"] for e in eng),
-            "capacity_tokens": sum(e.pool["capacity_tokens"] for e in eng)}
+    pool = {"waste_area": sum(e.acc.pool["waste_area"] for e in eng),
+            "waste_peak": sum(e.acc.pool["waste_peak"] for e in eng),
+            "used_area": sum(e.acc.pool["used_area"] for e in eng),
+            "cached_area": sum(e.acc.pool["cached_area"] for e in eng),
+            "capacity_tokens": sum(e.acc.pool["capacity_tokens"] for e in eng)}
     hit = cols["hit_tokens"]
     meta = dict(full[0].meta, n_replicas=N, router=ro.router)
     agg = ConcurrentResult(
         req_id=np.asarray(trace.req_id), columns=cols, duration_s=float(t_end - t0),
-        busy_s=float(sum(e.busy for e in eng) - extra), running_area=float(sum(e.area for e in eng)),
+        busy_s=float(sum(e.acc.busy for e in eng) - extra), running_area=float(sum(e.acc.area for e in eng)),
         peak_running=int(peak), steps=int(sum(e.steps for e in eng)),
-        prefill_flops=float(sum(e.pf_flops for e in eng)),
+        prefill_flops=float(sum(e.acc.pf_flops for e in eng)),
         prefill_flops_saved=float(np.sum(cost.prefill_flops(hit, 0))) if n else 0.0, pool=pool, meta=meta)
     reps = []
     for r, e in enumerate(eng):
@@ -437,7 +410,7 @@ def _assemble(trace, policies, cost, config, arrivals, eng, out, replica, ro) ->
             pool=res.pool, meta=dict(res.meta, replica=r)))
     per = np.bincount(replica, minlength=N)
     ptok = np.bincount(replica, weights=np.asarray(trace.prompt_len, dtype=np.float64), minlength=N)
-    busy = np.asarray([e.busy for e in eng], dtype=np.float64)
+    busy = np.asarray([e.acc.busy for e in eng], dtype=np.float64)
 
     def imb(x):
         return float(x.max() / x.mean()) if n and x.mean() > 0 else None
