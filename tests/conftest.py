@@ -33,3 +33,15 @@ def shared_path(*parts: str) -> Path:
 @pytest.fixture
 def data_dir() -> Path:
     return DATA
+
+
+def draw_prompt_len(draw, st, k: int, U: int, partial: bool) -> int:
+    """For hypothesis strategies: a prompt length in tokens that *k* ids of *U* tokens
+    cover, as the trace readers accept it (U = 1: k; a partial last unit: (k−1)·U + 1 … k·U;
+    otherwise k full units plus a unique tail of 0 … U−1 tokens). *draw* and *st* are the
+    strategy's ``draw`` and ``hypothesis.strategies``."""
+    if U == 1:
+        return k
+    if partial:
+        return (k - 1) * U + draw(st.integers(1, U))
+    return k * U + draw(st.integers(0, U - 1))

@@ -16,6 +16,7 @@ from radixkv.policies.unit_lru import UnitLRUCache
 from radixkv.replay.curve import run_curve
 from radixkv.replay.sequential import replay_sequential
 from radixkv.trace.types import Trace
+from conftest import draw_prompt_len
 
 EXAMPLES = int(os.environ.get("RADIXKV_HYPOTHESIS_EXAMPLES", 2000)) // 4
 TRACES = Path(__file__).resolve().parent.parent / "traces"
@@ -69,12 +70,7 @@ def cases(draw):
     for _ in range(n):
         k = draw(st.integers(1, 8))
         ids = draw(st.lists(st.integers(0, 3), min_size=k, max_size=k))
-        if U == 1:
-            P = k
-        elif partial:
-            P = (k - 1) * U + draw(st.integers(1, U))
-        else:
-            P = k * U + draw(st.integers(0, U - 1))
+        P = draw_prompt_len(draw, st, k, U, partial)
         prompts.append(ids)
         lens.append(P)
     caps = draw(st.lists(st.integers(1, 24), min_size=1, max_size=5))

@@ -16,6 +16,7 @@ from radixkv.policies.registry import PoolSpec, build_policy, parse_policy
 from radixkv.replay.sequential import replay_sequential
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
 from radixkv.trace.types import Trace
+from conftest import draw_prompt_len
 
 EXAMPLES = int(os.environ.get("RADIXKV_HYPOTHESIS_EXAMPLES", 2000)) // 10
 TRACES = Path(__file__).resolve().parent.parent / "traces"
@@ -32,12 +33,7 @@ def traces(draw):
     for _ in range(n):
         k = draw(st.integers(1, 10))
         ids = draw(st.lists(st.integers(0, 3), min_size=k, max_size=k))
-        if U == 1:
-            P = k
-        elif partial:
-            P = (k - 1) * U + draw(st.integers(1, U))
-        else:
-            P = k * U + draw(st.integers(0, U - 1))
+        P = draw_prompt_len(draw, st, k, U, partial)
         N = draw(st.integers(0, 6))
         prompts.append(ids)
         lens.append(P)

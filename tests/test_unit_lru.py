@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from radixkv.policies.unit_lru import UnitLRUCache
 from radixkv.trace.types import Trace
+from conftest import draw_prompt_len
 
 EXAMPLES = int(os.environ.get("RADIXKV_HYPOTHESIS_EXAMPLES", 2000))
 
@@ -74,12 +75,7 @@ def traces(draw):
     for _ in range(n):
         k = draw(st.integers(1, 8))
         ids = draw(st.lists(st.integers(0, 3), min_size=k, max_size=k))
-        if U == 1:
-            P = k
-        elif partial:
-            P = (k - 1) * U + draw(st.integers(1, U))
-        else:
-            P = k * U + draw(st.integers(0, U - 1))
+        P = draw_prompt_len(draw, st, k, U, partial)
         prompts.append(ids)
         lens.append(P)
     cap = draw(st.integers(1, 20))
