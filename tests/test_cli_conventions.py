@@ -60,3 +60,19 @@ def test_curve_writes_nothing_unless_asked(tmp_path, capsys, monkeypatch):
     assert os.listdir(tmp_path) == []
     assert main(argv + ["--out", "x/c"]) == 0
     assert sorted(os.listdir(tmp_path / "x")) == ["c.json", "c.png"]
+
+
+@pytest.mark.parametrize("argv, verb, needle", [
+    (["replay", DEMO, "--policy", "vllm:16", "--bogus-flag"], "radixkv", "unrecognized arguments: --bogus-flag"),
+    (["trace", "convert"], "radixkv trace convert", "IN, OUT"),
+    (["memory", "--model", "llama-3.1-8b", "--gpu", "A100-80GB", "--block-size", "x"], "radixkv memory", "'x'"),
+])
+def test_a_usage_error_is_two_lines_naming_the_verb_the_problem_and_where_help_is(argv, verb, needle, capsys):
+    # argparse's default prints the whole usage (tens of lines for replay) before the error
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith(f"{verb}: error: ") and needle in err[0]
+    assert err[1] == f"(`{verb} --help` lists the options)"

@@ -23,8 +23,18 @@ _VERB_MODULES = [
 ]
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are two lines: the error, and where the
+    options are listed. (argparse's default prints the whole usage first, 40 lines
+    for ``replay``, which buries the one line that says what is wrong.) Subparsers
+    inherit the class. Exit status 2, as argparse's."""
+
+    def error(self, message):  # noqa: D102 - argparse API
+        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="radixkv",
         description="Replay request traces through models of vLLM's and SGLang's prefix caches.",
     )
