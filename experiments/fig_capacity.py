@@ -88,7 +88,6 @@ def main() -> None:
                                           "blocks": BLOCKS, "no_evict_capacity_tokens_max": NO_EVICT_MAX,
                                           "fp8_setups": FP8_SETUPS,
                                           "gpu_memory_utilization": 0.9, "replay": "sequential"})
-    plot(doc)
 
 
 def plot(doc: dict) -> None:

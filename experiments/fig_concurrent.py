@@ -189,7 +189,6 @@ def main() -> None:
         "pressures": pressures(q), "time_scales": scales, "requests": n, "arrival": "trace",
         "scheduler_commit": C._git("log", "-1", "--format=%H", "--", "radixkv/replay"),
         "cost_model": "roofline, mfu 0.6, mbu 0.8 unless stated", "max_num_seqs": 256})
-    plot(doc)
 
 
 def _cells(rows: list, **match) -> list:

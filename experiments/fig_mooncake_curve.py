@@ -81,7 +81,6 @@ def main() -> None:
     C.write_result("mooncake_curve.json", doc, {"capacities": CAPS, "engine_capacities": ENGINE_CAPS,
                                                  "policies": [p for p, _ in policies], "limit": limit,
                                                  "replay": "sequential"})
-    plot(doc)
 
 
 def plot(doc: dict) -> None:

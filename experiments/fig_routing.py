@@ -134,7 +134,6 @@ def main() -> None:
                 "cache_threshold": R.CACHE_THRESHOLD, "balance_abs_threshold": R.BALANCE_ABS_THRESHOLD,
                 "balance_rel_threshold": R.BALANCE_REL_THRESHOLD, "max_tree_tokens": "pool of one replica"}
     write_result("routing.json", doc, settings)
-    plot(doc)
 
 
 def plot(doc) -> None:

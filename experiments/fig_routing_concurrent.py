@@ -100,7 +100,6 @@ def main() -> None:
                 "scheduler": "SchedulerConfig defaults (max_num_seqs 256, max_num_batched_tokens 8192)",
                 "cost": "CostModel.from_specs defaults (mfu 0.6, mbu 0.8)"}
     write_result("routing_concurrent.json", doc, settings)
-    plot(doc)
 
 
 def plot(doc) -> None:

@@ -75,7 +75,6 @@ def main() -> None:
                                                 "real": {k: {"limit": v[0], "caps": v[1]} for k, v in real_cfg.items()},
                                                 "synthetic_caps": syn_caps, "synthetic_requests": n, "seeds": SEEDS,
                                                 "replay": "sequential"})
-    plot(doc)
 
 
 def plot(doc: dict) -> None:
@@ -88,7 +87,8 @@ def plot(doc: dict) -> None:
         for i, (key, ylab) in enumerate((("cached_tokens_share_of_pool", "cached tokens / pool tokens"),
                                          ("token_hit_rate", "token hit rate"))):
             ax = axes[i][j]
-            for label, rows in sw.items():
+            for label in POLICIES:  # a fixed order: the result file's keys are sorted
+                rows = sw[label]
                 xs = [r["pool_tokens"] for r in rows]
                 if kind == "real":
                     ys, err = [r[key] for r in rows], None

@@ -188,8 +188,8 @@ def plot(doc: dict) -> None:
     plt = C.pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.3))
     real = doc["real"]
-    names = list(real)
     lab = {"mooncake": "Mooncake\nconversation", "weka": "WEKA\nagentic coding", "ragpulse": "RAGPulse\nRAG Q&A"}
+    names = [n for n in lab if n in real]  # a fixed order: the result file's keys are sorted
     data, pos, ticks = [], [], []
     for i, n in enumerate(names):
         r = real[n]
@@ -213,7 +213,7 @@ def plot(doc: dict) -> None:
     a1.legend(fontsize=8, loc="lower right")
     # synthetic: pressure pool hit rate per scenario and policy, mean ± CI
     syn = doc["synthetic"]
-    scns = list(syn)
+    scns = [s for s in SCENARIOS if s in syn]
     for k, pol in enumerate(POLICIES):
         m = [syn[s]["pressure"][pol]["token_hit_rate"]["mean"] for s in scns]
         e = [syn[s]["pressure"][pol]["token_hit_rate"]["ci95"] for s in scns]
@@ -235,7 +235,6 @@ def main() -> None:
     C.write_result("workloads.json", doc, {"synthetic_requests": n, "seeds": SEEDS, "scenarios": SCENARIOS,
                                             "policies": POLICIES, "pools_tokens": POOLS, "window_s": WINDOW_S,
                                             "real_limit": limit, "cost_model": "Llama-3.1-8B on A100-80GB, defaults"})
-    plot(doc)
 
 
 if __name__ == "__main__":

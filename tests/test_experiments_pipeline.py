@@ -70,3 +70,23 @@ def test_every_script_is_listed_in_the_readme():
     for name, *_ in SCRIPTS:
         assert (REPO / "experiments" / f"{name}.py").exists()
         assert f"`{name}.py`" in readme
+
+
+def test_a_full_run_and_plot_only_draw_from_the_same_document(common, tmp_path, monkeypatch):
+    # the result file's keys are sorted; a figure drawn from main()'s in-memory dict (insertion
+    # order) would differ from a --plot-only redraw (file order), so both draw from the file
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(common, "REPO", tmp_path)
+    seen = []
+
+    def main():
+        common.write_result("t.json", {"zeta": 1, "alpha": 2}, {})
+
+    def plot(doc):
+        seen.append([k for k in doc if k != "provenance"])
+
+    monkeypatch.setattr(sys, "argv", ["fig_t.py"])
+    common.main_or_plot(main, plot, "t.json")
+    monkeypatch.setattr(sys, "argv", ["fig_t.py", "--plot-only"])
+    common.main_or_plot(main, plot, "t.json")
+    assert seen == [["alpha", "zeta"], ["alpha", "zeta"]]
