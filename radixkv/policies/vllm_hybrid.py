@@ -47,6 +47,15 @@ models"):
   first (its leading null blocks dropped), hashed blocks to the free-queue tail,
   unhashed ones to the head (``BlockPool.free_blocks``).
 
+Mamba groups (``windows`` entry :data:`MAMBA`; ``single_type_kv_cache_manager.py ::
+MambaManager`` with ``mamba_cache_mode="align"``, hash block = block size; docs/engines/vllm.md
+"Mamba groups"): block ``j`` of a Mamba group holds the recurrent state after ``(j + 1)·B``
+tokens. Lookup takes the right-most block index whose state is cached (one block, nulls
+before it); a step takes at most one new block (its last token's state) and first frees all
+earlier states; a state is keyed when a step ends on its boundary. :meth:`run_request`
+splits the prefill as vLLM's scheduler does (:meth:`mamba_chunk`), so states land at
+``(P − 1)//B·B`` and at the shared-prefix junction; ``admit``/``extend`` are single steps.
+
 Exact against vLLM 0.33.0's own ``KVCacheManager`` on the goldens of
 ``tests/data/golden/vllm_hybrid/`` (``tools/engines/vllm_hybrid_replay.py``).
 
@@ -90,18 +99,26 @@ def parse_option_text(text: str) -> tuple:
     return parse_groups(head), mnbt
 
 
+#: the group entry of a Mamba (linear-attention / SSM) group in ``windows``
+MAMBA = "mamba"
+
+
 def parse_groups(text: str) -> tuple:
-    """``window=W[xK][+W2[xK2]…]`` → the group windows after the full-attention group.
+    """``window=W[xK][+W2[xK2]…]`` or ``mamba[xK]`` (or both, ``window=64+mamba``) → the
+    groups after the full-attention group.
 
     ``window=64`` = one full-attention group and one sliding-window group of 64 tokens;
     ``window=1024x6`` = six identical sliding groups (Gemma 3 in vLLM: 10 full layers,
     52 sliding ones in 6 groups of at most 10 layers); ``window=64+160`` = two sliding
-    groups with different windows.
+    groups with different windows; ``mambax3`` = three Mamba groups in vLLM's "align"
+    cache mode (Qwen3-Next: 12 full-attention layers, 36 Gated DeltaNet layers in 3
+    groups of 12).
 
     Returns
     -------
-    tuple of int
-        One window (tokens) per sliding group, in group order.
+    tuple of int or str
+        Per group in group order: its window (tokens) for a sliding group, :data:`MAMBA`
+        for a Mamba group.
 
     Raises
     ------
@@ -109,25 +126,30 @@ def parse_groups(text: str) -> tuple:
         Malformed text or a window < 2.
     """
     t = str(text).strip().lower()
-    if not t.startswith("window="):
-        raise ConfigError(f"hybrid groups {text!r}: expected window=W[xK][+W2…]", field="policy")
-    out = []
-    for part in t[len("window="):].split("+"):
+    if t.startswith("window="):
+        t = t[len("window="):]
+    elif not t.startswith(MAMBA):
+        raise ConfigError(f"hybrid groups {text!r}: expected window=W[xK][+W2…] or mamba[xK]", field="policy")
+    out: list = []
+    for part in t.split("+"):
         w, _, k = part.partition("x")
         try:
-            w, k = int(w), int(k or 1)
+            k = int(k or 1)
+            w = MAMBA if w == MAMBA else int(w)
         except ValueError:
-            raise ConfigError(f"hybrid groups {text!r}: {part!r} is not W or WxK", field="policy") from None
-        if w < 2 or k < 1:
+            raise ConfigError(f"hybrid groups {text!r}: {part!r} is not W, WxK, mamba or mambaxK",
+                              field="policy") from None
+        if (w != MAMBA and w < 2) or k < 1:
             raise ConfigError(f"hybrid groups {text!r}: a window must be ≥ 2 tokens and K ≥ 1", field="policy")
         out += [w] * k
     return tuple(out)
 
 
 class _Req:
-    __slots__ = ("seq", "keys", "blocks", "ncached", "n_tokens", "L")
+    __slots__ = ("seq", "keys", "blocks", "ncached", "n_tokens", "L", "junction")
 
-    def __init__(self, seq, keys, blocks, ncached, n_tokens, L):
+    def __init__(self, seq, keys, blocks, ncached, n_tokens, L, junction=0):
+        self.junction = junction  # vLLM Request.shared_prefix_boundary
         self.seq = seq
         self.keys = keys
         self.blocks = blocks      # per group: list of block ids, 0 = null block
@@ -137,8 +159,8 @@ class _Req:
 
 
 class HybridBlockHashCache(PrefixCache):
-    """vLLM's hybrid KV cache manager: one full-attention group and sliding-window groups
-    on one block pool.
+    """vLLM's hybrid KV cache manager: one full-attention group and sliding-window and/or
+    Mamba (align mode) groups on one block pool.
 
     Parameters
     ----------
@@ -146,9 +168,11 @@ class HybridBlockHashCache(PrefixCache):
         vLLM's ``num_gpu_blocks``: block ids shared by all groups, block 0 the null block.
     block_size : int
         Tokens per block (every group; vLLM ``--block-size``).
-    windows : tuple of int or str
-        Sliding window (tokens) of each sliding group, in group order, or the option text
-        of :func:`parse_groups` (``"window=64"``). Default: one group of 64 tokens.
+    windows : tuple of (int or "mamba") or str
+        Per group after the full-attention one, in group order: the sliding window
+        (tokens), or :data:`MAMBA` for a Mamba group; or the option text of
+        :func:`parse_groups` (``"window=64"``, ``"mambax3"``). Default: one sliding group
+        of 64 tokens.
     max_num_batched_tokens : int or None
         vLLM's step budget. None (default): a prompt is prefilled in one
         ``allocate_slots`` step and nothing caps admission (the goldens without
@@ -168,7 +192,9 @@ class HybridBlockHashCache(PrefixCache):
     Raises
     ------
     radixkv.errors.ConfigError
-        ``num_gpu_blocks < 2``, ``block_size < 1`` or bad windows.
+        ``num_gpu_blocks < 2``, ``block_size < 1``, bad windows, or a Mamba group with
+        ``max_num_batched_tokens < block_size`` (vLLM's align mode could not schedule a
+        block-aligned chunk).
     """
 
     name = "vllm-hybrid"
@@ -192,8 +218,8 @@ class HybridBlockHashCache(PrefixCache):
                               field="num_gpu_blocks")
         if isinstance(windows, str):
             windows = parse_groups(windows)
-        windows = tuple(int(w) for w in windows)
-        if not windows or any(w < 2 for w in windows):
+        windows = tuple(MAMBA if w == MAMBA else int(w) for w in windows)
+        if not windows or any(w != MAMBA and w < 2 for w in windows):
             raise ConfigError(f"windows must be ≥ 2 tokens, got {windows}", field="windows")
         super().__init__(nb - 1, B)
         self.num_gpu_blocks = nb
@@ -208,14 +234,21 @@ class HybridBlockHashCache(PrefixCache):
         for g, w in enumerate(self.group_window):
             specs.setdefault(w, []).append(g)
         self._spec_groups = [(w, tuple(gs)) for w, gs in specs.items()]  # full (None) first by construction
-        self._need = {w: -(-(w - 1) // B) for w in windows}
+        self._need = {w: -(-(w - 1) // B) for w in windows if w != MAMBA}
+        #: per group: True for a Mamba group (align mode)
+        self._mamba = tuple(w == MAMBA for w in self.group_window)
+        self.has_mamba = any(self._mamba)
         if max_num_batched_tokens is not None and int(max_num_batched_tokens) < 1:
             raise ConfigError(f"max_num_batched_tokens must be ≥ 1, got {max_num_batched_tokens}",
                               field="max_num_batched_tokens")
         self.max_num_batched_tokens = None if max_num_batched_tokens is None else int(max_num_batched_tokens)
         m = self.max_num_batched_tokens
         #: per group: the admission cap in blocks (None: none)
-        self._cap = tuple(None if (w is None or m is None) else -(-(w - 1 + m) // B) + 1 for w in self.group_window)
+        if self.has_mamba and m is not None and m < B:
+            raise ConfigError(f"max_num_batched_tokens {m} < block_size {B}: vLLM's Mamba align mode schedules "
+                              f"block-aligned prefill chunks", field="max_num_batched_tokens")
+        self._cap = tuple(None if (w is None or w == MAMBA or m is None) else -(-(w - 1 + m) // B) + 1
+                          for w in self.group_window)
         self._ref = [0] * nb
         self._key: list = [None] * nb          # (group, hash) or None
         self._cached: dict = {}                # (group, hash) -> {block: None}, insertion order
@@ -261,7 +294,7 @@ class HybridBlockHashCache(PrefixCache):
                 j += 1
             out.append(f"{value[i]}" + (f"x{j - i}" if j - i > 1 else ""))
             i = j
-        return "window=" + "+".join(out)
+        return ("" if value and value[0] == MAMBA else "window=") + "+".join(out)
 
     @classmethod
     def from_capacity_tokens(cls, capacity_tokens: int, block_size: int = 16, **kw) -> "HybridBlockHashCache":
@@ -348,13 +381,15 @@ class HybridBlockHashCache(PrefixCache):
     # ------------------------------------------------------------------ lookup
     def _find(self, keys, max_len: int):
         """HybridKVCacheCoordinator.find_longest_cache_hit: (hit tokens, per-group hit block
-        lists with 0 for null, the full group's own hit in tokens)."""
+        lists with 0 for null, the full group's own hit in tokens, the longest hit any one
+        group lookup found)."""
         B = self.block_size
         G = len(self.group_window)
         hit_len = max_len
         lists: list = [None] * G
         lens = [0] * G
         full_len = None
+        longest = 0
         simple = len(self._spec_groups) == 2
         while True:
             curr = hit_len
@@ -372,8 +407,11 @@ class HybridBlockHashCache(PrefixCache):
                             lst.append(b)
                     full_len = len(blocks[0]) * B
                     curr = full_len
+                elif w == MAMBA:
+                    blocks, curr = self._find_mamba(keys, curr, gids)
                 else:
                     blocks, curr = self._find_swa(keys, curr, gids, self._need[w])
+                longest = max(longest, curr)
                 for g, lst in zip(gids, blocks):
                     lists[g] = lst
                     lens[g] = curr
@@ -386,7 +424,18 @@ class HybridBlockHashCache(PrefixCache):
         for gids in (self._spec_groups[0][1],):  # truncate the full group to the final length
             for g in gids:
                 del lists[g][nb:]
-        return hit_len, lists, full_len
+        return hit_len, lists, full_len, longest
+
+    def _find_mamba(self, keys, max_len: int, gids):
+        """MambaManager.find_longest_cache_hit (align mode, hash block = block size): the
+        last block index below *max_len* whose state every group of *gids* holds; the hit
+        is one state block after null blocks."""
+        B = self.block_size
+        for i in range(min(max_len // B, len(keys)) - 1, -1, -1):
+            got = [self._get(g, keys[i]) for g in gids]
+            if all(got):
+                return [[0] * i + [b] for b in got], (i + 1) * B
+        return [[] for _ in gids], 0
 
     def _find_swa(self, keys, max_len: int, gids, need: int):
         """SlidingWindowManager.find_longest_cache_hit (no EAGLE, alignment = block)."""
@@ -422,18 +471,28 @@ class HybridBlockHashCache(PrefixCache):
     # ------------------------------------------------------------------ steps
     def _skip_blocks(self, g: int, computed: int) -> int:
         w = self.group_window[g]
-        return 0 if w is None else max(0, computed - w + 1) // self.block_size
+        if w is None:
+            return 0
+        if w == MAMBA:  # MambaManager.get_num_skipped_tokens: all but the last token's state
+            return max(0, computed - 1) // self.block_size
+        return max(0, computed - w + 1) // self.block_size
 
     def _remove_skipped(self, r: _Req, computed: int) -> None:
-        """SlidingWindowManager.remove_skipped_blocks for every sliding group."""
+        """remove_skipped_blocks for every sliding and Mamba group: a sliding group frees
+        from the newest skipped block back to the first already freed; a Mamba group
+        (``MambaManager._remove_blocks_in_range``, align mode) frees every state block
+        before the last token's, newest first, stepping over the null gaps prefill leaves."""
         for g, w in enumerate(self.group_window):
             if w is None:
                 continue
             blocks = r.blocks[g]
             n = min(self._skip_blocks(g, computed), len(blocks))
             freed = []
+            mamba = w == MAMBA
             for i in range(n - 1, -1, -1):
                 if blocks[i] == 0:
+                    if mamba:
+                        continue
                     break
                 freed.append(blocks[i])
                 blocks[i] = 0
@@ -462,20 +521,54 @@ class HybridBlockHashCache(PrefixCache):
     def _lookup(self, seq: KVSeq, n_tokens):
         L = max(seq.prompt_len, self._admit_length((), -1, seq, n_tokens))
         keys = self._keys(seq)
-        hit, lists, full_len = self._find(keys, L - 1)
-        return keys, L, hit, lists, full_len
+        hit, lists, full_len, longest = self._find(keys, L - 1)
+        # KVCacheManager.get_computed_blocks: the shared-prefix junction (a longer hit one
+        # group found than all agree on), where a Mamba model's prefill stops to cache a state
+        junction = longest if longest > hit else 0
+        return keys, L, hit, lists, full_len, junction
+
+    def _group_need(self, g: int, ntok: int, hit: int, lists, cap: bool) -> int:
+        """Blocks group *g* takes from the free queue to admit *ntok* tokens after a hit of
+        *hit* tokens (``get_num_blocks_to_allocate``): new blocks plus touched hit blocks
+        that sit in the free queue. A Mamba group (align mode) takes at most one new block,
+        the state block of the step's last token."""
+        B = self.block_size
+        req = -(-ntok // B)
+        if self._mamba[g]:
+            new = min(max(req - len(lists[g]), 0), 1)
+            return new + sum(1 for b in lists[g] if b and self._ref[b] == 0)
+        skip = self._skip_blocks(g, hit)
+        if cap and self._cap[g] is not None:
+            req = min(req, self._cap[g])
+        new = max(req - max(skip, hit // B), 0)
+        return new + sum(1 for b in lists[g][skip:] if b and self._ref[b] == 0)
 
     def _need_blocks(self, L: int, hit: int, lists) -> int:
+        return sum(self._group_need(g, L, hit, lists, True) for g in range(len(self.group_window)))
+
+    def mamba_chunk(self, start: int, n: int, prompt_len: int, junction: int = 0) -> int:
+        """The prefill chunk vLLM's scheduler gives a request running alone in Mamba align
+        mode (``Scheduler._mamba_block_aligned_split``, hash block = block size, no EAGLE,
+        no prefill checkpoint blocks): of *n* tokens from *start*, a chunk that ends before
+        the prompt's end is cut down to a block boundary, and a chunk stops at the last block
+        boundary before the prompt's last token (``get_mamba_prefill_checkpoint_position``:
+        ``(P − 1) // B × B``), at the next block boundary when it starts inside a block, and
+        at the shared-prefix *junction*. Returns the chunk length (tokens)."""
         B = self.block_size
-        total = 0
-        for g in range(len(self.group_window)):
-            skip = self._skip_blocks(g, hit)
-            req = -(-L // B)
-            if self._cap[g] is not None:
-                req = min(req, self._cap[g])
-            new = max(req - max(skip, hit // B), 0)
-            total += new + sum(1 for b in lists[g][skip:] if b and self._ref[b] == 0)
-        return total
+        P = prompt_len
+        if start >= P:
+            return n
+        end = start + n
+        if end < P:
+            budget = self.max_num_batched_tokens or (1 << 62)
+            aligned = end // B * B
+            if aligned > start or B <= budget:
+                end = aligned
+        stops = ((start // B + 1) * B if start % B else 0, (P - 1) // B * B, junction)
+        cut = [x for x in stops if start < x < end]
+        if cut:
+            end = min(cut)
+        return max(end - start, 0)
 
     def peek_hit(self, seq: KVSeq, n_tokens: int | None = None) -> int:
         """Hit tokens ``admit`` would get now, without side effects (``get_computed_blocks``)."""
@@ -483,7 +576,7 @@ class HybridBlockHashCache(PrefixCache):
 
     def admission_slots(self, seq: KVSeq, n_tokens: int | None = None) -> int:
         """Blocks ``admit`` would take out of the free queue (all groups), without side effects."""
-        _, L, hit, lists, _ = self._lookup(seq, n_tokens)
+        _, L, hit, lists, _, _ = self._lookup(seq, n_tokens)
         return self._need_blocks(L, hit, lists)
 
     def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None, *, _chunk: int | None = None
@@ -499,19 +592,19 @@ class HybridBlockHashCache(PrefixCache):
             When *rid* is running or *n_tokens* is out of ``[1, seq.kv_len]``.
         """
         n = self._admit_length(self._running, rid, seq, n_tokens)
-        keys, L, hit, lists, full_len = self._lookup(seq, n_tokens)
+        keys, L, hit, lists, full_len, junction = self._lookup(seq, n_tokens)
         if self._need_blocks(L, hit, lists) > len(self._free):
             return None
         B = self.block_size
         G = len(self.group_window)
         ntok = max(n, hit) if _chunk is None else min(L, hit + _chunk)
+        if self.has_mamba and _chunk is not None:
+            ntok = hit + self.mamba_chunk(hit, ntok - hit, seq.prompt_len, junction)
         # the step's own check (allocate_slots without the cap): blocks up to ntok
-        step = sum(max(-(-ntok // B) - max(self._skip_blocks(g, hit), hit // B), 0)
-                   + sum(1 for b in lists[g][self._skip_blocks(g, hit):] if b and self._ref[b] == 0)
-                   for g in range(G))
+        step = sum(self._group_need(g, ntok, hit, lists, False) for g in range(G))
         if step > len(self._free):
             return None
-        r = _Req(seq, keys, [None] * G, [0] * G, ntok, L)
+        r = _Req(seq, keys, [None] * G, [0] * G, ntok, L, junction)
         for g in range(G):  # touch every group's hits first (allocate_new_computed_blocks)
             skip = self._skip_blocks(g, hit)
             kept = lists[g][skip:]
@@ -522,8 +615,8 @@ class HybridBlockHashCache(PrefixCache):
         self._cache(r, r.n_tokens)
         self._running[rid] = r
         self._partial += r.n_tokens % B
-        for g in range(G):
-            self._g_hit[g] += sum(1 for b in lists[g] if b) * B
+        for g in range(G):  # a Mamba group's one state block serves the whole hit
+            self._g_hit[g] += (hit if any(lists[g]) else 0) if self._mamba[g] else sum(1 for b in lists[g] if b) * B
         self._full_alone += min(full_len, (L - 1) // B * B)
         self._hit_total += hit
         self._nadmit += 1
@@ -536,6 +629,9 @@ class HybridBlockHashCache(PrefixCache):
         for g in range(len(self.group_window)):
             k = need - len(r.blocks[g])
             if k > 0:
+                if self._mamba[g]:  # MambaManager.allocate_new_blocks: nulls, then one state block
+                    r.blocks[g].extend([0] * (k - 1))
+                    k = 1
                 got, e = self._take(k)
                 r.blocks[g].extend(got)
                 ev += e
@@ -566,7 +662,8 @@ class HybridBlockHashCache(PrefixCache):
         self._remove_skipped(r, r.n_tokens)
         t = r.n_tokens + n
         need = -(-t // self.block_size)
-        if sum(max(need - len(b), 0) for b in r.blocks) > len(self._free):
+        if sum(min(max(need - len(b), 0), 1) if mb else max(need - len(b), 0)
+               for b, mb in zip(r.blocks, self._mamba)) > len(self._free):
             return False
         self._alloc(r, t)
         self._cache(r, t)
@@ -606,9 +703,10 @@ class HybridBlockHashCache(PrefixCache):
         P, kv = seq.prompt_len, seq.kv_len
         G = len(self.group_window)
         if self.max_num_batched_tokens is not None:
-            need = -(-kv // B) + sum(min(-(-kv // B), self._cap[g]) for g in range(1, G))
+            need = -(-kv // B) + sum(min(-(-kv // B), 2) if self._mamba[g] else min(-(-kv // B), self._cap[g])
+                                     for g in range(1, G))
         else:
-            need = G * -(-P // B)
+            need = sum(1 if mb else -(-P // B) for mb in self._mamba)
             if kv > P:
                 need = max(need, sum(-(-kv // B) - self._skip_blocks(g, kv - 1) for g in range(G)))
         return max(0, need - self.num_slots) * B
@@ -622,12 +720,15 @@ class HybridBlockHashCache(PrefixCache):
         request runs alone, so every step gives it the whole budget).
         """
         m = self.max_num_batched_tokens
-        a = self.admit(rid, seq, _chunk=m)
+        a = self.admit(rid, seq, _chunk=m if m is not None or not self.has_mamba else seq.prompt_len)
         if a is None:
             return None
         r = self._running[rid]
-        while r.n_tokens < seq.prompt_len:  # further prefill chunks (chunked prefill)
-            if not self.extend(rid, min(m, seq.prompt_len - r.n_tokens)):
+        while r.n_tokens < seq.prompt_len:  # further prefill chunks (chunked prefill, Mamba split)
+            c = seq.prompt_len - r.n_tokens if m is None else min(m, seq.prompt_len - r.n_tokens)
+            if self.has_mamba:
+                c = self.mamba_chunk(r.n_tokens, c, seq.prompt_len, r.junction)
+            if not self.extend(rid, c):
                 self.finish(rid)
                 return None
         for _ in range(seq.kv_len - seq.prompt_len):
@@ -656,9 +757,10 @@ class HybridBlockHashCache(PrefixCache):
     def group_metrics(self) -> dict:
         """Per KV cache group since construction (JSON-ready).
 
-        ``groups``: per group its kind (``full_attention`` / ``sliding_attention``), window,
-        ``hit_tokens`` (B × the non-null hit blocks it served: a sliding group serves only
-        the blocks inside its window), ``held_blocks`` (referenced by running requests) and
+        ``groups``: per group its kind (``full_attention`` / ``sliding_attention`` /
+        ``mamba``), window, ``hit_tokens`` (B × the non-null hit blocks it served: a sliding
+        group serves only the blocks inside its window; a Mamba group's one state block
+        serves the whole hit, so its hit tokens are the request's hit), ``held_blocks`` (referenced by running requests) and
         ``cached_blocks`` (keyed, unreferenced) now, and ``keyed_blocks_mean`` — the
         memory each group's cached content takes, in block ids, averaged over the moments
         after each request finished.
@@ -676,7 +778,8 @@ class HybridBlockHashCache(PrefixCache):
         for r in self._running.values():
             for g, blocks in enumerate(r.blocks):
                 held[g] += sum(1 for b in blocks if b)
-        groups = [{"group": g, "kind": "full_attention" if w is None else "sliding_attention", "window": w,
+        kinds = {None: "full_attention", MAMBA: "mamba"}
+        groups = [{"group": g, "kind": kinds.get(w, "sliding_attention"), "window": None if w == MAMBA else w,
                    "hit_tokens": self._g_hit[g], "held_blocks": held[g], "cached_blocks": cached[g],
                    "keyed_blocks_mean": self._g_keyed_sum[g] / self._nfinish if self._nfinish else None}
                   for g, w in enumerate(self.group_window)]

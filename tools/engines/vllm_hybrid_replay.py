@@ -21,6 +21,14 @@ on stepping one token at a time):
    ``P + max(N − 1, 0)``);
 4. ``free``.
 
+Mamba groups (``--groups full,mamba``: a ``MambaSpec`` in ``mamba_cache_mode="align"``, no
+prefill checkpoint blocks, hash block = block size, so vLLM's ``MambaManager``): every
+prefill chunk is clipped by the scheduler's own ``Scheduler._mamba_block_aligned_split``
+(called on a stand-in holding the scheduler fields it reads), the request's
+``shared_prefix_boundary`` is set from ``get_computed_blocks`` as the scheduler does, and
+``new_step_starts`` is called before each step; records then add ``shared_prefix_boundary``
+and ``chunks`` (the prefill chunk lengths).
+
 Only the KV bookkeeping runs: no model, no scheduler object. The group specs' head and
 dtype numbers only size memory, which is bypassed (the pool is given in blocks).
 Without chunking ``max_in_flight_tokens`` is the manager's default (``max_model_len``), so
@@ -64,19 +72,21 @@ def _import_vllm():
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core import kv_cache_utils
     from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec,
                                             SlidingWindowSpec)
     from vllm.v1.request import Request, RequestStatus
 
     return dict(version=vllm.__version__, torch=torch, SamplingParams=SamplingParams,
                 get_hash_fn_by_name=get_hash_fn_by_name, kv_cache_utils=kv_cache_utils,
                 KVCacheManager=KVCacheManager, FullAttentionSpec=FullAttentionSpec,
-                KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec,
-                SlidingWindowSpec=SlidingWindowSpec, Request=Request, RequestStatus=RequestStatus)
+                KVCacheConfig=KVCacheConfig, KVCacheGroupSpec=KVCacheGroupSpec, MambaSpec=MambaSpec,
+                SlidingWindowSpec=SlidingWindowSpec, Request=Request, RequestStatus=RequestStatus,
+                Scheduler=Scheduler)
 
 
 def parse_groups(text: str) -> list:
-    """``full,swa:W,...`` -> [("full", None), ("swa", W), ...]."""
+    """``full,swa:W,mamba,...`` -> [("full", None), ("swa", W), ("mamba", None), ...]."""
     out = []
     for part in text.split(","):
         part = part.strip()
@@ -84,8 +94,10 @@ def parse_groups(text: str) -> list:
             out.append(("full", None))
         elif part.startswith("swa:"):
             out.append(("swa", int(part[4:])))
+        elif part == "mamba":
+            out.append(("mamba", None))
         else:
-            raise SystemExit(f"--groups: unknown group {part!r} (full, swa:W)")
+            raise SystemExit(f"--groups: unknown group {part!r} (full, swa:W, mamba)")
     return out
 
 
@@ -99,9 +111,18 @@ class HybridReplayer:
         v["kv_cache_utils"].init_none_hash(hash_fn)
         self.block_hasher = v["kv_cache_utils"].get_request_block_hasher(block_size, hash_fn)
         specs = []
+        self.has_mamba = any(kind == "mamba" for kind, _ in groups)
         for i, (kind, w) in enumerate(groups):
             kw = dict(block_size=block_size, num_kv_heads=1, head_size=64, dtype=v["torch"].float16)
-            spec = v["FullAttentionSpec"](**kw) if kind == "full" else v["SlidingWindowSpec"](sliding_window=w, **kw)
+            if kind == "mamba":
+                # align mode, no prefill checkpoint blocks: the scheduler splits prefill
+                # chunks at block boundaries (Scheduler._mamba_block_aligned_split)
+                spec = v["MambaSpec"](block_size=block_size, shapes=((1, 64),), dtypes=(v["torch"].float16,),
+                                      mamba_cache_mode="align")
+            elif kind == "full":
+                spec = v["FullAttentionSpec"](**kw)
+            else:
+                spec = v["SlidingWindowSpec"](sliding_window=w, **kw)
             specs.append(v["KVCacheGroupSpec"]([f"layer.{i}"], spec))
         cfg = v["KVCacheConfig"](num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=specs)
         # chunked prefill: one batch in flight (VllmConfig.max_in_flight_tokens =
@@ -112,6 +133,22 @@ class HybridReplayer:
                                        max_in_flight_tokens=max_num_batched_tokens)
         self.coordinator_name = type(self.mgr.coordinator).__name__
         self.managers = [type(m).__name__ for m in self.mgr.coordinator.single_type_managers]
+        # the scheduler state _mamba_block_aligned_split reads (hash block = block size, no
+        # EAGLE, no hash lookahead, no prefill checkpoint blocks, no opt-in junction stop)
+        from types import SimpleNamespace
+        self._sched = SimpleNamespace(
+            cache_config=SimpleNamespace(block_size=block_size), block_size=block_size, hash_block_size=block_size,
+            mamba_partial_cache_hit=False, use_eagle_block_drop=False, num_hash_lookahead_tokens=0,
+            mamba_has_prefill_checkpoint_blocks=False, mamba_prefill_checkpoint_alignment=None,
+            max_num_scheduled_tokens=max_num_batched_tokens or (1 << 30),
+            scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
+            mamba_shared_prefix_checkpoint=False)
+
+    def _split(self, req, n: int, new_local: int = 0) -> int:
+        """The scheduler's Mamba align-mode chunk clip (vLLM's own function)."""
+        if not self.has_mamba:
+            return n
+        return self.v["Scheduler"]._mamba_block_aligned_split(self._sched, req, n, new_local)
 
     def replay_one(self, rid, prompt, output) -> dict:
         v, mgr = self.v, self.mgr
@@ -119,10 +156,17 @@ class HybridReplayer:
                            sampling_params=v["SamplingParams"](max_tokens=max(1, len(output))),
                            pooling_params=None, block_hasher=self.block_hasher)
         P = len(prompt)
-        blocks, hit, _ = mgr.get_computed_blocks(req)
+        blocks, hit, boundary = mgr.get_computed_blocks(req)
+        req.shared_prefix_boundary = boundary
         rec = {"id": rid, "prompt_len": P, "hit_tokens": hit,
                "group_hit_blocks": [sum(1 for b in g if not b.is_null) for g in blocks.blocks]}
+        if self.has_mamba:
+            rec["shared_prefix_boundary"] = boundary
         chunk = P - hit if self.mnbt is None else min(P - hit, self.mnbt)
+        chunk = self._split(req, chunk, hit)
+        if self.has_mamba:
+            rec["chunks"] = [chunk]
+        mgr.new_step_starts()
         got = mgr.allocate_slots(req, chunk, num_new_computed_tokens=hit, new_computed_blocks=blocks,
                                  full_sequence_must_fit=True, has_scheduled_reqs=False)
         if got is None:
@@ -133,7 +177,11 @@ class HybridReplayer:
         req.status = v["RequestStatus"].RUNNING
         req.num_computed_tokens = hit + chunk
         while req.num_computed_tokens < P:  # chunked prefill: the request runs alone
-            chunk = min(P - req.num_computed_tokens, self.mnbt)
+            chunk = P - req.num_computed_tokens if self.mnbt is None else min(P - req.num_computed_tokens, self.mnbt)
+            chunk = self._split(req, chunk)
+            if self.has_mamba:
+                rec["chunks"].append(chunk)
+            mgr.new_step_starts()
             if mgr.allocate_slots(req, chunk, has_scheduled_reqs=False) is None:
                 rec["error"] = "prefill_oom"
                 mgr.free(req)
@@ -143,6 +191,7 @@ class HybridReplayer:
         if output:
             req.append_output_token_ids(output[0])
             for tok in output[1:]:
+                mgr.new_step_starts()
                 if mgr.allocate_slots(req, 1, has_scheduled_reqs=False) is None:
                     rec["error"] = "decode_oom"
                     break
@@ -195,6 +244,16 @@ CONFIGS = [
     ("mixed200", "full,swa:64", 16, 240, 64),
     ("mixed200", "full,swa:40,swa:40", 32, 150, 96),
     ("edge300", "full,swa:48", 16, 60, 32),
+    # Mamba "align" mode (Qwen3-Next-like: full attention + Gated DeltaNet groups)
+    ("mixed200", "full,mamba", 16, 240),
+    ("mixed200", "full,mamba", 16, 120),
+    ("mixed200", "full,mamba,mamba,mamba", 16, 125),
+    ("mixed200", "full,mamba", 32, 64),
+    ("edge300", "full,mamba", 16, 48),
+    ("edge300", "full,mamba,mamba,mamba", 16, 40),
+    ("mixed200", "full,swa:64,mamba", 16, 250),
+    ("mixed200", "full,mamba", 16, 120, 64),
+    ("edge300", "full,mamba,mamba", 16, 50, 48),
 ]
 
 
