@@ -167,21 +167,25 @@ def memory_report(args) -> dict:
                               max_num_batched_tokens=args.max_num_batched_tokens,
                               engine_version=version)
         out["pools"]["vllm"] = _pool_dict(pool, max_len)
-        if model.is_hybrid and not model.layer_counts()["linear_attention"]:
-            # vLLM's KV cache groups: the same budget in block ids of one group's layers
-            from radixkv.memory.hybrid import vllm_hybrid_num_gpu_blocks, vllm_kv_cache_groups
+        if model.is_hybrid:
+            # vLLM's KV cache groups: the same budget in block ids of one group's layers (with
+            # linear-attention layers, at the block size raised to cover a state page)
+            from radixkv.memory.hybrid import (vllm_hybrid_block_size, vllm_hybrid_num_gpu_blocks,
+                                               vllm_hybrid_policy_option, vllm_kv_cache_groups)
 
             groups, size = vllm_kv_cache_groups(model)
+            hb = vllm_hybrid_block_size(model, block_size=args.block_size, tp=args.tp, kv_cache_dtype=kv_dtype)
             nb = vllm_hybrid_num_gpu_blocks(model, pool.budget_bytes, block_size=args.block_size, tp=args.tp,
                                             kv_cache_dtype=kv_dtype)
             out["pools"]["vllm"]["hybrid"] = {
                 "group_size": size,
                 "groups": [{"kind": g.kind, "window": g.window, "layers": g.layers, "padding": g.padding}
                            for g in groups],
-                "block_bytes": (args.block_size * size * model.kv_elements_per_token_layer(args.tp)
+                "block_size": hb,
+                "block_bytes": (hb * size * model.kv_elements_per_token_layer(args.tp)
                                 * model.kv_dtype_bytes(kv_dtype)),
                 "num_gpu_blocks": nb,
-                "policy": "vllm-hybrid:%d@window=%s" % (args.block_size, _windows_text(groups)),
+                "policy": "vllm-hybrid:%d@%s" % (hb, vllm_hybrid_policy_option(groups)),
             }
     if engine in ("sglang", "both"):
         pool = sglang_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
@@ -196,19 +200,6 @@ def memory_report(args) -> dict:
             out["logged"]["model_error_pct"] = round(
                 100.0 * (mod["capacity_tokens"] - logged.capacity_tokens) / logged.capacity_tokens, 3)
     return out
-
-
-def _windows_text(groups) -> str:
-    """The ``window=`` option of ``vllm-hybrid`` for these groups (``1024x6``)."""
-    ws = [g.window for g in groups if g.window is not None]
-    out, i = [], 0
-    while i < len(ws):
-        j = i
-        while j < len(ws) and ws[j] == ws[i]:
-            j += 1
-        out.append(f"{ws[i]}" + (f"x{j - i}" if j - i > 1 else ""))
-        i = j
-    return "+".join(out)
 
 
 def _logged_dict(lp) -> dict:
@@ -272,10 +263,12 @@ def format_report(r: dict) -> str:
                          f"{p['max_total_num_tokens']:,} ({p['blocks']:,} pages)")
         if "hybrid" in p:
             h = p["hybrid"]
-            nf = sum(g["kind"] == "full_attention" for g in h["groups"])
+            kinds = [g["kind"] for g in h["groups"]]
+            parts = [f"{kinds.count(k)} {w}" for k, w in (("full_attention", "full"), ("sliding_attention", "sliding"),
+                                                          ("linear_attention", "Mamba")) if k in kinds]
             pad = sum(g["padding"] for g in h["groups"])
-            lines.append(f"  hybrid KV cache groups: {nf} full + {len(h['groups']) - nf} sliding of {h['group_size']} "
-                         f"layers ({pad} padding); block id {h['block_bytes']:,} B; the same budget gives "
+            lines.append(f"  hybrid KV cache groups: {' + '.join(parts)} of {h['group_size']} layers ({pad} padding); "
+                         f"block_size {h['block_size']}; block id {h['block_bytes']:,} B; the same budget gives "
                          f"num_gpu_blocks {h['num_gpu_blocks']:,} -> {h['policy']}")
         lines.append(f"  max-length ({r['max_model_len']:,}-token) requests at once: "
                      f"{p['max_concurrent_requests_at_max_model_len']:,}")

@@ -165,8 +165,13 @@ def pool_for_policy(args, spec: PolicySpec, *, per_engine_rule: bool = False) ->
     desc = {"engine_rule": engine, "model": args.model, "gpu": args.gpu, "tp": args.tp}
     knob = _ENGINE_KNOB[engine]
     if own == engine:
-        desc[knob] = int(getattr(ps, knob))
-        return PoolSpec(**{knob: int(getattr(ps, knob))}), desc
+        n = int(getattr(ps, knob))
+        per_model = getattr(spec.cls, "engine_pool_for_model", None)  # several KV cache groups (vllm-hybrid)
+        if per_model is not None:
+            n = per_model(args.model, ps.budget_bytes, spec.size, spec.option, tp=args.tp,
+                          kv_cache_dtype=args.kv_cache_dtype)
+        desc[knob] = n
+        return PoolSpec(**{knob: n}), desc
     desc["capacity_tokens"] = int(ps.capacity_tokens)
     return PoolSpec(capacity_tokens=int(ps.capacity_tokens)), desc
 

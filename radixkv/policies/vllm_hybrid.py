@@ -328,6 +328,51 @@ class HybridBlockHashCache(PrefixCache):
             return None
         return cls(int(pool.num_gpu_blocks), cls.default_size if size is None else int(size), **kw)
 
+    @classmethod
+    def engine_pool_for_model(cls, model, budget_bytes: int, size, option, *, tp: int = 1,
+                              kv_cache_dtype: str | None = None) -> int:
+        """vLLM's ``num_gpu_blocks`` for *model*'s KV cache groups on a KV budget per rank
+        (the ``--model``/``--gpu`` pool: :func:`radixkv.memory.hybrid.vllm_hybrid_num_gpu_blocks`,
+        exact against vLLM 0.33's own sizing), checking that the policy's block size and
+        groups are the ones vLLM gives the model.
+
+        Parameters
+        ----------
+        model : ModelSpec or str
+            A spec, preset name or ``config.json`` path.
+        budget_bytes : int
+            vLLM's ``available_kv_cache_memory`` per rank.
+        size : int or None
+            The policy's block size (None: 16).
+        option : tuple or None
+            The policy's parsed option (:meth:`parse_option`).
+
+        Raises
+        ------
+        radixkv.errors.ConfigError
+            When *size* is not the block size vLLM runs the model with (Mamba align mode
+            raises it, ``Platform._align_hybrid_block_size``), or the option's groups are
+            not the model's (the message names the policy spec to use).
+        """
+        from radixkv.memory import get_model
+        from radixkv.memory.hybrid import (vllm_hybrid_block_size, vllm_hybrid_num_gpu_blocks,
+                                           vllm_hybrid_policy_option, vllm_kv_cache_groups)
+
+        m = get_model(model) if isinstance(model, str) else model
+        B = cls.default_size if size is None else int(size)
+        groups, _ = vllm_kv_cache_groups(m)
+        want_B = vllm_hybrid_block_size(m, block_size=B, tp=tp, kv_cache_dtype=kv_cache_dtype)
+        want = vllm_hybrid_policy_option(groups)
+        windows = cls.default_option[0] if option is None else (option[0] if isinstance(option[0], tuple)
+                                                                 else tuple(option))
+        if len(groups) < 2 or B != want_B or parse_groups(want) != tuple(windows):
+            raise ConfigError(f"{m.name}: vLLM runs this model with block_size {want_B} and KV cache groups "
+                              f"'full + {want}'; use --policy vllm-hybrid:{want_B}@{want}"
+                              if len(groups) > 1 else
+                              f"{m.name} has one KV cache group (full attention only): use --policy vllm:{B}",
+                              field="policy")
+        return vllm_hybrid_num_gpu_blocks(m, budget_bytes, block_size=B, tp=tp, kv_cache_dtype=kv_cache_dtype)
+
     # ------------------------------------------------------------------ pool primitives
     def _get(self, g: int, h: int) -> int:
         d = self._cached.get((g, h))
