@@ -287,3 +287,24 @@ def test_summary_reports_groups_and_null_for_one_group_policies():
     gold = [json.loads(line) for line in (HYB / f"{run['name']}.jsonl").read_text().splitlines() if line]
     assert g["groups"][0]["hit_tokens"] == 16 * sum(x["group_hit_blocks"][0] for x in gold)
     assert g["groups"][1]["hit_tokens"] == 16 * sum(x["group_hit_blocks"][1] for x in gold)
+
+
+def test_concurrent_summary_reports_groups_and_refuses_mamba(tmp_path, capsys):
+    from radixkv.cli import main
+
+    trace = str(GOLDEN_LOCAL / "traces" / "edge300.jsonl")
+    base = ["replay", trace, "--mode", "concurrent", "--model", "Llama-3.1-8B", "--gpu", "H100-80GB",
+            "--num-gpu-blocks", "200", "--no-timing"]
+    out = tmp_path / "c.json"
+    assert main(base + ["--policy", "vllm-hybrid:16@window=64", "--json", str(out)]) == 0
+    s = json.loads(out.read_text())["results"][0]["summary"]
+    g = s["kv_cache_groups"]
+    assert [x["kind"] for x in g["groups"]] == ["full_attention", "sliding_attention"]
+    # every admission's hit is counted there, first admissions in the summary: no fewer
+    assert g["hit_tokens"] >= s["hit_tokens"] and g["full_attention_hit_tokens"] >= g["hit_tokens"]
+    assert main(base + ["--policy", "vllm:16", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["results"][0]["summary"]["kv_cache_groups"] is None
+    # Mamba groups: vLLM's scheduler clips prefill chunks in align mode; the concurrent
+    # scheduler does not, so the replay is refused rather than wrong
+    assert main(base + ["--policy", "vllm-hybrid:16@mamba"]) != 0
+    assert "sequential replay only" in capsys.readouterr().err

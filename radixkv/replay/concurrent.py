@@ -230,6 +230,9 @@ class ConcurrentResult:
             "prefill_flops_saved": float(self.prefill_flops_saved),
             "steps": int(self.steps),
             **self._pool_summary(),
+            # per KV cache group (hybrid models, HybridBlockHashCache.group_metrics); null
+            # for one-group policies
+            "kv_cache_groups": self.meta.get("kv_cache_groups"),
         }
 
 
@@ -505,6 +508,7 @@ def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, fini
         "long_prefill_token_threshold": config.long_prefill_token_threshold,
         "watermark": config.watermark,
         "cost": {k: getattr(cost, k) for k in cost.__dataclass_fields__},
+        "kv_cache_groups": policy.group_metrics() if hasattr(policy, "group_metrics") else None,
     }
     return ConcurrentResult(
         req_id=np.asarray(trace.req_id),
