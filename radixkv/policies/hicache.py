@@ -63,6 +63,7 @@ import heapq
 import numpy as np
 
 from radixkv.errors import ConfigError
+from radixkv.policies._hicache_kernels import lcp_at, seq_tokens_kernel
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.types import KVSeq
 
@@ -82,18 +83,8 @@ def seq_tokens(seq: KVSeq) -> np.ndarray:
     exactly when radixkv's segment comparison says so (same id, same start); unique
     content (``seg_id < 0``) gets values no other request has.
     """
-    sid, send = seq.seg_id, seq.seg_end
-    n = int(send[-1])
-    starts = np.concatenate(([0], send[:-1])).astype(np.int64)
-    lens = (send - starts).astype(np.int64)
-    ids = np.repeat(sid.astype(np.int64), lens)
-    offs = np.arange(n, dtype=np.int64) - np.repeat(starts, lens)
-    out = ids * (1 << _SEG_SHIFT) + offs
-    neg = ids < 0
-    if neg.any():
-        # unique content: distinct per request and position
-        out[neg] = -(1 + (np.int64(seq.index) << 32) + np.arange(n, dtype=np.int64)[neg])
-    return out
+    return seq_tokens_kernel(np.ascontiguousarray(seq.seg_id, np.int64), np.ascontiguousarray(seq.seg_end, np.int64),
+                             np.int64(seq.index), np.int64(_SEG_SHIFT))
 
 
 class _Node:
@@ -208,6 +199,11 @@ class HiCacheRadixCache(PrefixCache):
         self._host_locked: set = set()  # node ids host-locked during a load-back
         self._loaded_pending: list = []  # loaded nodes whose load ack is not reaped yet
         self._reqs: dict = {}
+        # eviction candidates, lazily: (time, id, node) pushed whenever a node's time
+        # changes or it may have become a device / host leaf; stale entries are skipped
+        # at pop (the same order as a heap of the current leaves built per eviction)
+        self._dev_heap: list = []
+        self._host_heap: list = []
         self.host_hit_tokens_total = 0
         self.device_hit_tokens_total = 0
         self.loaded_tokens_total = 0
@@ -294,17 +290,21 @@ class HiCacheRadixCache(PrefixCache):
         self.n_nodes += 1
         return _Node(key, parent, (self._draw(), 0), self._nid)
 
+    def _touch(self, x):
+        """Offer *x* to both eviction heaps at its current time (validated at pop)."""
+        if x is not self.root:
+            e = (x.time, x.id, x)
+            heapq.heappush(self._dev_heap, e)
+            if self._hicache:
+                heapq.heappush(self._host_heap, e)
+
     def _ckey(self, arr, off):
         p = self.page_size
         return int(arr[off]) if p == 1 else arr[off:off + p].tobytes()
 
-    def _match_len(self, a, b):
-        n = min(len(a), len(b))
-        if n == 0:
-            return 0
-        ne = np.flatnonzero(a[:n] != b[:n])
-        m = int(ne[0]) if len(ne) else n
-        return m // self.page_size * self.page_size
+    def _match_len(self, key, toks, off, limit):
+        """Page-aligned common prefix of *key* and ``toks[off:limit]``."""
+        return lcp_at(key, toks, off, limit) // self.page_size * self.page_size
 
     def _split(self, child, k):
         """``_split_node``: a new upper node with ``child.key[:k]``; the lock, hit
@@ -320,6 +320,8 @@ class HiCacheRadixCache(PrefixCache):
         up.children[self._ckey(child.key, 0)] = child
         child.time = (self._draw(), 0)
         self._track(up)
+        self._touch(up)
+        self._touch(child)
         return up
 
     def _track(self, x):
@@ -339,6 +341,8 @@ class HiCacheRadixCache(PrefixCache):
     def _remove(self, x):
         del x.parent.children[self._ckey(x.key, 0)]
         self.n_nodes -= 1
+        x.dev = x.host = False  # out of the tree: its heap entries go stale
+        self._touch(x.parent)  # it may have become a leaf
 
     def _delete_tombstones(self, cur):
         while cur is not self.root and not cur.children and not cur.dev and not cur.host and cur.lock == 0:
@@ -349,6 +353,8 @@ class HiCacheRadixCache(PrefixCache):
     def _lock(self, x, d):
         while x is not None:
             x.lock += d
+            if x.lock == 0:
+                self._touch(x)
             x = x.parent
 
     # ------------------------------------------------------------------ eviction
@@ -361,16 +367,25 @@ class HiCacheRadixCache(PrefixCache):
                 out.append(x)
         return out
 
+    def _heap(self, name, pred):
+        """The lazy heap *name*, rebuilt from the current leaves when stale entries
+        outnumber the nodes (the pops give the same order either way)."""
+        heap = getattr(self, name)
+        if len(heap) > 4 * self.n_nodes + 4096:
+            heap = [(x.time, x.id, x) for x in self._leaves(pred)]
+            heapq.heapify(heap)
+            setattr(self, name, heap)
+        return heap
+
     def _evict_device(self, need):
         """Evict device leaves by LRU until *need* tokens are freed; returns freed."""
         if need <= 0:
             return 0
-        heap = [(x.time, x.id, x) for x in self._leaves(self._is_dev_leaf)]
-        heapq.heapify(heap)
+        heap = self._heap("_dev_heap", self._is_dev_leaf)
         freed = 0
         while freed < need and heap:
-            _, _, x = heapq.heappop(heap)
-            if not self._is_dev_leaf(x):
+            t, _, x = heapq.heappop(heap)
+            if t != x.time or not self._is_dev_leaf(x):
                 continue
             n = len(x.key)
             par = x.parent
@@ -399,6 +414,7 @@ class HiCacheRadixCache(PrefixCache):
         x.dev = False
         self.tree_dev -= n
         self.free += n
+        self._touch(x)  # now host-only: a host leaf candidate
 
     def _drop_subtree(self, x):
         """``drop_subtree_no_host``: delete *x* and everything below it."""
@@ -445,11 +461,10 @@ class HiCacheRadixCache(PrefixCache):
             for nid in swept:
                 self._dups.pop(nid, None)
         if freed < need:
-            heap = [(x.time, x.id, x) for x in self._leaves(self._is_host_leaf)]
-            heapq.heapify(heap)
+            heap = self._heap("_host_heap", self._is_host_leaf)
             while freed < need and heap:
-                _, _, x = heapq.heappop(heap)
-                if not self._is_host_leaf(x):
+                t, _, x = heapq.heappop(heap)
+                if t != x.time or not self._is_host_leaf(x):
                     continue
                 n = len(x.key)
                 par = x.parent
@@ -509,7 +524,7 @@ class HiCacheRadixCache(PrefixCache):
             c = x.children.get(self._ckey(toks, off))
             if c is None or (not c.dev and not c.host):
                 break
-            m = self._match_len(c.key, toks[off:klen])
+            m = self._match_len(c.key, toks, off, klen)
             if m < len(c.key):
                 c = self._split(c, m)
                 best = c
@@ -526,6 +541,7 @@ class HiCacheRadixCache(PrefixCache):
         y = best
         while y is not None:
             y.time = (t, -k)
+            self._touch(y)
             k += 1
             y = y.parent
         host = 0
@@ -551,7 +567,8 @@ class HiCacheRadixCache(PrefixCache):
             if c is None:
                 break
             c.time = (self._draw(), 0)
-            m = self._match_len(c.key, toks[off:L])
+            self._touch(c)
+            m = self._match_len(c.key, toks, off, L)
             if m < len(c.key):
                 c = self._split(c, m)
             if not c.dev:
@@ -570,6 +587,7 @@ class HiCacheRadixCache(PrefixCache):
         if off < L:
             leaf = self._new_node(toks[off:L].copy(), x)
             leaf.dev = True
+            self._touch(leaf)
             x.children[self._ckey(toks, off)] = leaf
             self.tree_dev += L - off
             if L > inserted:
@@ -627,19 +645,23 @@ class HiCacheRadixCache(PrefixCache):
     def _held(self, toks, n):
         """Longest prefix of ``toks[:n]`` the tree holds on device or host, at token
         granularity (no page rounding), read-only."""
+        p = self.page_size
         x, off = self.root, 0
         while off < n:
-            best_m, best_c = 0, None
-            for c in x.children.values():
-                a = c.key[:n - off]
-                ne = np.flatnonzero(a != toks[off:off + len(a)])
-                m = int(ne[0]) if len(ne) else len(a)
-                if m > best_m:
-                    best_m, best_c = m, c
-            off += best_m
-            if best_c is None or best_m < len(best_c.key):
-                break
-            x = best_c
+            # the child keyed by the next full page is the only one that can match a
+            # whole page (siblings differ in their first page); without one, every
+            # child matches less than a page and the longest of them is the answer
+            c = x.children.get(self._ckey(toks, off)) if n - off >= p else None
+            if c is not None:
+                m = lcp_at(c.key, toks, off, n)
+                off += m
+                if m < len(c.key):
+                    break
+                x = c
+                continue
+            if p > 1:
+                off += max((lcp_at(c.key, toks, off, n) for c in x.children.values()), default=0)
+            break
         return off
 
     def _load_back(self, best, best_dev):
@@ -680,16 +702,27 @@ class HiCacheRadixCache(PrefixCache):
             raise ValueError(f"request {rid}: {end} tokens exceed its KV extent {r['seq'].kv_len}")
         if r["comp"] == r["seq"].prompt_len and n_tokens > 0 and r["inserted"] == 0:
             self._checkpoint(r)
-        while r["comp"] < end:
-            pos = r["comp"]
+        # SGLang's per-step rule (a decode step evicts when fewer than a page is free and
+        # allocates a page at a page boundary), taken a run of steps at a time: between
+        # two evictions nothing changes but the free count; a step that evicts nothing
+        # finds nothing to evict at the next steps either
+        pos = r["comp"]
+        while pos < end:
             if self.free < p:
                 self._evict_device(p - self.free)
             if pos % p == 0:
                 if self.free < p:
+                    r["comp"] = pos
                     return False
-                self.free -= p
-                r["alloc"] += p
-            r["comp"] += 1
+                # pages at the boundaries pos, pos + p, … allocated while each boundary
+                # (and, p > 1, each step after the previous page) sees ≥ p free
+                k = min(-(-(end - pos) // p), (self.free - p) // p + 1)
+                self.free -= k * p
+                r["alloc"] += k * p
+                pos += (k - 1) * p + 1
+            else:
+                pos = min(end, (pos // p + 1) * p)
+        r["comp"] = end
         return True
 
     def _checkpoint(self, r):

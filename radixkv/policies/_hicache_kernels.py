@@ -1,0 +1,96 @@
+"""Numba kernels for :mod:`radixkv.policies.hicache`: token-run comparisons.
+
+The HiCache tree stores each node's key as an int64 token array (``seq_tokens``); the
+hot loops of a replay compare such arrays (prefix match, insert walk, the held-prefix
+walk). These are pure functions of their arguments (no globals),
+so they give the same results with ``NUMBA_DISABLE_JIT=1``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def lcp(a, b):
+    """Length of the common prefix of token runs *a* and *b*.
+
+    Parameters
+    ----------
+    a, b : np.ndarray, int64, 1-D
+        Token runs (any lengths).
+
+    Returns
+    -------
+    int
+        The first index ``i < min(len(a), len(b))`` with ``a[i] != b[i]``, else
+        ``min(len(a), len(b))``.
+    """
+    n = min(a.shape[0], b.shape[0])
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+@njit(cache=True)
+def lcp_at(key, toks, off, limit):
+    """Common prefix of node key *key* and ``toks[off:limit]`` (no copy of *toks*).
+
+    Parameters
+    ----------
+    key : np.ndarray, int64, 1-D
+        A node's tokens.
+    toks : np.ndarray, int64, 1-D
+        The request's tokens.
+    off, limit : int
+        The request's window ``[off, limit)``, ``0 <= off <= limit <= len(toks)``.
+
+    Returns
+    -------
+    int
+        Tokens in common, at most ``min(len(key), limit - off)``.
+    """
+    n = min(key.shape[0], limit - off)
+    for i in range(n):
+        if key[i] != toks[off + i]:
+            return i
+    return n
+
+
+
+@njit(cache=True)
+def seq_tokens_kernel(seg_id, seg_end, index, shift):
+    """One int64 per token of a KV sequence (see ``hicache.seq_tokens``).
+
+    Parameters
+    ----------
+    seg_id, seg_end : np.ndarray, int64, shape (S,)
+        The sequence's segments (ids; exclusive ends in tokens, strictly increasing).
+    index : int
+        The request's index (makes unique content, ``seg_id < 0``, differ between requests).
+    shift : int
+        Bits of the in-segment offset: token ``t`` of segment ``s`` starting at ``a`` is
+        ``seg_id[s] << shift | (t − a)`` for ``seg_id[s] ≥ 0``.
+
+    Returns
+    -------
+    np.ndarray, int64, shape (seg_end[-1],)
+        The tokens; unique content is ``-(1 + (index << 32) + t)``.
+    """
+    n = seg_end[-1]
+    out = np.empty(n, np.int64)
+    a = 0
+    for s in range(seg_end.shape[0]):
+        b = seg_end[s]
+        sid = seg_id[s]
+        if sid >= 0:
+            base = sid << shift
+            for t in range(a, b):
+                out[t] = base + (t - a)
+        else:
+            base = -(1 + (index << 32))
+            for t in range(a, b):
+                out[t] = base - t
+        a = b
+    return out
