@@ -52,7 +52,8 @@ _PCTS = (50, 90, 99)
 
 #: summary keys of a host-memory KV tier (docs/hicache.md "Metrics per tier")
 HOST_TIER_KEYS = ("host_capacity_tokens", "device_hit_tokens", "host_hit_tokens", "host_loaded_tokens",
-                  "host_hit_rate", "gpu_to_host_tokens", "host_to_gpu_tokens", "host_evicted_tokens")
+                  "host_hit_rate", "gpu_to_host_tokens", "host_to_gpu_tokens", "host_evicted_tokens",
+                  "gpu_to_host_bytes", "host_to_gpu_bytes")
 
 
 def _ratio(a: float, b: float) -> float:

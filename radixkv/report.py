@@ -32,6 +32,8 @@ SEQUENTIAL_ROWS = [
     ("host_hit_rate", "host-tier hit rate (loaded back)", "{:.4f}"),
     ("gpu_to_host_tokens", "GPU→host tokens", "{:,}"),
     ("host_to_gpu_tokens", "host→GPU tokens", "{:,}"),
+    ("gpu_to_host_bytes", "GPU→host bytes", "{:,}"),
+    ("host_to_gpu_bytes", "host→GPU bytes", "{:,}"),
 ]
 
 

@@ -191,6 +191,36 @@ def test_summary_tier_metrics_match_golden_totals():
     assert s["host_hit_rate"] is None and s["gpu_to_host_tokens"] is None
 
 
+def test_bytes_moved_from_the_model(tmp_path):
+    """GPU→host / host→GPU bytes = tokens × KV bytes per token of --model; null without."""
+    from radixkv.cli import main
+
+    name = "hicache_write_back_mixed200_p16_c1904_r2"
+    gold = [json.loads(line) for line in open(_DIR / f"{name}.jsonl")]
+    written = sum(g["written_tokens"] for g in gold)
+    loaded = sum(g["load_tokens"] for g in gold)
+    assert written > 0 and loaded > 0
+    # Llama-3.1-8B: 32 layers × 8 KV heads × head dim 128 × (K, V) × 2 bytes (bf16), tp 1
+    bpt = 32 * 8 * 128 * 2 * 2
+    trace = str(GOLDEN_LOCAL / "traces" / "mixed200.jsonl")
+    out = tmp_path / "a.json"
+    # --model sizes the pool in a sequential replay, so the golden's 1,904-token pool comes
+    # from a compare run without --model; the bytes are checked on the run with it
+    assert main(["replay", trace, "--policy", "sglang-hicache:16@write_back,hicache_ratio=2",
+                 "--capacity-tokens", "1904", "--json", str(out), "--quiet"]) == 0
+    s = json.loads(out.read_text())["results"][0]["summary"]
+    assert (s["gpu_to_host_tokens"], s["host_to_gpu_tokens"]) == (written, loaded)
+    assert s["gpu_to_host_bytes"] is None and s["host_to_gpu_bytes"] is None
+    out = tmp_path / "b.json"
+    assert main(["compare", trace, "--policies", "sglang:16,sglang-hicache:16@write_through+host_tokens=4000",
+                 "--model", "Llama-3.1-8B", "--gpu", "H100-80GB", "--json", str(out), "--quiet"]) == 0
+    a, b = (r["summary"] for r in json.loads(out.read_text())["results"])
+    assert a["gpu_to_host_bytes"] is None and a["host_to_gpu_bytes"] is None  # no host tier: n/a
+    assert b["gpu_to_host_tokens"] > 0  # write-through copies on insert, whatever the GPU pool
+    assert b["gpu_to_host_bytes"] == b["gpu_to_host_tokens"] * bpt
+    assert b["host_to_gpu_bytes"] == b["host_to_gpu_tokens"] * bpt
+
+
 def test_concurrent_mode_is_refused():
     import argparse
 

@@ -77,3 +77,26 @@ def host_tier_spec(spec, args):
         opts["host_tokens"] = int(given["host_cache_tokens"])
     opts.update(dict(spec.option or ()))  # the spec's own options win
     return replace(spec, option=tuple(sorted(opts.items())))
+
+
+def add_host_tier_bytes(summary: dict, args) -> dict:
+    """Fill ``gpu_to_host_bytes`` / ``host_to_gpu_bytes`` of a replay *summary* in place.
+
+    Bytes = tokens copied × the model's KV bytes per token per TP rank
+    (:meth:`radixkv.memory.specs.ModelSpec.kv_bytes_per_token` at ``--tp`` and
+    ``--kv-cache-dtype``; SGLang sizes its host pool with the same per-token size,
+    ``pool_host/base.py :: HostKVCache.__init__``). They stay None (``n/a``) when the
+    policy models no host tier (its token counts are None) or no ``--model`` is given.
+    Returns *summary*.
+    """
+    model = getattr(args, "model", None)
+    bpt = None
+    if model is not None:
+        from radixkv.memory.presets import get_model
+
+        bpt = get_model(model).kv_bytes_per_token(int(getattr(args, "tp", 1) or 1),
+                                                  getattr(args, "kv_cache_dtype", None))
+    for way in ("gpu_to_host", "host_to_gpu"):
+        tokens = summary.get(f"{way}_tokens")
+        summary[f"{way}_bytes"] = None if tokens is None or bpt is None else int(tokens) * int(bpt)
+    return summary

@@ -21,7 +21,7 @@ from radixkv.cli.concurrent_args import add_concurrent_args
 from radixkv.cli.report_cmd import add_report_arg, run_tables, write_run_report
 from radixkv.cli.sweep_cmd import add_executor_args
 from radixkv.errors import ConfigError
-from radixkv.cli.host_tier_args import add_host_tier_args, host_tier_spec
+from radixkv.cli.host_tier_args import add_host_tier_args, add_host_tier_bytes, host_tier_spec
 from radixkv.policies.registry import PolicySpec, PoolSpec, parse_policy
 from radixkv.report import CONCURRENT_ROWS as _CONCURRENT_ROWS
 from radixkv.report import format_table
@@ -278,6 +278,7 @@ def cmd_replay(args) -> int:
         options = {"verify": True} if args.verify else {}
         rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **options,
                                **_miss_options(args))
+    add_host_tier_bytes(summ, args)
     out = human(*outs)
     print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; {args.mode} replay; "
           f"load {load_s:.2f} s, compile {summ['timing_s']['compile']:.2f} s", file=out)
@@ -381,6 +382,8 @@ def cmd_compare(args) -> int:
         results.append((spec, summ))
         if args.report:
             tables += run_tables(spec.label, rec)
+    for _, s in results:
+        add_host_tier_bytes(s, args)
     n = results[0][1]["requests"]
     mode = "concurrent replay" if concurrent else "sequential replay"
     out = human(args.json, args.report)
