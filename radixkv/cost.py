@@ -284,3 +284,99 @@ class UnitStepCost:
         n = np.asarray(new_tokens, dtype=np.float64)
         f = np.full(np.broadcast(n, np.asarray(context_tokens)).shape, np.nan)
         return float(f) if f.ndim == 0 else f
+
+
+#: host↔GPU link presets: peak bytes/s in one direction per GPU (a load back is one-way)
+#:
+#: - ``pcie4-x16``: PCI Express 4.0, 16 GT/s per lane, 128b/130b encoding, 16 lanes:
+#:   16e9 × 16 × 128/130 / 8 = 31.5 GB/s (PCI-SIG, PCI Express Base Specification 4.0).
+#: - ``pcie5-x16``: PCI Express 5.0, 32 GT/s per lane, 128b/130b, 16 lanes: 63.0 GB/s
+#:   (PCI-SIG, PCI Express Base Specification 5.0).
+#: - ``nvlink-c2c``: NVIDIA GH200 Grace Hopper Superchip, NVLink-C2C between the Grace CPU
+#:   memory and the Hopper GPU: 900 GB/s total, 450 GB/s each way (NVIDIA GH200 Grace
+#:   Hopper Superchip datasheet).
+HOST_LINKS = {
+    "pcie4-x16": 16e9 * 16 * 128 / 130 / 8,
+    "pcie5-x16": 32e9 * 16 * 128 / 130 / 8,
+    "nvlink-c2c": 450e9,
+}
+
+
+@dataclass(frozen=True)
+class HostLink:
+    """The host↔GPU link a KV load back crosses, and how a load overlaps the step.
+
+    SGLang 0.5.23 HiCache loads host KV back while the batch runs: the scheduler starts
+    the copies when the prefill batch is formed (``managers/scheduler.py`` →
+    ``mem_cache/unified_radix_cache.py :: UnifiedRadixCache.ready_to_load_host_cache`` →
+    ``managers/cache_controller.py :: HiCacheController.start_loading``), on the transfer
+    engine's host-to-device stream, one layer after another (``on_layer_done`` marks each
+    layer in a ``LayerDoneCounter``); the forward pass waits, per layer, only for that
+    layer's copy (``mem_cache/memory_pool.py :: MHATokenToKVPool.get_key_buffer`` →
+    ``layer_transfer_counter.wait_until(layer_id)``). A step is then a two-stage pipeline
+    over the L layers, copy then compute, with per-layer times ``l = T_load / L`` and
+    ``c = T_compute / L``; its length is ``l + c + (L − 1) · max(l, c)`` (:meth:`step_time`).
+
+    Parameters
+    ----------
+    bytes_per_s : float
+        Achievable bytes/s in one direction per GPU (each tensor-parallel rank copies its
+        own KV shard over its own link). :data:`HOST_LINKS` gives spec peaks; a measured
+        figure (e.g. 80–90 % of the peak for pinned-memory copies) fits a real machine better.
+    name : str
+        Label for reports (a preset name, or ``"custom"``).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When ``bytes_per_s`` is not a positive finite number.
+    """
+
+    bytes_per_s: float
+    name: str = "custom"
+
+    def __post_init__(self):
+        if not (np.isfinite(self.bytes_per_s) and self.bytes_per_s > 0):
+            raise ConfigError(f"host link bandwidth must be a positive number of bytes/s, got {self.bytes_per_s}",
+                              field="host_link")
+
+    @classmethod
+    def parse(cls, text: str) -> "HostLink":
+        """A preset of :data:`HOST_LINKS` by name, or a bandwidth in bytes/s (``"25e9"``).
+
+        Raises
+        ------
+        radixkv.errors.ConfigError
+            On an unknown name that is not a number.
+        """
+        t = str(text).strip()
+        if t in HOST_LINKS:
+            return cls(HOST_LINKS[t], t)
+        try:
+            return cls(float(t))
+        except ValueError:
+            raise ConfigError(f"unknown host link {t!r}: give {', '.join(HOST_LINKS)} or bytes/s",
+                              field="host_link") from None
+
+    def load_time(self, cost: CostModel, tokens: int) -> float:
+        """Seconds to copy *tokens* tokens of KV host→GPU on every rank at once:
+        ``tokens · kv_bytes_per_token / tp / bytes_per_s`` (``cost.kv_bytes_per_token``
+        sums the TP ranks' shards)."""
+        return float(tokens) * cost.kv_bytes_per_token / cost.tp / self.bytes_per_s
+
+    def step_time(self, cost: CostModel, new_tokens, context_tokens, load_tokens: int) -> float:
+        """Seconds of a step whose batch loads *load_tokens* tokens back from host.
+
+        ``T_compute`` is ``cost.step_time(new_tokens, context_tokens)`` less its fixed
+        ``step_overhead_s``; with ``l = load_time / L`` and ``c = T_compute / L`` the step
+        takes ``l + c + (L − 1) · max(l, c) + step_overhead_s`` — ``T_compute`` exactly
+        when nothing is loaded, about ``max(T_load, T_compute)`` for many layers.
+        """
+        t = float(cost.step_time(new_tokens, context_tokens))
+        if load_tokens <= 0:
+            return t
+        L = cost.num_layers
+        over = cost.step_overhead_s
+        c = (t - over) / L
+        lo = self.load_time(cost, load_tokens) / L
+        return lo + c + (L - 1) * max(lo, c) + over

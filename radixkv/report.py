@@ -87,6 +87,15 @@ CONCURRENT_ROWS = [
 ]
 
 
+#: rows added to a concurrent table when a summary has a host-memory tier (``host_load_s``)
+HOST_CONCURRENT_ROWS = [
+    ("host_hit_rate", "host-tier hit rate (loaded back)", "{:.4f}"),
+    ("host_to_gpu_tokens", "host→GPU tokens", "{:,}"),
+    ("gpu_to_host_tokens", "GPU→host tokens", "{:,}"),
+    ("host_load_s", "host→GPU copy time (s, summed)", "{:.3f}"),
+]
+
+
 def _fmt(fmt, v):
     if v is None or (isinstance(v, float) and v != v):
         return "n/a"
@@ -119,6 +128,8 @@ def format_table(summaries: list[dict], timing: bool = True, rows_spec=None) -> 
     if any("miss_causes" in s for s in summaries):
         spec += [r for r in MISS_ROWS if not r[0].startswith("miss_causes.fix.")
                  or any(_get(s, "miss_causes.fix") for s in summaries)]
+    if any("host_load_s" in s for s in summaries):
+        spec += HOST_CONCURRENT_ROWS
     for key, label, fmt in spec:
         rows.append([label] + [_fmt(fmt, _get(s, key)) for s in summaries])
     if timing:

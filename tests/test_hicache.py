@@ -221,11 +221,11 @@ def test_bytes_moved_from_the_model(tmp_path):
     assert b["host_to_gpu_bytes"] == b["host_to_gpu_tokens"] * bpt
 
 
-def test_concurrent_mode_is_refused():
+def test_concurrent_mode_is_accepted():
+    """The concurrent replay runs sglang-hicache (tests/test_hicache_concurrent.py)."""
     import argparse
 
     from radixkv.cli.concurrent_args import policy_from_args
-    from radixkv.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="sequential replay only"):
-        policy_from_args(HiCacheRadixCache(64, 1), argparse.Namespace())
+    pol = HiCacheRadixCache(64, 1)
+    assert policy_from_args(pol, argparse.Namespace()) is pol

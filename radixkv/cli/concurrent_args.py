@@ -208,5 +208,11 @@ def run_concurrent_from_args(trace, policy, args, progress=None):
         burstiness=float(getattr(args, "burstiness", 1.0)),
         seed=int(getattr(args, "seed", 0)),
     )
+    link = getattr(args, "host_link", None)
+    if link is not None:
+        from radixkv.cost import HostLink
+
+        link = HostLink.parse(link)
     return replay_concurrent(trace, pol, cost, arrivals=arr, config=cfg, progress=progress,
-                             timeline=bool(getattr(args, "timeline", None) or getattr(args, "report", None)))
+                             timeline=bool(getattr(args, "timeline", None) or getattr(args, "report", None)),
+                             host_link=link)

@@ -33,6 +33,9 @@ def add_host_tier_args(p) -> None:
     g.add_argument("--hicache-write-policy", default=None,
                    choices=("write_through", "write_through_selective", "write_back"),
                    help="SGLang --hicache-write-policy (default write_through)")
+    g.add_argument("--host-link", default=None, metavar="LINK",
+                   help="host-to-GPU link that prices load backs in --mode concurrent: pcie4-x16, pcie5-x16, "
+                        "nvlink-c2c (radixkv.cost.HOST_LINKS) or bytes/s per direction")
 
 
 def host_tier_spec(spec, args):
@@ -44,6 +47,8 @@ def host_tier_spec(spec, args):
         A flag given for a policy without a host tier; ``--hicache-size`` without
         ``--model``; a negative size.
     """
+    if getattr(args, "host_link", None) is not None and getattr(args, "mode", "sequential") != "concurrent":
+        raise ConfigError("--host-link prices load backs in time: it needs --mode concurrent", field="host_link")
     given = {k: getattr(args, k, None) for k in _FLAGS if getattr(args, k, None) is not None}
     if not given:
         return spec

@@ -41,11 +41,15 @@ class Admission:
         request's *alignment loss* (docs/DESIGN.md).
     evicted_tokens : int
         Valid cached tokens evicted to make room for this admission.
+    host_loaded_tokens : int
+        Of ``hit_tokens``, those copied back from a host-memory tier for this admission
+        (0 for a single-tier policy); the concurrent replay prices their copy.
     """
 
     hit_tokens: int
     held_tokens: int
     evicted_tokens: int
+    host_loaded_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -53,8 +53,18 @@ HiCache adds (SGLang source in brackets):
 Choices: every HiCache transfer (write, load) finishes before the next scheduler step
 (the harness reaps all acks at every step); the scheduler's load-back budget check
 (``PrefillAdder.add_one_req`` → ``prepare_load_back``) always passes for a lone request.
-Only the sequential replay (one request at a time) is modelled: :attr:`admission_rule`
-is ``"sglang"`` but the concurrent replay is refused (no ``peek_hit``/batch hooks).
+
+The goldens check the sequential replay (one request at a time). The concurrent replay
+runs the class under SGLang's scheduler rules (:mod:`radixkv.replay.sched_sglang`, its
+``admit``-at-formation path): :meth:`peek_hit` gives the device prefix the admission
+check and ``lpm`` use; :meth:`admit` takes a first chunk and :meth:`extend` the later
+ones (``alloc_for_extend``: evict for the shortfall, then the chunk's pages); the tokens
+an admission loads back (``Admission.host_loaded_tokens``) are priced by
+:class:`radixkv.cost.HostLink`, overlapping the step layer by layer as
+``HiCacheController.start_loading`` does. Not modelled there: the insertion of each
+finished chunk before the request ends (``cache_unfinished_req``; a chunked request's
+KV enters the tree at its first decode), and the asynchrony of write-through copies
+(they finish within the step).
 """
 from __future__ import annotations
 
@@ -151,9 +161,9 @@ class HiCacheRadixCache(PrefixCache):
     models_metadata = False
     #: host-tier metrics (``host_hit_tokens`` …) are measured by this class
     models_host_tier = True
-    #: only the sequential replay's lone-request lifecycle is modelled (the concurrent
-    #: replay is refused: ``radixkv.cli.concurrent_args.policy_from_args``)
-    sequential_only = True
+    #: the concurrent replay runs it under SGLang's scheduler rules (docs/hicache.md
+    #: "Concurrent replay" lists what is and is not modelled)
+    sequential_only = False
 
     def __init__(self, max_total_num_tokens: int, page_size: int = 1, *, write_policy: str = "write_through",
                  hicache_ratio: float = 2.0, host_tokens: int | None = None):
@@ -603,14 +613,24 @@ class HiCacheRadixCache(PrefixCache):
         return self.free >= n_tokens
 
     def admit(self, rid, seq, n_tokens=None):
-        """Lookup (device + host), load back, allocate the prompt (sequential replay)."""
+        """Lookup (device + host), load back, allocate the first *n_tokens* tokens.
+
+        *n_tokens* (default the prompt) is the end of the first prefill chunk; more than
+        the prompt is a ValueError (a re-admitted request is matched on its prompt and
+        recomputes its generated tokens). The key is the prompt capped at ``P − 1``
+        tokens, page-aligned (``Req.init_next_round_input``). Allocation: when fewer than
+        ``end − hit (+ a page, page > 1)`` tokens are free, device leaves are evicted for
+        the shortfall; then the pages up to ``end = max(n_tokens, hit)`` are taken.
+        Returns None when the pool cannot make room: the load back already made stays in
+        the tree (as SGLang's copy would) but no hit or load is counted.
+        """
         if rid in self._reqs:
             raise ValueError(f"request {rid} is already running")
-        if n_tokens is not None and int(n_tokens) != seq.prompt_len:
-            raise ConfigError("sglang-hicache models the sequential replay only (whole-prompt prefill, "
-                              "no chunked prefill)", field="mode")
         p = self.page_size
         P = seq.prompt_len
+        n = P if n_tokens is None else int(n_tokens)
+        if n > P or n < 0:
+            raise ValueError(f"request {rid}: sglang-hicache admits up to the prompt ({P} tokens), asked {n}")
         toks = seq_tokens(seq)
         klen = (P - 1) // p * p
         held = self._held(toks, min(P, seq.kv_len))
@@ -623,24 +643,52 @@ class HiCacheRadixCache(PrefixCache):
         if host > 0:
             loaded, last = self._load_back(best, best_dev)
         self.last_loaded = loaded
-        self.device_hit_tokens_total += dev
         hit = dev + loaded
+        end = max(n, hit)
         self._lock(last, +1)
-        need = P - hit + (p if p > 1 else 0)
+        need = end - hit + (p if p > 1 else 0)
         if not self._alloc(need):
             self._lock(last, -1)
             self._loaded_pending = []
+            self.host_hit_tokens_total -= host
+            self.loaded_tokens_total -= loaded
+            self.last_host_hit = self.last_loaded = 0
             return None
-        pages = -(-P // p) * p - hit
+        self.device_hit_tokens_total += dev
+        pages = -(-end // p) * p - hit
         self.free -= pages
         if self._loaded_pending:
             for y in self._loaded_pending:
                 self._track(y)
             self._loaded_pending = []
-        r = {"seq": seq, "toks": toks, "node": last, "owned": hit, "comp": P, "alloc": hit + pages,
+        r = {"seq": seq, "toks": toks, "node": last, "owned": hit, "comp": end, "alloc": hit + pages,
              "inserted": 0, "prot": hit, "ev": self.evicted_tokens_total - ev0}
         self._reqs[rid] = r
-        return Admission(hit_tokens=hit, held_tokens=held, evicted_tokens=self.evicted_tokens_total - ev0)
+        return Admission(hit_tokens=hit, held_tokens=held, evicted_tokens=self.evicted_tokens_total - ev0,
+                         host_loaded_tokens=loaded)
+
+    def peek_hit(self, seq, n_tokens=None):
+        """The device-resident prefix :meth:`admit` would match now (tokens), read-only.
+
+        SGLang's admission check and ``lpm`` order use the device prefix
+        (``len(req.prefix_indices)``; ``schedule_policy.py :: PrefillAdder.add_one_req``,
+        ``SchedulePolicy._compute_prefix_matches``); host-resident tokens count as tokens
+        to place on the device (the load back's ``full_load_tokens``). The key is the
+        prompt capped at ``P − 1`` tokens, page-aligned, whatever *n_tokens*.
+        """
+        toks = seq_tokens(seq)
+        klen = (seq.prompt_len - 1) // self.page_size * self.page_size
+        x, off = self.root, 0
+        while off < klen:
+            c = x.children.get(self._ckey(toks, off))
+            if c is None or not c.dev:
+                break
+            m = self._match_len(c.key, toks, off, klen)
+            off += m
+            if m < len(c.key):
+                break
+            x = c
+        return off
 
     def _held(self, toks, n):
         """Longest prefix of ``toks[:n]`` the tree holds on device or host, at token
@@ -700,7 +748,12 @@ class HiCacheRadixCache(PrefixCache):
         end = r["comp"] + int(n_tokens)
         if end > r["seq"].kv_len:
             raise ValueError(f"request {rid}: {end} tokens exceed its KV extent {r['seq'].kv_len}")
-        if r["comp"] == r["seq"].prompt_len and n_tokens > 0 and r["inserted"] == 0:
+        P = r["seq"].prompt_len
+        if r["comp"] < P and not self._extend_prefill(r, min(end, P)):
+            return False
+        if end <= r["comp"]:
+            return True
+        if r["comp"] == P and r["inserted"] == 0:
             self._checkpoint(r)
         # SGLang's per-step rule (a decode step evicts when fewer than a page is free and
         # allocates a page at a page boundary), taken a run of steps at a time: between
@@ -723,6 +776,19 @@ class HiCacheRadixCache(PrefixCache):
             else:
                 pos = min(end, (pos // p + 1) * p)
         r["comp"] = end
+        return True
+
+    def _extend_prefill(self, r, e):
+        """A later prefill chunk up to token *e* (``alloc_for_extend``): when fewer than
+        the chunk's tokens (+ a page, page > 1) are free, evict for the shortfall; then
+        take its pages. False (nothing allocated) when the pool cannot make room."""
+        p = self.page_size
+        if not self._alloc(e - r["comp"] + (p if p > 1 else 0)):
+            return False
+        delta = -(-e // p) * p - r["alloc"]
+        self.free -= delta
+        r["alloc"] += delta
+        r["comp"] = e
         return True
 
     def _checkpoint(self, r):

@@ -233,6 +233,7 @@ class ConcurrentResult:
             # per KV cache group (hybrid models, HybridBlockHashCache.group_metrics); null
             # for one-group policies
             "kv_cache_groups": self.meta.get("kv_cache_groups"),
+            **self.meta.get("host_tier", {}),  # a policy with a host-memory tier only
         }
 
 
@@ -247,6 +248,7 @@ def replay_concurrent(
     on_step=None,
     fast_forward: bool = True,
     timeline: bool = False,
+    host_link=None,
 ) -> ConcurrentResult:
     """Replay *trace* through *policy* with requests running concurrently.
 
@@ -274,6 +276,13 @@ def replay_concurrent(
         Apply runs of identical decode steps in one go (default True; same metrics).
     timeline : bool
         Record one row per engine step (``ConcurrentResult.timeline``; default False).
+    host_link : radixkv.cost.HostLink or None
+        The host↔GPU link of a policy with a host-memory tier (``models_host_tier``): a
+        step whose admissions load KV back (``StepPlan.load_tokens``) takes
+        ``host_link.step_time`` instead of ``cost.step_time``. Required for such a policy
+        with a non-empty host pool. The summary then gains the host-tier keys
+        (:func:`radixkv.policies.hicache.host_tier_summary`) and ``host_load_s`` (seconds
+        of copies, summed over steps) and ``host_link_bytes_per_s``.
 
     Returns
     -------
@@ -291,6 +300,13 @@ def replay_concurrent(
         raise ConfigError(f"{type(policy).__name__} models no running requests "
                           "(holds_running_kv = False), so it has no concurrent replay; "
                           "use the sequential mode", field="mode")
+    tiered = bool(getattr(type(policy), "models_host_tier", False))
+    if tiered and getattr(policy, "host_capacity", 0) > 0 and host_link is None:
+        raise ConfigError(f"{type(policy).__name__} loads KV back from host memory: give the host link "
+                          f"(--host-link: a preset or bytes/s) to price the copies", field="host_link")
+    if host_link is not None and not tiered:
+        raise ConfigError(f"{type(policy).__name__} has no host-memory tier: drop --host-link", field="host_link")
+    load_s = 0.0
     config = config or SchedulerConfig()
     n = len(trace)
     if arrivals is None:
@@ -362,7 +378,11 @@ def replay_concurrent(
                     _tl_row(tl, steps + j + 1, now, n_run, len(sch.waiting), batch, used, cached, n_slots)
             steps += k
         else:
-            dt = float(cost.step_time(plan.new, plan.ctx))
+            if plan.load_tokens:  # a HiCache load back overlaps the step layer by layer
+                dt = float(host_link.step_time(cost, plan.new, plan.ctx, plan.load_tokens))
+                load_s += host_link.load_time(cost, plan.load_tokens)
+            else:
+                dt = float(cost.step_time(plan.new, plan.ctx))
             acc.prefill(cost, plan)
             sch.complete(plan)
             steps += 1
@@ -387,6 +407,12 @@ def replay_concurrent(
         sch.finished_now = []
     res = _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, finish,
                   t0, now, acc.busy, acc.area, peak, steps, acc.pf_flops, acc.pool)
+    if tiered:
+        from radixkv.policies.hicache import host_tier_summary
+
+        res.meta["host_tier"] = {**host_tier_summary(policy, int(res.columns["prompt_tokens"].sum())),
+                                 "host_load_s": load_s,
+                                 "host_link_bytes_per_s": None if host_link is None else host_link.bytes_per_s}
     res.columns["admit_step"] = np.asarray(admit_step, dtype=np.int64)
     res.columns["finish_step"] = np.asarray(finish_step, dtype=np.int64)
     if tl is not None:

@@ -276,6 +276,7 @@ class SglangScheduler(Scheduler):
                         break
                     h = int(adm.hit_tokens)
                     c = max(min(c, fill - h), 0)
+                    plan.load_tokens += adm.host_loaded_tokens  # HiCache load back
                 self.waiting.popleft()
                 self._record_admission(i, adm, fill)
                 self.ctx[i] = h

@@ -149,6 +149,9 @@ class StepPlan:
     blocked : bool
         Admission was tried and refused (by the policy, the SGLang budget or
         ``max_num_seqs``); stays refused until a request finishes (FCFS).
+    load_tokens : int
+        Tokens of KV the step's admissions copy back from a host-memory tier
+        (``Admission.host_loaded_tokens``; priced by :class:`radixkv.cost.HostLink`).
     """
 
     req: list
@@ -159,6 +162,7 @@ class StepPlan:
     preempted: int = 0
     blocked: bool = False
     preempted_rows: list = field(default_factory=list)
+    load_tokens: int = 0
 
     @property
     def empty(self) -> bool:
@@ -400,6 +404,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             h = int(adm.hit_tokens)
+            plan.load_tokens += adm.host_loaded_tokens
             self._admitted(i, n_tok, h)
             if self.admissions[i] == 0:
                 self.hit[i] = h
