@@ -14,7 +14,15 @@ Reported per point: token hit rate (device + loaded-back tokens / prompt tokens)
 device and host (loaded-back) parts, tokens copied GPU→host and host→GPU, and the bytes
 those are for Llama-3.1-8B (bf16, tp 1: radixkv's memory model gives the KV bytes per
 token); per write policy, where the two-tier curve meets the single-tier one (the first
-host size at which it is within 0.005 of the single-tier hit rate at the same total).
+host size from which on it stays within 0.005 of the single-tier hit rate at the same
+total; None when it does not).
+
+A second part runs the concurrent replay (``--mode concurrent``; SGLang's scheduler rules,
+Llama-3.1-8B on one H100-80GB priced by radixkv's roofline cost model) on the first 1,000
+requests at 10 × the trace's inter-arrival times, GPU pool 200,000 tokens: no host tier,
+then a 4 M-token host pool behind PCIe 4.0 x16, PCIe 5.0 x16 and NVLink-C2C links
+(``radixkv.cost.HOST_LINKS``): hit rate, TTFT p50/p90/p99 and the seconds of host→GPU
+copies, which overlap the prefill layer by layer.
 
     python experiments/fig_hicache.py [--quick]   # results/hicache.{json,png}
     python experiments/fig_hicache.py --plot-only
@@ -26,7 +34,9 @@ from __future__ import annotations
 
 import _common as C  # noqa: I001
 
+from radixkv.cost import CostModel, HostLink
 from radixkv.memory.presets import get_model
+from radixkv.policies.hicache import HiCacheRadixCache
 from radixkv.policies.registry import PoolSpec, parse_policy
 from radixkv.replay.run import run_replay
 
@@ -38,6 +48,31 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 MODEL = "Llama-3.1-8B"
 #: hit-rate distance at which the two-tier curve counts as meeting the single-tier one
 MEET_TOL = 0.005
+#: the concurrent part: requests, arrival stretch, GPU pool, host pool, links
+CONC_REQUESTS, CONC_REQUESTS_QUICK, CONC_TIME_SCALE = 1000, 300, 10.0
+CONC_GPU_TOKENS, CONC_HOST_TOKENS = 200_000, 4_000_000
+LINKS = ("pcie4-x16", "pcie5-x16", "nvlink-c2c")
+GPU = "H100-80GB"
+
+
+def _concurrent(trace) -> list:
+    from radixkv.replay.arrivals import arrival_times
+    from radixkv.replay.concurrent import replay_concurrent
+
+    cost = CostModel.from_specs(MODEL, GPU)
+    arr = arrival_times(trace, arrival="trace", time_scale=CONC_TIME_SCALE)
+    rows = []
+    for host, link in [(0, None)] + [(CONC_HOST_TOKENS, x) for x in LINKS]:
+        pol = HiCacheRadixCache(CONC_GPU_TOKENS, PAGE, host_tokens=host)
+        s = replay_concurrent(trace, pol, cost, arrivals=arr,
+                              host_link=None if link is None else HostLink.parse(link)).summary()
+        row = {"host_tokens": host, "host_link": link, **{k: s[k] for k in (
+            "token_hit_rate", "host_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "queue_p50_s",
+            "host_to_gpu_tokens", "host_load_s", "concurrency_mean", "duration_s")}}
+        rows.append(row)
+        print(f"concurrent host {host:,} {link}: hit {s['token_hit_rate']:.4f}, TTFT p50 {s['ttft_p50_s']:.3f} s "
+              f"p99 {s['ttft_p99_s']:.3f} s, copies {s['host_load_s']:.3f} s", flush=True)
+    return rows
 
 
 def _sglang(trace, tokens):
@@ -72,18 +107,31 @@ def main() -> None:
                         "host_evicted_tokens": s["host_evicted_tokens"], "replay_s": round(s["timing_s"]["replay"], 2)})
             print(f"{wp} host {h:,}: hit {s['token_hit_rate']:.4f} (device {pts[-1]['device_hit_rate']:.4f}, "
                   f"host {s['host_hit_rate']:.4f}), {pts[-1]['replay_s']} s", flush=True)
-        meet = next((pt["host_tokens"] for pt, st in zip(pts, single) if pt["host_tokens"] > 0
-                     and st - pt["hit_rate"] <= MEET_TOL), None)
+        gaps = [st - pt["hit_rate"] for pt, st in zip(pts, single)]
+        # the first host size from which on the two-tier curve stays within MEET_TOL of
+        # the single-tier one (None: it does not, up to the largest host size)
+        meet = None
+        for j in range(len(hosts) - 1, -1, -1):
+            if hosts[j] == 0 or abs(gaps[j]) > MEET_TOL:
+                break
+            meet = hosts[j]
         curves[wp] = {"points": pts, "meets_single_tier_at_host_tokens": meet,
-                      "gap_to_single_tier": [round(st - pt["hit_rate"], 6) for pt, st in zip(pts, single)]}
+                      "gap_to_single_tier": [round(g, 6) for g in gaps]}
     doc = {"trace": "mooncake", "requests": len(trace), "prompt_tokens": int(trace.prompt_len.sum()),
            "gpu_tokens": GPU_TOKENS, "page_size": PAGE, "host_tokens": hosts,
            "single_tier_hit_rate": single, "single_tier_max_hit_rate": single_max,
            "unbounded_hit_rate": unbounded["token_hit_rate"], "meet_tolerance": MEET_TOL,
            "model_for_bytes": MODEL, "kv_bytes_per_token": bpt, "curves": curves}
+    ctr = C.load("mooncake", CONC_REQUESTS_QUICK if C.QUICK else CONC_REQUESTS)
+    doc["concurrent"] = {"requests": len(ctr), "time_scale": CONC_TIME_SCALE, "gpu_tokens": CONC_GPU_TOKENS,
+                         "model": MODEL, "gpu": GPU, "rows": _concurrent(ctr)}
     C.write_result("hicache.json", doc, {"gpu_tokens": GPU_TOKENS, "page_size": PAGE, "host_tokens": hosts,
                                          "write_policies": list(WRITE_POLICIES), "limit": limit,
-                                         "model_for_bytes": MODEL, "meet_tolerance": MEET_TOL})
+                                         "model_for_bytes": MODEL, "meet_tolerance": MEET_TOL,
+                                         "concurrent": {"requests": len(ctr), "time_scale": CONC_TIME_SCALE,
+                                                        "gpu_tokens": CONC_GPU_TOKENS,
+                                                        "host_tokens": CONC_HOST_TOKENS, "links": list(LINKS),
+                                                        "model": MODEL, "gpu": GPU}})
     plot(doc)
 
 
