@@ -134,3 +134,12 @@ def test_chunked_prefill_allocates_per_chunk():
     assert c.peek_hit(tr.kv_seq(1)) == 32 and c.admit(1, tr.kv_seq(1), 40).hit_tokens == 32
     with pytest.raises(ValueError):
         c.admit(2, tr.kv_seq(0), 41)  # beyond the prompt: the scheduler falls back to it
+
+
+def test_replicas_with_a_host_tier_are_refused():
+    from radixkv.replay.multi_concurrent import replay_multi_concurrent
+
+    tr = _trace([A, B], [0.0, 1.0])
+    cost = CostModel.from_specs("Llama-3.1-8B", "H100-80GB")
+    with pytest.raises(ConfigError, match="host tier"):
+        replay_multi_concurrent(tr, [HiCacheRadixCache(24, 1), HiCacheRadixCache(24, 1)], cost, "round-robin")

@@ -321,6 +321,11 @@ def replay_multi_concurrent(
         if not getattr(p, "holds_running_kv", True):
             raise ConfigError(f"{type(p).__name__} models no running requests (holds_running_kv = False), "
                               "so it has no concurrent replay; use the sequential mode", field="mode")
+        if getattr(type(p), "models_host_tier", False) and getattr(p, "host_capacity", 0) > 0:
+            # the replicas' steps do not price host→GPU load backs (replay_concurrent does)
+            raise ConfigError(f"{type(p).__name__} with a host tier has no multi-replica concurrent replay "
+                              "(its load backs are priced on one replica only): drop --replicas",
+                              field="replicas")
     if len({id(p) for p in policies}) != N:
         raise ConfigError("each replica needs its own policy instance", field="replicas")
     config = config or SchedulerConfig()
