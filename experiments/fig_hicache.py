@@ -132,7 +132,6 @@ def main() -> None:
                                                         "gpu_tokens": CONC_GPU_TOKENS,
                                                         "host_tokens": CONC_HOST_TOKENS, "links": list(LINKS),
                                                         "model": MODEL, "gpu": GPU}})
-    plot(doc)
 
 
 def plot(doc: dict) -> None:
@@ -142,7 +141,10 @@ def plot(doc: dict) -> None:
     ax.plot(x, doc["single_tier_hit_rate"], "k-", lw=2, label="sglang, one GPU pool of 1 M + host tokens")
     ax.plot(x, doc["single_tier_max_hit_rate"], "k:", label="sglang, one GPU pool of max(1 M, host) tokens")
     styles = {"write_through": "C0", "write_through_selective": "C2", "write_back": "C3"}
-    for wp, cv in doc["curves"].items():
+    for wp in WRITE_POLICIES:  # the script's order, not the file's sorted keys
+        if wp not in doc["curves"]:
+            continue
+        cv = doc["curves"][wp]
         pts = cv["points"]
         ax.plot(x, [p["hit_rate"] for p in pts], "o-", color=styles.get(wp), ms=3,
                 label=f"sglang-hicache {wp}: GPU + host")
