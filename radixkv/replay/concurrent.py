@@ -317,6 +317,12 @@ def replay_concurrent(
     if n and (np.any(np.diff(arrivals) < 0) or not np.all(np.isfinite(arrivals))):
         raise ConfigError("arrival times must be finite and non-decreasing", field="arrivals")
     sch = make_scheduler(trace, policy, config)
+    if on_step is None and not timeline:  # vLLM's rules over BlockHashCache: one compiled loop
+        from radixkv.replay.conc_vllm_fast import replay_compiled
+
+        res = replay_compiled(trace, policy, cost, config, sch, arrivals, fast_forward, progress)
+        if res is not None:
+            return res
     arr = arrivals.tolist()
     nan = float("nan")
     admit_s = [nan] * n

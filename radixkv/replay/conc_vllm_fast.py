@@ -1,0 +1,236 @@
+"""The compiled path of the concurrent replay for vLLM's scheduler over vLLM's prefix cache.
+
+:func:`replay_compiled` runs :func:`radixkv.replay.concurrent.replay_concurrent`'s loop
+as one Numba kernel (:func:`radixkv.replay._conc_vllm_kernels.run_loop`) when the
+replay is one it reproduces bit for bit: the policy is exactly
+:class:`~radixkv.policies.block_hash.BlockHashCache` (no subclass, ``verify`` off), the
+scheduler is :class:`~radixkv.replay.sched_vllm.VllmScheduler` with FCFS order, the cost
+model is :class:`~radixkv.cost.CostModel` or :class:`~radixkv.cost.UnitStepCost`, no
+per-step hook or timeline is asked for, and the kernels are compiled. Otherwise it
+returns None and the Python loop runs. Both paths give the same
+:class:`~radixkv.replay.concurrent.ConcurrentResult`, byte for byte
+(``tests/test_conc_vllm_fast.py`` compares them).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.policies import _hash_kernels as K
+from radixkv.replay import _conc_vllm_kernels as CK
+
+_EXACT = 2**53
+#: requests finished between two progress reports of the compiled loop
+_PROGRESS_EVERY = 256
+#: request slots and prefill-log rows the compiled loop starts with (it asks for more)
+_SLOTS0 = 16
+_LOG0 = 1024
+
+
+def _eligible(trace, policy, cost, config, sch) -> bool:
+    from radixkv.cost import CostModel, UnitStepCost
+    from radixkv.policies.block_hash import BlockHashCache
+    from radixkv.replay.sched_vllm import VllmScheduler
+
+    if type(policy) is not BlockHashCache or policy.verify or policy._running or policy._partial:
+        return False
+    if type(sch) is not VllmScheduler or config.schedule_policy != "fcfs":
+        return False
+    if type(cost) not in (CostModel, UnitStepCost):
+        return False
+    if not hasattr(K.extend, "py_func") or not hasattr(CK.run_loop, "py_func"):
+        return False  # the kernels run interpreted (radixkv.replay.jit)
+    if len(trace) == 0:
+        return False
+    # the step time's integer sums stay exact (CostModel._step_time_ints)
+    budget = int(config.max_num_batched_tokens)
+    kv_max = int(np.max(trace.prompt_len + np.maximum(trace.output_len - 1, 0)))
+    if budget * (kv_max + budget) >= _EXACT // 4:
+        return False
+    return True
+
+
+def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast_forward: bool, progress):
+    """The replay of :func:`~radixkv.replay.concurrent.replay_concurrent` in one compiled
+    loop, or None when it does not apply (module docstring).
+
+    Parameters
+    ----------
+    trace, policy, cost, config, arrivals, fast_forward, progress
+        As :func:`~radixkv.replay.concurrent.replay_concurrent` (arrivals validated,
+        float64 (n,)).
+    sch : radixkv.replay.sched_vllm.VllmScheduler
+        The replay's (fresh) scheduler; its per-request lists are filled on return.
+
+    Returns
+    -------
+    radixkv.replay.concurrent.ConcurrentResult or None
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When a request cannot be admitted into an otherwise idle pool.
+    RuntimeError
+        When the pool refuses decode tokens its reported room should hold.
+    """
+    from radixkv.cost import UnitStepCost
+    from radixkv.replay.concurrent import _Integrals, _accumulate, _result
+
+    if not _eligible(trace, policy, cost, config, sch):
+        return None
+    n = len(trace)
+    B = int(policy.block_size)
+    P = np.asarray(trace.prompt_len, dtype=np.int64)
+    N = np.asarray(trace.output_len, dtype=np.int64)
+    kvlen = P + np.maximum(N - 1, 0)
+    has_out = trace.out_ids is not None
+    ids = np.ascontiguousarray(trace.ids, dtype=np.int64)
+    id_off = np.ascontiguousarray(trace.id_offsets, dtype=np.int64)
+    oids = np.ascontiguousarray(trace.out_ids if has_out else ids[:0], dtype=np.int64)
+    ooff = np.ascontiguousarray(trace.out_offsets if has_out else id_off[:1], dtype=np.int64)
+    U = int(trace.unit_tokens)
+    # segments per request (radixkv.trace._seq_kernel.kv_seq_len)
+    nprompt = np.diff(id_off)
+    nseg = nprompt.copy()
+    if U > 1:
+        covered = np.where(nprompt > 0, np.minimum(nprompt * U, P), 0)
+        nseg += covered < P
+    nseg += np.where(kvlen > P, (kvlen - P) if has_out else 1, 0)
+    G = int(nseg.max())
+    W = int(-(-int(kvlen.max()) // B))
+    tr = (ids, id_off, oids, ooff, has_out, P, N, U)
+    # widen the content-piece arrays once to what the whole trace needs
+    mp = int(CK.max_block_pieces(ids, id_off, oids, ooff, has_out, P, N, U, B, G))
+    if mp - 1 > policy._pcid.shape[1]:
+        policy._grow_pieces(mp)
+    cap_run = int(min(int(config.max_num_seqs), n))
+    rq = np.zeros((16, n), dtype=np.int64)
+    rq[0] = P
+    rq[1] = N
+    rq[12] = -1
+    rq[13] = -1
+    rq[14] = -1
+    rq[15] = kvlen
+    rf = np.full((5, n), np.nan, dtype=np.float64)
+    rf[0] = arrivals
+    wq = np.zeros(n, dtype=np.int64)
+    run = np.zeros(cap_run, dtype=np.int64)
+    plan = np.zeros((4, cap_run), dtype=np.int64)
+    scratch = (np.zeros(max(W, 1), dtype=np.int64), np.zeros(max(W, 1), dtype=np.int64),
+               np.zeros(G, dtype=np.int64), np.zeros(G, dtype=np.int64))
+    n_sl = min(cap_run, _SLOTS0)
+    sa = _slots(n_sl, W, G)
+    free_slots = np.arange(n_sl - 1, -1, -1, dtype=np.int64)
+    pf_n = np.zeros(_LOG0 + cap_run, dtype=np.int64)
+    pf_c = np.zeros_like(pf_n)
+    pf_g = np.zeros(_LOG0, dtype=np.int64)
+    ist = np.zeros(CK.NI, dtype=np.int64)
+    ist[CK.I_NFREE] = n_sl
+    fst = np.zeros(CK.NFS, dtype=np.float64)
+    fst[CK.F_NOW] = fst[CK.F_T0] = float(arrivals[0])
+    if isinstance(cost, UnitStepCost):
+        kind, cp = CK.COST_UNIT, np.array([float(cost.step_s)])
+    else:
+        kind = CK.COST_ROOFLINE
+        cp = np.array([float(cost.params), float(cost.num_layers), float(cost.attn_dim),
+                       float(cost.weight_dtype_bytes), float(cost.kv_bytes_per_token), float(cost.peak_flops),
+                       float(cost.mfu), float(cost.tp), float(cost.hbm_bytes_per_s), float(cost.mbu),
+                       float(cost.step_overhead_s)], dtype=np.float64)
+    cfg = np.array([int(config.max_num_seqs), int(config.max_num_batched_tokens),
+                    1 if config.enable_chunked_prefill else 0, int(config.long_prefill_token_threshold),
+                    int(sch._wm), 1 if fast_forward else 0], dtype=np.int64)
+    st = policy._st
+    stk = policy._stk
+    step = _PROGRESS_EVERY if progress is not None else n
+    stop = step
+    reported = 0
+    ev0 = int(st[K.ST_EVICTIONS])
+    while True:
+        pol = (policy._blk, policy._b32, policy._kt, policy._k32, policy._pcid, policy._pcs, st, stk)
+        status = CK.run_loop(tr, pol, policy._key_mask, B, int(policy.num_slots), cfg, kind, cp, rq, rf, wq, run,
+                             plan, sa, free_slots, scratch, pf_n, pf_c, pf_g, ist, fst, stop)
+        if status == CK.S_DONE:
+            break
+        if status == CK.S_PROGRESS:
+            reported = int(ist[CK.I_DONE])
+            progress(reported, n)
+            stop = int(ist[CK.I_DONE]) + step
+        elif status == CK.S_GROW_SLOTS:
+            old = sa[0].shape[0]
+            new = min(cap_run, 2 * old)
+            sa = _slots(new, W, G, sa)
+            fs = np.zeros(new, dtype=np.int64)
+            k = int(ist[CK.I_NFREE])
+            fs[:k] = free_slots[:k]
+            fs[k:k + new - old] = np.arange(new - 1, old - 1, -1)
+            free_slots = fs
+            ist[CK.I_NFREE] = k + new - old
+        elif status == CK.S_GROW_LOG:
+            pf_n = np.concatenate((pf_n, np.zeros_like(pf_n)))
+            pf_c = np.concatenate((pf_c, np.zeros_like(pf_c)))
+            pf_g = np.concatenate((pf_g, np.zeros_like(pf_g)))
+        elif status == CK.S_IDLE_REFUSED:
+            i = int(ist[CK.I_ARG])
+            raise ConfigError(
+                f"request {str(trace.req_id[i])!r} cannot be admitted into an otherwise idle pool "
+                f"({policy.capacity_tokens} tokens)",
+                path=trace.name or None,
+                field="num_slots",
+            )
+        elif status == CK.S_DECODE_REFUSED:
+            raise RuntimeError(f"{type(policy).__name__} refused decode tokens of request {int(ist[CK.I_ARG])} "
+                               "that its reported free + evictable room should hold")
+        else:
+            raise RuntimeError(f"compiled concurrent loop: unexpected status {status}")
+    if progress is not None and reported != n:
+        progress(n, n)
+    ev = int(st[K.ST_EVICTIONS]) - ev0
+    policy.evictions += ev
+    policy.evicted_tokens_total += ev * B
+    # prefill FLOPs: each logged step's items summed as _Integrals.prefill sums them
+    acc = _Integrals(policy)
+    g = int(ist[CK.I_PFG])
+    if g:
+        npf = int(ist[CK.I_PFN])
+        starts = pf_g[:g]
+        ends = np.append(starts[1:], npf)
+        pn, pc = pf_n[:npf], pf_c[:npf]
+        single = ends - starts == 1
+        sums = np.empty(g, dtype=np.float64)
+        if single.any():
+            j = starts[single]
+            sums[single] = cost.prefill_flops(pn[j], pc[j])
+        for q in np.flatnonzero(~single).tolist():
+            a, b = int(starts[q]), int(ends[q])
+            sums[q] = float(np.sum(cost.prefill_flops(pn[a:b], pc[a:b])))
+        acc.pf_flops = _accumulate(0.0, sums)
+    acc.area = float(fst[CK.F_AREA])
+    acc.busy = float(fst[CK.F_BUSY])
+    acc.pool["waste_area"] = float(fst[CK.F_WASTE])
+    acc.pool["waste_peak"] = int(ist[CK.I_WPEAK])
+    acc.pool["used_area"] = float(fst[CK.F_USED])
+    acc.pool["cached_area"] = float(fst[CK.F_CACHED])
+    sch.hit = rq[6]
+    sch.held = rq[7]
+    sch.evicted = rq[8]
+    sch.preemptions = rq[10]
+    sch.recomputed = rq[11]
+    res = _result(trace, policy, cost, config, sch, arrivals, rf[1], rf[2], rf[3], float(fst[CK.F_T0]),
+                  float(fst[CK.F_NOW]), acc.busy, acc.area, int(ist[CK.I_PEAK]), int(ist[CK.I_STEPS]),
+                  acc.pf_flops, acc.pool)
+    res.columns["admit_step"] = rq[12].copy()
+    res.columns["finish_step"] = rq[13].copy()
+    return res
+
+
+def _slots(n_sl, W, G, old=None):
+    """Per-slot arrays (keys, block table, segment ids, segment ends, nseg, nblk, ntok),
+    keeping the rows of *old*."""
+    new = (np.zeros((n_sl, max(W, 1)), dtype=np.int64), np.zeros((n_sl, max(W, 1)), dtype=np.int64),
+           np.zeros((n_sl, G), dtype=np.int64), np.zeros((n_sl, G), dtype=np.int64),
+           np.zeros(n_sl, dtype=np.int64), np.zeros(n_sl, dtype=np.int64), np.zeros(n_sl, dtype=np.int64))
+    if old is not None:
+        k = old[0].shape[0]
+        for a, b in zip(new, old):
+            a[:k] = b
+    return new
