@@ -80,8 +80,8 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
         return None
     n = len(trace)
     B = int(policy.block_size)
-    P = np.asarray(trace.prompt_len, dtype=np.int64)
-    N = np.asarray(trace.output_len, dtype=np.int64)
+    P = np.ascontiguousarray(trace.prompt_len, dtype=np.int64)
+    N = np.ascontiguousarray(trace.output_len, dtype=np.int64)
     kvlen = P + np.maximum(N - 1, 0)
     has_out = trace.out_ids is not None
     ids = np.ascontiguousarray(trace.ids, dtype=np.int64)
@@ -221,6 +221,22 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     res.columns["admit_step"] = rq[12].copy()
     res.columns["finish_step"] = rq[13].copy()
     return res
+
+
+def warm(block_size: int = 16) -> None:
+    """Compile (or load from Numba's cache) the compiled loop: a tiny replay through it
+    (``BlockHashCache.warm_kernels`` calls this, so ``radixkv warmup`` fills the cache)."""
+    from radixkv.cost import UnitStepCost
+    from radixkv.policies.block_hash import BlockHashCache
+    from radixkv.replay.concurrent import replay_concurrent
+    from radixkv.trace.types import Trace
+
+    if not hasattr(CK.run_loop, "py_func") or not hasattr(K.extend, "py_func"):
+        return
+    B = int(block_size)
+    tr = Trace.from_requests(req_id=["w0", "w1"], arrival_s=[0.0, 0.0], prompt_len=[2 * B, B + 1],
+                             output_len=[3, 2], prompt_ids=[list(range(2 * B)), list(range(B + 1))], name="warmup")
+    replay_concurrent(tr, BlockHashCache(8, B), UnitStepCost())
 
 
 def _slots(n_sl, W, G, old=None):
