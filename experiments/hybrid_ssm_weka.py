@@ -16,7 +16,8 @@ weights are the same); the two configurations spend it differently:
   id holds one 12-layer page, so the budget buys ``budget // (272 × 12 × per-layer bytes)``
   block ids (:func:`radixkv.memory.hybrid.vllm_hybrid_num_gpu_blocks`, exact against vLLM's
   own functions in ``tests/test_hybrid_groups.py``); replayed by
-  ``vllm-hybrid:272@mambax3/max_num_batched_tokens=8192``. A Mamba group keeps a state
+  ``vllm-hybrid:272@mambax3+full/max_num_batched_tokens=8192`` (vLLM's group order: the
+  Mamba groups first, as layer 0 is linear attention). A Mamba group keeps a state
   only where a step ended on a block boundary, so a hit lands on 272-token boundaries where
   an earlier request's prefill or decode stopped.
 

@@ -12,7 +12,8 @@ configurations spend it differently:
   ``v1/core/kv_cache_planning.py :: _get_kv_cache_groups_uniform_page_size``): 1 full group
   and ceil(52 / 10) = 6 sliding groups, and a block id holds one 10-layer page, so the
   same budget gives ``budget // (16 × 10 × per-layer bytes)`` block ids, replayed by
-  ``vllm-hybrid:16@window=1024x6/max_num_batched_tokens=8192`` (chunked prefill, which
+  ``vllm-hybrid:16@window=1024x6+full/max_num_batched_tokens=8192`` (vLLM's group order,
+  sliding groups first; chunked prefill, which
   lets a sliding group hold only its window while a long prompt is prefilled).
 
 Traces: the WEKA session files whose longest prompt fits Gemma-3's 131,072-token context
@@ -35,6 +36,7 @@ import dataclasses
 import json
 
 from radixkv.memory import get_gpu, get_model, vllm_pool_size
+from radixkv.memory.hybrid import vllm_hybrid_policy_option, vllm_kv_cache_groups
 from radixkv.policies.registry import PoolSpec, parse_policy
 from radixkv.replay.run import run_replay
 from radixkv.trace.load import load_trace
@@ -71,7 +73,9 @@ def main() -> None:
     C._READ["weka"] = {"path": "$RADIXKV_SHARED/traces/weka-claude-code/traces",
                        "sha256": C.sha256_path(root)}
     full_spec = parse_policy(f"vllm:{B}")
-    hyb_spec = parse_policy(f"vllm-hybrid:{B}@window={hyb.sliding_window}x{SLIDING_GROUPS}"
+    # vLLM's group order: groups numbered by first layer (layer 0 slides: sliding groups
+    # first, the full-attention group last), radixkv.memory.hybrid.vllm_kv_cache_groups
+    hyb_spec = parse_policy(f"vllm-hybrid:{B}@{vllm_hybrid_policy_option(vllm_kv_cache_groups(hyb)[0])}"
                             f"/max_num_batched_tokens={MNBT}")
     rows = []
     tot = {"prompt": 0, "full_hit": 0, "hyb_hit": 0, "hyb_full_group_hit": 0}

@@ -25,17 +25,18 @@ def test_gemma3_groups():
     groups, size = vllm_kv_cache_groups(get_model("Gemma-3-27B"))
     # 10 full, 52 sliding: 52 ≥ 1.5 × 10, so the group size is the smaller count, 10;
     # sliding: ceil(52 / 10) = 6 groups, layers dealt out round-robin: 9, 9, 9, 9, 8, 8
-    # (60 − 52 = 8 padding layers)
+    # (60 − 52 = 8 padding layers); layer 0 slides, so the sliding groups come first
     assert size == 10
     assert [(g.kind, g.window, g.layers, g.padding) for g in groups] == (
-        [("full_attention", None, 10, 0)] + [("sliding_attention", 1024, 10, 1)] * 4
-        + [("sliding_attention", 1024, 10, 2)] * 2)
+        [("sliding_attention", 1024, 10, 1)] * 4 + [("sliding_attention", 1024, 10, 2)] * 2
+        + [("full_attention", None, 10, 0)])
 
 
 def test_close_counts_use_the_larger_group():
     # 13 full + 12 sliding: 13 < 1.5 × 12 -> group size 13, sliding padded by 1
     groups, size = vllm_kv_cache_groups(_spec(13, 12))
     assert size == 13 and [(g.kind, g.padding) for g in groups] == [("full_attention", 0), ("sliding_attention", 1)]
+    assert vllm_hybrid_policy_option(groups) == "window=128"  # full first: left out
     # 12 + 12 (gpt-oss-20b): two groups of 12, no padding
     groups, size = vllm_kv_cache_groups(_spec(12, 12))
     assert size == 12 and [g.padding for g in groups] == [0, 0]
@@ -65,8 +66,9 @@ def test_sizing_matches_vllm(case):
     groups, size = vllm_kv_cache_groups(m)
     kinds = {"FullAttentionSpec": "full_attention", "SlidingWindowSpec": "sliding_attention",
              "MambaSpec": "linear_attention"}
-    want = sorted((kinds[g["spec"]], g["layers"]) for g in case["groups"])
-    assert sorted((g.kind, g.layers - g.padding) for g in groups) == want
+    # the same groups in the same order (vLLM numbers them by first layer)
+    assert [(g.kind, g.layers - g.padding) for g in groups] == [(kinds[g["spec"]], g["layers"])
+                                                                for g in case["groups"]]
     if case["mamba_page_size_padded"] is not None:  # the state page padded to the attention page
         assert case["block_size"] * 2 * max(2 // case["tp"], 1) * 256 * 2 == case["mamba_page_size_padded"]
         assert mamba_page_bytes(m, case["tp"]) <= case["mamba_page_size_padded"]
@@ -81,7 +83,7 @@ def test_qwen3_next_block_size_by_hand():
     assert vllm_hybrid_block_size(m) == 544
     assert vllm_hybrid_block_size(m, block_size=1024) == 1024  # a larger request stands
     groups, size = vllm_kv_cache_groups(m)
-    assert size == 12 and vllm_hybrid_policy_option(groups) == "mambax3"
+    assert size == 12 and vllm_hybrid_policy_option(groups) == "mambax3+full"
     assert vllm_hybrid_block_size(get_model("Gemma-3-27B")) == 16
 
 
@@ -106,16 +108,16 @@ def test_replay_sizes_vllm_hybrid_from_model_and_gpu(capsys):
     trace = str(GOLDEN_LOCAL / "traces" / "edge300.jsonl")
     m = get_model("Qwen3-Next-80B-A3B")
     budget = vllm_pool_size(m, get_gpu("H100-80GB"), tp=4).budget_bytes
-    assert main(["replay", trace, "--policy", "vllm-hybrid:272@mambax3", "--model", "Qwen3-Next-80B-A3B",
+    assert main(["replay", trace, "--policy", "vllm-hybrid:272@mambax3+full", "--model", "Qwen3-Next-80B-A3B",
                  "--gpu", "H100-80GB", "--tp", "4", "--json", "--no-timing"]) == 0
     r = json.loads(capsys.readouterr().out)
     nb = budget // (272 * 12 * 1024)  # 12 layers × 272 tokens × (1 KV head × 256 × 2 × 2 B)
     assert r["results"][0]["pool"]["num_gpu_blocks"] == nb == vllm_hybrid_num_gpu_blocks(m, budget, tp=4)
     # the wrong block size or groups: an error naming the spec vLLM would run
-    for bad in ("vllm-hybrid:16@mambax3", "vllm-hybrid:272@mamba", "vllm-hybrid:272@window=64"):
+    for bad in ("vllm-hybrid:16@mambax3+full", "vllm-hybrid:272@mambax3", "vllm-hybrid:272@window=64"):
         assert main(["replay", trace, "--policy", bad, "--model", "Qwen3-Next-80B-A3B", "--gpu", "H100-80GB",
                      "--tp", "4"]) != 0
-        assert "vllm-hybrid:272@mambax3" in capsys.readouterr().err
+        assert "vllm-hybrid:272@mambax3+full" in capsys.readouterr().err
 
 
 def test_memory_cli_prints_mamba_groups(capsys):
@@ -125,7 +127,7 @@ def test_memory_cli_prints_mamba_groups(capsys):
     h = r["pools"]["vllm"]["hybrid"]
     # tp 4 (sizing.json's vLLM case): block 272, 1 full + 3 Mamba groups of 12 layers
     assert h["block_size"] == 272 and h["group_size"] == 12
-    assert [g["kind"] for g in h["groups"]] == ["full_attention"] + ["linear_attention"] * 3
+    assert [g["kind"] for g in h["groups"]] == ["linear_attention"] * 3 + ["full_attention"]
     assert h["block_bytes"] == 272 * 12 * 1024
     assert h["num_gpu_blocks"] == r["pools"]["vllm"]["budget_bytes"] // h["block_bytes"]
-    assert h["policy"] == "vllm-hybrid:272@mambax3"
+    assert h["policy"] == "vllm-hybrid:272@mambax3+full"

@@ -56,12 +56,14 @@ def vllm_kv_cache_groups(model: ModelSpec) -> tuple[list[KVCacheGroup], int]:
     Returns
     -------
     (groups, group_size)
-        Full-attention groups first, then sliding, then linear-attention (Mamba) ones (vLLM
-        orders buckets by first layer; the lookup puts full attention first). A
-        full-attention model gives one group of all its layers.
+        In vLLM's group order: the kinds in the order of their first layer (the layer specs
+        are bucketed in layer order; Gemma 3 and Qwen3-Next start with a sliding / linear
+        layer, so their full-attention group comes last). A full-attention model gives one
+        group of all its layers.
     """
     c = model.layer_counts()
-    kinds = [(k, c[k]) for k in ("full_attention", "sliding_attention", "linear_attention") if c[k]]
+    order = list(dict.fromkeys(model.layer_types or ())) or ["full_attention"]
+    kinds = [(k, c[k]) for k in order if c[k]]
     lo = min(n for _, n in kinds)
     hi = max(n for _, n in kinds)
     size = hi if hi < lo * 1.5 else lo
@@ -145,9 +147,12 @@ def vllm_hybrid_num_gpu_blocks(model: ModelSpec, budget_bytes: int, *, block_siz
 
 
 def vllm_hybrid_policy_option(groups) -> str:
-    """The ``vllm-hybrid`` option text for these groups after the first full-attention one
-    (``window=1024x6``, ``mambax3``, ``window=64+mamba``)."""
-    parts = [g.window if g.kind == "sliding_attention" else "mamba" for g in groups[1:]]
+    """The ``vllm-hybrid`` option text for these groups in their order (``window=1024x6+full``,
+    ``mambax3+full``; the full-attention group is left out when it is the first)."""
+    parts = [g.window if g.kind == "sliding_attention" else "mamba" if g.kind == "linear_attention" else "full"
+             for g in groups]
+    if parts and parts[0] == "full":
+        parts = parts[1:]
     out, i = [], 0
     while i < len(parts):
         j = i
@@ -155,4 +160,4 @@ def vllm_hybrid_policy_option(groups) -> str:
             j += 1
         out.append(f"{parts[i]}" + (f"x{j - i}" if j - i > 1 else ""))
         i = j
-    return ("" if parts and parts[0] == "mamba" else "window=") + "+".join(out)
+    return ("" if parts and parts[0] in ("mamba", "full") else "window=") + "+".join(out)

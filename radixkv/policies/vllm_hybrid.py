@@ -101,11 +101,15 @@ def parse_option_text(text: str) -> tuple:
 
 #: the group entry of a Mamba (linear-attention / SSM) group in ``windows``
 MAMBA = "mamba"
+#: the full-attention group's place in ``windows`` when it is not the first group
+FULL = "full"
 
 
 def parse_groups(text: str) -> tuple:
     """``window=W[xK][+W2[xK2]…]`` or ``mamba[xK]`` (or both, ``window=64+mamba``) → the
-    groups after the full-attention group.
+    groups after the full-attention group; a ``full`` part places the full-attention group
+    among them (``mambax3+full``: vLLM numbers groups by their first layer, so Qwen3-Next's
+    Mamba groups and Gemma 3's sliding ones come before the full one).
 
     ``window=64`` = one full-attention group and one sliding-window group of 64 tokens;
     ``window=1024x6`` = six identical sliding groups (Gemma 3 in vLLM: 10 full layers,
@@ -118,30 +122,33 @@ def parse_groups(text: str) -> tuple:
     -------
     tuple of int or str
         Per group in group order: its window (tokens) for a sliding group, :data:`MAMBA`
-        for a Mamba group.
+        for a Mamba group, :data:`FULL` for the full-attention group when placed.
 
     Raises
     ------
     ConfigError
-        Malformed text or a window < 2.
+        Malformed text, a window < 2, or more than one ``full``.
     """
     t = str(text).strip().lower()
     if t.startswith("window="):
         t = t[len("window="):]
-    elif not t.startswith(MAMBA):
+    elif not t.startswith((MAMBA, FULL)):
         raise ConfigError(f"hybrid groups {text!r}: expected window=W[xK][+W2…] or mamba[xK]", field="policy")
     out: list = []
     for part in t.split("+"):
         w, _, k = part.partition("x")
         try:
             k = int(k or 1)
-            w = MAMBA if w == MAMBA else int(w)
+            w = w if w in (MAMBA, FULL) else int(w)
         except ValueError:
             raise ConfigError(f"hybrid groups {text!r}: {part!r} is not W, WxK, mamba or mambaxK",
                               field="policy") from None
-        if (w != MAMBA and w < 2) or k < 1:
+        if (w not in (MAMBA, FULL) and w < 2) or k < 1:
             raise ConfigError(f"hybrid groups {text!r}: a window must be ≥ 2 tokens and K ≥ 1", field="policy")
         out += [w] * k
+    if out.count(FULL) > 1 or out == [FULL]:
+        raise ConfigError(f"hybrid groups {text!r}: one full-attention group and at least one other",
+                          field="policy")
     return tuple(out)
 
 
@@ -218,23 +225,27 @@ class HybridBlockHashCache(PrefixCache):
                               field="num_gpu_blocks")
         if isinstance(windows, str):
             windows = parse_groups(windows)
-        windows = tuple(MAMBA if w == MAMBA else int(w) for w in windows)
-        if not windows or any(w != MAMBA and w < 2 for w in windows):
+        windows = tuple(w if w in (MAMBA, FULL) else int(w) for w in windows)
+        if (not windows or windows.count(FULL) > 1 or windows == (FULL,)
+                or any(w not in (MAMBA, FULL) and w < 2 for w in windows)):
             raise ConfigError(f"windows must be ≥ 2 tokens, got {windows}", field="windows")
         super().__init__(nb - 1, B)
         self.num_gpu_blocks = nb
         self.block_size = B
         self.windows = windows
-        #: per group: None for full attention, else the window
-        self.group_window = (None,) + windows
+        #: per group: None for full attention, the window, or MAMBA
+        self.group_window = (tuple(None if w == FULL else w for w in windows) if FULL in windows
+                             else (None,) + windows)
+        #: the full-attention group's id
+        self._full_gid = self.group_window.index(None)
         G = len(self.group_window)
         # spec groups (HybridKVCacheCoordinator.verify_and_split_kv_cache_groups): equal
-        # specs share one lookup; full attention first
+        # specs share one lookup; full attention first, the others in group order
         specs: dict = {}
         for g, w in enumerate(self.group_window):
             specs.setdefault(w, []).append(g)
-        self._spec_groups = [(w, tuple(gs)) for w, gs in specs.items()]  # full (None) first by construction
-        self._need = {w: -(-(w - 1) // B) for w in windows if w != MAMBA}
+        self._spec_groups = sorted(((w, tuple(gs)) for w, gs in specs.items()), key=lambda t: t[0] is not None)
+        self._need = {w: -(-(w - 1) // B) for w in windows if w not in (MAMBA, FULL)}
         #: per group: True for a Mamba group (align mode)
         self._mamba = tuple(w == MAMBA for w in self.group_window)
         self.has_mamba = any(self._mamba)
@@ -298,7 +309,7 @@ class HybridBlockHashCache(PrefixCache):
                 j += 1
             out.append(f"{value[i]}" + (f"x{j - i}" if j - i > 1 else ""))
             i = j
-        return ("" if value and value[0] == MAMBA else "window=") + "+".join(out)
+        return ("" if value and value[0] in (MAMBA, FULL) else "window=") + "+".join(out)
 
     @classmethod
     def from_capacity_tokens(cls, capacity_tokens: int, block_size: int = 16, **kw) -> "HybridBlockHashCache":
@@ -319,7 +330,8 @@ class HybridBlockHashCache(PrefixCache):
         if B < 1:
             raise ConfigError(f"block_size must be ≥ 1, got {block_size}", field="block_size")
         w = kw.get("windows", cls.default_option[0])
-        G = 1 + len(parse_groups(w) if isinstance(w, str) else tuple(w))
+        w = parse_groups(w) if isinstance(w, str) else tuple(w)
+        G = len(w) + (FULL not in w)
         usable = int(capacity_tokens) // B
         if usable < 1:
             raise ConfigError(f"capacity of {capacity_tokens} tokens holds no {B}-token block", field="capacity_tokens")
@@ -371,7 +383,7 @@ class HybridBlockHashCache(PrefixCache):
                                                                  else tuple(option))
         if len(groups) < 2 or B != want_B or parse_groups(want) != tuple(windows):
             raise ConfigError(f"{m.name}: vLLM runs this model with block_size {want_B} and KV cache groups "
-                              f"'full + {want}'; use --policy vllm-hybrid:{want_B}@{want}"
+                              f"in the order {want!r}; use --policy vllm-hybrid:{want_B}@{want}"
                               if len(groups) > 1 else
                               f"{m.name} has one KV cache group (full attention only): use --policy vllm:{B}",
                               field="policy")
@@ -753,7 +765,7 @@ class HybridBlockHashCache(PrefixCache):
         G = len(self.group_window)
         if self.max_num_batched_tokens is not None:
             need = -(-kv // B) + sum(min(-(-kv // B), 2) if self._mamba[g] else min(-(-kv // B), self._cap[g])
-                                     for g in range(1, G))
+                                     for g in range(G) if g != self._full_gid)
         else:
             need = sum(1 if mb else -(-P // B) for mb in self._mamba)
             if kv > P:
@@ -798,7 +810,7 @@ class HybridBlockHashCache(PrefixCache):
         cached = sum(1 for b in self._free if self._key[b] is not None)
         B = self.block_size
         G = len(self.group_window)
-        full_keys = sum(1 for (g, _h) in self._cached if g == 0) if detail else -1
+        full_keys = sum(1 for (g, _h) in self._cached if g == self._full_gid) if detail else -1
         return PoolStats(num_slots=self.num_slots, slot_tokens=B, used_slots=used, cached_slots=cached,
                          free_slots=self.num_slots - used - cached, valid_tokens=self._hashed * B + G * self._partial,
                          cached_tokens=full_keys * B if detail else -1)

@@ -254,6 +254,11 @@ CONFIGS = [
     ("mixed200", "full,swa:64,mamba", 16, 250),
     ("mixed200", "full,mamba", 16, 120, 64),
     ("edge300", "full,mamba,mamba", 16, 50, 48),
+    # vLLM's own group order for Qwen3-Next / Gemma 3 (groups numbered by first layer:
+    # the full-attention group last)
+    ("edge300", "mamba,mamba,mamba,full", 16, 40),
+    ("mixed200", "mamba,mamba,mamba,full", 16, 125, 64),
+    ("edge300", "swa:48,swa:48,full", 16, 80),
 ]
 
 
