@@ -177,9 +177,10 @@ class HybridBlockHashCache(PrefixCache):
         Tokens per block (every group; vLLM ``--block-size``).
     windows : tuple of (int or "mamba") or str
         Per group after the full-attention one, in group order: the sliding window
-        (tokens), or :data:`MAMBA` for a Mamba group; or the option text of
-        :func:`parse_groups` (``"window=64"``, ``"mambax3"``). Default: one sliding group
-        of 64 tokens.
+        (tokens), or :data:`MAMBA` for a Mamba group; :data:`FULL` places the
+        full-attention group among them (else it is group 0); or the option text of
+        :func:`parse_groups` (``"window=64"``, ``"mambax3+full"``). Default: one sliding
+        group of 64 tokens.
     max_num_batched_tokens : int or None
         vLLM's step budget. None (default): a prompt is prefilled in one
         ``allocate_slots`` step and nothing caps admission (the goldens without
