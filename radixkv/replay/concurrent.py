@@ -19,6 +19,11 @@ metric (running requests, pool shares, fragmentation) is integrated step by step
 ``fast_forward=False`` steps every decode (same metrics, up to float rounding of the
 clock; slower).
 
+Under vLLM's rules over :class:`~radixkv.policies.block_hash.BlockHashCache` itself (FCFS,
+no ``on_step`` hook, no timeline, a :class:`~radixkv.cost.CostModel` or
+:class:`~radixkv.cost.UnitStepCost`) the whole loop runs as one compiled kernel
+(:mod:`radixkv.replay.conc_vllm_fast`): the same rules in the same order, the same bytes.
+
 Per-request results are numpy columns (:class:`ConcurrentResult`); ``summary()`` gives the
 run's metrics with their units in the key names.
 
