@@ -46,8 +46,8 @@ from radixkv.trace._seq_kernel import kv_seq_into
 
 # integer state (ist)
 I_NXT, I_DONE, I_STEPS, I_PEAK, I_NRUN, I_WHEAD, I_WLEN, I_EV, I_PARTIAL, I_WPEAK, I_NFREE, I_PFN, I_PFG, \
-    I_ARG = range(14)
-NI = 14
+    I_ARG, I_HKI, I_HKL, I_HKM = range(17)
+NI = 17  # I_HKI, I_HKL, I_HKM: the request, length and segments the lookup scratch holds (I_HKI −1: none)
 # float state (fst)
 F_NOW, F_T0, F_AREA, F_BUSY, F_WASTE, F_USED, F_CACHED = range(7)
 NFS = 7
@@ -163,15 +163,22 @@ def _release(pol, sa, sl, B, ist, free_slots):
 
 
 @njit(cache=True)
-def _head_lookup(pol, tr, i, L, B, key_mask, hk, htbl, hsid, hsend):
+def _head_lookup(pol, tr, i, L, B, key_mask, hk, htbl, hsid, hsend, ist):
     """Side-effect-free lookup of request *i*'s first *L* tokens (``BlockHashCache._lookup``):
-    returns (capped hit blocks, segments written to ``hsid``/``hsend``)."""
+    returns (capped hit blocks, segments written to ``hsid``/``hsend``). The segments and
+    keys stay in the scratch arrays, reused while the same request and length are asked."""
     blk, b32, kt, k32, pcid, pcs, st, stk = pol
     ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens = tr
-    m = kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
-                    hsid, hsend)
     n_look = L // B
-    K._block_keys_into(hsid[:m], hsend[:m], B, n_look, key_mask, hk)
+    if ist[I_HKI] == i and ist[I_HKL] == L:
+        m = ist[I_HKM]
+    else:
+        m = kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
+                        hsid, hsend)
+        K._block_keys_into(hsid[:m], hsend[:m], B, n_look, key_mask, hk)
+        ist[I_HKI] = i
+        ist[I_HKL] = L
+        ist[I_HKM] = m
     code, h = K.peek(blk, b32, kt, k32, pcid, pcs, hk, n_look, hsid[:m], hsend[:m], B, L, False, htbl)
     return h, m
 
@@ -418,14 +425,14 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                 i = wq[ist[I_WHEAD]]
                 n_tok = P[i] + gen[i]
                 if not chunked:
-                    h, _m = _head_lookup(pol, tr, i, n_tok, B, key_mask, hk, htbl, hsid, hsend)
+                    h, _m = _head_lookup(pol, tr, i, n_tok, B, key_mask, hk, htbl, hsid, hsend, ist)
                     rem = n_tok - h * B
                     c = rem if cap <= 0 else min(rem, cap)
                     if min(c, n_tok) > budget:
                         blocked = True
                         break
                 if wm > 0 and nrun > 0:
-                    h, _m = _head_lookup(pol, tr, i, n_tok, B, key_mask, hk, htbl, hsid, hsend)
+                    h, _m = _head_lookup(pol, tr, i, n_tok, B, key_mask, hk, htbl, hsid, hsend, ist)
                     touch = 0
                     for q in range(h):
                         if b32[htbl[q], K.R_REF] == 0:
@@ -564,7 +571,7 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                 # VllmScheduler._hit_growth_bound
                 head = wq[ist[I_WHEAD]]
                 L = P[head] + gen[head]
-                hb, hm = _head_lookup(pol, tr, head, L, B, key_mask, hk, htbl, hsid, hsend)
+                hb, hm = _head_lookup(pol, tr, head, L, B, key_mask, hk, htbl, hsid, hsend, ist)
                 mblk = (hb * B) // S
                 for q in range(nrun):
                     r = run[q]

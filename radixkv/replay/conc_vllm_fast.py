@@ -126,6 +126,7 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     pf_g = np.zeros(_LOG0, dtype=np.int64)
     ist = np.zeros(CK.NI, dtype=np.int64)
     ist[CK.I_NFREE] = n_sl
+    ist[CK.I_HKI] = -1
     fst = np.zeros(CK.NFS, dtype=np.float64)
     fst[CK.F_NOW] = fst[CK.F_T0] = float(arrivals[0])
     if isinstance(cost, UnitStepCost):
