@@ -7,10 +7,11 @@ preemptions — with and without fast-forward.
 
 (2) Hypothesis traces (shared prefixes, tight pools, every vLLM knob the loop covers, the
 roofline and the unit step cost) give byte-identical results — every per-request column,
-the summary, the pool integrals — through the compiled loop and the Python loop.
+the summary, the pool integrals, the timeline — through the compiled loop and the Python
+loop.
 
-(3) The resumable stops (request slots and prefill log growing, progress reports) change
-nothing; policies and options the loop does not cover take the Python loop.
+(3) The resumable stops (request slots, prefill log and timeline growing, progress
+reports) change nothing; policies and options the loop does not cover take the Python loop.
 """
 from __future__ import annotations
 
@@ -68,6 +69,12 @@ def _assert_identical(a, b):
         assert x.dtype == y.dtype, c
         assert x.tobytes() == y.tobytes(), c
     assert a.pool == b.pool
+    if a.timeline is None or b.timeline is None:
+        assert a.timeline is None and b.timeline is None
+    else:
+        assert list(a.timeline) == list(b.timeline)
+        for c in a.timeline:
+            assert a.timeline[c].dtype == b.timeline[c].dtype and a.timeline[c].tobytes() == b.timeline[c].tobytes(), c
     assert repr((a.steps, a.peak_running, a.busy_s, a.running_area, a.prefill_flops, a.duration_s)) == \
         repr((b.steps, b.peak_running, b.busy_s, b.running_area, b.prefill_flops, b.duration_s))
 
@@ -137,10 +144,10 @@ def cases(draw):
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.function_scoped_fixture])
-@given(cases(), st.booleans())
-def test_compiled_loop_equals_python_loop(monkeypatch, case, ff):
+@given(cases(), st.booleans(), st.booleans())
+def test_compiled_loop_equals_python_loop(monkeypatch, case, ff, timeline):
     tr, nb, size, cfg, cost = case
-    runs = [_replay(tr, lambda: BlockHashCache(nb, size), cost, cfg, ff, compiled, monkeypatch)
+    runs = [_replay(tr, lambda: BlockHashCache(nb, size), cost, cfg, ff, compiled, monkeypatch, timeline=timeline)
             for compiled in (True, False)]
     _assert_identical(*runs)
 
@@ -159,20 +166,21 @@ def _shared_prefix_trace(n=60):
 
 
 def test_growing_slots_and_log_and_progress_change_nothing(monkeypatch):
-    """Start the compiled loop with 1 request slot and a 1-step prefill log, report
-    progress after every finish: each stop resumes where it left off."""
+    """Start the compiled loop with 1 request slot, a 1-step prefill log and a 1-row
+    timeline, report progress after every finish: each stop resumes where it left off."""
     tr = _shared_prefix_trace()
     cfg = SchedulerConfig(max_num_seqs=24, max_num_batched_tokens=64)
     calls = []
     with monkeypatch.context() as m:
         m.setattr(F, "_SLOTS0", 1)
         m.setattr(F, "_LOG0", 1)
+        m.setattr(F, "_TL0", 1)
         m.setattr(F, "_PROGRESS_EVERY", 1)
         spy = _Spy(m)
-        a = replay_concurrent(tr, BlockHashCache(60, 4), COST, config=cfg,
+        a = replay_concurrent(tr, BlockHashCache(60, 4), COST, config=cfg, timeline=True,
                               progress=lambda done, total: calls.append((done, total)))
         assert spy.n == 1
-    b = _replay(tr, lambda: BlockHashCache(60, 4), COST, cfg, True, False, monkeypatch)
+    b = _replay(tr, lambda: BlockHashCache(60, 4), COST, cfg, True, False, monkeypatch, timeline=True)
     _assert_identical(a, b)
     assert a.summary()["preemptions"] > 0 and a.peak_running > 1
     assert calls[-1] == (len(tr), len(tr))
@@ -185,9 +193,9 @@ def test_other_policies_options_take_the_python_loop(monkeypatch):
     replay_concurrent(tr, PriorityBlockHashCache(200, 4, eviction_policy="lfu"), COST)
     replay_concurrent(tr, BlockHashCache(200, 4, verify=True), COST)
     replay_concurrent(tr, BlockHashCache(200, 4), COST, config=SchedulerConfig(schedule_policy="lpm"))
-    replay_concurrent(tr, BlockHashCache(200, 4), COST, timeline=True)
     replay_concurrent(tr, BlockHashCache(200, 4), COST, on_step=lambda *a: None)
     assert spy.n == 0
     replay_concurrent(tr, BlockHashCache(200, 4), COST)
-    assert spy.n == 1
+    replay_concurrent(tr, BlockHashCache(200, 4), COST, timeline=True)
+    assert spy.n == 2
 

@@ -46,8 +46,8 @@ from radixkv.trace._seq_kernel import kv_seq_into
 
 # integer state (ist)
 I_NXT, I_DONE, I_STEPS, I_PEAK, I_NRUN, I_WHEAD, I_WLEN, I_EV, I_PARTIAL, I_WPEAK, I_NFREE, I_PFN, I_PFG, \
-    I_ARG, I_HKI, I_HKL, I_HKM = range(17)
-NI = 17  # I_HKI, I_HKL, I_HKM: the request, length and segments the lookup scratch holds (I_HKI −1: none)
+    I_ARG, I_HKI, I_HKL, I_HKM, I_TLN = range(18)
+NI = 18  # I_HKI, I_HKL, I_HKM: the request, length and segments the lookup scratch holds (I_HKI −1: none)
 # float state (fst)
 F_NOW, F_T0, F_AREA, F_BUSY, F_WASTE, F_USED, F_CACHED = range(7)
 NFS = 7
@@ -60,6 +60,7 @@ S_GROW_LOG = 3  # the prefill log may overflow in this step: enlarge, call again
 S_IDLE_REFUSED = 4  # request ist[I_ARG] cannot be admitted into an idle pool
 S_DECODE_REFUSED = 5  # the pool refused decode tokens of request ist[I_ARG] its room should hold
 S_PIECES = 6  # a block has more content pieces than pcid holds (caller must widen it first)
+S_GROW_TL = 7  # the timeline may overflow in this step: enlarge, call again
 
 # cost kinds
 COST_ROOFLINE = 0  # CostModel: cp = params, num_layers, attn_dim, wdb, kvb, peak, mfu, tp, hbm, mbu, overhead
@@ -260,9 +261,24 @@ def _decode_run(pol, sa, slots, kv0, B, k, out, ist):
     return -1
 
 
+@njit(cache=True, inline="always")
+def _tl_row(tl_i, tl_t, ist, step, t, running, waiting, tokens, used, cached, num_slots):
+    """One timeline row (``concurrent._tl_row``)."""
+    r = ist[I_TLN]
+    tl_i[0, r] = step
+    tl_t[r] = t
+    tl_i[1, r] = running
+    tl_i[2, r] = waiting
+    tl_i[3, r] = tokens
+    tl_i[4, r] = used
+    tl_i[5, r] = cached
+    tl_i[6, r] = num_slots - used - cached
+    ist[I_TLN] = r + 1
+
+
 @njit(cache=True)
 def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, sa, free_slots, scratch,
-             pf_n, pf_c, pf_g, ist, fst, stop_done):
+             pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop_done):
     """Run the replay loop until every request finished, or a resumable stop (module docstring).
 
     Parameters
@@ -272,9 +288,10 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
         output_len, unit_tokens`` (as :func:`radixkv.trace._seq_kernel.kv_seq_into` takes them).
     pol : tuple
         The pool's arrays ``blk, b32, kt, k32, pcid, pcs, st, stk`` (``BlockHashCache``).
-    cfg : int64 (6,)
+    cfg : int64 (8,)
         ``max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
-        long_prefill_token_threshold, watermark blocks, fast_forward``.
+        long_prefill_token_threshold, watermark blocks, fast_forward, timeline, most
+        timeline rows one step may add`` (the largest output length + 1).
     kind, cp : int, float64 array
         Cost model (``COST_*``) and its parameters.
     rq : int64 (16, n)
@@ -296,6 +313,10 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
         ``keys, tbl, sid, send`` for lookups of a waiting request.
     pf_n, pf_c, pf_g : int64
         Prefill log: items (new tokens, KV before) and each logged step's first item.
+    tl_i, tl_t : int64 (7, R), float64 (R,)
+        Timeline rows (``ist[I_TLN]`` used), when ``cfg[6]``: step, running, waiting,
+        batch tokens, running / cached / free slots; and the clock (``TIMELINE_COLUMNS``
+        of :mod:`radixkv.replay.concurrent`).
     ist, fst : int64 (NI,), float64 (NFS,)
         Loop state (``I_*``, ``F_*``).
     stop_done : int
@@ -336,6 +357,8 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
     threshold = cfg[3]
     wm = cfg[4]
     ff_on = cfg[5] != 0
+    tl_on = cfg[6] != 0
+    tl_need = cfg[7]
     n = P.shape[0]
     cap_run = run.shape[0]
     wcap = wq.shape[0]
@@ -365,6 +388,8 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
             return S_GROW_SLOTS
         if pf_n.shape[0] - ist[I_PFN] < cap_run or pf_g.shape[0] - ist[I_PFG] < 1:
             return S_GROW_LOG
+        if tl_on and tl_t.shape[0] - ist[I_TLN] < tl_need:
+            return S_GROW_TL
         # ---------------------------------------------------------- schedule (VllmScheduler.schedule)
         steps = ist[I_STEPS]
         np_ = 0
@@ -645,6 +670,8 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                 fst[F_USED] += float(used) * dt
                 fst[F_CACHED] += float(cached) * dt
                 now += dt
+                if tl_on:
+                    _tl_row(tl_i, tl_t, ist, steps + j + 1, now, nrun, ist[I_WLEN], batch, used, cached, num_slots)
             ist[I_STEPS] = steps + kk
             steps += kk
             nfirst = 0
@@ -705,6 +732,8 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
             fst[F_USED] += float(used) * dt
             fst[F_CACHED] += float(cached) * dt
             now += dt
+            if tl_on:
+                _tl_row(tl_i, tl_t, ist, steps, now, nrun, ist[I_WLEN], sn, used, cached, num_slots)
             for q in range(nfirst):
                 r = -1 - p_pre[q]
                 if np.isnan(first_tok[r]):

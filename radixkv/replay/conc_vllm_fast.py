@@ -6,7 +6,7 @@ replay is one it reproduces bit for bit: the policy is exactly
 :class:`~radixkv.policies.block_hash.BlockHashCache` (no subclass, ``verify`` off), the
 scheduler is :class:`~radixkv.replay.sched_vllm.VllmScheduler` with FCFS order, the cost
 model is :class:`~radixkv.cost.CostModel` or :class:`~radixkv.cost.UnitStepCost`, no
-per-step hook or timeline is asked for, and the kernels are compiled. Otherwise it
+per-step hook is asked for, and the kernels are compiled. Otherwise it
 returns None and the Python loop runs. Both paths give the same
 :class:`~radixkv.replay.concurrent.ConcurrentResult`, byte for byte
 (``tests/test_conc_vllm_fast.py`` compares them).
@@ -25,6 +25,7 @@ _PROGRESS_EVERY = 256
 #: request slots and prefill-log rows the compiled loop starts with (it asks for more)
 _SLOTS0 = 16
 _LOG0 = 1024
+_TL0 = 4096  # timeline rows
 
 
 def _eligible(trace, policy, cost, config, sch) -> bool:
@@ -50,13 +51,14 @@ def _eligible(trace, policy, cost, config, sch) -> bool:
     return True
 
 
-def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast_forward: bool, progress):
+def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast_forward: bool, progress,
+                    timeline: bool = False):
     """The replay of :func:`~radixkv.replay.concurrent.replay_concurrent` in one compiled
     loop, or None when it does not apply (module docstring).
 
     Parameters
     ----------
-    trace, policy, cost, config, arrivals, fast_forward, progress
+    trace, policy, cost, config, arrivals, fast_forward, progress, timeline
         As :func:`~radixkv.replay.concurrent.replay_concurrent` (arrivals validated,
         float64 (n,)).
     sch : radixkv.replay.sched_vllm.VllmScheduler
@@ -139,7 +141,10 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
                        float(cost.step_overhead_s)], dtype=np.float64)
     cfg = np.array([int(config.max_num_seqs), int(config.max_num_batched_tokens),
                     1 if config.enable_chunked_prefill else 0, int(config.long_prefill_token_threshold),
-                    int(sch._wm), 1 if fast_forward else 0], dtype=np.int64)
+                    int(sch._wm), 1 if fast_forward else 0, 1 if timeline else 0, int(N.max()) + 1], dtype=np.int64)
+    rows = _TL0 if timeline else 0
+    tl_i = np.zeros((7, rows), dtype=np.int64)
+    tl_t = np.zeros(rows, dtype=np.float64)
     st = policy._st
     stk = policy._stk
     step = _PROGRESS_EVERY if progress is not None else n
@@ -149,7 +154,7 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     while True:
         pol = (policy._blk, policy._b32, policy._kt, policy._k32, policy._pcid, policy._pcs, st, stk)
         status = CK.run_loop(tr, pol, policy._key_mask, B, int(policy.num_slots), cfg, kind, cp, rq, rf, wq, run,
-                             plan, sa, free_slots, scratch, pf_n, pf_c, pf_g, ist, fst, stop)
+                             plan, sa, free_slots, scratch, pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop)
         if status == CK.S_DONE:
             break
         if status == CK.S_PROGRESS:
@@ -170,6 +175,10 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
             pf_n = np.concatenate((pf_n, np.zeros_like(pf_n)))
             pf_c = np.concatenate((pf_c, np.zeros_like(pf_c)))
             pf_g = np.concatenate((pf_g, np.zeros_like(pf_g)))
+        elif status == CK.S_GROW_TL:
+            rows = max(2 * tl_t.shape[0], int(ist[CK.I_TLN]) + int(cfg[7]))
+            tl_i = np.concatenate((tl_i, np.zeros((7, rows - tl_t.shape[0]), dtype=np.int64)), axis=1)
+            tl_t = np.concatenate((tl_t, np.zeros(rows - tl_t.shape[0], dtype=np.float64)))
         elif status == CK.S_IDLE_REFUSED:
             i = int(ist[CK.I_ARG])
             raise ConfigError(
@@ -221,6 +230,12 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
                   acc.pf_flops, acc.pool)
     res.columns["admit_step"] = rq[12].copy()
     res.columns["finish_step"] = rq[13].copy()
+    if timeline:
+        m = int(ist[CK.I_TLN])
+        res.timeline = {"step": tl_i[0, :m].copy(), "time_s": tl_t[:m].copy(), "running": tl_i[1, :m].copy(),
+                        "waiting": tl_i[2, :m].copy(), "batch_tokens": tl_i[3, :m].copy(),
+                        "pool_running_slots": tl_i[4, :m].copy(), "pool_cached_slots": tl_i[5, :m].copy(),
+                        "pool_free_slots": tl_i[6, :m].copy()}
     return res
 
 

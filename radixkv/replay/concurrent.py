@@ -20,7 +20,7 @@ metric (running requests, pool shares, fragmentation) is integrated step by step
 clock; slower).
 
 Under vLLM's rules over :class:`~radixkv.policies.block_hash.BlockHashCache` itself (FCFS,
-no ``on_step`` hook, no timeline, a :class:`~radixkv.cost.CostModel` or
+no ``on_step`` hook, a :class:`~radixkv.cost.CostModel` or
 :class:`~radixkv.cost.UnitStepCost`) the whole loop runs as one compiled kernel
 (:mod:`radixkv.replay.conc_vllm_fast`): the same rules in the same order, the same bytes.
 
@@ -322,10 +322,10 @@ def replay_concurrent(
     if n and (np.any(np.diff(arrivals) < 0) or not np.all(np.isfinite(arrivals))):
         raise ConfigError("arrival times must be finite and non-decreasing", field="arrivals")
     sch = make_scheduler(trace, policy, config)
-    if on_step is None and not timeline:  # vLLM's rules over BlockHashCache: one compiled loop
+    if on_step is None:  # vLLM's rules over BlockHashCache: one compiled loop
         from radixkv.replay.conc_vllm_fast import replay_compiled
 
-        res = replay_compiled(trace, policy, cost, config, sch, arrivals, fast_forward, progress)
+        res = replay_compiled(trace, policy, cost, config, sch, arrivals, fast_forward, progress, timeline)
         if res is not None:
             return res
     arr = arrivals.tolist()
