@@ -475,6 +475,11 @@ def _check_resident(ctx):
 
 
 def _check_chunked(ctx):
+    probe = ctx.factory(_LARGE)
+    if getattr(probe, "chunked_prefill_changes_cache", False):
+        # the engine itself caches differently per chunk (e.g. SGLang's SWA and Mamba
+        # trees checkpoint every chunk: out-of-window frees, states at chunk ends)
+        raise CheckNotApplicable(f"{type(probe).__name__} caches per prefill chunk (chunked_prefill_changes_cache)")
     for trace in ctx.traces:
         whole = ctx.factory(_LARGE)
         chunked = ctx.factory(_LARGE)

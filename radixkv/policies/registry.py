@@ -69,6 +69,8 @@ _BUILTIN_PATHS = (
     "radixkv.policies.static_reserved:StaticReservedCache",
     "radixkv.policies.hicache:HiCacheRadixCache",
     "radixkv.policies.vllm_hybrid:HybridBlockHashCache",
+    "radixkv.policies.sglang_swa:SGLangSWACache",
+    "radixkv.policies.sglang_mamba:SGLangMambaCache",
 )
 _REGISTERED: dict[str, type] = {}  # register_policy, in this process
 

@@ -1,0 +1,1049 @@
+"""SGLang 0.5.23's unified radix tree with its auxiliary components (SWA, Mamba).
+
+The engine behind :class:`radixkv.policies.sglang_swa.SGLangSWACache` and
+:class:`radixkv.policies.sglang_mamba.SGLangMambaCache`: a pure-Python model of
+``srt/mem_cache/unified_radix_cache.py :: UnifiedRadixCache`` over
+``unified_cache/unified_tree_core.py :: UnifiedTreeCore`` with the components of
+``unified_cache/components/`` (``full.py :: FullComponent`` always, plus
+``swa.py :: SWAComponent`` or ``mamba.py :: MambaComponent``), the pools the server
+builds for such models (``allocator/swa.py :: SWATokenToKVPoolAllocator`` — a
+full-attention token pool and a separate sliding-window token pool; or the token pool
+plus ``memory_pool.py :: HybridReqToTokenPool``'s Mamba state slots) and the
+request-side rules of ``mem_cache/common.py`` / ``managers/schedule_batch.py``.
+
+Every method names the SGLang function it mirrors; the rules are listed in the policy
+modules. Slots are counted, never named: which slot id holds a token does not change
+any hit. Tokens are int64 codes (:func:`token_codes`): equal codes ⇔ equal tokens.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from radixkv.trace.types import KVSeq
+
+#: ``environ.py :: SGLANG_SWA_EVICTION_INTERVAL`` default (decode steps between the
+#: out-of-window frees of a running request)
+SWA_EVICTION_INTERVAL = 128
+_OFF_BITS = 24
+
+
+def token_codes(seq: KVSeq) -> np.ndarray:
+    """The KV extent of *seq* as int64 token codes, shape (kv_len,).
+
+    A token at offset k of a segment with id s gets ``s · 2**24 + k``; two positions get
+    equal codes iff they hold the same token (segment ids and offsets equal,
+    :mod:`radixkv.trace.types`). Segments longer than 2**24 tokens are refused.
+    """
+    ends = seq.seg_end.astype(np.int64)
+    starts = np.empty_like(ends)
+    if len(ends):
+        starts[0] = 0
+        starts[1:] = ends[:-1]
+    lens = ends - starts
+    if len(lens) and int(lens.max()) >= (1 << _OFF_BITS):
+        raise ValueError("a segment of 2**24 tokens or more cannot be coded")
+    base = np.repeat(seq.seg_id.astype(np.int64) << _OFF_BITS, lens)
+    off = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(starts, lens)
+    return base + off
+
+
+class _Node:
+    __slots__ = ("key", "children", "parent", "swa", "mamba", "lock_full", "lock_swa",
+                 "lock_mamba", "swa_uuid", "last_access", "id")
+
+    def __init__(self, nid):
+        self.key = None
+        self.children = {}
+        self.parent = None
+        self.swa = False
+        self.mamba = False
+        self.lock_full = 0
+        self.lock_swa = 0
+        self.lock_mamba = 0
+        self.swa_uuid = None
+        self.last_access = 0.0
+        self.id = nid
+
+
+class _LRU:
+    """``unified_tree_core.py :: UnifiedLRUList`` (no session partition): a doubly linked
+    list, head side most recent. ``prev`` points towards the head."""
+
+    def __init__(self):
+        self.head = object()
+        self.tail = object()
+        self.nxt = {self.head: self.tail}
+        self.prv = {self.tail: self.head}
+
+    def __contains__(self, node):
+        return node in self.nxt
+
+    def __len__(self):
+        return len(self.nxt) - 1
+
+    def _add_after(self, a, node):
+        b = self.nxt[a]
+        self.nxt[a] = node
+        self.nxt[node] = b
+        self.prv[b] = node
+        self.prv[node] = a
+
+    def remove(self, node):
+        a, b = self.prv.pop(node), self.nxt.pop(node)
+        self.nxt[a] = b
+        self.prv[b] = a
+
+    def insert_mru(self, node):
+        assert node not in self.nxt
+        self._add_after(self.head, node)
+
+    def insert_after(self, prev_node, node):
+        assert prev_node in self.nxt and node not in self.nxt
+        self._add_after(prev_node, node)
+
+    def reset_mru(self, node):
+        self.remove(node)
+        self._add_after(self.head, node)
+
+    def reset_window(self, node, root, window, include):
+        """``reset_node_and_window_ancestors_mru``: *node* to the head, then each ancestor
+        right behind the previous one, until ``window`` tokens were walked (nodes without
+        data are walked, not moved)."""
+        prev = self.head
+        acc = 0
+        while node is not root and acc < window:
+            if include(node):
+                self.remove(node)
+                self._add_after(prev, node)
+                prev = node
+            acc += len(node.key)
+            node = node.parent
+
+    def prev_unlocked(self, node, locked):
+        """``get_prev_no_lock``: the nearest more recent node whose lock is 0 (None at head)."""
+        x = self.prv[node]
+        while x is not self.head and locked(x):
+            x = self.prv[x]
+        return None if x is self.head else x
+
+    def lru_unlocked(self, locked):
+        """``get_lru_no_lock``: the least recent unlocked node."""
+        return self.prev_unlocked(self.tail, locked)
+
+
+class _Req:
+    __slots__ = ("codes", "P", "kv", "committed", "alloc_end", "cpl", "evicted", "lock",
+                 "swa_branch", "decode_idx", "holds_mamba", "hit", "full_hit")
+
+    def __init__(self, codes, P, kv):
+        self.codes = codes
+        self.P = P
+        self.kv = kv
+        self.committed = 0      # tokens with KV (kv_committed_len)
+        self.alloc_end = 0      # end of the allocated pages (positions)
+        self.cpl = 0            # cache_protected_len: [0, cpl) is the tree's
+        self.evicted = 0        # SWA cursor (get_evicted_seqlen(SWA))
+        self.lock = None        # (anchor node, swa boundary uuid, mamba locked)
+        self.swa_branch = None  # swa_branching_seqlen
+        self.decode_idx = 0     # decode_batch_idx
+        self.holds_mamba = False
+        self.hit = 0
+        self.full_hit = 0
+
+
+class UnifiedTree:
+    """The tree, its components and the pools (see the module docstring).
+
+    Parameters
+    ----------
+    page_size : int
+        Tokens per page (``--page-size``).
+    full_tokens : int
+        Full-attention KV token slots (``full_max_total_num_tokens``; a multiple of the page).
+    swa_tokens, window : int or None
+        SWA pool slots (``swa_max_total_num_tokens``) and ``sliding_window_size``; None
+        for a tree without an SWA component.
+    mamba_slots : int or None
+        Mamba state slots (``max_mamba_cache_size``); None for a tree without a Mamba
+        component.
+    """
+
+    def __init__(self, page_size, full_tokens, swa_tokens=None, window=None, mamba_slots=None,
+                 swa_eviction_interval=SWA_EVICTION_INTERVAL):
+        self.ps = int(page_size)
+        self.has_swa = window is not None
+        self.has_mamba = mamba_slots is not None
+        self.W = int(window) if self.has_swa else 0
+        self.full_cap = int(full_tokens)
+        self.swa_cap = int(swa_tokens) if self.has_swa else 0
+        self.mamba_cap = int(mamba_slots) if self.has_mamba else 0
+        self.full_free = self.full_cap
+        self.swa_free = self.swa_cap
+        self.mamba_free = self.mamba_cap
+        self.swa_interval = int(swa_eviction_interval)
+        self._clock = 0.0
+        self._nid = 0
+        self._uuid = 0
+        self.root = self._new_node()
+        self.root.key = np.zeros(0, dtype=np.int64)
+        self.lru_swa = _LRU()
+        self.lru_mamba = _LRU()
+        self.tree_full = 0
+        self.tree_swa = 0
+        self.tree_mamba = 0
+        self.locked_full = 0    # Full tokens of nodes some lock pins
+        self.nodes = 0
+        # totals of what eviction freed (tracker of UnifiedRadixCache._evict)
+        self.evicted_full = 0
+        self.evicted_swa = 0
+        self.evicted_mamba = 0
+
+    # ------------------------------------------------------------------ primitives
+    def _tick(self):
+        """``components/base.py :: get_and_increase_time_counter``."""
+        t = self._clock
+        self._clock += 1.0
+        return t
+
+    def _new_node(self):
+        """``UnifiedTreeNode.__init__``: two clock draws (last access, creation)."""
+        n = _Node(self._nid)
+        self._nid += 1
+        n.last_access = self._tick()
+        self._tick()
+        return n
+
+    def _ck(self, codes, off):
+        """``RadixKey.child_key``: the first token (page 1) or the first page."""
+        if self.ps == 1:
+            return int(codes[off])
+        return codes[off:off + self.ps].tobytes()
+
+    def _match_len(self, key, codes, off, n):
+        """``RadixKey.match``: common prefix of *key* and ``codes[off:off+n]``, rounded
+        down to a page."""
+        m = min(len(key), n)
+        a = key[:m]
+        b = codes[off:off + m]
+        neq = np.flatnonzero(a != b)
+        k = m if len(neq) == 0 else int(neq[0])
+        return k // self.ps * self.ps
+
+    def _is_leaf(self, node):
+        """``UnifiedTreeCore._is_device_leaf`` (non-HiCache: every live node has Full)."""
+        return (node is not self.root and not node.children and node.lock_full == 0
+                and node.lock_swa == 0 and node.lock_mamba == 0)
+
+    def _swa_locked(self, n):
+        return n.lock_swa > 0
+
+    def _mamba_locked(self, n):
+        return n.lock_mamba > 0
+
+    def _has_swa(self, n):
+        return n.swa
+
+    # ------------------------------------------------------------------ split
+    def _split(self, child, k):
+        """``UnifiedTreeCore._split_node``: a new parent holds ``child.key[:k]``; locks are
+        copied to it (``redistribute_on_node_split`` of Full and SWA), the SWA boundary
+        mark moves to it, a Mamba state stays on the child; the parent is placed right
+        behind the child in each LRU it has data for; the child gets a fresh access time."""
+        new = self._new_node()
+        parent = child.parent
+        ck_parent = self._ck(child.key, 0)
+        new.parent = parent
+        new.key = child.key[:k]
+        child.key = child.key[k:]
+        new.children = {self._ck(child.key, 0): child}
+        child.parent = new
+        new.lock_full = child.lock_full
+        if self.has_swa:
+            new.lock_swa = child.lock_swa
+            new.swa = child.swa
+            new.swa_uuid = child.swa_uuid
+            child.swa_uuid = None
+        parent.children[ck_parent] = new
+        if new.swa:
+            self.lru_swa.insert_after(child, new)
+        child.last_access = self._tick()
+        self.nodes += 1
+        return new
+
+    # ------------------------------------------------------------------ match
+    def match(self, codes, limit, touch_only=False):
+        """``UnifiedTreeCore.match_prefix`` → (hit tokens, best node, full_kv_hit_length).
+
+        The key is ``codes[:limit]`` rounded down to a page. The walk splits a node the
+        match ends inside; a node is a valid end when every component's validator
+        accepts it (``create_match_validator``: Full always; SWA: no tombstone since
+        the last one and at least ``window`` tokens of live nodes after it — the count
+        starts at infinity; Mamba: the node holds a state). Post-processing
+        (``_match_post_processor``): SWA refreshes the best node and the ancestors
+        within ``window + page_size`` tokens (``SWAComponent.refresh_lru``), Mamba the
+        best node (``MambaComponent.refresh_lru``), then the best node's path is stamped
+        with one clock draw, minus 1e-5 per level up.
+        """
+        n = limit // self.ps * self.ps
+        if n <= 0:
+            return 0, self.root, 0
+        node = self.root
+        off = 0
+        best, best_len, full_hit = self.root, 0, 0
+        swa_len = float("inf")
+        W = self.W
+        while off < n:
+            ck = self._ck(codes, off)
+            child = node.children.get(ck)
+            if child is None:
+                break
+            k = self._match_len(child.key, codes, off, n - off)
+            full_hit += k
+            if k < len(child.key):
+                child = self._split(child, k)
+                stop = True
+            else:
+                stop = False
+            node = child
+            off += k
+            ok = True
+            if self.has_swa:
+                if not node.swa:
+                    swa_len = 0
+                    ok = False
+                else:
+                    swa_len += len(node.key)
+                    ok = swa_len >= W
+            if self.has_mamba and not node.mamba:
+                ok = False
+            if ok:
+                best, best_len = node, off
+            if stop:
+                break
+        if self.has_swa:
+            self.lru_swa.reset_window(best, self.root, W + self.ps, self._has_swa)
+        if self.has_mamba and best.mamba:
+            self.lru_mamba.reset_mru(best)
+        t = self._tick()
+        x = best
+        while x is not None:
+            x.last_access = t
+            t -= 0.00001
+            x = x.parent
+        return best_len, best, full_hit
+
+    # ------------------------------------------------------------------ locks
+    def lock(self, node, skip_mamba=False):
+        """``UnifiedTreeCore.inc_lock_ref``: Full path lock to the root; SWA segment lock
+        from *node* up until ``window`` tokens are covered (tombstones counted), the last
+        node stamped with a boundary uuid (``SWAComponent.acquire_component_lock``); Mamba
+        locks the node alone. Returns the receipt."""
+        x = node
+        while x is not self.root:
+            if x.lock_full == 0:
+                self.locked_full += len(x.key)
+            x.lock_full += 1
+            x = x.parent
+        uuid = None
+        if self.has_swa:
+            covered = 0
+            x = node
+            while x is not self.root and covered < self.W:
+                x.lock_swa += 1
+                covered += len(x.key)
+                if covered >= self.W:
+                    if x.swa_uuid is None:
+                        self._uuid += 1
+                        x.swa_uuid = self._uuid
+                    uuid = x.swa_uuid
+                x = x.parent
+        mamba = False
+        if self.has_mamba and not skip_mamba and node is not self.root:
+            node.lock_mamba += 1
+            mamba = True
+        return (node, uuid, mamba)
+
+    def unlock(self, receipt):
+        """``UnifiedTreeCore.dec_lock_ref``: Mamba, SWA (up to the uuid boundary, or to
+        the root without one), then Full."""
+        if receipt is None:
+            return
+        node, uuid, mamba = receipt
+        if mamba:
+            node.lock_mamba -= 1
+        if self.has_swa and node is not self.root:
+            x = node
+            while x is not self.root:
+                x.lock_swa -= 1
+                assert x.lock_swa >= 0
+                if uuid is not None and x.swa_uuid == uuid:
+                    break
+                x = x.parent
+        x = node
+        while x is not self.root:
+            x.lock_full -= 1
+            assert x.lock_full >= 0
+            if x.lock_full == 0:
+                self.locked_full -= len(x.key)
+            x = x.parent
+
+    # ------------------------------------------------------------------ eviction
+    def _delete_leaf(self, x, tracker):
+        """``evict_device_leaf`` → ``_delete_unbacked_device_leaf``: free every component
+        on the leaf and remove it (its parent keeps its Full value, so the tombstone
+        walk upwards stops at once)."""
+        L = len(x.key)
+        self.full_free += L
+        self.tree_full -= L
+        tracker[0] += L
+        if x.swa:
+            self.swa_free += L
+            self.tree_swa -= L
+            tracker[1] += L
+            self.lru_swa.remove(x)
+            x.swa = False
+        if x.mamba:
+            self.mamba_free += 1
+            self.tree_mamba -= 1
+            tracker[2] += 1
+            self.lru_mamba.remove(x)
+            x.mamba = False
+        del x.parent.children[self._ck(x.key, 0)]
+        x.parent = None
+        self.nodes -= 1
+
+    def _tomb_swa(self, x, tracker):
+        """``SWAComponent.evict_component`` on an internal node (a tombstone), cascading
+        to Mamba (lower priority, ``_cascade_evict``)."""
+        L = len(x.key)
+        self.swa_free += L
+        self.tree_swa -= L
+        tracker[1] += L
+        self.lru_swa.remove(x)
+        x.swa = False
+        if x.mamba:
+            self._tomb_mamba(x, tracker)
+
+    def _tomb_mamba(self, x, tracker):
+        self.mamba_free += 1
+        self.tree_mamba -= 1
+        tracker[2] += 1
+        self.lru_mamba.remove(x)
+        x.mamba = False
+
+    def evict_for_alloc(self, full=0, swa=0, mamba=0):
+        """``UnifiedRadixCache.evict_for_alloc`` with shortfalls: each component's target
+        is its free size now plus its shortfall; components walk in tree order (Full,
+        SWA, Mamba), each skipped when its target is already met or, when it has no
+        target-driven walk, when what earlier walks freed covers its request
+        (``_evict_components``).
+
+        - Full (``FullComponent._evict_device_*``): a heap of the evictable leaves by
+          last access time; pop, delete, push the parent when it became a leaf; stop
+          when the target is met.
+        - SWA / Mamba (``SWAComponent`` / ``MambaComponent._evict_device_next_node``): walk
+          the component's LRU from the least recent unlocked node towards the most
+          recent; an evictable leaf is deleted whole, an internal node loses only this
+          component's data (tombstone); stop when the target is met or the freed count
+          reaches the request.
+        """
+        tracker = [0, 0, 0]
+        req = (full, swa, mamba)
+        targets = {}
+        if full > 0:
+            targets[0] = self.full_free + full
+        if swa > 0:
+            targets[1] = self.swa_free + swa
+        if mamba > 0:
+            targets[2] = self.mamba_free + mamba
+        frees = (lambda: self.full_free, lambda: self.swa_free, lambda: self.mamba_free)
+
+        def reached(ct):
+            t = targets.get(ct)
+            return t is not None and frees[ct]() >= t
+
+        comps = [0] + ([1] if self.has_swa else []) + ([2] if self.has_mamba else [])
+        for ct in comps:
+            rc = req[ct]
+            to_target = ct == 0 and rc > 0
+            if reached(ct) or (not to_target and tracker[ct] >= rc):
+                continue
+            if ct == 0:
+                self._walk_full(reached, tracker)
+            else:
+                self._walk_aux(ct, rc, reached, tracker)
+        self.evicted_full += tracker[0]
+        self.evicted_swa += tracker[1]
+        self.evicted_mamba += tracker[2]
+        return tracker
+
+    def _walk_full(self, reached, tracker):
+        import heapq
+
+        heap = [(n.last_access, n.id, n) for n in self._leaves()]
+        heapq.heapify(heap)
+        while heap:
+            _, _, x = heapq.heappop(heap)
+            if x.parent is None or not self._is_leaf(x):
+                continue
+            parent = x.parent
+            self._delete_leaf(x, tracker)
+            if reached(0):
+                break
+            if self._is_leaf(parent):
+                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+
+    def _leaves(self):
+        out = []
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
+            if n.children:
+                stack.extend(n.children.values())
+            elif self._is_leaf(n):
+                out.append(n)
+        return out
+
+    def _walk_aux(self, ct, quota, reached, tracker):
+        lru = self.lru_swa if ct == 1 else self.lru_mamba
+        locked = self._swa_locked if ct == 1 else self._mamba_locked
+        cursor = lru.lru_unlocked(locked)
+        while True:
+            if cursor is not None and cursor not in lru:
+                cursor = lru.lru_unlocked(locked)
+            if tracker[ct] >= quota or cursor is None:
+                break
+            x = cursor
+            cursor = lru.prev_unlocked(x, locked)
+            if self._is_leaf(x):
+                self._delete_leaf(x, tracker)
+            elif ct == 1:
+                self._tomb_swa(x, tracker)
+            else:
+                self._tomb_mamba(x, tracker)
+            if reached(ct):
+                break
+
+    # ------------------------------------------------------------------ insert
+    def insert(self, codes, L, prev_prefix_len, window_start, swa_branch=None, mamba_value=False):
+        """``UnifiedTreeCore.begin_insert`` (walk, overlap, commit, tail) of
+        ``codes[:L]`` (L a multiple of the page) whose KV the request holds from
+        ``prev_prefix_len`` on. Returns ``(prefix_len, target node, mamba_exist,
+        swa_branch_inserted)``; pool counts are updated for the request's duplicates
+        it frees and the slots the tree adopts (the caller moves the request's row).
+
+        - Overlap (``_insert_overlap_step``): on a node past ``prev_prefix_len`` an SWA
+          tombstone whose span reaches ``window_start`` (the request's SWA cursor) is
+          split at it and the live part adopts the request's KV, its old Full KV freed
+          (``SWAComponent.update_component_on_insert_overlap`` /
+          ``_recover_from_incoming``); the request's other overlapping KV is a duplicate
+          and freed (Full only below the cursor).
+        - Commit: the rest becomes one new leaf (``_add_new_node``); SWA tombstones its
+          part below the cursor (a split) and caps the live part at one page-aligned
+          window (``_maybe_split_leaf_for_swa_lock``), publishing the live nodes oldest
+          first (``commit_insert_component_data``); Mamba puts the state on the leaf, on
+          an existing node without one, or reports it already there (``mamba_exist``).
+        - Tail: SWA refreshes the target and its window ancestors (``refresh_lru``).
+        """
+        ps = self.ps
+        self.root.last_access = self._tick()
+        if L == 0:
+            return 0, self.root, True, False
+        node = self.root
+        total = 0
+        W = self.W
+        while total < L:
+            ck = self._ck(codes, total)
+            child = node.children.get(ck)
+            if child is None:
+                break
+            child.last_access = self._tick()
+            k = self._match_len(child.key, codes, total, L - total)
+            if k < len(child.key):
+                child = self._split(child, k)
+            node = child
+            consumed = k
+            if self.has_swa and not (prev_prefix_len >= total + k):
+                start, end = total, total + k
+                if not node.swa:
+                    live = max(start, window_start)
+                    if live < end:
+                        if live > start:
+                            self._split(node, live - start)
+                        # adopt the request's KV: its old Full KV is freed (Full only)
+                        self.full_free += end - live
+                        self._publish_swa(node)
+                        consumed = min(consumed, live - total)
+            dup_start = max(0, prev_prefix_len - total)
+            if dup_start < consumed:
+                abs_start = total + dup_start
+                n_dup = consumed - dup_start
+                swa_gone = min(max(window_start - abs_start, 0), n_dup) if self.has_swa else n_dup
+                self.full_free += n_dup
+                if self.has_swa:
+                    self.swa_free += n_dup - swa_gone
+            total += k
+        prefix_len = total
+        mamba_exist = False
+        branch_inserted = swa_branch is not None and L >= swa_branch
+        is_new = total < L
+        if is_new:
+            leaf = self._new_node()
+            leaf.parent = node
+            leaf.key = codes[total:L].copy()
+            node.children[self._ck(leaf.key, 0)] = leaf
+            self.tree_full += L - total
+            self.nodes += 1
+            target = leaf
+        else:
+            target = node
+        if self.has_swa and is_new:
+            start, end = prefix_len, L
+            live = max(start, window_start)
+            if live < end:
+                frag = target
+                if live > start:
+                    self._split(frag, live - start)
+                tail = -(-W // ps) * ps
+                parent = None
+                if frag.lock_swa == 0 and len(frag.key) > tail:
+                    split_at = len(frag.key) - tail
+                    if ps == 1 or (split_at % ps == 0 and len(frag.key) % ps == 0):
+                        parent = self._split(frag, split_at)
+                if parent is not None:
+                    self._publish_swa(parent)
+                self._publish_swa(frag)
+        if self.has_mamba:
+            assert mamba_value
+            if is_new:
+                target.mamba = True
+                self.lru_mamba.insert_mru(target)
+                self.tree_mamba += 1
+            elif not target.mamba:
+                target.mamba = True
+                self.lru_mamba.insert_mru(target)
+                self.tree_mamba += 1
+                target.last_access = self._tick()
+            else:
+                self.lru_mamba.reset_mru(target)
+                target.last_access = self._tick()
+                mamba_exist = True
+        if target is not self.root and self.has_swa:
+            self.lru_swa.reset_window(target, self.root, W + ps, self._has_swa)
+        return prefix_len, target, mamba_exist, branch_inserted
+
+    def _publish_swa(self, node):
+        """``SWARebuild``: the node's SWA value from the request's live SWA slots, put at
+        the head of the SWA LRU (``set_component_device_value``)."""
+        node.swa = True
+        self.tree_swa += len(node.key)
+        self.lru_swa.insert_mru(node)
+
+    # ------------------------------------------------------------------ capacity
+    def room(self, lock_at=None):
+        """What eviction could make free in each pool (full tokens, SWA tokens, Mamba
+        slots): the free part plus every unlocked node's data, treating the nodes a
+        lock at *lock_at* would take as locked (Full: its path; SWA: its window
+        segment; Mamba: the node). O(nodes)."""
+        path, seg = set(), set()
+        if lock_at is not None:
+            x = lock_at
+            while x is not self.root:
+                path.add(x)
+                x = x.parent
+            if self.has_swa:
+                x, cov = lock_at, 0
+                while x is not self.root and cov < self.W:
+                    seg.add(x)
+                    cov += len(x.key)
+                    x = x.parent
+        full, swa, mamba = self.full_free, self.swa_free, self.mamba_free
+        stack = list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            if n.lock_full == 0 and n not in path:
+                full += len(n.key)
+            if n.swa and n.lock_swa == 0 and n not in seg:
+                swa += len(n.key)
+            if n.mamba and n.lock_mamba == 0 and n is not lock_at:
+                mamba += 1
+        return full, swa, mamba
+
+    # ------------------------------------------------------------------ request side
+    def depth(self, node):
+        d = 0
+        while node is not self.root:
+            d += len(node.key)
+            node = node.parent
+        return d
+
+    def swa_held(self, r):
+        """SWA slots the request holds: its positions in ``[max(cpl, cursor), alloc_end)``."""
+        return max(0, r.alloc_end - max(r.cpl, r.evicted))
+
+    def free_out_of_window(self, r, pre_len, interval=1):
+        """``common.py :: free_swa_out_of_window_slots`` (prefix-sharing cache): free the
+        request's own SWA slots from ``max(cursor, cpl)`` up to ``pre_len`` minus the
+        window rounded up to a page (page-aligned down); the cursor moves there."""
+        if not self.has_swa:
+            return
+        if pre_len - self.W < r.evicted + interval:
+            return
+        ev = max(r.evicted, r.cpl)
+        r.evicted = ev
+        ps = self.ps
+        thr = pre_len - (-(-max(self.W, ps) // ps)) * ps
+        new = max(ev, thr)
+        if ps > 1:
+            new = new // ps * ps
+        if new > ev:
+            self.swa_free += new - ev
+            r.evicted = new
+
+    def alloc(self, r, n_new_tokens, demand):
+        """Allocate the request's positions up to ``r.committed + n_new_tokens``: evict
+        for ``demand`` tokens in each pool first (``evict_to_free_tokens``), then take
+        whole pages (``alloc_extend`` / ``alloc_decode``). Returns False when a pool is
+        still short (the engine would raise)."""
+        ps = self.ps
+        end = r.committed + n_new_tokens
+        new_alloc_end = -(-end // ps) * ps
+        need = new_alloc_end - r.alloc_end
+        fs = max(0, demand - self.full_free)
+        ss = max(0, demand - self.swa_free) if self.has_swa else 0
+        if fs or ss:
+            self.evict_for_alloc(full=fs, swa=ss)
+        if need > self.full_free or (self.has_swa and need > self.swa_free):
+            return False
+        self.full_free -= need
+        if self.has_swa:
+            self.swa_free -= need
+        r.alloc_end = new_alloc_end
+        r.committed = end
+        return True
+
+    def checkpoint(self, r, up_to, finished):
+        """``UnifiedRadixCache.checkpoint_into_tree`` of ``codes[:up_to]``.
+
+        SWA (``SWAComponent.prepare_for_caching_req``): the insert stops at the request's
+        SWA branching point when one is pending; a running request first frees its
+        out-of-window slots at ``len(key) − 1`` (``free_out_of_window_slots``). Mamba
+        (no extra buffer): the state at ``up_to`` — a copy into a fresh slot while the
+        request runs, the request's own slot once it finished. Then the insert, the
+        row handed to the tree up to the target's depth, the lock moved to the target,
+        and the component clean-up (``cleanup_after_caching_req``).
+        """
+        eff = up_to
+        if self.has_swa and r.swa_branch is not None and r.swa_branch > r.cpl and r.swa_branch <= up_to:
+            eff = r.swa_branch
+        donated = False
+        if self.has_mamba:
+            if finished:
+                donated = True  # the request's own slot
+            else:
+                self._alloc_mamba(r)
+                donated = True
+        if not finished and self.has_swa:
+            self.free_out_of_window(r, eff - 1)
+        if eff <= 0:
+            if self.has_mamba and finished:
+                self.mamba_free += 1
+                r.holds_mamba = False
+            return 0
+        L = eff // self.ps * self.ps
+        prefix_len, target, mamba_exist, branch_ins = self.insert(
+            r.codes, L, r.cpl, r.evicted, r.swa_branch if self.has_swa else None, donated)
+        d = self.depth(target)
+        # the row [cpl, d) is the tree's now: the request no longer holds those slots
+        moved = d - r.cpl
+        if moved > 0:
+            r.cpl = d
+        self.unlock(r.lock)
+        r.lock = self.lock(target)
+        if self.has_swa and branch_ins:
+            r.swa_branch = None
+            if not finished:
+                self.free_out_of_window(r, up_to - 1)
+        if self.has_mamba:
+            if finished:
+                if mamba_exist:
+                    self.mamba_free += 1
+                r.holds_mamba = False
+            elif mamba_exist:
+                self.mamba_free += 1
+        return prefix_len
+
+    def _alloc_mamba(self, r):
+        """``MambaComponent._alloc_mamba_slot``: one slot, evicting a state when none is free."""
+        if self.mamba_free < 1:
+            self.evict_for_alloc(mamba=1)
+        assert self.mamba_free >= 1, "Can not alloc mamba cache"
+        self.mamba_free -= 1
+
+    def release(self, r):
+        """``common.py :: release_kv_cache``: the final checkpoint at the KV committed,
+        then the request's remaining slots freed (Full; SWA above its cursor), the lock
+        dropped, and the Mamba slot freed if the tree did not take it."""
+        self.checkpoint(r, r.committed, finished=True)
+        held_full = r.alloc_end - r.cpl
+        self.full_free += max(0, held_full)
+        if self.has_swa:
+            self.swa_free += self.swa_held(r)
+        r.alloc_end = r.cpl
+        self.unlock(r.lock)
+        r.lock = None
+
+
+# ---------------------------------------------------------------------- policy base
+from radixkv.errors import ConfigError  # noqa: E402
+from radixkv.policies.base import Admission, PoolStats, PrefixCache  # noqa: E402
+
+
+class UnifiedHybridCache(PrefixCache):
+    """Base of the SGLang hybrid policies: the request life cycle of SGLang's scheduler
+    around :class:`UnifiedTree`, one request at a time (the harness
+    ``tools/engines/sglang_hybrid_replay.py`` plays the same part with SGLang's own
+    classes).
+
+    Life of a request (``managers/schedule_batch.py``, ``mem_cache/common.py``,
+    ``mem_cache/allocation.py``):
+
+    0. every ``waiting_prefix_refresh_interval``-th admission first touches the whole
+       prompt (``SchedulePolicy._touch_waiting_prefixes`` → ``touch_prefix``: the match
+       walk with its splits and LRU refreshes, no cap);
+    1. match the prompt capped at ``P − 1`` tokens (``Req.init_next_round_input``);
+       Mamba copies the matched state into a request slot (``finalize_match_result_in_cache``);
+    2. the request's own Mamba slot (``alloc_req_slots`` → ``ensure_mamba_capacity``);
+    3. lock the match (``inc_lock_ref``); allocate the prompt's pages after evicting
+       for ``P − hit`` tokens (page 1) or ``P − hit + page_size`` (paged) in each pool
+       (``alloc_token_slots`` / ``alloc_paged_token_slots_extend``);
+    4. a request that decodes checkpoints its prompt (``checkpoint_kv_cache``);
+    5. each decode step: SWA out-of-window frees (``ScheduleBatch.maybe_evict_swa``),
+       evict for one page (``alloc_for_decode``), allocate;
+    6. finish: ``release_kv_cache`` (checkpoint at the KV committed, free the rest,
+       unlock).
+    """
+
+    size_name = "page_size"
+    default_size = 1
+    admission_rule = "sglang"
+    engine = "sglang"
+    kernel_family = None
+    models_duplication = False
+    models_metadata = False
+    models_slot_positions = False
+    #: every prefill chunk is a checkpoint (SWA frees, Mamba states at chunk ends), so
+    #: a chunked prefill leaves another cache than a whole one, as in SGLang
+    chunked_prefill_changes_cache = True
+
+    def __init__(self, tree: UnifiedTree, waiting_prefix_refresh_interval: int = 32):
+        super().__init__(tree.full_cap // tree.ps, tree.ps)
+        self.tree = tree
+        self.page_size = tree.ps
+        self.max_total_num_tokens = tree.full_cap
+        self.refresh_interval = int(waiting_prefix_refresh_interval)
+        self._passes = 0
+        self._reqs: dict[int, _Req] = {}
+        self._hit_total = 0
+        self._full_alone = 0
+        self._nadmit = 0
+        self._nfinish = 0
+        self._sum_tree = [0, 0, 0]
+
+    # ------------------------------------------------------------------ lookup helpers
+    def _held(self, codes, n):
+        """Token-level length of the prompt's longest prefix in the tree (no page
+        rounding, no cap, no side effect)."""
+        t = self.tree
+        node, off = t.root, 0
+        while off < n:
+            child, k = None, 0
+            if t.ps == 1:
+                cands = [node.children[int(codes[off])]] if int(codes[off]) in node.children else []
+            else:
+                cands = [c for c in node.children.values() if int(c.key[0]) == int(codes[off])]
+            for c in cands:  # the child sharing the most tokens (pages are keyed whole)
+                m = min(len(c.key), n - off)
+                neq = np.flatnonzero(c.key[:m] != codes[off:off + m])
+                kc = m if len(neq) == 0 else int(neq[0])
+                if kc > k:
+                    child, k = c, kc
+            if child is None:
+                break
+            off += k
+            if k < len(child.key):
+                break
+            node = child
+        return off
+
+    def _full_prefix(self, codes, n):
+        """What a full-attention tree with the same nodes would hit: the walk's full KV
+        match of ``codes[:n]``, page-aligned (no side effect)."""
+        return self._held(codes, n) // self.tree.ps * self.tree.ps
+
+    # ------------------------------------------------------------------ life cycle
+    def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
+        """Steps 0–4 above for the whole prompt.
+
+        Raises
+        ------
+        ValueError
+            *rid* already running, or *n_tokens* other than the prompt length (chunked
+            prefill and re-admission are not modelled for the hybrid caches).
+        """
+        if rid in self._reqs:
+            raise ValueError(f"request {rid} is already running")
+        P = seq.prompt_len
+        first = P if n_tokens is None else int(n_tokens)
+        if not 1 <= first <= P:
+            raise ValueError(f"{self.name} admits 1 … P tokens of the prompt (n_tokens={n_tokens}, P={P}); "
+                             "re-admission past the prompt is not modelled")
+        if self.fits_alone(seq):
+            return None
+        t = self.tree
+        codes = token_codes(seq)
+        r = _Req(codes, P, seq.kv_len)
+        held = self._held(codes, P)
+        ev0 = t.evicted_full
+        if self.refresh_interval > 0:
+            if self._passes % self.refresh_interval == 0:
+                t.match(codes, P)
+            self._passes += 1
+        hit, best, full_hit = t.match(codes, P - 1)
+        full_alone = full_hit
+        r.hit = hit
+        r.cpl = hit
+        r.committed = hit
+        r.alloc_end = hit
+        if t.has_swa:
+            fa = full_hit // t.ps * t.ps
+            r.swa_branch = fa if fa > hit else None
+        end = max(first, hit)
+        if not self._fits(r, best, end - hit, mamba_slots=1 + (end < P or seq.kv_len > P)):
+            # refused (SGLang's PrefillAdder would not admit it): nothing allocated
+            return None
+        r.lock = t.lock(best)
+        if t.has_mamba:
+            self._take_mamba(r, best)
+        if end > hit:
+            self._prefill(r, end - hit)
+        self._reqs[rid] = r
+        self._hit_total += hit
+        self._full_alone += full_alone
+        self._nadmit += 1
+        ev = t.evicted_full - ev0
+        self.evicted_tokens_total = t.evicted_full
+        return Admission(hit_tokens=hit, held_tokens=held, evicted_tokens=ev)
+
+    def _take_mamba(self, r, best):
+        """The request's Mamba slot: the copy-on-write of the matched state
+        (``MambaComponent.finalize_match_result_in_cache``; the matched node is pinned
+        while a state is evicted for it), else a fresh slot (``ensure_mamba_capacity``).
+        Done after the lock here; the lock pins the same node, so the eviction is the
+        same."""
+        t = self.tree
+        if t.mamba_free < 1:
+            t.evict_for_alloc(mamba=1)
+        assert t.mamba_free >= 1, "Can not alloc mamba cache"
+        t.mamba_free -= 1
+        r.holds_mamba = True
+
+    def _fits(self, r, lock_at, n, mamba_slots=0):
+        """Whether *n* more tokens (and, for a Mamba tree, *mamba_slots* slots) fit
+        after evicting everything evictable, with the request's lock at *lock_at*."""
+        t = self.tree
+        ps = t.ps
+        if not t.has_mamba:
+            mamba_slots = 0
+        need = -(-(r.committed + n) // ps) * ps - r.alloc_end
+        if need <= t.full_free and (not t.has_swa or need <= t.swa_free) and mamba_slots <= t.mamba_free:
+            return True
+        full, swa, mamba = t.room(lock_at)
+        if need > full or (t.has_swa and need > swa):
+            return False
+        return not t.has_mamba or mamba_slots <= mamba
+
+    def _prefill(self, r, n):
+        """One prefill chunk of *n* tokens (steps 3–4): evict, allocate, then checkpoint
+        — after a middle chunk (``checkpoint_kv_cache`` at ``extend_end``) or after the
+        last one when the request decodes."""
+        t = self.tree
+        demand = n if t.ps == 1 else n + t.ps
+        if not t.alloc(r, n, demand):
+            raise RuntimeError(f"{self.name}: a prefill of {n} tokens does not fit after eviction")
+        if r.committed < r.P or r.kv > r.P:
+            t.checkpoint(r, r.committed, finished=False)
+
+    def extend(self, rid: int, n_tokens: int) -> bool:
+        """*n_tokens* more tokens: the rest of a chunked prefill (chunks end on pages, as
+        the harness's ``--chunked-prefill-size``), then decode steps (step 5), one token each."""
+        r = self._reqs[rid]
+        t = self.tree
+        n_tokens = int(n_tokens)
+        if r.committed + n_tokens > r.kv:
+            raise ValueError(f"request {rid}: extend past its KV extent {r.kv}")
+        if not self._fits(r, r.lock[0], n_tokens, mamba_slots=1 if r.committed < r.P else 0):
+            return False  # refused before anything changes
+        if r.committed < r.P:
+            k = min(n_tokens, r.P - r.committed)
+            self._prefill(r, k)
+            n_tokens -= k
+        for _ in range(n_tokens):
+            if t.has_swa and r.decode_idx >= 1:
+                pre = r.committed
+                if pre - t.W >= r.evicted + t.swa_interval:
+                    t.free_out_of_window(r, pre, 1)
+            if not t.alloc(r, 1, t.ps):
+                return False
+            r.decode_idx += 1
+        self.evicted_tokens_total = t.evicted_full
+        return True
+
+    def finish(self, rid: int) -> None:
+        """Step 6: ``release_kv_cache`` with the checkpoint."""
+        r = self._reqs.pop(rid)
+        self.tree.release(r)
+        t = self.tree
+        self._nfinish += 1
+        self._sum_tree[0] += t.tree_full
+        self._sum_tree[1] += t.tree_swa
+        self._sum_tree[2] += t.tree_mamba
+
+    def preempt(self, rid: int) -> None:
+        """Retraction: ``release_kv_cache(checkpoint=False)`` — the request's own slots
+        freed, the lock dropped, its Mamba slot freed; nothing inserted."""
+        r = self._reqs.pop(rid)
+        t = self.tree
+        t.full_free += max(0, r.alloc_end - r.cpl)
+        if t.has_swa:
+            t.swa_free += t.swa_held(r)
+        r.alloc_end = r.cpl
+        t.unlock(r.lock)
+        r.lock = None
+        if t.has_mamba and r.holds_mamba:
+            t.mamba_free += 1
+            r.holds_mamba = False
+
+    def fits_alone(self, seq: KVSeq) -> int:
+        """Tokens by which *seq* overflows the empty pools: its KV extent plus one page
+        of headroom (the paged extend's estimate) against each token pool."""
+        t = self.tree
+        need = -(-seq.kv_len // t.ps) * t.ps + (t.ps if t.ps > 1 else 0)
+        over = max(0, need - t.full_cap)
+        if t.has_swa:
+            over = max(over, need - t.swa_cap)
+        return over
+
+    def stats(self, detail: bool = True) -> PoolStats:
+        """Full-attention pool in pages: ``used`` = held by running requests, ``cached``
+        = the tree's Full KV (all evictable between requests), ``free``. The SWA pool
+        and the Mamba slots are reported by :meth:`group_metrics`."""
+        t = self.tree
+        ps = t.ps
+        own = sum(r.alloc_end - r.cpl for r in self._reqs.values())
+        used = (own + t.locked_full) // ps
+        cached = (t.tree_full - t.locked_full) // ps
+        return PoolStats(num_slots=self.num_slots, slot_tokens=ps, used_slots=used, cached_slots=cached,
+                         free_slots=self.num_slots - used - cached, valid_tokens=t.tree_full + own,
+                         cached_tokens=t.tree_full if detail else -1)

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Golden per-request hits of SGLang 0.5.23's hybrid radix caches (SWA and Mamba).
+
+Runs ``sglang_hybrid_replay.py`` (this folder: SGLang's own ``UnifiedRadixCache`` with
+``(FULL, SWA)`` / ``(FULL, MAMBA)`` components, its ``SWATokenToKVPoolAllocator`` /
+``HybridReqToTokenPool``, default Rust tree core) for every run below and writes
+``<out>/<name>.jsonl`` plus ``<out>/manifest.jsonl``. Needs the SGLang 0.5.23 CPU venv
+(docs/golden.md)::
+
+    HF_HUB_OFFLINE=1 $SGLANG_VENV/bin/python tools/engines/gen_sglang_hybrid_goldens.py \\
+        --traces tests/data/golden/traces --out tests/data/golden/sglang_hybrid
+
+Pools are tight enough that both the full-attention pool and the SWA pool / Mamba
+slots evict. ``--check`` (free + cached == capacity in every pool, nothing locked)
+runs after every request. About 30 s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sglang_hybrid_replay as hr  # noqa: E402
+
+#: (mode, trace, page_size, full tokens, sliding window or mamba slots, swa tokens)
+RUNS = (
+    ("swa", "mixed200.jsonl", 1, 6400, 64, 2400),
+    ("swa", "mixed200.jsonl", 1, 3000, 256, 2000),
+    ("swa", "edge300.jsonl", 1, 640, 32, 450),
+    ("swa", "mixed200.jsonl", 16, 4000, 128, 2048),
+    ("swa", "edge300.jsonl", 16, 800, 48, 512),
+    ("mamba", "mixed200.jsonl", 1, 6400, 16, None),
+    ("mamba", "mixed200.jsonl", 1, 3000, 8, None),
+    ("mamba", "edge300.jsonl", 1, 640, 6, None),
+    ("mamba", "edge300.jsonl", 1, 100000, 4, None),
+)
+
+
+def run_name(mode, trace, ps, full, x, swa):
+    base = f"sglang_{mode}_{trace.split('.')[0]}_p{ps}_c{full}"
+    return base + (f"_w{x}_s{swa}" if mode == "swa" else f"_m{x}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tree-core", choices=["rust", "python"], default=None)
+    a = ap.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    manifest = []
+    for mode, trace, ps, full, x, swa in RUNS:
+        name = run_name(mode, trace, ps, full, x, swa)
+        argv = ["--trace", os.path.join(a.traces, trace), "--out", os.path.join(a.out, name + ".jsonl"),
+                "--mode", mode, "--page-size", str(ps), "--capacity-tokens", str(full), "--check"]
+        if mode == "swa":
+            argv += ["--sliding-window", str(x), "--swa-capacity-tokens", str(swa)]
+        else:
+            argv += ["--mamba-slots", str(x)]
+        if a.tree_core:
+            argv += ["--tree-core", a.tree_core]
+        args = hr.parse_args(argv)
+        t0 = time.perf_counter()
+        rep, recs, _ = hr.run(args)
+        dt = time.perf_counter() - t0
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            for r in recs:
+                f.write(json.dumps(r) + "\n")
+        os.replace(tmp, args.out)
+        m = {"name": name, "engine": "sglang 0.5.23", "impl": "UnifiedRadixCache",
+             "tree_core": rep.tree_core_name, "mode": mode, "trace": trace, "page_size": ps,
+             "capacity_tokens": full, "hit_tokens": sum(r["hit_tokens"] for r in recs),
+             "evicted_tokens": sum(r.get("evicted_tokens", 0) for r in recs)}
+        if mode == "swa":
+            m.update(components="FULL,SWA", sliding_window_size=x, swa_capacity_tokens=swa,
+                     evicted_swa_tokens=sum(r.get("evicted_swa_tokens", 0) for r in recs))
+        else:
+            m.update(components="FULL,MAMBA", mamba_slots=x, mamba_radix_cache_strategy="no_buffer",
+                     evicted_mamba=sum(r.get("evicted_mamba", 0) for r in recs))
+        manifest.append(m)
+        print(name, m["hit_tokens"], f"{dt:.1f}s", file=sys.stderr)
+    tmp = os.path.join(a.out, "manifest.jsonl.tmp")
+    with open(tmp, "w") as f:
+        for m in manifest:
+            f.write(json.dumps(m) + "\n")
+    os.replace(tmp, os.path.join(a.out, "manifest.jsonl"))
+
+
+if __name__ == "__main__":
+    main()
