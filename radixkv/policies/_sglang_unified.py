@@ -837,8 +837,12 @@ class UnifiedHybridCache(PrefixCache):
     #: a chunked prefill leaves another cache than a whole one, as in SGLang
     chunked_prefill_changes_cache = True
 
-    def __init__(self, tree: UnifiedTree, waiting_prefix_refresh_interval: int = 32):
+    def __init__(self, tree: UnifiedTree, waiting_prefix_refresh_interval: int = 32,
+                 chunked_prefill_size: int | None = None):
         super().__init__(tree.full_cap // tree.ps, tree.ps)
+        chunk = None if chunked_prefill_size is None or int(chunked_prefill_size) <= 0 else int(chunked_prefill_size)
+        #: SGLang's ``--chunked-prefill-size`` for :meth:`run_request` (None: one extend)
+        self.chunked_prefill_size = chunk
         self.tree = tree
         self.page_size = tree.ps
         self.max_total_num_tokens = tree.full_cap
@@ -884,7 +888,8 @@ class UnifiedHybridCache(PrefixCache):
 
     # ------------------------------------------------------------------ life cycle
     def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
-        """Steps 0–4 above for the whole prompt.
+        """Steps 0–4 above for the prompt, or its first *n_tokens* tokens (a chunked
+        prefill, continued by :meth:`extend`).
 
         Raises
         ------
@@ -892,6 +897,9 @@ class UnifiedHybridCache(PrefixCache):
             *rid* already running, or *n_tokens* other than the prompt length (chunked
             prefill and re-admission are not modelled for the hybrid caches).
         """
+        return self._admit(rid, seq, n_tokens)
+
+    def _admit(self, rid, seq, n_tokens, first_chunk=False):
         if rid in self._reqs:
             raise ValueError(f"request {rid} is already running")
         P = seq.prompt_len
@@ -919,7 +927,7 @@ class UnifiedHybridCache(PrefixCache):
         if t.has_swa:
             fa = full_hit // t.ps * t.ps
             r.swa_branch = fa if fa > hit else None
-        end = max(first, hit)
+        end = self._chunk_end(hit, P) if first_chunk else max(first, hit)
         if not self._fits(r, best, end - hit, mamba_slots=1 + (end < P or seq.kv_len > P)):
             # refused (SGLang's PrefillAdder would not admit it): nothing allocated
             return None
@@ -1010,6 +1018,36 @@ class UnifiedHybridCache(PrefixCache):
         self._sum_tree[1] += t.tree_swa
         self._sum_tree[2] += t.tree_mamba
 
+    def _chunk_end(self, start: int, P: int) -> int:
+        """End of the prefill chunk starting at *start* (the scheduler's
+        ``PrefillAdder``: ``chunked_prefill_size`` tokens, the end rounded down to a page
+        unless that leaves nothing)."""
+        c, ps = self.chunked_prefill_size, self.tree.ps
+        if c is None or P - start <= c:
+            return P
+        end = (start + c) // ps * ps
+        return end if end > start else min(P, start + c)
+
+    def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
+        """Admit, prefill (in chunks of ``chunked_prefill_size``, each middle chunk
+        checkpointed), decode to the KV extent one token per step, finish."""
+        if self.chunked_prefill_size is None:
+            return super().run_request(rid, seq)
+        P = seq.prompt_len
+        adm = self._admit(rid, seq, None, first_chunk=True)
+        if adm is None:
+            return None
+        r = self._reqs[rid]
+        while r.committed < P:
+            if not self.extend(rid, self._chunk_end(r.committed, P) - r.committed):
+                self.finish(rid)
+                return None
+        if seq.kv_len > P and not self.extend(rid, seq.kv_len - P):
+            self.finish(rid)
+            return None
+        self.finish(rid)
+        return adm
+
     def preempt(self, rid: int) -> None:
         """Retraction: ``release_kv_cache(checkpoint=False)`` — the request's own slots
         freed, the lock dropped, its Mamba slot freed; nothing inserted."""
@@ -1032,7 +1070,14 @@ class UnifiedHybridCache(PrefixCache):
         need = -(-seq.kv_len // t.ps) * t.ps + (t.ps if t.ps > 1 else 0)
         over = max(0, need - t.full_cap)
         if t.has_swa:
-            over = max(over, need - t.swa_cap)
+            swa_need = need
+            if self.chunked_prefill_size is not None:
+                # chunked: its own SWA is freed behind each chunk, so it needs at most a
+                # chunk, the tree's locked window, its own window and the decode
+                # interval between frees (a bound, pages rounded up)
+                w = -(-t.W // t.ps) * t.ps
+                swa_need = min(need, self.chunked_prefill_size + 2 * w + t.swa_interval + 4 * t.ps)
+            over = max(over, swa_need - t.swa_cap)
         return over
 
     def stats(self, detail: bool = True) -> PoolStats:

@@ -72,8 +72,9 @@ class SGLangMambaCache(UnifiedHybridCache):
     max_mamba_cache_size : int
         Mamba state slots (SGLang ``--max-mamba-cache-size``), shared by running
         requests (one each) and cached states.
-    waiting_prefix_refresh_interval : int
-        As :class:`~radixkv.policies.sglang_swa.SGLangSWACache`.
+    waiting_prefix_refresh_interval, chunked_prefill_size : int
+        As :class:`~radixkv.policies.sglang_swa.SGLangSWACache` (a middle chunk's
+        checkpoint leaves a state at the chunk end).
 
     Raises
     ------
@@ -86,7 +87,7 @@ class SGLangMambaCache(UnifiedHybridCache):
     default_option = 256
 
     def __init__(self, max_total_num_tokens: int, page_size: int = 1, max_mamba_cache_size: int = 256,
-                 waiting_prefix_refresh_interval: int = 32):
+                 waiting_prefix_refresh_interval: int = 32, chunked_prefill_size: int | None = None):
         if int(page_size) != 1:
             raise ConfigError("sglang-mamba models the no_buffer strategy, which needs page_size 1 "
                               f"(got {page_size})", field="page_size")
@@ -97,7 +98,7 @@ class SGLangMambaCache(UnifiedHybridCache):
             raise ConfigError(f"max_mamba_cache_size must be ≥ 1, got {max_mamba_cache_size}", field="policy")
         self.max_mamba_cache_size = int(max_mamba_cache_size)
         super().__init__(UnifiedTree(1, int(max_total_num_tokens), mamba_slots=self.max_mamba_cache_size),
-                         waiting_prefix_refresh_interval)
+                         waiting_prefix_refresh_interval, chunked_prefill_size)
 
     @classmethod
     def parse_option(cls, text: str):

@@ -115,6 +115,10 @@ class SGLangSWACache(UnifiedHybridCache):
     waiting_prefix_refresh_interval : int
         Every k-th admission touches its whole prompt first (the FCFS scheduler's
         waiting-prefix refresh with one request per pass); 0 turns it off.
+    chunked_prefill_size : int or None
+        SGLang's ``--chunked-prefill-size`` for :meth:`run_request`: prefill chunks of
+        this many tokens, each middle chunk checkpointed (its out-of-window SWA freed);
+        None or ≤ 0: the prompt in one extend.
 
     Raises
     ------
@@ -129,7 +133,7 @@ class SGLangSWACache(UnifiedHybridCache):
     def __init__(self, max_total_num_tokens: int, page_size: int = 1, sliding_window_size: int = 1024,
                  swa_max_total_num_tokens: int | None = None,
                  swa_full_tokens_ratio: float = DEFAULT_SWA_FULL_TOKENS_RATIO,
-                 waiting_prefix_refresh_interval: int = 32):
+                 waiting_prefix_refresh_interval: int = 32, chunked_prefill_size: int | None = None):
         ps = int(page_size)
         if ps < 1:
             raise ConfigError(f"page_size must be ≥ 1, got {page_size}", field="page_size")
@@ -147,7 +151,7 @@ class SGLangSWACache(UnifiedHybridCache):
         self.swa_max_total_num_tokens = swa
         super().__init__(UnifiedTree(ps, full, swa_tokens=swa, window=self.sliding_window_size,
                                      swa_eviction_interval=SWA_EVICTION_INTERVAL),
-                         waiting_prefix_refresh_interval)
+                         waiting_prefix_refresh_interval, chunked_prefill_size)
 
     @classmethod
     def parse_option(cls, text: str):

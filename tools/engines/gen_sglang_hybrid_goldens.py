@@ -25,23 +25,28 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sglang_hybrid_replay as hr  # noqa: E402
 
-#: (mode, trace, page_size, full tokens, sliding window or mamba slots, swa tokens)
+#: (mode, trace, page_size, full tokens, sliding window or mamba slots, swa tokens,
+#: chunked_prefill_size or -1)
 RUNS = (
-    ("swa", "mixed200.jsonl", 1, 6400, 64, 2400),
-    ("swa", "mixed200.jsonl", 1, 3000, 256, 2000),
-    ("swa", "edge300.jsonl", 1, 640, 32, 450),
-    ("swa", "mixed200.jsonl", 16, 4000, 128, 2048),
-    ("swa", "edge300.jsonl", 16, 800, 48, 512),
-    ("mamba", "mixed200.jsonl", 1, 6400, 16, None),
-    ("mamba", "mixed200.jsonl", 1, 3000, 8, None),
-    ("mamba", "edge300.jsonl", 1, 640, 6, None),
-    ("mamba", "edge300.jsonl", 1, 100000, 4, None),
+    ("swa", "mixed200.jsonl", 1, 6400, 64, 2400, -1),
+    ("swa", "mixed200.jsonl", 1, 3000, 256, 2000, -1),
+    ("swa", "edge300.jsonl", 1, 640, 32, 450, -1),
+    ("swa", "mixed200.jsonl", 16, 4000, 128, 2048, -1),
+    ("swa", "edge300.jsonl", 16, 800, 48, 512, -1),
+    ("swa", "mixed200.jsonl", 1, 6400, 64, 1200, 256),
+    ("swa", "mixed200.jsonl", 16, 4000, 128, 1024, 300),
+    ("mamba", "mixed200.jsonl", 1, 6400, 16, None, -1),
+    ("mamba", "mixed200.jsonl", 1, 3000, 8, None, -1),
+    ("mamba", "edge300.jsonl", 1, 640, 6, None, -1),
+    ("mamba", "edge300.jsonl", 1, 100000, 4, None, -1),
+    ("mamba", "mixed200.jsonl", 1, 6400, 16, None, 256),
 )
 
 
-def run_name(mode, trace, ps, full, x, swa):
+def run_name(mode, trace, ps, full, x, swa, chunk=-1):
     base = f"sglang_{mode}_{trace.split('.')[0]}_p{ps}_c{full}"
-    return base + (f"_w{x}_s{swa}" if mode == "swa" else f"_m{x}")
+    base += f"_w{x}_s{swa}" if mode == "swa" else f"_m{x}"
+    return base + (f"_chunk{chunk}" if chunk > 0 else "")
 
 
 def main(argv=None):
@@ -52,10 +57,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     manifest = []
-    for mode, trace, ps, full, x, swa in RUNS:
-        name = run_name(mode, trace, ps, full, x, swa)
+    for mode, trace, ps, full, x, swa, chunk in RUNS:
+        name = run_name(mode, trace, ps, full, x, swa, chunk)
         argv = ["--trace", os.path.join(a.traces, trace), "--out", os.path.join(a.out, name + ".jsonl"),
-                "--mode", mode, "--page-size", str(ps), "--capacity-tokens", str(full), "--check"]
+                "--mode", mode, "--page-size", str(ps), "--capacity-tokens", str(full), "--check",
+                "--chunked-prefill-size", str(chunk)]
         if mode == "swa":
             argv += ["--sliding-window", str(x), "--swa-capacity-tokens", str(swa)]
         else:
@@ -73,7 +79,8 @@ def main(argv=None):
         os.replace(tmp, args.out)
         m = {"name": name, "engine": "sglang 0.5.23", "impl": "UnifiedRadixCache",
              "tree_core": rep.tree_core_name, "mode": mode, "trace": trace, "page_size": ps,
-             "capacity_tokens": full, "hit_tokens": sum(r["hit_tokens"] for r in recs),
+             "capacity_tokens": full, "chunked_prefill_size": chunk if chunk > 0 else None,
+             "hit_tokens": sum(r["hit_tokens"] for r in recs),
              "evicted_tokens": sum(r.get("evicted_tokens", 0) for r in recs)}
         if mode == "swa":
             m.update(components="FULL,SWA", sliding_window_size=x, swa_capacity_tokens=swa,

@@ -58,16 +58,15 @@ def parse_args(argv=None):
                    help="sliding_window_size in tokens; swa mode")
     p.add_argument("--mamba-slots", type=int, default=None,
                    help="mamba state slots (max_mamba_cache_size); mamba mode")
+    p.add_argument("--chunked-prefill-size", type=int, default=-1,
+                   help="prefill chunk size in tokens (-1: whole prompt in one extend); each "
+                   "middle chunk is checkpointed (checkpoint_kv_cache), as the scheduler does")
     p.add_argument("--tree-core", choices=["rust", "python"], default=None)
     p.add_argument("--waiting-prefix-refresh-interval", type=int, default=32)
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--check", action="store_true")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
-
-
-class _MappingOnlySWAPool:
-    """Placeholder for the class built in _swa_pool_class (needs sglang imported)."""
 
 
 def _swa_pool_class():
@@ -147,6 +146,7 @@ class HybridReplayer:
         ps = self.page_size = args.page_size
         self.capacity = args.capacity_tokens // ps * ps
         self.refresh_interval = args.waiting_prefix_refresh_interval
+        self.chunk = args.chunked_prefill_size
         self._sched_passes = 0
         self.max_req_len = self.capacity - 1
         self.max_req_input_len = self.max_req_len - 5
@@ -326,10 +326,20 @@ class HybridReplayer:
         self.sgl_alloc.alloc_req_slots(self.req_to_token_pool, [req], c)
         prefix_idx = c.prefix_device_indices(req)
         self.req_to_token_pool.write((req.kv.req_pool_idx, slice(0, hit)), prefix_idx)
-        req.extend_end = P
-        if req.lock is None:
-            req.lock = c.lock(req.last_node)
-        self._alloc_extend(req, hit, P)
+        while True:
+            start, end = req.prefix_len, P
+            if self.chunk > 0 and P - start > self.chunk:
+                end = (start + self.chunk) // ps * ps
+                if end <= start:
+                    end = min(P, start + self.chunk)
+            req.extend_end = end
+            if req.lock is None:
+                req.lock = c.lock(req.last_node)
+            self._alloc_extend(req, start, end)
+            if end >= P:
+                break
+            # a middle chunk: stash_chunked_request -> checkpoint_kv_cache
+            self.sgl_common.checkpoint_kv_cache(req, c)
         req.output_ids.append(outs[0])
         req.update_finish_state()
         if not req.finished():
