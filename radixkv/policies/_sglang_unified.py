@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.types import KVSeq
 
 #: ``environ.py :: SGLANG_SWA_EVICTION_INTERVAL`` default (decode steps between the
@@ -796,8 +797,6 @@ class UnifiedTree:
 
 
 # ---------------------------------------------------------------------- policy base
-from radixkv.errors import ConfigError  # noqa: E402
-from radixkv.policies.base import Admission, PoolStats, PrefixCache  # noqa: E402
 
 
 class UnifiedHybridCache(PrefixCache):
@@ -880,11 +879,6 @@ class UnifiedHybridCache(PrefixCache):
                 break
             node = child
         return off
-
-    def _full_prefix(self, codes, n):
-        """What a full-attention tree with the same nodes would hit: the walk's full KV
-        match of ``codes[:n]``, page-aligned (no side effect)."""
-        return self._held(codes, n) // self.tree.ps * self.tree.ps
 
     # ------------------------------------------------------------------ life cycle
     def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
