@@ -163,14 +163,14 @@ def test_mamba_pool_eviction_by_hand():
 @pytest.mark.parametrize("page", [1, 4])
 def test_swa_contract_kit(page):
     skipped = check_policy(lambda cap: SGLangSWACache(max(cap, 64), page, 8, swa_full_tokens_ratio=0.8))
-    assert set(skipped) == {"chunked_admit", "peek_hit_pure"}
+    assert set(skipped) == {"chunked_admit"}
 
 
 def test_mamba_contract_kit():
     # expect_hits=False: an exact repeat stops at P − 1, inside the node whose state is at
     # P, and hits 0 (test_mamba_hit_stops_at_last_state_by_hand) — SGLang's rule
     skipped = check_policy(lambda cap: SGLangMambaCache(max(cap, 64), 1, 3), expect_hits=False)
-    assert set(skipped) == {"repeats_hit", "chunked_admit", "peek_hit_pure"}
+    assert set(skipped) == {"repeats_hit", "chunked_admit"}
 
 
 def test_specs_and_pool_terms():

@@ -333,6 +333,39 @@ class UnifiedTree:
             x = x.parent
         return best_len, best, full_hit
 
+    def peek(self, codes, limit):
+        """The hit of :meth:`match` without its side effects (no split, no LRU or access
+        time change). A match that ends inside a node would split it; the upper half
+        keeps the node's SWA KV and has no Mamba state (``redistribute_on_node_split``),
+        which is what the validators see here."""
+        n = limit // self.ps * self.ps
+        if n <= 0:
+            return 0
+        node, off, best_len = self.root, 0, 0
+        swa_len = float("inf")
+        while off < n:
+            child = node.children.get(self._ck(codes, off))
+            if child is None:
+                break
+            k = self._match_len(child.key, codes, off, n - off)
+            partial = k < len(child.key)
+            off += k
+            ok = True
+            if self.has_swa:
+                if not child.swa:
+                    swa_len, ok = 0, False
+                else:
+                    swa_len += k
+                    ok = swa_len >= self.W
+            if self.has_mamba and (partial or not child.mamba):
+                ok = False
+            if ok:
+                best_len = off
+            if partial:
+                break
+            node = child
+        return best_len
+
     # ------------------------------------------------------------------ locks
     def lock(self, node, skip_mamba=False):
         """``UnifiedTreeCore.inc_lock_ref``: Full path lock to the root; SWA segment lock
@@ -1011,6 +1044,11 @@ class UnifiedHybridCache(PrefixCache):
         self._sum_tree[0] += t.tree_full
         self._sum_tree[1] += t.tree_swa
         self._sum_tree[2] += t.tree_mamba
+
+    def peek_hit(self, seq: KVSeq, n_tokens: int | None = None) -> int:
+        """The hit :meth:`admit` would get now (the prompt capped at P − 1), with no side
+        effect: SGLang's scheduler uses the same match for ``lpm`` and its budget."""
+        return self.tree.peek(token_codes(seq), seq.prompt_len - 1)
 
     def _chunk_end(self, start: int, P: int) -> int:
         """End of the prefill chunk starting at *start* (the scheduler's
