@@ -350,6 +350,29 @@ class RadixCache(PrefixCache):
         self._g_hi = int(S[K.S_GUSED]) + new_segments
         self._q_hi = int(S[K.S_QHW]) + 1
 
+    def reserve_arrays(self, new_nodes: int, new_segments: int, new_rows: int) -> None:
+        """Make the tree's arrays hold *new_nodes* more nodes, *new_segments* more stored
+        segments and *new_rows* more stored sequences (for a caller that runs the tree
+        kernels itself: the compiled concurrent loop, :mod:`radixkv.replay.conc_sglang`),
+        then :meth:`sync_bounds`. Grows or compacts as :meth:`_reserve` does."""
+        self._reserve_exact(int(new_nodes), int(new_segments))
+        S = self._S
+        while int(S[K.S_QHW]) + int(new_rows) >= self._Q.shape[0]:
+            Q2 = np.zeros((2 * self._Q.shape[0], 4), dtype=np.int64)
+            Q2[: self._Q.shape[0]] = self._Q
+            self._Q = Q2
+        self.sync_bounds()
+
+    def sync_bounds(self) -> None:
+        """Reset the Python-side upper bounds of :meth:`_reserve` (nodes, store use,
+        sequence rows) and the eviction totals from the arrays, after kernels were run
+        on them directly."""
+        S = self._S
+        self._nn_hi = int(S[K.S_NNODES]) + 1
+        self._g_hi = int(S[K.S_GUSED])
+        self._q_hi = int(S[K.S_QHW])
+        self._sync()
+
     def _grow_nodes(self, need: int) -> None:
         cap = self._N.shape[0]
         while cap < need:

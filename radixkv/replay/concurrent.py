@@ -41,7 +41,7 @@ import numpy as np
 
 from radixkv.cost import CostModel
 from radixkv.errors import ConfigError
-from radixkv.replay.scheduler import SchedulerConfig, admission_rule_of, make_scheduler
+from radixkv.replay.scheduler import SchedulerConfig, admission_rule_of, make_scheduler, rule_of
 
 #: per-request columns of :class:`ConcurrentResult` (shape (n,) each) and their units
 COLUMNS = {
@@ -321,6 +321,12 @@ def replay_concurrent(
         raise ConfigError(f"{arrivals.shape[0] if arrivals.ndim else 0} arrival times for {n} requests", field="arrivals")
     if n and (np.any(np.diff(arrivals) < 0) or not np.all(np.isfinite(arrivals))):
         raise ConfigError("arrival times must be finite and non-decreasing", field="arrivals")
+    from radixkv.replay import conc_sglang
+
+    if conc_sglang.applicable(policy, cost, config, on_step, rule_of(policy, config)):
+        res = conc_sglang.replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forward, timeline)
+        if res is not None:
+            return res
     sch = make_scheduler(trace, policy, config)
     if on_step is None:  # vLLM's rules over BlockHashCache: one compiled loop
         from radixkv.replay.conc_vllm_fast import replay_compiled

@@ -1,5 +1,11 @@
 """SGLang's step rules for the concurrent replay (SGLang 0.5.23, ``python/sglang/srt/managers/``).
 
+This module is the reference. For :class:`radixkv.policies.radix.RadixCache` itself (and
+a :class:`radixkv.cost.CostModel`, no ``on_step`` hook) ``replay_concurrent`` runs the same
+rules compiled (:mod:`radixkv.replay.conc_sglang`), with the same results byte for byte;
+a change to a rule here must be mirrored in :mod:`radixkv.replay._conc_sglang_kernels`
+(``tests/test_conc_sglang.py`` compares the two).
+
 :class:`SglangScheduler` builds each step as SGLang's default scheduler (not mixed-chunk,
 no overlap, no priorities, page-1 or paged full-attention KV) does. Each rule names the
 function it follows:
@@ -220,8 +226,13 @@ class SglangScheduler(Scheduler):
         p = self._page
         budget = self.cfg.max_num_batched_tokens  # rem_chunk_tokens
         chunking = [r for r in self.running if self.ctx[r] < self.target[r]]
-        offset = sum(min(self.N[r] - self.gen[r], clip) * self.ratio
-                     for r in self.running if self.ctx[r] >= self.target[r])
+        # added left to right in running order from 0.0, an explicit loop: ``sum()`` of
+        # floats is compensated since Python 3.12, and the compiled loop
+        # (radixkv.replay._conc_sglang_kernels) must give the same bits on every version
+        offset = 0.0
+        for r in self.running:
+            if self.ctx[r] >= self.target[r]:
+                offset += min(self.N[r] - self.gen[r], clip) * self.ratio
         alloc = []  # (request, tokens) allocated after the batch forms (prepare_for_extend)
         # 1. the unfinished chunked prefills (PrefillAdder.add_chunked_req)
         for r in chunking:
@@ -426,7 +437,9 @@ class SglangScheduler(Scheduler):
         for t in np.flatnonzero(near).tolist():  # exact recomputation near the boundary
             j = t + 1
             ratio = float(ratios[t])
-            off = sum(min(self.N[r] - self.gen[r] - j, SGLANG_CLIP_MAX_NEW_TOKENS) * ratio for r in run)
+            off = 0.0  # left to right from 0.0 (see schedule)
+            for r in run:
+                off += min(self.N[r] - self.gen[r] - j, SGLANG_CLIP_MAX_NEW_TOKENS) * ratio
             margin[t] = 1.0 if need_tokens < int(room_j[t]) - off else -1.0
         passes = np.flatnonzero(margin > 0)
         return int(passes[0]) + 1 if passes.size else k

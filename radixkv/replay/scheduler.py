@@ -192,6 +192,17 @@ def admission_rule_of(policy) -> str:
     return rule
 
 
+def rule_of(policy, config: "SchedulerConfig") -> str:
+    """The rule of a replay (``config.admission``, else the policy class's), checked
+    against the knobs: see :func:`make_scheduler` (same errors)."""
+    rule = config.admission if config.admission is not None else admission_rule_of(policy)
+    if rule == "sglang" and (not config.enable_chunked_prefill or config.long_prefill_token_threshold
+                             or config.watermark):
+        raise ConfigError("--no-enable-chunked-prefill, --long-prefill-token-threshold and --watermark are "
+                          "vLLM knobs; SGLang's rules (--admission sglang) do not use them", field="admission")
+    return rule
+
+
 def make_scheduler(trace, policy, config: "SchedulerConfig"):
     """The scheduler of one replay: vLLM's or SGLang's step rules.
 
@@ -207,11 +218,7 @@ def make_scheduler(trace, policy, config: "SchedulerConfig"):
         When vLLM-only knobs (``enable_chunked_prefill=False``,
         ``long_prefill_token_threshold``, ``watermark``) are set for SGLang's rules.
     """
-    rule = config.admission if config.admission is not None else admission_rule_of(policy)
-    if rule == "sglang" and (not config.enable_chunked_prefill or config.long_prefill_token_threshold
-                             or config.watermark):
-        raise ConfigError("--no-enable-chunked-prefill, --long-prefill-token-threshold and --watermark are "
-                          "vLLM knobs; SGLang's rules (--admission sglang) do not use them", field="admission")
+    rule = rule_of(policy, config)
     if rule == "sglang":
         from radixkv.replay.sched_sglang import SglangScheduler as cls
     else:
