@@ -249,13 +249,20 @@ def _run_remove(IV, RUN, v):
 @nb.njit(cache=True)
 def _room_slots(S, num_slots):
     """``RadixCache.room_slots``: free + evictable slots."""
-    return num_slots - S[K.S_PRIV] - S[K.S_PROT] // S[K.S_P]
+    p = S[K.S_P]
+    return num_slots - S[K.S_PRIV] - (S[K.S_PROT] if p == 1 else S[K.S_PROT] // p)
 
 
 @nb.njit(cache=True)
 def _sample(S, R, RUN, nrun, num_slots):
     """``RadixCache.stats(detail=False)``: (used, cached, valid) slots/tokens."""
     p = S[K.S_P]
+    if p == 1:
+        priv = 0
+        for t in range(nrun):
+            r = RUN[t]
+            priv += R[r, K.R_COMP] - R[r, K.R_OWNED]
+        return S[K.S_PRIV] + S[K.S_PROT], S[K.S_EVTOK], S[K.S_EVTOK] + S[K.S_PROT] + priv
     priv = 0
     for t in range(nrun):
         r = RUN[t]
@@ -303,7 +310,7 @@ def _extend(S, N, H1, H2, HP, G, Q, R, r, n_tokens):
     end = comp + n_tokens
     if n_tokens > 0 and comp >= R[r, K.R_PLEN] and end <= R[r, K.R_KVMAX]:
         p = S[K.S_P]
-        nb = -(-end // p) - -(-comp // p)
+        nb = n_tokens if p == 1 else -(-end // p) - -(-comp // p)
         free = S[K.S_FREE]
         if free > nb or (nb == 0 and free > 0):
             S[K.S_FREE] = free - nb
@@ -623,6 +630,9 @@ def _max_fast_forward(S, RQ, IV, RUN, num_slots):
 
 @nb.njit(cache=True)
 def _ff_need(RQ, RUN, nrun, p, k):
+    """New slots of k − 1 more tokens for every running request (whole slots)."""
+    if p == 1:
+        return nrun * (k - 1)
     s = 0
     for t in range(nrun):
         kv = RQ[RUN[t], Q_KV]
@@ -842,6 +852,12 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
                 _integrate(FV, IV, nrun, DT[0], used, cached, valid, p)
                 if tl:
                     _tl_row(IV, TLI, TLF, st0 + 1, FV[V_NOW], nrun, wl, batch, used, cached, num_slots)
+            if p > 1:  # requests by KV length mod p: extra token s starts pages of class (1 − s) mod p
+                cntres = np.zeros(p, dtype=np.int64)
+                for u in range(nrun):
+                    cntres[RQ[run[u], Q_KV] % p] += 1
+            else:
+                cntres = np.zeros(1, dtype=np.int64)
             t = 0
             while t < k - 1:
                 free = S[K.S_FREE]
@@ -852,10 +868,7 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
                 else:
                     pages = 0
                     while t + m < k - 1:
-                        pg = 0
-                        for u in range(nrun):
-                            if (RQ[run[u], Q_KV] + t + m) % p == 0:
-                                pg += 1
+                        pg = cntres[(-(t + m)) % p]  # pages started by extra token t + m + 1
                         if pages + pg > free - 1:
                             break
                         pages += pg
@@ -872,9 +885,7 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
                         if p == 1:
                             used += nrun
                         else:
-                            for u in range(nrun):
-                                if (RQ[run[u], Q_KV] + tt - 1) % p == 0:
-                                    used += 1
+                            used += cntres[(1 - tt) % p]
                         valid += nrun
                         dt = DT[tt]
                         a_area += nrun * dt
