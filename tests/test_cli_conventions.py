@@ -76,3 +76,17 @@ def test_a_usage_error_is_two_lines_naming_the_verb_the_problem_and_where_help_i
     assert len(err) == 2, err
     assert err[0].startswith(f"{verb}: error: ") and needle in err[0]
     assert err[1] == f"(`{verb} --help` lists the options)"
+
+
+def test_warmup_without_policies_warms_every_built_in_with_compiled_kernels(monkeypatch, capsys):
+    # `radixkv warmup` with no POLICY (docs/ci.md: "default: all") once failed on an import
+    import radixkv.replay.run as run
+
+    got = []
+    monkeypatch.setattr(run, "warmup_many", lambda specs: got.extend(specs) or 0.0)
+    assert main(["warmup"]) == 0
+    names = {s.name for s in got}
+    # the engines' models and the other compiled families; pure-Python policies have nothing to compile
+    assert {"vllm", "sglang", "static", "unit-lru"} <= names
+    assert not names & {"none", "vllm-hybrid", "sglang-hicache"}
+    assert "compiled or loaded the kernels of" in capsys.readouterr().out

@@ -40,10 +40,11 @@ def cmd_check(args) -> int:
 
 
 def cmd_warmup(args) -> int:
-    from radixkv.policies.registry import POLICY_NAMES, parse_policy
+    from radixkv.policies.registry import builtin_policies, parse_policy
     from radixkv.replay.run import warmup_many
 
-    names = args.policies or [n for n in POLICY_NAMES]
+    # default: every built-in with compiled kernels (the others have nothing to compile)
+    names = args.policies or [n for n, cls in builtin_policies().items() if cls.kernel_family]
     specs = [parse_policy(t) for n in names for t in n.split(",") if t.strip()]
     import time
 

@@ -198,3 +198,23 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
                 "pool_free_slots": TLI[:k, C.TL_FREE]}
         res.timeline = {c: cols[c].copy() for c in TIMELINE_COLUMNS}
     return res
+
+
+def warm(page_size: int = 1) -> None:
+    """Compile (or load from Numba's cache) the compiled loop: a tiny replay through it
+    (``RadixCache.warm_kernels`` calls this, so ``radixkv warmup`` fills the cache and a
+    first concurrent replay does not spend tens of seconds compiling)."""
+    from radixkv.policies import _radix_kernels as K
+    from radixkv.policies.radix import RadixCache
+    from radixkv.replay.concurrent import replay_concurrent
+    from radixkv.trace.types import Trace
+
+    from radixkv.replay import _conc_sglang_kernels as CK
+
+    if not hasattr(CK.run_loop, "py_func") or not hasattr(K.run_request, "py_func"):
+        return
+    P = int(page_size)
+    tr = Trace.from_requests(req_id=["w0", "w1"], arrival_s=[0.0, 0.0], prompt_len=[2 * P + 1, P + 1],
+                             output_len=[3, 2], prompt_ids=[list(range(2 * P + 1)), list(range(P + 1))],
+                             name="warmup")
+    replay_concurrent(tr, RadixCache(16 * P, P), CostModel.from_specs("Llama-3.1-8B", "A100-80GB"))
