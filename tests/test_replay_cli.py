@@ -97,10 +97,30 @@ def test_compare_concurrent_mode(tmp_path, capsys):
      "explicit pool size"),
     (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--limit", "0"], "no requests to replay"),
     (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "1e20"], "slots radixkv models"),
+    # not a finite count: a message, not an OverflowError traceback
+    (["curve", MIXED, "--policies", "vllm", "--capacities", "1e4,inf"], "'inf' is not a whole non-negative number"),
+    # flags only the concurrent replay reads are refused in the sequential mode, not ignored
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--no-enable-prefix-caching"],
+     "--no-enable-prefix-caching applies to the concurrent replay only"),
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--time-scale", "10"],
+     "--time-scale applies to the concurrent replay only"),
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--static-reserved-fraction", "0.3"],
+     "--static-reserved-fraction applies to the concurrent replay only"),
+    (["compare", MIXED, "--policies", "vllm,sglang", "--capacity-tokens", "99999", "--max-num-seqs", "4"],
+     "--max-num-seqs applies to the concurrent replay only"),
 ])
 def test_bad_input_exits_2_with_a_message(argv, needle, capsys):
     assert main(argv + ["--quiet"]) == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_capacity_that_is_not_finite_is_a_usage_error(value, capsys):
+    # inf raised OverflowError (a traceback); nan printed argparse's "invalid _int_tokens value"
+    with pytest.raises(SystemExit) as e:
+        main(["replay", MIXED, "--policy", "vllm", "--capacity-tokens", value, "--quiet"])
+    assert e.value.code == 2
+    assert f"argument --capacity-tokens: '{value}' is not a whole non-negative number" in capsys.readouterr().err
 
 
 def test_two_outputs_on_one_path_are_refused_before_running(tmp_path, capsys):

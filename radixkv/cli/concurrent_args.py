@@ -100,6 +100,36 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
     add("--mfu", type=float, default=0.6, help="achieved fraction of peak FLOP/s (cost model)")
     add("--mbu", type=float, default=0.8, help="achieved fraction of HBM bandwidth (cost model)")
     add("--step-overhead-s", type=float, default=0.0, help="fixed seconds added to every step")
+    for a in g._group_actions:  # argparse keeps a group's actions here
+        if a.dest not in _READ_BY_SEQUENTIAL:
+            _CONCURRENT_ONLY.setdefault(a.dest, (a.default, []))[1].append(a)
+
+
+#: flags of the group that the sequential replay reads too (--timeline has its own message)
+_READ_BY_SEQUENTIAL = {"mode", "max_num_batched_tokens", "timeline"}
+#: dest -> (default, actions) of the flags only the concurrent replay reads
+_CONCURRENT_ONLY: dict = {}
+
+
+def refuse_concurrent_only_flags(args) -> None:
+    """Refuse a concurrent-replay flag set away from its default when ``--mode`` is not
+    ``concurrent`` (the sequential replay would ignore it silently).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        Naming the first such flag (field = its dest).
+    """
+    if getattr(args, "mode", "sequential") == "concurrent":
+        return
+    for dest, (default, actions) in _CONCURRENT_ONLY.items():
+        value = getattr(args, dest, default)
+        if value != default:
+            # the flag that sets this value: --no-X of a store_false pair, else the first
+            flag = next((a.option_strings[0] for a in actions if a.nargs == 0 and a.const == value),
+                        actions[0].option_strings[0])
+            raise ConfigError(f"{flag} applies to the concurrent replay only: add --mode concurrent or drop it",
+                              field=dest)
 
 
 def concurrent_config_from_args(args, policy=None):

@@ -12,12 +12,13 @@ the memory model (``--model M --gpu G`` with ``--gpu-memory-utilization``,
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
 from radixkv.cli import routing_args as _routing
 from radixkv.cli._output import add_json_arg, emit, files, human
-from radixkv.cli.concurrent_args import add_concurrent_args
+from radixkv.cli.concurrent_args import add_concurrent_args, refuse_concurrent_only_flags
 from radixkv.cli.report_cmd import add_report_arg, run_tables, write_run_report
 from radixkv.cli.sweep_cmd import add_executor_args
 from radixkv.errors import ConfigError
@@ -35,7 +36,7 @@ def _int_tokens(text: str) -> int:
         v = float(text.replace("_", ""))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if v != int(v) or v < 0:
+    if not math.isfinite(v) or v != int(v) or v < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole non-negative number")
     return int(v)
 
@@ -259,6 +260,7 @@ def cmd_replay(args) -> int:
     if timeline and args.mode != "concurrent":
         raise ConfigError("--timeline records engine steps: it needs --mode concurrent", field="timeline")
     _check_pool_args(args)
+    refuse_concurrent_only_flags(args)
     spec = host_tier_spec(parse_policy(args.policy, block_size=args.block_size, page_size=args.page_size), args)
     pool, desc = pool_for_policy(args, spec)
     trace, load_s = _load(args)
@@ -351,6 +353,7 @@ def cmd_compare(args) -> int:
     if args.miss_plot:
         args.miss_causes = True
     _check_pool_args(args)
+    refuse_concurrent_only_flags(args)
     specs = _policies(args)
     _check_miss_args(args)
     pools = [pool_for_policy(args, s, per_engine_rule=args.per_engine_rule) for s in specs]
