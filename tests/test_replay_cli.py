@@ -106,6 +106,11 @@ def test_compare_concurrent_mode(tmp_path, capsys):
      "--time-scale applies to the concurrent replay only"),
     (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--static-reserved-fraction", "0.3"],
      "--static-reserved-fraction applies to the concurrent replay only"),
+    # --replicas 0 was an IndexError traceback in --mode concurrent
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--mode", "concurrent", "--model",
+      "Llama-3.1-8B", "--gpu", "A100-80GB", "--replicas", "0"], "--replicas must be ≥ 1, got 0"),
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--replicas", "-2"],
+     "--replicas must be ≥ 1, got -2"),
     (["compare", MIXED, "--policies", "vllm,sglang", "--capacity-tokens", "99999", "--max-num-seqs", "4"],
      "--max-num-seqs applies to the concurrent replay only"),
 ])

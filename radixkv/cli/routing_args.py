@@ -62,6 +62,8 @@ def routed(args) -> bool:
         if args.router is not None or args.kv_pool != "local":
             raise ConfigError("--router and --kv-pool need --replicas N", field="replicas")
         return False
+    if args.replicas < 1:
+        raise ConfigError(f"--replicas must be ≥ 1, got {args.replicas}", field="replicas")
     if getattr(args, "mode", "sequential") == "concurrent" and args.router_load_window is not None:
         raise ConfigError("--router-load-window applies to the sequential replicas only: with --mode concurrent a "
                           "replica's load is its requests in flight at the arrival", field="router_load_window")
