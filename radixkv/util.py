@@ -53,6 +53,12 @@ def check_output_paths(*paths, inputs=()) -> None:
             raise InputError(f"{parent} is not a directory", path=p, field="output")
         if not os.access(parent, os.W_OK):
             raise InputError(f"folder {parent} is not writable", path=p, field="output")
+        try:  # os.access says yes to root everywhere (/proc, read-only mounts): try it
+            fd, probe = tempfile.mkstemp(dir=parent, prefix=".radixkv-probe-")
+        except OSError as e:
+            raise InputError(f"folder {parent} is not writable ({e.strerror})", path=p, field="output") from None
+        os.close(fd)
+        os.unlink(probe)
 
 
 def _default_mode() -> int:

@@ -197,3 +197,43 @@ def test_miss_causes_are_refused_on_a_lengths_only_trace(tmp_path, capsys):
                  "--quiet"]) == 2
     err = capsys.readouterr().err
     assert str(az) in err and "lengths only" in err and "miss_causes" in err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_output_is_written(tmp_path, capsys):
+    # os.access says /proc is writable for root; creating a file there fails. The --json
+    # file must not be left behind by a run refused for its --per-request path.
+    demo = str(Path(__file__).resolve().parents[1] / "traces" / "demo.jsonl")
+    out = tmp_path / "out.json"
+    rc = main(["replay", demo, "--policy", "vllm:16", "--capacity-tokens", "100000", "--json", str(out),
+               "--per-request", "/proc/radixkv-x.csv"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "/proc/radixkv-x.csv" in err and "not writable" in err
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir()]  # no probe file left either
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["replay", "POLICY=vllm:16", "--page-size", "4"], "--page-size"),
+    (["replay", "POLICY=sglang:1", "--block-size", "32"], "--block-size"),
+    (["compare", "POLICIES=sglang:1,sglang:16", "--block-size", "32"], "--block-size"),
+])
+def test_a_size_flag_no_given_policy_has_is_refused_not_ignored(argv, flag, capsys):
+    demo = str(Path(__file__).resolve().parents[1] / "traces" / "demo.jsonl")
+    verb, pol = argv[0], argv[1].split("=", 1)
+    args = [verb, demo, "--policy" if pol[0] == "POLICY" else "--policies", pol[1], *argv[2:],
+            "--capacity-tokens", "20000"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"field '{flag[2:].replace('-', '_')}'" in err and f"drop {flag}" in err
+
+
+def test_block_and_page_size_flags_each_reach_their_own_policy_in_compare(tmp_path):
+    # --block-size 32 reaches vllm, --page-size 16 reaches sglang: labels say so
+    demo = str(Path(__file__).resolve().parents[1] / "traces" / "demo.jsonl")
+    out = tmp_path / "c.json"
+    assert main(["compare", demo, "--policies", "vllm,sglang", "--block-size", "32", "--page-size", "16",
+                 "--capacity-tokens", "20000", "--json", str(out), "--quiet"]) == 0
+    doc = json.loads(out.read_text())
+    assert "vllm:32" in json.dumps(doc) and "sglang:16" in json.dumps(doc)

@@ -262,6 +262,7 @@ def cmd_replay(args) -> int:
     _check_pool_args(args)
     refuse_concurrent_only_flags(args)
     spec = host_tier_spec(parse_policy(args.policy, block_size=args.block_size, page_size=args.page_size), args)
+    _refuse_unused_size_flags(args, [spec])
     pool, desc = pool_for_policy(args, spec)
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
@@ -341,7 +342,21 @@ def _policies(args) -> list[PolicySpec]:
                               f"({spec.label}); each policy is replayed once", field="policies")
         seen[spec.label] = k
         specs.append(spec)
+    _refuse_unused_size_flags(args, specs)
     return specs
+
+
+def _refuse_unused_size_flags(args, specs) -> None:
+    """``--block-size`` / ``--page-size`` set the size of the policies whose knob that is
+    (vLLM's ``block_size``, SGLang's ``page_size``); given when no policy has that knob
+    (``--page-size 4 --policy vllm:16``) the value would go unused, so it is a
+    :class:`ConfigError` naming the flag."""
+    for flag, knob in (("--block-size", "block_size"), ("--page-size", "page_size")):
+        if getattr(args, knob, None) is None or any(s.build_class.size_name == knob for s in specs):
+            continue
+        labels = ", ".join(s.label for s in specs)
+        raise ConfigError(f"{flag} sets a policy's {knob}, and {labels} {'has' if len(specs) == 1 else 'have'} "
+                          f"none: drop {flag}, or give the size in the policy (vllm:32, sglang:16)", field=knob)
 
 
 def cmd_compare(args) -> int:
