@@ -5,11 +5,15 @@
                                ``--hicache-size``; needs ``--model``); wins over the ratio
 ``--host-cache-tokens N``      host pool in tokens (radixkv's own; 0 turns the tier off)
 ``--hicache-write-policy P``   ``write_through`` | ``write_through_selective`` | ``write_back``
+``--kv-offloading-size GiB``   vLLM's CPU offloading buffer (``CacheConfig.kv_offloading_size``,
+                               all TP ranks together; needs ``--model``), for ``vllm-offload``
 
 They fill the options of a policy spec whose class models a host tier
 (``models_host_tier``, e.g. ``sglang-hicache``), so ``--policy sglang-hicache:64
 --hicache-ratio 4`` is ``--policy sglang-hicache:64@hicache_ratio=4``; an option the spec
-already gives wins over the flag. Given with any other policy they are a ConfigError.
+already gives wins over the flag. A class lists the flags it takes in ``host_tier_flags``
+(default: the four SGLang ones); any other flag, or any flag for a policy without a host
+tier, is a ConfigError.
 """
 from __future__ import annotations
 
@@ -17,12 +21,14 @@ from dataclasses import replace
 
 from radixkv.errors import ConfigError
 
-_FLAGS = ("hicache_ratio", "hicache_size", "host_cache_tokens", "hicache_write_policy")
+_FLAGS = ("hicache_ratio", "hicache_size", "host_cache_tokens", "hicache_write_policy", "kv_offloading_size")
+#: the flags a host-tier class takes unless it says otherwise (``host_tier_flags``)
+_SGLANG_FLAGS = ("hicache_ratio", "hicache_size", "host_cache_tokens", "hicache_write_policy")
 
 
 def add_host_tier_args(p) -> None:
-    """Add the four flags to parser *p*."""
-    g = p.add_argument_group("host-memory KV tier (sglang-hicache)")
+    """Add the host-tier flags to parser *p*."""
+    g = p.add_argument_group("host-memory KV tier (sglang-hicache, vllm-offload)")
     g.add_argument("--hicache-ratio", type=float, default=None, metavar="R",
                    help="host KV pool = R x the device pool (SGLang --hicache-ratio; the policy's default 2.0)")
     g.add_argument("--hicache-size", type=float, default=None, metavar="GB",
@@ -36,6 +42,9 @@ def add_host_tier_args(p) -> None:
     g.add_argument("--host-link", default=None, metavar="LINK",
                    help="host-to-GPU link that prices load backs in --mode concurrent: pcie4-x16, pcie5-x16, "
                         "nvlink-c2c (radixkv.cost.HOST_LINKS) or bytes/s per direction")
+    g.add_argument("--kv-offloading-size", type=float, default=None, metavar="GiB",
+                   help="vLLM CPU KV offloading buffer in GiB (2**30 bytes), all TP ranks together "
+                        "(vLLM --kv-offloading-size; policy vllm-offload; needs --model)")
 
 
 def host_tier_spec(spec, args):
@@ -55,7 +64,12 @@ def host_tier_spec(spec, args):
     if not getattr(spec.build_class, "models_host_tier", False):
         flag = "--" + next(iter(given)).replace("_", "-")
         raise ConfigError(f"{flag} sets a host-memory KV tier, which policy {spec.label!r} does not model "
-                          f"(use sglang-hicache)", field=next(iter(given)))
+                          f"(use sglang-hicache or vllm-offload)", field=next(iter(given)))
+    takes = getattr(spec.build_class, "host_tier_flags", _SGLANG_FLAGS)
+    for k in given:
+        if k not in takes:
+            raise ConfigError(f"--{k.replace('_', '-')} does not apply to policy {spec.label!r} (it takes "
+                              f"{', '.join('--' + t.replace('_', '-') for t in takes)})", field=k)
     opts = {}
     if "hicache_write_policy" in given:
         opts["write_policy"] = given["hicache_write_policy"]
@@ -76,6 +90,21 @@ def host_tier_spec(spec, args):
                                                        getattr(args, "kv_cache_dtype", None))
         # SGLang pool_host/base.py: int(hicache_size * 1e9 // size_per_token)
         opts["host_tokens"] = int(gb * 1e9 // bpt)
+    if "kv_offloading_size" in given:
+        gib = given["kv_offloading_size"]
+        if gib < 0:
+            raise ConfigError("--kv-offloading-size must be ≥ 0", field="kv_offloading_size")
+        if getattr(args, "model", None) is None:
+            raise ConfigError("--kv-offloading-size is in GiB: give --model for its KV bytes per token "
+                              "(or use --host-cache-tokens)", field="kv_offloading_size")
+        from radixkv.memory.presets import get_model
+
+        tp = int(getattr(args, "tp", 1) or 1)
+        # vLLM config/vllm.py _post_init_kv_transfer_config: cpu_bytes_to_use = GiB * 2**30;
+        # kv_offload/cpu/spec.py: a chunk holds the KV of every worker (world_size copies)
+        opts["cpu_bytes"] = int(gib * (1 << 30))
+        opts["kv_bytes_per_token"] = get_model(args.model).kv_bytes_per_token(
+            tp, getattr(args, "kv_cache_dtype", None)) * tp
     if "host_cache_tokens" in given:
         if given["host_cache_tokens"] < 0:
             raise ConfigError("--host-cache-tokens must be ≥ 0", field="host_cache_tokens")

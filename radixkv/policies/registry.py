@@ -21,6 +21,7 @@ Where policies come from, in lookup order:
    ``none``    :class:`~radixkv.policies.no_cache.NoCache`              ``block_size`` (1)
    ``static``  :class:`~radixkv.policies.static_reserved.StaticReservedCache` ``block_size`` (16)
    ``sglang-hicache`` :class:`~radixkv.policies.hicache.HiCacheRadixCache` ``page_size`` (1)
+   ``vllm-offload`` :class:`~radixkv.policies.vllm_offload.OffloadBlockHashCache` ``block_size`` (16)
    =========== ======================================================= ====================
 
    ``static`` takes the reserved share of the pool after ``@`` (``static:16@0.3``);
@@ -71,6 +72,7 @@ _BUILTIN_PATHS = (
     "radixkv.policies.vllm_hybrid:HybridBlockHashCache",
     "radixkv.policies.sglang_swa:SGLangSWACache",
     "radixkv.policies.sglang_mamba:SGLangMambaCache",
+    "radixkv.policies.vllm_offload:OffloadBlockHashCache",
 )
 _REGISTERED: dict[str, type] = {}  # register_policy, in this process
 

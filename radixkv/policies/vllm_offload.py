@@ -1,0 +1,432 @@
+"""``OffloadBlockHashCache``: vLLM's prefix cache with CPU KV offloading behind it.
+
+vLLM 0.33 offloads KV to CPU memory with ``--kv-offloading-size GiB`` (``CacheConfig.
+kv_offloading_size``; ``VllmConfig._post_init_kv_transfer_config`` installs the
+``OffloadingConnector`` with ``cpu_bytes_to_use`` = GiB × 2³⁰; its knobs go in
+``--kv-transfer-config``'s ``kv_connector_extra_config``). The GPU pool is vLLM's
+block-hash prefix cache exactly as :class:`~radixkv.policies.block_hash.BlockHashCache`
+models it: a CPU hit is loaded into freshly allocated GPU blocks that are then cached
+under the same block hashes a recompute would give, in the same allocation order, so the
+GPU pool evolves exactly as without offloading. What the tier adds is how many prompt
+tokens are loaded instead of recomputed, and the CPU pool's own state
+(:class:`~radixkv.policies.offload_cpu.CPUOffloadStore`). Goldens: the real scheduler,
+connector and CPU manager driven on CPU (``tools/engines/vllm_offload_golden.py``,
+docs/hicache.md). Rules (vLLM source, ``vllm/distributed/kv_transfer/kv_connector/v1/
+offloading/scheduler.py :: OffloadingConnectorScheduler`` unless named):
+
+- **Chunks and keys** (``offloading/config.py :: build_offloading_config``;
+  ``RequestOffloadState.update_offload_keys``): an offload chunk is ``blocks_per_chunk``
+  GPU blocks (``kv_connector_extra_config`` ``blocks_per_chunk``, or ``block_size`` in
+  tokens; default 1); chunk c's key is the block hash of its last block. Only whole chunks
+  of known tokens have keys.
+- **Pool size** (``vllm/v1/kv_offload/cpu/spec.py :: CPUOffloadingSpec.__init__``):
+  ``num_chunks = cpu_bytes_to_use // round_up(chunk bytes, page size 4096)``, chunk
+  bytes = the KV bytes of ``blocks_per_chunk`` blocks on all workers.
+- **Lookup** (``_lookup_complete_chunks``, ``_maximal_prefix_lookup``; called through
+  ``get_num_new_matched_tokens`` from ``Scheduler.schedule`` with the GPU hit G, a
+  multiple of the block size): from chunk ``G // T`` (T tokens per chunk) count the
+  consecutive chunks present and stored; the hit ends at ``min(P // T, G // T + n) × T``
+  and the CPU hit is that minus G — zero when under one chunk (T tokens). It may reach
+  the whole prompt: the scheduler then recomputes the last prompt token
+  (``Scheduler._update_waiting_for_remote_kv``), so the request computes from
+  ``G + CPU hit`` tokens, one less when that is P.
+- **Load** (``update_state_after_alloc``; ``cpu/manager.py :: prepare_load``,
+  ``complete_load``): the chunks from ``(G // B) // blocks_per_chunk`` to the end of the
+  hit are pinned, recorded as reused, and unpinned when the load completes (before the
+  request's prefill); chunks up to the hit's end are not offered for storing
+  (``OffloadPolicy.CHUNK_LEVEL``). Without a CPU hit every chunk is offered, GPU hits
+  included.
+- **Store** (``_build_store_jobs``, ``_calc_num_offloadable_tokens``;
+  ``CPUOffloadingManager.prepare_store``): at every step that schedules the request, and
+  once more at the step after it finishes, the whole chunks computed so far beyond those
+  already offered are offered — prompt chunks only with ``offload_prompt_only`` (vLLM's
+  default, ``OffloadingSpec.__init__``). A failed store (not enough idle chunks) is
+  offered again at the next step. The CPU store's rules: :mod:`.offload_cpu`.
+- **Request end** (``_build_connector_meta`` → ``on_request_finished``): after that
+  step's stores, the request's keys go to the cache policy in prefix order.
+
+Timing (the goldens' stand-in worker): a load completes in the step that issued it, a
+store one step later (``OffloadingConnector.wait_for_save`` defers it to the next
+step). Requests run one at a time (radixkv's sequential replay): the concurrent replay is
+refused (``sequential_only``).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.policies import _hash_kernels as K
+from radixkv.policies.base import Admission
+from radixkv.policies.block_hash import BlockHashCache
+from radixkv.policies.offload_cpu import CPU_EVICTION_POLICIES, MAX_TRACKER_SIZE, CPUOffloadStore, RequestAccess
+from radixkv.trace.types import KVSeq
+
+#: ``cpu/shared_offload_region.py :: SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT`` (``mmap.PAGESIZE``)
+CHUNK_ALIGNMENT = 4096
+#: option keys and their parsers (``kv_connector_extra_config`` names where vLLM has one)
+_OPTIONS = {
+    "host_tokens": int, "cpu_bytes": int, "kv_bytes_per_token": int, "blocks_per_chunk": int,
+    "eviction_policy": str, "store_threshold": int, "offload_prompt_only": None,
+}
+
+
+def num_cpu_chunks(cpu_bytes: int, kv_bytes_per_token: int, block_size: int, blocks_per_chunk: int) -> int:
+    """Chunks vLLM's CPU pool holds: ``CPUOffloadingSpec.__init__``'s
+    ``cpu_bytes_to_use // round_up(kv_bytes_per_chunk, 4096)``.
+
+    Parameters
+    ----------
+    cpu_bytes : int
+        ``cpu_bytes_to_use`` (``--kv-offloading-size`` GiB × 2³⁰), bytes.
+    kv_bytes_per_token : int
+        KV bytes of one token over all layers and all TP ranks, bytes.
+    block_size, blocks_per_chunk : int
+        GPU block size (tokens) and blocks per offload chunk.
+    """
+    per_chunk = int(kv_bytes_per_token) * int(block_size) * int(blocks_per_chunk)
+    aligned = -(-per_chunk // CHUNK_ALIGNMENT) * CHUNK_ALIGNMENT
+    return int(cpu_bytes) // aligned if aligned else 0
+
+
+class _Off:
+    """The connector's per-request state (``RequestOffloadState``)."""
+
+    __slots__ = ("req", "keys", "P", "T", "next", "pending", "loads")
+
+    def __init__(self, req, keys, P):
+        self.req = req
+        self.keys = keys  # chunk keys over the KV extent (Python ints)
+        self.P = P
+        self.T = 0  # tokens computed
+        self.next = 0  # RequestGroupState.next_stored_chunk_idx
+        self.pending: list = []  # keys whose store is in flight (completes at the next step)
+        self.loads: list = []
+
+
+class OffloadBlockHashCache(BlockHashCache):
+    """vLLM block-hash prefix cache + CPU KV offloading (``--kv-offloading-size``).
+
+    Parameters
+    ----------
+    num_gpu_blocks : int
+        vLLM's ``num_gpu_blocks`` (block 0 is the null block).
+    block_size : int
+        GPU ``--block-size`` in tokens.
+    host_tokens : int or None
+        CPU pool in tokens: ``host_tokens // (block_size × blocks_per_chunk)`` chunks.
+        0 or None without *cpu_bytes*: no CPU tier (equals ``vllm`` exactly).
+    cpu_bytes : int or None
+        vLLM's ``cpu_bytes_to_use`` (``--kv-offloading-size`` GiB × 2³⁰); needs
+        *kv_bytes_per_token*; wins over *host_tokens*.
+    kv_bytes_per_token : int or None
+        The model's KV bytes per token over all TP ranks (``radixkv memory``).
+    blocks_per_chunk : int
+        GPU blocks per offload chunk (``kv_connector_extra_config`` ``blocks_per_chunk``;
+        default 1).
+    eviction_policy : str
+        CPU pool policy, ``lru`` (default) or ``arc``.
+    store_threshold : int
+        Offers a chunk needs before it is stored (< 2: none; vLLM default 0).
+    offload_prompt_only : bool
+        Store prompt chunks only (vLLM's default True).
+    verify : bool
+        As :class:`BlockHashCache`.
+
+    Attributes
+    ----------
+    host_capacity : int
+        CPU pool in tokens (chunks × tokens per chunk; 0 without a tier).
+    device_hit_tokens_total, host_hit_tokens_total, loaded_tokens_total,
+    written_tokens_total, host_evicted_tokens_total : int
+        Tokens hit on the GPU, hit on CPU (= loaded), loaded CPU→GPU, stored GPU→CPU and
+        evicted from CPU, since construction (the summary's host-tier fields,
+        :func:`radixkv.policies.hicache.host_tier_summary`).
+    last_gpu_hit, last_cpu_hit : int
+        Tokens of the last admission's GPU hit and CPU hit.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        On a bad size or option.
+    """
+
+    name = "vllm-offload"
+    aliases = ("vllm-cpu-offload",)
+    option_name = "offload"
+    default_option = None
+    models_host_tier = True
+    #: host-tier flags this class takes (:mod:`radixkv.cli.host_tier_args`)
+    host_tier_flags = ("host_cache_tokens", "kv_offloading_size")
+    sequential_only = True
+    kernel_family = "hash"
+
+    def __init__(self, num_gpu_blocks: int, block_size: int = 16, *, host_tokens: int | None = None,
+                 cpu_bytes: int | None = None, kv_bytes_per_token: int | None = None, blocks_per_chunk: int = 1,
+                 eviction_policy: str = "lru", store_threshold: int = 0, offload_prompt_only: bool = True,
+                 max_tracker_size: int = MAX_TRACKER_SIZE, verify: bool = False):
+        super().__init__(num_gpu_blocks, block_size, verify=verify)
+        bpc = int(blocks_per_chunk)
+        if bpc < 1:
+            raise ConfigError(f"blocks_per_chunk must be ≥ 1, got {blocks_per_chunk}", field="blocks_per_chunk")
+        if eviction_policy not in CPU_EVICTION_POLICIES:
+            raise ConfigError(f"unknown eviction_policy {eviction_policy!r}; known: {', '.join(CPU_EVICTION_POLICIES)}",
+                              field="eviction_policy")
+        self.blocks_per_chunk = bpc
+        self.chunk_tokens = bpc * self.block_size
+        if cpu_bytes is not None:
+            if kv_bytes_per_token is None or int(kv_bytes_per_token) < 1:
+                raise ConfigError("cpu_bytes (--kv-offloading-size) needs the model's KV bytes per token",
+                                  field="kv_offloading_size")
+            if int(cpu_bytes) < 0:
+                raise ConfigError(f"cpu_bytes must be ≥ 0, got {cpu_bytes}", field="kv_offloading_size")
+            chunks = num_cpu_chunks(cpu_bytes, kv_bytes_per_token, self.block_size, bpc)
+        else:
+            if host_tokens is not None and int(host_tokens) < 0:
+                raise ConfigError(f"host_tokens must be ≥ 0, got {host_tokens}", field="host_tokens")
+            chunks = int(host_tokens or 0) // self.chunk_tokens
+        self.eviction_policy = eviction_policy
+        self.store_threshold = int(store_threshold)
+        self.offload_prompt_only = bool(offload_prompt_only)
+        self.cpu = CPUOffloadStore(chunks, eviction_policy, store_threshold, max_tracker_size) if chunks else None
+        self.host_capacity = chunks * self.chunk_tokens
+        self._off: dict[int, _Off] = {}
+        self.device_hit_tokens_total = 0
+        self.host_hit_tokens_total = 0
+        self.loaded_tokens_total = 0
+        self.written_tokens_total = 0
+        self.host_evicted_tokens_total = 0
+        self.last_gpu_hit = 0
+        self.last_cpu_hit = 0
+
+    # ------------------------------------------------------------------ options
+    @classmethod
+    def parse_option(cls, text: str) -> tuple:
+        """``KEY=VALUE[,KEY=VALUE…]`` (separators ``,`` ``+`` ``;``) with keys
+        ``host_tokens``, ``blocks_per_chunk``, ``eviction_policy`` (or a bare ``lru`` /
+        ``arc``), ``store_threshold``, ``offload_prompt_only`` (true/false),
+        ``cpu_bytes`` + ``kv_bytes_per_token``. E.g.
+        ``vllm-offload:16@host_tokens=400000,arc``. Returns sorted pairs."""
+        out: dict = {}
+        for part in re.split(r"[,+;]", str(text)):
+            part = part.strip()
+            if not part:
+                continue
+            k, eq, v = part.partition("=")
+            k, v = k.strip().replace("-", "_"), v.strip()
+            if not eq:
+                k, v = "eviction_policy", k
+            if k not in _OPTIONS:
+                raise ConfigError(f"policy {cls.name!r}: unknown option {k!r}; known: {', '.join(_OPTIONS)}",
+                                  field="policy")
+            if k == "eviction_policy":
+                if v not in CPU_EVICTION_POLICIES:
+                    raise ConfigError(f"policy {cls.name!r}: unknown eviction policy {v!r}; known: "
+                                      f"{', '.join(CPU_EVICTION_POLICIES)}", field="policy")
+                out[k] = v
+            elif k == "offload_prompt_only":
+                if v.lower() not in ("true", "false", "1", "0"):
+                    raise ConfigError(f"policy {cls.name!r}: offload_prompt_only={v!r} is not true/false",
+                                      field="policy")
+                out[k] = v.lower() in ("true", "1")
+            else:
+                try:
+                    out[k] = int(v)
+                except ValueError:
+                    raise ConfigError(f"policy {cls.name!r}: {k}={v!r} is not an integer", field="policy") from None
+        return tuple(sorted(out.items()))
+
+    @classmethod
+    def class_for_option(cls, value):
+        """The keywords of :meth:`parse_option`."""
+        return cls, dict(value or ())
+
+    @classmethod
+    def format_option(cls, value) -> str:
+        """Inverse of :meth:`parse_option`."""
+        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (value or ()))
+
+    # ------------------------------------------------------------------ chunk keys
+    def _chunk_keys(self, seq: KVSeq) -> list:
+        """Key of every whole chunk of *seq*'s KV extent: the chained key of the chunk's
+        last block (``update_offload_keys``: every ``hashes_per_chunk``-th block hash)."""
+        bpc = self.blocks_per_chunk
+        nblk = seq.kv_len // self.block_size
+        if nblk == 0:
+            return []
+        keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, self.block_size, nblk, self._key_mask)
+        return keys[bpc - 1:: bpc].tolist()
+
+    # ------------------------------------------------------------------ connector steps
+    def _lookup_load(self, o: _Off, gpu: int) -> int:
+        """CPU hit tokens beyond the GPU hit *gpu*, and the load of those chunks
+        (``_lookup_complete_chunks`` then ``update_state_after_alloc``)."""
+        T = self.chunk_tokens
+        n_keys = o.P // T  # chunks of the prompt (num_tokens = P at admission)
+        max_hit = n_keys * T
+        if max_hit - gpu < T:
+            return 0
+        start = gpu // T
+        cpu = self.cpu
+        n = 0
+        for key in o.keys[start:n_keys]:
+            if not cpu.is_ready(key):
+                break
+            n += 1
+        ext = min(max_hit, T * (start + n)) - gpu
+        if n == 0 or ext < T:
+            return 0
+        end = gpu + ext
+        first = (gpu // self.block_size) // self.blocks_per_chunk
+        load = o.keys[first: end // T]
+        cpu.prepare_load(load, o.req)
+        cpu.complete_load(load)  # the load finishes before the request's prefill step
+        o.next = end // T  # OffloadPolicy.CHUNK_LEVEL: the hit chunks are not offered again
+        return ext
+
+    def _store_point(self, o: _Off, T_after: int) -> None:
+        """One ``_build_store_jobs`` visit: offer the new whole chunks computed by
+        *T_after* tokens; then the previous step's store completes."""
+        off = min(T_after, o.P) if self.offload_prompt_only else T_after
+        n = min(off // self.chunk_tokens, len(o.keys))
+        done, o.pending = o.pending, []
+        if n > o.next:
+            got = self.cpu.prepare_store(o.keys[o.next:n], o.req)
+            if got is not None:
+                stored, evicted = got
+                o.next = n
+                o.pending = stored
+                self.written_tokens_total += len(stored) * self.chunk_tokens
+                self.host_evicted_tokens_total += len(evicted) * self.chunk_tokens
+        self.cpu.complete_store(done)
+
+    # ------------------------------------------------------------------ hooks
+    def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
+        """GPU admission (:meth:`BlockHashCache.admit`), then the CPU lookup, load and the
+        store of the first step. ``hit_tokens`` counts GPU + CPU hit tokens, less the last
+        prompt token when they cover the whole prompt (it is recomputed)."""
+        adm = super().admit(rid, seq, n_tokens)
+        if adm is None:
+            return None
+        return self._after_admit(rid, seq, adm, max(seq.prompt_len if n_tokens is None else int(n_tokens),
+                                                    adm.hit_tokens))
+
+    def _after_admit(self, rid, seq, adm, n_first):
+        gpu = adm.hit_tokens
+        self.device_hit_tokens_total += gpu
+        self.last_gpu_hit, self.last_cpu_hit = gpu, 0
+        if self.cpu is None:
+            return adm
+        P = seq.prompt_len
+        o = _Off(RequestAccess(), self._chunk_keys(seq), P)
+        T = self.chunk_tokens
+        o.req.pos = {k: (c + 1) * T for c, k in enumerate(o.keys)}
+        self._off[rid] = o
+        ext = self._lookup_load(o, gpu)
+        self.last_cpu_hit = ext
+        self.host_hit_tokens_total += ext
+        self.loaded_tokens_total += ext
+        o.T = max(n_first, gpu + ext)
+        self._store_point(o, o.T)
+        hit = gpu + ext - (1 if gpu + ext == P else 0)
+        return Admission(hit_tokens=hit, held_tokens=max(adm.held_tokens, hit), evicted_tokens=adm.evicted_tokens)
+
+    def extend(self, rid: int, n_tokens: int) -> bool:
+        """GPU extend, then one store visit per step: tokens up to the prompt are one
+        (prefill) step, each token past it one decode step."""
+        if not super().extend(rid, n_tokens):
+            return False
+        o = self._off.get(rid)
+        if o is not None:
+            self._steps(o, int(n_tokens))
+        return True
+
+    def _offerable(self, o: _Off, T_after: int) -> int:
+        """Whole chunks a visit after *T_after* computed tokens may offer
+        (``_calc_num_offloadable_tokens`` → ``storable_chunks``)."""
+        off = min(T_after, o.P) if self.offload_prompt_only else T_after
+        return min(off // self.chunk_tokens, len(o.keys))
+
+    def _steps(self, o: _Off, n: int) -> None:
+        """Store visits of *n* more computed tokens: up to the prompt one (prefill)
+        step, then one step per token. Runs of visits that cannot change anything (no
+        store in flight, no new chunk, no offer counter to bump) are skipped; a skipped
+        visit that would re-offer a failed store still counts as a failed store."""
+        if n <= 0:
+            return
+        if o.T < o.P:
+            k = min(n, o.P - o.T)
+            o.T += k
+            n -= k
+            self._store_point(o, o.T)
+        T = self.chunk_tokens
+        while n > 0:
+            cap = self._offerable(o, o.T)
+            stalled = o.next < cap
+            if not o.pending and (not stalled or not self._retry_matters()):
+                if self.offload_prompt_only or cap == len(o.keys):
+                    quiet = n
+                else:
+                    quiet = min(n, (cap + 1) * T - 1 - o.T)
+                if quiet > 0:
+                    if stalled:
+                        self.cpu.failed_stores += quiet
+                    o.T += quiet
+                    n -= quiet
+                    continue
+            o.T += 1
+            n -= 1
+            self._store_point(o, o.T)
+
+    def _retry_matters(self) -> bool:
+        """A failed store offered again changes state only through the offer counter."""
+        return self.cpu.counts is not None
+
+    def finish(self, rid: int) -> None:
+        """GPU release; the finish step's store visit (up to the KV extent, or the prompt),
+        ``on_request_finished``, and the last stores complete."""
+        o = self._off.pop(rid, None)
+        super().finish(rid)
+        if o is None:
+            return
+        self._store_point(o, o.T)
+        self.cpu.request_finished(o.req)
+        self.cpu.complete_store(o.pending)
+        o.pending = []
+
+    def preempt(self, rid: int) -> None:
+        """Not modelled with a CPU tier (sequential replay only)."""
+        if self.cpu is not None:
+            raise NotImplementedError("vllm-offload models one request at a time; preemption is not modelled")
+        super().preempt(rid)
+
+    def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
+        """Admit, decode to the KV extent, finish (the GPU side in one kernel call)."""
+        if self.cpu is None:
+            adm = super().run_request(rid, seq)
+            if adm is not None:
+                self.device_hit_tokens_total += adm.hit_tokens
+                self.last_gpu_hit, self.last_cpu_hit = adm.hit_tokens, 0
+            return adm
+        adm = BlockHashCache.run_request(self, rid, seq)
+        if adm is None:
+            return None
+        out = self._after_admit(rid, seq, adm, seq.prompt_len)
+        o = self._off[rid]
+        self._steps(o, seq.kv_len - seq.prompt_len)
+        self._off.pop(rid)
+        self._store_point(o, o.T)
+        self.cpu.request_finished(o.req)
+        self.cpu.complete_store(o.pending)
+        return out
+
+    def replay_span(self, trace, i0, i1, cols):
+        """No in-kernel loop with a CPU tier (the per-request Python path runs)."""
+        if self.cpu is None:
+            return super().replay_span(trace, i0, i1, cols)
+        return i0, 1
+
+    def host_cached_tokens(self) -> int:
+        """Tokens in the CPU pool (resident chunks × tokens per chunk)."""
+        return 0 if self.cpu is None else len(self.cpu.ref) * self.chunk_tokens
