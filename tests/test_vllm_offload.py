@@ -302,3 +302,13 @@ def test_summary_has_host_tier_fields():
     assert s["host_hit_tokens"] == s["host_loaded_tokens"] == s["host_to_gpu_tokens"] > 0
     assert s["hit_tokens"] <= s["device_hit_tokens"] + s["host_hit_tokens"]
     assert np.isclose(s["host_hit_rate"], s["host_loaded_tokens"] / s["prompt_tokens"])
+
+
+@pytest.mark.parametrize("bpc,ev", [(1, "lru"), (2, "arc")])
+def test_conformance_kit(bpc, ev):
+    """Every check of radixkv.check_policy (several running requests, chunked admission,
+    preemption, peek_hit purity) passes with a CPU tier of half the GPU pool."""
+    from radixkv import check_policy
+
+    assert check_policy(lambda cap: OffloadBlockHashCache.from_capacity_tokens(
+        max(cap, 16), 4, host_tokens=max(cap, 16) // 2, blocks_per_chunk=bpc, eviction_policy=ev, verify=True)) == []

@@ -259,29 +259,35 @@ class OffloadBlockHashCache(BlockHashCache):
         return keys[bpc - 1:: bpc].tolist()
 
     # ------------------------------------------------------------------ connector steps
-    def _lookup_load(self, o: _Off, gpu: int) -> int:
-        """CPU hit tokens beyond the GPU hit *gpu*, and the load of those chunks
-        (``_lookup_complete_chunks`` then ``update_state_after_alloc``)."""
+    def _cpu_hit(self, keys: list, P: int, gpu: int) -> int:
+        """CPU hit tokens beyond the GPU hit *gpu* (``_lookup_complete_chunks`` /
+        ``_maximal_prefix_lookup``), without side effects."""
         T = self.chunk_tokens
-        n_keys = o.P // T  # chunks of the prompt (num_tokens = P at admission)
+        n_keys = min(P // T, len(keys))  # chunks of the prompt (num_tokens = P at admission)
         max_hit = n_keys * T
-        if max_hit - gpu < T:
+        if self.cpu is None or max_hit - gpu < T:
             return 0
         start = gpu // T
-        cpu = self.cpu
         n = 0
-        for key in o.keys[start:n_keys]:
-            if not cpu.is_ready(key):
+        for key in keys[start:n_keys]:
+            if not self.cpu.is_ready(key):
                 break
             n += 1
         ext = min(max_hit, T * (start + n)) - gpu
-        if n == 0 or ext < T:
+        return 0 if n == 0 or ext < T else ext
+
+    def _lookup_load(self, o: _Off, gpu: int) -> int:
+        """The CPU hit (:meth:`_cpu_hit`) and the load of its chunks
+        (``update_state_after_alloc`` → ``prepare_load``; ``complete_load``)."""
+        ext = self._cpu_hit(o.keys, o.P, gpu)
+        if ext == 0:
             return 0
+        T = self.chunk_tokens
         end = gpu + ext
         first = (gpu // self.block_size) // self.blocks_per_chunk
         load = o.keys[first: end // T]
-        cpu.prepare_load(load, o.req)
-        cpu.complete_load(load)  # the load finishes before the request's prefill step
+        self.cpu.prepare_load(load, o.req)
+        self.cpu.complete_load(load)  # the load finishes before the request's prefill step
         o.next = end // T  # OffloadPolicy.CHUNK_LEVEL: the hit chunks are not offered again
         return ext
 
@@ -303,14 +309,30 @@ class OffloadBlockHashCache(BlockHashCache):
 
     # ------------------------------------------------------------------ hooks
     def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
-        """GPU admission (:meth:`BlockHashCache.admit`), then the CPU lookup, load and the
-        store of the first step. ``hit_tokens`` counts GPU + CPU hit tokens, less the last
-        prompt token when they cover the whole prompt (it is recomputed)."""
-        adm = super().admit(rid, seq, n_tokens)
+        """The GPU and CPU lookups (both side-effect free), the GPU admission of at least
+        the hit tokens (:meth:`BlockHashCache.admit`; a CPU hit takes fresh GPU blocks,
+        ``Scheduler.schedule`` → ``allocate_slots(num_external_computed_tokens=…)``), then
+        the load and the store visit of the first step. ``hit_tokens`` counts GPU + CPU
+        hit tokens, less the last prompt token when they cover the whole prompt (it is
+        recomputed). None (nothing changed) when the GPU pool refuses."""
+        n = seq.prompt_len if n_tokens is None else int(n_tokens)
+        if self.cpu is not None:
+            gpu, _, _ = self._lookup(seq, n_tokens)
+            ext = self._cpu_hit(self._chunk_keys(seq), seq.prompt_len, gpu * self.block_size)
+            n = max(n, gpu * self.block_size + ext - (1 if gpu * self.block_size + ext == seq.prompt_len else 0))
+        adm = super().admit(rid, seq, n)
         if adm is None:
             return None
-        return self._after_admit(rid, seq, adm, max(seq.prompt_len if n_tokens is None else int(n_tokens),
-                                                    adm.hit_tokens))
+        return self._after_admit(rid, seq, adm, max(n, adm.hit_tokens))
+
+    def peek_hit(self, seq: KVSeq, n_tokens: int | None = None) -> int:
+        """Hit tokens :meth:`admit` would report now (GPU + CPU, the last prompt token
+        off a whole-prompt hit), without side effects."""
+        gpu = super().peek_hit(seq, n_tokens)
+        if self.cpu is None:
+            return gpu
+        ext = self._cpu_hit(self._chunk_keys(seq), seq.prompt_len, gpu)
+        return gpu + ext - (1 if gpu + ext == seq.prompt_len else 0)
 
     def _after_admit(self, rid, seq, adm, n_first):
         gpu = adm.hit_tokens
@@ -396,10 +418,14 @@ class OffloadBlockHashCache(BlockHashCache):
         o.pending = []
 
     def preempt(self, rid: int) -> None:
-        """Not modelled with a CPU tier (sequential replay only)."""
-        if self.cpu is not None:
-            raise NotImplementedError("vllm-offload models one request at a time; preemption is not modelled")
+        """GPU preemption; the request's CPU stores in flight complete (vLLM flushes them,
+        ``_build_connector_meta``) and its connector state is dropped, so a re-admission
+        looks up and offers every chunk again (``get_num_new_matched_tokens`` resets
+        ``next_stored_chunk_idx``). Not covered by the goldens (sequential replay only)."""
+        o = self._off.pop(rid, None)
         super().preempt(rid)
+        if o is not None:
+            self.cpu.complete_store(o.pending)
 
     def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
         """Admit, decode to the KV extent, finish (the GPU side in one kernel call)."""
