@@ -16,8 +16,8 @@ import json
 import numpy as np
 import pytest
 
-from _golden_traces import native_trace
-from conftest import GOLDEN_LOCAL
+from _golden_traces import mooncake_trace, native_trace
+from conftest import GOLDEN_LOCAL, shared_path
 from radixkv.errors import ConfigError
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.offload_cpu import CPUOffloadStore, RequestAccess
@@ -27,20 +27,27 @@ from radixkv.trace.types import Trace
 
 _DIR = GOLDEN_LOCAL / "vllm_offload"
 _RUNS = [json.loads(line) for line in open(_DIR / "manifest.jsonl")]
+if (_DIR / "shared" / "manifest.jsonl").exists():  # Mooncake runs: the trace is under RADIXKV_SHARED
+    _RUNS += [json.loads(line) for line in open(_DIR / "shared" / "manifest.jsonl")]
 _TRACES: dict = {}
 _FIELDS = ("gpu", "cpu", "computed", "stored", "evicted", "store_fail")
 
 
 def _trace(name):
     if name not in _TRACES:
-        _TRACES[name] = native_trace(GOLDEN_LOCAL / "traces" / name)
+        if name.startswith("mooncake:"):
+            # the first K lines of the Mooncake conversation trace (docs/golden.md conventions)
+            _TRACES[name] = mooncake_trace(shared_path("traces", "mooncake-fast25", "conversation_trace.jsonl"),
+                                           int(name.split(":")[1]))
+        else:
+            _TRACES[name] = native_trace(GOLDEN_LOCAL / "traces" / name)
     return _TRACES[name]
 
 
 @pytest.mark.parametrize("run", _RUNS, ids=[m["name"] for m in _RUNS])
 def test_vllm_offload_golden(run):
     tr = _trace(run["trace"])
-    gold = [json.loads(line) for line in open(_DIR / f"{run['name']}.jsonl")][1:]
+    gold = [json.loads(line) for line in open(_DIR / ("shared" if run.get("shared") else "") / f"{run['name']}.jsonl")][1:]
     B = run["block_size"]
     bpc = (run["chunk_tokens"] or B) // B
     c = build_policy(parse_policy(f"vllm-offload:{B}@host_tokens={run['num_cpu_chunks'] * B * bpc},"

@@ -13,7 +13,6 @@ way ``OffloadingConnectorScheduler`` does. Every method names the vLLM method it
 """
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 
 from radixkv.errors import ConfigError
@@ -52,6 +51,10 @@ class RequestAccess:
         self.rank = None
 
 
+#: ranks are one int: ``(r, −position)`` → ``r · 2**40 − position`` (positions < 2**40 tokens)
+_M = 1 << 40
+
+
 class _LRU:
     """``lru.py :: LRUCachePolicy``: logical recency as ranks, evict the smallest rank.
 
@@ -60,15 +63,22 @@ class _LRU:
     request first needs it, so later positions rank before earlier ones), and a fresh
     ``(n, 0)`` for each of the request's resident keys tail first when the request
     finishes (``on_request_finished`` → ``_update_recency``): the prompt's head ends
-    most recent. ``evict`` takes the n idle, unprotected chunks of smallest rank, or
-    nothing (None).
+    most recent. ``evict`` takes the n idle (ref count 0), unprotected chunks of
+    smallest rank, or nothing (None).
+
+    vLLM keeps the idle chunks in a lazily invalidated heap. Here, with the same order:
+    request rank r and fresh rank n come from one counter, so ``(r, ·)`` lies between
+    ``(r − 1, 0)`` and ``(r, 0)``. Keys holding a fresh rank are an insertion-ordered
+    dict (a fresh rank is always the largest so far: appended), keys holding a request
+    rank sit in that request's segment; eviction walks the fresh keys in order and
+    slots in each segment (by descending position) before the first fresh rank above it.
     """
 
     def __init__(self, ref: dict):
         self.ref = ref  # key -> ref count (the manager's)
-        self.rank: dict = {}
-        self.evictable: set = set()
-        self.heap: list = []
+        self.rank: dict = {}  # key -> rank (int)
+        self.fresh: dict = {}  # keys with a fresh rank, in rank order
+        self.seg: dict = {}  # request rank r -> {key: position}
         self.next = 0
 
     def _req_rank(self, req: RequestAccess) -> int:
@@ -77,82 +87,84 @@ class _LRU:
             req.rank = self.next
         return req.rank
 
-    def _push(self, key) -> None:
-        heapq.heappush(self.heap, (self.rank[key], key))
-        if len(self.heap) > 2 * len(self.evictable) + 64:
-            self.heap = [(self.rank[k], k) for k in self.evictable]
-            heapq.heapify(self.heap)
+    def _unlink(self, key) -> None:
+        r = self.rank[key]
+        if r % _M == 0:
+            del self.fresh[key]
+        else:
+            seg = self.seg[r // _M + 1]
+            del seg[key]
+
+    def _to_seg(self, key, r: int, pos: int) -> None:
+        self.seg.setdefault(r, {})[key] = pos
+        self.rank[key] = r * _M - pos
 
     def insert(self, key, req: RequestAccess) -> None:
-        self.rank[key] = (self._req_rank(req), -req.pos[key])
+        self._to_seg(key, self._req_rank(req), req.pos[key])
 
     def on_request_access(self, keys, req: RequestAccess) -> None:
         r = self._req_rank(req)
         for key in keys:
             if key not in self.ref:
                 continue
-            nr = (r, -req.pos[key])
-            if self.rank[key] >= nr:
-                continue
-            self.rank[key] = nr
-            if key in self.evictable:
-                self._push(key)
+            pos = req.pos[key]
+            if self.rank[key] < r * _M - pos:
+                self._unlink(key)
+                self._to_seg(key, r, pos)
 
     def on_store_miss(self, keys, req: RequestAccess) -> None:
-        # CachePolicy.on_store_miss default → touch → _update_recency (tail first);
-        # a missed key is not resident, so nothing changes
-        for key in reversed(keys):
-            if key in self.ref:
-                self.next += 1
-                self.rank[key] = (self.next, 0)
-                if key in self.evictable:
-                    self._push(key)
+        return  # the default touch re-ranks resident keys only; a store miss is not resident
 
     def on_request_finished(self, order, insertion_only, reused) -> None:
         for key in reversed(order):
             if key in self.ref:
+                self._unlink(key)
                 self.next += 1
-                self.rank[key] = (self.next, 0)
-                if key in self.evictable:
-                    self._push(key)
+                self.rank[key] = self.next * _M
+                self.fresh[key] = None
+        for r in [r for r, seg in self.seg.items() if not seg]:
+            del self.seg[r]
 
     def mark_evictable(self, key) -> None:
-        self.evictable.add(key)
-        self._push(key)
+        return  # evict() reads the ref counts
 
     def mark_non_evictable(self, key) -> None:
-        self.evictable.discard(key)
+        return
 
     def remove(self, key) -> None:
-        self.rank.pop(key, None)
-        self.evictable.discard(key)
+        self._unlink(key)
+        del self.rank[key]
+
+    def _order(self):
+        """Every resident key by increasing rank."""
+        segs = sorted(r for r, seg in self.seg.items() if seg)
+        si = 0
+        rank = self.rank
+        for key in self.fresh:
+            n = rank[key] // _M
+            while si < len(segs) and segs[si] < n:
+                seg = self.seg[segs[si]]
+                yield from sorted(seg, key=seg.__getitem__, reverse=True)
+                si += 1
+            yield key
+        for r in segs[si:]:
+            seg = self.seg[r]
+            yield from sorted(seg, key=seg.__getitem__, reverse=True)
 
     def evict(self, n: int, protected: set):
         if n == 0:
             return []
-        chosen, got, skipped = [], set(), []
-        heap = self.heap
-        while heap and len(chosen) < n:
-            entry = heapq.heappop(heap)
-            rank, key = entry
-            if key not in self.evictable or self.rank.get(key) != rank or key in got:
-                continue
-            if key in protected:
-                skipped.append(entry)
-                continue
-            chosen.append(entry)
-            got.add(key)
-        if len(chosen) < n:
-            for e in chosen + skipped:
-                heapq.heappush(heap, e)
-            return None
-        for e in skipped:
-            heapq.heappush(heap, e)
         out = []
-        for _, key in chosen:
-            self.evictable.discard(key)
-            del self.rank[key]
-            out.append(key)
+        ref = self.ref
+        for key in self._order():
+            if ref[key] == 0 and key not in protected:
+                out.append(key)
+                if len(out) == n:
+                    break
+        if len(out) < n:
+            return None
+        for key in out:
+            self.remove(key)
         return out
 
 
@@ -237,7 +249,7 @@ class _ARC:
                     return key
             return None
 
-        it1, it2 = iter(list(self.t1)), iter(list(self.t2))
+        it1, it2 = iter(self.t1), iter(self.t2)  # nothing changes until all are chosen
         v1 = len(self.t1)
         picks = []
         for _ in range(n):

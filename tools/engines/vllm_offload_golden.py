@@ -99,9 +99,17 @@ CONFIGS = {
                                             offload_prompt_only=False),
     "mixed200_b16_n120_c40_lru_all": dict(trace="mixed200.jsonl", block_size=16, num_gpu_blocks=120,
                                           cpu_chunks=40, offload_prompt_only=False),
+    # the first 300 requests of the Mooncake conversation trace ($RADIXKV_SHARED; --shared)
+    "moon_conv_300_b16_n8001_c100000_lru": dict(trace="mooncake:300", block_size=16, num_gpu_blocks=8001,
+                                                cpu_chunks=100000, shared=True),
+    "moon_conv_300_b16_k64_n8001_c20000_arc": dict(trace="mooncake:300", block_size=16, num_gpu_blocks=8001,
+                                                   cpu_chunks=20000, chunk_tokens=64, eviction_policy="arc",
+                                                   shared=True),
 }
 DEFAULTS = dict(eviction_policy="lru", chunk_tokens=None, store_threshold=0, offload_prompt_only=True,
-                max_model_len=4096)
+                max_model_len=4096, shared=False)
+#: Mooncake conversation trace under $RADIXKV_SHARED
+MOONCAKE = ("traces", "mooncake-fast25", "conversation_trace.jsonl")
 
 MODEL_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
@@ -110,6 +118,27 @@ MODEL_CONFIG = {
     "rms_norm_eps": 1e-5, "torch_dtype": "float16",
 }
 UNIQUE_TOKEN_BASE = 10_000_000
+
+
+def read_trace(cfg: dict) -> list[dict]:
+    """The configuration's requests: a token trace of tests/data/golden/traces, or
+    ``mooncake:K``, the first K lines of the Mooncake conversation trace as tokens (hash
+    id h of a 512-token unit = tokens h·512 … h·512+511, the last unit cut to the input
+    length; outputs unique tokens, docs/golden.md conventions), ids ``r<line>``."""
+    name = cfg["trace"]
+    if not name.startswith("mooncake:"):
+        return [json.loads(x) for x in open(TRACES / name) if x.strip()]
+    k = int(name.split(":")[1])
+    path = Path(os.environ.get("RADIXKV_SHARED", "/work/shared")).joinpath(*MOONCAKE)
+    out = []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            if i >= k:
+                break
+            r = json.loads(line)
+            toks = [h * 512 + j for h in r["hash_ids"] for j in range(512)][: r["input_length"]]
+            out.append({"id": f"r{i}", "tokens": toks, "output_length": int(r["output_length"])})
+    return out
 
 
 def full_config(name: str) -> dict:
@@ -178,8 +207,16 @@ def run(name: str, model_dir: str, cfg: dict | None = None):
     from vllm.v1.request import Request
 
     cfg = full_config(name) if cfg is None else {**DEFAULTS, **cfg}
-    reqs = [json.loads(x) for x in open(TRACES / cfg["trace"]) if x.strip()]
+    reqs = read_trace(cfg)
+    longest = max(len(r["tokens"]) + max(int(r.get("output_length", len(r.get("output_tokens", [])))), 1)
+                  for r in reqs)
+    if longest > cfg["max_model_len"]:
+        cfg["max_model_len"] = -(-longest // 4096) * 4096
+    Path(model_dir, "config.json").write_text(json.dumps(
+        {**MODEL_CONFIG, "max_position_embeddings": max(8192, cfg["max_model_len"])}))
     sched, hasher = make_scheduler(model_dir, cfg)
+    # unique sampled tokens: above every prompt token
+    base = max(UNIQUE_TOKEN_BASE, 1 + max(max(r["tokens"], default=0) for r in reqs))
     conn = sched.connector
     cs = conn.connector_scheduler
     man = cs.manager
@@ -248,7 +285,7 @@ def run(name: str, model_dir: str, cfg: dict | None = None):
                 done = obj.num_computed_tokens >= obj.num_tokens
                 g = obj.num_output_tokens
                 if done:
-                    tok = outs[g] if g < len(outs) else UNIQUE_TOKEN_BASE + 100_000 * i + g
+                    tok = outs[g] if g < len(outs) else base + 100_000 * i + g
                     sampled.append([int(tok)])
                 else:
                     sampled.append([])
@@ -291,6 +328,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "data" / "golden" / "vllm_offload")
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--shared", action="store_true",
+                    help="also the Mooncake configurations (read from $RADIXKV_SHARED)")
     a = ap.parse_args(argv)
     if a.list:
         print("\n".join(CONFIGS))
@@ -298,19 +337,22 @@ def main(argv=None) -> int:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    names = a.only or list(CONFIGS)
+    names = a.only or [n for n in CONFIGS if a.shared or not CONFIGS[n].get("shared")]
     manifest = []
     with tempfile.TemporaryDirectory() as model_dir:
         Path(model_dir, "config.json").write_text(json.dumps(MODEL_CONFIG))
         for nm in names:
             header, lines = run(nm, model_dir)
-            write(a.out / f"{nm}.jsonl", [header, *lines])
+            sub = a.out / "shared" if header["config"]["shared"] else a.out
+            write(sub / f"{nm}.jsonl", [header, *lines])
             manifest.append({"name": nm, **header["config"], "engine": header["engine"],
                              "num_cpu_chunks": header["num_cpu_chunks"]})
             tot = {k: sum(x[k] for x in lines) for k in ("gpu", "cpu", "stored", "evicted", "store_fail")}
             print(f"{nm}: {len(lines)} requests, {tot}", flush=True)
     if a.only is None:
-        write(a.out / "manifest.jsonl", manifest)
+        write(a.out / "manifest.jsonl", [m for m in manifest if not m["shared"]])
+        if a.shared:
+            write(a.out / "shared" / "manifest.jsonl", [m for m in manifest if m["shared"]])
     return 0
 
 
