@@ -6,12 +6,16 @@ with the ``OffloadingConnector`` (scheduler role) and ``CPUOffloadingManager`` (
 by tools/engines/vllm_offload_golden.py: block 16 and 32, offload chunks of 1, 2 and 4
 blocks, tight GPU pools, CPU pools from 12 to 400 chunks, ``store_threshold`` 2,
 ``offload_prompt_only`` true and false. Per request the GPU hit, the CPU hit, the tokens
-computed from, and the chunks stored, evicted and failed to store must agree.
+computed from, and the chunks stored, evicted and failed to store must agree. Two more
+runs replay the first 300 requests of the Mooncake conversation trace (GPU 128,000 tokens,
+CPU 1.6 M tokens LRU / 1.28 M tokens ARC in chunks of 4 blocks; need RADIXKV_SHARED and
+RADIXKV_SLOW=1).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import numpy as np
 import pytest
@@ -44,8 +48,11 @@ def _trace(name):
     return _TRACES[name]
 
 
-@pytest.mark.parametrize("run", _RUNS, ids=[m["name"] for m in _RUNS])
+@pytest.mark.parametrize("run", [pytest.param(m, marks=pytest.mark.slow) if m.get("shared") else m for m in _RUNS],
+                         ids=[m["name"] for m in _RUNS])
 def test_vllm_offload_golden(run):
+    if run.get("shared") and os.environ.get("RADIXKV_SLOW") != "1":
+        pytest.skip("the Mooncake goldens (300 requests, 4.3 M prompt tokens) run only with RADIXKV_SLOW=1")
     tr = _trace(run["trace"])
     gold = [json.loads(line) for line in open(_DIR / ("shared" if run.get("shared") else "") / f"{run['name']}.jsonl")][1:]
     B = run["block_size"]
