@@ -202,7 +202,7 @@ def policy_from_args(policy, args):
     return policy
 
 
-def run_concurrent_from_args(trace, policy, args, progress=None):
+def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None):
     """Run the concurrent replay the flags describe.
 
     Parameters
@@ -214,6 +214,9 @@ def run_concurrent_from_args(trace, policy, args, progress=None):
         Parsed flags of :func:`add_concurrent_args` plus ``--model``/``--gpu``.
     progress : callable or None
         ``progress(done, total)``.
+    miss_spec : radixkv.policies.registry.PolicySpec or None
+        ``--miss-causes``: the policy's spec; the result then carries the concurrent miss
+        causes (:func:`radixkv.replay.conc_misses.attach_concurrent_causes`).
 
     Returns
     -------
@@ -243,6 +246,17 @@ def run_concurrent_from_args(trace, policy, args, progress=None):
         from radixkv.cost import HostLink
 
         link = HostLink.parse(link)
-    return replay_concurrent(trace, pol, cost, arrivals=arr, config=cfg, progress=progress,
-                             timeline=bool(getattr(args, "timeline", None) or getattr(args, "report", None)),
-                             host_link=link)
+    rec = None
+    if miss_spec is not None:
+        from radixkv.replay.conc_misses import MissRecorder, check_policy
+
+        check_policy(pol, policy)
+        rec = MissRecorder(trace, pol, cfg)
+    res = replay_concurrent(trace, pol, cost, arrivals=arr, config=cfg, progress=progress,
+                            timeline=bool(getattr(args, "timeline", None) or getattr(args, "report", None)),
+                            host_link=link, recorder=rec)
+    if rec is not None:
+        from radixkv.replay.conc_misses import attach_concurrent_causes
+
+        attach_concurrent_causes(trace, miss_spec, res, [rec])
+    return res

@@ -239,7 +239,8 @@ def _run_concurrent(trace, spec, pool, args):
             bar.refresh()
 
     t0 = time.perf_counter()
-    res = run_concurrent_from_args(trace, policy, args, progress=progress)
+    miss = spec if getattr(args, "miss_causes", False) else None
+    res = run_concurrent_from_args(trace, policy, args, progress=progress, miss_spec=miss)
     elapsed = time.perf_counter() - t0
     if bar is not None:
         bar.close()
@@ -537,22 +538,24 @@ def _on_executor(args, trace, settings_list):
 def _add_miss_args(p):
     p.add_argument("--miss-causes", action="store_true",
                    help="split every request's missed prompt tokens by cause (compulsory, capacity, alignment, "
-                        "last-token cap; docs/DESIGN.md) against two shadow replays; sequential mode only; "
-                        "costs about one more replay (default off)")
+                        "last-token cap; with --mode concurrent also in-flight, routing with --replicas, and "
+                        "preemption recompute; docs/miss-causes.md) against shadow replays (default off)")
     p.add_argument("--miss-fix", action="store_true",
                    help="with the miss causes, what would fix them: the pool at which capacity misses halve "
                         "(a few more replays) and the hit gained at the next smaller block/page size")
 
 
 def _check_miss_args(args):
-    """``--miss-causes`` / ``--miss-fix`` run with the sequential single-pool replay only."""
+    """``--miss-causes`` runs with the sequential single-pool replay and the concurrent one
+    (one engine or ``--replicas``); ``--miss-fix`` with the sequential single pool only."""
     if not (getattr(args, "miss_causes", False) or getattr(args, "miss_fix", False)):
         return
-    if args.mode != "sequential":
-        raise ConfigError("--miss-causes is computed for the sequential replay (the concurrent causes in-flight, "
-                          "preemption and routing are not modelled yet)", field="miss_causes")
-    if _routing.routed(args):
-        raise ConfigError("--miss-causes runs with one pool (not with --replicas)", field="miss_causes")
+    if getattr(args, "miss_fix", False) and (args.mode != "sequential" or _routing.routed(args)):
+        raise ConfigError("--miss-fix replays more pool sizes and block/page sizes: sequential single-pool "
+                          "replay only", field="miss_fix")
+    if args.mode != "concurrent" and _routing.routed(args):
+        raise ConfigError("--miss-causes with --replicas needs --mode concurrent (the sequential replicas' causes "
+                          "are not modelled)", field="miss_causes")
     if (getattr(args, "executor", None) is not None or getattr(args, "scheduler", None)) and _executor(args) != "local":
         raise ConfigError("--miss-causes runs on the local executor", field="miss_causes")
 

@@ -92,11 +92,22 @@ def _run_routed_concurrent(trace, spec, pool, args) -> dict:
     arr = arrival_times(t, arrival=getattr(args, "arrival", "trace"), time_scale=float(getattr(args, "time_scale", 1.0)),
                         request_rate=getattr(args, "request_rate", None),
                         burstiness=float(getattr(args, "burstiness", 1.0)), seed=int(getattr(args, "seed", 0)))
+    cfg = concurrent_config_from_args(args, pols[0])
+    recs = None
+    if getattr(args, "miss_causes", False):
+        from radixkv.replay.conc_misses import MissRecorder, check_policy
+
+        check_policy(pols[0], build_policy(spec, pool, unit_tokens=t.unit_tokens))
+        recs = [MissRecorder(t, p, cfg, replica=r) for r, p in enumerate(pols)]
     t0 = time.perf_counter()
     res = replay_multi_concurrent(
-        t, pols, cost, args.router or "round-robin", arrivals=arr, config=concurrent_config_from_args(args, pols[0]),
+        t, pols, cost, args.router or "round-robin", arrivals=arr, config=cfg,
         seed=args.router_seed, cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
-        balance_rel_threshold=args.balance_rel_threshold, max_tree_tokens=args.max_tree_tokens)
+        balance_rel_threshold=args.balance_rel_threshold, max_tree_tokens=args.max_tree_tokens, recorders=recs)
+    if recs is not None:
+        from radixkv.replay.conc_misses import attach_concurrent_causes
+
+        attach_concurrent_causes(t, spec, res.aggregate, recs, replica=res.replica)
     el = time.perf_counter() - t0
     summ = {"policy": f"{spec.label} x{res.n_replicas} {res.router}", **res.summary()}
     summ["timing_s"] = {"compile": compile_s, "replay": el,

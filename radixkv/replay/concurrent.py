@@ -138,7 +138,9 @@ class ConcurrentResult:
         deterministic); NaN is written as ``nan``."""
         from radixkv.util import write_columns_csv
 
-        names = list(COLUMNS)
+        from radixkv.replay.conc_misses import csv_columns
+
+        names = list(COLUMNS) + csv_columns(self.columns)
         write_columns_csv(path, self.req_id, names, [self.columns[c].tolist() for c in names], fmt=repr)
 
     def write_timeline_csv(self, path) -> None:
@@ -239,7 +241,19 @@ class ConcurrentResult:
             # for one-group policies
             "kv_cache_groups": self.meta.get("kv_cache_groups"),
             **self.meta.get("host_tier", {}),  # a policy with a host-memory tier only
+            **self._miss_summary(prompt, hit),
         }
+
+    def _miss_summary(self, prompt: int, hit: int) -> dict:
+        """``miss_causes`` when the replay ran with the miss-cause breakdown (else nothing)."""
+        mc = self.meta.get("miss_causes")
+        if mc is None:
+            return {}
+        from radixkv.replay.conc_misses import summarize_concurrent_causes
+
+        out = summarize_concurrent_causes(self.columns, prompt, hit, mc["multi"])
+        out["unbounded_pool_tokens"] = mc["unbounded_pool_tokens"]
+        return {"miss_causes": out}
 
 
 def replay_concurrent(
@@ -254,6 +268,7 @@ def replay_concurrent(
     fast_forward: bool = True,
     timeline: bool = False,
     host_link=None,
+    recorder=None,
 ) -> ConcurrentResult:
     """Replay *trace* through *policy* with requests running concurrently.
 
@@ -288,6 +303,9 @@ def replay_concurrent(
         with a non-empty host pool. The summary then gains the host-tier keys
         (:func:`radixkv.policies.hicache.host_tier_summary`) and ``host_load_s`` (seconds
         of copies, summed over steps) and ``host_link_bytes_per_s``.
+    recorder : radixkv.replay.conc_misses.MissRecorder or None
+        Told every step's plan, first admissions and finishes (the miss-cause
+        breakdown, ``--miss-causes``); it changes nothing in the replay.
 
     Returns
     -------
@@ -359,10 +377,13 @@ def replay_concurrent(
             now = max(now, arr[nxt])
             continue
         plan = sch.schedule()
-        for i in sch.admitted_now:
+        admitted = sch.admitted_now
+        for i in admitted:
             admit_s[i] = now
             admit_step[i] = steps + 1
         if plan.empty:
+            if recorder is not None:
+                recorder.step(now, now, plan, 0, admitted, ())
             if not sch.running:
                 i = sch.waiting[0]
                 raise ConfigError(
@@ -421,6 +442,8 @@ def replay_concurrent(
         done += len(sch.finished_now)
         if sch.finished_now and progress is not None:
             progress(done, n)
+        if recorder is not None:
+            recorder.step(t_start, now, plan, k, admitted, sch.finished_now)
         sch.finished_now = []
     res = _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, finish,
                   t0, now, acc.busy, acc.area, peak, steps, acc.pf_flops, acc.pool)

@@ -118,6 +118,7 @@ class ReplicaEngine:
         self.steps = 0
         self.peak = 0
         self.acc = _Integrals(policy)  # area, busy, pf_flops, pool: as the single-engine loop keeps them
+        self.recorder = None  # a radixkv.replay.conc_misses.MissRecorder (--miss-causes), told every step
 
     # ------------------------------------------------------------------ router's view
     def load_at(self, t: float) -> int:
@@ -151,10 +152,13 @@ class ReplicaEngine:
         sch, cost, policy, out = self.sch, self.cost, self.policy, self.out
         now = self.now
         plan = sch.schedule()
-        for i in sch.admitted_now:
+        admitted = sch.admitted_now
+        for i in admitted:
             out["admit_s"][i] = now
             out["admit_step"][i] = self.steps + 1
         if plan.empty:
+            if self.recorder is not None:
+                self.recorder.step(now, now, plan, 0, admitted, ())
             if not sch.running:
                 i = sch.waiting[0]
                 raise ConfigError(
@@ -178,6 +182,7 @@ class ReplicaEngine:
             now = acc.run(now, plan.n_running, dts[:k], pools)
             self.steps += k
         else:
+            k = 1
             dt = float(cost.step_time(plan.new, plan.ctx))
             acc.prefill(cost, plan)
             sch.complete(plan)
@@ -195,6 +200,8 @@ class ReplicaEngine:
             out["finish_step"][i] = self.steps
         if sch.finished_now:
             self._finishing.append((now, len(sch.finished_now)))
+        if self.recorder is not None:
+            self.recorder.step(t_start, now, plan, k, admitted, sch.finished_now)
         sch.finished_now = []
 
 
@@ -276,6 +283,7 @@ def replay_multi_concurrent(
     config: SchedulerConfig | None = None,
     fast_forward: bool = True,
     progress=None,
+    recorders: list | None = None,
     **router_options,
 ) -> MultiConcurrentResult:
     """Replay *trace* concurrently on ``len(policies)`` replicas behind *router*.
@@ -298,6 +306,9 @@ def replay_multi_concurrent(
         As :func:`radixkv.replay.concurrent.replay_concurrent`.
     progress : callable or None
         ``progress(done, total)`` after each routed request.
+    recorders : list of radixkv.replay.conc_misses.MissRecorder or None
+        One per replica (index = replica), told every step of it (the miss-cause
+        breakdown, ``--miss-causes``); they change nothing in the replay.
     **router_options
         ``seed``, ``cache_threshold``, ``balance_abs_threshold``, ``balance_rel_threshold``,
         ``max_tree_tokens`` (:class:`~radixkv.replay.routing.Router`; the tree bound
@@ -345,6 +356,8 @@ def replay_multi_concurrent(
            "admit_step": [-1] * n, "finish_step": [-1] * n}
     eng = [ReplicaEngine(trace, p, cost, config, arr, r, out, fast_forward=fast_forward)
            for r, p in enumerate(policies)]
+    for e, rec in zip(eng, recorders or ()):
+        e.recorder = rec
     replica = np.zeros(n, dtype=np.int64)
     load = np.zeros(N, dtype=np.int64)
     inf = math.inf

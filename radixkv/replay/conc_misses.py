@@ -1,0 +1,483 @@
+"""Miss causes of the concurrent and multi-replica replays (docs/miss-causes.md).
+
+The sequential breakdown (:mod:`radixkv.replay.misses`) explains each prompt token against
+shadows replayed in trace order. In the concurrent modes a request's hit is taken at its
+*first admission*, when requests admitted before it may still be running (their KV not in
+the cache yet) and, with replicas, may have run on another replica. Here the same causes
+are computed against shadows replayed in **first-admission order**, and three more split
+the gap between what those shadows would hit and what the request hit:
+
+``L, A, C, H∞``  as in the sequential breakdown, over the requests admitted before it
+                 (every one of them complete, prompt and outputs, and inserted);
+``G``            what it would hit, under the engine's rule, from the content actually
+                 *inserted* into any replica's cache by the moment of its admission, on
+                 memory that never evicts (``min(H∞, rule(L_ins))``);
+``Lo``           the same from the content inserted into its own replica's cache only
+                 (``min(G, rule(L_local))``; ``= G`` with one replica);
+``H``            its actual hit.
+
+Then ``hit + compulsory + alignment + last_token_cap + not_cached + in_flight + routing +
+capacity = P`` per request, exactly::
+
+    in_flight = H∞ − G   computed (or to be computed) by an earlier-admitted request that
+                         had not inserted it yet: same prefill batch, a chunk not yet
+                         inserted, outputs not yet generated
+    routing   = G − Lo   inserted, but in another replica's cache (None with one replica)
+    capacity  = Lo − H   inserted into this replica's cache and evicted since
+
+**Preemption** is reported beside the split, not in it: a request's hit and its prompt
+split belong to its first admission (the hit rate counts first admissions,
+docs/SEMANTICS.md), and what a preemption costs is tokens computed *again* after it. Per
+request, ``miss_preemption_tokens`` = Σ over its re-admissions of the tokens (prompt and
+generated) it had computed before the preemption that the re-admission did not hit:
+``max(0, computed_before − hit_at_readmission)``.
+
+When content becomes *inserted* (visible to a lookup) follows the policy's calls in the
+replay (:mod:`radixkv.replay.scheduler`): with SGLang's rules and a policy that defers
+insertion (``batch_visibility``: :class:`~radixkv.policies.radix.RadixCache`), a prefill
+chunk is inserted after its step (``cache_unfinished_req``), decoded tokens at the finish
+(``cache_finished_req``), a retraction inserts nothing; otherwise (vLLM's rules,
+``BlockHashCache``) the KV of a chunk or decode is hittable from the moment the step
+schedules it (``kv_cache_manager.allocate_slots`` → ``cache_blocks``), so a request
+admitted later in the same step can hit an earlier admission's first chunk.
+
+The events are recorded by a :class:`MissRecorder` the replay loops call once per engine
+step (``replay_concurrent(..., recorder=...)``; the replicas' loop likewise), and replayed
+afterwards in time order through a Numba hash trie (the sequential breakdown's, with one
+root per replica). Decode growth of vLLM-rule requests is flushed into the event stream
+lazily — at every admission on the same replica and at the finish — so a replica's own
+view is exact and another replica's running decode tokens count from that replica's last
+admission on (a lower bound of the global view, which can only move tokens from routing to
+in_flight).
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.replay.misses import MISS_COLUMNS, _child, _rehash, _slot, trace_segments
+
+#: per-request columns the concurrent breakdown adds beside :data:`radixkv.replay.misses.MISS_COLUMNS`
+#: (int64, tokens); ``miss_routing_tokens`` is written only with replicas
+CONCURRENT_COLUMNS = {
+    "miss_in_flight_tokens": "prompt tokens an earlier-admitted request had computed or would compute but not "
+                             "inserted at this request's first admission",
+    "miss_routing_tokens": "prompt tokens inserted in another replica's cache, not this one's",
+    "miss_preemption_tokens": "tokens re-admissions after preemption computed again (not part of the prompt split)",
+}
+
+_QUERY = 0
+_INSERT = 1
+
+
+class MissRecorder:
+    """Records what one engine's steps insert into its cache, for the concurrent miss
+    causes. Called by the replay loop once per scheduled step (:meth:`step`); holds
+    nothing the replay reads.
+
+    Parameters
+    ----------
+    trace : radixkv.trace.Trace
+        The whole trace (rows are global request rows).
+    policy : radixkv.policies.base.PrefixCache
+        The engine's policy (read: ``batch_visibility``).
+    config : radixkv.replay.scheduler.SchedulerConfig
+        The scheduler knobs (read: the admission rule).
+    replica : int
+        The engine's replica index (0 for the single-engine replay).
+    """
+
+    def __init__(self, trace, policy, config, replica: int = 0):
+        from radixkv.replay.scheduler import admission_rule_of
+
+        rule = config.admission if config.admission is not None else admission_rule_of(policy)
+        self.deferred = rule == "sglang" and bool(getattr(policy, "batch_visibility", False))
+        self.replica = int(replica)
+        n = len(trace)
+        self.kv_len = (np.asarray(trace.prompt_len, dtype=np.int64)
+                       + np.maximum(np.asarray(trace.output_len, dtype=np.int64) - 1, 0)).tolist()
+        self.comp = [0] * n  # KV tokens computed by the current admission
+        self.sent = [0] * n  # extent already in the event stream
+        self.pend: dict = {}  # preempted request -> tokens it had computed
+        self.preempt = [0] * n
+        self.dirty: set = set()
+        self.t: list = []
+        self.kind: list = []
+        self.req: list = []
+        self.ext: list = []
+
+    def _emit(self, t, kind, r, e):
+        self.t.append(t)
+        self.kind.append(kind)
+        self.req.append(r)
+        self.ext.append(e)
+
+    def _insert(self, t, r, e):
+        if e > self.sent[r]:
+            self.sent[r] = e
+            self._emit(t, _INSERT, r, e)
+
+    def _flush(self, t):
+        comp = self.comp
+        for r in sorted(self.dirty):
+            self._insert(t, r, comp[r])
+        self.dirty.clear()
+
+    def step(self, t_start: float, t_end: float, plan, k: int, admitted, finished) -> None:
+        """One iteration of the replay loop.
+
+        Parameters
+        ----------
+        t_start, t_end : float
+            Seconds: when the step (or fast-forwarded run) started and ended.
+        plan : radixkv.replay.scheduler.StepPlan
+            The step as applied (``req``, ``new``, ``ctx``, ``prefill``, ``preempted_rows``).
+        k : int
+            Steps it stands for (a fast-forwarded run of *k* identical decode steps; 0 for
+            an empty plan).
+        admitted : list of int
+            Requests first admitted by this schedule call, in admission order.
+        finished : list of int
+            Requests that finished in it.
+        """
+        comp, pend = self.comp, self.pend
+        for v in plan.preempted_rows:
+            if not self.deferred and v in self.dirty:  # vLLM: its hashed blocks stay cached
+                self.dirty.discard(v)
+                self._insert(t_start, v, comp[v])
+            pend[v] = max(pend.get(v, 0), comp[v])
+            comp[v] = 0
+        adm = set(admitted) if admitted else ()
+        if self.deferred:
+            for r in admitted:
+                self._emit(t_start, _QUERY, r, 0)
+            for r, n, c, pre in zip(plan.req, plan.new, plan.ctx, plan.prefill):
+                if pre:
+                    if pend and r in pend:
+                        self.preempt[r] += max(0, pend.pop(r) - c)
+                    comp[r] = c + n
+                    self._insert(t_end, r, c + n)
+                else:
+                    comp[r] = c + n * k
+            for r in finished:
+                self._insert(t_end, r, self.kv_len[r])
+            return
+        dirty = self.dirty
+        for r, n, c, pre in zip(plan.req, plan.new, plan.ctx, plan.prefill):
+            if r in adm:
+                adm.discard(r)
+                self._flush(t_start)
+                self._emit(t_start, _QUERY, r, 0)
+            elif pre and pend and r in pend:
+                self.preempt[r] += max(0, pend.pop(r) - c)
+            comp[r] = c + (n if pre else n * k)
+            dirty.add(r)
+        for r in admitted:  # admitted, then preempted in the same step (no item left)
+            if r in adm:
+                self._flush(t_start)
+                self._emit(t_start, _QUERY, r, 0)
+        for r in finished:
+            dirty.discard(r)
+            self._insert(t_end, r, comp[r])
+
+    def events(self):
+        """(t, kind, req, ext) arrays of the recorded events, in recording order."""
+        return (np.asarray(self.t, dtype=np.float64), np.asarray(self.kind, dtype=np.int64),
+                np.asarray(self.req, dtype=np.int64), np.asarray(self.ext, dtype=np.int64))
+
+
+@nb.njit(cache=True)
+def _walk(kt, hint, nkey, cover, seg_id, seg_end, s0, s1, root):
+    """Longest token run from position 0 of the segments ``s0:s1`` that *cover* holds below
+    *root*; returns (tokens, last node, its end, next segment)."""
+    node = root
+    start = 0
+    s = s0
+    while s < s1:
+        end = seg_end[s]
+        child = _child(kt, hint, nkey, node, seg_id[s], start)
+        if child < 0:
+            return start, node, start, s
+        m = cover[child]
+        if m >= end - start:
+            node = child
+            start = end
+            s += 1
+            continue
+        return start + m, node, start, s
+    return start, node, start, s
+
+
+@nb.njit(cache=True)
+def _cover_to(kt, hint, nkey, cover, other, seg_id, seg_end, s0, s1, root, x, nodes):
+    """Make *cover* hold the first *x* tokens of segments ``s0:s1`` below *root* (creating
+    nodes, whose *other* cover starts at 0). Returns the node count."""
+    node = root
+    start = 0
+    for s in range(s0, s1):
+        if start >= x:
+            break
+        end = seg_end[s]
+        i = _slot(kt, node, seg_id[s], start)
+        if kt[i, 3] < 0:
+            kt[i, 0] = node
+            kt[i, 1] = seg_id[s]
+            kt[i, 2] = start
+            kt[i, 3] = nodes
+            cover[nodes] = 0
+            other[nodes] = 0
+            nkey[nodes, 0] = seg_id[s]
+            nkey[nodes, 1] = start
+            nodes += 1
+        child = kt[i, 3]
+        hint[node] = child
+        run = (end if end < x else x) - start
+        if cover[child] < run:
+            cover[child] = run
+        node = child
+        start = end
+    return nodes
+
+
+@nb.njit(cache=True)
+def _events_kernel(seg_id, seg_end, seg_off, prompt_len, kv_len, kind, req, ext, root, full, kt, cover, coverF,
+                   hint, nkey, held, held_adm, e0, nodes):
+    """Replay events ``e0:`` through the trie: an insert makes ``cover`` hold request
+    ``req[e]``'s first ``ext[e]`` KV tokens below ``root[e]``; a query writes ``held[r]``,
+    the prompt prefix ``cover`` holds below ``root[e]``, and when *full*, ``held_adm[r]``
+    (the prefix the complete extents of the requests queried before hold: ``coverF``),
+    then inserts r's whole extent into ``coverF``. Returns ``(e, nodes)``: e = the event
+    count when done, else the event at which the table would pass half full."""
+    half = kt.shape[0] // 2
+    ne = kind.shape[0]
+    for e in range(e0, ne):
+        r = req[e]
+        s0 = seg_off[r]
+        s1 = seg_off[r + 1]
+        if nodes + (s1 - s0) > half:
+            return e, nodes
+        P = prompt_len[r]
+        if kind[e] == 1:
+            nodes = _cover_to(kt, hint, nkey, cover, coverF, seg_id, seg_end, s0, s1, root[e], ext[e], nodes)
+            continue
+        h = _walk(kt, hint, nkey, cover, seg_id, seg_end, s0, s1, root[e])[0]
+        held[r] = h if h < P else P
+        if full:
+            h = _walk(kt, hint, nkey, coverF, seg_id, seg_end, s0, s1, 0)[0]
+            held_adm[r] = h if h < P else P
+            nodes = _cover_to(kt, hint, nkey, coverF, cover, seg_id, seg_end, s0, s1, 0, kv_len[r], nodes)
+    return ne, nodes
+
+
+def replay_events(trace, segs, kind, req, ext, root, n_roots: int, full: bool):
+    """Run :func:`_events_kernel` over sorted events, growing the trie as needed.
+
+    Returns
+    -------
+    (held, held_adm) : int64 arrays of shape (n,), tokens (``held_adm`` all zero unless
+    *full*); −1 for a request never queried.
+    """
+    seg_id, seg_end, seg_off = segs
+    n = len(trace)
+    cap = 1 << 10
+    need = 2 * (n_roots + 8)
+    while cap < need:
+        cap *= 2
+    kt = np.full((cap, 4), -1, dtype=np.int64)
+    m = cap // 2 + 1
+    cover = np.zeros(m, dtype=np.int64)
+    coverF = np.zeros(m, dtype=np.int64)
+    hint = np.full(m, -1, dtype=np.int64)
+    nkey = np.full((m, 2), -(2 ** 62), dtype=np.int64)
+    held = np.full(n, -1, dtype=np.int64)
+    held_adm = np.full(n, -1, dtype=np.int64)
+    plen = np.asarray(trace.prompt_len, dtype=np.int64)
+    kvl = plen + np.maximum(np.asarray(trace.output_len, dtype=np.int64) - 1, 0)
+    e, nodes = 0, n_roots
+    while True:
+        e, nodes = _events_kernel(seg_id, seg_end, seg_off, plen, kvl, kind, req, ext, root, full, kt, cover,
+                                  coverF, hint, nkey, held, held_adm, e, nodes)
+        if e >= len(kind):
+            return held, held_adm
+        r = int(req[e])
+        need = nodes + int(seg_off[r + 1] - seg_off[r])
+        while cap // 2 < need:
+            cap *= 2
+        kt2 = np.full((cap, 4), -1, dtype=np.int64)
+        _rehash(kt, kt2)
+        kt = kt2
+        grow = cap // 2 + 1 - len(cover)
+        cover = np.concatenate([cover, np.zeros(grow, dtype=np.int64)])
+        coverF = np.concatenate([coverF, np.zeros(grow, dtype=np.int64)])
+        hint = np.concatenate([hint, np.full(grow, -1, dtype=np.int64)])
+        nkey = np.concatenate([nkey, np.full((grow, 2), -(2 ** 62), dtype=np.int64)])
+
+
+def _permuted(trace, order):
+    """*trace* with its requests in *order* (int64 array of rows)."""
+    from radixkv.trace.types import Trace
+
+    order = np.asarray(order, dtype=np.int64)
+    off = np.asarray(trace.id_offsets, dtype=np.int64)
+    cnt = off[1:] - off[:-1]
+    new_off = np.concatenate([[0], np.cumsum(cnt[order])]).astype(np.int64)
+    idx = np.concatenate([np.arange(off[r], off[r + 1]) for r in order]) if len(order) else np.zeros(0, np.int64)
+    out_ids = out_off = None
+    if trace.out_ids is not None:
+        oo = np.asarray(trace.out_offsets, dtype=np.int64)
+        oc = oo[1:] - oo[:-1]
+        out_off = np.concatenate([[0], np.cumsum(oc[order])]).astype(np.int64)
+        oidx = np.concatenate([np.arange(oo[r], oo[r + 1]) for r in order]) if len(order) else np.zeros(0, np.int64)
+        out_ids = np.asarray(trace.out_ids)[oidx.astype(np.int64)]
+    return Trace(req_id=np.asarray(trace.req_id)[order], arrival_s=np.asarray(trace.arrival_s)[order],
+                 prompt_len=np.asarray(trace.prompt_len)[order], output_len=np.asarray(trace.output_len)[order],
+                 ids=np.asarray(trace.ids)[idx.astype(np.int64)], id_offsets=new_off, unit_tokens=trace.unit_tokens,
+                 partial_last_unit=trace.partial_last_unit, out_ids=out_ids, out_offsets=out_off,
+                 name=trace.name)
+
+
+def concurrent_causes(trace, spec, recorders, hit, replica=None, **options) -> dict:
+    """The per-request miss causes of a finished concurrent replay (module docstring).
+
+    Parameters
+    ----------
+    trace : radixkv.trace.Trace
+        The trace replayed (the rows of the replay).
+    spec : radixkv.policies.registry.PolicySpec
+        The policy replayed (its capacity shadow is replayed in first-admission order).
+    recorders : list of MissRecorder
+        One per replica (index = replica), as the replay filled them.
+    hit : np.ndarray, int64, shape (n,)
+        The replay's first-admission hits (``hit_tokens``).
+    replica : np.ndarray of int64, shape (n,), or None
+        Each request's replica (None: one engine).
+    **options
+        The policy constructor options (the shadow uses the same).
+
+    Returns
+    -------
+    dict: every key of :data:`radixkv.replay.misses.MISS_COLUMNS` and of
+    :data:`CONCURRENT_COLUMNS` (``miss_routing_tokens`` only with replicas), int64 arrays
+    of shape (n,), and ``"_meta"`` (``unbounded_pool_tokens``, ``admission_order``).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When a request was never admitted (the replay did not finish).
+    """
+    from radixkv.replay.misses import capacity_shadow, token_prefix_lengths
+
+    n = len(trace)
+    ts, ks, rs, es, rts = [], [], [], [], []
+    for rec in recorders:
+        t, k, r, e = rec.events()
+        ts.append(t)
+        ks.append(k)
+        rs.append(r)
+        es.append(e)
+        rts.append(np.full(len(t), rec.replica, dtype=np.int64))
+    t, kind, req, ext, rep = (np.concatenate(x) if x else np.zeros(0) for x in (ts, ks, rs, es, rts))
+    seq = np.arange(len(t), dtype=np.int64)  # recording order within a replica
+    o = np.lexsort((seq, rep, t))
+    kind, req, ext, rep = kind[o].astype(np.int64), req[o].astype(np.int64), ext[o].astype(np.int64), \
+        rep[o].astype(np.int64)
+    order = req[kind == _QUERY]
+    if len(order) != n or len(np.unique(order)) != n:
+        raise ConfigError(f"the miss-cause recorder saw {len(np.unique(order))} first admissions of {n} requests",
+                          field="miss_causes")
+    segs = trace_segments(trace)
+    held_g, held_adm = replay_events(trace, segs, kind, req, ext, np.zeros(len(kind), dtype=np.int64), 1, True)
+    multi = replica is not None and len(recorders) > 1
+    if multi:
+        held_l, _ = replay_events(trace, segs, kind, req, ext, rep, len(recorders), False)
+    else:
+        held_l = held_g
+    pt = _permuted(trace, order)
+    srec, spol = capacity_shadow(pt, spec, new_tokens=token_prefix_lengths(pt)[1], **options)
+    hinf = np.empty(n, dtype=np.int64)
+    hinf[order] = np.asarray(srec["hit_tokens"], dtype=np.int64)
+    P = np.asarray(trace.prompt_len, dtype=np.int64)
+    A, C = (np.asarray(x, dtype=np.int64) for x in spol.reusable_prefix(held_adm, P))
+    G = np.minimum(hinf, np.asarray(spol.reusable_prefix(held_g, P)[1], dtype=np.int64))
+    Lo = np.minimum(G, np.asarray(spol.reusable_prefix(held_l, P)[1], dtype=np.int64)) if multi else G
+    H = np.asarray(hit, dtype=np.int64)
+    pre = np.zeros(n, dtype=np.int64)
+    for rec in recorders:
+        pre += np.asarray(rec.preempt, dtype=np.int64)
+    cols = {
+        "miss_compulsory_tokens": P - held_adm,
+        "miss_alignment_tokens": held_adm - A,
+        "miss_last_token_cap_tokens": A - C,
+        "miss_not_cached_tokens": C - hinf,
+        "miss_in_flight_tokens": hinf - G,
+        "miss_capacity_tokens": Lo - H,
+        "miss_preemption_tokens": pre,
+    }
+    if multi:
+        cols["miss_routing_tokens"] = G - Lo
+    cols["_meta"] = {"unbounded_pool_tokens": int(spol.capacity_tokens), "admission_order": order}
+    return cols
+
+
+#: the split columns (they sum to P with ``hit_tokens``), in CSV order
+SPLIT_COLUMNS = tuple(MISS_COLUMNS) + ("miss_in_flight_tokens", "miss_routing_tokens")
+
+
+def summarize_concurrent_causes(columns: dict, prompt_tokens: int, hit_tokens: int, multi: bool) -> dict:
+    """Totals and shares of the concurrent miss causes (a concurrent summary's
+    ``miss_causes``): ``mode`` (``"concurrent"`` or ``"multi-replica"``), ``tokens`` and
+    ``share`` (cause → int / float over Σ prompt tokens; ``routing`` None with one
+    replica; ``preemption`` is recomputed tokens beside the split, its share over Σ
+    prompt tokens too), ``nesting_violations`` (requests with a negative term)."""
+    from radixkv.replay.misses import CAUSES
+
+    tokens = {"hit": int(hit_tokens)}
+    for c in CAUSES[1:] + ("in_flight", "routing", "preemption"):
+        col = columns.get(f"miss_{c}_tokens")
+        tokens[c] = None if col is None else int(np.sum(col))
+    share = {c: (None if v is None or not prompt_tokens else v / prompt_tokens) for c, v in tokens.items()}
+    neg = np.zeros(len(columns["miss_compulsory_tokens"]), dtype=bool)
+    for k in SPLIT_COLUMNS + ("miss_preemption_tokens",):
+        if k in columns:
+            neg |= np.asarray(columns[k]) < 0
+    return {"mode": "multi-replica" if multi else "concurrent", "tokens": tokens, "share": share,
+            "nesting_violations": int(neg.sum()), "preemption_in_split": False}
+
+
+def attach_concurrent_causes(trace, spec, result, recorders, replica=None, **options) -> float:
+    """Add the concurrent miss-cause columns to *result* (a
+    :class:`~radixkv.replay.concurrent.ConcurrentResult`, the aggregate of a multi-replica
+    run) in place, and ``result.meta["miss_causes"]`` (``multi``, ``unbounded_pool_tokens``)
+    that its ``summary()`` reads. Returns the seconds spent."""
+    import time
+
+    t0 = time.perf_counter()
+    cols = concurrent_causes(trace, spec, recorders, result.columns["hit_tokens"], replica=replica, **options)
+    meta = cols.pop("_meta")
+    result.columns.update(cols)
+    result.meta["miss_causes"] = {"multi": replica is not None and len(recorders) > 1,
+                                  "unbounded_pool_tokens": meta["unbounded_pool_tokens"]}
+    return time.perf_counter() - t0
+
+
+def check_policy(actual, built) -> None:
+    """Refuse the breakdown when the caching flags replaced the spec's policy (``--no-enable-prefix-caching``,
+    ``--static-reserved-fraction``): its capacity shadow is built from the spec.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When *actual* is not of *built*'s class, or has a host-memory tier (not modelled).
+    """
+    if type(actual) is not type(built):
+        raise ConfigError(f"--miss-causes replays a shadow of the --policy spec; the caching flags replaced it "
+                          f"by {type(actual).__name__} (not modelled): drop one of them", field="miss_causes")
+    if getattr(actual, "models_host_tier", False):
+        raise ConfigError("--miss-causes in the concurrent mode does not model a host-memory tier (its load backs "
+                          "are hits from a second pool)", field="miss_causes")
+
+
+def csv_columns(columns: dict) -> list:
+    """The miss-cause columns *columns* holds, in CSV order (none without the breakdown)."""
+    return [c for c in SPLIT_COLUMNS + ("miss_preemption_tokens",) if c in columns]
