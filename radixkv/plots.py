@@ -139,7 +139,9 @@ def draw_miss_causes(ax, rows) -> bool:
     rows : list of (label, miss_causes)
         ``miss_causes`` as a summary holds it (:func:`radixkv.replay.misses.summarize_causes`):
         ``share`` maps cause → share of prompt tokens, ``None`` when not modelled (no bar
-        segment, and the legend says so by leaving it out).
+        segment, and the legend says so by leaving it out). ``preemption`` of a
+        concurrent summary (``preemption_in_split`` False: tokens computed again, beside
+        the prompt split) is left out of the bars.
 
     Returns False (nothing drawn) when *rows* is empty.
     """
@@ -148,7 +150,8 @@ def draw_miss_causes(ax, rows) -> bool:
     x = list(range(len(rows)))
     bottom = [0.0] * len(rows)
     for cause, colour in MISS_COLOURS.items():
-        vals = [r["share"].get(cause) for _, r in rows]
+        vals = [None if cause == "preemption" and r.get("preemption_in_split") is False else r["share"].get(cause)
+                for _, r in rows]
         if all(v is None for v in vals):
             continue
         vals = [v or 0.0 for v in vals]

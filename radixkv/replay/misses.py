@@ -44,8 +44,9 @@ every built-in policy (tests/test_misses.py checks them on hypothesis traces and
 goldens). A policy breaking them gets negative terms, counted in the summary's
 ``nesting_violations``.
 
-Causes of the concurrent and multi-replica modes (in-flight, preemption, routing) are not
-modelled here: they are ``None`` (JSON ``null``) in a sequential summary.
+Causes of the concurrent and multi-replica modes (in-flight, preemption, routing) are
+``None`` (JSON ``null``) in a sequential summary; :mod:`radixkv.replay.conc_misses`
+computes them for those modes (docs/miss-causes.md).
 
 Cost: one pass of a Numba hash trie over the trace's segments for ``L`` (linear in
 segments) and one replay of the policy's own kernels on the unbounded pool for ``H∞``.

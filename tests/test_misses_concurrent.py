@@ -1,0 +1,283 @@
+"""Miss causes of the concurrent and multi-replica replays (radixkv/replay/conc_misses.py).
+
+Hand-worked cases give each cause from the engine rules (docs/miss-causes.md,
+docs/SEMANTICS.md); on hypothesis traces (random arrivals, small pools that evict and
+preempt, small step budgets that chunk) every cause is ≥ 0, the causes plus the hit sum to
+the prompt request by request, and the compulsory misses equal a brute-force oracle (every
+prompt against every earlier-admitted request's KV extent, token by token, in the
+admission order the replay's own ``admit_step`` / ``admit_s`` columns give).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from radixkv.cost import CostModel
+from radixkv.policies.block_hash import BlockHashCache
+from radixkv.policies.registry import PoolSpec, build_policy, parse_policy
+from radixkv.replay.conc_misses import MissRecorder, attach_concurrent_causes
+from radixkv.replay.concurrent import replay_concurrent
+from radixkv.replay.multi_concurrent import replay_multi_concurrent
+from radixkv.replay.scheduler import SchedulerConfig
+from radixkv.trace.types import Trace
+from reference_sglang import expand
+from test_radix_property import token_traces, unit_traces
+
+EXAMPLES = int(os.environ.get("RADIXKV_MISSES_EXAMPLES", 40))
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+COST = CostModel(params=1e9, num_layers=8, attn_dim=1024, kv_bytes_per_token=1e5, peak_flops=1e14,
+                 hbm_bytes_per_s=1e12)
+SPLIT = ("hit_tokens", "miss_compulsory_tokens", "miss_alignment_tokens", "miss_last_token_cap_tokens",
+         "miss_not_cached_tokens", "miss_in_flight_tokens", "miss_capacity_tokens")
+
+
+def _trace(prompts, outputs, arrivals):
+    n = len(prompts)
+    return Trace.from_requests(req_id=[f"q{i}" for i in range(n)], arrival_s=arrivals,
+                               prompt_len=[len(p) for p in prompts], output_len=outputs, prompt_ids=prompts)
+
+
+def _run(trace, text, capacity=None, cfg=None, policy=None):
+    cfg = cfg or SchedulerConfig()
+    spec = parse_policy(text)
+    pol = policy or build_policy(spec, PoolSpec(capacity_tokens=capacity), unit_tokens=trace.unit_tokens)
+    rec = MissRecorder(trace, pol, cfg)
+    res = replay_concurrent(trace, pol, COST, config=cfg, recorder=rec)
+    attach_concurrent_causes(trace, spec, res, [rec])
+    return res
+
+
+def _run_multi(trace, text, capacity, n, router="round-robin", cfg=None):
+    cfg = cfg or SchedulerConfig()
+    spec = parse_policy(text)
+    pols = [build_policy(spec, PoolSpec(capacity_tokens=capacity), unit_tokens=trace.unit_tokens) for _ in range(n)]
+    recs = [MissRecorder(trace, p, cfg, replica=i) for i, p in enumerate(pols)]
+    m = replay_multi_concurrent(trace, pols, COST, router, config=cfg, recorders=recs, seed=1)
+    attach_concurrent_causes(trace, spec, m.aggregate, recs, replica=m.replica)
+    return m
+
+
+def _row(res, i):
+    return {k.replace("miss_", "").replace("_tokens", ""): int(v[i]) for k, v in res.columns.items()
+            if k.startswith("miss_") or k == "hit_tokens"}
+
+
+# ---------------------------------------------------------------------- hand-worked
+def test_same_sglang_prefill_batch_is_in_flight():
+    # Two identical 40-token prompts at t = 0, page 1, a 10,000-token pool: SGLang puts
+    # both in the first prefill batch; the tree gets the first prompt only after the batch
+    # (cache_unfinished_req), so the second hits 0. Had the first been inserted, the second
+    # would match its first P − 1 = 39 tokens (Req.init_next_round_input): in-flight 39,
+    # last-token cap 1, compulsory 0.
+    p = list(range(40))
+    r = _run(_trace([p, p], [4, 4], [0.0, 0.0]), "sglang:1", 10_000)
+    assert list(r["admit_step"]) == [1, 1]
+    assert _row(r, 0) == {"hit": 0, "compulsory": 40, "alignment": 0, "last_token_cap": 0, "not_cached": 0,
+                          "in_flight": 0, "capacity": 0, "preemption": 0}
+    assert _row(r, 1) == {"hit": 0, "compulsory": 0, "alignment": 0, "last_token_cap": 1, "not_cached": 0,
+                          "in_flight": 39, "capacity": 0, "preemption": 0}
+    s = r.summary()["miss_causes"]
+    assert s["mode"] == "concurrent" and s["tokens"]["routing"] is None and s["nesting_violations"] == 0
+
+
+def test_same_vllm_step_hits_the_scheduled_blocks():
+    # vLLM hashes a request's blocks when the step schedules them (allocate_slots →
+    # cache_blocks), so the second request of the same step already hits the first's two
+    # full blocks (32 tokens): no in-flight miss, 8 tokens of alignment (40 − 32).
+    p = list(range(40))
+    r = _run(_trace([p, p], [4, 4], [0.0, 0.0]), "vllm:16", 10_000)
+    assert _row(r, 1) == {"hit": 32, "compulsory": 0, "alignment": 8, "last_token_cap": 0, "not_cached": 0,
+                          "in_flight": 0, "capacity": 0, "preemption": 0}
+
+
+def test_chunked_prompt_sent_twice_sglang():
+    # 200-token prompt twice at t = 0, max_num_batched_tokens (chunked_prefill_size) 64,
+    # page 1. Steps 1–3: chunks of 64 of the first request (budget used up); step 4: its
+    # last 8 tokens, then the second is admitted with 56 left. The tree holds the first
+    # 192 tokens (three chunks inserted after steps 1–3): hit 192. With the whole first
+    # prompt inserted it would hit P − 1 = 199: in-flight 7 (the chunk of step 4), cap 1.
+    q = list(range(1000, 1200))
+    cfg = SchedulerConfig(max_num_batched_tokens=64)
+    r = _run(_trace([q, q], [2, 2], [0.0, 0.0]), "sglang:1", 10_000, cfg)
+    assert list(r["admit_step"]) == [1, 4]
+    assert _row(r, 1) == {"hit": 192, "compulsory": 0, "alignment": 0, "last_token_cap": 1, "not_cached": 0,
+                          "in_flight": 7, "capacity": 0, "preemption": 0}
+
+
+def test_chunked_prompt_sent_twice_vllm():
+    # The same under vLLM's rules, block 16: in step 4 the first request's last chunk is
+    # scheduled (its blocks hashed) before the second is admitted, so the second hits the
+    # 12 full blocks of 199 looked-up tokens = 192: alignment 8, nothing in flight.
+    q = list(range(1000, 1200))
+    cfg = SchedulerConfig(max_num_batched_tokens=64)
+    r = _run(_trace([q, q], [2, 2], [0.0, 0.0]), "vllm:16", 10_000, cfg)
+    assert list(r["admit_step"]) == [1, 4]
+    assert _row(r, 1) == {"hit": 192, "compulsory": 0, "alignment": 8, "last_token_cap": 0, "not_cached": 0,
+                          "in_flight": 0, "capacity": 0, "preemption": 0}
+
+
+def test_preempted_request_readmitted():
+    # vLLM rules, block 4, 6 usable blocks (+ the null block). A (ids 0–3) and B (100–103)
+    # arrive at 0, 4-token prompts, N = 13 (KV extent 16 = 4 blocks each). Both decode in
+    # lockstep; when A's KV reaches 13 tokens it needs a 4th block, all 6 are held (3 + 3)
+    # → B (running[-1]) is preempted holding 12 computed tokens in 3 full, hashed blocks,
+    # freed tail first. A's 4th block evicts B's 3rd. A finishes; B is re-admitted on its
+    # prompt + 9 generated tokens (13), hitting its 2 surviving blocks (8 tokens): 12 − 8
+    # = 4 tokens it computes again (preemption); recomputed_tokens is 13 − 8 = 5 (one of
+    # them, the last sampled token's KV, was never computed). First admissions: all
+    # compulsory.
+    a, b = list(range(4)), list(range(100, 104))
+    r = _run(_trace([a, b], [13, 13], [0.0, 0.0]), "vllm:4", policy=BlockHashCache(7, 4))
+    assert list(r["preemptions"]) == [0, 1]
+    assert list(r["recomputed_tokens"]) == [0, 5]
+    assert _row(r, 1) == {"hit": 0, "compulsory": 4, "alignment": 0, "last_token_cap": 0, "not_cached": 0,
+                          "in_flight": 0, "capacity": 0, "preemption": 4}
+    assert r.summary()["miss_causes"]["tokens"]["preemption"] == 4
+
+
+@pytest.mark.parametrize("text,routing,alignment,cap", [("sglang:1", 39, 0, 1), ("vllm:16", 32, 8, 0)])
+def test_round_robin_repeat_on_other_replica_is_routing(text, routing, alignment, cap):
+    # 2 replicas, round-robin: the 40-token prompt at t = 0 runs on replica 0 and is in its
+    # cache long before the repeat at t = 100, which round-robin sends to replica 1 (empty
+    # cache): hit 0. Replica 0's cache would give it 39 (SGLang: P − 1) or 32 (vLLM: 2
+    # blocks of 16): routing.
+    p = list(range(40))
+    m = _run_multi(_trace([p, p], [4, 4], [0.0, 100.0]), text, 10_000, 2)
+    assert m.replica.tolist() == [0, 1]
+    assert _row(m.aggregate, 1) == {"hit": 0, "compulsory": 0, "alignment": alignment, "last_token_cap": cap,
+                                    "not_cached": 0, "in_flight": 0, "capacity": 0, "preemption": 0,
+                                    "routing": routing}
+    s = m.summary()["miss_causes"]
+    assert s["mode"] == "multi-replica" and s["tokens"]["routing"] == routing
+
+
+def test_recorder_changes_nothing():
+    # the replay with the recorder gives the same columns and summary as without
+    p = list(range(40))
+    t = _trace([p, p[:30] + [7] * 5, p], [4, 3, 9], [0.0, 0.0, 0.01])
+    for text in ("vllm:16", "sglang:1"):
+        spec = parse_policy(text)
+        plain = replay_concurrent(t, build_policy(spec, PoolSpec(capacity_tokens=96), unit_tokens=1), COST)
+        r = _run(t, text, 96)
+        s = r.summary()
+        s.pop("miss_causes")
+        assert s == plain.summary()
+        for c in plain.columns:
+            np.testing.assert_array_equal(plain.columns[c], r.columns[c])
+
+
+# ---------------------------------------------------------------------- oracle + properties
+def _oracle_held(trace, order):
+    """Brute force: longest prefix of each prompt held by the KV extent of any request
+    admitted before it (in *order*), token by token."""
+    seqs = [expand(trace.kv_seq(i)) for i in range(len(trace))]
+    out = np.zeros(len(trace), dtype=np.int64)
+    for k, i in enumerate(order):
+        P = int(trace.prompt_len[i])
+        best = 0
+        for j in order[:k]:
+            q = seqs[j]
+            m = 0
+            while m < P and m < len(q) and q[m] == seqs[i][m]:
+                m += 1
+            best = max(best, m)
+        out[i] = best
+    return out
+
+
+def _check(res, trace, multi):
+    c = res.columns
+    total = np.zeros(len(trace), dtype=np.int64)
+    for k in SPLIT + (("miss_routing_tokens",) if multi else ()):
+        assert (c[k] >= 0).all(), (k, c[k])
+        total += c[k]
+    assert (total == np.asarray(trace.prompt_len)).all()
+    assert (c["miss_preemption_tokens"] >= 0).all()
+    assert (c["miss_preemption_tokens"] <= c["recomputed_tokens"]).all()
+    assert res.summary()["miss_causes"]["nesting_violations"] == 0
+
+
+@st.composite
+def _timed(draw):
+    t = draw(st.one_of(token_traces(), unit_traces()))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 1e-4, 1e-3, 0.05, 5.0]), min_size=len(t), max_size=len(t)))
+    return dataclasses.replace(t, arrival_s=np.cumsum(np.asarray(gaps, dtype=np.float64)), _seq_cache={})
+
+
+def _pool(trace, g, slack):
+    need = max(-(-trace.kv_len(i) // g) for i in range(len(trace))) + 2
+    return (need + slack) * g
+
+
+@SETTINGS
+@given(_timed(), st.sampled_from(["vllm:1", "vllm:4", "sglang:1", "sglang:4", "vllm:4@lfu"]), st.integers(0, 12),
+       st.sampled_from([8, 16, 8192]))
+def test_concurrent_causes_sum_and_nest(trace, text, slack, budget):
+    spec = parse_policy(text)
+    g = spec.size
+    cfg = SchedulerConfig(max_num_batched_tokens=max(budget, g))
+    r = _run(trace, text, _pool(trace, g, slack), cfg)
+    _check(r, trace, False)
+    rows = np.arange(len(trace))
+    order = rows[np.lexsort((rows, r["admit_step"]))]
+    assert (r["miss_compulsory_tokens"] == np.asarray(trace.prompt_len) - _oracle_held(trace, order)).all()
+
+
+@SETTINGS
+@given(_timed(), st.sampled_from(["vllm:4", "sglang:1", "sglang:4"]), st.integers(0, 12),
+       st.sampled_from(["round-robin", "random", "least-load"]), st.integers(2, 3))
+def test_multi_replica_causes_sum_and_nest(trace, text, slack, router, n):
+    spec = parse_policy(text)
+    m = _run_multi(trace, text, _pool(trace, spec.size, slack), n, router, SchedulerConfig(max_num_batched_tokens=16))
+    _check(m.aggregate, trace, True)
+    rows = np.arange(len(trace))
+    order = rows[np.lexsort((rows, m.replica, m.aggregate["admit_s"]))]
+    assert (m.aggregate["miss_compulsory_tokens"] == np.asarray(trace.prompt_len) - _oracle_held(trace, order)).all()
+
+
+# ---------------------------------------------------------------------- CLI
+def test_cli_concurrent_and_replicas(tmp_path, capsys):
+    import json
+
+    from radixkv.cli import main
+
+    p = list(range(40))
+    path = tmp_path / "t.jsonl"
+    rows = [(0.0, p), (0.0, p), (100.0, p)]
+    path.write_text("".join(json.dumps({"id": f"r{i}", "arrival_s": t, "tokens": r, "output_tokens": [1, 2]}) + "\n"
+                            for i, (t, r) in enumerate(rows)))
+    conc = ["--mode", "concurrent", "--model", "Llama-3.1-8B", "--gpu", "A100-80GB", "--quiet", "--no-timing"]
+    csv, js, js0 = tmp_path / "r.csv", tmp_path / "r.json", tmp_path / "r0.json"
+    assert main(["replay", str(path), "--policy", "sglang:1", "--capacity-tokens", "4096", "--miss-causes",
+                 "--per-request", str(csv), "--json", str(js), *conc]) == 0
+    head, *lines = csv.read_text().splitlines()
+    cols = head.split(",")
+    r1 = dict(zip(cols, lines[1].split(",")))
+    # the hand-worked same-batch case (test_same_sglang_prefill_batch_is_in_flight)
+    assert (r1["hit_tokens"], r1["miss_in_flight_tokens"], r1["miss_last_token_cap_tokens"]) == ("0", "39", "1")
+    assert "miss_routing_tokens" not in cols
+    mc = json.loads(js.read_text())["results"][0]["summary"]["miss_causes"]
+    assert mc["mode"] == "concurrent" and mc["tokens"]["in_flight"] == 39 and mc["share"]["routing"] is None
+    # without the flag: no miss columns or key
+    assert main(["replay", str(path), "--policy", "sglang:1", "--capacity-tokens", "4096", "--json", str(js0),
+                 *conc]) == 0
+    assert "miss_causes" not in json.loads(js0.read_text())["results"][0]["summary"]
+    # 2 replicas, round-robin: r0 → 0, r1 → 1 (in flight on the other replica: r0's prompt is
+    # not inserted anywhere at t = 0 → in-flight 39), r2 → 0 at t = 100 hits 39 there
+    assert main(["replay", str(path), "--policy", "sglang:1", "--capacity-tokens", "4096", "--miss-causes",
+                 "--replicas", "2", "--router", "round-robin", "--json", str(js), *conc]) == 0
+    mc = json.loads(js.read_text())["results"][0]["summary"]["miss_causes"]
+    assert mc["mode"] == "multi-replica"
+    assert (mc["tokens"]["hit"], mc["tokens"]["in_flight"], mc["tokens"]["routing"]) == (39, 39, 0)
+    png = tmp_path / "m.png"
+    assert main(["compare", str(path), "--policies", "vllm:16,sglang:1", "--capacity-tokens", "4096",
+                 "--miss-plot", str(png), *conc]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["replay", str(path), "--policy", "vllm:16", "--capacity-tokens", "4096", "--miss-causes",
+                 "--no-enable-prefix-caching", *conc]) != 0
+    assert "--miss-causes" in capsys.readouterr().err
