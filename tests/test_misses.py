@@ -389,3 +389,23 @@ def test_curve_points_carry_causes(tmp_path):
     # hand-worked at 64 tokens: capacity 32 (r2) + 32 (r3); at 4096 nothing is evicted
     assert [pt["miss_causes"]["tokens"]["capacity"] for pt in pts] == [64, 0]
     assert pts[0]["miss_causes"]["tokens"]["compulsory"] == pts[1]["miss_causes"]["tokens"]["compulsory"] == 104
+
+
+@SETTINGS
+@given(st.one_of(token_traces(), unit_traces()),
+       st.sampled_from([("vllm:1", {}), ("vllm:4", {}), ("sglang:1", {}), ("sglang:4", {}), ("unit-lru", {}),
+                        ("vllm:4@lfu", {}), ("sglang:2@lfu", {}), ("sglang:1", {"cache_last_token_on_stop": True})]))
+def test_unbounded_hit_without_replay_matches_the_shadow_replay(trace, case):
+    # the fast H∞ (no replay: the rule on L, or unit-lru's key set) equals the hits of the
+    # same policy replayed on a pool that never evicts
+    from radixkv.replay import misses
+
+    text, opts = case
+    spec = parse_policy(text)
+    probe, how = misses.unbounded_rule(trace, spec, **opts)
+    assert how is not None
+    misses._MEMO.clear()
+    held, hit_unb, aligned, capped, pool, _ = misses._shadows(trace, trace, spec, None, opts)
+    srec, spol = misses.capacity_shadow(trace, spec, **opts)
+    assert hit_unb.tolist() == np.asarray(srec["hit_tokens"]).tolist()
+    assert pool == spol.capacity_tokens

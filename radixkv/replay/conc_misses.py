@@ -366,7 +366,8 @@ def concurrent_causes(trace, spec, recorders, hit, replica=None, **options) -> d
     radixkv.errors.ConfigError
         When a request was never admitted (the replay did not finish).
     """
-    from radixkv.replay.misses import capacity_shadow, token_prefix_lengths
+    from radixkv.replay.misses import (_slot_size, capacity_shadow, token_prefix_lengths, unbounded_pool_tokens,
+                                       unbounded_rule)
 
     n = len(trace)
     ts, ks, rs, es, rts = [], [], [], [], []
@@ -393,12 +394,21 @@ def concurrent_causes(trace, spec, recorders, hit, replica=None, **options) -> d
         held_l, _ = replay_events(trace, segs, kind, req, ext, rep, len(recorders), False)
     else:
         held_l = held_g
-    pt = _permuted(trace, order)
-    srec, spol = capacity_shadow(pt, spec, new_tokens=token_prefix_lengths(pt)[1], **options)
-    hinf = np.empty(n, dtype=np.int64)
-    hinf[order] = np.asarray(srec["hit_tokens"], dtype=np.int64)
     P = np.asarray(trace.prompt_len, dtype=np.int64)
-    A, C = (np.asarray(x, dtype=np.int64) for x in spol.reusable_prefix(held_adm, P))
+    probe, how = unbounded_rule(trace, spec, **options)
+    if how == "rule":  # H∞ = C without a replay (radixkv.replay.misses._unbounded_rules)
+        spol = probe
+        A, C = (np.asarray(x, dtype=np.int64) for x in spol.reusable_prefix(held_adm, P))
+        hinf = C.copy()
+        kvl = P + np.maximum(np.asarray(trace.output_len, dtype=np.int64) - 1, 0)
+        pool = unbounded_pool_tokens(trace, kvl - held_adm, _slot_size(trace, spec, options))
+    else:
+        pt = _permuted(trace, order)
+        srec, spol = capacity_shadow(pt, spec, new_tokens=token_prefix_lengths(pt)[1], **options)
+        hinf = np.empty(n, dtype=np.int64)
+        hinf[order] = np.asarray(srec["hit_tokens"], dtype=np.int64)
+        A, C = (np.asarray(x, dtype=np.int64) for x in spol.reusable_prefix(held_adm, P))
+        pool = int(spol.capacity_tokens)
     G = np.minimum(hinf, np.asarray(spol.reusable_prefix(held_g, P)[1], dtype=np.int64))
     Lo = np.minimum(G, np.asarray(spol.reusable_prefix(held_l, P)[1], dtype=np.int64)) if multi else G
     H = np.asarray(hit, dtype=np.int64)
@@ -416,7 +426,7 @@ def concurrent_causes(trace, spec, recorders, hit, replica=None, **options) -> d
     }
     if multi:
         cols["miss_routing_tokens"] = G - Lo
-    cols["_meta"] = {"unbounded_pool_tokens": int(spol.capacity_tokens), "admission_order": order}
+    cols["_meta"] = {"unbounded_pool_tokens": int(pool), "admission_order": order}
     return cols
 
 

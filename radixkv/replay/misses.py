@@ -48,8 +48,13 @@ Causes of the concurrent and multi-replica modes (in-flight, preemption, routing
 ``None`` (JSON ``null``) in a sequential summary; :mod:`radixkv.replay.conc_misses`
 computes them for those modes (docs/miss-causes.md).
 
-Cost: one pass of a Numba hash trie over the trace's segments for ``L`` (linear in
-segments) and one replay of the policy's own kernels on the unbounded pool for ``H∞``.
+Cost: ``L`` is one pass over the requests with a hash set of prefixes seen
+(:mod:`radixkv.replay._miss_kernels`: a binary search per lookup, inserts only for new
+segments; no eviction structure). ``H∞`` needs no replay for the policies whose unbounded
+hit is the engine rule on ``L`` (:func:`unbounded_rule`: vLLM and SGLang, ``H∞ = C``) or a
+second hash set (``unit-lru``); any other policy replays its own kernels on the unbounded
+pool (:func:`capacity_shadow`). ``--explain`` keeps the trie of :func:`_prefix_kernel`
+(it names the request that produced each span).
 """
 from __future__ import annotations
 
@@ -57,6 +62,7 @@ import numba as nb
 import numpy as np
 
 from radixkv.errors import ConfigError
+from radixkv.replay import _miss_kernels as _MK
 from radixkv.trace.types import Trace
 
 #: per-request columns the breakdown adds to :class:`~radixkv.replay.records.Records`, in
@@ -282,8 +288,7 @@ def token_prefix_lengths(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     ``L`` of the module docstring; ``new[r] = kv_len(r) − held[r]`` bounds the tokens r adds
     to a cache that never evicts (used to size the capacity shadow's pool).
     """
-    seg_id, seg_end, seg_off = trace_segments(trace)
-    kt, cover, creator, out = _infinite_cache(trace, seg_id, seg_end, seg_off)
+    out = _MK.prefix_lengths(trace)
     return out[:, 0].copy(), out[:, 1].copy()
 
 
@@ -333,8 +338,8 @@ def unbounded_pool_tokens(trace: Trace, new_tokens: np.ndarray, slot_tokens: int
     if n == 0:
         return g
     slots = int(np.sum(-(-new_tokens // g))) + 3 * n
-    biggest = max(trace.kv_len(i) for i in range(n)) if n < 1 << 16 else int(
-        (trace.prompt_len + np.maximum(trace.output_len - 1, 0)).max())
+    biggest = int((np.asarray(trace.prompt_len, dtype=np.int64)
+                   + np.maximum(np.asarray(trace.output_len, dtype=np.int64) - 1, 0)).max())  # Trace.kv_len
     slots += -(-biggest // g) + 2
     return slots * g
 
@@ -381,8 +386,7 @@ def capacity_shadow(trace: Trace, spec, *, limit=None, unit_tokens: int | None =
     t = trace.head(limit)
     if new_tokens is None:
         _, new_tokens = token_prefix_lengths(t)
-    size = int(unit_tokens or t.unit_tokens) if spec.cls.size_name == "unit_tokens" else int(spec.size or 1)
-    pool = unbounded_pool_tokens(t, new_tokens, size)
+    pool = unbounded_pool_tokens(t, new_tokens, _slot_size(t, spec, {"unit_tokens": unit_tokens}))
     policy = build_policy(spec, PoolSpec(capacity_tokens=pool), unit_tokens=t.unit_tokens, **options)
     rec = replay_sequential(t, policy, quiet=True, label=spec.label, detail=False)
     if policy.evicted_tokens_total or int(rec["evicted_tokens"].sum()):
@@ -390,6 +394,50 @@ def capacity_shadow(trace: Trace, spec, *, limit=None, unit_tokens: int | None =
                           f"{policy.evicted_tokens_total:,} tokens; the miss-cause breakdown needs a pool that "
                           f"never evicts", field="capacity")
     return rec, policy
+
+
+def _slot_size(t: Trace, spec, options) -> int:
+    """Tokens per slot of *spec*'s policy on *t* (block/page size, or the trace unit)."""
+    if spec.cls.size_name == "unit_tokens":
+        return int(options.get("unit_tokens") or t.unit_tokens)
+    return int(spec.size or 1)
+
+
+def _unbounded_rules() -> dict:
+    """Policy classes (exact class, not subclasses) whose hit on memory that never evicts
+    is known without replaying them: ``"rule"`` — the engine rule on ``L`` (``H∞ = C``):
+    vLLM's ``BlockHashCache`` caches every full block of every KV extent, chained by block
+    hash (``kv_cache_manager.get_computed_blocks`` finds the longest run of them, capped
+    at ``num_tokens − 1``), SGLang's ``RadixCache`` every whole page of prompt + outputs
+    (``cache_finished_req``; ``match_prefix`` on the capped key) — so with nothing evicted
+    the hit is ``A`` capped, i.e. ``C``; ``"unit-lru"`` — its leading prompt units seen
+    in any earlier prompt (:func:`radixkv.replay._miss_kernels.unit_lru_unbounded_hits`).
+    Their priority-eviction variants (``@lfu`` …) differ only in what they evict, which
+    memory that never evicts never asks. Whatever else (other subclasses, other policies,
+    host tiers) replays the capacity shadow. ``tests/test_misses.py`` checks each entry
+    against that replay."""
+    from radixkv.policies.block_hash import BlockHashCache
+    from radixkv.policies.block_priority import PriorityBlockHashCache
+    from radixkv.policies.radix import RadixCache
+    from radixkv.policies.radix_priority import PriorityRadixCache
+    from radixkv.policies.unit_lru import UnitLRUCache
+
+    return {BlockHashCache: "rule", RadixCache: "rule", PriorityBlockHashCache: "rule", PriorityRadixCache: "rule",
+            UnitLRUCache: "unit-lru"}
+
+
+def unbounded_rule(t: Trace, spec, **options):
+    """``(probe, how)``: a small instance of *spec*'s policy (for its ``reusable_prefix``)
+    and how its unbounded hit is known (:func:`_unbounded_rules`), or ``(None, None)`` when
+    the capacity shadow must be replayed."""
+    from radixkv.policies.registry import PoolSpec, build_policy
+
+    if not any(issubclass(c, spec.cls) for c in _unbounded_rules()):
+        return None, None
+    probe = build_policy(spec, PoolSpec(capacity_tokens=64 * _slot_size(t, spec, options)), unit_tokens=t.unit_tokens,
+                         **options)
+    how = _unbounded_rules().get(type(probe))
+    return (probe, how) if how is not None else (None, None)
 
 
 #: shadows of recent (trace, policy, limit, options): they do not depend on the pool size, so
@@ -414,10 +462,19 @@ def _shadows(t: Trace, trace: Trace, spec, limit, options):
         return hitm[1]
     t0 = time.perf_counter()
     held_inf, new = token_prefix_lengths(t)
-    srec, spol = capacity_shadow(t, spec, new_tokens=new, **options)
-    aligned, capped = spol.reusable_prefix(held_inf, np.asarray(t.prompt_len, dtype=np.int64))
-    val = (held_inf, np.asarray(srec["hit_tokens"], dtype=np.int64), np.asarray(aligned, dtype=np.int64),
-           np.asarray(capped, dtype=np.int64), int(spol.capacity_tokens), time.perf_counter() - t0)
+    plen = np.asarray(t.prompt_len, dtype=np.int64)
+    probe, how = unbounded_rule(t, spec, **options)
+    if how is None:
+        srec, spol = capacity_shadow(t, spec, new_tokens=new, **options)
+        aligned, capped = spol.reusable_prefix(held_inf, plen)
+        hit_unb, pool = np.asarray(srec["hit_tokens"], dtype=np.int64), int(spol.capacity_tokens)
+    else:
+        aligned, capped = probe.reusable_prefix(held_inf, plen)
+        hit_unb = (np.asarray(capped, dtype=np.int64).copy() if how == "rule"
+                   else _MK.unit_lru_unbounded_hits(t))
+        pool = unbounded_pool_tokens(t, new, _slot_size(t, spec, options))
+    val = (held_inf, hit_unb, np.asarray(aligned, dtype=np.int64),
+           np.asarray(capped, dtype=np.int64), int(pool), time.perf_counter() - t0)
     if key is not None:
         try:
             ref = weakref.ref(trace)

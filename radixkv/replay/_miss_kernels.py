@@ -1,0 +1,291 @@
+"""Numba kernels of the fast miss-cause shadows (:mod:`radixkv.replay.misses`).
+
+Both shadows are caches that never evict, so they need no eviction structure: a hash set
+of *prefixes seen*, keyed by a chained hash, where "the prefix through segment s is held"
+is prefix-closed (if it holds through s it holds through every s' < s). A lookup is then a
+binary search over a request's segments, O(log S) probes, and an insert walks the request's
+segments from the end back to the first one already present, O(new + 1) probes — instead
+of one probe per segment of every request.
+
+- :func:`prefix_lengths` — the infinite token-level cache (``L``): a key per KV segment
+  (the chain of (segment id, start) pairs through it, hashed by two independent
+  multiply chains into a 128-bit key) holding the longest run of that segment's tokens any request computed.
+- :func:`unit_lru_unbounded_hits` — ``unit-lru`` on unbounded memory (``H∞``): its own
+  64-bit unit keys (:func:`radixkv.trace.keys.mix64` chains of the prompt's unit ids, as
+  :mod:`radixkv.policies.unit_lru` keys them), so the hits are the policy's, collisions
+  included.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from radixkv.trace.keys import SEED, mix64
+
+
+
+@nb.njit(cache=True)
+def request_segments(r, prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off, sid, send):
+    """Request *r*'s KV segments (:meth:`radixkv.trace.types.Trace.kv_seq`) written to
+    ``sid[:k]`` / ``send[:k]`` (ids, exclusive end tokens); returns k. The unique prompt
+    tail and unique output ids are ``Trace._unique_prompt_id`` / ``_unique_output_id``."""
+    P = prompt_len[r]
+    N = output_len[r]
+    kv = P + (N - 1 if N > 1 else 0)
+    a = id_off[r]
+    b = id_off[r + 1]
+    k = 0
+    covered = 0
+    for j in range(a, b):
+        end = (j - a + 1) * U
+        if end > P:
+            end = P
+        sid[k] = ids[j]
+        send[k] = end
+        k += 1
+        covered = end
+    if covered < P:
+        sid[k] = -(2 * r + 1)
+        send[k] = P
+        k += 1
+    if kv > P:
+        if has_out:
+            o = out_off[r]
+            for j in range(kv - P):
+                sid[k] = out_ids[o + j]
+                send[k] = P + j + 1
+                k += 1
+        else:
+            sid[k] = -(2 * r + 2)
+            send[k] = kv
+            k += 1
+    return k
+
+
+@nb.njit(cache=True)
+def _find(tab, a, b):
+    """Row of 128-bit key (a, b) (uint64) in *tab* (cap, 3) int64 [a, b, value + 1]; the
+    first empty row (0: tables start as zeros, which the OS hands out lazily) when absent."""
+    mask = tab.shape[0] - 1
+    i = np.int64(a & np.uint64(mask))
+    ia = np.int64(a)
+    ib = np.int64(b)
+    while True:
+        if tab[i, 2] == 0:
+            return i
+        if tab[i, 0] == ia and tab[i, 1] == ib:
+            return i
+        i = (i + 1) & mask
+
+
+@nb.njit(cache=True)
+def _regrow(tab, tab2):
+    for i in range(tab.shape[0]):
+        if tab[i, 2] > 0:
+            j = _find(tab2, np.uint64(tab[i, 0]), np.uint64(tab[i, 1]))
+            tab2[j, 0] = tab[i, 0]
+            tab2[j, 1] = tab[i, 1]
+            tab2[j, 2] = tab[i, 2]
+
+
+@nb.njit(cache=True)
+def _prefix_kernel(cols, tab, used, out, r0, ha, hb, seg_id, seg_end):
+    """Requests ``r0 …`` of the infinite token-level cache. ``tab`` rows: key (2 × 64
+    bits) → cover (tokens of the segment, from its start, some request computed).
+    Writes ``out[r] = (L, kv − L)``. Returns ``(r, used)``: r = n when done, else the
+    request at which the table would pass half full (nothing of r done)."""
+    prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off = cols
+    n = prompt_len.shape[0]
+    half = tab.shape[0] // 2
+    K1 = np.uint64(0xBF58476D1CE4E5B9)
+    K3 = np.uint64(0x94D049BB133111EB)
+    K4 = np.uint64(0x165667B19E3779F9)
+    s0 = 0
+    for r in range(r0, n):
+        S = request_segments(r, prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off, seg_id, seg_end)
+        s1 = S
+        if used + S > half:
+            return r, used
+        a = np.uint64(0x243F6A8885A308D3)
+        b = np.uint64(0x13198A2E03707344)
+        start = 0
+        for j in range(S):
+            sid = seg_id[s0 + j]
+            # two cheap chains (one multiply each) together form the 128-bit key
+            a = (a ^ np.uint64(sid)) * K1
+            a ^= a >> np.uint64(29)
+            b = (b + np.uint64(sid) + np.uint64(start) * K4) * K3
+            ha[j] = a
+            hb[j] = b
+            start = seg_end[s0 + j]
+        P = prompt_len[r]
+        kv = seg_end[s1 - 1] if S > 0 else 0
+        # segments starting before P
+        sp = 0
+        while sp < S and (seg_end[s0 + sp - 1] if sp > 0 else 0) < P:
+            sp += 1
+        # largest j < sp whose segment is held in full (prefix-closed: binary search)
+        lo = -1
+        hi = sp
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            st = seg_end[s0 + mid - 1] if mid > 0 else 0
+            row = _find(tab, ha[mid], hb[mid])
+            if tab[row, 2] - 1 >= seg_end[s0 + mid] - st:
+                lo = mid
+            else:
+                hi = mid
+        held = seg_end[s0 + lo] if lo >= 0 else 0
+        if lo + 1 < sp:
+            row = _find(tab, ha[lo + 1], hb[lo + 1])
+            if tab[row, 2] > 1:
+                held += tab[row, 2] - 1
+        L = held if held < P else P
+        out[r, 0] = L
+        out[r, 1] = kv - L
+        # insert the whole extent, from its end back to the first key already present
+        for j in range(S - 1, -1, -1):
+            st = seg_end[s0 + j - 1] if j > 0 else 0
+            run = seg_end[s0 + j] - st
+            row = _find(tab, ha[j], hb[j])
+            if tab[row, 2] == 0:
+                tab[row, 0] = np.int64(ha[j])
+                tab[row, 1] = np.int64(hb[j])
+                tab[row, 2] = run + 1
+                used += 1
+                continue
+            if tab[row, 2] < run + 1:
+                tab[row, 2] = run + 1
+            break
+    return n, used
+
+
+#: most rows a table starts with (24 bytes each: 24 MB); beyond, it doubles as it fills
+_MAX_INITIAL_ROWS = 1 << 20
+
+
+def _initial_rows(segments: int) -> int:
+    """Rows to start a table with: twice the segments (every key distinct, at most half
+    full: no regrowth), a power of two, at least 4096 and at most :data:`_MAX_INITIAL_ROWS`."""
+    cap = 1 << 12
+    while cap < 2 * segments and cap < _MAX_INITIAL_ROWS:
+        cap *= 2
+    return cap
+
+
+def trace_columns(trace):
+    """The trace's columns as :func:`request_segments` reads them, and the most segments
+    one request has."""
+    z = np.zeros(0, dtype=np.int64)
+    has_out = trace.out_ids is not None
+    plen = np.asarray(trace.prompt_len, dtype=np.int64)
+    olen = np.asarray(trace.output_len, dtype=np.int64)
+    off = np.asarray(trace.id_offsets, dtype=np.int64)
+    cols = (plen, olen, np.asarray(trace.ids, dtype=np.int64), off, int(trace.unit_tokens), has_out,
+            np.asarray(trace.out_ids, dtype=np.int64) if has_out else z,
+            np.asarray(trace.out_offsets, dtype=np.int64) if has_out else z)
+    n = len(plen)
+    if not n:
+        return cols, 1
+    outs = np.maximum(olen - 1, 0) if has_out else np.minimum(np.maximum(olen - 1, 0), 1)
+    return cols, int(np.max(off[1:] - off[:-1] + 1 + outs))
+
+
+def prefix_lengths(trace):
+    """``L`` and ``kv − L`` per request of *trace* (see
+    :func:`radixkv.replay.misses.token_prefix_lengths`), its KV segments generated request
+    by request from the trace's columns (no whole-trace segment arrays).
+
+    Returns
+    -------
+    np.ndarray, int64, shape (n, 2), tokens.
+    """
+    cols, smax = trace_columns(trace)
+    n = len(cols[0])
+    out = np.zeros((n, 2), dtype=np.int64)
+    ha = np.zeros(smax, dtype=np.uint64)
+    hb = np.zeros(smax, dtype=np.uint64)
+    sid = np.zeros(smax, dtype=np.int64)
+    send = np.zeros(smax, dtype=np.int64)
+    cap = _initial_rows(len(cols[2]) + n)
+    tab = np.zeros((cap, 3), dtype=np.int64)
+    r, used = 0, 0
+    while True:
+        r, used = _prefix_kernel(cols, tab, used, out, r, ha, hb, sid, send)
+        if r >= n:
+            return out
+        need = used + smax
+        while cap // 2 < need:
+            cap *= 2
+        tab2 = np.zeros((cap, 3), dtype=np.int64)
+        _regrow(tab, tab2)
+        tab = tab2
+
+
+@nb.njit(cache=True)
+def _unit_lru_kernel(cols, tab, used, hit, r0, keys, seg_id, seg_end):
+    """unit-lru on memory that never evicts, requests ``r0 …``: ``hit[r]`` = tokens of the
+    leading prompt units (ids ≥ 0, inside the prompt) whose chained keys an earlier prompt
+    inserted. ``tab`` rows: [key, 0, 1]. Returns ``(r, used)`` as :func:`_prefix_kernel`."""
+    prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off = cols
+    n = prompt_len.shape[0]
+    half = tab.shape[0] // 2
+    s0 = 0
+    for r in range(r0, n):
+        s1 = request_segments(r, prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off, seg_id, seg_end)
+        P = prompt_len[r]
+        u = 0
+        while s0 + u < s1 and seg_id[s0 + u] >= 0 and seg_end[s0 + u] <= P:
+            u += 1
+        if used + u > half:
+            return r, used
+        h = SEED
+        for j in range(u):
+            h = mix64(h, np.uint64(seg_id[s0 + j]))
+            keys[j] = h
+        lo = -1
+        hi = u
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if tab[_find(tab, keys[mid], np.uint64(0)), 2] > 0:
+                lo = mid
+            else:
+                hi = mid
+        hit[r] = seg_end[s0 + lo] if lo >= 0 else 0
+        for j in range(u - 1, -1, -1):
+            row = _find(tab, keys[j], np.uint64(0))
+            if tab[row, 2] > 0:
+                break
+            tab[row, 0] = np.int64(keys[j])
+            tab[row, 1] = 0
+            tab[row, 2] = 1
+            used += 1
+    return n, used
+
+
+def unit_lru_unbounded_hits(trace):
+    """Hit tokens per request of ``unit-lru`` on *trace* with a cache that never evicts.
+
+    Returns
+    -------
+    np.ndarray, int64, shape (n,), tokens.
+    """
+    cols, smax = trace_columns(trace)
+    n = len(cols[0])
+    hit = np.zeros(n, dtype=np.int64)
+    keys = np.zeros(smax, dtype=np.uint64)
+    sid = np.zeros(smax, dtype=np.int64)
+    send = np.zeros(smax, dtype=np.int64)
+    cap = _initial_rows(len(cols[2]) + n)
+    tab = np.zeros((cap, 3), dtype=np.int64)
+    r, used = 0, 0
+    while True:
+        r, used = _unit_lru_kernel(cols, tab, used, hit, r, keys, sid, send)
+        if r >= n:
+            return hit
+        need = used + smax
+        while cap // 2 < need:
+            cap *= 2
+        tab2 = np.zeros((cap, 3), dtype=np.int64)
+        _regrow(tab, tab2)
+        tab = tab2
