@@ -28,7 +28,7 @@ from radixkv.trace.types import Trace
 from reference_sglang import expand
 from test_radix_property import token_traces, unit_traces
 
-EXAMPLES = int(os.environ.get("RADIXKV_MISSES_EXAMPLES", 40))
+EXAMPLES = int(os.environ.get("RADIXKV_MISSES_EXAMPLES", 30))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 COST = CostModel(params=1e9, num_layers=8, attn_dim=1024, kv_bytes_per_token=1e5, peak_flops=1e14,
                  hbm_bytes_per_s=1e12)
