@@ -8,6 +8,7 @@ compiled before timing. The issue's target is a ratio ≤ 2 (docs/DESIGN.md, "Mi
 
     RADIXKV_SHARED=/work/shared python experiments/bench_misses.py \\
         [--trace PATH] [--policies vllm:16,sglang:1,unit-lru] [--capacities 1e6,1e7] [--repeat 3]
+        [--concurrent N]   # the concurrent replay of the first N requests instead
 """
 from __future__ import annotations
 
@@ -29,8 +30,13 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default="vllm:16,sglang:1,unit-lru")
     ap.add_argument("--capacities", default="1e6,1e7")
     ap.add_argument("--repeat", type=int, default=3, help="best of N timings of each (default 3)")
+    ap.add_argument("--concurrent", type=int, default=None, metavar="N",
+                    help="instead: the concurrent replay (Llama-3.1-8B on A100-80GB) of the first N requests, "
+                         "without and with the recorder and the concurrent causes")
     a = ap.parse_args(argv)
     trace = load_trace(a.trace)
+    if a.concurrent is not None:
+        return _concurrent(trace.head(a.concurrent), a)
     print(f"load average before: {os.getloadavg()[0]:.2f} (2 shared cores)")
     print(f"trace {a.trace}: {len(trace):,} requests, {trace.total_prompt_tokens:,} prompt tokens, "
           f"unit_tokens={trace.unit_tokens}")
@@ -57,6 +63,44 @@ def main(argv=None) -> int:
             shares = " / ".join(f"{sh[c]:.4f}" for c in misses.CAUSES)
             print(f"{spec.label:<10} {cap:>12,} {plain:>8.3f} {with_m:>9.3f} {with_m / plain:>6.2f} {cpu_m / cpu_plain:>9.2f}  {shares}",
                   flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+def _concurrent(trace, a) -> int:
+    from radixkv.cost import CostModel
+    from radixkv.policies.registry import PoolSpec, build_policy, parse_policy
+    from radixkv.replay.conc_misses import MissRecorder, attach_concurrent_causes
+    from radixkv.replay.concurrent import replay_concurrent
+    from radixkv.replay.run import warmup
+    from radixkv.replay.scheduler import SchedulerConfig
+
+    cost = CostModel.from_specs("Llama-3.1-8B", "A100-80GB")
+    cfg = SchedulerConfig()
+    print(f"load average before: {os.getloadavg()[0]:.2f} (2 shared cores); concurrent replay, {len(trace):,} requests")
+    print(f"{'policy':<10} {'pool':>12} {'plain_s':>8} {'misses_s':>9} {'ratio':>6} {'cpu_ratio':>9}  "
+          f"shares (hit / compulsory / capacity / in_flight / preemption)")
+    for text in a.policies.split(","):
+        spec = parse_policy(text)
+        warmup(spec)
+        for cap in (int(float(c)) for c in a.capacities.split(",")):
+            res = {}
+            for with_m in (False, True):
+                best = (float("inf"), float("inf"))
+                for _ in range(a.repeat):
+                    pol = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=trace.unit_tokens)
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    rec = MissRecorder(trace, pol, cfg) if with_m else None
+                    r = replay_concurrent(trace, pol, cost, config=cfg, recorder=rec)
+                    if with_m:
+                        attach_concurrent_causes(trace, spec, r, [rec])
+                    best = min(best, (time.perf_counter() - t0, time.process_time() - c0))
+                res[with_m] = (best, r)
+            (pw, pc), _ = res[False]
+            (mw, mc), r = res[True]
+            sh = r.summary()["miss_causes"]["share"]
+            shares = " / ".join(f"{sh[c]:.4f}" for c in ("hit", "compulsory", "capacity", "in_flight", "preemption"))
+            print(f"{spec.label:<10} {cap:>12,} {pw:>8.3f} {mw:>9.3f} {mw / pw:>6.2f} {mc / pc:>9.2f}  {shares}", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 
