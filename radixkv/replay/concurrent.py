@@ -305,7 +305,8 @@ def replay_concurrent(
         of copies, summed over steps) and ``host_link_bytes_per_s``.
     recorder : radixkv.replay.conc_misses.MissRecorder or None
         Told every step's plan, first admissions and finishes (the miss-cause
-        breakdown, ``--miss-causes``); it changes nothing in the replay.
+        breakdown, ``--miss-causes``); it changes nothing in the replay, which then runs
+        the Python loop (the compiled vLLM loop has no per-step hook; same results).
 
     Returns
     -------
@@ -346,7 +347,7 @@ def replay_concurrent(
         if res is not None:
             return res
     sch = make_scheduler(trace, policy, config)
-    if on_step is None:  # vLLM's rules over BlockHashCache: one compiled loop
+    if on_step is None and recorder is None:  # vLLM's rules over BlockHashCache: one compiled loop
         from radixkv.replay.conc_vllm_fast import replay_compiled
 
         res = replay_compiled(trace, policy, cost, config, sch, arrivals, fast_forward, progress, timeline)
