@@ -342,7 +342,7 @@ def replay_concurrent(
         raise ConfigError("arrival times must be finite and non-decreasing", field="arrivals")
     from radixkv.replay import conc_sglang
 
-    if conc_sglang.applicable(policy, cost, config, on_step, rule_of(policy, config)):
+    if recorder is None and conc_sglang.applicable(policy, cost, config, on_step, rule_of(policy, config)):
         res = conc_sglang.replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forward, timeline)
         if res is not None:
             return res
