@@ -143,3 +143,28 @@ def test_replicas_with_a_host_tier_are_refused():
     cost = CostModel.from_specs("Llama-3.1-8B", "H100-80GB")
     with pytest.raises(ConfigError, match="host tier"):
         replay_multi_concurrent(tr, [HiCacheRadixCache(24, 1), HiCacheRadixCache(24, 1)], cost, "round-robin")
+
+
+def test_peek_hit_counts_a_load_device_hit_does_not():
+    """After A is demoted to host (pool 24: A written through, B demotes it), A + 1 token
+    would hit 12 loaded tokens: peek_hit says 12 (12 ≥ load_back_threshold), device_hit
+    0 (SGLang's budget counts them as tokens to place); neither changes the state."""
+    tr = _trace([A, B, A + [7], A[:8] + [5, 6]], [0.0, 0.0, 0.0, 0.0])
+    c = HiCacheRadixCache(24, 1, hicache_ratio=2.0)
+    c.run_request(0, tr.kv_seq(0))
+    c.run_request(1, tr.kv_seq(1))
+    before = c.stats()
+    assert (c.peek_hit(tr.kv_seq(2)), c.device_hit(tr.kv_seq(2))) == (12, 0)
+    # 8 host tokens (key capped at 9 tokens, A's first 8 match): under the threshold
+    assert (c.peek_hit(tr.kv_seq(3)), c.device_hit(tr.kv_seq(3))) == (0, 0)
+    assert c.stats() == before
+    assert c.run_request(2, tr.kv_seq(2)).hit_tokens == 12
+
+
+@pytest.mark.parametrize("spec", ["sglang-hicache:1", "sglang-hicache:16@write_back"])
+def test_policy_contract_checks(spec):
+    """The 14 contract checks of radixkv.policies.check (several running, chunked admission,
+    refusals change nothing, peek_hit equals the next hit, …) hold with a host tier."""
+    from radixkv.policies.check import check_policy
+
+    assert check_policy(spec) == []

@@ -30,6 +30,7 @@ The checks (:data:`CHECKS`, in order):
                            shared with KV computed earlier; ``hit ≤ held ≤ looked-up length``
 ``hits_held_by_pool``      a hit never exceeds what the pool held before the admission:
                            ``hit ≤ cached_tokens`` and ``hit ≤ (used + cached) × slot_tokens``
+                           (less ``host_loaded_tokens``, loaded from a host tier)
 ``finish_releases_all``    with nothing running, no slot is ``used``
 ``refusal_changes_nothing`` a refused ``admit`` (None) or ``extend`` (False) leaves
                            ``stats()`` unchanged
@@ -371,12 +372,14 @@ def _check_held_by_pool(ctx):
     class O(_Observer):
         def admitted(self, pol, where, i, seq, n, adm, before, holders):
             held = (before.used_slots + before.cached_slots) * before.slot_tokens
-            if adm.hit_tokens > held:
-                raise _Broken(f"{where}: request {i} hit {adm.hit_tokens} tokens but the pool held "
+            # tokens loaded back from a host-memory tier were not in the GPU pool
+            hit = adm.hit_tokens - adm.host_loaded_tokens
+            if hit > held:
+                raise _Broken(f"{where}: request {i} hit {hit} tokens but the pool held "
                               f"{before.used_slots} used + {before.cached_slots} cached slots "
                               f"({held} tokens) before admission")
-            if before.cached_tokens >= 0 and adm.hit_tokens > before.cached_tokens:
-                raise _Broken(f"{where}: request {i} hit {adm.hit_tokens} tokens but stats() said the pool "
+            if before.cached_tokens >= 0 and hit > before.cached_tokens:
+                raise _Broken(f"{where}: request {i} hit {hit} tokens but stats() said the pool "
                               f"held {before.cached_tokens} cached tokens before admission")
 
     _both(ctx, O())

@@ -56,8 +56,8 @@ Choices: every HiCache transfer (write, load) finishes before the next scheduler
 
 The goldens check the sequential replay (one request at a time). The concurrent replay
 runs the class under SGLang's scheduler rules (:mod:`radixkv.replay.sched_sglang`, its
-``admit``-at-formation path): :meth:`peek_hit` gives the device prefix the admission
-check and ``lpm`` use; :meth:`admit` takes a first chunk and :meth:`extend` the later
+``admit``-at-formation path): :meth:`device_hit` gives the device prefix the admission
+check and ``lpm`` use (:meth:`peek_hit` the whole hit, device + loaded); :meth:`admit` takes a first chunk and :meth:`extend` the later
 ones (``alloc_for_extend``: evict for the shortfall, then the chunk's pages); the tokens
 an admission loads back (``Admission.host_loaded_tokens``) are priced by
 :class:`radixkv.cost.HostLink`, overlapping the step layer by layer as
@@ -635,6 +635,15 @@ class HiCacheRadixCache(PrefixCache):
         klen = (P - 1) // p * p
         held = self._held(toks, min(P, seq.kv_len))
         dev, host, best, best_dev = self._match(toks, klen)
+        # SGLang's admission budget refuses a request the pool cannot hold before any load
+        # starts (PrefillAdder.add_one_req → prepare_load_back → init_load_back): the
+        # device must give max(chunk − device hit, loaded) (+ a page, page > 1) tokens
+        # from free + unlocked device tokens; a refusal changes nothing
+        loadable = host if host >= max(1, LOAD_BACK_THRESHOLD) else 0
+        if self.free < max(n - dev, loadable) + (p if p > 1 else 0):
+            room = self.free + self.tree_dev - self._locked_dev_tokens(best_dev)
+            if room < max(n - dev, loadable) + (p if p > 1 else 0):
+                return None
         self.last_host_hit = host
         self.host_hit_tokens_total += host
         ev0 = self.evicted_tokens_total
@@ -667,28 +676,41 @@ class HiCacheRadixCache(PrefixCache):
         return Admission(hit_tokens=hit, held_tokens=held, evicted_tokens=self.evicted_tokens_total - ev0,
                          host_loaded_tokens=loaded)
 
-    def peek_hit(self, seq, n_tokens=None):
-        """The device-resident prefix :meth:`admit` would match now (tokens), read-only.
-
-        SGLang's admission check and ``lpm`` order use the device prefix
-        (``len(req.prefix_indices)``; ``schedule_policy.py :: PrefillAdder.add_one_req``,
-        ``SchedulePolicy._compute_prefix_matches``); host-resident tokens count as tokens
-        to place on the device (the load back's ``full_load_tokens``). The key is the
-        prompt capped at ``P − 1`` tokens, page-aligned, whatever *n_tokens*.
-        """
+    def _peek(self, seq):
+        """Read-only :meth:`_match`: (device prefix, host tokens below it), tokens."""
         toks = seq_tokens(seq)
         klen = (seq.prompt_len - 1) // self.page_size * self.page_size
-        x, off = self.root, 0
+        x, off, dev = self.root, 0, 0
         while off < klen:
             c = x.children.get(self._ckey(toks, off))
-            if c is None or not c.dev:
+            if c is None or not (c.dev or c.host):
                 break
             m = self._match_len(c.key, toks, off, klen)
             off += m
+            if c.dev:  # a device node never sits below a host-only one
+                dev = off
             if m < len(c.key):
                 break
             x = c
-        return off
+        return dev, off - dev
+
+    def peek_hit(self, seq, n_tokens=None):
+        """Hit tokens :meth:`admit` would give now, read-only: the device prefix plus the
+        host tokens below it when they reach ``load_back_threshold`` (their load is
+        assumed to find device room, which :meth:`admit` evicts for). The key is the
+        prompt capped at ``P − 1`` tokens, page-aligned, whatever *n_tokens*."""
+        dev, host = self._peek(seq)
+        return dev + (host if host >= max(1, LOAD_BACK_THRESHOLD) else 0)
+
+    def device_hit(self, seq, n_tokens=None):
+        """The device-resident prefix :meth:`admit` would match now (tokens), read-only.
+
+        SGLang's admission check and ``lpm`` order see only this prefix
+        (``len(req.prefix_indices)``; ``schedule_policy.py :: PrefillAdder.add_one_req``,
+        ``SchedulePolicy._compute_prefix_matches``): host-resident tokens count as tokens
+        to place on the device (the load back's ``full_load_tokens``). The SGLang
+        scheduler of the concurrent replay uses it instead of :meth:`peek_hit`."""
+        return self._peek(seq)[0]
 
     def _held(self, toks, n):
         """Longest prefix of ``toks[:n]`` the tree holds on device or host, at token
@@ -749,7 +771,17 @@ class HiCacheRadixCache(PrefixCache):
         if end > r["seq"].kv_len:
             raise ValueError(f"request {rid}: {end} tokens exceed its KV extent {r['seq'].kv_len}")
         P = r["seq"].prompt_len
-        if r["comp"] < P and not self._extend_prefill(r, min(end, P)):
+        # a refusal changes nothing: check first that free + unlocked device tokens cover
+        # the chunk (+ a page, page > 1) and the decode pages (the checkpoint insert that
+        # may come between only adds room: its duplicate slots are freed)
+        c0 = r["comp"]
+        e = min(end, P)
+        need = (e - c0 + (p if p > 1 else 0)) if c0 < e else 0
+        d0 = max(c0, P)
+        need += (-(-end // p) - (-(-d0 // p))) * p if end > d0 else 0
+        if need > self.free and need > self.free + self.tree_dev - self._locked_dev_tokens():
+            return False
+        if c0 < P and not self._extend_prefill(r, e):
             return False
         if end <= r["comp"]:
             return True
@@ -855,10 +887,10 @@ class HiCacheRadixCache(PrefixCache):
                          valid_tokens=self.tree_dev + sum(r["comp"] - r["owned"] for r in self._reqs.values()),
                          cached_tokens=self.tree_dev, duplicate_tokens=-1, metadata_bytes=0, largest_free_run=-1)
 
-    def _locked_dev_tokens(self):
+    def _locked_dev_tokens(self, extra=None):
+        """Device tokens on the paths locked by running requests (and by node *extra*)."""
         seen, n = set(), 0
-        for r in self._reqs.values():
-            x = r["node"]
+        for x in [r["node"] for r in self._reqs.values()] + ([extra] if extra is not None else []):
             while x is not None and x is not self.root and x.id not in seen:
                 seen.add(x.id)
                 if x.dev:

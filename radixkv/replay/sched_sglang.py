@@ -140,6 +140,10 @@ class SglangScheduler(Scheduler):
         self.ratio_min = SGLANG_INIT_NEW_TOKEN_RATIO * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
         self.ratio_decay = (self.ratio - self.ratio_min) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
         self.deferred = bool(getattr(policy, "batch_visibility", False))
+        # the budget and lpm see the device-resident prefix (len(req.prefix_indices)); a
+        # policy that can also load from a host tier gives it as device_hit (HiCache)
+        if getattr(policy, "device_hit", None) is not None:
+            self._peek = policy.device_hit
         if self.deferred:
             policy.defer_insert = True
         self._page = int(policy.slot_tokens)
