@@ -136,6 +136,19 @@ def _mix(h, w):
     return z ^ (z >> _S31)
 
 
+#: domain constant of sibling-group keys (keeps them apart from block keys)
+_GROUP = np.uint64(0x5851F42D4C957F2D)
+
+
+@njit(cache=True, inline="always")
+def _group_key(pkey, id0, off0):
+    """Key-table key of the sibling group (parent key, first token): the hashed blocks
+    whose parent key is *pkey* and whose first token is token *off0* of segment *id0*
+    (a 64-bit hash of the three, like a block key)."""
+    h = _mix(_mix(np.uint64(pkey) ^ _GROUP, np.uint64(id0)), np.uint64(off0))
+    return np.int64(h)
+
+
 @njit(cache=True)
 def seq_block_keys(seg_id, seg_end, block_size, n_blocks, key_mask):
     """Chained keys of the first *n_blocks* full blocks of a sequence.
@@ -470,8 +483,18 @@ def _drop_key(blk, b32, kt, k32, st, stk, b):
     alive = c != 0 or k32[i, T_CCNT] != 0
     if not alive:
         _delete_slot(kt, i)
-    # the parent key's row: sibling chain
+    # the parent key's row: sibling chain, and the groups of a branching parent
     j = _find(kt, pkey)
+    cc = k32[j, T_CCNT]
+    if cc >= 2:  # b leaves its group; a head passes the role to its successor
+        g = _find(kt, _group_key(pkey, blk[b, W_ID0], blk[b, W_OFF0]))
+        if k32[g, T_CCNT] == -1:
+            _delete_slot(kt, g)
+            j = _find(kt, pkey)  # deletion moves rows
+        else:
+            k32[g, T_CCNT] += 1
+            if k32[g, T_HEAD] == b:
+                k32[g, T_HEAD] = b32[b, R_CNEXT]
     n = b32[b, R_CNEXT]
     p = b32[b, R_CPREV]
     if p >= 0:
@@ -482,8 +505,11 @@ def _drop_key(blk, b32, kt, k32, st, stk, b):
         b32[n, R_CPREV] = p
     b32[b, R_CNEXT] = -1
     b32[b, R_CPREV] = -1
-    k32[j, T_CCNT] -= 1
-    if k32[j, T_CCNT] == 0 and k32[j, T_CNT] == 0:
+    k32[j, T_CCNT] = cc - 1
+    if cc == 2:  # one child left: a lone child has no group row
+        x = k32[j, T_CHEAD]
+        _delete_slot(kt, _find(kt, _group_key(pkey, blk[x, W_ID0], blk[x, W_OFF0])))
+    elif cc == 1 and k32[j, T_CNT] == 0:
         _delete_slot(kt, j)
     b32[b, R_PCN] = 0
     st[ST_NHASHED] -= 1
@@ -515,16 +541,43 @@ def _add_key(blk, b32, kt, k32, st, stk, b, key, pkey):
     b32[b, R_DNEXT] = -1
     k32[i, T_TAIL] = b
     k32[i, T_CNT] = c + 1
+    # sibling chain. Under a parent key with two or more children it is kept grouped by
+    # first token, each group (parent key, first token) a row of the table naming its
+    # head: a new block goes right after its group's head, or starts a group at the
+    # chain's head (the chain's order is not observable: lookups take the longest
+    # match, reach counts are order-free). A lone child has no group row (most parents
+    # of a chain), so the common case pays nothing for the index.
     j = _find_or_add(kt, pkey)
-    if k32[j, T_CCNT] == 0:
+    cc = k32[j, T_CCNT]
+    if cc == 0:
         b32[b, R_CNEXT] = -1
+        b32[b, R_CPREV] = -1
+        k32[j, T_CHEAD] = b
+        k32[j, T_CCNT] = 1  # (a new row reads as empty until a count is set)
     else:
-        h = k32[j, T_CHEAD]
-        b32[b, R_CNEXT] = h
-        b32[h, R_CPREV] = b
-    b32[b, R_CPREV] = -1
-    k32[j, T_CHEAD] = b
-    k32[j, T_CCNT] += 1
+        if cc == 1:  # the parent branches: the lone child gets its group row
+            x = k32[j, T_CHEAD]
+            gx = _find_or_add(kt, _group_key(pkey, blk[x, W_ID0], blk[x, W_OFF0]))
+            k32[gx, T_CCNT] = -1
+            k32[gx, T_HEAD] = x
+        g = _find_or_add(kt, _group_key(pkey, blk[b, W_ID0], blk[b, W_OFF0]))
+        gh = k32[g, T_HEAD] if k32[g, T_CCNT] < 0 else -1
+        k32[g, T_CCNT] -= 1
+        if gh >= 0:
+            n = b32[gh, R_CNEXT]
+            b32[b, R_CNEXT] = n
+            b32[b, R_CPREV] = gh
+            b32[gh, R_CNEXT] = b
+            if n >= 0:
+                b32[n, R_CPREV] = b
+        else:
+            k32[g, T_HEAD] = b
+            h = k32[j, T_CHEAD]
+            b32[b, R_CNEXT] = h
+            b32[h, R_CPREV] = b
+            b32[b, R_CPREV] = -1
+            k32[j, T_CHEAD] = b
+        k32[j, T_CCNT] = cc + 1
     if pkey == SEED or k32[j, T_REACH] > 0:  # (no row moved since i was found)
         k32[i, T_REACH] += 1
         if k32[i, T_REACH] == 1:
@@ -663,7 +716,16 @@ def lookup(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_si
     if j >= 0 and k32[j, T_CCNT] > 0:
         s0 = _seg_index(seg_end, start)
         b = k32[j, T_CHEAD]
-        while b >= 0 and best < end - start:
+        n = 1
+        if k32[j, T_CCNT] > 1:
+            # a branching parent: only the group (parent key, first token) can share a
+            # prefix with the prompt's block (contiguous in the chain from its head)
+            g = _find(kt, _group_key(pkey, seg_id[s0], start - (seg_end[s0 - 1] if s0 > 0 else 0)))
+            n = -k32[g, T_CCNT] if g >= 0 and k32[g, T_CCNT] < 0 else 0
+            b = k32[g, T_HEAD] if n > 0 else -1
+        for _ in range(n):
+            if best >= end - start:
+                break
             m = _lcp_block(blk, b32, pcid, pcs, b, B, seg_id, seg_end, start, end, s0)
             if m > best:
                 best = m
@@ -731,8 +793,8 @@ def _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id
             _prefetch_row(kt, keys[j + 8] & mask)
         pkey = keys[j - 1] if j > 0 else SEED
         b = tbl[j]
-        _add_key(blk, b32, kt, k32, st, stk, b, keys[j], pkey)
         s = _store_pieces(blk, b32, pcid, pcs, b, seg_id, seg_end, j * block_size, block_size, s)
+        _add_key(blk, b32, kt, k32, st, stk, b, keys[j], pkey)
 
 
 @njit(cache=True)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+# Numba's cache keys a kernel on its own file's stamp, not on its callees': kernels here inline
+# _hash_kernels, so a change there must touch this file too (kernels revision: sibling groups).
 from radixkv.policies._hash_kernels import (
     NST, OK, REFUSED, R_PCN, R_REF, ST_EVICTIONS, ST_FQH, ST_FQLEN, ST_NCACHED, ST_NUSED,
     W_KEY, W_PKEY, _PF, _block_keys_into, _cache_full, _drop_key, _fq_prepend, _fq_remove,

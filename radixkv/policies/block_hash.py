@@ -126,7 +126,7 @@ class BlockHashCache(PrefixCache):
     call per admit / extend / finish / :meth:`run_request` (which also hashes). Host
     memory is ``(64 + 8 + 10 × (C − 1)) × num_gpu_blocks`` bytes (a 64-byte block record,
     a cascade-stack slot, content pieces beyond the first at 8 + 2 bytes) plus a key table
-    of ``2 × num_gpu_blocks + 2`` rows rounded up to a power of two (32 B each), where
+    of ``3 × num_gpu_blocks + 2`` rows rounded up to a power of two (32 B each), where
     C ≤ ``block_size`` is the most pieces any cached block needed (1 for hash-id traces
     whose units are multiples of ``block_size``, ``block_size`` for token traces). E.g. a
     token trace at ``block_size`` 16 and 6.25 M blocks (10⁸ tokens): about 1.9 GB.
@@ -166,10 +166,11 @@ class BlockHashCache(PrefixCache):
         self.block_size = B
         self.verify = bool(verify)
         self._key_mask = np.uint64((1 << int(_key_bits)) - 1 if _key_bits < 64 else 0xFFFFFFFFFFFFFFFF)
-        # key table: power of two with a free row left when every hashed block has a key
-        # and a parent key of its own (≤ 2 (nb − 1) rows); typical load ≤ 1/2
+        # key table: power of two with a free row left when every hashed block has a key,
+        # a parent key and a sibling group (parent key, first token) of its own
+        # (≤ 3 (nb − 1) rows); typical load ≤ 1/2
         cap = 8
-        while cap < 2 * nb + 2:
+        while cap < 3 * nb + 2:
             cap *= 2
         self._blk = _aligned(nb, K.NF, 64)
         self._b32 = self._blk.view(np.int32)
