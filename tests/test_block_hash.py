@@ -482,3 +482,78 @@ def test_conformance_checker(block_size):
     from radixkv.policies.check import check_policy
 
     check_policy(lambda cap: BlockHashCache.from_capacity_tokens(max(cap, block_size), block_size, verify=True))
+
+
+def _check_sibling_groups(c):
+    """Every branching parent key's sibling chain is grouped by first token, each group a
+    table row (−size, head); a lone child has no row; no other group rows exist."""
+    kt, k32, blk, b32 = c._kt, c._k32, c._blk, c._b32
+    occ = np.flatnonzero(kt[:, K.W_OCC] != 0)
+    rows = {int(kt[r, K.T_KEY]): int(r) for r in occ}
+    n_groups = 0
+    for r in occ[k32[occ, K.T_CCNT] > 0]:
+        pkey = kt[r, K.T_KEY]
+        chain, b = [], int(k32[r, K.T_CHEAD])
+        while b >= 0:
+            chain.append(b)
+            b = int(b32[b, K.R_CNEXT])
+        assert len(chain) == k32[r, K.T_CCNT]
+        first = [(int(blk[x, K.W_ID0]), int(blk[x, K.W_OFF0])) for x in chain]
+
+        def gkey(f, pkey=pkey):
+            return int(K._group_key(pkey, np.int64(f[0]), np.int64(f[1])))
+
+        if len(chain) == 1:
+            assert gkey(first[0]) not in rows
+            continue
+        starts = [i for i in range(len(chain)) if i == 0 or first[i] != first[i - 1]]
+        assert len({first[i] for i in starts}) == len(starts), "a group is not contiguous"
+        for i in starts:
+            g = rows[gkey(first[i])]
+            assert (k32[g, K.T_CCNT], k32[g, K.T_HEAD]) == (-first.count(first[i]), chain[i])
+        n_groups += len(starts)
+    assert int((k32[occ, K.T_CCNT] < 0).sum()) == n_groups
+
+
+def test_held_tokens_under_a_branching_parent_key():
+    """B = 4, one pool of 63 blocks (no eviction). Request 0 caches the block [1 2 3 4];
+    every later prompt is [1 2 3 4] + a second block + [9], so the hit is that one block
+    (4 tokens) and held = 4 + the longest prefix of the prompt's second block that a
+    cached child of [1 2 3 4] shares (worked out by hand beside each case)."""
+    c = BlockHashCache(64, 4)
+    base = [1, 2, 3, 4]
+    a = c.run_request(0, seq(base + [0]))
+    assert (a.hit_tokens, a.held_tokens) == (0, 0)
+    cases = [
+        ([5, 7, 7, 7, 9], 4),  # no child yet; [5 7 7 7] is cached
+        ([5, 7, 8, 8, 9], 4 + 2),  # shares 5 7 with [5 7 7 7]; the parent now branches
+        ([6, 7, 7, 7, 9], 4),  # no child starts with 6
+        ([6, 7, 7, 0, 9], 4 + 3),  # shares 6 7 7 with [6 7 7 7]
+        ([5, 7, 8, 0, 9], 4 + 3),  # [5 7 8 8] (3) beats [5 7 7 7] (2)
+        ([7, 7, 7, 7], 4),  # P = 8: the hit is capped at 1 block; no child starts with 7
+    ]
+    for i, (tail, held) in enumerate(cases, start=1):
+        a = c.run_request(i, seq(base + tail))
+        assert (a.hit_tokens, a.held_tokens) == (4, held), i
+        _check_sibling_groups(c)
+    # the children of [1 2 3 4] by first token: 5 (three blocks), 6 (two), 7 (one)
+    assert int((c._k32[:, K.T_CCNT] < 0).sum()) == 3
+
+
+def test_sibling_groups_follow_evictions():
+    """A small pool and prompts that branch under shared parents: held tokens equal the
+    brute-force model's (tests/reference_vllm.py), and the groups stay consistent while
+    children are evicted and the parents stop and start branching."""
+    from reference_vllm import ReferenceVLLM
+
+    rng = np.random.default_rng(7)
+    c, r = BlockHashCache(24, 4), ReferenceVLLM(24, 4)
+    for i in range(300):
+        p = [1, 2, 3, 4][: int(rng.integers(0, 5))] + rng.integers(0, 3, int(rng.integers(1, 12))).tolist()
+        s = seq(p, rng.integers(0, 3, int(rng.integers(0, 4))).tolist())
+        a, e = c.run_request(i, s), r.run_request(i, s)
+        assert (a is None) == (e is None)
+        if a is not None:
+            assert (a.hit_tokens, a.held_tokens, a.evicted_tokens) == (e.hit_tokens, e.held_tokens, e.evicted_tokens)
+        _check_sibling_groups(c)
+    assert c.evicted_tokens_total > 0
