@@ -37,6 +37,11 @@ rows of blocks about to be evicted or cached are prefetched a batch ahead
     their sibling chain; ``reach`` = number of blocks holding it whose parent key is the
     seed or reachable (the key is reachable, a lookup can hit it, iff ``reach > 0``). A
     row is occupied iff its two counts (the int64 word ``W_OCC``) are not both 0.
+    Sibling groups: under a parent key with two or more children the sibling chain is
+    kept grouped by first token, and each group (parent key, first token) has a row of
+    its own keyed by :func:`_group_key`, with ``T_CCNT`` = −(members) and ``T_HEAD`` =
+    its first block in the chain; the held-token lookup walks only the prompt's group
+    instead of every sibling. A lone child has no group row. At most 3 (nb − 1) rows.
 ``st`` : int64, shape (NST,)
     Pool counters, indices ``ST_*``.
 
