@@ -41,6 +41,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+# Numba's cache keys a kernel on its own file's stamp, not on its callees': kernels here inline
+# _hash_kernels, so a change there must touch this file too (kernels revision: sibling groups).
 from radixkv.policies import _hash_kernels as K
 from radixkv.trace._seq_kernel import kv_seq_into
 
