@@ -23,6 +23,11 @@ Helpers for policy authors are in :mod:`radixkv.policies.toolkit`.
 """
 __version__ = "0.1.0"
 
+from radixkv.numba_cache import keyed_cache_dir as _keyed_cache_dir
+
+_keyed_cache_dir()  # Numba's cache keyed by the kernel sources (radixkv.numba_cache.source_key)
+del _keyed_cache_dir
+
 _EXPORTS = {
     "load_trace": "radixkv.trace.load",
     "replay": None,  # the subpackage radixkv.replay, callable as radixkv.api.replay

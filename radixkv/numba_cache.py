@@ -6,11 +6,53 @@ compile would cost more than it saves). No radixkv dependencies beyond the error
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
+from pathlib import Path
 
 from radixkv.errors import ConfigError
 
 MODES = ("auto", "compile", "interpret")
+
+#: the folder name of radixkv's part of Numba's cache: this prefix + :func:`source_key`
+CACHE_PREFIX = "radixkv-numba-"
+
+
+def source_key(root: Path | None = None) -> str:
+    """A digest of every radixkv module that uses Numba (12 hex digits of sha256 over the
+    modules' paths and bytes, in path order) — the key of :func:`keyed_cache_dir`.
+
+    Numba checks a cached kernel against its own file's time stamp only; a kernel that
+    inlines functions of another module (the span, batch and priority kernels call
+    ``_hash_kernels``) is loaded stale after only that other module changed. Keying the
+    whole cache by all kernel sources makes any such change a cold cache instead."""
+    root = Path(__file__).resolve().parent if root is None else Path(root)
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        b = p.read_bytes()
+        if b"numba" in b:
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + b + b"\0")
+    return h.hexdigest()[:12]
+
+
+def keyed_cache_dir() -> str:
+    """Point Numba's cache at ``<base>/radixkv-numba-<source_key>`` and return that folder;
+    *base* is ``NUMBA_CACHE_DIR`` when set (one already keyed this way is re-keyed, so
+    child processes agree), else ``__pycache__`` in the radixkv package. Sets
+    ``NUMBA_CACHE_DIR`` (and ``numba.config.CACHE_DIR`` when Numba is already imported).
+    Called when radixkv is imported; where the folder cannot be written, Numba falls back
+    to its own locations."""
+    cur = os.environ.get("NUMBA_CACHE_DIR", "").rstrip("/\\")
+    if cur and os.path.basename(cur).startswith(CACHE_PREFIX):
+        cur = os.path.dirname(cur)
+    base = cur or str(Path(__file__).resolve().parent / "__pycache__")
+    target = os.path.join(base, CACHE_PREFIX + source_key())
+    os.environ["NUMBA_CACHE_DIR"] = target
+    nb = sys.modules.get("numba")
+    if nb is not None:
+        nb.config.CACHE_DIR = target
+    return target
 
 
 def mode() -> str:

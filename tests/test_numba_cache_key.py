@@ -1,0 +1,50 @@
+"""Numba's cache is keyed by radixkv's kernel sources (radixkv.numba_cache.source_key).
+
+Numba validates a cached kernel against its own file's time stamp only, so a kernel that
+inlines another module's functions was loaded stale after only that module changed (the
+span/batch/priority kernels inline _hash_kernels). A change to any kernel source must
+give a different cache folder; a change elsewhere must not.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import radixkv.numba_cache as NC
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _tree(root: Path, kernel: str, other: str) -> None:
+    (root / "sub").mkdir(parents=True, exist_ok=True)
+    (root / "sub" / "_k.py").write_text("from numba import njit\n" + kernel)
+    (root / "plain.py").write_text(other)
+
+
+def test_the_key_follows_kernel_sources_only(tmp_path):
+    _tree(tmp_path, "x = 1\n", "y = 1\n")
+    k0 = NC.source_key(tmp_path)
+    _tree(tmp_path, "x = 1\n", "y = 2\n")  # a module without Numba changed
+    assert NC.source_key(tmp_path) == k0
+    _tree(tmp_path, "x = 2\n", "y = 2\n")  # a kernel module changed
+    k1 = NC.source_key(tmp_path)
+    assert k1 != k0 and len(k1) == 12
+    (tmp_path / "sub" / "_k2.py").write_text("import numba\n")  # a kernel module added
+    assert NC.source_key(tmp_path) != k1
+
+
+def test_importing_radixkv_points_numba_at_the_keyed_folder_and_children_agree(tmp_path):
+    import numba
+
+    want = NC.CACHE_PREFIX + NC.source_key()
+    assert os.path.basename(numba.config.CACHE_DIR) == want
+    code = "import os, radixkv, numba; print(os.environ['NUMBA_CACHE_DIR']); print(numba.config.CACHE_DIR)"
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "nc"), PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    first = out.stdout.split()
+    assert first == [str(tmp_path / "nc" / want)] * 2  # under the user's folder
+    env["NUMBA_CACHE_DIR"] = first[0]  # a child process inherits the keyed folder: not keyed twice
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == first
