@@ -166,6 +166,51 @@ def _release(pol, sa, sl, B, ist, free_slots):
 
 
 @njit(cache=True)
+def _serve(r, nrun, cap, budget, pol, sa, B, ist, run, ctx, target, kv, slot_of, preemptions, wq, wcap,
+           free_slots, p_req, p_new, p_ctx, p_pre, np_):
+    """``VllmScheduler._serve_running`` for request *r*: its chunk (the rest of its prefill,
+    at most *cap* when > 0 and the *budget*; else one decode token), preempting the last
+    running request (``running[-1]``, back to the waiting queue's head) until the pool
+    holds the chunk; the planned row goes to ``p_*[np_]``. Returns (nrun, preemptions
+    made, chunk tokens, scheduled: False when *r* itself was preempted)."""
+    pre = ctx[r] < target[r]
+    if pre:
+        c = target[r] - ctx[r]
+        if cap > 0 and cap < c:
+            c = cap
+        if budget < c:
+            c = budget
+    else:
+        c = 1
+    upto = ctx[r] + c
+    need_tok = upto - kv[r]
+    made = 0
+    while need_tok > 0:
+        if _extend(pol, sa, slot_of[r], need_tok, B, ist):
+            kv[r] = upto
+            break
+        v = run[nrun - 1]
+        nrun -= 1
+        _release(pol, sa, slot_of[v], B, ist, free_slots)
+        slot_of[v] = -1
+        ctx[v] = 0
+        kv[v] = 0
+        target[v] = 0
+        preemptions[v] += 1
+        ist[I_WHEAD] = (ist[I_WHEAD] - 1) % wcap
+        wq[ist[I_WHEAD]] = v
+        ist[I_WLEN] += 1
+        made += 1
+        if v == r:
+            return nrun, made, c, False
+    p_req[np_] = r
+    p_new[np_] = c
+    p_ctx[np_] = ctx[r]
+    p_pre[np_] = 1 if pre else 0
+    return nrun, made, c, True
+
+
+@njit(cache=True)
 def _head_lookup(pol, tr, i, L, B, key_mask, hk, htbl, hsid, hsend, ist):
     """Side-effect-free lookup of request *i*'s first *L* tokens (``BlockHashCache._lookup``):
     returns (capped hit blocks, segments written to ``hsid``/``hsend``). The segments and
@@ -401,44 +446,11 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
         cap = threshold if nrun + ist[I_WLEN] > 1 else 0
         k = 0
         while k < nrun and budget > 0:
-            r = run[k]
-            pre = ctx[r] < target[r]
-            if pre:
-                c = target[r] - ctx[r]
-                if cap > 0 and cap < c:
-                    c = cap
-                if budget < c:
-                    c = budget
-            else:
-                c = 1
-            upto = ctx[r] + c
-            need_tok = upto - kv[r]
-            self_pre = False
-            while need_tok > 0:
-                if _extend(pol, sa, slot_of[r], need_tok, B, ist):
-                    kv[r] = upto
-                    break
-                v = run[nrun - 1]
-                nrun -= 1
-                _release(pol, sa, slot_of[v], B, ist, free_slots)
-                slot_of[v] = -1
-                ctx[v] = 0
-                kv[v] = 0
-                target[v] = 0
-                preemptions[v] += 1
-                ist[I_WHEAD] = (ist[I_WHEAD] - 1) % wcap
-                wq[ist[I_WHEAD]] = v
-                ist[I_WLEN] += 1
-                preempted += 1
-                if v == r:
-                    self_pre = True
-                    break
-            if self_pre:
+            nrun, made, c, ok = _serve(run[k], nrun, cap, budget, pol, sa, B, ist, run, ctx, target, kv, slot_of,
+                                       preemptions, wq, wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_)
+            preempted += made
+            if not ok:
                 break
-            p_req[np_] = r
-            p_new[np_] = c
-            p_ctx[np_] = ctx[r]
-            p_pre[np_] = 1 if pre else 0
             np_ += 1
             budget -= c
             k += 1
@@ -506,45 +518,12 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                 kv[i] = max(asked, h)
                 run[nrun] = i
                 nrun += 1
-                # _serve_running(i)
-                pre = ctx[i] < target[i]
-                if pre:
-                    c = target[i] - ctx[i]
-                    if cap > 0 and cap < c:
-                        c = cap
-                    if budget < c:
-                        c = budget
-                else:
-                    c = 1
-                upto = ctx[i] + c
-                need_tok = upto - kv[i]
-                self_pre = False
-                while need_tok > 0:
-                    if _extend(pol, sa, slot_of[i], need_tok, B, ist):
-                        kv[i] = upto
-                        break
-                    v = run[nrun - 1]
-                    nrun -= 1
-                    _release(pol, sa, slot_of[v], B, ist, free_slots)
-                    slot_of[v] = -1
-                    ctx[v] = 0
-                    kv[v] = 0
-                    target[v] = 0
-                    preemptions[v] += 1
-                    ist[I_WHEAD] = (ist[I_WHEAD] - 1) % wcap
-                    wq[ist[I_WHEAD]] = v
-                    ist[I_WLEN] += 1
-                    preempted += 1
-                    if v == i:
-                        self_pre = True
-                        break
-                if self_pre:
+                nrun, made, c, ok = _serve(i, nrun, cap, budget, pol, sa, B, ist, run, ctx, target, kv, slot_of,
+                                           preemptions, wq, wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_)
+                preempted += made
+                if not ok:
                     blocked = True
                     break
-                p_req[np_] = i
-                p_new[np_] = c
-                p_ctx[np_] = ctx[i]
-                p_pre[np_] = 1 if pre else 0
                 np_ += 1
                 budget -= c
             ist[I_NRUN] = nrun
