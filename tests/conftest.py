@@ -45,3 +45,22 @@ def draw_prompt_len(draw, st, k: int, U: int, partial: bool) -> int:
     if partial:
         return (k - 1) * U + draw(st.integers(1, U))
     return k * U + draw(st.integers(0, U - 1))
+
+
+def draw_stem_requests(draw, st, max_n: int, stem_max: int, out_max: int) -> tuple[list, list, list]:
+    """For hypothesis strategies: 1 … *max_n* requests whose prompts are a cut of one of
+    three shared stems (4 … *stem_max* token ids) plus a unique tail of 0 … 12 ids, with
+    0 … *out_max* output tokens and arrivals spaced 0, 3 ms, 50 ms or 0.4 s apart.
+    Returns (prompts: lists of int, outputs, arrival seconds), in arrival order."""
+    n = draw(st.integers(1, max_n))
+    stems = [list(range(100 * k, 100 * k + draw(st.integers(4, stem_max)))) for k in range(3)]
+    prompts, outputs, arrivals, t = [], [], [], 0.0
+    for i in range(n):
+        stem = stems[draw(st.integers(0, 2))]
+        cut = draw(st.integers(1, len(stem)))
+        tail = [5000 + 50 * i + j for j in range(draw(st.integers(0, 12)))]
+        prompts.append(stem[:cut] + tail)
+        outputs.append(draw(st.integers(0, out_max)))
+        t += draw(st.sampled_from([0.0, 0.0, 0.003, 0.05, 0.4]))
+        arrivals.append(t)
+    return prompts, outputs, arrivals

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import draw_stem_requests
 from radixkv.cost import CostModel, UnitStepCost
 from radixkv.policies.radix import RadixCache
 from radixkv.policies.radix_priority import PriorityRadixCache
@@ -50,17 +51,7 @@ def _assert_identical(py, kern):
 
 @st.composite
 def cases(draw):
-    n = draw(st.integers(1, 12))
-    stems = [list(range(100 * k, 100 * k + draw(st.integers(4, 60)))) for k in range(3)]
-    prompts, outputs, arrivals, t = [], [], [], 0.0
-    for i in range(n):
-        stem = stems[draw(st.integers(0, 2))]
-        cut = draw(st.integers(1, len(stem)))
-        tail = [5000 + 50 * i + j for j in range(draw(st.integers(0, 12)))]
-        prompts.append(stem[:cut] + tail)
-        outputs.append(draw(st.integers(0, 80)))
-        t += draw(st.sampled_from([0.0, 0.0, 0.003, 0.05, 0.4]))
-        arrivals.append(t)
+    prompts, outputs, arrivals = draw_stem_requests(draw, st, 12, 60, 80)
     size = draw(st.sampled_from([1, 1, 4, 16]))
     extent = max(len(p) + max(o - 1, 0) for p, o in zip(prompts, outputs))
     cap = (-(-extent // size) + 1 + draw(st.integers(0, 14))) * size
@@ -69,7 +60,7 @@ def cases(draw):
         max_num_batched_tokens=draw(st.sampled_from([16, 32, 64, 4096])),
         schedule_policy=draw(st.sampled_from(["fcfs", "fcfs", "lpm"])),
     )
-    tr = Trace.from_requests(req_id=[f"q{i}" for i in range(n)], arrival_s=arrivals,
+    tr = Trace.from_requests(req_id=[f"q{i}" for i in range(len(prompts))], arrival_s=arrivals,
                              prompt_len=[len(p) for p in prompts], output_len=outputs, prompt_ids=prompts)
     return tr, cap, size, cfg, draw(st.booleans())
 

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _vllm_sched_golden import golden_files, load_golden, trace_path
+from conftest import draw_stem_requests
 from radixkv.cost import CostModel, UnitStepCost
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.block_priority import PriorityBlockHashCache
@@ -112,17 +113,7 @@ def test_compiled_loop_matches_vllm_scheduler_golden(path, fast_forward, monkeyp
 # ---------------------------------------------------------------------------- (2) hypothesis
 @st.composite
 def cases(draw):
-    n = draw(st.integers(1, 9))
-    stems = [list(range(100 * k, 100 * k + draw(st.integers(4, 60)))) for k in range(3)]
-    prompts, outputs, arrivals, t = [], [], [], 0.0
-    for i in range(n):
-        stem = stems[draw(st.integers(0, 2))]
-        cut = draw(st.integers(1, len(stem)))
-        tail = [5000 + 50 * i + j for j in range(draw(st.integers(0, 12)))]
-        prompts.append(stem[:cut] + tail)
-        outputs.append(draw(st.integers(0, 60)))
-        t += draw(st.sampled_from([0.0, 0.0, 0.003, 0.05, 0.4]))
-        arrivals.append(t)
+    prompts, outputs, arrivals = draw_stem_requests(draw, st, 9, 60, 60)
     size = draw(st.sampled_from([1, 2, 4, 16]))
     extent = max(len(p) + max(o - 1, 0) for p, o in zip(prompts, outputs))
     nb = extent // size + 3 + draw(st.integers(0, 12))
@@ -137,7 +128,7 @@ def cases(draw):
         admission=draw(st.sampled_from([None, "vllm"])),
     )
     cost = draw(st.sampled_from([COST, UnitStepCost(), UnitStepCost(0.01)]))
-    tr = Trace.from_requests(req_id=[f"q{i}" for i in range(n)], arrival_s=arrivals,
+    tr = Trace.from_requests(req_id=[f"q{i}" for i in range(len(prompts))], arrival_s=arrivals,
                              prompt_len=[len(p) for p in prompts], output_len=outputs, prompt_ids=prompts)
     return tr, nb, size, cfg, cost
 
@@ -161,7 +152,7 @@ def _shared_prefix_trace(n=60):
         prompts.append(stem + [90000 + 100 * i + j for j in range(int(rng.integers(1, 30)))])
         outputs.append(int(rng.integers(1, 80)))
         arrivals.append(0.002 * i)
-    return Trace.from_requests(req_id=[f"q{i}" for i in range(n)], arrival_s=arrivals,
+    return Trace.from_requests(req_id=[f"q{i}" for i in range(len(prompts))], arrival_s=arrivals,
                                prompt_len=[len(p) for p in prompts], output_len=outputs, prompt_ids=prompts)
 
 

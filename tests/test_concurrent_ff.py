@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import draw_stem_requests
 from radixkv.cost import CostModel
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.no_cache import NoCache
@@ -42,17 +43,7 @@ POLICIES = {
 
 @st.composite
 def cases(draw):
-    n = draw(st.integers(1, 7))
-    stems = [list(range(100 * k, 100 * k + draw(st.integers(4, 40)))) for k in range(3)]
-    prompts, outputs, arrivals, t = [], [], [], 0.0
-    for i in range(n):
-        stem = stems[draw(st.integers(0, 2))]
-        cut = draw(st.integers(1, len(stem)))
-        tail = [5000 + 50 * i + j for j in range(draw(st.integers(0, 12)))]
-        prompts.append(stem[:cut] + tail)
-        outputs.append(draw(st.integers(0, 60)))
-        t += draw(st.sampled_from([0.0, 0.0, 0.003, 0.05, 0.4]))
-        arrivals.append(t)
+    prompts, outputs, arrivals = draw_stem_requests(draw, st, 7, 40, 60)
     name = draw(st.sampled_from(sorted(POLICIES)))
     size = draw(st.sampled_from([1, 1, 4])) if name.startswith(("sglang", "radix")) else draw(st.sampled_from([1, 4, 16]))
     extent = max(len(p) + max(o - 1, 0) for p, o in zip(prompts, outputs))
@@ -65,7 +56,7 @@ def cases(draw):
         schedule_policy=draw(st.sampled_from(["fcfs", "fcfs", "lpm"])) if name != "none" and name != "static" else "fcfs",
         admission=draw(st.sampled_from([None, "vllm", "sglang"])),
     )
-    tr = Trace.from_requests(req_id=[f"q{i}" for i in range(n)], arrival_s=arrivals,
+    tr = Trace.from_requests(req_id=[f"q{i}" for i in range(len(prompts))], arrival_s=arrivals,
                              prompt_len=[len(p) for p in prompts], output_len=outputs, prompt_ids=prompts)
     return tr, name, cap, size, cfg
 
