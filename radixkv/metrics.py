@@ -166,7 +166,7 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
         mc = summarize_causes(c, total_prompt, total_hit)
         mc["unbounded_pool_tokens"] = rec.meta.get("miss_unbounded_pool_tokens")
         out["miss_causes"] = mc
-    # the host-memory tier's totals (radixkv.policies.hicache.host_tier_summary): null
+    # the host-memory tier's totals (radixkv.policies.host_tier.host_tier_summary): null
     # here; the sequential replay fills them for a policy that models a host tier
     out.update(dict.fromkeys(HOST_TIER_KEYS))
     # hybrid models: hits and memory per KV cache group, and the hit the full-attention

@@ -75,6 +75,7 @@ import numpy as np
 from radixkv.errors import ConfigError
 from radixkv.policies._hicache_kernels import lcp_at, seq_tokens_kernel
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
+from radixkv.policies.host_tier import zero_host_totals
 from radixkv.trace.types import KVSeq
 
 #: SGLang ``UnifiedRadixCache.init_hicache``: ``self.load_back_threshold = 10``
@@ -214,11 +215,7 @@ class HiCacheRadixCache(PrefixCache):
         # at pop (the same order as a heap of the current leaves built per eviction)
         self._dev_heap: list = []
         self._host_heap: list = []
-        self.host_hit_tokens_total = 0
-        self.device_hit_tokens_total = 0
-        self.loaded_tokens_total = 0
-        self.written_tokens_total = 0
-        self.host_evicted_tokens_total = 0
+        zero_host_totals(self)
         self.last_host_hit = 0
         self.last_loaded = 0
 
@@ -922,41 +919,3 @@ class HiCacheRadixCache(PrefixCache):
         assert 0 <= self.host_free and self.host_free + host == self.host_capacity
         priv = sum(r["alloc"] - r["owned"] for r in self._reqs.values())
         assert self.free >= 0 and self.free + dev + priv == self.max_total_num_tokens
-
-
-from radixkv.metrics import HOST_TIER_KEYS  # noqa: E402 (summary keys, None for no host tier)
-
-
-def host_tier_summary(policy, prompt_tokens: int) -> dict:
-    """Per-tier totals of a finished sequential replay, for the summary.
-
-    Parameters
-    ----------
-    policy : PrefixCache
-        The replayed policy; a class without ``models_host_tier`` gets every key None
-        (reported ``n/a`` / JSON ``null``, never 0).
-    prompt_tokens : int
-        Prompt tokens replayed (the denominator of ``host_hit_rate``).
-
-    Returns
-    -------
-    dict
-        ``host_capacity_tokens`` (host pool, tokens), ``device_hit_tokens`` (hits served
-        from GPU memory), ``host_hit_tokens`` (tokens lookups found on host only),
-        ``host_loaded_tokens`` (of those, loaded back and hit; the rest were under
-        ``load_back_threshold`` and recomputed), ``host_hit_rate`` (loaded / prompt
-        tokens), ``gpu_to_host_tokens`` and ``host_to_gpu_tokens`` (tokens copied each way;
-        bytes = tokens × the model's KV bytes per token), ``host_evicted_tokens``.
-    """
-    if not getattr(type(policy), "models_host_tier", False):
-        return dict.fromkeys(HOST_TIER_KEYS)
-    return {
-        "host_capacity_tokens": int(policy.host_capacity),
-        "device_hit_tokens": int(policy.device_hit_tokens_total),
-        "host_hit_tokens": int(policy.host_hit_tokens_total),
-        "host_loaded_tokens": int(policy.loaded_tokens_total),
-        "host_hit_rate": policy.loaded_tokens_total / prompt_tokens if prompt_tokens else None,
-        "gpu_to_host_tokens": int(policy.written_tokens_total),
-        "host_to_gpu_tokens": int(policy.loaded_tokens_total),
-        "host_evicted_tokens": int(policy.host_evicted_tokens_total),
-    }

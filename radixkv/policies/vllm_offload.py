@@ -60,6 +60,7 @@ from radixkv.errors import ConfigError
 from radixkv.policies import _hash_kernels as K
 from radixkv.policies.base import Admission
 from radixkv.policies.block_hash import BlockHashCache
+from radixkv.policies.host_tier import zero_host_totals
 from radixkv.policies.offload_cpu import CPU_EVICTION_POLICIES, MAX_TRACKER_SIZE, CPUOffloadStore, RequestAccess
 from radixkv.trace.types import KVSeq
 
@@ -142,7 +143,7 @@ class OffloadBlockHashCache(BlockHashCache):
     written_tokens_total, host_evicted_tokens_total : int
         Tokens hit on the GPU, hit on CPU (= loaded), loaded CPU→GPU, stored GPU→CPU and
         evicted from CPU, since construction (the summary's host-tier fields,
-        :func:`radixkv.policies.hicache.host_tier_summary`).
+        :func:`radixkv.policies.host_tier.host_tier_summary`).
     last_gpu_hit, last_cpu_hit : int
         Tokens of the last admission's GPU hit and CPU hit.
 
@@ -192,11 +193,7 @@ class OffloadBlockHashCache(BlockHashCache):
         self.cpu = CPUOffloadStore(chunks, eviction_policy, store_threshold, max_tracker_size) if chunks else None
         self.host_capacity = chunks * self.chunk_tokens
         self._off: dict[int, _Off] = {}
-        self.device_hit_tokens_total = 0
-        self.host_hit_tokens_total = 0
-        self.loaded_tokens_total = 0
-        self.written_tokens_total = 0
-        self.host_evicted_tokens_total = 0
+        zero_host_totals(self)
         self.last_gpu_hit = 0
         self.last_cpu_hit = 0
 

@@ -301,7 +301,7 @@ def replay_concurrent(
         step whose admissions load KV back (``StepPlan.load_tokens``) takes
         ``host_link.step_time`` instead of ``cost.step_time``. Required for such a policy
         with a non-empty host pool. The summary then gains the host-tier keys
-        (:func:`radixkv.policies.hicache.host_tier_summary`) and ``host_load_s`` (seconds
+        (:func:`radixkv.policies.host_tier.host_tier_summary`) and ``host_load_s`` (seconds
         of copies, summed over steps) and ``host_link_bytes_per_s``.
     recorder : radixkv.replay.conc_misses.MissRecorder or None
         Told every step's plan, first admissions and finishes (the miss-cause
@@ -449,7 +449,7 @@ def replay_concurrent(
     res = _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, finish,
                   t0, now, acc.busy, acc.area, peak, steps, acc.pf_flops, acc.pool)
     if tiered:
-        from radixkv.policies.hicache import host_tier_summary
+        from radixkv.policies.host_tier import host_tier_summary
 
         res.meta["host_tier"] = {**host_tier_summary(policy, int(res.columns["prompt_tokens"].sum())),
                                  "host_load_s": load_s,

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from radixkv.metrics import summarize
-from radixkv.policies.hicache import host_tier_summary
+from radixkv.policies.host_tier import host_tier_summary
 from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, measured_metrics
 from radixkv.replay import jit
 from radixkv.replay.records import Records
