@@ -62,6 +62,24 @@ _TRACE_CACHE: dict = {}
 _READ: dict = {}
 
 
+def weka_session_files(context: int) -> list:
+    """The WEKA agentic-coding session files whose longest prompt fits *context* tokens,
+    by name (quick mode: the 5 with the fewest prompt tokens); records the folder's digest
+    in the provenance."""
+    import json
+
+    root = shared("traces/weka-claude-code/traces")
+    out = []
+    for f in sorted(root.glob("*.json")):
+        ins = [r["in"] for r in json.loads(f.read_text())["requests"] if "in" in r]
+        if ins and max(ins) <= context:
+            out.append((sum(ins), f))
+    if QUICK:
+        out = sorted(out)[:5]
+    _READ["weka"] = {"path": "$RADIXKV_SHARED/traces/weka-claude-code/traces", "sha256": sha256_path(root)}
+    return [f for _, f in sorted(out, key=lambda t: t[1].name)]
+
+
 def sha256_path(p: Path) -> str:
     """sha256 of a file, or of a directory (its files' relative names and bytes, sorted)."""
     key = str(p)

@@ -70,18 +70,7 @@ def _run(t, spec, pool):
 
 def main() -> None:
     hyb, pf, hb, h_blocks, groups, size = _pools()
-    root = C.shared("traces/weka-claude-code/traces")
-    files = []
-    for f in sorted(root.glob("*.json")):
-        d = json.loads(f.read_text())
-        longest = max(r["in"] for r in d["requests"] if "in" in r)
-        if longest <= hyb.max_position_embeddings:
-            files.append((sum(r["in"] for r in d["requests"] if "in" in r), f))
-    if C.QUICK:
-        files = sorted(files)[:5]
-    files = [f for _, f in sorted(files, key=lambda t: t[1].name)]
-    C._READ["weka"] = {"path": "$RADIXKV_SHARED/traces/weka-claude-code/traces",
-                       "sha256": C.sha256_path(root)}
+    files = C.weka_session_files(hyb.max_position_embeddings)
     full_spec = parse_policy(f"vllm:{B}")
     hyb_spec = parse_policy(f"vllm-hybrid:{hb}@{vllm_hybrid_policy_option(groups)}/max_num_batched_tokens={MNBT}")
     rows = []

@@ -60,18 +60,7 @@ def _pools():
 
 def main() -> None:
     hyb, pf, h_blocks, per_layer = _pools()
-    root = C.shared("traces/weka-claude-code/traces")
-    files = []
-    for f in sorted(root.glob("*.json")):
-        d = json.loads(f.read_text())
-        longest = max(r["in"] for r in d["requests"] if "in" in r)
-        if longest <= hyb.max_position_embeddings:
-            files.append((sum(r["in"] for r in d["requests"] if "in" in r), f))
-    if C.QUICK:
-        files = sorted(files)[:5]
-    files = [f for _, f in sorted(files, key=lambda t: t[1].name)]
-    C._READ["weka"] = {"path": "$RADIXKV_SHARED/traces/weka-claude-code/traces",
-                       "sha256": C.sha256_path(root)}
+    files = C.weka_session_files(hyb.max_position_embeddings)
     full_spec = parse_policy(f"vllm:{B}")
     # vLLM's group order: groups numbered by first layer (layer 0 slides: sliding groups
     # first, the full-attention group last), radixkv.memory.hybrid.vllm_kv_cache_groups

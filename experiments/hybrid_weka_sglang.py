@@ -95,24 +95,11 @@ def qwen_next_pools(tp=4):
             "layers": {"full_attention": n_full, "linear_attention": n_lin}, "per_layer_bytes": per_layer}
 
 
-def _files(context):
-    root = C.shared("traces/weka-claude-code/traces")
-    out = []
-    for f in sorted(root.glob("*.json")):
-        d = json.loads(f.read_text())
-        ins = [r["in"] for r in d["requests"] if "in" in r]
-        if ins and max(ins) <= context:
-            out.append((sum(ins), f))
-    if C.QUICK:
-        out = sorted(out)[:5]
-    return [f for _, f in sorted(out, key=lambda t: t[1].name)]
-
-
 def compare(pools):
     model = pools["model"]
     full_spec, hyb_spec = parse_policy(pools["full_spec"]), parse_policy(pools["hybrid_spec"])
     rows, tot = [], {"prompt": 0, "full_hit": 0, "hyb_hit": 0, "hyb_full_part": 0, "replay_s": 0.0}
-    files = _files(model.max_position_embeddings)
+    files = C.weka_session_files(model.max_position_embeddings)
     for f in files:
         t = load_trace(f)
         _, sf = run_replay(t, full_spec, PoolSpec(max_total_num_tokens=pools["all_full_tokens"]),
@@ -158,8 +145,6 @@ def compare(pools):
 
 
 def main() -> None:
-    C._READ["weka"] = {"path": "$RADIXKV_SHARED/traces/weka-claude-code/traces",
-                       "sha256": C.sha256_path(C.shared("traces/weka-claude-code/traces"))}
     docs = [compare(gemma_pools()), compare(qwen_next_pools())]
     for d in docs:
         print(d["model"], json.dumps(d["pooled"]))
