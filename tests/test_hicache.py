@@ -172,6 +172,12 @@ def test_cli_flags_fill_the_spec():
     ns.model = "Llama-3.1-8B"
     spec = host_tier_spec(parse_policy("sglang-hicache"), ns)
     assert dict(spec.option)["host_tokens"] == 7629
+    # two sizes of the host pool (radixkv's tokens and an engine's ratio or GB) are ambiguous
+    for other in ({"hicache_ratio": 2.0}, {"hicache_size": 1.0}):
+        ns = argparse.Namespace(**{"hicache_ratio": None, "hicache_size": None, "host_cache_tokens": 500,
+                                   "hicache_write_policy": None, "model": "Llama-3.1-8B", **other})
+        with pytest.raises(ConfigError, match="both size the host pool"):
+            host_tier_spec(parse_policy("sglang-hicache"), ns)
 
 
 def test_summary_tier_metrics_match_golden_totals():

@@ -112,3 +112,12 @@ def test_bom_weka_document(tmp_path):
     from radixkv.trace.detect import detect_format
 
     assert detect_format(d) == "weka"
+
+
+@pytest.mark.parametrize("text", ["", "\n\n   \n"])
+def test_empty_trace_file_says_empty(tmp_path, text):
+    p = tmp_path / "t.jsonl"
+    p.write_text(text)
+    with pytest.raises(TraceFormatError, match="empty") as e:
+        load_trace(p)
+    assert "t.jsonl" in str(e.value)

@@ -3,7 +3,8 @@
 ``--hicache-ratio R``          host pool = R × the device pool (SGLang ``--hicache-ratio``)
 ``--hicache-size GB``          host pool in GB at the model's KV bytes per token (SGLang
                                ``--hicache-size``; needs ``--model``); wins over the ratio
-``--host-cache-tokens N``      host pool in tokens (radixkv's own; 0 turns the tier off)
+``--host-cache-tokens N``      host pool in tokens (radixkv's own; 0 turns the tier off; refused
+                               together with ``--hicache-size`` or ``--hicache-ratio``)
 ``--hicache-write-policy P``   ``write_through`` | ``write_through_selective`` | ``write_back``
 ``--kv-offloading-size GiB``   vLLM's CPU offloading buffer (``CacheConfig.kv_offloading_size``,
                                all TP ranks together; needs ``--model``), for ``vllm-offload``
@@ -70,6 +71,10 @@ def host_tier_spec(spec, args):
         if k not in takes:
             raise ConfigError(f"--{k.replace('_', '-')} does not apply to policy {spec.label!r} (it takes "
                               f"{', '.join('--' + t.replace('_', '-') for t in takes)})", field=k)
+    sizes = [k for k in ("host_cache_tokens", "hicache_size", "hicache_ratio") if k in given]
+    if "host_cache_tokens" in sizes and len(sizes) > 1:
+        other = "--" + sizes[1].replace("_", "-")
+        raise ConfigError(f"--host-cache-tokens and {other} both size the host pool: give one", field="host_cache_tokens")
     opts = {}
     if "hicache_write_policy" in given:
         opts["write_policy"] = given["hicache_write_policy"]

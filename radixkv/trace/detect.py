@@ -76,6 +76,10 @@ def detect_format(path) -> str:
     first = next((ln for ln in text.split("\n") if ln.strip()), "")
     if first.strip().startswith("TIMESTAMP,") and "ContextTokens" in first:
         return "azure"
+    if not first:
+        what = ("the file is empty (or holds only blank lines)" if len(head) < _SNIFF_BYTES
+                else f"the first {_SNIFF_BYTES:,} bytes are blank")
+        raise TraceFormatError(f"{what}: a trace needs at least one request", path=path)
     if not first.lstrip().startswith("{"):
         raise TraceFormatError("unknown trace format: not JSON Lines, a kv-cache-tester JSON document, "
                                "an Azure CSV or a radixkv .npz", path=path)
