@@ -79,7 +79,7 @@ def test_compare_concurrent_mode(tmp_path, capsys):
     (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "10", "--num-gpu-blocks", "4"], "only one of"),
     (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "100"], "tokens more than the whole pool"),
     # 100 tokens // 16 = 6 blocks of 16 = 96 tokens: the message says how the capacity was rounded
-    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "100"], "pool of 96 tokens under vllm:16 (6 slots of 16"),
+    (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "100"], "tokens more than the whole pool of 96 tokens (6 slots of 16"),
     (["compare", MIXED, "--policies", "vllm:16,sglang:1,", "--capacity-tokens", "9999"], "entry 3 of 3 is empty"),
     (["compare", MIXED, "--policies", "vllm:16,,sglang:1", "--capacity-tokens", "9999"], "entry 2 of 3 is empty"),
     (["compare", MIXED, "--policies", "vllm:16,sglang,vllm", "--capacity-tokens", "9999"],

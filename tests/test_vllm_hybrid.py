@@ -327,3 +327,22 @@ def test_concurrent_summary_reports_groups_and_refuses_mamba(tmp_path, capsys):
     # scheduler does not, so the replay is refused rather than wrong
     assert main(base + ["--policy", "vllm-hybrid:16@mamba"]) != 0
     assert "sequential replay only" in capsys.readouterr().err
+
+
+def test_request_too_large_names_the_groups():
+    """A 100-token prompt at block 16 needs ceil(100/16) = 7 blocks in each of 2 groups
+    (full + sliding, no chunking): 14 blocks against a 10-block pool, 9 of them usable
+    (vLLM's BlockPool keeps block 0 as the null block). The error counts blocks over the
+    groups, not tokens of one pool."""
+    from radixkv.trace.types import Trace
+
+    spec = parse_policy("vllm-hybrid:16@window=32")
+    pol = build_policy(spec, PoolSpec(num_gpu_blocks=10))
+    tr = Trace.from_requests(req_id=["r0"], arrival_s=[0.0], prompt_len=[100], output_len=[0],
+                             prompt_ids=[list(range(100))], name="t")
+    assert pol.fits_alone(tr.kv_seq(0)) == (14 - 9) * 16
+    with pytest.raises(ConfigError) as e:
+        replay_sequential(tr, pol)
+    msg = str(e.value)
+    assert "14 blocks of 16 tokens across its 2 KV cache groups" in msg
+    assert "pool has 9 blocks" in msg and "--max-num-batched-tokens" in msg

@@ -412,6 +412,18 @@ class PrefixCache(ABC):
         need = -(-seq.kv_len // self.slot_tokens)
         return max(0, need - self.num_slots) * self.slot_tokens
 
+    def overflow_detail(self, seq: KVSeq) -> str:
+        """Why *seq* cannot fit the empty pool, for the error the replay raises.
+
+        Called only when :meth:`fits_alone` is > 0. Policies whose pool is not one run of
+        ``num_slots`` slots per request (several KV cache groups, a state pool) override
+        it to name what they count.
+        """
+        over = self.fits_alone(seq)
+        return (f"{over} tokens more than the whole pool of {self.capacity_tokens} tokens "
+                f"({self.num_slots} slots of {self.slot_tokens} tokens: the capacity is rounded down to "
+                f"whole blocks/pages)")
+
     def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
         """Sequential life of one request: admit the prompt, decode to the KV extent, finish.
 

@@ -773,6 +773,22 @@ class HybridBlockHashCache(PrefixCache):
                 need = max(need, sum(-(-kv // B) - self._skip_blocks(g, kv - 1) for g in range(G)))
         return max(0, need - self.num_slots) * B
 
+    def overflow_detail(self, seq: KVSeq) -> str:
+        """Name the blocks *seq* needs over all KV cache groups against the pool's blocks.
+
+        The pool's blocks are shared by every group (vLLM ``KVCacheCoordinator`` over one
+        ``BlockPool``), so a request needs blocks in each group at once; the count is
+        :meth:`fits_alone`'s. Without ``max_num_batched_tokens`` the whole prompt is
+        admitted in one step, so every sliding-window group needs ``ceil(P / B)`` blocks.
+        """
+        B = self.block_size
+        need = self.fits_alone(seq) // B + self.num_slots
+        hint = ("" if self.max_num_batched_tokens is not None else
+                f"; without --max-num-batched-tokens the whole prompt is prefilled in one step, so each "
+                f"sliding-window group also needs a block per {B} prompt tokens (chunked prefill needs fewer)")
+        return (f"{need} blocks of {B} tokens across its {len(self.group_window)} KV cache groups at once, "
+                f"and the pool has {self.num_slots} blocks shared by all groups{hint}")
+
     def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
         """Admit the prompt, decode one token per step to the KV extent, finish.
 

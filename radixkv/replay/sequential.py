@@ -150,12 +150,12 @@ def replay_sequential(
         seq = t.kv_seq(i)
         over = policy.fits_alone(seq)
         if over > 0:
+            detail = policy.overflow_detail(seq) if hasattr(policy, "overflow_detail") else \
+                f"{over} tokens more than the whole pool of {policy.capacity_tokens} tokens"
             raise ConfigError(
                 f"request {str(t.req_id[i])!r} (#{i} in replay order) needs {seq.kv_len} tokens of KV "
-                f"(prompt {seq.prompt_len} + output {seq.kv_len - seq.prompt_len}), {over} tokens more than the "
-                f"whole pool of {policy.capacity_tokens} tokens under {label or policy.name} "
-                f"({policy.num_slots} slots of {policy.slot_tokens} tokens: the capacity is rounded down to "
-                f"whole blocks/pages); give a larger capacity or --limit",
+                f"(prompt {seq.prompt_len} + output {seq.kv_len - seq.prompt_len}) and cannot fit the empty "
+                f"pool under {label or policy.name}: {detail}; give a larger capacity or --limit",
                 path=trace.name or None,
                 field="capacity",
             )
