@@ -226,3 +226,16 @@ def test_invalid_json_gives_line(tmp_path):
 def test_get_model_accepts_config_path():
     m = get_model(str(CONFIGS / "deepseek-v3.json"))
     assert m.is_mla and m.kv_bytes_per_token(8) == 70_272 and m.weight_dtype == "fp8"
+
+
+def test_gpu_family_alias():
+    from radixkv.errors import InputError
+    from radixkv.memory.presets import GPU_PRESETS, get_gpu
+
+    assert get_gpu("H100") is GPU_PRESETS["H100-80GB"]
+    assert get_gpu("h200") is GPU_PRESETS["H200-141GB"]
+    assert get_gpu("L40S") is GPU_PRESETS["L40S"]
+    with pytest.raises(InputError, match="A100-40GB, A100-80GB"):
+        get_gpu("A100")
+    with pytest.raises(InputError, match="unknown GPU"):
+        get_gpu("H800")

@@ -49,7 +49,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=None,
                    help=f"preset ({', '.join(MODEL_PRESETS)}; case-insensitive) or a "
                         "path to a Hugging Face config.json")
-    p.add_argument("--gpu", default=None, help=f"preset: {', '.join(GPU_PRESETS)}")
+    p.add_argument("--gpu", default=None, help=f"preset: {', '.join(GPU_PRESETS)} (or a family with one preset, e.g. H100)")
     p.add_argument("--pool-from-log", metavar="LOG", default=None,
                    help="a vLLM or SGLang start-up log: print the pool it shows (and, with "
                         "--model/--gpu, the memory model's error against it)")

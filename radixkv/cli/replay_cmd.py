@@ -57,7 +57,7 @@ def _add_pool_args(p):
                    help="the pool a vLLM or SGLang server logged at start-up (its log file)")
     m = p.add_argument_group("pool from the memory model")
     m.add_argument("--model", help="model preset or path to a Hugging Face config.json")
-    m.add_argument("--gpu", help="GPU preset")
+    m.add_argument("--gpu", help="GPU preset (`radixkv memory --help` lists them; H100 = H100-80GB)")
     m.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's knob")
     m.add_argument("--mem-fraction-static", type=float, default=None, help="SGLang's knob")
     m.add_argument("--kv-cache-dtype", default=None, help="e.g. fp8")

@@ -249,11 +249,19 @@ def get_model(name_or_path) -> ModelSpec:
 
 
 def get_gpu(name) -> GPUSpec:
-    """A GPU preset by name (case-insensitive).
+    """A GPU preset by name (case-insensitive), or by its family alone when that names one
+    preset (``H100`` is ``H100-80GB``; ``A100`` is refused: 40GB or 80GB).
 
     Raises
     ------
     InputError
-        Unknown name; lists the presets.
+        Unknown or ambiguous name; lists the presets (or the candidates).
     """
+    key = str(name).lower()
+    if key not in {k.lower() for k in GPU_PRESETS}:
+        fam = [k for k in GPU_PRESETS if k.lower().split("-")[0] == key]
+        if len(fam) == 1:
+            return GPU_PRESETS[fam[0]]
+        if len(fam) > 1:
+            raise InputError(f"GPU {name!r} has several presets: {', '.join(fam)}; give one", field="gpu")
     return _lookup(GPU_PRESETS, name, "GPU", "gpu")
