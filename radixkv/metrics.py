@@ -54,6 +54,11 @@ _PCTS = (50, 90, 99)
 HOST_TIER_KEYS = ("host_capacity_tokens", "device_hit_tokens", "host_hit_tokens", "host_loaded_tokens",
                   "host_hit_rate", "gpu_to_host_tokens", "host_to_gpu_tokens", "host_evicted_tokens",
                   "gpu_to_host_bytes", "host_to_gpu_bytes")
+#: summary keys of an L3 storage tier behind the host pool (docs/hicache.md "L3"); null
+#: when the policy has none
+STORAGE_TIER_KEYS = ("storage_backend", "storage_capacity_tokens", "storage_hit_tokens", "storage_hit_rate",
+                     "host_to_storage_tokens", "storage_to_host_tokens", "storage_evicted_tokens",
+                     "host_to_storage_bytes", "storage_to_host_bytes")
 
 
 def _ratio(a: float, b: float) -> float:
@@ -169,6 +174,7 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
     # the host-memory tier's totals (radixkv.policies.host_tier.host_tier_summary): null
     # here; the sequential replay fills them for a policy that models a host tier
     out.update(dict.fromkeys(HOST_TIER_KEYS))
+    out.update(dict.fromkeys(STORAGE_TIER_KEYS))
     # hybrid models: hits and memory per KV cache group, and the hit the full-attention
     # group alone held (HybridBlockHashCache.group_metrics); null for one-group policies
     out["kv_cache_groups"] = rec.meta.get("kv_cache_groups")

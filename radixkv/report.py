@@ -87,6 +87,17 @@ CONCURRENT_ROWS = [
 ]
 
 
+#: rows added when a summary has an L3 storage tier (``storage_backend``; docs/hicache.md)
+STORAGE_ROWS = [
+    ("storage_hit_rate", "storage-tier hit rate (prefetched)", "{:.4f}"),
+    ("storage_to_host_tokens", "storage→host tokens", "{:,}"),
+    ("host_to_storage_tokens", "host→storage tokens", "{:,}"),
+    ("storage_to_host_bytes", "storage→host bytes", "{:,}"),
+    ("host_to_storage_bytes", "host→storage bytes", "{:,}"),
+    ("storage_evicted_tokens", "storage evicted tokens", "{:,}"),
+]
+
+
 #: rows added to a concurrent table when a summary has a host-memory tier (``host_load_s``)
 HOST_CONCURRENT_ROWS = [
     ("host_hit_rate", "host-tier hit rate (loaded back)", "{:.4f}"),
@@ -130,6 +141,8 @@ def format_table(summaries: list[dict], timing: bool = True, rows_spec=None) -> 
                  or any(_get(s, "miss_causes.fix") for s in summaries)]
     if any("host_load_s" in s for s in summaries):
         spec += HOST_CONCURRENT_ROWS
+    if any(s.get("storage_backend") is not None for s in summaries):
+        spec += STORAGE_ROWS
     for key, label, fmt in spec:
         rows.append([label] + [_fmt(fmt, _get(s, key)) for s in summaries])
     if timing:

@@ -6,6 +6,10 @@
 ``--host-cache-tokens N``      host pool in tokens (radixkv's own; 0 turns the tier off; refused
                                together with ``--hicache-size`` or ``--hicache-ratio``)
 ``--hicache-write-policy P``   ``write_through`` | ``write_through_selective`` | ``write_back``
+``--hicache-storage-backend B``           L3 store behind the host pool (``file``; SGLang's name)
+``--hicache-storage-prefetch-policy P``   ``best_effort`` | ``wait_complete`` | ``timeout``
+``--storage-cache-tokens N``              L3 capacity in tokens (radixkv's own research knob;
+                                          default unbounded as SGLang's file backend; 0: off)
 ``--kv-offloading-size GiB``   vLLM's CPU offloading buffer (``CacheConfig.kv_offloading_size``,
                                all TP ranks together; needs ``--model``), for ``vllm-offload``
 
@@ -22,9 +26,11 @@ from dataclasses import replace
 
 from radixkv.errors import ConfigError
 
-_FLAGS = ("hicache_ratio", "hicache_size", "host_cache_tokens", "hicache_write_policy", "kv_offloading_size")
+_FLAGS = ("hicache_ratio", "hicache_size", "host_cache_tokens", "hicache_write_policy", "kv_offloading_size",
+          "hicache_storage_backend", "hicache_storage_prefetch_policy", "storage_cache_tokens")
 #: the flags a host-tier class takes unless it says otherwise (``host_tier_flags``)
-_SGLANG_FLAGS = ("hicache_ratio", "hicache_size", "host_cache_tokens", "hicache_write_policy")
+_SGLANG_FLAGS = ("hicache_ratio", "hicache_size", "host_cache_tokens", "hicache_write_policy",
+                 "hicache_storage_backend", "hicache_storage_prefetch_policy", "storage_cache_tokens")
 
 
 def add_host_tier_args(p) -> None:
@@ -43,6 +49,16 @@ def add_host_tier_args(p) -> None:
     g.add_argument("--host-link", default=None, metavar="LINK",
                    help="host-to-GPU link that prices load backs in --mode concurrent: pcie4-x16, pcie5-x16, "
                         "nvlink-c2c (radixkv.cost.HOST_LINKS) or bytes/s per direction")
+    g.add_argument("--hicache-storage-backend", default=None, choices=("file",),
+                   help="SGLang --hicache-storage-backend: an L3 store behind the host pool (sglang-hicache; "
+                        "sequential replay)")
+    g.add_argument("--hicache-storage-prefetch-policy", default=None,
+                   choices=("best_effort", "wait_complete", "timeout"),
+                   help="SGLang --hicache-storage-prefetch-policy (the sequential replay completes every "
+                        "prefetch before admission, so all three give the same hits)")
+    g.add_argument("--storage-cache-tokens", type=int, default=None, metavar="N",
+                   help="L3 capacity in tokens, page LRU as SGLang's capped file backend (default: unbounded, "
+                        "SGLang's file default; 0: no L3 tier)")
     g.add_argument("--kv-offloading-size", type=float, default=None, metavar="GiB",
                    help="vLLM CPU KV offloading buffer in GiB (2**30 bytes), all TP ranks together "
                         "(vLLM --kv-offloading-size; policy vllm-offload; needs --model)")
@@ -110,6 +126,14 @@ def host_tier_spec(spec, args):
         opts["cpu_bytes"] = int(gib * (1 << 30))
         opts["kv_bytes_per_token"] = get_model(args.model).kv_bytes_per_token(
             tp, getattr(args, "kv_cache_dtype", None)) * tp
+    if "hicache_storage_backend" in given:
+        opts["hicache_storage_backend"] = given["hicache_storage_backend"]
+    if "hicache_storage_prefetch_policy" in given:
+        opts["prefetch_policy"] = given["hicache_storage_prefetch_policy"]
+    if "storage_cache_tokens" in given:
+        if given["storage_cache_tokens"] < 0:
+            raise ConfigError("--storage-cache-tokens must be ≥ 0", field="storage_cache_tokens")
+        opts["storage_tokens"] = int(given["storage_cache_tokens"])
     if "host_cache_tokens" in given:
         if given["host_cache_tokens"] < 0:
             raise ConfigError("--host-cache-tokens must be ≥ 0", field="host_cache_tokens")
@@ -119,7 +143,8 @@ def host_tier_spec(spec, args):
 
 
 def add_host_tier_bytes(summary: dict, args) -> dict:
-    """Fill ``gpu_to_host_bytes`` / ``host_to_gpu_bytes`` of a replay *summary* in place.
+    """Fill ``gpu_to_host_bytes`` / ``host_to_gpu_bytes`` (and, with an L3 tier,
+    ``host_to_storage_bytes`` / ``storage_to_host_bytes``) of a replay *summary* in place.
 
     Bytes = tokens copied × the model's KV bytes per token per TP rank
     (:meth:`radixkv.memory.specs.ModelSpec.kv_bytes_per_token` at ``--tp`` and
@@ -135,7 +160,7 @@ def add_host_tier_bytes(summary: dict, args) -> dict:
 
         bpt = get_model(model).kv_bytes_per_token(int(getattr(args, "tp", 1) or 1),
                                                   getattr(args, "kv_cache_dtype", None))
-    for way in ("gpu_to_host", "host_to_gpu"):
+    for way in ("gpu_to_host", "host_to_gpu", "host_to_storage", "storage_to_host"):
         tokens = summary.get(f"{way}_tokens")
         summary[f"{way}_bytes"] = None if tokens is None or bpt is None else int(tokens) * int(bpt)
     return summary

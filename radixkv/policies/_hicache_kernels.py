@@ -94,3 +94,44 @@ def seq_tokens_kernel(seg_id, seg_end, index, shift):
                 out[t] = base - t
         a = b
     return out
+
+
+@njit(cache=True)
+def chain_page_hashes(start, toks, off, n_pages, page_size):
+    """Chained page keys of ``toks[off : off + n_pages · page_size]`` (the L3 store's keys).
+
+    SGLang keys a storage page by a hash of its tokens chained to the previous page's key
+    (``hicache_storage.py :: get_hash_str`` via ``get_storage_hash_str``), so a page's key
+    names the whole prefix that ends with it. This is a 64-bit stand-in for SGLang's
+    SHA-256 chain: each token is folded into the state with the splitmix64 finaliser and
+    the state at every page end is the page's key; keys equal exactly when the prefixes
+    are equal, up to 64-bit collisions (probability ~ n² / 2⁶⁵ for n distinct pages).
+
+    Parameters
+    ----------
+    start : int
+        The chain state before the first page (the parent prefix's last key; the root's
+        is a fixed seed).
+    toks : np.ndarray, int64, 1-D
+        Tokens (``hicache.seq_tokens`` values).
+    off, n_pages, page_size : int
+        The pages ``[off + i·page_size, off + (i+1)·page_size)`` for ``i < n_pages``.
+
+    Returns
+    -------
+    np.ndarray, int64, shape (n_pages,)
+        Page ``i``'s key.
+    """
+    out = np.empty(n_pages, np.int64)
+    h = np.uint64(start)
+    m1 = np.uint64(0xBF58476D1CE4E5B9)
+    m2 = np.uint64(0x94D049BB133111EB)
+    g = np.uint64(0x9E3779B97F4A7C15)
+    for i in range(n_pages):
+        for j in range(page_size):
+            z = h + g + np.uint64(toks[off + i * page_size + j])
+            z = (z ^ (z >> np.uint64(30))) * m1
+            z = (z ^ (z >> np.uint64(27))) * m2
+            h = z ^ (z >> np.uint64(31))
+        out[i] = np.int64(h)
+    return out

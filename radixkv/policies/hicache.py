@@ -73,7 +73,7 @@ import heapq
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.policies._hicache_kernels import lcp_at, seq_tokens_kernel
+from radixkv.policies._hicache_kernels import chain_page_hashes, lcp_at, seq_tokens_kernel
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.policies.host_tier import zero_host_totals
 from radixkv.trace.types import KVSeq
@@ -84,6 +84,19 @@ LOAD_BACK_THRESHOLD = 10
 WRITE_POLICIES = {"write_through": 1, "write_through_selective": 2, "write_back": None}
 #: offset of the unique-content tokens (negative segment ids) in the token encoding
 _SEG_SHIFT = 24
+#: L3 storage backends modelled (``--hicache-storage-backend``)
+STORAGE_BACKENDS = ("file",)
+#: ``--hicache-storage-prefetch-policy`` values (``server_args.py``; default best_effort)
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+#: SGLang ``UnifiedRadixCache.init_hicache``: ``storage_prefetch_threshold = 256`` tokens
+#: (``prefetch_threshold`` of ``--hicache-storage-backend-extra-config``), then
+#: ``max(threshold, page_size)`` (``HybridCacheController.__init__``)
+PREFETCH_THRESHOLD = 256
+#: SGLang ``SGLANG_HICACHE_FILE_BACKEND_EVICTION_RATIO`` default (``environ.py``): a capped
+#: file store evicts down to this share of its cap (``LRUFileEvictor._evict_locked``)
+FILE_EVICTION_RATIO = 0.9
+#: chain state before a sequence's first page (any fixed value)
+_HASH_SEED = 0x243F6A8885A308D3
 
 
 def seq_tokens(seq: KVSeq) -> np.ndarray:
@@ -99,7 +112,7 @@ def seq_tokens(seq: KVSeq) -> np.ndarray:
 
 
 class _Node:
-    __slots__ = ("key", "parent", "children", "dev", "host", "lock", "hits", "time", "id")
+    __slots__ = ("key", "parent", "children", "dev", "host", "lock", "hits", "time", "id", "hend")
 
     def __init__(self, key, parent, time, nid):
         self.key = key
@@ -111,6 +124,7 @@ class _Node:
         self.hits = 0
         self.time = time
         self.id = nid
+        self.hend = None  # L3 chain key of the node's last page (lazily)
 
 
 class HiCacheRadixCache(PrefixCache):
@@ -133,6 +147,23 @@ class HiCacheRadixCache(PrefixCache):
         Host pool in tokens before SGLang's page rounding, instead of the ratio (what
         ``--hicache-size`` GB gives at the model's KV bytes per token). 0: no host tier —
         the replay equals :class:`~radixkv.policies.radix.RadixCache` exactly.
+    hicache_storage_backend : str or None
+        SGLang ``--hicache-storage-backend``: ``"file"`` puts an L3 store behind the host
+        pool (:meth:`_prefetch`, :meth:`_storage_write`; docs/hicache.md "L3"); None (the
+        default): no L3 tier. Needs a host tier.
+    storage_tokens : int or None
+        L3 capacity in tokens. None (default): unbounded, as SGLang's ``file`` backend is
+        unless ``max_size`` / ``SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE`` is set; a number
+        caps it with the file backend's page LRU (``LRUFileEvictor``) — a research knob;
+        0: no L3 tier (the replay equals the one without a backend exactly).
+    prefetch_policy : str
+        SGLang ``--hicache-storage-prefetch-policy``: ``best_effort`` (default),
+        ``wait_complete`` or ``timeout``. The sequential replay finishes every prefetch
+        before the request is admitted, so the three give the same hits (they differ
+        only in how long a real admission waits for storage I/O).
+    prefetch_threshold : int
+        Minimum prefetch length and storage hit in tokens (SGLang default 256; raised
+        to *page_size* when smaller).
 
     Attributes
     ----------
@@ -144,11 +175,19 @@ class HiCacheRadixCache(PrefixCache):
         GPU→host and evicted from host since construction.
     last_host_hit, last_loaded : int
         Host hit and loaded-back tokens of the last admission.
+    storage_capacity : int or None
+        L3 capacity in tokens (None: unbounded; 0 without an L3 tier).
+    storage_hit_tokens_total, storage_written_tokens_total, storage_evicted_tokens_total : int
+        Tokens fetched L3→host by prefetches, written host→L3 (new pages only: the file
+        backend skips a key it holds) and evicted from a capped L3 since construction.
+    last_storage_hit : int
+        Tokens the last admission's prefetch brought from L3 to host.
 
     Raises
     ------
     radixkv.errors.ConfigError
-        On a bad size, page, ratio or write policy.
+        On a bad size, page, ratio, write policy, storage backend or prefetch policy, or
+        an L3 backend without a host tier.
     """
 
     name = "sglang-hicache"
@@ -167,7 +206,9 @@ class HiCacheRadixCache(PrefixCache):
     sequential_only = False
 
     def __init__(self, max_total_num_tokens: int, page_size: int = 1, *, write_policy: str = "write_through",
-                 hicache_ratio: float = 2.0, host_tokens: int | None = None):
+                 hicache_ratio: float = 2.0, host_tokens: int | None = None,
+                 hicache_storage_backend: str | None = None, storage_tokens: int | None = None,
+                 prefetch_policy: str = "best_effort", prefetch_threshold: int = PREFETCH_THRESHOLD):
         p = int(page_size)
         if p < 1:
             raise ConfigError(f"page_size must be ≥ 1, got {page_size}", field="page_size")
@@ -218,6 +259,40 @@ class HiCacheRadixCache(PrefixCache):
         zero_host_totals(self)
         self.last_host_hit = 0
         self.last_loaded = 0
+        self._init_storage(hicache_storage_backend, storage_tokens, prefetch_policy, prefetch_threshold)
+
+    def _init_storage(self, backend, storage_tokens, prefetch_policy, prefetch_threshold):
+        """The L3 tier's state (``HybridCacheController.__init__`` storage part)."""
+        if backend is not None and backend not in STORAGE_BACKENDS:
+            raise ConfigError(f"unknown hicache_storage_backend {backend!r}; modelled: {', '.join(STORAGE_BACKENDS)}",
+                              field="hicache_storage_backend")
+        if prefetch_policy not in PREFETCH_POLICIES:
+            raise ConfigError(f"unknown prefetch_policy {prefetch_policy!r}; known: {', '.join(PREFETCH_POLICIES)}",
+                              field="prefetch_policy")
+        if storage_tokens is not None and int(storage_tokens) < 0:
+            raise ConfigError(f"storage_tokens must be ≥ 0, got {storage_tokens}", field="storage_tokens")
+        if int(prefetch_threshold) < 0:
+            raise ConfigError(f"prefetch_threshold must be ≥ 0, got {prefetch_threshold}",
+                              field="prefetch_threshold")
+        on = backend is not None and storage_tokens != 0
+        if on and not self._hicache:
+            raise ConfigError("an L3 storage backend sits behind the host pool: give a host tier "
+                              "(hicache_ratio > 0 or host_tokens > 0)", field="hicache_storage_backend")
+        self.hicache_storage_backend = backend if on else None
+        self.prefetch_policy = prefetch_policy
+        self._storage = on
+        # the concurrent replay does not model prefetch timing (the prefetch policy): an
+        # L3 tier is refused there (radixkv.cli.concurrent_args.policy_from_args)
+        self.sequential_only = on
+        self.storage_capacity = (None if storage_tokens is None else int(storage_tokens)) if on else 0
+        self.prefetch_threshold = max(int(prefetch_threshold), self.page_size)
+        # page key -> None; insertion order is the file LRU (oldest first) when capped
+        self._store = {} if on else None
+        self.storage_used = 0
+        self.storage_hit_tokens_total = 0
+        self.storage_written_tokens_total = 0
+        self.storage_evicted_tokens_total = 0
+        self.last_storage_hit = 0
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -239,7 +314,9 @@ class HiCacheRadixCache(PrefixCache):
     @classmethod
     def parse_option(cls, text: str) -> tuple:
         """``KEY=VALUE[,KEY=VALUE…]`` with keys ``write_policy`` (or a bare policy name),
-        ``hicache_ratio``, ``host_tokens``; pairs are separated by ``,``, ``+`` or ``;``
+        ``hicache_ratio``, ``host_tokens``, and for an L3 tier ``hicache_storage_backend``
+        (``file``), ``storage_tokens``, ``prefetch_policy``, ``prefetch_threshold``;
+        pairs are separated by ``,``, ``+`` or ``;``
         (``+`` inside a comma-separated ``--policies`` list). E.g.
         ``sglang-hicache:1@write_back,hicache_ratio=4``. Returns sorted
         ``(keyword, value)`` pairs."""
@@ -266,15 +343,26 @@ class HiCacheRadixCache(PrefixCache):
                 except ValueError:
                     raise ConfigError(f"policy {cls.name!r}: hicache_ratio={v!r} is not a number",
                                       field="policy") from None
-            elif k == "host_tokens":
+            elif k in ("hicache_storage_backend", "storage_backend"):
+                if v not in STORAGE_BACKENDS:
+                    raise ConfigError(f"policy {cls.name!r}: unknown storage backend {v!r}; modelled: "
+                                      f"{', '.join(STORAGE_BACKENDS)}", field="policy")
+                out["hicache_storage_backend"] = v
+            elif k == "prefetch_policy":
+                if v not in PREFETCH_POLICIES:
+                    raise ConfigError(f"policy {cls.name!r}: unknown prefetch_policy {v!r}; known: "
+                                      f"{', '.join(PREFETCH_POLICIES)}", field="policy")
+                out[k] = v
+            elif k in ("host_tokens", "storage_tokens", "prefetch_threshold"):
                 try:
                     out[k] = int(float(v))
                 except ValueError:
-                    raise ConfigError(f"policy {cls.name!r}: host_tokens={v!r} is not a number",
+                    raise ConfigError(f"policy {cls.name!r}: {k}={v!r} is not a number",
                                       field="policy") from None
             else:
                 raise ConfigError(f"policy {cls.name!r}: unknown option {k!r} (write_policy, hicache_ratio, "
-                                  f"host_tokens)", field="policy")
+                                  f"host_tokens, hicache_storage_backend, storage_tokens, prefetch_policy, "
+                                  f"prefetch_threshold)", field="policy")
         return tuple(sorted(out.items()))  # hashable: a policy spec is a dict key
 
     @classmethod
@@ -343,7 +431,8 @@ class HiCacheRadixCache(PrefixCache):
         return x is not self.root and x.dev and x.lock == 0 and not any(c.dev for c in x.children.values())
 
     def _is_host_leaf(self, x):
-        return x is not self.root and not x.dev and x.host and x.lock == 0 and not x.children
+        return (x is not self.root and not x.dev and x.host and x.lock == 0 and not x.children
+                and x.id not in self._host_locked)
 
     def _remove(self, x):
         del x.parent.children[self._ckey(x.key, 0)]
@@ -497,7 +586,138 @@ class HiCacheRadixCache(PrefixCache):
         self.tree_host += n
         x.host = True
         self.written_tokens_total += n
+        if self._storage:
+            # _finish_write_through_ack → write_backup_storage (the write-back eviction's
+            # backup is acked the same way); the sequential replay reaps acks every step
+            self._storage_write(x)
         return True
+
+    # ------------------------------------------------------------------ L3 storage
+    def _hend(self, x):
+        """The chain key of node *x*'s last page (the root: the seed), computed down
+        from the deepest ancestor that has one (a split leaves the lower part's key)."""
+        path = []
+        y = x
+        while y is not self.root and y.hend is None:
+            path.append(y)
+            y = y.parent
+        h = _HASH_SEED if y is self.root else y.hend
+        for z in reversed(path):
+            h = int(self._page_keys(h, z.key, 0, len(z.key))[-1])
+            z.hend = h
+        return h
+
+    def _page_keys(self, start, toks, off, n_tokens):
+        p = self.page_size
+        return chain_page_hashes(np.int64(start), toks, np.int64(off), np.int64(n_tokens // p), np.int64(p))
+
+    def _storage_write(self, x):
+        """``write_backup_storage`` → ``HiCacheFile.set`` per page of node *x*: a key the
+        store holds is skipped (and made most recent when capped,
+        ``LRUFileEvictor.touch``); a new one is reserved (``LRUFileEvictor.reserve``:
+        over the cap, least recently used pages are unlinked until the store holds at
+        most ``int(cap × 0.9) − page`` tokens; a page that still does not fit is not
+        stored)."""
+        keys = self._page_keys(self._hend(x.parent), x.key, 0, len(x.key))
+        x.hend = int(keys[-1])
+        store, p, cap = self._store, self.page_size, self.storage_capacity
+        if cap is None:
+            before = len(store)
+            store.update(dict.fromkeys(keys.tolist()))
+            new = len(store) - before
+            self.storage_used += new * p
+            self.storage_written_tokens_total += new * p
+            return
+        for k in keys.tolist():
+            if k in store:
+                store[k] = store.pop(k)  # touch: most recent
+                continue
+            if p > cap:
+                continue
+            if self.storage_used + p > cap:
+                target = max(0, int(cap * FILE_EVICTION_RATIO) - p)
+                it = iter(list(store))
+                while self.storage_used > target:
+                    del store[next(it)]
+                    self.storage_used -= p
+                    self.storage_evicted_tokens_total += p
+                if self.storage_used + p > cap:
+                    continue
+            store[k] = None
+            self.storage_used += p
+            self.storage_written_tokens_total += p
+
+    def _prefetch(self, toks, klen):
+        """L3 → host prefetch of a request, synchronously (returns tokens fetched).
+
+        SGLang 0.5.23: ``scheduler.py :: Scheduler._prefetch_kvcache`` matches the
+        request (``init_next_round_input``: a stamping match) and, when the deepest
+        matched node (``last_host_node``) is the root or has a host copy, calls
+        ``UnifiedRadixCache.prefetch_from_storage`` with the tokens after the device +
+        host match, up to ``P − 1``, page-aligned; fewer than ``prefetch_threshold``
+        tokens: no prefetch. ``HiCacheController._storage_hit_query`` counts the leading
+        pages the store holds (``batch_exists``); a hit under the threshold is revoked
+        (``_drain_and_alloc_storage_hit``). Host room (``allocate_storage_hit``): when
+        the host pool has fewer free tokens than the hit, ``evict_host(hit)`` (the
+        anchor host-locked), then the whole hit or, failing that, the free tokens
+        (page-aligned) if they reach the threshold, else nothing. The fetched pages are
+        read (``get``: most recent in a capped store) and inserted as a host-only node
+        below the anchor (``UnifiedTreeCore.insert_host``), which the admission's match
+        then finds as a host hit and loads back.
+
+        Stand-in: the real prefetch runs in controller threads and
+        ``check_prefetch_progress`` decides by ``--hicache-storage-prefetch-policy``
+        how long admission waits; here the query and the transfer complete before the
+        request is admitted (what ``wait_complete`` gives, and ``best_effort`` /
+        ``timeout`` when the I/O is done by the next scheduler step). The scheduler's
+        prefetch rate limit (``prefetch_tokens_occupied`` against half the host pool)
+        never binds with one request in flight.
+        """
+        self.last_storage_hit = 0
+        dev, host, best, _ = self._match(toks, klen)
+        if not (best is self.root or best.host):
+            return 0  # an unbacked anchor: Scheduler._prefetch_kvcache issues nothing
+        m = dev + host
+        thr = self.prefetch_threshold
+        if klen - m < max(thr, 1):
+            return 0
+        keys = self._page_keys(self._hend(best), toks, m, klen - m).tolist()
+        store = self._store
+        hit = 0
+        for k in keys:
+            if k not in store:
+                break
+            hit += 1
+        p = self.page_size
+        hit *= p
+        if hit < thr or hit == 0:
+            return 0
+        self._host_locked.add(best.id)  # prefetch_from_storage: inc_host_lock_ref(anchor)
+        if self.host_free < hit:
+            self._evict_host(hit)
+        self._host_locked.discard(best.id)
+        self._touch(best)
+        n = hit if self.host_free >= hit else self.host_free - self.host_free % p
+        if n < hit and n < thr:
+            return 0
+        if n <= 0:
+            return 0
+        if self.storage_capacity is not None:
+            for k in keys[:n // p]:
+                store[k] = store.pop(k)  # HiCacheFile.get → LRUFileEvictor.touch
+        # insert_host: touch the anchor, a new host-only leaf below it
+        best.time = (self._draw(), 0)
+        self._touch(best)
+        leaf = self._new_node(toks[m:m + n].copy(), best)
+        leaf.host = True
+        leaf.hend = keys[n // p - 1]
+        best.children[self._ckey(toks, m)] = leaf
+        self.host_free -= n
+        self.tree_host += n
+        self._touch(leaf)
+        self.storage_hit_tokens_total += n
+        self.last_storage_hit = n
+        return n
 
     def _backup_chain(self, x):
         chain = [x]
@@ -631,6 +851,8 @@ class HiCacheRadixCache(PrefixCache):
         toks = seq_tokens(seq)
         klen = (P - 1) // p * p
         held = self._held(toks, min(P, seq.kv_len))
+        if self._storage:
+            self._prefetch(toks, klen)
         dev, host, best, best_dev = self._match(toks, klen)
         # SGLang's admission budget refuses a request the pool cannot hold before any load
         # starts (PrefillAdder.add_one_req → prepare_load_back → init_load_back): the
