@@ -850,9 +850,9 @@ class HiCacheRadixCache(PrefixCache):
             raise ValueError(f"request {rid}: sglang-hicache admits up to the prompt ({P} tokens), asked {n}")
         toks = seq_tokens(seq)
         klen = (P - 1) // p * p
-        held = self._held(toks, min(P, seq.kv_len))
         if self._storage:
-            self._prefetch(toks, klen)
+            self._prefetch(toks, klen)  # what it brings to host is held from here on
+        held = self._held(toks, min(P, seq.kv_len))
         dev, host, best, best_dev = self._match(toks, klen)
         # SGLang's admission budget refuses a request the pool cannot hold before any load
         # starts (PrefillAdder.add_one_req → prepare_load_back → init_load_back): the
