@@ -6,7 +6,8 @@ import io
 from radixkv.util import atomic_write_bytes
 
 
-def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: dict | None = None) -> None:
+def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: dict | None = None,
+                x: str = "capacity_tokens") -> None:
     """Hit rate against capacity (log x), one line per policy, written atomically as PNG.
 
     Parameters
@@ -21,6 +22,10 @@ def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: d
     reference : dict or None
         Optional ``{"label": str, "capacity_tokens": [...], "values": [...]}`` drawn as
         markers (e.g. values read off a published figure).
+    x : str
+        The point field on the x axis: ``capacity_tokens`` (log scale) or
+        ``host_capacity_tokens`` (``radixkv curve --host-capacities``; linear, as it
+        starts at 0).
     """
     import matplotlib
 
@@ -32,11 +37,16 @@ def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: d
         pts = [p for p in c["points"] if metric in p]
         if not pts:
             continue
-        ax.plot([p["capacity_tokens"] for p in pts], [p[metric] for p in pts], marker="o", label=c["policy"])
+        label = c["policy"] + (" (GPU + host as one pool)" if c.get("tiers") == 1 else "")
+        ax.plot([p[x] for p in pts], [p[metric] for p in pts], marker="o", label=label)
     if reference:
         ax.plot(reference["capacity_tokens"], reference["values"], "k^", linestyle="none", label=reference["label"])
-    ax.set_xscale("log")
-    ax.set_xlabel("KV pool capacity (tokens)")
+    if x == "capacity_tokens":
+        ax.set_xscale("log")
+        ax.set_xlabel("KV pool capacity (tokens)")
+    else:
+        gpu = next((c.get("gpu_capacity_tokens") for c in doc["curves"]), None)
+        ax.set_xlabel(f"host KV pool (tokens), GPU pool {gpu:,} tokens" if gpu else "host KV pool (tokens)")
     ax.set_ylabel(metric.replace("_", " "))
     ax.set_ylim(bottom=0)
     ax.grid(True, which="both", alpha=0.3)

@@ -444,6 +444,10 @@ def cmd_curve(args) -> int:
         print(f"pool from {args.pool_from_log}: {logged:,} tokens (added to --capacities)", file=sys.stderr)
     if not caps:
         raise ConfigError("--capacities is empty", field="capacities")
+    if args.host_capacities is not None:
+        return _host_curve(args, specs, caps, outs)
+    if args.single_tier is not None:
+        raise ConfigError("--single-tier goes with --host-capacities", field="single_tier")
     trace, load_s = _load(args)
     from radixkv.replay.curve import run_curve
     from radixkv.replay.jit import trace_tokens
@@ -504,6 +508,82 @@ def cmd_curve(args) -> int:
 
         plot_curves(doc, out_png, metric=args.metric)
         print(f"wrote {out_json} and {out_png}", file=human(*outs))
+    return 0
+
+
+_HOST_POINT_KEYS = ("token_hit_rate", "hit_tokens", "device_hit_tokens", "host_hit_tokens", "host_loaded_tokens",
+                    "host_hit_rate", "gpu_to_host_tokens", "host_to_gpu_tokens", "host_evicted_tokens",
+                    "storage_hit_tokens", "storage_to_host_tokens", "host_to_storage_tokens")
+
+
+def _host_curve(args, specs, caps, outs) -> int:
+    """``curve --host-capacities``: each host-tier policy at one GPU pool (the single
+    ``--capacities`` value) and every host pool; ``--single-tier SPEC`` adds SPEC at one
+    pool of GPU + host tokens per point. Points are keyed by ``host_capacity_tokens``."""
+    from radixkv.replay.curve import run_curve, run_host_curve
+
+    if len(caps) != 1:
+        raise ConfigError(f"--host-capacities sweeps the host pool at one GPU pool: give one --capacities value "
+                          f"(got {len(caps)})", field="capacities")
+    if _executor(args) != "local" or args.miss_causes:
+        raise ConfigError("--host-capacities runs on the local executor, without --miss-causes",
+                          field="host_capacities")
+    try:
+        hosts = [_int_tokens(c) for c in args.host_capacities.split(",") if c.strip()]
+    except argparse.ArgumentTypeError as e:
+        raise ConfigError(str(e), field="host_capacities") from None
+    if not hosts:
+        raise ConfigError("--host-capacities is empty", field="host_capacities")
+    gpu = caps[0]
+    singles = []
+    if args.single_tier:
+        singles = [parse_policy(t, block_size=args.block_size, page_size=args.page_size)
+                   for t in args.single_tier.split(",") if t.strip()]
+    trace, load_s = _load(args)
+    curves = []
+    out = human(*outs)
+
+    def point(h, total, res, label, single=False):
+        if isinstance(res, ConfigError):
+            if not args.skip_too_small:
+                raise res
+            print(f"{label} @ host {h:,}: skipped ({res.reason})", file=sys.stderr)
+            return {"host_capacity_tokens": h, "capacity_tokens": total, "skipped": res.reason}
+        s = res[1]
+        pt = {"host_capacity_tokens": h, "capacity_tokens": total, **{k: s.get(k) for k in _HOST_POINT_KEYS}}
+        if not args.no_timing:
+            pt["replay_s"] = s["timing_s"]["replay"]
+        where = f"one pool of {total:,}" if single else f"GPU {gpu:,} + host {h:,}"
+        print(f"{label:>10} @ {where} tokens: token hit rate {s['token_hit_rate']:.4f} "
+              f"({s['timing_s']['replay']:.2f} s)", file=out)
+        return pt
+
+    for spec in specs:
+        res = run_host_curve(trace, spec, gpu, hosts, limit=args.limit, quiet=args.quiet)
+        curves.append({"policy": spec.label, "gpu_capacity_tokens": gpu, "tiers": 2,
+                       "points": [point(h, gpu, r, spec.label) for h, r in zip(hosts, res)]})
+    for spec in singles:
+        res = run_curve(trace, spec, [gpu + h for h in hosts], limit=args.limit, quiet=args.quiet)
+        curves.append({"policy": spec.label, "gpu_capacity_tokens": gpu, "tiers": 1,
+                       "points": [point(h, gpu + h, r, spec.label, True) for h, r in zip(hosts, res)]})
+        for p in curves[-1]["points"]:  # the single tier has no host pool: its hit is all on the GPU
+            for k in _HOST_POINT_KEYS[2:]:
+                p.pop(k, None)
+    doc = {
+        "radixkv": __import__("radixkv").__version__,
+        "trace": {"path": str(args.trace), "name": trace.name, "unit_tokens": trace.unit_tokens},
+        "limit": args.limit,
+        "x": "host_capacity_tokens",
+        "curves": curves,
+    }
+    emit(args.json, dumps_json(doc), *outs)
+    write_run_report(args.report, doc, stream=out)
+    if args.out:
+        atomic_write_text(args.out + ".json", dumps_json(doc))
+        from radixkv.plots import plot_curves
+
+        plot_curves(doc, args.out + ".png", metric=args.metric, x="host_capacity_tokens")
+        print(f"wrote {args.out}.json and {args.out}.png", file=out)
     return 0
 
 
@@ -628,6 +708,12 @@ def register(sub) -> None:
                    help="comma-separated pool sizes in tokens")
     p.add_argument("--pool-from-log", metavar="LOG", default=None,
                    help="add the pool a vLLM/SGLang start-up log shows to the capacities")
+    p.add_argument("--host-capacities", default=None, metavar="LIST",
+                   help="comma-separated host-memory KV pools in tokens (e.g. 0,1e6,4e6): a curve over host capacity "
+                        "at the one GPU pool --capacities gives, for host-tier policies (sglang-hicache, vllm-offload)")
+    p.add_argument("--single-tier", default=None, metavar="SPECS",
+                   help="with --host-capacities: also replay these policies (e.g. sglang:1) at one pool of GPU + host "
+                        "tokens per point")
     p.add_argument("--metric", default="token_hit_rate", choices=["token_hit_rate", "mean_request_hit_ratio"],
                    help="the y axis of the PNG (a ratio in [0, 1])")
     p.add_argument("--skip-too-small", action="store_true",

@@ -88,3 +88,52 @@ def run_curve(
         except ConfigError as e:
             out[i] = e
     return out
+
+
+#: options a host-capacity point replaces: the host pool is ``host_tokens`` at each point
+_HOST_SIZE_OPTIONS = ("host_tokens", "hicache_ratio", "cpu_bytes", "kv_bytes_per_token")
+
+
+def with_host_tokens(spec: PolicySpec, host_tokens: int) -> PolicySpec:
+    """*spec* with its host pool set to *host_tokens* tokens (``@host_tokens=N``), any
+    other host size it gave (``hicache_ratio``, ``cpu_bytes``) dropped.
+
+    Raises
+    ------
+    ConfigError
+        *spec*'s class models no host tier (``models_host_tier``).
+    """
+    from dataclasses import replace
+
+    if not getattr(spec.build_class, "models_host_tier", False):
+        raise ConfigError(f"policy {spec.label!r} has no host-memory KV tier: a curve over host capacity needs "
+                          f"one (sglang-hicache, vllm-offload)", field="policies")
+    opts = {k: v for k, v in dict(spec.option or ()).items() if k not in _HOST_SIZE_OPTIONS}
+    opts["host_tokens"] = int(host_tokens)
+    return replace(spec, option=tuple(sorted(opts.items())))
+
+
+def run_host_curve(trace: Trace, spec: PolicySpec, capacity_tokens: int, host_tokens, *,
+                   limit: int | None = None, quiet: bool = True) -> list:
+    """Sequential replays of *trace* through host-tier policy *spec* at one GPU pool of
+    *capacity_tokens* tokens and every host pool in *host_tokens* (tokens).
+
+    The host pool is the policy's ``host_tokens`` option (SGLang HiCache: rounded to
+    pages plus one page as ``HostKVCache.__init__`` does; vLLM offloading:
+    ``host_tokens // chunk tokens`` chunks). Host 0 is the policy without a host tier,
+    which equals its single-tier engine exactly (tests/test_hicache.py,
+    tests/test_vllm_offload.py).
+
+    Returns
+    -------
+    list, one entry per host size in the given order: ``(records, summary)`` as
+    :func:`radixkv.replay.run.run_replay` returns, or the :class:`ConfigError` it raised.
+    """
+    out = []
+    for h in host_tokens:
+        try:
+            out.append(run_replay(trace, with_host_tokens(spec, h), PoolSpec(capacity_tokens=int(capacity_tokens)),
+                                  limit=limit, quiet=quiet))
+        except ConfigError as e:
+            out.append(e)
+    return out
