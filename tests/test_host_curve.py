@@ -66,3 +66,26 @@ def test_host_curve_vllm_offload(tmp_path):
     assert two["points"][0]["hit_tokens"] == one["points"][0]["hit_tokens"]
     assert two["points"][0]["host_loaded_tokens"] == 0 and two["points"][1]["host_loaded_tokens"] > 0
     assert two["points"][1]["hit_tokens"] > two["points"][0]["hit_tokens"]
+
+
+def test_sequential_replicas_report_host_tier(tmp_path):
+    """--replicas 2 (round-robin: request i on replica i mod 2) with sglang-hicache: each
+    replica's host-tier totals equal a direct replay of its requests, the aggregate is
+    their sum, the storage keys stay null (no L3 tier)."""
+    out = tmp_path / "r.json"
+    rc = main(["replay", str(TRACE), "--policy", "sglang-hicache:1@hicache_ratio=1,write_back", "--capacity-tokens",
+               "1904", "--replicas", "2", "--limit", "120", "--json", str(out), "--quiet"])
+    assert rc == 0
+    s = json.loads(out.read_text())["results"][0]["summary"]
+    tr = load_trace(str(TRACE))
+    want = []
+    for r in range(2):
+        c = HiCacheRadixCache(1904, 1, hicache_ratio=1.0, write_policy="write_back")
+        for i in range(r, 120, 2):
+            c.run_request(i, tr.kv_seq(i))
+        want.append((c.written_tokens_total, c.loaded_tokens_total, c.host_hit_tokens_total))
+    got = [(r["gpu_to_host_tokens"], r["host_to_gpu_tokens"], r["host_hit_tokens"]) for r in s["replicas"]]
+    assert got == want and want[0][1] > 0
+    assert s["gpu_to_host_tokens"] == want[0][0] + want[1][0]
+    assert s["host_loaded_tokens"] == want[0][1] + want[1][1]
+    assert s["host_capacity_tokens"] == 2 * 1905 and s["storage_hit_tokens"] is None

@@ -128,12 +128,14 @@ def run_routed(trace, spec, pool, args) -> dict:
         cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold, max_tree_tokens=args.max_tree_tokens)
     el = time.perf_counter() - t0
-    summ = dict(res["aggregate"])
+    from radixkv.cli.host_tier_args import add_host_tier_bytes
+
+    summ = add_host_tier_bytes(dict(res["aggregate"]), args)  # host-tier totals over replicas
     summ["policy"] = f"{spec.label} x{res['n_replicas']} {res['router']} ({res['kv_pool']})"
     reps, rep_timing = [], []
     for r in res["replicas"]:
         if r is not None:
-            r = dict(r)
+            r = add_host_tier_bytes(dict(r), args)
             rep_timing.append(r.pop("timing_s"))
         reps.append(r)
     summ["replicas"] = reps

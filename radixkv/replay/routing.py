@@ -426,6 +426,37 @@ _SUM_KEYS = ("requests", "pool_capacity_tokens", "prompt_tokens", "hit_tokens", 
              "held_tokens", "evicted_tokens", "alignment_loss_tokens")
 
 
+#: per-tier token counts that add up over replicas (radixkv.policies.host_tier)
+_TIER_SUM_KEYS = ("host_capacity_tokens", "device_hit_tokens", "host_hit_tokens", "host_loaded_tokens",
+                  "gpu_to_host_tokens", "host_to_gpu_tokens", "host_evicted_tokens", "storage_hit_tokens",
+                  "host_to_storage_tokens", "storage_to_host_tokens", "storage_evicted_tokens")
+
+
+def tier_totals(replicas: list, prompt_tokens: int) -> dict:
+    """The host (and L3 storage) tier keys over *replicas* (their summaries): token
+    counts and capacities summed, ``host_hit_rate`` / ``storage_hit_rate`` over all
+    *prompt_tokens*; a key the replicas report as None (no such tier) stays None, and
+    ``storage_capacity_tokens`` is None (unbounded) when any replica's is. Bytes are
+    filled later from the model (``add_host_tier_bytes``)."""
+    from radixkv.metrics import HOST_TIER_KEYS, STORAGE_TIER_KEYS
+
+    out = dict.fromkeys(HOST_TIER_KEYS + STORAGE_TIER_KEYS)
+    if not replicas:
+        return out
+    for k in _TIER_SUM_KEYS:
+        vals = [r.get(k) for r in replicas]
+        if all(v is not None for v in vals):
+            out[k] = int(sum(vals))
+    if out["host_loaded_tokens"] is not None:
+        out["host_hit_rate"] = out["host_loaded_tokens"] / prompt_tokens if prompt_tokens else None
+    if replicas[0].get("storage_backend") is not None:
+        out["storage_backend"] = replicas[0]["storage_backend"]
+        caps = [r.get("storage_capacity_tokens") for r in replicas]
+        out["storage_capacity_tokens"] = None if any(c is None for c in caps) else int(sum(caps))
+        out["storage_hit_rate"] = out["storage_hit_tokens"] / prompt_tokens if prompt_tokens else None
+    return out
+
+
 def replay_replicas(
     trace: Trace,
     spec,
@@ -507,6 +538,8 @@ def replay_replicas(
         cap = [r["cached_tokens_second_half_mean"] for r in per if r is not None]
         agg["cached_tokens_second_half_mean"] = float(sum(cap))
         agg["cached_tokens_share_of_pool"] = float(sum(cap)) / agg["pool_capacity_tokens"]
+    if not global_pool:
+        agg.update(tier_totals([r for r in per if r is not None], int(agg["prompt_tokens"])))
     agg["policy"] = spec.label
     agg["token_hit_rate"] = float(hit.sum() / prompt.sum()) if prompt.sum() else 0.0
     agg["request_hit_rate"] = float((hit > 0).mean()) if n else 0.0
