@@ -149,9 +149,10 @@ def draw_miss_causes(ax, rows) -> bool:
     rows : list of (label, miss_causes)
         ``miss_causes`` as a summary holds it (:func:`radixkv.replay.misses.summarize_causes`):
         ``share`` maps cause → share of prompt tokens, ``None`` when not modelled (no bar
-        segment, and the legend says so by leaving it out). ``preemption`` of a
-        concurrent summary (``preemption_in_split`` False: tokens computed again, beside
-        the prompt split) is left out of the bars.
+        segment, and the legend says so by leaving it out). ``preemption`` is stacked
+        when it is part of the split (``preemption_in_split`` true, concurrent summaries
+        since the split holds it) and left out of summaries written before
+        (``preemption_in_split`` false: tokens computed again, beside the split).
 
     Returns False (nothing drawn) when *rows* is empty.
     """

@@ -17,7 +17,8 @@ the gap between what those shadows would hit and what the request hit:
 ``H``            its actual hit.
 
 Then ``hit + compulsory + alignment + last_token_cap + not_cached + in_flight + routing +
-capacity = P`` per request, exactly::
+capacity + preemption = P`` per request, exactly (before preemption is carved out, as
+below)::
 
     in_flight = H∞ − G   computed (or to be computed) by an earlier-admitted request that
                          had not inserted it yet: same prefill batch, a chunk not yet
@@ -25,12 +26,18 @@ capacity = P`` per request, exactly::
     routing   = G − Lo   inserted, but in another replica's cache (None with one replica)
     capacity  = Lo − H   inserted into this replica's cache and evicted since
 
-**Preemption** is reported beside the split, not in it: a request's hit and its prompt
-split belong to its first admission (the hit rate counts first admissions,
-docs/SEMANTICS.md), and what a preemption costs is tokens computed *again* after it. Per
-request, ``miss_preemption_tokens`` = Σ over its re-admissions of the tokens (prompt and
-generated) it had computed before the preemption that the re-admission did not hit:
-``max(0, computed_before − hit_at_readmission)``.
+**Preemption** is part of the split. A request's hit is its *first admission's* (the hit
+rate counts first admissions, docs/SEMANTICS.md; vLLM's per-request cached tokens are
+those of the first scheduled prefill, SGLang's stop counting at the first retraction). The
+causes above are position ranges of the prompt (capacity ``[H, Lo)``, routing ``[Lo, G)``,
+in-flight ``[G, H∞)``, not cached ``[H∞, C)``, last-token cap ``[C, A)``, alignment
+``[A, L)``, compulsory ``[L, P)``). A request preempted (vLLM) or retracted (SGLang) and
+re-admitted computes positions ``[h_j, e_j)`` at its j-th admission (``h_j`` its hit then,
+``e_j`` its computed KV when preempted; the final admission to ``P``). ``preemption`` =
+the positions ``≥ H`` computed by two or more admissions — prompt tokens it had computed
+itself and computed again — and each is moved out of the cause whose range holds it
+(:func:`carve_preemption`), so the causes still sum to ``P``. Generated tokens computed
+again are not prompt tokens: the replay's ``recomputed_tokens`` counts all of them.
 
 When content becomes *inserted* (visible to a lookup) follows the policy's calls in the
 replay (:mod:`radixkv.replay.scheduler`): with SGLang's rules and a policy that defers
@@ -64,7 +71,8 @@ CONCURRENT_COLUMNS = {
     "miss_in_flight_tokens": "prompt tokens an earlier-admitted request had computed or would compute but not "
                              "inserted at this request's first admission",
     "miss_routing_tokens": "prompt tokens inserted in another replica's cache, not this one's",
-    "miss_preemption_tokens": "tokens re-admissions after preemption computed again (not part of the prompt split)",
+    "miss_preemption_tokens": "prompt tokens the request had computed itself and computed again after a "
+                              "preemption/retraction (moved out of the cause of their position)",
 }
 
 _QUERY = 0
@@ -100,7 +108,12 @@ class MissRecorder:
         self.comp = [0] * n  # KV tokens computed by the current admission
         self.sent = [0] * n  # extent already in the event stream
         self.pend: dict = {}  # preempted request -> tokens it had computed
-        self.preempt = [0] * n
+        #: hit (= context of the first prefill chunk) of each request's current admission; −1
+        #: before its first prefill chunk and after a preemption
+        self.start = [-1] * n
+        #: request -> [(hit, computed)] of each of its admissions that ended in a preemption
+        #: or retraction (tokens: the admission computed KV positions [hit, computed))
+        self.runs: dict = {}
         self.dirty: set = set()
         self.t: list = []
         self.kind: list = []
@@ -123,6 +136,25 @@ class MissRecorder:
         for r in sorted(self.dirty):
             self._insert(t, r, comp[r])
         self.dirty.clear()
+
+    def _prefill(self, r: int, c: int) -> None:
+        """A prefill chunk of request *r* from context *c*: the first of an admission sets
+        its hit."""
+        if self.start[r] < 0:
+            self.start[r] = c
+
+    def _preempted(self, v: int) -> None:
+        """Request *v* is preempted (vLLM) or retracted (SGLang): close its admission's run."""
+        if self.start[v] >= 0:
+            self.runs.setdefault(v, []).append((self.start[v], self.comp[v]))
+        self.start[v] = -1
+
+    def admission_runs(self) -> dict:
+        """Request -> [(hit, computed)] per admission, for the requests admitted more than
+        once: the runs of :attr:`runs` (admissions ended by a preemption), then the final
+        admission's ``(hit, −1)`` (it computes its whole prompt; −1 when it never reached a
+        prefill chunk). Tokens, KV positions from 0."""
+        return {r: list(v) + [(self.start[r], -1)] for r, v in self.runs.items()}
 
     def step(self, t_start: float, t_end: float, plan, k: int, admitted, finished) -> None:
         """One iteration of the replay loop.
@@ -147,6 +179,7 @@ class MissRecorder:
                 self.dirty.discard(v)
                 self._insert(t_start, v, comp[v])
             pend[v] = max(pend.get(v, 0), comp[v])
+            self._preempted(v)
             comp[v] = 0
         adm = set(admitted) if admitted else ()
         if self.deferred:
@@ -155,7 +188,8 @@ class MissRecorder:
             for r, n, c, pre in zip(plan.req, plan.new, plan.ctx, plan.prefill):
                 if pre:
                     if pend and r in pend:
-                        self.preempt[r] += max(0, pend.pop(r) - c)
+                        pend.pop(r)
+                    self._prefill(r, c)
                     comp[r] = c + n
                     self._insert(t_end, r, c + n)
                 else:
@@ -170,7 +204,9 @@ class MissRecorder:
                 self._flush(t_start)
                 self._emit(t_start, _QUERY, r, 0)
             elif pre and pend and r in pend:
-                self.preempt[r] += max(0, pend.pop(r) - c)
+                pend.pop(r)
+            if pre:
+                self._prefill(r, c)
             comp[r] = c + (n if pre else n * k)
             dirty.add(r)
         for r in admitted:  # admitted, then preempted in the same step (no item left)
@@ -412,26 +448,95 @@ def concurrent_causes(trace, spec, recorders, hit, replica=None, **options) -> d
     G = np.minimum(hinf, np.asarray(spol.reusable_prefix(held_g, P)[1], dtype=np.int64))
     Lo = np.minimum(G, np.asarray(spol.reusable_prefix(held_l, P)[1], dtype=np.int64)) if multi else G
     H = np.asarray(hit, dtype=np.int64)
-    pre = np.zeros(n, dtype=np.int64)
+    runs: dict = {}
     for rec in recorders:
-        pre += np.asarray(rec.preempt, dtype=np.int64)
-    cols = {
-        "miss_compulsory_tokens": P - held_adm,
-        "miss_alignment_tokens": held_adm - A,
-        "miss_last_token_cap_tokens": A - C,
-        "miss_not_cached_tokens": C - hinf,
-        "miss_in_flight_tokens": hinf - G,
-        "miss_capacity_tokens": Lo - H,
-        "miss_preemption_tokens": pre,
-    }
-    if multi:
-        cols["miss_routing_tokens"] = G - Lo
+        runs.update(rec.admission_runs())
+    # the cause boundaries, as prompt positions: capacity [H, Lo), routing [Lo, G), in-flight
+    # [G, H∞), not cached [H∞, C), last-token cap [C, A), alignment [A, L), compulsory [L, P)
+    bounds = [H, Lo, G, hinf, C, A, held_adm, P]
+    names = ["miss_capacity_tokens", "miss_routing_tokens", "miss_in_flight_tokens", "miss_not_cached_tokens",
+             "miss_last_token_cap_tokens", "miss_alignment_tokens", "miss_compulsory_tokens"]
+    cols = {k: bounds[i + 1] - bounds[i] for i, k in enumerate(names)}
+    cols["miss_preemption_tokens"] = carve_preemption(cols, names, bounds, runs)
+    if not multi:
+        del cols["miss_routing_tokens"]
     cols["_meta"] = {"unbounded_pool_tokens": int(pool), "admission_order": order}
     return cols
 
 
+def recomputed_positions(runs, hit: int, prompt: int) -> list:
+    """Prompt positions a request computed at one admission and computed again at a later
+    one (its ``preemption`` miss; docs/miss-causes.md).
+
+    Parameters
+    ----------
+    runs : list of (int, int)
+        Per admission in order, ``(hit, computed)``: it computed KV positions
+        ``[hit, computed)``; ``computed`` −1 for the final admission (it computes the whole
+        prompt). Tokens.
+    hit, prompt : int
+        The first admission's hit ``H`` and the prompt length ``P`` (tokens).
+
+    Returns
+    -------
+    list of (a, b): disjoint, ascending token ranges within ``[hit, prompt)`` covered by
+    the computed ranges of at least two admissions.
+    """
+    ev = []
+    for a, b in runs:
+        if a < 0:
+            continue
+        b = prompt if b < 0 else min(int(b), prompt)
+        a = min(int(a), prompt)
+        if b > a:
+            ev.append((a, 1))
+            ev.append((b, -1))
+    ev.sort()
+    out, depth, prev = [], 0, None
+    for x, d in ev:
+        if depth >= 2 and prev is not None and x > prev:
+            lo, hi = max(prev, hit), min(x, prompt)
+            if hi > lo:
+                if out and out[-1][1] == lo:
+                    out[-1] = (out[-1][0], hi)
+                else:
+                    out.append((lo, hi))
+        depth += d
+        prev = x
+    return out
+
+
+def carve_preemption(cols: dict, names: list, bounds: list, runs: dict) -> np.ndarray:
+    """Move every request's :func:`recomputed_positions` out of the cause whose position
+    range holds them into ``preemption`` (in place on *cols*).
+
+    ``bounds`` are the cause boundaries as int64 arrays of shape (n,), ``bounds[0]`` the
+    first-admission hit ``H`` and ``bounds[-1]`` the prompt ``P``; cause ``names[i]`` is
+    the position range ``[bounds[i], bounds[i+1])``. With ``F(x)`` = recomputed positions
+    below x, cause i keeps ``(b[i+1] − F(b[i+1])) − (b[i] − F(b[i]))``; the terms telescope
+    to ``P − H − preemption``, so the split still sums to ``P``, and each is ≥ 0 whenever
+    the bounds are nested. Returns ``miss_preemption_tokens`` (int64, shape (n,)).
+    """
+    n = len(bounds[0])
+    pre = np.zeros(n, dtype=np.int64)
+    for r, rr in runs.items():
+        h, p = int(bounds[0][r]), int(bounds[-1][r])
+        spans = recomputed_positions(rr, h, p)
+        if not spans:
+            continue
+
+        def F(x):
+            return sum(max(0, min(b, x) - a) for a, b in spans if a < x)
+
+        for i, k in enumerate(names):
+            lo, hi = int(bounds[i][r]), int(bounds[i + 1][r])
+            cols[k][r] -= F(hi) - F(lo)
+        pre[r] = sum(b - a for a, b in spans)
+    return pre
+
+
 #: the split columns (they sum to P with ``hit_tokens``), in CSV order
-SPLIT_COLUMNS = tuple(MISS_COLUMNS) + ("miss_in_flight_tokens", "miss_routing_tokens")
+SPLIT_COLUMNS = tuple(MISS_COLUMNS) + ("miss_in_flight_tokens", "miss_routing_tokens", "miss_preemption_tokens")
 
 
 def summarize_concurrent_causes(columns: dict, prompt_tokens: int, hit_tokens: int, multi: bool) -> dict:
@@ -448,11 +553,11 @@ def summarize_concurrent_causes(columns: dict, prompt_tokens: int, hit_tokens: i
         tokens[c] = None if col is None else int(np.sum(col))
     share = {c: (None if v is None or not prompt_tokens else v / prompt_tokens) for c, v in tokens.items()}
     neg = np.zeros(len(columns["miss_compulsory_tokens"]), dtype=bool)
-    for k in SPLIT_COLUMNS + ("miss_preemption_tokens",):
+    for k in SPLIT_COLUMNS:
         if k in columns:
             neg |= np.asarray(columns[k]) < 0
     return {"mode": "multi-replica" if multi else "concurrent", "tokens": tokens, "share": share,
-            "nesting_violations": int(neg.sum()), "preemption_in_split": False}
+            "nesting_violations": int(neg.sum()), "preemption_in_split": True}
 
 
 def attach_concurrent_causes(trace, spec, result, recorders, replica=None, **options) -> float:
@@ -490,4 +595,4 @@ def check_policy(actual, built) -> None:
 
 def csv_columns(columns: dict) -> list:
     """The miss-cause columns *columns* holds, in CSV order (none without the breakdown)."""
-    return [c for c in SPLIT_COLUMNS + ("miss_preemption_tokens",) if c in columns]
+    return [c for c in SPLIT_COLUMNS if c in columns]
