@@ -410,3 +410,138 @@ def test_cli_concurrent_and_replicas(tmp_path, capsys):
     assert main(["replay", str(path), "--policy", "vllm:16", "--capacity-tokens", "4096", "--miss-causes",
                  "--no-enable-prefix-caching", *conc]) != 0
     assert "--miss-causes" in capsys.readouterr().err
+
+
+def _cli_fix(tmp_path, cap, extra=()):
+    import json
+
+    from radixkv.cli import main
+
+    A, B = list(range(45)), list(range(500, 545))
+    path = tmp_path / "fx.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "arrival_s": t, "tokens": r, "output_length": 1}) + "\n"
+                            for i, (t, r) in enumerate([(0.0, A), (1.0, B), (2.0, A)])))
+    js = tmp_path / "fx.json"
+    assert main(["replay", str(path), "--policy", "vllm:16", "--capacity-tokens", str(cap), "--miss-fix",
+                 "--json", str(js), "--mode", "concurrent", "--model", "Llama-3.1-8B", "--gpu", "A100-80GB",
+                 "--quiet", "--no-timing", *extra]) == 0
+    return json.loads(js.read_text())["results"][0]["summary"]
+
+
+def test_concurrent_miss_fix_by_hand(tmp_path):
+    # vLLM rules, block 16; A (45 tokens) at 0 s, B (45 other tokens) at 1 s, A again at 2 s,
+    # one output each: the requests never overlap. A holds 3 blocks (A1, A2 hashed; the
+    # 13-token tail not), freed tail first to the back of the free queue. A's repeat looks
+    # up 44 tokens: 2 blocks = 32 if both survive B. B takes the 3 blocks at the head:
+    #   3 usable blocks (48 tokens): B evicts A1, A2 (and the tail) → hit 0, capacity 32;
+    #   4 blocks: queue [free, tail, A2, A1] → A2 evicted, A1 hit → capacity 16;
+    #   5 blocks or more: both survive → capacity 0.
+    # The search from 48 tokens (target ≤ 16): 96 → 0 (bracket [48, 96]); bisect in log
+    # capacity: round(√(48·96)) = 68 (4 blocks: 16, hi), round(√(48·68)) = 57 (3 blocks:
+    # 32, lo), round(√(57·68)) = 62 (3 blocks: 32, lo) → 68 tokens.
+    # At block 8 on the same 48 tokens (6 blocks) A holds 6 blocks and B evicts all: gained 0.
+    fix = _cli_fix(tmp_path, 48)["miss_causes"]["fix"]
+    assert fix["capacity_curve"] == [[48, 32], [57, 32], [62, 32], [68, 16], [96, 0]]
+    assert fix["capacity_tokens_to_halve"] == 68
+    assert (fix["smaller_size"], fix["hit_tokens_gained_at_smaller_size"]) == (8, 0)
+    # on a pool that evicts nothing: no capacity miss to halve; A's repeat hits 32 at block
+    # 16 and 40 at block 8 (44 tokens looked up: 5 blocks of 8): gained 8
+    s = _cli_fix(tmp_path, 10_000)
+    assert s["hit_tokens"] == 32 and s["miss_causes"]["tokens"]["capacity"] == 0
+    fix = s["miss_causes"]["fix"]
+    assert fix["capacity_tokens_to_halve"] is None
+    assert (fix["smaller_size"], fix["hit_tokens_gained_at_smaller_size"]) == (8, 8)
+    # with replicas: per replica, round-robin sends A's repeat to replica 0 again (r0 → 0,
+    # r1 → 1, r2 → 0) where nothing else ran: hit 32, nothing to halve
+    s = _cli_fix(tmp_path, 48, ("--replicas", "2", "--router", "round-robin"))
+    assert s["hit_tokens"] == 32 and s["miss_causes"]["fix"]["capacity_tokens_to_halve"] is None
+
+
+def _cli_explain(tmp_path, rows, text, cap, rid, extra=()):
+    import json
+
+    from radixkv.cli import main
+
+    path = tmp_path / "ex.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "arrival_s": t, "tokens": r, "output_length": n}) + "\n"
+                            for i, (t, r, n) in enumerate(rows)))
+    js = tmp_path / "ex.json"
+    assert main(["replay", str(path), "--policy", text, "--capacity-tokens", str(cap), "--explain", rid,
+                 "--json", str(js), "--mode", "concurrent", "--model", "Llama-3.1-8B", "--gpu", "A100-80GB",
+                 "--quiet", *extra]) == 0
+    return json.loads(js.read_text())["explain"]
+
+
+def _spans(ex):
+    return [(s["start"], s["end"], s["status"], s["produced_by"]) for s in ex["spans"]]
+
+
+def test_concurrent_explain_in_flight_and_history(tmp_path):
+    # SGLang, page 1: r0 and r1 (the same 40 tokens) at t = 0 share the first prefill batch
+    # (step 1): r1's prompt is held by r0's KV extent, which nobody had inserted at r1's
+    # admission → one in-flight span [0, 40) produced by r0; r1's hit 0, in-flight 39, cap 1;
+    # admitted in step 1, so no step before it changed anything.
+    p = list(range(40))
+    rows = [(0.0, p, 2), (0.0, p, 2), (100.0, p, 2)]
+    ex = _cli_explain(tmp_path, rows, "sglang:1", 4096, "r1")
+    assert ex["mode"] == "concurrent" and ex["admit_step"] == 1 and ex["hit_tokens"] == 0
+    assert _spans(ex) == [(0, 40, "in_flight", "r0")]
+    assert ex["causes"]["in_flight"] == 39 and ex["causes"]["last_token_cap"] == 1
+    assert ex["history"] == [] and ex["admission"]["hittable_before_step"] == 0
+    # r2 at t = 100: step 1's batch inserted both prompts after the step
+    # (cache_unfinished_req): r2's hittable prefix rose 0 → 39 there (capped at P − 1);
+    # nothing later changes it; it hits 39; its prompt was first computed by r0, inserted
+    ex = _cli_explain(tmp_path, rows, "sglang:1", 4096, "r2")
+    assert _spans(ex) == [(0, 40, "inserted", "r0")]
+    assert [(h["step"], h["hittable_before"], h["hittable_after"], h["event"], h["prefills"]) for h in ex["history"]] \
+        == [(1, 0, 39, "inserted", ["r0", "r1"])]
+    assert ex["hit_tokens"] == 39 and ex["causes"]["last_token_cap"] == 1
+
+
+def test_concurrent_explain_eviction(tmp_path):
+    # vLLM rules, block 16, 64-token pool (4 blocks): r0 (40 tokens, one output) at 0 s runs
+    # alone in step 1, its 2 full blocks hashed → r2's hittable prefix 0 → 32 (39 looked up);
+    # r1 (64 other tokens) at 1 s takes all 4 blocks in step 2 → 32 → 0, evicted in r1's
+    # prefill step. r2 (= r0's prompt) at 2 s hits 0: capacity 32, alignment 8.
+    a, b = list(range(40)), list(range(1000, 1064))
+    ex = _cli_explain(tmp_path, [(0.0, a, 1), (1.0, b, 1), (2.0, a, 1)], "vllm:16", 64, "r2")
+    assert [(h["step"], h["hittable_before"], h["hittable_after"], h["event"], h["prefills"]) for h in ex["history"]] \
+        == [(1, 0, 32, "inserted", ["r0"]), (2, 32, 0, "evicted", ["r1"])]
+    assert _spans(ex) == [(0, 40, "inserted", "r0")]
+    assert ex["hit_tokens"] == 0 and ex["causes"]["capacity"] == 32 and ex["causes"]["alignment"] == 8
+
+
+def test_concurrent_explain_replicas(tmp_path, capsys):
+    # 2 replicas, round-robin: r0 → replica 0, r1 (same 40 tokens, t = 100) → replica 1,
+    # whose cache never held them: one span inserted only in another replica's cache,
+    # routing 39 (SGLang: P − 1), and no change on replica 1 before r1's admission
+    p = list(range(40))
+    ex = _cli_explain(tmp_path, [(0.0, p, 2), (100.0, p, 2)], "sglang:1", 4096, "r1",
+                      ("--replicas", "2", "--router", "round-robin"))
+    assert ex["mode"] == "multi-replica" and ex["replica"] == 1
+    assert _spans(ex) == [(0, 40, "other_replica", "r0")] and ex["spans"][0]["produced_by_replica"] == 0
+    assert ex["causes"]["routing"] == 39 and ex["history"] == []
+    out = capsys.readouterr().out
+    assert "inserted only in another replica's cache" in out
+
+
+def test_stacked_bar_holds_preemption():
+    # a concurrent summary's preemption is part of the split (preemption_in_split true):
+    # its segment is stacked and the bar reaches 1; a summary written before (false) leaves
+    # it out
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from radixkv.plots import draw_miss_causes
+
+    share = {"hit": 0.5, "compulsory": 0.25, "capacity": 0.125, "alignment": 0.0, "last_token_cap": 0.0,
+             "not_cached": 0.0, "in_flight": 0.0, "preemption": 0.125, "routing": None}
+    for flag, labels, top in ((True, {"preemption"}, 1.0), (False, set(), 0.875)):
+        fig, ax = plt.subplots()
+        draw_miss_causes(ax, [("vllm:16", {"share": share, "preemption_in_split": flag})])
+        got = {c.get_label() for c in ax.containers}
+        assert ({"preemption"} & got) == labels
+        assert max(p.get_y() + p.get_height() for p in ax.patches) == pytest.approx(top)
+        plt.close(fig)

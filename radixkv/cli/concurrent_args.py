@@ -202,7 +202,7 @@ def policy_from_args(policy, args):
     return policy
 
 
-def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None):
+def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None, recorder_factory=None):
     """Run the concurrent replay the flags describe.
 
     Parameters
@@ -217,6 +217,10 @@ def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None)
     miss_spec : radixkv.policies.registry.PolicySpec or None
         ``--miss-causes``: the policy's spec; the result then carries the concurrent miss
         causes (:func:`radixkv.replay.conc_misses.attach_concurrent_causes`).
+    recorder_factory : callable or None
+        With *miss_spec*: ``recorder_factory(trace, policy, config)`` builds the recorder
+        instead of :class:`~radixkv.replay.conc_misses.MissRecorder` (``--explain``:
+        :class:`~radixkv.replay.conc_explain.ExplainRecorder`).
 
     Returns
     -------
@@ -251,7 +255,7 @@ def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None)
         from radixkv.replay.conc_misses import MissRecorder, check_policy
 
         check_policy(pol, policy)
-        rec = MissRecorder(trace, pol, cfg)
+        rec = (recorder_factory or MissRecorder)(trace, pol, cfg)
     res = replay_concurrent(trace, pol, cost, arrivals=arr, config=cfg, progress=progress,
                             timeline=bool(getattr(args, "timeline", None) or getattr(args, "report", None)),
                             host_link=link, recorder=rec)

@@ -275,9 +275,11 @@ def cmd_replay(args) -> int:
         if args.per_request or timeline or args.report:
             raise ConfigError("--per-request, --timeline and --report are written by the single-pool replay "
                               "(not with --replicas)", field="replicas")
-        return _routing.report_replay(trace, spec, pool, args, load_s, desc, _doc, format_table)
+        return _routing.report_replay(trace, spec, pool, args, load_s, desc, _doc, format_table,
+                                      after=lambda s: _concurrent_fix(trace, spec, pool, args, s))
     if args.mode == "concurrent":
         rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
+        _concurrent_fix(trace, spec, pool, args, summ)
     else:
         options = {"verify": True} if args.verify else {}
         rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **options,
@@ -305,14 +307,59 @@ def _explain(args, spec, pool) -> int:
     from radixkv.replay.misses import explain, format_explain
     from radixkv.replay.run import warmup
 
-    if args.mode != "sequential" or _routing.routed(args):
-        raise ConfigError("--explain runs the sequential single-pool replay", field="explain")
+    if args.mode == "concurrent":
+        return _explain_concurrent(args, spec, pool)
+    if _routing.routed(args):
+        raise ConfigError("--explain with --replicas needs --mode concurrent (the sequential replicas' causes are "
+                          "not modelled)", field="explain")
     trace, _ = _load(args)
     warmup(spec)
     options = {"verify": True} if args.verify else {}
     ex = explain(trace, spec, pool, args.explain, limit=args.limit, **options)
     out = human(args.json)
     print(format_explain(ex), file=out)
+    emit(args.json, dumps_json({"policy": spec.label, "explain": ex}), args.json)
+    return 0
+
+
+def _explain_concurrent(args, spec, pool) -> int:
+    """``replay --mode concurrent --explain REQUEST_ID`` (also with ``--replicas``): one
+    concurrent replay with the miss causes and an
+    :class:`~radixkv.replay.conc_explain.ExplainRecorder` per engine, then
+    :func:`~radixkv.replay.conc_explain.explain_concurrent`."""
+    from radixkv.replay.conc_explain import ExplainRecorder, explain_concurrent, find_row, format_explain_concurrent
+
+    trace, _ = _load(args)
+    t = trace.head(args.limit)
+    row = find_row(t, args.explain)
+    args.miss_causes = True
+    made: list = []
+    if _routing.routed(args):
+        def make(tr, p, c, r):
+            made.append(ExplainRecorder(tr, p, c, replica=r, watch=row))
+            return made[-1]
+
+        res, recs, _, _ = _routing.run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=make)
+        agg, replica = res.aggregate, res.replica
+    else:
+        def make(tr, p, c):
+            made.append(ExplainRecorder(tr, p, c, watch=row))
+            return made[-1]
+
+        from radixkv.cli.concurrent_args import run_concurrent_from_args
+        from radixkv.policies.registry import build_policy
+        from radixkv.replay.run import warmup
+
+        if len(t) == 0:
+            raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None,
+                              field="limit")
+        warmup(spec)
+        agg = run_concurrent_from_args(t, build_policy(spec, pool, unit_tokens=t.unit_tokens), args, miss_spec=spec,
+                                       recorder_factory=make)
+        recs, replica = made, None
+    ex = explain_concurrent(t, spec, row, agg, recs, replica=replica)
+    out = human(args.json)
+    print(format_explain_concurrent(ex), file=out)
     emit(args.json, dumps_json({"policy": spec.label, "explain": ex}), args.json)
     return 0
 
@@ -394,8 +441,10 @@ def cmd_compare(args) -> int:
     for spec, (pool, _) in zip(specs, [] if remote else pools):
         if _routing.routed(args):
             rec, summ = None, _routing.run_routed(trace, spec, pool, args)
+            _concurrent_fix(trace, spec, pool, args, summ)
         elif concurrent:
             rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
+            _concurrent_fix(trace, spec, pool, args, summ)
         else:
             rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_miss_options(args))
         results.append((spec, summ))
@@ -621,23 +670,47 @@ def _add_miss_args(p):
                         "last-token cap; with --mode concurrent also in-flight, routing with --replicas, and "
                         "preemption recompute; docs/miss-causes.md) against shadow replays (default off)")
     p.add_argument("--miss-fix", action="store_true",
-                   help="with the miss causes, what would fix them: the pool at which capacity misses halve "
-                        "(a few more replays) and the hit gained at the next smaller block/page size")
+                   help="with the miss causes (implied), what would fix them: the pool at which capacity misses "
+                        "halve (a few more replays; with --mode concurrent each a whole concurrent replay, per "
+                        "replica with --replicas) and the hit gained at the next smaller block/page size")
 
 
 def _check_miss_args(args):
-    """``--miss-causes`` runs with the sequential single-pool replay and the concurrent one
-    (one engine or ``--replicas``); ``--miss-fix`` with the sequential single pool only."""
+    """``--miss-causes`` and ``--miss-fix`` (which implies it) run with the sequential
+    single-pool replay and the concurrent one (one engine or ``--replicas``)."""
     if not (getattr(args, "miss_causes", False) or getattr(args, "miss_fix", False)):
         return
-    if getattr(args, "miss_fix", False) and (args.mode != "sequential" or _routing.routed(args)):
-        raise ConfigError("--miss-fix replays more pool sizes and block/page sizes: sequential single-pool "
-                          "replay only", field="miss_fix")
+    if getattr(args, "miss_fix", False) and args.mode != "concurrent" and _routing.routed(args):
+        raise ConfigError("--miss-fix with --replicas needs --mode concurrent (the sequential replicas' causes "
+                          "are not modelled)", field="miss_fix")
+    if getattr(args, "miss_fix", False):
+        args.miss_causes = True
     if args.mode != "concurrent" and _routing.routed(args):
         raise ConfigError("--miss-causes with --replicas needs --mode concurrent (the sequential replicas' causes "
                           "are not modelled)", field="miss_causes")
     if (getattr(args, "executor", None) is not None or getattr(args, "scheduler", None)) and _executor(args) != "local":
         raise ConfigError("--miss-causes runs on the local executor", field="miss_causes")
+
+
+def _concurrent_fix(trace, spec, pool, args, summ) -> None:
+    """``--miss-fix`` in the concurrent modes: add ``summ["miss_causes"]["fix"]``
+    (:func:`radixkv.replay.misses.what_would_fix_concurrent`; every point a concurrent
+    replay with the same flags) and ``summ["timing_s"]["miss_fix"]``."""
+    if not getattr(args, "miss_fix", False) or "miss_causes" not in summ:
+        return
+    from radixkv.policies.registry import PoolSpec, build_policy
+    from radixkv.replay.misses import what_would_fix_concurrent
+
+    def run_at(s, c):
+        p = PoolSpec(capacity_tokens=int(c))
+        if _routing.routed(args):
+            return _routing.run_routed(trace, s, p, args)
+        return _run_concurrent(trace.head(args.limit), s, p, args)[1]
+
+    t0 = time.perf_counter()
+    cap = int(build_policy(spec, pool, unit_tokens=trace.unit_tokens).capacity_tokens)
+    summ["miss_causes"]["fix"] = what_would_fix_concurrent(spec, cap, summ, run_at)
+    summ.setdefault("timing_s", {})["miss_fix"] = time.perf_counter() - t0
 
 
 def _miss_options(args) -> dict:

@@ -77,6 +77,18 @@ def routed(args) -> bool:
 def _run_routed_concurrent(trace, spec, pool, args) -> dict:
     """``--mode concurrent --replicas N``: N fresh policies (the registry's, then the
     caching flags', :func:`radixkv.cli.concurrent_args.policy_from_args`) on one clock."""
+    res, _, compile_s, el = run_routed_concurrent_result(trace, spec, pool, args)
+    summ = {"policy": f"{spec.label} x{res.n_replicas} {res.router}", **res.summary()}
+    summ["timing_s"] = {"compile": compile_s, "replay": el,
+                        "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
+    return summ
+
+
+def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None):
+    """The replay of :func:`_run_routed_concurrent`: returns ``(MultiConcurrentResult,
+    recorders or None, compile seconds, replay seconds)``. *recorder_factory*
+    (``factory(trace, policy, config, replica)``; with ``--miss-causes``) builds each
+    replica's recorder instead of :class:`~radixkv.replay.conc_misses.MissRecorder`."""
     from radixkv.cli.concurrent_args import concurrent_config_from_args, cost_model_from_args, policy_from_args
     from radixkv.policies.registry import build_policy
     from radixkv.replay.arrivals import arrival_times
@@ -98,7 +110,8 @@ def _run_routed_concurrent(trace, spec, pool, args) -> dict:
         from radixkv.replay.conc_misses import MissRecorder, check_policy
 
         check_policy(pols[0], build_policy(spec, pool, unit_tokens=t.unit_tokens))
-        recs = [MissRecorder(t, p, cfg, replica=r) for r, p in enumerate(pols)]
+        make = recorder_factory or (lambda tr, p, c, r: MissRecorder(tr, p, c, replica=r))
+        recs = [make(t, p, cfg, r) for r, p in enumerate(pols)]
     t0 = time.perf_counter()
     res = replay_multi_concurrent(
         t, pols, cost, args.router or "round-robin", arrivals=arr, config=cfg,
@@ -108,11 +121,7 @@ def _run_routed_concurrent(trace, spec, pool, args) -> dict:
         from radixkv.replay.conc_misses import attach_concurrent_causes
 
         attach_concurrent_causes(t, spec, res.aggregate, recs, replica=res.replica)
-    el = time.perf_counter() - t0
-    summ = {"policy": f"{spec.label} x{res.n_replicas} {res.router}", **res.summary()}
-    summ["timing_s"] = {"compile": compile_s, "replay": el,
-                        "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
-    return summ
+    return res, recs, compile_s, time.perf_counter() - t0
 
 
 def run_routed(trace, spec, pool, args) -> dict:
@@ -146,14 +155,17 @@ def run_routed(trace, spec, pool, args) -> dict:
     return summ
 
 
-def report_replay(trace, spec, pool, args, load_s, desc, make_doc, format_table) -> int:
-    """``radixkv replay --replicas N``: aggregate table, per-replica table, routing line, JSON."""
+def report_replay(trace, spec, pool, args, load_s, desc, make_doc, format_table, after=None) -> int:
+    """``radixkv replay --replicas N``: aggregate table, per-replica table, routing line, JSON.
+    *after*, when given, is called with the summary before it is printed (``--miss-fix``)."""
     from radixkv.cli._output import emit, human
     from radixkv.util import dumps_json
 
     from radixkv.report import CONCURRENT_ROWS
 
     summ = run_routed(trace, spec, pool, args)
+    if after is not None:
+        after(summ)
     conc = getattr(args, "mode", "sequential") == "concurrent"
     rows = CONCURRENT_ROWS if conc else None
     out = human(args.json)

@@ -395,7 +395,9 @@ def concurrent_causes(trace, spec, recorders, hit, replica=None, **options) -> d
     -------
     dict: every key of :data:`radixkv.replay.misses.MISS_COLUMNS` and of
     :data:`CONCURRENT_COLUMNS` (``miss_routing_tokens`` only with replicas), int64 arrays
-    of shape (n,), and ``"_meta"`` (``unbounded_pool_tokens``, ``admission_order``).
+    of shape (n,), and ``"_meta"`` (``unbounded_pool_tokens``, ``admission_order``, and the
+    token-level prefixes ``held_admitted`` ``L``, ``held_inserted`` ``L_ins``, ``held_own``
+    ``L_own``: int64 arrays of shape (n,)).
 
     Raises
     ------
@@ -460,7 +462,8 @@ def concurrent_causes(trace, spec, recorders, hit, replica=None, **options) -> d
     cols["miss_preemption_tokens"] = carve_preemption(cols, names, bounds, runs)
     if not multi:
         del cols["miss_routing_tokens"]
-    cols["_meta"] = {"unbounded_pool_tokens": int(pool), "admission_order": order}
+    cols["_meta"] = {"unbounded_pool_tokens": int(pool), "admission_order": order, "held_admitted": held_adm,
+                     "held_inserted": held_g, "held_own": held_l}
     return cols
 
 

@@ -572,6 +572,93 @@ def summarize_causes(columns: dict, prompt_tokens: int, hit_tokens: int) -> dict
 FIX_BISECT = 3
 
 
+def halving_pool(c0: int, m0: int, top: int, misses_at) -> tuple:
+    """The smallest pool on a curve at which capacity misses are at most half of *m0*.
+
+    Doubles the pool from *c0* (tokens, where the capacity misses are *m0* tokens) until
+    ``misses_at(c)`` (capacity miss tokens of a replay at pool *c*) is ≤ m0 / 2 or *top*
+    (the unbounded pool, where nothing is evicted, so no capacity miss: 0 by definition,
+    not replayed) is reached, then bisects the last doubling :data:`FIX_BISECT` times in
+    log capacity. Returns ``(pool or None when m0 == 0, {pool: capacity misses})``.
+    """
+    import math
+
+    curve = {int(c0): int(m0)}
+
+    def at(c: int) -> int:
+        if c not in curve:
+            curve[c] = int(misses_at(c))
+        return curve[c]
+
+    if m0 <= 0:
+        return None, curve
+    target = m0 / 2
+    lo, hi = int(c0), None
+    c = int(c0)
+    while hi is None:
+        c = min(2 * c, int(top))
+        if c >= top:
+            curve.setdefault(int(top), 0)
+            hi = int(top)
+        elif at(c) <= target:
+            hi = c
+        else:
+            lo = c
+    for _ in range(FIX_BISECT):
+        mid = int(round(math.sqrt(lo * hi)))
+        if mid <= lo or mid >= hi:
+            break
+        if at(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi, curve
+
+
+def what_would_fix_concurrent(spec, capacity_tokens: int, summary: dict, run_at) -> dict:
+    """``--miss-fix`` in the concurrent modes (one engine or ``--replicas``): what
+    :func:`what_would_fix` reports, from whole concurrent replays with the miss causes.
+
+    In a concurrent replay the pool changes the schedule too (who runs together, what is in
+    flight), so the capacity misses at another pool are not ``Σ H∞ − Σ H`` of the shadow:
+    each point of the curve is a full concurrent replay with the breakdown, and its
+    ``capacity`` total is read. The search is :func:`halving_pool` (the same doubling and
+    bisection; capacity misses need not fall monotonically here — the curve is reported
+    to check). The smaller block/page size is replayed on the same pool in tokens.
+
+    Parameters
+    ----------
+    spec : radixkv.policies.registry.PolicySpec
+        The policy replayed.
+    capacity_tokens : int
+        The replay's pool, usable tokens (per replica with ``--replicas``).
+    summary : dict
+        The replay's summary, with ``miss_causes`` (concurrent).
+    run_at : callable
+        ``run_at(spec, capacity_tokens) -> summary``: the same concurrent replay (same
+        trace, flags, routing) of *spec* on a pool of that many tokens, with the miss causes.
+
+    Returns
+    -------
+    dict, the keys of :func:`what_would_fix`: ``capacity_tokens_to_halve``,
+    ``capacity_curve``, ``smaller_size``, ``hit_tokens_gained_at_smaller_size``.
+    """
+    import dataclasses
+
+    mc = summary["miss_causes"]
+    m0 = int(mc["tokens"]["capacity"])
+    top = int(mc["unbounded_pool_tokens"])
+    halve, curve = halving_pool(int(capacity_tokens), m0, max(top, int(capacity_tokens)),
+                                lambda c: run_at(spec, int(c))["miss_causes"]["tokens"]["capacity"])
+    size = gained = None
+    if spec.cls.size_name in ("block_size", "page_size") and spec.size and int(spec.size) > 1:
+        size = int(spec.size) // 2
+        s = run_at(dataclasses.replace(spec, size=size), int(capacity_tokens))
+        gained = int(s["hit_tokens"]) - int(summary["hit_tokens"])
+    return {"capacity_tokens_to_halve": halve, "capacity_curve": [[int(k), int(v)] for k, v in sorted(curve.items())],
+            "smaller_size": size, "hit_tokens_gained_at_smaller_size": gained}
+
+
 def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=None, **options) -> dict:
     """What would remove the misses of a replay with miss causes (``--miss-fix``).
 
@@ -602,7 +689,6 @@ def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=No
     ``hit_tokens_gained_at_smaller_size`` (int or None).
     """
     import dataclasses
-    import math
 
     from radixkv.policies.registry import PoolSpec
     from radixkv.replay.run import run_replay
@@ -611,37 +697,12 @@ def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=No
     hit_unb = m0 + int(summary["hit_tokens"])  # Σ H∞
     c0 = int(records.capacity_tokens)
     top = int(summary["miss_causes"]["unbounded_pool_tokens"])
-    curve = {c0: m0}
 
     def misses_at(c: int) -> int:
-        if c not in curve:
-            _, s = run_replay(trace, spec, PoolSpec(capacity_tokens=int(c)), limit=limit, **options)
-            curve[c] = hit_unb - int(s["hit_tokens"])
-        return curve[c]
+        _, s = run_replay(trace, spec, PoolSpec(capacity_tokens=int(c)), limit=limit, **options)
+        return hit_unb - int(s["hit_tokens"])
 
-    halve = None
-    if m0 > 0:
-        target = m0 / 2
-        lo, hi = c0, None
-        c = c0
-        while hi is None:
-            c = min(2 * c, top)
-            if c >= top:
-                curve.setdefault(top, 0)
-                hi = top
-            elif misses_at(c) <= target:
-                hi = c
-            else:
-                lo = c
-        for _ in range(FIX_BISECT):
-            mid = int(round(math.sqrt(lo * hi)))
-            if mid <= lo or mid >= hi:
-                break
-            if misses_at(mid) <= target:
-                hi = mid
-            else:
-                lo = mid
-        halve = hi
+    halve, curve = halving_pool(c0, m0, top, misses_at)
     size = None
     gained = None
     if spec.cls.size_name in ("block_size", "page_size") and spec.size and int(spec.size) > 1:
@@ -651,6 +712,48 @@ def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=No
         gained = int(s["hit_tokens"]) - int(summary["hit_tokens"])
     return {"capacity_tokens_to_halve": halve, "capacity_curve": [[int(k), int(v)] for k, v in sorted(curve.items())],
             "smaller_size": size, "hit_tokens_gained_at_smaller_size": gained}
+
+
+def producer_spans(sub: Trace) -> tuple:
+    """Which earlier request first computed each span of the last request's prompt.
+
+    Runs the infinite token-level cache (:func:`_prefix_kernel`) over *sub* in its order
+    and walks the last request's prompt through the nodes created by the requests before
+    it, up to its held prefix ``L``.
+
+    Returns
+    -------
+    (spans, out): spans is a list of ``{start, end, produced_by_index}`` (token ranges of
+    ``[0, L)``, ascending and contiguous; the index is a row of *sub*); out is the
+    kernel's (n, 2) int64 output (``out[r, 0]`` = ``L`` of request r).
+    """
+    i = len(sub) - 1
+    seg_id, seg_end, seg_off = trace_segments(sub)
+    kt, cover, creator, out = _infinite_cache(sub, seg_id, seg_end, seg_off)
+    # the trie now also holds request i itself: walk its prompt through nodes created before it
+    P = int(sub.prompt_len[i])
+    spans = []
+    node, start = _ROOT, 0
+    for s in range(int(seg_off[i]), int(seg_off[i + 1])):
+        if start >= P:
+            break
+        end = int(seg_end[s])
+        row = _slot(kt, node, seg_id[s], start)
+        child = int(kt[row, 3])
+        if child < 0 or int(creator[child]) >= i:
+            break
+        stop = min(end, int(out[i, 0]), start + int(cover[child]))  # L bounds it (a cover i itself extended)
+        if stop <= start:
+            break
+        k = int(creator[child])
+        if spans and spans[-1]["produced_by_index"] == k and spans[-1]["end"] == start:
+            spans[-1]["end"] = stop
+        else:
+            spans.append({"start": start, "end": stop, "produced_by_index": k})
+        if stop < end:
+            break
+        node, start = child, end
+    return spans, out
 
 
 def explain(trace: Trace, spec, pool, request_id: str, *, limit=None, **options) -> dict:
@@ -693,32 +796,11 @@ def explain(trace: Trace, spec, pool, request_id: str, *, limit=None, **options)
                           path=trace.name or None, field="explain")
     i = int(where[0])
     sub = t.head(i + 1)
-    seg_id, seg_end, seg_off = trace_segments(sub)
-    kt, cover, creator, out = _infinite_cache(sub, seg_id, seg_end, seg_off)
-    # the trie now also holds request i itself: walk its prompt through nodes created before it
+    raw, out = producer_spans(sub)
+    spans = [{"start": sp["start"], "end": sp["end"], "produced_by": str(sub.req_id[sp["produced_by_index"]]),
+              "produced_by_index": sp["produced_by_index"],
+              "produced_at_s": float(sub.arrival_s[sp["produced_by_index"]])} for sp in raw]
     P = int(sub.prompt_len[i])
-    spans = []
-    node, start = _ROOT, 0
-    for s in range(int(seg_off[i]), int(seg_off[i + 1])):
-        if start >= P:
-            break
-        end = int(seg_end[s])
-        row = _slot(kt, node, seg_id[s], start)
-        child = int(kt[row, 3])
-        if child < 0 or int(creator[child]) >= i:
-            break
-        stop = min(end, int(out[i, 0]), start + int(cover[child]))  # L bounds it (a cover i itself extended)
-        if stop <= start:
-            break
-        k = int(creator[child])
-        if spans and spans[-1]["produced_by_index"] == k and spans[-1]["end"] == start:
-            spans[-1]["end"] = stop
-        else:
-            spans.append({"start": start, "end": stop, "produced_by": str(sub.req_id[k]), "produced_by_index": k,
-                          "produced_at_s": float(sub.arrival_s[k])})
-        if stop < end:
-            break
-        node, start = child, end
     policy = build_policy(spec, pool, unit_tokens=t.unit_tokens, **options)
     seq = sub.kv_seq(i)
     peek = type(policy).can_peek_hit()
