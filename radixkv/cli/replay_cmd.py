@@ -668,7 +668,8 @@ def _add_miss_args(p):
     p.add_argument("--miss-causes", action="store_true",
                    help="split every request's missed prompt tokens by cause (compulsory, capacity, alignment, "
                         "last-token cap; with --mode concurrent also in-flight, routing with --replicas, and "
-                        "preemption recompute; docs/miss-causes.md) against shadow replays (default off)")
+                        "preemption: prompt tokens recomputed after a preemption/retraction; docs/miss-causes.md) against "
+                        "shadow replays (default off)")
     p.add_argument("--miss-fix", action="store_true",
                    help="with the miss causes (implied), what would fix them: the pool at which capacity misses "
                         "halve (a few more replays; with --mode concurrent each a whole concurrent replay, per "
@@ -750,7 +751,9 @@ def register(sub) -> None:
     _add_miss_args(p)
     p.add_argument("--explain", metavar="REQUEST_ID", default=None,
                    help="instead of the summary, explain one request: which earlier request first computed each "
-                        "reusable span of its prompt, and which requests inserted and evicted what it could hit")
+                        "reusable span of its prompt, and which requests (with --mode concurrent: which engine steps "
+                        "and their batches; in-flight and other-replica spans marked) inserted and evicted what it "
+                        "could hit")
     add_concurrent_args(p)
     _routing.add_routing_args(p)
     p.set_defaults(func=cmd_replay)
