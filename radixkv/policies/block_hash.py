@@ -172,18 +172,13 @@ class BlockHashCache(PrefixCache):
         cap = 8
         while cap < 3 * nb + 2:
             cap *= 2
-        self._blk = _aligned(nb, K.NF, 64)
-        self._b32 = self._blk.view(np.int32)
-        self._kt = _aligned(cap, K.NT, 32)
-        self._k32 = self._kt.view(np.int32)
+        self._kt_rows = cap
+        self._arrays = None  # the per-block pool, made on first use (_pool_arrays)
+        self._unit = None  # the unit-granular pool of a sequential hash-id replay (replay_span)
         self._pcid = np.zeros((nb, 0), dtype=np.int64)
         # piece starts are < block_size: 2 bytes each unless the blocks are huge
         self._pcs_dtype = np.int16 if B < 2**15 else np.int32
         self._pcs = np.zeros((nb, 0), dtype=self._pcs_dtype)
-        self._state = np.zeros(K.NST + nb + 1, dtype=np.int64)  # counters, then the cascade stack
-        self._st = self._state[: K.NST]
-        self._stk = self._state[K.NST:]
-        K.init_pool(self._blk, self._b32, self._st)
         self._running: dict[int, _Running] = {}
         self._dr_lists = None  # decode_run: typed lists of per-request arrays, position = rid
         self._dr_owner: list = []
@@ -243,6 +238,59 @@ class BlockHashCache(PrefixCache):
             raise ConfigError(f"{cls.__name__} has no eviction hook for {value!r}: subclass PriorityBlockHashCache",
                               field="policy")
         return PriorityBlockHashCache, {"eviction_policy": value}
+
+    # ------------------------------------------------------------------ per-block arrays
+    def _pool_arrays(self):
+        """The per-block pool (block records, key table, counters), made and initialised on
+        first use: a pool that replays a hash-id trace at unit granularity never needs it.
+
+        Raises
+        ------
+        RuntimeError
+            When this pool has run at unit granularity (``replay_span`` on a hash-id
+            trace): it keeps no per-block state, so per-block hooks cannot continue it.
+        """
+        if self._arrays is None:
+            if self._unit is not None:
+                raise RuntimeError(
+                    f"{type(self).__name__}: this pool replayed a hash-id trace at unit granularity "
+                    "(sequential replay_span, radixkv.policies._hash_unit_kernels) and keeps no per-block state; "
+                    "admit/extend/finish/peek_hit/free_queue need a fresh pool (or unit_granular = False)")
+            nb = self.num_gpu_blocks
+            blk = _aligned(nb, K.NF, 64)
+            kt = _aligned(self._kt_rows, K.NT, 32)
+            state = np.zeros(K.NST + nb + 1, dtype=np.int64)  # counters, then the cascade stack
+            K.init_pool(blk, blk.view(np.int32), state[: K.NST])
+            self._arrays = (blk, blk.view(np.int32), kt, kt.view(np.int32), state, state[: K.NST], state[K.NST:])
+        return self._arrays
+
+    _blk = property(lambda self: self._pool_arrays()[0])
+    _b32 = property(lambda self: self._pool_arrays()[1])
+    _kt = property(lambda self: self._pool_arrays()[2])
+    _k32 = property(lambda self: self._pool_arrays()[3])
+    _state = property(lambda self: self._pool_arrays()[4])
+    _st = property(lambda self: self._pool_arrays()[5])
+    _stk = property(lambda self: self._pool_arrays()[6])
+
+    #: run the sequential replay of a hash-id trace whose unit is a multiple of
+    #: ``block_size`` on the unit-granular pool (same records; False: per block)
+    unit_granular = True
+
+    def _unit_eligible(self, trace) -> bool:
+        """True when ``replay_span`` may switch this pool to the unit-granular model: this
+        class itself (no subclass hooks), ``verify`` off, 64-bit keys, ``block_size`` ≥ 2,
+        the trace's unit a multiple of it, no output ids, nothing cached or running yet,
+        compiled kernels."""
+        U = int(trace.unit_tokens)
+        B = self.block_size
+        if not (self.unit_granular and type(self) is BlockHashCache and not self.verify and B >= 2
+                and U >= B and U % B == 0 and trace.out_ids is None and not self._running and not self._partial
+                and int(self._key_mask) == 0xFFFFFFFFFFFFFFFF and hasattr(K.run_seq, "py_func")):
+            return False
+        if self._arrays is None:
+            return True
+        st = self._st
+        return st[K.ST_NHASHED] == 0 and st[K.ST_NUSED] == 0 and st[K.ST_EVICTIONS] == 0
 
     # ------------------------------------------------------------------ helpers
     def _keys(self, seq: KVSeq) -> np.ndarray:
@@ -561,6 +609,10 @@ class BlockHashCache(PrefixCache):
             from radixkv.replay.conc_vllm_fast import warm
 
             warm(self.block_size)
+            if self.block_size >= 2 and self.unit_granular:
+                from radixkv.policies._hash_unit_kernels import warm as warm_units
+
+                warm_units(self.block_size)
 
     def finish(self, rid: int) -> None:
         """Release *rid*'s blocks tail first (hashed ones stay cached, evictable).
@@ -585,6 +637,8 @@ class BlockHashCache(PrefixCache):
         """Admit, decode to the KV extent, finish: one kernel call (same result as the base)."""
         if rid in self._running:
             raise ValueError(f"request {rid} is already running")
+        if self._unit is not None:
+            return self._unit_run_request(seq)
         B = self.block_size
         kv = seq.kv_len
         if self._scratch2.shape[1] * B < kv:
@@ -622,6 +676,12 @@ class BlockHashCache(PrefixCache):
         """
         from radixkv.policies import _hash_span as KS
 
+        if i1 > i0 and self._unit is None and self._unit_eligible(trace):
+            from radixkv.policies._hash_unit_kernels import UnitPool
+
+            self._unit = UnitPool(self.num_gpu_blocks, self.block_size, int(trace.unit_tokens))
+        if self._unit is not None:
+            return self._unit_span(trace, i0, i1, cols)
         if self._running or self._partial or self.verify or i1 <= i0:
             return i0, 1
         if not hasattr(K.run_seq, "py_func"):
@@ -667,6 +727,8 @@ class BlockHashCache(PrefixCache):
         count is kept incrementally, but −1 keeps replay records the same whatever the
         policy).
         """
+        if self._unit is not None:
+            return self._unit_stats(detail)
         st = self._st.tolist()
         B = self.block_size
         used = st[K.ST_NUSED]
@@ -684,6 +746,60 @@ class BlockHashCache(PrefixCache):
             duplicate_tokens=(nhashed - nkeys) * B,
             metadata_bytes=nkeys * KEY_ENTRY_BYTES + st[K.ST_NDUPKEYS] * DUPLICATE_DICT_BYTES,
             largest_free_run=int(K.largest_free_run(self._b32)) if detail else -1,
+        )
+
+    # ------------------------------------------------------------------ unit granularity
+    def _unit_run_request(self, seq: KVSeq) -> Admission | None:
+        """:meth:`run_request` on the unit-granular pool."""
+        from radixkv.policies import _hash_unit_kernels as UK
+
+        code, h, held, ev0, _ = self._unit.run_request(seq)
+        if code == UK.NOT_UNIT:
+            raise ValueError(f"request row {seq.index}: its segments are not units of {self._unit.U} tokens "
+                             "then unique content (this pool runs a hash-id trace at unit granularity)")
+        total = self._unit.counters()[3]
+        self.evictions = total
+        self.evicted_tokens_total = total * self.block_size
+        if code == UK.REFUSED:
+            return None
+        P = seq.prompt_len
+        B = self.block_size
+        return Admission(hit_tokens=h * B, held_tokens=held if held < P else P, evicted_tokens=ev0 * B)
+
+    def _unit_span(self, trace, i0: int, i1: int, cols: dict) -> tuple[int, int]:
+        """:meth:`replay_span` on the unit-granular pool (a request that does not fit goes
+        to the Python path, which reports it)."""
+        from radixkv.policies import _hash_unit_kernels as UK
+
+        nxt, code, out = self._unit.span(trace, i0, i1, KEY_ENTRY_BYTES, DUPLICATE_DICT_BYTES)
+        if code == UK.NOT_UNIT:
+            raise ValueError(f"trace row {nxt}: its segments are not units of {self._unit.U} tokens")
+        total = self._unit.counters()[3]
+        self.evictions = total
+        self.evicted_tokens_total = total * self.block_size
+        k = nxt - i0
+        if k:
+            for name, c in (("prompt_tokens", UK.C_PROMPT), ("hit_tokens", UK.C_HIT), ("held_tokens", UK.C_HELD),
+                            ("evicted_tokens", UK.C_EVICTED), ("used_slots", UK.C_USED),
+                            ("cached_slots", UK.C_CACHED), ("free_slots", UK.C_FREE),
+                            ("valid_tokens", UK.C_VALID), ("duplicate_tokens", UK.C_DUP),
+                            ("metadata_bytes", UK.C_META)):
+                cols[name][i0:nxt] = out[:k, c]
+            cols["cached_tokens"][i0:nxt] = -1
+            cols["largest_free_run"][i0:nxt] = -1
+        return int(nxt), 1
+
+    def _unit_stats(self, detail: bool) -> PoolStats:
+        """:meth:`stats` of the unit-granular pool (no request runs; reachable keys =
+        distinct keys, see :mod:`radixkv.policies._hash_unit_kernels`)."""
+        nh, nk, nd, _ = self._unit.counters()
+        B = self.block_size
+        return PoolStats(
+            num_slots=self.num_slots, slot_tokens=B, used_slots=0, cached_slots=nh,
+            free_slots=self.num_slots - nh, valid_tokens=nh * B,
+            cached_tokens=nk * B if detail else -1, duplicate_tokens=(nh - nk) * B,
+            metadata_bytes=nk * KEY_ENTRY_BYTES + nd * DUPLICATE_DICT_BYTES,
+            largest_free_run=self._unit.largest_free_run() if detail else -1,
         )
 
     # ------------------------------------------------------------------ inspection

@@ -1,0 +1,731 @@
+"""Unit-granular pool of :class:`radixkv.policies.block_hash.BlockHashCache` for the
+sequential replay of hash-id traces (Numba kernels and their Python owner).
+
+When a trace's unit is U tokens, ``U % block_size == 0`` (G = U / B blocks per unit),
+the trace has no output ids and the requests run one at a time (the sequential replay:
+between requests every block is in vLLM's free queue), the pool is modelled without
+block ids and without one key-table row per block, and gives every record of the
+per-block kernels (:mod:`radixkv.policies._hash_kernels`): hit, held and evicted tokens,
+used / cached / free blocks, valid / duplicate / cached tokens, metadata bytes and
+``largest_free_run``. The rules are vLLM's (``vllm/v1/core/block_pool.py``:
+``get_new_blocks`` pops the free queue's head and evicts, ``touch`` takes hit blocks out,
+``free_blocks`` appends hashed blocks tail first and pushes an unhashed block on the
+head; ``kv_cache_manager.py``: the hit is capped at ``(P − 1) // B`` blocks). The design
+and its proof obligations are checked by ``tests/unit_pool_model.py`` (plain Python)
+and ``tests/test_unit_pool.py`` (these kernels against the per-block ones).
+
+State (int64 arrays, grown by :class:`UnitPool` when a kernel asks for room):
+
+``us`` : counters ``U_*``.
+``pc`` : (cap, 7) pieces of the free queue. A block is named by the request *table*
+    that cached it and its position there, ``(t, j)``; a piece is a range of positions
+    ``lo … hi`` of one table, highest first (queue order). The queue is
+    ``[≤ 1 keyless block at the head] [never-used ids, ascending] [pieces]``. Columns
+    ``P_*``: queue links, table, range, links of the table's own piece list.
+``tb`` : (cap, 10) tables (``T_*``): blocks still cached, offset of its unit records in
+    ``ar``, its regular block count R, its piece list, the straddle block (below).
+``rc`` : (cap, 2 + 2G) unit records: cached positions, the unit's key (the key of its
+    first block), then per position the served table (vLLM's first-inserted holder,
+    ``BlockHashToBlockMap.get_one_block``) and the holder count. Later holders of a
+    position (duplicates) wait in ``ov`` in insertion order.
+``um``, ``sm`` : key tables (the row layout of ``_hash_kernels``'s, column 1 = value + 1):
+    unit key → record; (parent key, first token) of a *straddle* block → its first
+    table. A straddle is a full block whose first piece is the end of a unit cut by the
+    prompt's end (then output or a unique tail): it has its own key, never hit, but
+    its unit part counts for ``held_tokens``.
+``ar`` : per table, the record of each of its units.
+
+Other irregular blocks (output, unique tails) have unique keys: only counted.
+``largest_free_run`` needs no ids: the keyless blocks are the never-used range and at
+most one partial block at the head, adjacent to the range iff it was taken from it.
+Reachable keys equal distinct keys (a cached key's parent key is held by a block behind
+it in the queue, so the cached keys are closed under prefixes).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# Numba's cache keys a kernel on its own file's stamp: these kernels inline _hash_kernels.
+from radixkv.policies import _hash_kernels as K
+from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
+
+# counters
+U_UNUSED = 0  # first never-used block id
+U_HEADKL = 1  # keyless blocks at the head (0 or 1)
+U_HEADADJ = 2  # that block's id is U_UNUSED − 1
+U_QH = 3
+U_QT = 4
+U_NHASHED = 5
+U_NKEYS = 6
+U_NDUP = 7
+U_EV = 8
+U_PFREE = 9
+U_PTOP = 10
+U_NP = 11
+U_TFREE = 12
+U_TTOP = 13
+U_RFREE = 14
+U_RTOP = 15
+U_NREC = 16
+U_NOV = 17
+U_ATOP = 18
+U_NSTRAD = 19
+NU = 20
+
+P_PREV, P_NEXT, P_TAB, P_LO, P_HI, P_TPREV, P_TNEXT = range(7)
+NPC = 7
+T_LIVE, T_OFF, T_R, T_PH, T_SLEN, T_SPREV, T_SNEXT, T_GKEY, T_NU, T_FREE = range(10)
+NTB = 10
+
+OK = 0
+REFUSED = 1
+GROW = 3
+NOT_UNIT = 4
+# growth bits
+G_PC, G_TB, G_RC, G_OV, G_AR, G_UM, G_SM = 1, 2, 4, 8, 16, 32, 64
+
+C_PROMPT, C_HIT, C_HELD, C_EVICTED, C_USED, C_CACHED, C_FREE, C_VALID, C_DUP, C_META = range(10)
+NC = 10
+
+
+# ---------------------------------------------------------------------- pieces
+@njit(cache=True, inline="always")
+def _piece_new(pc, us, tb, t, lo, hi, after):
+    """A piece (t, lo … hi) linked into the queue after piece *after* (−1: at the head)."""
+    p = us[U_PFREE]
+    if p >= 0:
+        us[U_PFREE] = pc[p, P_NEXT]
+    else:
+        p = us[U_PTOP]
+        us[U_PTOP] = p + 1
+    us[U_NP] += 1
+    n = pc[after, P_NEXT] if after >= 0 else us[U_QH]
+    pc[p, P_PREV] = after
+    pc[p, P_NEXT] = n
+    if after >= 0:
+        pc[after, P_NEXT] = p
+    else:
+        us[U_QH] = p
+    if n >= 0:
+        pc[n, P_PREV] = p
+    else:
+        us[U_QT] = p
+    pc[p, P_TAB] = t
+    pc[p, P_LO] = lo
+    pc[p, P_HI] = hi
+    h = tb[t, T_PH]
+    pc[p, P_TPREV] = -1
+    pc[p, P_TNEXT] = h
+    if h >= 0:
+        pc[h, P_TPREV] = p
+    tb[t, T_PH] = p
+    return p
+
+
+@njit(cache=True, inline="always")
+def _piece_free(pc, us, tb, p):
+    a = pc[p, P_PREV]
+    n = pc[p, P_NEXT]
+    if a >= 0:
+        pc[a, P_NEXT] = n
+    else:
+        us[U_QH] = n
+    if n >= 0:
+        pc[n, P_PREV] = a
+    else:
+        us[U_QT] = a
+    t = pc[p, P_TAB]
+    a = pc[p, P_TPREV]
+    n = pc[p, P_TNEXT]
+    if a >= 0:
+        pc[a, P_TNEXT] = n
+    else:
+        tb[t, T_PH] = n
+    if n >= 0:
+        pc[n, P_TPREV] = a
+    pc[p, P_NEXT] = us[U_PFREE]
+    us[U_PFREE] = p
+    us[U_NP] -= 1
+
+
+@njit(cache=True)
+def _cut(pc, us, tb, t, lo, hi):
+    """Take positions lo … hi of table t out of the queue (a hit touches them)."""
+    j = hi
+    while j >= lo:
+        p = tb[t, T_PH]
+        while not (pc[p, P_LO] <= j <= pc[p, P_HI]):
+            p = pc[p, P_TNEXT]
+        plo = pc[p, P_LO]
+        phi = pc[p, P_HI]
+        a = max(lo, plo)
+        if j < phi and a > plo:
+            pc[p, P_LO] = j + 1
+            _piece_new(pc, us, tb, t, plo, a - 1, p)
+        elif j < phi:
+            pc[p, P_LO] = j + 1
+        elif a > plo:
+            pc[p, P_HI] = a - 1
+        else:
+            _piece_free(pc, us, tb, p)
+        j = a - 1
+
+
+# ---------------------------------------------------------------------- keys
+@njit(cache=True)
+def _rec_find(um, key):
+    i = K._find(um, key)
+    return um[i, 1] - 1 if i >= 0 else -1
+
+
+@njit(cache=True)
+def _rec_get(rc, um, us, key, G):
+    """The unit record of *key*, created empty when absent."""
+    i = K._find_or_add(um, key)
+    if um[i, 1] != 0:
+        return um[i, 1] - 1
+    r = us[U_RFREE]
+    if r >= 0:
+        us[U_RFREE] = rc[r, 0]
+    else:
+        r = us[U_RTOP]
+        us[U_RTOP] = r + 1
+    us[U_NREC] += 1
+    rc[r, 0] = 0
+    rc[r, 1] = key
+    for k in range(G):
+        rc[r, 2 + k] = -1
+        rc[r, 2 + G + k] = 0
+    um[i, 1] = r + 1
+    return r
+
+
+@njit(cache=True)
+def _add_holder(rc, ov, us, r, k, t, G):
+    c = rc[r, 2 + G + k]
+    if c == 0:
+        rc[r, 2 + k] = t
+        rc[r, 0] += 1
+        us[U_NKEYS] += 1
+    else:
+        n = us[U_NOV]
+        ov[n, 0] = r
+        ov[n, 1] = k
+        ov[n, 2] = t
+        us[U_NOV] = n + 1
+        if c == 1:
+            us[U_NDUP] += 1
+    rc[r, 2 + G + k] = c + 1
+    us[U_NHASHED] += 1
+
+
+@njit(cache=True)
+def _ov_take(ov, us, r, k, t):
+    """Remove the first waiting holder of (r, k) (t < 0) or holder t; returns its table."""
+    n = us[U_NOV]
+    for i in range(n):
+        if ov[i, 0] == r and ov[i, 1] == k and (t < 0 or ov[i, 2] == t):
+            got = ov[i, 2]
+            for m in range(i + 1, n):
+                ov[m - 1, 0] = ov[m, 0]
+                ov[m - 1, 1] = ov[m, 1]
+                ov[m - 1, 2] = ov[m, 2]
+            us[U_NOV] = n - 1
+            return got
+    return -1
+
+
+@njit(cache=True)
+def _drop_holder(rc, ov, um, us, r, k, t, G):
+    c = rc[r, 2 + G + k]
+    if rc[r, 2 + k] == t:
+        if c == 1:
+            rc[r, 2 + k] = -1
+            rc[r, 0] -= 1
+            us[U_NKEYS] -= 1
+        else:
+            rc[r, 2 + k] = _ov_take(ov, us, r, k, -1)
+    else:
+        _ov_take(ov, us, r, k, t)
+    if c == 2:
+        us[U_NDUP] -= 1
+    rc[r, 2 + G + k] = c - 1
+    us[U_NHASHED] -= 1
+    if rc[r, 0] == 0:
+        K._delete_slot(um, K._find(um, rc[r, 1]))
+        rc[r, 0] = us[U_RFREE]
+        us[U_RFREE] = r
+        us[U_NREC] -= 1
+
+
+@njit(cache=True)
+def _strad_remove(tb, sm, us, t):
+    a = tb[t, T_SPREV]
+    n = tb[t, T_SNEXT]
+    if a >= 0:
+        tb[a, T_SNEXT] = n
+    else:
+        i = K._find(sm, tb[t, T_GKEY])
+        if n >= 0:
+            sm[i, 1] = n + 1
+        else:
+            K._delete_slot(sm, i)
+            us[U_NSTRAD] -= 1
+    if n >= 0:
+        tb[n, T_SPREV] = a
+
+
+@njit(cache=True)
+def _evict(tb, rc, ov, um, sm, ar, us, t, lo, hi, G):
+    """Blocks (t, hi) … (t, lo) taken from the queue's head lose their keys."""
+    R = tb[t, T_R]
+    off = tb[t, T_OFF]
+    if hi >= R:  # irregular blocks: unique keys, only counted
+        n = hi - max(lo, R) + 1
+        us[U_NHASHED] -= n
+        us[U_NKEYS] -= n
+        if lo <= R and tb[t, T_SLEN] > 0:
+            _strad_remove(tb, sm, us, t)
+    j = min(hi, R - 1)
+    while j >= lo:  # regular blocks, one unit at a time
+        u = j // G
+        a = max(lo, u * G)
+        r = ar[off + u]
+        b = u * G
+        sole = True  # t is the only holder of every position: clear them at once
+        for q in range(a - b, j - b + 1):
+            if rc[r, 2 + q] != t or rc[r, 2 + G + q] != 1:
+                sole = False
+                break
+        if sole:
+            for q in range(a - b, j - b + 1):
+                rc[r, 2 + q] = -1
+                rc[r, 2 + G + q] = 0
+            n = j - a + 1
+            rc[r, 0] -= n
+            us[U_NKEYS] -= n
+            us[U_NHASHED] -= n
+            if rc[r, 0] == 0:
+                K._delete_slot(um, K._find(um, rc[r, 1]))
+                rc[r, 0] = us[U_RFREE]
+                us[U_RFREE] = r
+                us[U_NREC] -= 1
+        else:
+            for q in range(j, a - 1, -1):
+                _drop_holder(rc, ov, um, us, r, q - b, t, G)
+        j = a - 1
+    tb[t, T_LIVE] -= hi - lo + 1
+    if tb[t, T_LIVE] == 0:
+        tb[t, T_FREE] = us[U_TFREE]
+        us[U_TFREE] = t
+
+
+@njit(cache=True)
+def _pop(pc, tb, rc, ov, um, sm, ar, us, n, nb, G):
+    """Take n blocks from the head; returns (evicted, source of the last one: −1 the head
+    block again, 1 the never-used range, 0 a piece)."""
+    ev = 0
+    src = -1
+    if n > 0 and us[U_HEADKL] > 0:
+        us[U_HEADKL] = 0
+        n -= 1
+    k = min(n, nb - us[U_UNUSED])
+    if k > 0:
+        us[U_UNUSED] += k
+        n -= k
+        src = 1
+    while n > 0:
+        p = us[U_QH]
+        t = pc[p, P_TAB]
+        lo = pc[p, P_LO]
+        hi = pc[p, P_HI]
+        k = min(n, hi - lo + 1)
+        if k == hi - lo + 1:
+            _piece_free(pc, us, tb, p)
+        else:
+            pc[p, P_HI] = hi - k
+        _evict(tb, rc, ov, um, sm, ar, us, t, hi - k + 1, hi, G)
+        ev += k
+        n -= k
+        src = 0
+    us[U_EV] += ev
+    return ev, src
+
+
+# ---------------------------------------------------------------------- a request
+@njit(cache=True)
+def unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, seg_id, seg_end, nseg, B, U, P, kv, nb):
+    """One request (admit, decode to *kv*, release) on the unit pool.
+
+    Returns ``(code, hit blocks, held tokens, evicted blocks at admission, grow bits)``;
+    ``code`` GROW (nothing changed: grow the arrays of the bits), NOT_UNIT (the segments
+    are not units of U tokens then unique content), REFUSED (does not fit the pool).
+    """
+    G = U // B
+    n_full = kv // B
+    # units: the leading segments with ids ≥ 0, U tokens each (the last may be cut)
+    nu = 0
+    while nu < nseg and seg_id[nu] >= 0:
+        if (nu + 1 < nseg and seg_id[nu + 1] >= 0 and seg_end[nu] != (nu + 1) * U) or seg_end[nu] > (nu + 1) * U:
+            return NOT_UNIT, 0, 0, 0, 0
+        nu += 1
+    for s in range(nu, nseg):
+        if seg_id[s] >= 0:
+            return NOT_UNIT, 0, 0, 0, 0
+    covered = seg_end[nu - 1] if nu > 0 else 0
+    R = covered // B
+    if -(-kv // B) > nb - 1:
+        return REFUSED, 0, 0, 0, 0
+    grow = 0
+    if us[U_NP] + 2 * n_full + 3 > pc.shape[0]:
+        grow |= G_PC
+    if us[U_TTOP] + 1 > tb.shape[0] and us[U_TFREE] < 0:
+        grow |= G_TB
+    if us[U_NREC] + nu + 1 > rc.shape[0]:
+        grow |= G_RC
+    if us[U_NOV] + n_full + 1 > ov.shape[0]:
+        grow |= G_OV
+    if us[U_ATOP] + nu + 1 > ar.shape[0]:
+        grow |= G_AR
+    if 2 * (us[U_NREC] + nu + 1) > um.shape[0]:
+        grow |= G_UM
+    if 2 * (us[U_NSTRAD] + 2) > sm.shape[0]:
+        grow |= G_SM
+    if grow:
+        return GROW, 0, 0, 0, grow
+    K._block_keys_into(seg_id, seg_end, B, n_full, np.uint64(0xFFFFFFFFFFFFFFFF), keys)
+    # lookup (FullAttentionManager.find_longest_cache_hit): regular blocks only (the
+    # others have unique keys)
+    n_look = min(P // B, R)
+    h = 0
+    r = -1
+    while h < n_look:
+        k = h % G
+        if k == 0:
+            r = _rec_find(um, keys[h])
+        if r < 0 or rc[r, 2 + G + k] == 0:
+            break
+        served[h] = rc[r, 2 + k]
+        h += 1
+    # held tokens: h blocks, then the longest common prefix of the prompt's next block
+    # with a block cached under the last hit key
+    if h * B >= P:
+        held = P
+    else:
+        start = h * B
+        end = min(start + B, P)
+        held = start
+        if start < covered:
+            u = h // G
+            sid = seg_id[u]
+            off = start - u * U
+            lp = min(seg_end[u], end) - start
+            pkey = keys[h - 1] if h > 0 else K.SEED
+            if off > 0:
+                uk = keys[u * G]
+            else:  # the key a full block of this unit would have here
+                z = K._mix(np.uint64(pkey), np.uint64(sid))
+                uk = np.int64(K._mix(z, np.uint64(B)))
+            best = 0
+            r2 = _rec_find(um, uk)
+            if r2 >= 0 and rc[r2, 2 + G + off // B] > 0:
+                best = lp
+            i = K._find(sm, K._group_key(pkey, sid, off))
+            if i >= 0:
+                t = sm[i, 1] - 1
+                while t >= 0:
+                    m = min(tb[t, T_SLEN], lp)
+                    if m > best:
+                        best = m
+                    t = tb[t, T_SNEXT]
+            held = start + best
+    hcap = min(h, (P - 1) // B)
+    # touch: runs of hit positions served by one table leave the queue
+    nr = 0
+    j = 0
+    while j < hcap:
+        k = j
+        while k + 1 < hcap and served[k + 1] == served[j]:
+            k += 1
+        runs[nr, 0] = served[j]
+        runs[nr, 1] = j
+        runs[nr, 2] = k
+        nr += 1
+        j = k + 1
+    for q in range(nr):
+        _cut(pc, us, tb, runs[q, 0], runs[q, 1], runs[q, 2])
+    # new blocks: the prompt's, then decode's
+    n_prompt = -(-P // B) - hcap
+    n_kv = -(-kv // B) - hcap
+    ev0, src = _pop(pc, tb, rc, ov, um, sm, ar, us, n_prompt, nb, G)
+    if n_kv > n_prompt:
+        _, src = _pop(pc, tb, rc, ov, um, sm, ar, us, n_kv - n_prompt, nb, G)
+    # cache the new full blocks as a table of their own
+    if n_full > hcap:
+        t = us[U_TFREE]
+        if t >= 0:
+            us[U_TFREE] = tb[t, T_FREE]
+        else:
+            t = us[U_TTOP]
+            us[U_TTOP] = t + 1
+        off0 = us[U_ATOP]
+        us[U_ATOP] = off0 + nu
+        tb[t, T_LIVE] = n_full - hcap
+        tb[t, T_OFF] = off0
+        tb[t, T_R] = R
+        tb[t, T_PH] = -1
+        tb[t, T_SLEN] = 0
+        tb[t, T_NU] = nu
+        j = hcap
+        e = min(R, n_full)
+        while j < e:  # regular blocks, one unit at a time
+            b = j - j % G
+            a2 = min(e, b + G)
+            r = _rec_get(rc, um, us, keys[b], G)
+            ar[off0 + j // G] = r
+            fresh = True  # no position held yet: t holds them all at once
+            for q in range(j - b, a2 - b):
+                if rc[r, 2 + G + q] != 0:
+                    fresh = False
+                    break
+            if fresh:
+                for q in range(j - b, a2 - b):
+                    rc[r, 2 + q] = t
+                    rc[r, 2 + G + q] = 1
+                n = a2 - j
+                rc[r, 0] += n
+                us[U_NKEYS] += n
+                us[U_NHASHED] += n
+            else:
+                for q in range(j - b, a2 - b):
+                    _add_holder(rc, ov, us, r, q, t, G)
+            j = a2
+        n = n_full - max(hcap, R)
+        if n > 0:  # irregular blocks: unique keys, only counted
+            us[U_NHASHED] += n
+            us[U_NKEYS] += n
+        if covered % B != 0 and R < n_full:  # a straddle block at position R
+            pkey = keys[R - 1] if R > 0 else K.SEED
+            gk = K._group_key(pkey, seg_id[nu - 1], R * B - (nu - 1) * U)
+            tb[t, T_SLEN] = covered - R * B
+            tb[t, T_GKEY] = gk
+            tb[t, T_SPREV] = -1
+            i = K._find_or_add(sm, gk)
+            if sm[i, 1] != 0:
+                hd = sm[i, 1] - 1
+                tb[t, T_SNEXT] = hd
+                tb[hd, T_SPREV] = t
+            else:
+                tb[t, T_SNEXT] = -1
+                us[U_NSTRAD] += 1
+            sm[i, 1] = t + 1
+        # release tail first: the new blocks, then each run of hit blocks
+        _piece_new(pc, us, tb, t, hcap, n_full - 1, us[U_QT])
+    for q in range(nr - 1, -1, -1):
+        _piece_new(pc, us, tb, runs[q, 0], runs[q, 1], runs[q, 2], us[U_QT])
+    if kv % B:  # the partial block goes to the head
+        if src >= 0:
+            us[U_HEADADJ] = src
+        us[U_HEADKL] = 1
+    return OK, hcap, held, ev0, 0
+
+
+@njit(cache=True)
+def unit_span(pc, tb, rc, ov, um, sm, ar, us, ids, id_offsets, prompt_len, output_len, unit_tokens, i0, i1,
+              nb, B, key_bytes, dup_bytes, out):
+    """Requests ``i0 … i1−1`` of a hash-id trace without output ids; returns
+    ``(next, code, grow bits)``: code OK when all ran, otherwise request ``next`` stopped
+    with that code (nothing changed for it)."""
+    n_max = 1
+    kv_max = 1
+    empty = np.zeros(1, dtype=np.int64)
+    for i in range(i0, i1):
+        m = kv_seq_len(id_offsets, empty, False, prompt_len, output_len, unit_tokens, i)
+        n_max = max(n_max, m)
+        kv_max = max(kv_max, prompt_len[i] + max(output_len[i] - 1, 0))
+    sid = np.empty(n_max, dtype=np.int64)
+    send = np.empty(n_max, dtype=np.int64)
+    nbk = kv_max // B + 1
+    keys = np.empty(nbk, dtype=np.int64)
+    served = np.empty(nbk, dtype=np.int64)
+    runs = np.empty((nbk, 3), dtype=np.int64)
+    for i in range(i0, i1):
+        P = prompt_len[i]
+        kv = P + max(output_len[i] - 1, 0)
+        m = kv_seq_into(ids, id_offsets, ids[:0], empty, False, prompt_len, output_len, unit_tokens, i, sid, send)
+        before = us[U_EV]
+        code, hcap, held, ev0, grow = unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, sid, send,
+                                                   m, B, unit_tokens, P, kv, nb)
+        if code != OK:
+            return i, code, grow
+        r = i - i0
+        nh = us[U_NHASHED]
+        nk = us[U_NKEYS]
+        out[r, C_PROMPT] = P
+        out[r, C_HIT] = hcap * B
+        out[r, C_HELD] = held if held < P else P
+        out[r, C_EVICTED] = (us[U_EV] - before) * B
+        out[r, C_USED] = 0
+        out[r, C_CACHED] = nh
+        out[r, C_FREE] = nb - 1 - nh
+        out[r, C_VALID] = nh * B
+        out[r, C_DUP] = (nh - nk) * B
+        out[r, C_META] = nk * key_bytes + us[U_NDUP] * dup_bytes
+    return i1, OK, 0
+
+
+@njit(cache=True)
+def unit_one(pc, tb, rc, ov, um, sm, ar, us, seg_id, seg_end, B, U, P, kv, nb):
+    """:func:`unit_request` for one KVSeq (its own scratch)."""
+    nbk = kv // B + 1
+    keys = np.empty(nbk, dtype=np.int64)
+    served = np.empty(nbk, dtype=np.int64)
+    runs = np.empty((nbk, 3), dtype=np.int64)
+    before = us[U_EV]
+    code, hcap, held, ev0, grow = unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, seg_id, seg_end,
+                                               seg_id.shape[0], B, U, P, kv, nb)
+    return code, hcap, held, ev0, us[U_EV] - before, grow
+
+
+@njit(cache=True)
+def rehash(old, new):
+    """Insert every occupied row of key table *old* into the empty table *new*."""
+    for i in range(old.shape[0]):
+        if old[i, 1] != 0:
+            j = K._slot_for_insert(new, old[i, 0])
+            for c in range(4):
+                new[j, c] = old[i, c]
+
+
+@njit(cache=True)
+def compact_arena(tb, us, ar, new):
+    """Copy the live tables' unit records into *new* (packed); returns its top."""
+    top = 0
+    for t in range(us[U_TTOP]):
+        if tb[t, T_LIVE] > 0:
+            o = tb[t, T_OFF]
+            n = tb[t, T_NU]
+            for k in range(n):
+                new[top + k] = ar[o + k]
+            tb[t, T_OFF] = top
+            top += n
+    return top
+
+
+class UnitPool:
+    """The arrays of the unit-granular pool and the Python side of its kernels.
+
+    Parameters
+    ----------
+    num_gpu_blocks : int
+        As :class:`~radixkv.policies.block_hash.BlockHashCache` (block 0 is the null block).
+    block_size : int
+        B (≥ 2).
+    unit_tokens : int
+        U, a multiple of B.
+
+    Host memory grows with what is cached, not with the pool: 56 B per piece, 80 B per
+    table, (16 + 16 G) B per unit record, 24 B per waiting duplicate, 8 B per table unit,
+    two key tables of 32 B rows at load ≤ 1/2.
+    """
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, unit_tokens: int):
+        self.nb = int(num_gpu_blocks)
+        self.B = int(block_size)
+        self.U = int(unit_tokens)
+        self.G = self.U // self.B
+        self.us = np.zeros(NU, dtype=np.int64)
+        self.us[U_UNUSED] = 1
+        for c in (U_QH, U_QT, U_PFREE, U_TFREE, U_RFREE):
+            self.us[c] = -1
+        self.pc = np.zeros((256, NPC), dtype=np.int64)
+        self.tb = np.zeros((64, NTB), dtype=np.int64)
+        self.rc = np.zeros((64, 2 + 2 * self.G), dtype=np.int64)
+        self.ov = np.zeros((256, 3), dtype=np.int64)
+        self.ar = np.zeros(1024, dtype=np.int64)
+        self.um = np.zeros((128, 4), dtype=np.int64)
+        self.sm = np.zeros((64, 4), dtype=np.int64)
+
+    def _args(self):
+        return self.pc, self.tb, self.rc, self.ov, self.um, self.sm, self.ar, self.us
+
+    def grow(self, bits: int) -> None:
+        """Double the arrays named by *bits* (``G_*``)."""
+        def bigger(a):
+            b = np.zeros((2 * a.shape[0],) + a.shape[1:], dtype=a.dtype)
+            b[: a.shape[0]] = a
+            return b
+
+        if bits & G_PC:
+            self.pc = bigger(self.pc)
+        if bits & G_TB:
+            self.tb = bigger(self.tb)
+        if bits & G_RC:
+            self.rc = bigger(self.rc)
+        if bits & G_OV:
+            self.ov = bigger(self.ov)
+        if bits & G_AR:
+            new = np.zeros(self.ar.shape[0], dtype=np.int64)
+            top = compact_arena(self.tb, self.us, self.ar, new)
+            if 2 * top > new.shape[0]:
+                new2 = np.zeros(2 * new.shape[0], dtype=np.int64)
+                new2[:top] = new[:top]
+                new = new2
+            self.ar = new
+            self.us[U_ATOP] = top
+        for bit, name in ((G_UM, "um"), (G_SM, "sm")):
+            if bits & bit:
+                old = getattr(self, name)
+                new = np.zeros((2 * old.shape[0], 4), dtype=np.int64)
+                rehash(old, new)
+                setattr(self, name, new)
+
+    def run_request(self, seq):
+        """(code, hit blocks, held tokens, evicted blocks at admission, evicted blocks in all)."""
+        while True:
+            code, h, held, ev0, ev, grow = unit_one(*self._args(), seq.seg_id, seq.seg_end, self.B, self.U,
+                                                    seq.prompt_len, seq.kv_len, self.nb)
+            if code != GROW:
+                return code, int(h), int(held), int(ev0), int(ev)
+            self.grow(int(grow))
+
+    def span(self, trace, i0, i1, key_bytes, dup_bytes):
+        """Rows ``i0 …`` of the sequential replay: (next, code, out rows)."""
+        out = np.zeros((i1 - i0, NC), dtype=np.int64)
+        i = i0
+        while True:
+            nxt, code, grow = unit_span(*self._args(), trace.ids, trace.id_offsets, trace.prompt_len,
+                                        trace.output_len, int(trace.unit_tokens), i, i1, self.nb, self.B,
+                                        key_bytes, dup_bytes, out[i - i0:])
+            i = int(nxt)
+            if code != GROW:
+                return i, int(code), out
+            self.grow(int(grow))
+
+    def largest_free_run(self) -> int:
+        """Longest run of consecutive free block ids (no ids kept: see the module docstring)."""
+        us = self.us
+        unused = self.nb - int(us[U_UNUSED])
+        kl = int(us[U_HEADKL])
+        if unused:
+            return max(unused + (1 if kl and us[U_HEADADJ] == 1 else 0), kl)
+        return kl
+
+    def counters(self):
+        """(hashed blocks, distinct keys, keys held twice or more, evicted blocks)."""
+        us = self.us
+        return int(us[U_NHASHED]), int(us[U_NKEYS]), int(us[U_NDUP]), int(us[U_EV])
+
+
+def warm(block_size: int) -> None:
+    """Compile (or load) these kernels on a tiny hash-id trace (2 blocks per unit)."""
+    from radixkv.trace.types import Trace
+
+    B = int(block_size)
+    t = Trace.from_requests(req_id=["a", "b"], arrival_s=[0.0, 0.0], prompt_len=[4 * B - 1, 3 * B],
+                            output_len=[2, 0], prompt_ids=[[1, 2], [1, 3]], unit_tokens=2 * B,
+                            partial_last_unit=True)
+    pool = UnitPool(6, B, 2 * B)
+    pool.span(t, 0, 1, 1, 1)
+    pool.run_request(t.kv_seq(1))

@@ -1,0 +1,64 @@
+"""BlockHashCache's unit-granular pool (:mod:`radixkv.policies._hash_unit_kernels`, used by
+the sequential replay of hash-id traces whose unit is a multiple of the block size) gives
+the records of its per-block kernels and of the brute-force reference."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from radixkv.policies.block_hash import BlockHashCache
+from radixkv.replay.sequential import replay_sequential
+from reference_vllm import ReferenceVLLM
+from test_unit_pool_model import _records_equal, unit_traces
+
+EXAMPLES = int(os.environ.get("RADIXKV_HYPOTHESIS_EXAMPLES", 2000)) // 10
+
+
+def _per_block(blocks, B):
+    pol = BlockHashCache(blocks + 1, B)
+    pol.unit_granular = False
+    return pol
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(unit_traces())
+def test_unit_pool_gives_per_block_records(case):
+    t, B, blocks = case
+    want = replay_sequential(t, _per_block(blocks, B))
+    pol = BlockHashCache(blocks + 1, B)
+    got = replay_sequential(t, pol)
+    assert (pol._unit is not None) == (len(t) >= 2)  # the unit-granular pool ran (span rows)
+    _records_equal(want, got)
+
+
+@settings(max_examples=max(10, EXAMPLES // 4), deadline=None)
+@given(unit_traces())
+def test_unit_pool_matches_the_brute_force_reference(case):
+    t, B, blocks = case
+    ref = ReferenceVLLM(blocks + 1, B)
+    ref.replay_span = None
+    want = replay_sequential(t, ref)
+    got = replay_sequential(t, BlockHashCache(blocks + 1, B))
+    for c in ("hit_tokens", "held_tokens", "evicted_tokens", "used_slots", "cached_slots", "free_slots",
+              "valid_tokens", "cached_tokens", "largest_free_run"):
+        assert np.array_equal(want[c], got[c]), c
+
+
+def test_per_block_hooks_refuse_after_a_unit_replay():
+    from radixkv.trace.types import Trace
+
+    t = Trace.from_requests(req_id=["a", "b"], arrival_s=[0.0, 1.0], prompt_len=[10, 9], output_len=[3, 1],
+                            prompt_ids=[[1, 2, 3], [1, 2, 4]], unit_tokens=4, partial_last_unit=True)
+    pol = BlockHashCache(9, 2)
+    replay_sequential(t, pol)
+    assert pol._unit is not None
+    with pytest.raises(RuntimeError, match="unit granularity"):
+        pol.free_queue()
+    # token traces and B = 1 stay per block
+    pol = BlockHashCache(20, 1)
+    replay_sequential(t, pol)
+    assert pol._unit is None
+    assert len(pol.free_queue()) == 19
