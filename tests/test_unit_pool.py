@@ -62,3 +62,20 @@ def test_per_block_hooks_refuse_after_a_unit_replay():
     replay_sequential(t, pol)
     assert pol._unit is None
     assert len(pol.free_queue()) == 19
+
+
+def test_a_request_with_more_units_than_the_first_arrays_hold():
+    # 1,500 units of 2 blocks (B = 2): the pool's arrays start smaller and grow (the
+    # arena is compacted, then sized for the request); a second request hits most of it
+    from radixkv.trace.types import Trace
+
+    ids = list(range(1500))
+    t = Trace.from_requests(req_id=["a", "b", "c"], arrival_s=[0.0, 1.0, 2.0], prompt_len=[6000, 4806, 3001],
+                            output_len=[5, 2, 9], prompt_ids=[ids, ids[:1200] + [9999, 9998], ids[:751]],
+                            unit_tokens=4, partial_last_unit=True)
+    want = replay_sequential(t, _per_block(5000, 2))
+    pol = BlockHashCache(5001, 2)
+    got = replay_sequential(t, pol)
+    assert pol._unit is not None
+    _records_equal(want, got)
+    assert got["hit_tokens"].tolist()[1] == 4800  # by hand: 1,200 units of 4 tokens

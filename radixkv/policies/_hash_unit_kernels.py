@@ -393,7 +393,7 @@ def unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, seg_id, seg
     if 2 * (us[U_NSTRAD] + 2) > sm.shape[0]:
         grow |= G_SM
     if grow:
-        return GROW, 0, 0, 0, grow
+        return GROW, 0, 0, 0, grow | ((nu + 1) << 8)  # (bits, then the arena slots needed)
     K._block_keys_into(seg_id, seg_end, B, n_full, np.uint64(0xFFFFFFFFFFFFFFFF), keys)
     # lookup (FullAttentionManager.find_longest_cache_hit): regular blocks only (the
     # others have unique keys)
@@ -651,7 +651,8 @@ class UnitPool:
         return self.pc, self.tb, self.rc, self.ov, self.um, self.sm, self.ar, self.us
 
     def grow(self, bits: int) -> None:
-        """Double the arrays named by *bits* (``G_*``)."""
+        """Double the arrays named by the low 8 bits of *bits* (``G_*``); the arena is
+        compacted, then sized for ``bits >> 8`` more slots."""
         def bigger(a):
             b = np.zeros((2 * a.shape[0],) + a.shape[1:], dtype=a.dtype)
             b[: a.shape[0]] = a
@@ -668,8 +669,11 @@ class UnitPool:
         if bits & G_AR:
             new = np.zeros(self.ar.shape[0], dtype=np.int64)
             top = compact_arena(self.tb, self.us, self.ar, new)
-            if 2 * top > new.shape[0]:
-                new2 = np.zeros(2 * new.shape[0], dtype=np.int64)
+            size = new.shape[0]
+            while size < 2 * (top + (bits >> 8)):
+                size *= 2
+            if size > new.shape[0]:
+                new2 = np.zeros(size, dtype=np.int64)
                 new2[:top] = new[:top]
                 new = new2
             self.ar = new
