@@ -131,7 +131,16 @@ class BlockHashCache(PrefixCache):
     whose units are multiples of ``block_size``, ``block_size`` for token traces). E.g. a
     token trace at ``block_size`` 16 and 6.25 M blocks (10⁸ tokens): about 1.9 GB.
     ``stats`` is O(1) except ``largest_free_run`` (one pass over the block records);
-    ``cached_tokens`` is kept incrementally.
+    ``cached_tokens`` is kept incrementally. The per-block arrays are made on first use.
+
+    The sequential replay (:meth:`replay_span`) of a hash-id trace whose unit U is a
+    multiple of ``block_size`` (≥ 2), without output ids, on a fresh pool of this class
+    with ``verify`` off runs on a unit-granular model instead
+    (:mod:`radixkv.policies._hash_unit_kernels`: work per unit and per free-queue piece,
+    host memory that grows with the cached units, not the pool), with the same records;
+    afterwards :meth:`run_request` and :meth:`stats` continue it, and the per-block hooks
+    (``admit``, ``extend``, ``finish``, ``peek_hit``, ``free_queue``, …) raise
+    ``RuntimeError``. Set ``unit_granular = False`` to keep the per-block kernels.
     """
 
     name = "vllm"
