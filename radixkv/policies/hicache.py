@@ -288,6 +288,9 @@ class HiCacheRadixCache(PrefixCache):
         self.prefetch_threshold = max(int(prefetch_threshold), self.page_size)
         # page key -> None; insertion order is the file LRU (oldest first) when capped
         self._store = {} if on else None
+        # write_back: nodes demoted in the current scheduler step whose storage write is
+        # in flight (host-locked until the next step's check_hicache_events reaps it)
+        self._storage_locked: dict = {}  # node id -> node
         self.storage_used = 0
         self.storage_hit_tokens_total = 0
         self.storage_written_tokens_total = 0
@@ -432,7 +435,7 @@ class HiCacheRadixCache(PrefixCache):
 
     def _is_host_leaf(self, x):
         return (x is not self.root and not x.dev and x.host and x.lock == 0 and not x.children
-                and x.id not in self._host_locked)
+                and x.id not in self._host_locked and x.id not in self._storage_locked)
 
     def _remove(self, x):
         del x.parent.children[self._ckey(x.key, 0)]
@@ -479,6 +482,7 @@ class HiCacheRadixCache(PrefixCache):
             return 0
         heap = self._heap("_dev_heap", self._is_dev_leaf)
         freed = 0
+        declined = []
         while freed < need and heap:
             t, _, x = heapq.heappop(heap)
             if t != x.time or not self._is_dev_leaf(x):
@@ -489,6 +493,15 @@ class HiCacheRadixCache(PrefixCache):
                 if self._backup(x):
                     self._track(x)  # the backup's ack (finish_write_through) registers it
                     self._demote(x)
+                    if self._storage:
+                        # the ack starts its storage write, which host-locks the node
+                        # until a later scheduler step reaps it (ongoing_backup)
+                        self._storage_locked[x.id] = x
+                elif self._storage and self._subtree_host_locked(x):
+                    # UnifiedTreeCore.drop_subtree_no_host declines a subtree with a
+                    # host-locked node: x stays on the device
+                    declined.append(x)
+                    continue
                 else:
                     self._drop_subtree(x)
             elif x.host:
@@ -502,8 +515,31 @@ class HiCacheRadixCache(PrefixCache):
             self.evictions += 1
             if self._is_dev_leaf(par):
                 heapq.heappush(heap, (par.time, par.id, par))
+        for x in declined:  # still device leaves: candidates of later evictions
+            heapq.heappush(heap, (x.time, x.id, x))
         self.evicted_tokens_total += freed
         return freed
+
+    def _reap_storage_writes(self):
+        """A scheduler step's ``check_hicache_events`` reaps the storage writes started
+        before it (``_drain_backup`` → ``dec_host_lock_ref``): the nodes are unlocked
+        and offered to the host heap again (a locked leaf popped meanwhile was skipped)."""
+        if self._storage_locked:
+            nodes = self._storage_locked
+            self._storage_locked = {}
+            for y in nodes.values():
+                if y.dev or y.host:  # still in the tree
+                    self._touch(y)
+
+    def _subtree_host_locked(self, x):
+        """A node below *x* whose storage write is in flight (host-locked)."""
+        stack = list(x.children.values())
+        while stack:
+            y = stack.pop()
+            if y.id in self._storage_locked:
+                return True
+            stack.extend(y.children.values())
+        return False
 
     def _demote(self, x):
         n = len(x.key)
@@ -547,7 +583,8 @@ class HiCacheRadixCache(PrefixCache):
                     if not (x.dev and x.host):
                         swept.append(nid)
                         continue
-                    if (spare and self._is_dev_leaf(x)) or nid in self._host_locked or x in self._loaded_pending:
+                    if ((spare and self._is_dev_leaf(x)) or nid in self._host_locked or x in self._loaded_pending
+                            or nid in self._storage_locked):
                         continue  # _can_reclaim_full_host_duplicate: host lock, load in flight
                     x.host = False
                     self.tree_host -= len(x.key)
@@ -851,6 +888,7 @@ class HiCacheRadixCache(PrefixCache):
         toks = seq_tokens(seq)
         klen = (P - 1) // p * p
         if self._storage:
+            self._reap_storage_writes()
             self._prefetch(toks, klen)  # what it brings to host is held from here on
         held = self._held(toks, min(P, seq.kv_len))
         dev, host, best, best_dev = self._match(toks, klen)
@@ -1013,6 +1051,7 @@ class HiCacheRadixCache(PrefixCache):
         pos = r["comp"]
         while pos < end:
             if self.free < p:
+                self._reap_storage_writes()  # a new scheduler step
                 self._evict_device(p - self.free)
             if pos % p == 0:
                 if self.free < p:

@@ -16,6 +16,11 @@ radixkv copy (tools/engines/): adds ``--eviction-policy-config`` (the strategy's
 keyword arguments, SGLang's ``eviction_policy_config``) and the per-request
 ``priority`` field; see tools/engines/gen_sglang_evict_goldens.py.
 
+With ``--hicache-storage-backend file`` (HiCache mode) a step -1 comes first: the
+arrival-time L3 prefetch of ``Scheduler._prefetch_kvcache`` (``_storage_prefetch``),
+waited for until ``check_prefetch_progress`` admits the request; storage writes are
+reaped at every HiCache step (``_drain_storage_writes``).
+
 Per-request lifecycle (mirrors sglang/srt/managers + mem_cache/common.py of
 sglang 0.5.23):
   0. every 32nd request, the FCFS scheduler's waiting-prefix refresh touches
@@ -137,6 +142,26 @@ def parse_args(argv=None):
         type=int,
         default=0,
         help="host pool size in GB (SGLang --hicache-size; 0 = use --hicache-ratio)",
+    )
+    p.add_argument(
+        "--hicache-storage-backend",
+        choices=["file"],
+        default=None,
+        help="HiCache L3 storage backend (SGLang --hicache-storage-backend); needs "
+        "--hicache-write-policy. The store lives in a fresh temporary folder",
+    )
+    p.add_argument(
+        "--hicache-storage-prefetch-policy",
+        choices=["best_effort", "wait_complete", "timeout"],
+        default="wait_complete",
+        help="SGLang --hicache-storage-prefetch-policy; the harness waits for every "
+        "prefetch to finish before admitting (see _storage_prefetch)",
+    )
+    p.add_argument(
+        "--hicache-storage-prefetch-threshold",
+        type=int,
+        default=256,
+        help="prefetch_threshold of --hicache-storage-backend-extra-config (tokens)",
     )
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     p.add_argument(
@@ -287,10 +312,14 @@ class SGLangReplayer:
                 hicache_write_policy=args.hicache_write_policy,
                 hicache_io_backend="direct",
                 hicache_mem_layout="layer_first",
+                **self._storage_server_args(args),
             )
         else:
             server_args = ServerArgs(model_path="dummy", page_size=ps)
-        set_global_server_args_for_scheduler(server_args)
+        if self.hicache and self.storage_dir is not None:
+            _single_rank_storage(server_args)
+        else:
+            set_global_server_args_for_scheduler(server_args)
         kvcache = _hicache_kv_pool(self.capacity, ps) if self.hicache else None
 
         # One request runs at a time; a few spare rows cost nothing.
@@ -341,6 +370,14 @@ class SGLangReplayer:
             if args.impl != "unified":
                 raise SystemExit("HiCache runs only with --impl unified (UnifiedRadixCache.init_hicache)")
             self.cache.init_hicache(server_args, params)
+            if self.storage_dir is not None:
+                # the storage read path allocates its staging pages with the host pool's
+                # pin_memory flag; a CPU-only torch has no pinned allocator
+                for pool in {id(p): p for p in (self.cache.cache_controller.mem_pool_host,
+                                                getattr(self.cache.cache_controller, "storage_host_pool", None))
+                             if p is not None}.values():
+                    if hasattr(pool, "pin_memory"):
+                        pool.pin_memory = False
             self.host_capacity = int(self.cache.cache_controller.mem_pool_host.size)
             _count_transfers(self.cache)
         self.impl_name = type(self.cache).__mro__[1].__name__
@@ -426,6 +463,9 @@ class SGLangReplayer:
             priority=priority,
         )
         ev0 = self.cache.evicted_tokens_total
+
+        if self.storage_dir is not None:
+            rec["storage_hit_tokens"] = self._storage_prefetch(req)
 
         # 0. scheduling pass (SchedulePolicy.calc_priority -> _touch_waiting_prefixes):
         #    with the default FCFS policy every 32nd pass touches the *full* prompt
@@ -528,6 +568,71 @@ class SGLangReplayer:
         )
         return rec
 
+    def _storage_server_args(self, args) -> dict:
+        if args.hicache_storage_backend is None:
+            self.storage_dir = None
+            return {}
+        import tempfile
+
+        self.storage_dir = tempfile.mkdtemp(prefix="hicache_file_")
+        return {
+            "hicache_storage_backend": args.hicache_storage_backend,
+            "hicache_storage_prefetch_policy": args.hicache_storage_prefetch_policy,
+            "hicache_storage_backend_extra_config": json.dumps(
+                {"prefetch_threshold": args.hicache_storage_prefetch_threshold}),
+            "file_storage_path": self.storage_dir,
+        }
+
+    def _storage_prefetch(self, req) -> int:
+        """The arrival-time L3 prefetch, as ``Scheduler._prefetch_kvcache`` issues it
+        (a stamping match; only from a backed-up or root ``last_host_node``; the tokens
+        after the device + host match up to ``_compute_max_prefix_len``), then the
+        scheduler steps (``check_hicache_events``) until ``check_prefetch_progress``
+        says the request may be admitted. Stand-in: the real controller threads
+        (storage hit query, L3 → host transfer) run as they do, but the harness waits
+        for them (polling every millisecond) before the admission, whatever
+        ``--hicache-storage-prefetch-policy`` says; with ``best_effort`` the wait is
+        for the hit query and transfer to land first. Returns the tokens inserted on
+        host from storage (``prefetch_loaded_tokens_by_reqid``)."""
+        c = self.cache
+        req.init_next_round_input(c)
+        last_host = req.last_host_node
+        matched = req.prefix_len + req.host_hit_length
+        handle = req.cache_request_handle
+        if not (c.is_backuped(last_host) or c.is_root(last_host)):
+            return 0
+        ids = req.full_untruncated_fill_ids
+        end = req._compute_max_prefix_len(len(ids))
+        c.prefetch_from_storage(handle, last_host, ids[matched:end], c.get_last_hash_value(last_host), None,
+                                matched_prefix_tokens=ids[:matched], extra_key=req.extra_key,
+                                cache_salt=req.cache_salt)
+        t0 = time.time()
+        while True:
+            c.check_hicache_events()
+            if c.has_ongoing_prefetch(handle):
+                op = c.ongoing_prefetch[handle].operation
+                landed = op.host_indices is not None and op.completed_tokens >= len(op.hash_value) * self.page_size
+                if (landed or op.is_terminated()) and c.check_prefetch_progress(handle):
+                    break
+            else:
+                break
+            if time.time() - t0 > 60:
+                raise RuntimeError(f"request {req.rid}: storage prefetch did not finish in 60 s")
+            time.sleep(0.001)
+        return int(c.prefetch_loaded_tokens_by_reqid.pop(handle, 0) or 0)
+
+    def _drain_storage_writes(self):
+        """Wait for the backup thread to write every acked host node to storage
+        (``ongoing_backup`` empty), as the model's convention (writes land before the
+        next request's lookup)."""
+        c = self.cache
+        t0 = time.time()
+        while c.ongoing_backup:
+            time.sleep(0.001)
+            c.check_hicache_events()
+            if time.time() - t0 > 60:
+                raise RuntimeError("storage writes did not finish in 60 s")
+
     def _hicache_step(self):
         """The scheduler's per-step HiCache events (``check_hicache_events``) after
         the forward pass started the queued loads (``ready_to_load_host_cache``).
@@ -538,6 +643,8 @@ class SGLangReplayer:
         self.cache.ready_to_load_host_cache()
         self.cache.check_hicache_events()
         assert not self.cache.ongoing_write_through and not self.cache.ongoing_load_back
+        if self.storage_dir is not None:
+            self._drain_storage_writes()
 
     def check(self):
         free = int(self.allocator.available_size())
@@ -545,6 +652,14 @@ class SGLangReplayer:
         prot = int(self.cache.protected_size())
         assert prot == 0, f"protected tokens left after a request: {prot}"
         assert free + cached == self.capacity, (free, cached, self.capacity)
+
+
+def _single_rank_storage(server_args):
+    """Publish the server args as the scheduler of world rank 0 (one TP / PP rank): the
+    storage path reads this process's ranks (``_generate_storage_config``)."""
+    from sglang.srt.runtime_context import SpawnRanks, publish
+
+    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0))
 
 
 def _hicache_kv_pool(capacity, page_size):
