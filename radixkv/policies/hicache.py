@@ -50,6 +50,14 @@ HiCache adds (SGLang source in brackets):
   their host copy). A declined load is recomputed; the insert then re-attaches the
   recomputed KV to the host-only nodes (``_unevict_node_on_insert``).
 
+- **L3 storage** (``--hicache-storage-backend file``; :meth:`HiCacheRadixCache._prefetch`,
+  :meth:`HiCacheRadixCache._storage_write`): host backups are written to a store of
+  chained page keys (``write_backup_storage``); at arrival a request's tokens after the
+  device + host match are looked up there and the leading stored pages are prefetched
+  into host (``Scheduler._prefetch_kvcache`` → ``prefetch_from_storage``), then matched
+  and loaded back as host hits. Goldens from SGLang's own storage path
+  (``tests/data/golden/sglang_hicache_storage``, docs/hicache.md "L3 storage tier").
+
 Choices: every HiCache transfer (write, load) finishes before the next scheduler step
 (the harness reaps all acks at every step); the scheduler's load-back budget check
 (``PrefillAdder.add_one_req`` → ``prepare_load_back``) always passes for a lone request.
