@@ -121,3 +121,21 @@ def test_empty_trace_file_says_empty(tmp_path, text):
     with pytest.raises(TraceFormatError, match="empty") as e:
         load_trace(p)
     assert "t.jsonl" in str(e.value)
+
+
+@pytest.mark.parametrize("flag,policy", [("--hicache-ratio", "sglang-hicache:1"),
+                                         ("--hicache-size", "sglang-hicache:1"),
+                                         ("--kv-offloading-size", "vllm-offload:16")])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_non_finite_host_tier_size_is_a_named_error(tmp_path, capsys, flag, policy, value):
+    """argparse's float() accepts 'nan' and 'inf'; a host pool of that size used to end in a
+    ValueError / OverflowError traceback (int(nan)) instead of exit code 2 naming the flag."""
+    from radixkv.cli import main
+
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"id":"a","tokens":[1,2,3],"output_length":1}\n')
+    rc = main(["replay", str(p), "--policy", policy, "--model", "Llama-3.1-8B", "--gpu", "H100",
+               "--quiet", flag, value])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert flag in err and "finite" in err and "Traceback" not in err

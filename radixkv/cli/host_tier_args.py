@@ -22,6 +22,7 @@ tier, is a ConfigError.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from radixkv.errors import ConfigError
@@ -71,7 +72,7 @@ def host_tier_spec(spec, args):
     ------
     radixkv.errors.ConfigError
         A flag given for a policy without a host tier; ``--hicache-size`` without
-        ``--model``; a negative size.
+        ``--model``; a negative, NaN or infinite size.
     """
     if getattr(args, "host_link", None) is not None and getattr(args, "mode", "sequential") != "concurrent":
         raise ConfigError("--host-link prices load backs in time: it needs --mode concurrent", field="host_link")
@@ -94,6 +95,10 @@ def host_tier_spec(spec, args):
     opts = {}
     if "hicache_write_policy" in given:
         opts["write_policy"] = given["hicache_write_policy"]
+    for k in ("hicache_ratio", "hicache_size", "kv_offloading_size"):
+        # argparse's float() takes 'nan' and 'inf', which no pool size can be
+        if k in given and not math.isfinite(given[k]):
+            raise ConfigError(f"--{k.replace('_', '-')} must be a finite number ≥ 0, got {given[k]}", field=k)
     if "hicache_ratio" in given:
         if given["hicache_ratio"] < 0:
             raise ConfigError("--hicache-ratio must be ≥ 0", field="hicache_ratio")
