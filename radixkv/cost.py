@@ -76,7 +76,8 @@ class CostModel:
     Raises
     ------
     radixkv.errors.ConfigError
-        When a parameter is not positive or an efficiency is outside (0, 1].
+        When a parameter is not positive, an efficiency is outside (0, 1], or
+        ``step_overhead_s`` is negative, NaN or infinite.
     """
 
     params: float
@@ -100,8 +101,9 @@ class CostModel:
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise ConfigError(f"{name} must be in (0, 1], got {v}", field=name)
-        if self.step_overhead_s < 0:
-            raise ConfigError("step_overhead_s must be ≥ 0", field="step_overhead_s")
+        if not 0 <= self.step_overhead_s < float("inf"):  # NaN fails too (it used to hang the replay)
+            raise ConfigError(f"step_overhead_s must be a finite number of seconds ≥ 0, got {self.step_overhead_s}",
+                              field="step_overhead_s")
 
     # ---------------------------------------------------------------- construction
     @classmethod

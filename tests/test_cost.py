@@ -91,7 +91,9 @@ def test_step_overhead_and_empty_batch():
     assert c.step_time([], []) == 0.0
 
 
-@pytest.mark.parametrize("kw", [{"mfu": 0.0}, {"mbu": 1.5}, {"params": 0}, {"tp": 0}, {"step_overhead_s": -1}])
+@pytest.mark.parametrize("kw", [{"mfu": 0.0}, {"mbu": 1.5}, {"params": 0}, {"tp": 0}, {"step_overhead_s": -1},
+                                # NaN passed `< 0` and hung the concurrent replay (--step-overhead-s nan)
+                                {"step_overhead_s": float("nan")}, {"step_overhead_s": float("inf")}])
 def test_bad_parameters_are_config_errors(kw):
     base = dict(params=1e9, num_layers=1, attn_dim=1, kv_bytes_per_token=1.0, peak_flops=1e15, hbm_bytes_per_s=1e12)
     base.update(kw)
