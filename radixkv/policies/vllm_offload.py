@@ -47,8 +47,24 @@ offloading/scheduler.py :: OffloadingConnectorScheduler`` unless named):
 
 Timing (the goldens' stand-in worker): a load completes in the step that issued it, a
 store one step later (``OffloadingConnector.wait_for_save`` defers it to the next
-step). Requests run one at a time (radixkv's sequential replay): the concurrent replay is
-refused (``sequential_only``).
+step). In the sequential replay requests run one at a time.
+
+**Concurrent replay** (:class:`radixkv.replay.sched_vllm_offload.VllmOffloadScheduler`
+drives the connector; :meth:`OffloadBlockHashCache.start_concurrent` switches the hooks):
+``admit``/``extend``/``finish``/``preempt`` then change the GPU pool only, and the
+scheduler calls the connector's steps in vLLM's order — :meth:`cpu_lookup` for every
+waiting request it considers (``get_num_new_matched_tokens``; None when a chunk of the
+hit is still being stored, ``LookupResult.HIT_PENDING``, or being loaded by another
+request, ``_chunks_being_loaded``: vLLM skips the request for the step),
+:meth:`admit_load` for a CPU hit (blocks allocated, not cached, ``delay_cache_blocks``;
+the load pinned), :meth:`promote` when the load has finished
+(``Scheduler._update_waiting_for_remote_kv`` → ``cache_blocks``), :meth:`connector_step`
+at the end of each step's scheduling (``build_connector_meta``: the store offers of the
+scheduled requests in batch order, then of the requests finished in the previous step,
+then their ``on_request_finished``), and :meth:`end_step` when the step's output comes
+back (stores of the previous step complete, ``complete_store``). A preempted request
+keeps its connector state (``req_context``, LRU rank) and offers every chunk again
+after its next lookup (``next_stored_chunk_idx = 0``).
 """
 from __future__ import annotations
 
@@ -94,9 +110,10 @@ def num_cpu_chunks(cpu_bytes: int, kv_bytes_per_token: int, block_size: int, blo
 class _Off:
     """The connector's per-request state (``RequestOffloadState``)."""
 
-    __slots__ = ("req", "keys", "P", "T", "next", "pending", "loads")
+    __slots__ = ("req", "keys", "P", "T", "next", "pending", "loads", "kv")
 
-    def __init__(self, req, keys, P):
+    def __init__(self, req, keys, P, kv=0):
+        self.kv = kv  # the KV extent (tokens)
         self.req = req
         self.keys = keys  # chunk keys over the KV extent (Python ints)
         self.P = P
@@ -160,7 +177,10 @@ class OffloadBlockHashCache(BlockHashCache):
     models_host_tier = True
     #: host-tier flags this class takes (:mod:`radixkv.cli.host_tier_args`)
     host_tier_flags = ("host_cache_tokens", "kv_offloading_size")
-    sequential_only = True
+    sequential_only = False
+    #: CPU hits are loaded asynchronously (WAITING_FOR_REMOTE_KVS): the concurrent replay
+    #: runs :class:`radixkv.replay.sched_vllm_offload.VllmOffloadScheduler`
+    async_host_loads = True
     kernel_family = "hash"
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16, *, host_tokens: int | None = None,
@@ -193,6 +213,7 @@ class OffloadBlockHashCache(BlockHashCache):
         self.cpu = CPUOffloadStore(chunks, eviction_policy, store_threshold, max_tracker_size) if chunks else None
         self.host_capacity = chunks * self.chunk_tokens
         self._off: dict[int, _Off] = {}
+        self._conc = False
         zero_host_totals(self)
         self.last_gpu_hit = 0
         self.last_cpu_hit = 0
@@ -312,6 +333,8 @@ class OffloadBlockHashCache(BlockHashCache):
         the load and the store visit of the first step. ``hit_tokens`` counts GPU + CPU
         hit tokens, less the last prompt token when they cover the whole prompt (it is
         recomputed). None (nothing changed) when the GPU pool refuses."""
+        if self._conc:
+            return self._conc_admit(rid, seq, n_tokens)
         n = seq.prompt_len if n_tokens is None else int(n_tokens)
         if self.cpu is not None:
             gpu, _, _ = self._lookup(seq, n_tokens)
@@ -324,9 +347,10 @@ class OffloadBlockHashCache(BlockHashCache):
 
     def peek_hit(self, seq: KVSeq, n_tokens: int | None = None) -> int:
         """Hit tokens :meth:`admit` would report now (GPU + CPU, the last prompt token
-        off a whole-prompt hit), without side effects."""
+        off a whole-prompt hit), without side effects. In the concurrent mode the GPU hit
+        only (the scheduler asks the connector itself, :meth:`cpu_lookup`)."""
         gpu = super().peek_hit(seq, n_tokens)
-        if self.cpu is None:
+        if self.cpu is None or self._conc:  # concurrent: the GPU lookup (get_computed_blocks)
             return gpu
         ext = self._cpu_hit(self._chunk_keys(seq), seq.prompt_len, gpu)
         return gpu + ext - (1 if gpu + ext == seq.prompt_len else 0)
@@ -357,7 +381,7 @@ class OffloadBlockHashCache(BlockHashCache):
         if not super().extend(rid, n_tokens):
             return False
         o = self._off.get(rid)
-        if o is not None:
+        if o is not None and not self._conc:
             self._steps(o, int(n_tokens))
         return True
 
@@ -405,6 +429,11 @@ class OffloadBlockHashCache(BlockHashCache):
     def finish(self, rid: int) -> None:
         """GPU release; the finish step's store visit (up to the KV extent, or the prompt),
         ``on_request_finished``, and the last stores complete."""
+        if self._conc:
+            BlockHashCache.finish(self, rid)
+            if rid in self._off:
+                self._fin.append(rid)
+            return
         o = self._off.pop(rid, None)
         super().finish(rid)
         if o is None:
@@ -419,6 +448,9 @@ class OffloadBlockHashCache(BlockHashCache):
         ``_build_connector_meta``) and its connector state is dropped, so a re-admission
         looks up and offers every chunk again (``get_num_new_matched_tokens`` resets
         ``next_stored_chunk_idx``). Not covered by the goldens (sequential replay only)."""
+        if self._conc:
+            BlockHashCache.finish(self, rid)  # its connector state stays (req_context, LRU rank)
+            return
         o = self._off.pop(rid, None)
         super().preempt(rid)
         if o is not None:
@@ -449,6 +481,228 @@ class OffloadBlockHashCache(BlockHashCache):
         if self.cpu is None:
             return super().replay_span(trace, i0, i1, cols)
         return i0, 1
+
+    # ------------------------------------------------------------------ concurrent replay
+    def start_concurrent(self) -> None:
+        """Let the concurrent scheduler drive the connector (module docstring): from now on
+        the hooks change the GPU pool only. Call on a fresh policy.
+
+        Raises
+        ------
+        RuntimeError
+            When requests were already replayed.
+        """
+        if self._running or self._off:
+            raise RuntimeError("start_concurrent needs a fresh policy")
+        self._conc = True
+        self._fin: list = []  # finished rows whose finish visit is due (finished_req_ids)
+        self._loading: dict = {}  # row -> (chunk keys being loaded, first uncached block, end block)
+        self._being_loaded: dict = {}  # key -> loads in flight (_chunks_being_loaded)
+        self._stores_now: list = []  # keys whose store was issued in this step
+        self._stores_prev: list = []  # ... in the previous step (complete at this step's end)
+
+    def _conn(self, rid: int, seq: KVSeq, n_tok: int) -> _Off:
+        """The row's connector state, made at its first lookup (``on_new_request``) and kept
+        over preemptions; the keys are those of the whole KV extent."""
+        o = self._off.get(rid)
+        if o is None:
+            o = _Off(RequestAccess(), self._chunk_keys(seq), seq.prompt_len, seq.kv_len)
+            T = self.chunk_tokens
+            o.req.pos = {k: (c + 1) * T for c, k in enumerate(o.keys)}
+            self._off[rid] = o
+        return o
+
+    def cpu_lookup(self, rid: int, seq: KVSeq, n_tok: int, gpu: int):
+        """The connector's hit beyond the GPU hit *gpu* (tokens) for a request whose
+        known tokens are the first *n_tok* of *seq* (``get_num_new_matched_tokens``).
+
+        Resets the row's store progress (``next_stored_chunk_idx = 0``). Returns the CPU
+        hit in tokens (0: none, or no CPU tier), or None when vLLM defers the request:
+        a chunk of the consecutive hit is resident but its store is still in flight
+        (``CPUOffloadingManager.lookup`` → ``HIT_PENDING``, ``_maximal_prefix_lookup``),
+        or a chunk of the hit is being loaded by another request
+        (``_lookup_complete_chunks``: ``_chunks_being_loaded``).
+        """
+        if self.cpu is None:
+            return 0
+        o = self._conn(rid, seq, n_tok)
+        o.next = 0
+        T = self.chunk_tokens
+        keys = o.keys
+        n_keys = min(n_tok // T, len(keys))
+        max_hit = n_keys * T
+        if max_hit - gpu < T:
+            return 0
+        start = gpu // T
+        ref = self.cpu.ref
+        n = 0
+        pending = False
+        for key in keys[start:n_keys]:
+            r = ref.get(key)
+            if r is None:
+                break
+            n += 1
+            if r < 0:
+                pending = True
+        if n == 0:
+            return 0
+        if pending:
+            return None
+        ext = min(max_hit, T * (start + n)) - gpu
+        if ext < T:
+            return 0
+        if self._being_loaded:
+            bl = self._being_loaded
+            for key in keys[start: -(-(gpu + ext) // T)]:
+                if key in bl:
+                    return None
+        return ext
+
+    def load_admission_blocks(self, seq: KVSeq, n_tok: int, gpu: int, ext: int):
+        """Blocks an async-load admission needs, without side effects:
+        ``(full, now)`` — new blocks for the whole known sequence plus touched hit blocks
+        (``allocate_slots(full_sequence_must_fit=True)``), and new blocks for the hit and
+        the loaded tokens plus touched hit blocks (the allocation itself)."""
+        h, tbl, L = self._lookup(seq, n_tok)
+        touch = int(np.count_nonzero(self._b32[tbl[:h], K.R_REF] == 0)) if h else 0
+        B = self.block_size
+        return -(-L // B) - h + touch, -(-(gpu + ext) // B) - h + touch
+
+    def admit_load(self, rid: int, seq: KVSeq, n_tok: int, ext: int) -> Admission:
+        """Admit *rid* with a CPU hit of *ext* tokens loaded asynchronously: touch the GPU
+        hit, allocate blocks for the loaded tokens without caching them
+        (``allocate_slots(num_new_tokens=0, num_external_computed_tokens=ext,
+        delay_cache_blocks=True)``), pin and record the load (``update_state_after_alloc``
+        → ``prepare_load``; ``OffloadPolicy.CHUNK_LEVEL``: the hit chunks are not offered).
+        The caller has checked the room (:meth:`load_admission_blocks`).
+
+        Returns
+        -------
+        Admission
+            ``hit_tokens`` = GPU hit + *ext*, one less when that is every known token;
+            ``host_loaded_tokens`` = *ext*.
+        """
+        B = self.block_size
+        keys = self._keys(seq)
+        tbl = self._table(seq, True)
+        code, hcap, held, ev, nblk = K.admit(
+            self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, keys,
+            seq.seg_id, seq.seg_end, B, seq.prompt_len, n_tok, 0, self.verify, tbl)
+        if code == K.COLLISION:
+            self._collision(seq)
+        if code != K.OK:
+            raise RuntimeError(f"request {rid}: the checked load admission was refused")
+        gpu = int(hcap) * B
+        end = gpu + int(ext)
+        n_new = -(-end // B) - int(hcap)
+        ev = int(ev) + int(K._take_new(self._blk, self._b32, self._kt, self._k32, self._st, self._stk, tbl,
+                                        int(hcap), n_new))
+        from radixkv.policies.block_hash import _Running
+
+        self._running[rid] = _Running(seq, keys, tbl, int(hcap) + n_new, end)
+        self._partial += end % B
+        self.evictions += ev
+        self.evicted_tokens_total += ev * B
+        o = self._off[rid]
+        T = self.chunk_tokens
+        load = o.keys[(gpu // B) // self.blocks_per_chunk: end // T]
+        self.cpu.prepare_load(load, o.req)
+        for k in load:
+            self._being_loaded[k] = self._being_loaded.get(k, 0) + 1
+        self._loading[rid] = (load, int(hcap), end // B)
+        o.next = -(-end // T)
+        o.T = end
+        self.device_hit_tokens_total += gpu
+        self.host_hit_tokens_total += int(ext)
+        self.loaded_tokens_total += int(ext)
+        self.last_gpu_hit, self.last_cpu_hit = gpu, int(ext)
+        hit = end - (1 if end == n_tok else 0)
+        return Admission(hit_tokens=hit, held_tokens=max(int(min(held, seq.prompt_len)), min(hit, seq.prompt_len)),
+                         evicted_tokens=ev * B, host_loaded_tokens=int(ext))
+
+    def load_done(self, rid: int) -> None:
+        """The load of *rid* finished (the worker's ``completed_jobs`` → ``complete_load``:
+        its chunks are unpinned and no longer being loaded)."""
+        load = self._loading[rid][0]
+        self.cpu.complete_load(load)
+        bl = self._being_loaded
+        for k in load:
+            c = bl[k] - 1
+            if c:
+                bl[k] = c
+            else:
+                del bl[k]
+
+    def promote(self, rid: int) -> None:
+        """Cache the loaded blocks of *rid* (``_update_waiting_for_remote_kv`` →
+        ``KVCacheManager.cache_blocks``): they become GPU hits for later lookups."""
+        _, lo, hi = self._loading.pop(rid)
+        r = self._running[rid]
+        K._cache_full(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, r.tbl,
+                      r.keys, lo, hi, r.seq.seg_id, r.seq.seg_end, self.block_size)
+
+    def held_blocks(self, rid: int) -> int:
+        """GPU blocks *rid* holds (0 when it holds none)."""
+        r = self._running.get(rid)
+        return 0 if r is None else int(r.n_blocks)
+
+    def _conc_admit(self, rid: int, seq: KVSeq, n_tokens):
+        """A GPU-only admission (the scheduler found no CPU hit)."""
+        adm = BlockHashCache.admit(self, rid, seq, n_tokens)
+        if adm is not None:
+            self.device_hit_tokens_total += adm.hit_tokens
+            self.last_gpu_hit, self.last_cpu_hit = adm.hit_tokens, 0
+        return adm
+
+    def connector_step(self, items) -> None:
+        """One ``build_connector_meta``: store offers of the step's scheduled requests,
+        *items* = ``[(row, tokens computed after the step), ...]`` in batch order, then
+        the finish visits of the rows finished since the last call (offers up to
+        ``max(P, KV extent)``), then their ``on_request_finished``."""
+        if self.cpu is None:
+            self._fin = []
+            return
+        for rid, t_after in items:
+            o = self._off.get(rid)
+            if o is not None:
+                o.T = t_after
+                self._offer(o, t_after)
+        fin, self._fin = self._fin, []
+        for rid in fin:
+            o = self._off[rid]
+            self._offer(o, max(o.P, o.kv))
+        for rid in fin:
+            self.cpu.request_finished(self._off.pop(rid).req)
+
+    def _offer(self, o: _Off, t_after: int) -> None:
+        """``_build_store_jobs`` for one request: offer the whole chunks computed by
+        *t_after* tokens beyond those already offered (``prepare_store``)."""
+        n = self._offerable(o, t_after)
+        if n > o.next:
+            got = self.cpu.prepare_store(o.keys[o.next:n], o.req)
+            if got is not None:
+                stored, evicted = got
+                o.next = n
+                self._stores_now.extend(stored)
+                self.written_tokens_total += len(stored) * self.chunk_tokens
+                self.host_evicted_tokens_total += len(evicted) * self.chunk_tokens
+
+    def connector_quiet(self, rows) -> bool:
+        """Whether decode steps of *rows* would make no connector call that changes
+        anything: prompt-only offloading, no store in flight, every row's chunks offered."""
+        if self.cpu is None:
+            return True
+        if not self.offload_prompt_only or self._stores_now or self._stores_prev or self._fin:
+            return False
+        off = self._off
+        return all(off[r].next >= self._offerable(off[r], off[r].T) for r in rows if r in off)
+
+    def end_step(self) -> None:
+        """The step's output came back: stores issued in the previous step complete."""
+        if self.cpu is None:
+            return
+        self.cpu.complete_store(self._stores_prev)
+        self._stores_prev, self._stores_now = self._stores_now, []
 
     def host_cached_tokens(self) -> int:
         """Tokens in the CPU pool (resident chunks × tokens per chunk)."""

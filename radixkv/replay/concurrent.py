@@ -325,7 +325,8 @@ def replay_concurrent(
                           "(holds_running_kv = False), so it has no concurrent replay; "
                           "use the sequential mode", field="mode")
     tiered = bool(getattr(type(policy), "models_host_tier", False))
-    if tiered and getattr(policy, "host_capacity", 0) > 0 and host_link is None:
+    step_clock = not hasattr(cost, "kv_bytes_per_token")  # UnitStepCost: the goldens' step convention
+    if tiered and getattr(policy, "host_capacity", 0) > 0 and host_link is None and not step_clock:
         raise ConfigError(f"{type(policy).__name__} loads KV back from host memory: give the host link "
                           f"(--host-link: a preset or bytes/s) to price the copies", field="host_link")
     if host_link is not None and not tiered:
@@ -347,6 +348,9 @@ def replay_concurrent(
         if res is not None:
             return res
     sch = make_scheduler(trace, policy, config)
+    timed = getattr(sch, "step_window", None)  # async host loads (vllm-offload) land by the clock
+    if timed is not None:
+        sch.attach_link(cost, host_link)
     if on_step is None and recorder is None:  # vLLM's rules over BlockHashCache: one compiled loop
         from radixkv.replay.conc_vllm_fast import replay_compiled
 
@@ -373,8 +377,10 @@ def replay_concurrent(
         while nxt < n and arr[nxt] <= now:
             sch.enqueue(nxt)
             nxt += 1
-        if not sch.running and not sch.waiting:
+        if not sch.running and not sch.waiting and not (timed is not None and sch.has_waiting_kv()):
             sch.idle()
+            if timed is not None:  # the engine steps on while connector jobs are in flight
+                sch.idle_gap(now, arr[nxt])
             now = max(now, arr[nxt])
             continue
         plan = sch.schedule()
@@ -382,11 +388,26 @@ def replay_concurrent(
         for i in admitted:
             admit_s[i] = now
             admit_step[i] = steps + 1
+        wait = sch.load_wait(now) if timed is not None and plan.empty and not sch.running else None
+        if wait is not None:  # only host→GPU loads in flight: the engine steps until one lands
+            timed(now, now + wait)
+            sch.complete(plan)
+            steps += 1
+            st = policy.stats(detail=False)
+            t_start = now
+            now = acc.step(now, 0, wait, st.used_slots, st.cached_slots, st.valid_tokens)
+            if tl is not None:
+                _tl_row(tl, steps, now, 0, len(sch.waiting), 0, st.used_slots, st.cached_slots, n_slots)
+            if on_step is not None:
+                on_step(t_start, plan, 1)
+            if recorder is not None:
+                recorder.step(t_start, now, plan, 1, admitted, ())
+            continue
         if plan.empty:
             if recorder is not None:
                 recorder.step(now, now, plan, 0, admitted, ())
             if not sch.running:
-                i = sch.waiting[0]
+                i = sch.waiting[0] if sch.waiting else sch.holding[0]
                 raise ConfigError(
                     f"request {str(trace.req_id[i])!r} cannot be admitted into an otherwise idle pool "
                     f"({policy.capacity_tokens} tokens)",
@@ -423,6 +444,8 @@ def replay_concurrent(
             else:
                 dt = float(cost.step_time(plan.new, plan.ctx))
             acc.prefill(cost, plan)
+            if timed is not None:
+                timed(now, now + dt)
             sch.complete(plan)
             steps += 1
             k = 1
@@ -452,7 +475,7 @@ def replay_concurrent(
         from radixkv.policies.host_tier import host_tier_summary
 
         res.meta["host_tier"] = {**host_tier_summary(policy, int(res.columns["prompt_tokens"].sum())),
-                                 "host_load_s": load_s,
+                                 "host_load_s": load_s + getattr(sch, "host_load_s", 0.0),
                                  "host_link_bytes_per_s": None if host_link is None else host_link.bytes_per_s}
     res.columns["admit_step"] = np.asarray(admit_step, dtype=np.int64)
     res.columns["finish_step"] = np.asarray(finish_step, dtype=np.int64)

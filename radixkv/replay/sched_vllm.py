@@ -137,7 +137,7 @@ class VllmScheduler(Scheduler):
         plan = StepPlan([], [], [], [])
         self.admitted_now = []
         budget = self.cfg.max_num_batched_tokens
-        eligible = len(self.running) + len(self.waiting)
+        eligible = len(self.running) + self._n_waiting()
         self._cap = self._threshold if eligible > 1 else 0
         k = 0
         run, ctx, target, kv = self.running, self.ctx, self.target, self.kv
@@ -168,10 +168,14 @@ class VllmScheduler(Scheduler):
                 break
             budget -= c
             k += 1
-        if plan.preempted == 0 and self.waiting:
+        if plan.preempted == 0 and self._n_waiting():
             budget = self._admit_pass(plan, budget)
         plan.n_running = len(self.running)
         return plan
+
+    def _n_waiting(self) -> int:
+        """Requests waiting (vLLM ``get_request_counts``; a subclass adds its other queues)."""
+        return len(self.waiting)
 
     def _known_seq(self, i: int):
         """Request *i*'s KV content with its known tokens as the prompt (P + g; module docstring)."""

@@ -221,6 +221,8 @@ def make_scheduler(trace, policy, config: "SchedulerConfig"):
     rule = rule_of(policy, config)
     if rule == "sglang":
         from radixkv.replay.sched_sglang import SglangScheduler as cls
+    elif getattr(type(policy), "async_host_loads", False):  # vLLM CPU offloading (vllm-offload)
+        from radixkv.replay.sched_vllm_offload import VllmOffloadScheduler as cls
     else:
         from radixkv.replay.sched_vllm import VllmScheduler as cls
     return cls(trace, policy, config)

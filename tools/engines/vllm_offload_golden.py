@@ -22,7 +22,8 @@ copies need a GPU):
   later (the real worker submits stores at the next step's ``start_kv_transfers``,
   ``OffloadingConnector.wait_for_save``).
 
-Requests run **one at a time**: request i is added when the engine is idle (the engine
+``--concurrent`` drives many requests at once through the same scheduler
+(:func:`run_concurrent`). Otherwise requests run **one at a time**: request i is added when the engine is idle (the engine
 steps while ``Scheduler.has_requests()``, as ``EngineCore.step`` does: unfinished
 requests, finished ones not yet reported, or connector jobs in flight). radixkv's
 sequential replay is the same protocol.
@@ -41,6 +42,7 @@ A ``manifest.jsonl`` lists the configurations.
 Usage (vLLM CPU venv, tools/engines/README.md)::
 
     /work/venvs/vllm/bin/python tools/engines/vllm_offload_golden.py --out tests/data/golden/vllm_offload
+    PYTHONHASHSEED=0 /work/venvs/vllm/bin/python tools/engines/vllm_offload_golden.py --concurrent
     /work/venvs/vllm/bin/python tools/engines/vllm_offload_golden.py --list
 
 This file is a tool of the repository; the radixkv package never imports it.
@@ -152,8 +154,10 @@ def chunk_bytes(cfg: dict) -> int:
     return 2 * HEAD_SIZE * 2 * B * bpc
 
 
-def make_scheduler(model_dir: str, cfg: dict):
-    """The real Scheduler with the OffloadingConnector, and the request block hasher."""
+def make_scheduler(model_dir: str, cfg: dict, concurrent: bool = False):
+    """The real Scheduler with the OffloadingConnector, and the request block hasher.
+    *concurrent*: the step budget, seats and chunk cap of the configuration
+    (``max_num_batched_tokens``, ``max_num_seqs``, ``long_prefill_token_threshold``)."""
     import torch
     from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.utils.hashing import get_hash_fn_by_name
@@ -166,8 +170,14 @@ def make_scheduler(model_dir: str, cfg: dict):
     mml = cfg["max_model_len"]
     mc = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16", max_model_len=mml)
     # one step computes any whole prompt (no chunked prefill splits in a lone-request run)
-    sc = SchedulerConfig(max_num_batched_tokens=mml, max_num_seqs=16, max_model_len=mml,
-                         enable_chunked_prefill=True, is_encoder_decoder=False)
+    if concurrent:
+        sc = SchedulerConfig(max_num_batched_tokens=cfg["max_num_batched_tokens"], max_num_seqs=cfg["max_num_seqs"],
+                             max_model_len=mml, enable_chunked_prefill=True,
+                             long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
+                             is_encoder_decoder=False)
+    else:
+        sc = SchedulerConfig(max_num_batched_tokens=mml, max_num_seqs=16, max_model_len=mml,
+                             enable_chunked_prefill=True, is_encoder_decoder=False)
     gib = cfg["cpu_chunks"] * chunk_bytes(cfg) / float(1 << 30)
     cc = CacheConfig(block_size=B, cache_dtype="auto", enable_prefix_caching=True, kv_offloading_size=gib,
                      kv_offloading_backend="native")
@@ -308,6 +318,233 @@ def run(name: str, model_dir: str, cfg: dict | None = None):
     return header, lines
 
 
+#: Concurrent configurations (``--concurrent``): many requests share the real Scheduler at
+#: once. Extra knobs over CONFIGS: ``max_num_batched_tokens``, ``max_num_seqs``,
+#: ``arrival_every`` (request i is added just before step i·k; 0: all before step 0),
+#: ``limit`` (first requests of the trace; 0: all).
+CONC_CONFIGS = {
+    "conc_mixed200_b16_n120_c200_t256_s16_lru": dict(trace="mixed200.jsonl", block_size=16, num_gpu_blocks=120,
+                                                     cpu_chunks=200, max_num_batched_tokens=256, max_num_seqs=16),
+    "conc_mixed200_b16_n150_c400_t512_s32_arc": dict(trace="mixed200.jsonl", block_size=16, num_gpu_blocks=150,
+                                                     cpu_chunks=400, max_num_batched_tokens=512, max_num_seqs=32,
+                                                     eviction_policy="arc"),
+    "conc_mixed200_b16_k64_n120_c60_t128_s8_arr2_lru": dict(trace="mixed200.jsonl", block_size=16,
+                                                            num_gpu_blocks=120, cpu_chunks=60, chunk_tokens=64,
+                                                            max_num_batched_tokens=128, max_num_seqs=8,
+                                                            arrival_every=2),
+    "conc_edge300_b16_n40_c24_t128_s16_lru": dict(trace="edge300.jsonl", block_size=16, num_gpu_blocks=40,
+                                                  cpu_chunks=24, max_num_batched_tokens=128, max_num_seqs=16),
+    "conc_edge300_b16_n48_c80_t64_s4_arr2_arc": dict(trace="edge300.jsonl", block_size=16, num_gpu_blocks=48,
+                                                     cpu_chunks=80, max_num_batched_tokens=64, max_num_seqs=4,
+                                                     arrival_every=2, eviction_policy="arc"),
+    "conc_stress150_b16_n80_c120_t64_s32_lru": dict(trace="stress150.jsonl", block_size=16, num_gpu_blocks=80,
+                                                    cpu_chunks=120, max_num_batched_tokens=64, max_num_seqs=32),
+    "conc_stress150_b32_n40_c50_t128_s16_thr48_arc": dict(trace="stress150.jsonl", block_size=32,
+                                                          num_gpu_blocks=40, cpu_chunks=50,
+                                                          max_num_batched_tokens=128, max_num_seqs=16,
+                                                          long_prefill_token_threshold=48, eviction_policy="arc"),
+    "conc_edge300_b16_k32_n40_c30_t128_s16_all_thr2": dict(trace="edge300.jsonl", block_size=16, num_gpu_blocks=40,
+                                                          cpu_chunks=30, chunk_tokens=32,
+                                                          max_num_batched_tokens=128, max_num_seqs=16,
+                                                          offload_prompt_only=False, store_threshold=2),
+    # sparse arrivals: the engine idles between requests with connector jobs in flight
+    "conc_edge300_b16_n40_c40_t128_s4_arr9_lru": dict(trace="edge300.jsonl", limit=150, block_size=16,
+                                                      num_gpu_blocks=40, cpu_chunks=40, max_num_batched_tokens=128,
+                                                      max_num_seqs=4, arrival_every=9),
+}
+CONC_DEFAULTS = dict(max_num_batched_tokens=512, max_num_seqs=16, arrival_every=0, limit=0,
+                     long_prefill_token_threshold=0)
+#: where concurrent traces are looked for after tests/data/golden/traces
+CONC_TRACES = ROOT / "tests" / "data" / "concurrent" / "traces"
+
+
+def run_concurrent(name: str, model_dir: str, cfg: dict | None = None):
+    """Drive concurrent configuration *name* through the real Scheduler with the
+    OffloadingConnector; returns (header, request lines, step lines).
+
+    Engine loop (as ``vllm_scheduler_golden.py``): step k is the k-th ``schedule()`` call
+    (empty steps included); request i is added just before step ``arrive[i]``; the engine
+    steps while requests arrive, are unfinished, or the connector has jobs in flight
+    (``Scheduler.has_requests``). Stand-in worker: every load job a step issues is reported
+    finished in that step's output (``finished_recving`` and ``completed_jobs``), so the
+    request is promoted from WAITING_FOR_REMOTE_KVS at the next step; every store job is
+    reported one step later. ``jobs_to_flush`` needs nothing more: a job in flight at any
+    step was issued the step before and completes in this step's output anyway.
+
+    Determinism: vLLM hands the connector ``finished_req_ids`` as a Python set, so when
+    several requests finish in one step the order of their ``on_request_finished`` calls
+    (and so the CPU pool's LRU recency) follows string hashing. Run with
+    ``PYTHONHASHSEED=0`` (the committed goldens were); ``totals`` in the header can differ
+    under another seed, and so can the schedule of a configuration where that order
+    changes an eviction (``conc_stress150_b16_n80_c120_t64_s32_lru`` from step 2800 under
+    seed 1); the other seven give the same request and step lines under seeds 0 and 1.
+
+    Request line: ``{"i", "id", "arrive", "gpu", "cpu", "hit", "admit", "first", "finish",
+    "preempt", "loads"}`` — ``gpu``/``cpu`` the GPU prefix hit and the connector's hit of
+    the lookup that admitted the request the first time, ``hit`` the tokens it computes
+    from (gpu + cpu, one less when they cover every known token), ``admit`` the step of
+    that admission (blocks allocated; for a CPU hit the step that issued the load),
+    ``first`` the first step that scheduled tokens for it, ``finish`` the step whose output
+    finished it, ``preempt`` its preemptions, ``loads`` its load jobs.
+    Step line (only steps that scheduled, preempted or loaded): ``{"s", "r": [row, tokens,
+    ...], "p": [rows], "l": [row, cpu tokens, ...], "a": [row, hit, ...]}`` — scheduled
+    requests in the scheduler's order, preempted requests in preemption order, loads
+    issued (admissions into WAITING_FOR_REMOTE_KVS; rows in trace order), and admissions from the waiting
+    queues that scheduled tokens at once (hit as above), ``d``: requests whose lookup the
+    connector deferred (``get_num_new_matched_tokens`` → None: a hit chunk's store or
+    load is in flight), skipped for the step; empty keys left out.
+    """
+    import vllm
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.request import Request, RequestStatus
+
+    cfg = {**DEFAULTS, **CONC_DEFAULTS, **(CONC_CONFIGS[name] if cfg is None else cfg)}
+    tp = TRACES / cfg["trace"]
+    if not tp.exists():
+        tp = CONC_TRACES / cfg["trace"]
+    reqs = [json.loads(x) for x in open(tp) if x.strip()]
+    if cfg["limit"]:
+        reqs = reqs[: cfg["limit"]]
+    n = len(reqs)
+    outs = [r.get("output_tokens", []) for r in reqs]
+    nout = [int(r["output_length"]) if "output_length" in r else len(outs[k]) for k, r in enumerate(reqs)]
+    longest = max(len(r["tokens"]) + max(nout[k], 1) for k, r in enumerate(reqs))
+    if longest > cfg["max_model_len"]:
+        cfg["max_model_len"] = -(-longest // 4096) * 4096
+    Path(model_dir, "config.json").write_text(json.dumps(
+        {**MODEL_CONFIG, "max_position_embeddings": max(8192, cfg["max_model_len"])}))
+    sched, hasher = make_scheduler(model_dir, cfg, concurrent=True)
+    conn = sched.connector
+    cs = conn.connector_scheduler
+    man = cs.manager
+    row = {r["id"]: i for i, r in enumerate(reqs)}
+    every = cfg["arrival_every"]
+    arrive = [i * every for i in range(n)]
+    lookups: dict = {}  # this step's lookups: req id -> (gpu, cpu)
+    real_match = cs.get_num_new_matched_tokens
+
+    def match_spy(request, num_computed_tokens, max_num_new_tokens=None):
+        ext, async_load = real_match(request, num_computed_tokens, max_num_new_tokens=max_num_new_tokens)
+        lookups[request.request_id] = (int(num_computed_tokens), None if ext is None else int(ext))
+        return ext, async_load
+
+    cs.get_num_new_matched_tokens = match_spy
+    tot = {"stored": 0, "evicted": 0, "loaded": 0, "store_fail": 0}
+    real_store = man.prepare_store
+
+    def store_spy(keys, req_context):
+        out = real_store(keys, req_context)
+        if out is None:
+            tot["store_fail"] += 1
+        else:
+            tot["stored"] += len(out.keys_to_store)
+            tot["evicted"] += len(out.evicted_keys)
+        return out
+
+    man.prepare_store = store_spy
+    real_load = man.prepare_load
+
+    def load_spy(keys, req_context):
+        tot["loaded"] += len(keys)
+        return real_load(keys, req_context)
+
+    man.prepare_load = load_spy
+
+    objs: dict = {}
+    gpu, cpu, hit, admit, first, finish = ([None] * n for _ in range(6))
+    preempt, loads = [0] * n, [0] * n
+    steps = []
+    pending_stores: list = []
+    step = nxt = 0
+    while nxt < n or sched.has_requests():
+        while nxt < n and arrive[nxt] <= step:
+            r = reqs[nxt]
+            obj = Request(request_id=r["id"], prompt_token_ids=list(r["tokens"]),
+                          sampling_params=SamplingParams(max_tokens=max(1, nout[nxt]), ignore_eos=True),
+                          pooling_params=None, block_hasher=hasher)
+            objs[r["id"]] = obj
+            sched.add_request(obj)
+            nxt += 1
+        before = {rid: (o.status, o.num_computed_tokens) for rid, o in objs.items()}
+        lookups.clear()
+        out = sched.schedule()
+        meta = out.kv_connector_metadata
+        nsched = dict(out.num_scheduled_tokens)
+        rec = {"s": step}
+        r_list, a_list, l_list = [], [], []
+        for rid, k in nsched.items():
+            i = row[rid]
+            r_list += [i, int(k)]
+            if first[i] is None:
+                first[i] = step
+            st, comp = before[rid]
+            if st in (RequestStatus.WAITING, RequestStatus.PREEMPTED) and comp == 0:
+                g, c = lookups[rid]
+                h = objs[rid].num_computed_tokens - k
+                a_list += [i, int(h)]
+                if admit[i] is None:
+                    admit[i], gpu[i], cpu[i], hit[i] = step, g, c, int(h)
+        for rid, o in objs.items():
+            if o.status == RequestStatus.WAITING_FOR_REMOTE_KVS and before[rid][0] != o.status:
+                i = row[rid]
+                g, c = lookups[rid]
+                l_list += [i, c]
+                loads[i] += 1
+                if admit[i] is None:
+                    P = o.num_tokens
+                    admit[i], gpu[i], cpu[i], hit[i] = step, g, c, g + c - (1 if g + c == P else 0)
+        pre_ids = set(out.preempted_req_ids or ())
+        order = [q.request_id for q in list(sched.waiting)[: len(pre_ids)]][::-1]
+        if set(order) != pre_ids:
+            raise RuntimeError(f"step {step}: cannot order the preempted requests {sorted(pre_ids)}")
+        for rid in order:
+            preempt[row[rid]] += 1
+        d_list = [row[x] for x, (g, c) in lookups.items() if c is None]
+        for key, val in (("r", r_list), ("p", [row[x] for x in order]), ("l", l_list), ("a", a_list),
+                         ("d", d_list)):
+            if val:
+                rec[key] = val
+        done_jobs = list(pending_stores)
+        pending_stores = []
+        recv = set()
+        if meta is not None:
+            for jid, job in meta.load_jobs.items():
+                done_jobs.append(jid)
+                recv.add(job.req_id)
+            pending_stores.extend(meta.store_jobs)
+        ids = list(nsched)
+        sampled = []
+        for rid in ids:
+            o = objs[rid]
+            if o.num_computed_tokens >= o.num_tokens:
+                i = row[rid]
+                g = o.num_output_tokens
+                tok = outs[i][g] if g < len(outs[i]) else UNIQUE_TOKEN_BASE + 100_000 * i + g
+                sampled.append([int(tok)])
+            else:
+                sampled.append([])
+        wm = OffloadingWorkerMetadata(completed_jobs={j: 1 for j in done_jobs}) if done_jobs else None
+        kco = KVConnectorOutput(finished_recving=recv or None, kv_connector_worker_meta=wm)
+        sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={x: k for k, x in enumerate(ids)},
+                                                        sampled_token_ids=sampled, kv_connector_output=kco))
+        for rid in ids:
+            if objs[rid].is_finished() and finish[row[rid]] is None:
+                finish[row[rid]] = step
+        if len(rec) > 1:
+            steps.append(rec)
+        step += 1
+        if step > 1_000_000:
+            raise RuntimeError("no progress")
+    req_lines = [{"i": i, "id": reqs[i]["id"], "arrive": arrive[i], "gpu": gpu[i], "cpu": cpu[i], "hit": hit[i],
+                  "admit": admit[i], "first": first[i], "finish": finish[i], "preempt": preempt[i],
+                  "loads": loads[i]} for i in range(n)]
+    header = {"config": {"name": name, **cfg}, "engine": f"vllm {vllm.__version__}", "requests": n, "steps": step,
+              "num_cpu_chunks": man._num_chunks, "trace": cfg["trace"], "totals": tot}
+    return header, req_lines, steps
+
+
 def write(path: Path, objs: list) -> None:
     """Write JSON lines atomically (temporary file in the same folder, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -330,13 +567,17 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--shared", action="store_true",
                     help="also the Mooncake configurations (read from $RADIXKV_SHARED)")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="the concurrent configurations (CONC_CONFIGS) into <out>/concurrent")
     a = ap.parse_args(argv)
     if a.list:
-        print("\n".join(CONFIGS))
+        print("\n".join(CONC_CONFIGS if a.concurrent else CONFIGS))
         return 0
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if a.concurrent:
+        return main_concurrent(a)
     names = a.only or [n for n in CONFIGS if a.shared or not CONFIGS[n].get("shared")]
     manifest = []
     with tempfile.TemporaryDirectory() as model_dir:
@@ -353,6 +594,26 @@ def main(argv=None) -> int:
         write(a.out / "manifest.jsonl", [m for m in manifest if not m["shared"]])
         if a.shared:
             write(a.out / "shared" / "manifest.jsonl", [m for m in manifest if m["shared"]])
+    return 0
+
+
+def main_concurrent(a) -> int:
+    """Write the concurrent goldens (header, request lines, step lines) and their manifest."""
+    names = a.only or list(CONC_CONFIGS)
+    manifest = []
+    with tempfile.TemporaryDirectory() as model_dir:
+        Path(model_dir, "config.json").write_text(json.dumps(MODEL_CONFIG))
+        for nm in names:
+            header, req_lines, steps = run_concurrent(nm, model_dir)
+            write(a.out / "concurrent" / f"{nm}.jsonl", [header, *req_lines, *steps])
+            manifest.append({"name": nm, **header["config"], "engine": header["engine"],
+                             "num_cpu_chunks": header["num_cpu_chunks"]})
+            print(f"{nm}: {header['requests']} requests, {header['steps']} steps, "
+                  f"gpu {sum(x['gpu'] for x in req_lines)} cpu {sum(x['cpu'] for x in req_lines)} "
+                  f"preempt {sum(x['preempt'] for x in req_lines)} loads {sum(x['loads'] for x in req_lines)} "
+                  f"{header['totals']}", flush=True)
+    if a.only is None:
+        write(a.out / "concurrent" / "manifest.jsonl", manifest)
     return 0
 
 
