@@ -207,6 +207,7 @@ def _lookup(policy, ready_chunks, P, gpu):
     """CPU hit of a prompt of P tokens whose chunks *ready_chunks* are stored, after a GPU hit."""
     keys = list(range(100, 100 + P // policy.chunk_tokens))
     o = _Off(_req(keys, policy.chunk_tokens), keys, P)
+    o.req.keyl = keys
     for j in ready_chunks:
         policy.cpu.ref[keys[j]] = 0
         policy.cpu.n_idle += 1
@@ -226,7 +227,7 @@ def _lookup(policy, ready_chunks, P, gpu):
 def test_lookup_rule(ready, gpu, hit, loaded, next_):
     """_lookup_complete_chunks with block 4, 2 blocks per chunk (8 tokens), P = 26: three
     whole chunks; the hit ends at min(3, G // 8 + consecutive) chunks, less G, ≥ 8."""
-    p = OffloadBlockHashCache(64, 4, host_tokens=80, blocks_per_chunk=2)
+    p = OffloadBlockHashCache(64, 4, host_tokens=80, blocks_per_chunk=2, cpu_store="dict")
     got, o = _lookup(p, ready, 26, gpu)
     assert (got, p.cpu.loaded_total, o.next) == (hit, loaded, next_)
 
@@ -326,3 +327,47 @@ def test_conformance_kit(bpc, ev):
 
     assert check_policy(lambda cap: OffloadBlockHashCache.from_capacity_tokens(
         max(cap, 16), 4, host_tokens=max(cap, 16) // 2, blocks_per_chunk=bpc, eviction_policy=ev, verify=True)) == []
+
+
+# ---------------------------------------------------------------------- array store = dict store
+@pytest.mark.parametrize("trace,blocks,chunks,bpc,prompt_only", [
+    ("mixed200.jsonl", 120, 10, 1, True),     # a tiny pool: stores fail, protected keys block evictions
+    ("mixed200.jsonl", 120, 64, 2, False),
+    ("edge300.jsonl", 40, 7, 1, False),
+    ("edge300.jsonl", 40, 30, 4, True),
+])
+def test_array_store_equals_dict_store(trace, blocks, chunks, bpc, prompt_only):
+    """The compiled LRU store (ArrayLRUStore) makes the dict model's decisions request for
+    request: GPU and CPU hits, chunks stored, evicted, failed, resident."""
+    tr = _trace(trace)
+    kw = dict(host_tokens=chunks * 16 * bpc, blocks_per_chunk=bpc, offload_prompt_only=prompt_only)
+    a = OffloadBlockHashCache(blocks, 16, cpu_store="array", **kw)
+    b = OffloadBlockHashCache(blocks, 16, cpu_store="dict", **kw)
+    for i in range(len(tr)):
+        x, y = a.run_request(i, tr.kv_seq(i)), b.run_request(i, tr.kv_seq(i))
+        got = (x.hit_tokens, a.last_cpu_hit, a.cpu.stored_total, a.cpu.evicted_total, a.cpu.failed_stores,
+               a.host_cached_tokens())
+        want = (y.hit_tokens, b.last_cpu_hit, b.cpu.stored_total, b.cpu.evicted_total, b.cpu.failed_stores,
+                b.host_cached_tokens())
+        assert got == want, i
+    assert b.cpu.evicted_total > 0
+
+
+def test_array_store_refuses_what_it_does_not_model():
+    with pytest.raises(ConfigError, match="array"):
+        OffloadBlockHashCache(64, 16, host_tokens=640, eviction_policy="arc", cpu_store="array")
+    assert isinstance(OffloadBlockHashCache(64, 16, host_tokens=640, store_threshold=2).cpu, CPUOffloadStore)
+
+
+def test_array_store_heap_rebuild_keeps_the_order():
+    """A heap that fills up is rebuilt from the resident chunks; decisions are unchanged
+    (a pool of 3 chunks has a heap of 22 entries: many re-ranks force rebuilds)."""
+    tr = _trace("edge300.jsonl")
+    a = OffloadBlockHashCache(40, 16, host_tokens=48, cpu_store="array")
+    b = OffloadBlockHashCache(40, 16, host_tokens=48, cpu_store="dict")
+    for i in range(len(tr)):
+        a.run_request(i, tr.kv_seq(i))
+        b.run_request(i, tr.kv_seq(i))
+        assert (a.last_cpu_hit, a.cpu.stored_total, a.cpu.evicted_total) == \
+            (b.last_cpu_hit, b.cpu.stored_total, b.cpu.evicted_total), i
+    assert a.cpu.hp_maj.shape[0] == 22

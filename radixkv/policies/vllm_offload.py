@@ -77,7 +77,7 @@ from radixkv.policies import _hash_kernels as K
 from radixkv.policies.base import Admission
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.host_tier import zero_host_totals
-from radixkv.policies.offload_cpu import CPU_EVICTION_POLICIES, MAX_TRACKER_SIZE, CPUOffloadStore, RequestAccess
+from radixkv.policies.offload_cpu import CPU_EVICTION_POLICIES, MAX_TRACKER_SIZE, ArrayLRUStore, CPUOffloadStore
 from radixkv.trace.types import KVSeq
 
 #: ``cpu/shared_offload_region.py :: SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT`` (``mmap.PAGESIZE``)
@@ -119,7 +119,7 @@ class _Off:
         self.P = P
         self.T = 0  # tokens computed
         self.next = 0  # RequestGroupState.next_stored_chunk_idx
-        self.pending: list = []  # keys whose store is in flight (completes at the next step)
+        self.pending = ()  # handle of the store in flight (completes at the next step)
         self.loads: list = []
 
 
@@ -151,6 +151,11 @@ class OffloadBlockHashCache(BlockHashCache):
         Store prompt chunks only (vLLM's default True).
     verify : bool
         As :class:`BlockHashCache`.
+    cpu_store : {None, 'array', 'dict'}
+        The CPU store's implementation: ``array`` (:class:`~radixkv.policies.offload_cpu.ArrayLRUStore`,
+        compiled; ``lru`` without ``store_threshold`` only) or ``dict``
+        (:class:`~radixkv.policies.offload_cpu.CPUOffloadStore`); None (default): array when
+        it applies. Same results.
 
     Attributes
     ----------
@@ -186,7 +191,7 @@ class OffloadBlockHashCache(BlockHashCache):
     def __init__(self, num_gpu_blocks: int, block_size: int = 16, *, host_tokens: int | None = None,
                  cpu_bytes: int | None = None, kv_bytes_per_token: int | None = None, blocks_per_chunk: int = 1,
                  eviction_policy: str = "lru", store_threshold: int = 0, offload_prompt_only: bool = True,
-                 max_tracker_size: int = MAX_TRACKER_SIZE, verify: bool = False):
+                 max_tracker_size: int = MAX_TRACKER_SIZE, verify: bool = False, cpu_store: str | None = None):
         super().__init__(num_gpu_blocks, block_size, verify=verify)
         bpc = int(blocks_per_chunk)
         if bpc < 1:
@@ -210,7 +215,15 @@ class OffloadBlockHashCache(BlockHashCache):
         self.eviction_policy = eviction_policy
         self.store_threshold = int(store_threshold)
         self.offload_prompt_only = bool(offload_prompt_only)
-        self.cpu = CPUOffloadStore(chunks, eviction_policy, store_threshold, max_tracker_size) if chunks else None
+        if not chunks:
+            self.cpu = None
+        elif cpu_store == "array" or (cpu_store is None and eviction_policy == "lru" and self.store_threshold < 2):
+            if eviction_policy != "lru" or self.store_threshold >= 2:
+                raise ConfigError("the array CPU store models the lru policy without store_threshold",
+                                  field="cpu_store")
+            self.cpu = ArrayLRUStore(chunks)
+        else:
+            self.cpu = CPUOffloadStore(chunks, eviction_policy, store_threshold, max_tracker_size)
         self.host_capacity = chunks * self.chunk_tokens
         self._off: dict[int, _Off] = {}
         self._conc = False
@@ -266,18 +279,21 @@ class OffloadBlockHashCache(BlockHashCache):
         return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (value or ()))
 
     # ------------------------------------------------------------------ chunk keys
-    def _chunk_keys(self, seq: KVSeq) -> list:
+    def _chunk_keys(self, seq: KVSeq):
         """Key of every whole chunk of *seq*'s KV extent: the chained key of the chunk's
-        last block (``update_offload_keys``: every ``hashes_per_chunk``-th block hash)."""
+        last block (``update_offload_keys``: every ``hashes_per_chunk``-th block hash). An
+        int64 array for the array store, else a list of ints."""
         bpc = self.blocks_per_chunk
         nblk = seq.kv_len // self.block_size
+        arr = self.cpu is not None and self.cpu.keys_array
         if nblk == 0:
-            return []
+            return np.zeros(0, dtype=np.int64) if arr else []
         keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, self.block_size, nblk, self._key_mask)
-        return keys[bpc - 1:: bpc].tolist()
+        keys = keys[bpc - 1:: bpc]
+        return np.ascontiguousarray(keys).view(np.int64) if arr else keys.tolist()
 
     # ------------------------------------------------------------------ connector steps
-    def _cpu_hit(self, keys: list, P: int, gpu: int) -> int:
+    def _cpu_hit(self, keys, P: int, gpu: int) -> int:
         """CPU hit tokens beyond the GPU hit *gpu* (``_lookup_complete_chunks`` /
         ``_maximal_prefix_lookup``), without side effects."""
         T = self.chunk_tokens
@@ -286,11 +302,7 @@ class OffloadBlockHashCache(BlockHashCache):
         if self.cpu is None or max_hit - gpu < T:
             return 0
         start = gpu // T
-        n = 0
-        for key in keys[start:n_keys]:
-            if not self.cpu.is_ready(key):
-                break
-            n += 1
+        n, _ = self.cpu.run_length(keys, start, n_keys, True)
         ext = min(max_hit, T * (start + n)) - gpu
         return 0 if n == 0 or ext < T else ext
 
@@ -303,9 +315,8 @@ class OffloadBlockHashCache(BlockHashCache):
         T = self.chunk_tokens
         end = gpu + ext
         first = (gpu // self.block_size) // self.blocks_per_chunk
-        load = o.keys[first: end // T]
-        self.cpu.prepare_load(load, o.req)
-        self.cpu.complete_load(load)  # the load finishes before the request's prefill step
+        self.cpu.load_range(o.req, first, end // T)
+        self.cpu.unload_range(o.req, first, end // T)  # the load finishes before the request's prefill step
         o.next = end // T  # OffloadPolicy.CHUNK_LEVEL: the hit chunks are not offered again
         return ext
 
@@ -314,16 +325,16 @@ class OffloadBlockHashCache(BlockHashCache):
         *T_after* tokens; then the previous step's store completes."""
         off = min(T_after, o.P) if self.offload_prompt_only else T_after
         n = min(off // self.chunk_tokens, len(o.keys))
-        done, o.pending = o.pending, []
+        done, o.pending = o.pending, ()
         if n > o.next:
-            got = self.cpu.prepare_store(o.keys[o.next:n], o.req)
+            got = self.cpu.store_range(o.req, o.next, n)
             if got is not None:
-                stored, evicted = got
+                stored, n_st, n_ev = got
                 o.next = n
                 o.pending = stored
-                self.written_tokens_total += len(stored) * self.chunk_tokens
-                self.host_evicted_tokens_total += len(evicted) * self.chunk_tokens
-        self.cpu.complete_store(done)
+                self.written_tokens_total += n_st * self.chunk_tokens
+                self.host_evicted_tokens_total += n_ev * self.chunk_tokens
+        self.cpu.complete(done)
 
     # ------------------------------------------------------------------ hooks
     def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
@@ -362,9 +373,8 @@ class OffloadBlockHashCache(BlockHashCache):
         if self.cpu is None:
             return adm
         P = seq.prompt_len
-        o = _Off(RequestAccess(), self._chunk_keys(seq), P)
-        T = self.chunk_tokens
-        o.req.pos = {k: (c + 1) * T for c, k in enumerate(o.keys)}
+        keys = self._chunk_keys(seq)
+        o = _Off(self.cpu.new_request(keys, self.chunk_tokens), keys, P)
         self._off[rid] = o
         ext = self._lookup_load(o, gpu)
         self.last_cpu_hit = ext
@@ -407,7 +417,7 @@ class OffloadBlockHashCache(BlockHashCache):
         while n > 0:
             cap = self._offerable(o, o.T)
             stalled = o.next < cap
-            if not o.pending and (not stalled or not self._retry_matters()):
+            if not len(o.pending) and (not stalled or not self._retry_matters()):
                 if self.offload_prompt_only or cap == len(o.keys):
                     quiet = n
                 else:
@@ -440,8 +450,8 @@ class OffloadBlockHashCache(BlockHashCache):
             return
         self._store_point(o, o.T)
         self.cpu.request_finished(o.req)
-        self.cpu.complete_store(o.pending)
-        o.pending = []
+        self.cpu.complete(o.pending)
+        o.pending = ()
 
     def preempt(self, rid: int) -> None:
         """GPU preemption; the request's CPU stores in flight complete (vLLM flushes them,
@@ -454,7 +464,7 @@ class OffloadBlockHashCache(BlockHashCache):
         o = self._off.pop(rid, None)
         super().preempt(rid)
         if o is not None:
-            self.cpu.complete_store(o.pending)
+            self.cpu.complete(o.pending)
 
     def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
         """Admit, decode to the KV extent, finish (the GPU side in one kernel call)."""
@@ -473,7 +483,7 @@ class OffloadBlockHashCache(BlockHashCache):
         self._off.pop(rid)
         self._store_point(o, o.T)
         self.cpu.request_finished(o.req)
-        self.cpu.complete_store(o.pending)
+        self.cpu.complete(o.pending)
         return out
 
     def replay_span(self, trace, i0, i1, cols):
@@ -506,9 +516,8 @@ class OffloadBlockHashCache(BlockHashCache):
         over preemptions; the keys are those of the whole KV extent."""
         o = self._off.get(rid)
         if o is None:
-            o = _Off(RequestAccess(), self._chunk_keys(seq), seq.prompt_len, seq.kv_len)
-            T = self.chunk_tokens
-            o.req.pos = {k: (c + 1) * T for c, k in enumerate(o.keys)}
+            keys = self._chunk_keys(seq)
+            o = _Off(self.cpu.new_request(keys, self.chunk_tokens), keys, seq.prompt_len, seq.kv_len)
             self._off[rid] = o
         return o
 
@@ -534,16 +543,7 @@ class OffloadBlockHashCache(BlockHashCache):
         if max_hit - gpu < T:
             return 0
         start = gpu // T
-        ref = self.cpu.ref
-        n = 0
-        pending = False
-        for key in keys[start:n_keys]:
-            r = ref.get(key)
-            if r is None:
-                break
-            n += 1
-            if r < 0:
-                pending = True
+        n, pending = self.cpu.run_length(keys, start, n_keys, False)
         if n == 0:
             return 0
         if pending:
@@ -554,7 +554,7 @@ class OffloadBlockHashCache(BlockHashCache):
         if self._being_loaded:
             bl = self._being_loaded
             for key in keys[start: -(-(gpu + ext) // T)]:
-                if key in bl:
+                if int(key) in bl:
                     return None
         return ext
 
@@ -605,11 +605,12 @@ class OffloadBlockHashCache(BlockHashCache):
         self.evicted_tokens_total += ev * B
         o = self._off[rid]
         T = self.chunk_tokens
-        load = o.keys[(gpu // B) // self.blocks_per_chunk: end // T]
-        self.cpu.prepare_load(load, o.req)
-        for k in load:
+        lo, hi = (gpu // B) // self.blocks_per_chunk, end // T
+        self.cpu.load_range(o.req, lo, hi)
+        for k in o.keys[lo:hi]:
+            k = int(k)
             self._being_loaded[k] = self._being_loaded.get(k, 0) + 1
-        self._loading[rid] = (load, int(hcap), end // B)
+        self._loading[rid] = ((lo, hi), int(hcap), end // B)
         o.next = -(-end // T)
         o.T = end
         self.device_hit_tokens_total += gpu
@@ -623,10 +624,12 @@ class OffloadBlockHashCache(BlockHashCache):
     def load_done(self, rid: int) -> None:
         """The load of *rid* finished (the worker's ``completed_jobs`` → ``complete_load``:
         its chunks are unpinned and no longer being loaded)."""
-        load = self._loading[rid][0]
-        self.cpu.complete_load(load)
+        lo, hi = self._loading[rid][0]
+        o = self._off[rid]
+        self.cpu.unload_range(o.req, lo, hi)
         bl = self._being_loaded
-        for k in load:
+        for k in o.keys[lo:hi]:
+            k = int(k)
             c = bl[k] - 1
             if c:
                 bl[k] = c
@@ -679,13 +682,14 @@ class OffloadBlockHashCache(BlockHashCache):
         *t_after* tokens beyond those already offered (``prepare_store``)."""
         n = self._offerable(o, t_after)
         if n > o.next:
-            got = self.cpu.prepare_store(o.keys[o.next:n], o.req)
+            got = self.cpu.store_range(o.req, o.next, n)
             if got is not None:
-                stored, evicted = got
+                stored, n_st, n_ev = got
                 o.next = n
-                self._stores_now.extend(stored)
-                self.written_tokens_total += len(stored) * self.chunk_tokens
-                self.host_evicted_tokens_total += len(evicted) * self.chunk_tokens
+                if n_st:
+                    self._stores_now.append(stored)
+                self.written_tokens_total += n_st * self.chunk_tokens
+                self.host_evicted_tokens_total += n_ev * self.chunk_tokens
 
     def connector_quiet(self, rows) -> bool:
         """Whether decode steps of *rows* would make no connector call that changes
@@ -701,9 +705,10 @@ class OffloadBlockHashCache(BlockHashCache):
         """The step's output came back: stores issued in the previous step complete."""
         if self.cpu is None:
             return
-        self.cpu.complete_store(self._stores_prev)
+        for h in self._stores_prev:
+            self.cpu.complete(h)
         self._stores_prev, self._stores_now = self._stores_now, []
 
     def host_cached_tokens(self) -> int:
         """Tokens in the CPU pool (resident chunks × tokens per chunk)."""
-        return 0 if self.cpu is None else len(self.cpu.ref) * self.chunk_tokens
+        return 0 if self.cpu is None else self.cpu.resident() * self.chunk_tokens
