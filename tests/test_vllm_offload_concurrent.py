@@ -124,3 +124,12 @@ def test_refused_knobs():
             replay_concurrent(tr, _pol(100), UnitStepCost(), config=cfg)
     with pytest.raises(ConfigError, match="host link"):
         replay_concurrent(tr, _pol(100), CostModel.from_specs("Llama-3.1-8B", "H100-80GB"))
+
+
+def test_replicas_refused():
+    """The multi-replica concurrent replay has no clock hooks for asynchronous loads."""
+    from radixkv.replay.multi_concurrent import replay_multi_concurrent
+
+    tr = _trace([A, B], [0.0, 1.0])
+    with pytest.raises(ConfigError, match="one replica"):
+        replay_multi_concurrent(tr, [_pol(100), _pol(100)], UnitStepCost(), "round-robin")

@@ -105,6 +105,9 @@ class ReplicaEngine:
     def __init__(self, trace, policy, cost, config, arrivals, index, out, *, fast_forward=True):
         self.trace, self.policy, self.cost, self.config = trace, policy, cost, config
         self.sch = make_scheduler(trace, policy, config)
+        if hasattr(self.sch, "step_window"):  # asynchronous host loads need the single-engine loop's clock hooks
+            raise ConfigError(f"{type(policy).__name__} loads KV from host memory asynchronously, which the "
+                              "multi-replica concurrent replay does not model: use one replica", field="replicas")
         self.arr = arrivals
         self.index = index
         self.out = out
