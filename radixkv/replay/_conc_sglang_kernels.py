@@ -446,9 +446,9 @@ def _order_waiting_lpm(S, N, H1, G, Q, RQ, IV, WQ, SID, SEND, SOFF, KEYS):
 
 @nb.njit(cache=True)
 def _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND, SOFF, PL, ALLOC, KEYS,
-              HC, ratio_min, ratio_decay):
+              HC, SNAP, ratio_min, ratio_decay):
     """``SglangScheduler.schedule``: fills PL[:m] (request, tokens, ctx, prefill) and
-    returns (m, n_running, preempted, blocked)."""
+    returns (m, n_running, preempted, blocked). SNAP: scratch, shape (≥ running,)."""
     p = S[K.S_P]
     num_slots = CF[CF_NUM_SLOTS]
     HC[0] = 0  # _head_check = None
@@ -560,7 +560,9 @@ def _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND,
         return m, IV[I_NRUN], pre_cnt, blocked
     # 4. decode (update_running_batch): retract until it fits, else decay the ratio
     nsnap = IV[I_NRUN]
-    snap = RUN[:nsnap].copy()
+    snap = SNAP
+    for u in range(nsnap):
+        snap[u] = RUN[u]
     j = 0
     while j < nsnap and RQ[snap[j], Q_CTX] >= RQ[snap[j], Q_TARGET] and RQ[snap[j], Q_KV] == RQ[snap[j], Q_CTX]:
         j += 1
@@ -747,6 +749,21 @@ def _step_headroom(S, N, G, Q, RQ, IV, CF, WQ, SOFF):
 
 
 @nb.njit(cache=True)
+def _compact_in_place(S, N, G, Q, IV):
+    """When only the store lacks room for the step's needs (``IV[I_NEED_*]``) and
+    compaction frees enough of it (live + needed segments ≤ half the store), compact it in
+    place (``_radix_kernels.compact_store``, the choice ``RadixCache._reserve_exact``
+    makes for that case) and return True; else False (the caller hands back to grow)."""
+    if S[K.S_NNODES] + 1 + IV[I_NEED_NODES] > N.shape[0] or S[K.S_QHW] + IV[I_NEED_ROWS] >= Q.shape[0]:
+        return False
+    live = S[K.S_GUSED] - S[K.S_GGARB]
+    if live + IV[I_NEED_SEGS] > G.shape[1] // 2:
+        return False
+    K.compact_store(S, G, Q)
+    return True
+
+
+@nb.njit(cache=True)
 def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, SEND, SOFF, TLI, TLF,
              ratio_min, ratio_decay):
     """Run the replay loop from the state in the arrays until done or a hand-back
@@ -755,10 +772,13 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
     p = S[K.S_P]
     num_slots = CF[CF_NUM_SLOTS]
     ms = CF[CF_MAX_SEQS]
-    PL = np.zeros((n + 1, 4), dtype=np.int64)
-    ALLOC = np.zeros((n + 1, 2), dtype=np.int64)
+    PL = np.empty((n + 1, 4), dtype=np.int64)  # rows [0, m) are written before they are read
+    ALLOC = np.empty((n + 1, 2), dtype=np.int64)
     KEYS = np.zeros((LPM_MAX_WAITING + 1, 2 * PREFIX_THRESHOLD + 2), dtype=np.int64)
     HC = np.zeros(6, dtype=np.int64)
+    SNAP = np.empty(n + 1, dtype=np.int64)  # scratch: the running list of one step
+    RUNC = np.empty(n + 1, dtype=np.int64)
+    CNT = np.zeros(max(p, 1), dtype=np.int64)
     DT = np.empty(1024, dtype=np.float64)  # step times of a fast-forwarded run
     tl = CF[CF_TIMELINE] == 1
     while IV[I_DONE] < n:
@@ -770,10 +790,12 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
             FV[V_RATIO] = INIT_RATIO  # idle: NewTokenRatioTracker.reset
             FV[V_NOW] = max(now, arr[IV[I_NXT]])
             continue
-        # hand-backs, before the step changes anything (a new call resumes here)
+        # hand-backs, before the step changes anything (a new call resumes here); a store
+        # that compaction frees enough is compacted here, as RadixCache.reserve_arrays would
         if not _step_headroom(S, N, G, Q, RQ, IV, CF, WQ, SOFF):
-            IV[I_STATUS] = ST_GROW
-            return ST_GROW
+            if not _compact_in_place(S, N, G, Q, IV):
+                IV[I_STATUS] = ST_GROW
+                return ST_GROW
         if tl:
             most = 1  # rows this step can write: 1, or a fast-forwarded run (≤ min outputs left)
             for t in range(IV[I_NRUN]):
@@ -788,7 +810,7 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
             IV[I_STATUS] = ST_PROGRESS
             return ST_PROGRESS
         m, n_running, pre_cnt, blocked = _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ,
-                                                   SID, SEND, SOFF, PL, ALLOC, KEYS, HC, ratio_min, ratio_decay)
+                                                   SID, SEND, SOFF, PL, ALLOC, KEYS, HC, SNAP, ratio_min, ratio_decay)
         if m < 0:
             IV[I_STATUS] = ST_DECODE
             return ST_DECODE
@@ -830,17 +852,34 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
             # DT[j]: cost.decode_steps_time(batch, Σ ctx, k)[j], up to the arrival cut
             # (searchsorted(now + cumsum(dts), next arrival, "left") when nothing waits)
             cut = IV[I_WLEN] == 0 and nxt < n
+            # _decode_step_time's operations, its step-invariant products formed once
+            bf = float(batch)
+            csf = float(cs)
+            a_fl = 2.0 * CP[C_PARAMS] * bf
+            a_at = 4.0 * CP[C_LAYERS] * CP[C_ATTN]
+            a_w = CP[C_PARAMS] * CP[C_WDB]
+            kvb = CP[C_KVB]
+            d_c = CP[C_PEAK] * CP[C_MFU] * CP[C_TP]
+            d_m = CP[C_HBM] * CP[C_MBU] * CP[C_TP]
+            ovh = CP[C_OVERHEAD]
+            t_arr = arr[nxt] if cut else 0.0
             acc = 0.0
             for j in range(k):
-                DT[j] = _decode_step_time(CP, batch, cs, j)
+                x = (csf + float(j) * bf) + bf
+                t_c = (a_fl + a_at * x) / d_c
+                t_m = (a_w + kvb * x) / d_m
+                d = (t_c if t_c >= t_m else t_m) + ovh
+                DT[j] = d
                 if cut:
-                    acc = DT[j] if j == 0 else acc + DT[j]
-                    if now + acc >= arr[nxt]:
+                    acc = d if j == 0 else acc + d
+                    if now + acc >= t_arr:
                         k = j + 1
                         break
             # fast_forward(k): the k − 1 decode steps after the scheduled one
             nrun = IV[I_NRUN]
-            run = RUN[:nrun].copy()
+            run = RUNC
+            for u in range(nrun):
+                run[u] = RUN[u]
             wl = IV[I_WLEN]
             st0 = IV[I_STEPS]
             # the pool after t extra tokens per request, t = 0 … k − 2, integrated per step
@@ -852,12 +891,11 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
                 _integrate(FV, IV, nrun, DT[0], used, cached, valid, p)
                 if tl:
                     _tl_row(IV, TLI, TLF, st0 + 1, FV[V_NOW], nrun, wl, batch, used, cached, num_slots)
+            cntres = CNT
             if p > 1:  # requests by KV length mod p: extra token s starts pages of class (1 − s) mod p
-                cntres = np.zeros(p, dtype=np.int64)
+                cntres[:] = 0
                 for u in range(nrun):
                     cntres[RQ[run[u], Q_KV] % p] += 1
-            else:
-                cntres = np.zeros(1, dtype=np.int64)
             t = 0
             while t < k - 1:
                 free = S[K.S_FREE]
