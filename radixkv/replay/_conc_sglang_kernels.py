@@ -169,7 +169,7 @@ def _np_pairwise_sum(a, lo, n):
     return vals[0]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _prefill_flops(CP, n, c):
     """``CostModel.prefill_flops(n, c)`` of two ints (the same float operations)."""
     nf = float(n)
@@ -177,14 +177,14 @@ def _prefill_flops(CP, n, c):
     return 2.0 * CP[C_PARAMS] * nf + 4.0 * CP[C_LAYERS] * CP[C_ATTN] * (nf * cf + nf * (nf + 1) / 2)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _time(CP, flops, bytes_):
     t_c = flops / (CP[C_PEAK] * CP[C_MFU] * CP[C_TP])
     t_m = bytes_ / (CP[C_HBM] * CP[C_MBU] * CP[C_TP])
     return (t_c if t_c >= t_m else t_m) + CP[C_OVERHEAD]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _step_time(CP, pnew, pctx, m):
     """``CostModel._step_time_ints`` of the plan's items (integer sums, exact: the caller
     checked they stay below 2**53)."""
@@ -204,7 +204,7 @@ def _step_time(CP, pnew, pctx, m):
     return _time(CP, flops, bytes_)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _decode_step_time(CP, batch, ctx_sum, j):
     """Element j of ``CostModel.decode_steps_time(batch, ctx_sum, k)``."""
     ctx = float(ctx_sum) + float(j) * batch
@@ -214,19 +214,19 @@ def _decode_step_time(CP, batch, ctx_sum, j):
 
 
 # ----------------------------------------------------------------------------- queues
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _w_push(IV, WQ, i):
     cap = WQ.shape[0]
     WQ[(IV[I_WHEAD] + IV[I_WLEN]) % cap] = i
     IV[I_WLEN] += 1
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _w_at(IV, WQ, k):
     return WQ[(IV[I_WHEAD] + k) % WQ.shape[0]]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _w_pop(IV, WQ):
     i = WQ[IV[I_WHEAD]]
     IV[I_WHEAD] = (IV[I_WHEAD] + 1) % WQ.shape[0]
@@ -234,7 +234,7 @@ def _w_pop(IV, WQ):
     return i
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _run_remove(IV, RUN, v):
     n = IV[I_NRUN]
     j = 0
@@ -246,14 +246,14 @@ def _run_remove(IV, RUN, v):
 
 
 # ----------------------------------------------------------------------------- pool
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _room_slots(S, num_slots):
     """``RadixCache.room_slots``: free + evictable slots."""
     p = S[K.S_P]
     return num_slots - S[K.S_PRIV] - (S[K.S_PROT] if p == 1 else S[K.S_PROT] // p)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _sample(S, R, RUN, nrun, num_slots):
     """``RadixCache.stats(detail=False)``: (used, cached, valid) slots/tokens."""
     p = S[K.S_P]
@@ -272,7 +272,7 @@ def _sample(S, R, RUN, nrun, num_slots):
     return used, cached, S[K.S_EVTOK] + S[K.S_PROT] + priv
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _integrate(FV, IV, n_run, dt, used, cached, valid, p):
     """``_Integrals.step``."""
     FV[V_AREA] += n_run * dt
@@ -286,7 +286,7 @@ def _integrate(FV, IV, n_run, dt, used, cached, valid, p):
     FV[V_NOW] += dt
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _tl_row(IV, TLI, TLF, step, t, running, waiting, tokens, used, cached, num_slots):
     k = IV[I_TLN]
     TLI[k, TL_STEP] = step
@@ -300,7 +300,7 @@ def _tl_row(IV, TLI, TLF, step, t, running, waiting, tokens, used, cached, num_s
     IV[I_TLN] = k + 1
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _extend(S, N, H1, H2, HP, G, Q, R, r, n_tokens):
     """``RadixCache.extend_many`` of one item: a decode that takes only free slots (no
     eviction, no prompt left) is the slot arithmetic of the ``_decode`` kernel
@@ -321,7 +321,7 @@ def _extend(S, N, H1, H2, HP, G, Q, R, r, n_tokens):
 
 
 # ----------------------------------------------------------------------------- scheduler
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _preempt(S, N, HP, Q, R, RQ, IV, RUN, WQ, v, PL, m):
     """``Scheduler._preempt`` (SGLang: ``release_req``; the request is appended to the
     waiting queue, ``_add_request_to_queue``); returns the plan's new length."""
@@ -343,7 +343,7 @@ def _preempt(S, N, HP, Q, R, RQ, IV, RUN, WQ, v, PL, m):
     return m
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _victim(RQ, IV, RUN):
     """``ScheduleBatch._get_decode_retraction_order``: fewest outputs, then the longest
     prompt, then the latest in the batch."""
@@ -360,7 +360,7 @@ def _victim(RQ, IV, RUN):
     return RUN[best]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _grow(S, N, H1, H2, HP, G, Q, R, RQ, IV, RUN, WQ, r, upto, PL, m, pre_cnt):
     """``Scheduler._grow``: returns (ok, r not preempted, plan length, preemptions)."""
     need = upto - RQ[r, Q_KV]
@@ -379,7 +379,7 @@ def _grow(S, N, H1, H2, HP, G, Q, R, RQ, IV, RUN, WQ, r, upto, PL, m, pre_cnt):
     return 1, m, pre_cnt
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _plan_add(PL, m, r, c, ctx, pre):
     PL[m, 0] = r
     PL[m, 1] = c
@@ -388,7 +388,7 @@ def _plan_add(PL, m, r, c, ctx, pre):
     return m + 1
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _ceil_page(t, p):
     return -(-t // p) * p
 
@@ -444,7 +444,7 @@ def _order_waiting_lpm(S, N, H1, G, Q, RQ, IV, WQ, SID, SEND, SOFF, KEYS):
         WQ[(IV[I_WHEAD] + k) % WQ.shape[0]] = items[order[k]]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND, SOFF, PL, ALLOC, KEYS,
               HC, SNAP, ratio_min, ratio_decay):
     """``SglangScheduler.schedule``: fills PL[:m] (request, tokens, ctx, prefill) and
@@ -603,7 +603,7 @@ def _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND,
     return m, IV[I_NRUN], pre_cnt, blocked
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _max_fast_forward(S, RQ, IV, RUN, num_slots):
     """``Scheduler.max_fast_forward`` (the base bound)."""
     nrun = IV[I_NRUN]
@@ -630,7 +630,7 @@ def _max_fast_forward(S, RQ, IV, RUN, num_slots):
     return lo
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _ff_need(RQ, RUN, nrun, p, k):
     """New slots of k − 1 more tokens for every running request (whole slots)."""
     if p == 1:
@@ -702,7 +702,7 @@ def _blocked_bound(S, RQ, IV, FV, RUN, HC, k, num_slots, ratio_min, ratio_decay)
     return k
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _drop_finished(RQ, IV, RUN):
     n = IV[I_NRUN]
     k = 0
@@ -714,7 +714,7 @@ def _drop_finished(RQ, IV, RUN):
     IV[I_NRUN] = k
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _step_headroom(S, N, G, Q, RQ, IV, CF, WQ, SOFF):
     """What one step can take from the tree's arrays at most; False (needs in IV) when
     the arrays must grow first: nodes (a split per lookup, ≤ 3 per insert of a finish or
@@ -748,7 +748,7 @@ def _step_headroom(S, N, G, Q, RQ, IV, CF, WQ, SOFF):
     return True
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _compact_in_place(S, N, G, Q, IV):
     """When only the store lacks room for the step's needs (``IV[I_NEED_*]``) and
     compaction frees enough of it (live + needed segments ≤ half the store), compact it in
