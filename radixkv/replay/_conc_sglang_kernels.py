@@ -30,7 +30,8 @@ fast-forwarded run uses ``now + cumsum(dts)``.
 
 The loop runs until every request finished or it must hand control back (``status``):
 arrays of the tree to grow (:data:`ST_GROW`; checked before each step against what one
-step can use at most), the timeline buffer full (:data:`ST_TIMELINE`), a progress report
+step can use at most; a store that compaction frees enough is compacted in place instead,
+:func:`_compact_in_place`), the timeline buffer full (:data:`ST_TIMELINE`), a progress report
 due (:data:`ST_PROGRESS`), or an error the Python path raises (:data:`ST_NO_FIT`,
 :data:`ST_DECODE`, :data:`ST_REFUSED`). All its state is in the arrays, so the caller
 (:mod:`radixkv.replay.conc_sglang`) grows what is needed and calls it again.
