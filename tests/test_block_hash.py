@@ -332,6 +332,14 @@ def _py_mix(h, w):
     return z ^ (z >> 31)
 
 
+def _splitmix_out(x):
+    """splitmix64's output function of the state *x* (Python integers)."""
+    m = (1 << 64) - 1
+    z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
 def test_key_formulas_match_the_documented_hash():
     seed = int(K.SEED)
     # B = 4, token block: the ids folded in one chain
@@ -341,15 +349,27 @@ def test_key_formulas_match_the_documented_hash():
         h = _py_mix(h, t)
     keys, _ = K.seq_block_keys(seq(toks).seg_id, seq(toks).seg_end, 4, 1, ALL)
     assert int(keys[0]) & ((1 << 64) - 1) == h
-    # B = 8, token block: four chains (token t into chain t mod 4), then folded
-    toks = [3, 1, 4, 1, 5, 9, 2, 6]
-    lanes = [seed, seed ^ 0x243F6A8885A308D3, seed ^ 0x13198A2E03707344, seed ^ 0xA4093822299F31D0]
-    for t, tok in enumerate(toks):
-        lanes[t % 4] = _py_mix(lanes[t % 4], tok)
-    h = _py_mix(_py_mix(_py_mix(lanes[0], lanes[1]), lanes[2]), lanes[3])
-    s8 = seq(toks)
-    keys, _ = K.seq_block_keys(s8.seg_id, s8.seg_end, 8, 1, ALL)
-    assert int(keys[0]) & ((1 << 64) - 1) == h
+    # B = 8 and B = 16, token blocks: the sum of the pairs' 128-bit multiply-folds with the
+    # position constants (splitmix64 outputs from seed 0, top and bottom bits set), folded
+    # into the parent key
+    m = (1 << 64) - 1
+    consts, x = [], 0
+    for _ in range(16):
+        x = (x + 0x9E3779B97F4A7C15) & m
+        consts.append(_splitmix_out(x) | (1 << 63) | 1)
+    for toks in ([3, 1, 4, 1, 5, 9, 2, 6], list(range(100, 116)), [2**40 + 7] * 16):
+        acc = 0
+        for k in range(0, len(toks), 2):
+            prod = (toks[k] ^ consts[k]) * (toks[k + 1] ^ consts[k + 1])
+            acc = (acc + ((prod ^ (prod >> 64)) & m)) & m
+        h = _py_mix(seed, acc)
+        sq = seq(toks)
+        keys, _ = K.seq_block_keys(sq.seg_id, sq.seg_end, len(toks), 1, ALL)
+        assert int(keys[0]) & m == h
+        # the next block is chained on this one
+        sq2 = seq(toks + toks)
+        keys2, _ = K.seq_block_keys(sq2.seg_id, sq2.seg_end, len(toks), 2, ALL)
+        assert int(keys2[1]) & m == _py_mix(h, acc)
     # a unit piece (hash-id trace, U = 8, B = 4): id, then offset << 32 | length
     t = Trace.from_requests(req_id=["u"], arrival_s=[0], prompt_len=[8], output_len=[0], prompt_ids=[[42]],
                             unit_tokens=8)
@@ -358,6 +378,41 @@ def test_key_formulas_match_the_documented_hash():
     h0 = _py_mix(_py_mix(seed, 42), (0 << 32) | 4)
     h1 = _py_mix(_py_mix(h0, 42), (4 << 32) | 4)
     assert [int(k) & ((1 << 64) - 1) for k in keys] == [h0, h1]
+
+
+def test_token_block_keys_separate_near_identical_blocks():
+    # the token-block hash (pair products) must tell apart blocks that differ in one
+    # token, in the order of two tokens, or only in a pair's split, and spread the low
+    # bits the key table indexes by: every key distinct, and the low 12 bits of 20 k keys
+    # take about as many values as 20 k uniform draws would (4,096 (1 − e^(−20000/4096))
+    # ≈ 4,065)
+    rng = np.random.default_rng(5)
+    ends = np.arange(1, 17, dtype=np.int64)
+    blocks = [rng.integers(0, 32000, 16) for _ in range(300)]
+    blocks += [np.zeros(16, dtype=np.int64), np.arange(16), np.full(16, 2**62), np.arange(16) * -1]
+    variants = []
+    for b in blocks[:150]:
+        for t in range(16):
+            v = b.copy()
+            v[t] += 1
+            variants.append(v)
+            if t < 15 and b[t] != b[t + 1]:
+                w = b.copy()
+                w[t], w[t + 1] = b[t + 1], b[t]
+                variants.append(w)
+    for _ in range(1000):  # the two tokens of a pair swapped: (a, b) vs (b, a)
+        a, b = rng.integers(0, 2**40, 2)
+        v = np.zeros(16, dtype=np.int64)
+        v[2], v[3] = a, b
+        w = v.copy()
+        w[2], w[3] = b, a
+        variants += [v, w]
+    uniq = {tuple(int(x) for x in b) for b in blocks + variants}
+    keys = {int(K.seq_block_keys(np.array(b, dtype=np.int64), ends, 16, 1, ALL)[0][0]) for b in uniq}
+    assert len(keys) == len(uniq)
+    rand = [rng.integers(0, 32000, 16) for _ in range(20000)]
+    low = {int(K.seq_block_keys(b, ends, 16, 1, ALL)[0][0]) & 4095 for b in rand}
+    assert len(low) > 4000
 
 
 def test_hash_table_delete_keeps_every_probe_chain():

@@ -668,12 +668,15 @@ class RadixCache(PrefixCache):
         :func:`radixkv.replay.sequential.replay_sequential`) exactly as ``run_request``
         then ``stats(detail=False)`` would, and returns ``(next, status)``: ``next == i1``
         when the span is done; otherwise request *next* must go through the Python
-        path (status 1: arrays to grow, or it does not fit the pool), or was refused with
-        ``run_request`` status *status* (0, 2 or −1; nothing else ran). Returns
+        path (status 1: it does not fit the pool), or was refused with ``run_request``
+        status *status* (0, 2 or −1; nothing else ran). Arrays that must grow (or the
+        store be compacted) first are grown here, as ``run_request`` would, and the
+        kernel goes on. Returns
         ``(i0, 1)`` when the fast path does not apply (requests running, chunked
         prefill, ``cache_last_token_on_stop``, kernels interpreted).
         """
         from radixkv.policies import _radix_span as KS
+        from radixkv.trace._seq_kernel import kv_seq_len
 
         if self._reqs or self._chunk is not None or self.cache_last_token_on_stop or i1 <= i0:
             return i0, 1
@@ -684,11 +687,25 @@ class RadixCache(PrefixCache):
         has_out = trace.out_ids is not None
         oids = trace.out_ids if has_out else trace.ids[:0]
         ooff = trace.out_offsets if has_out else trace.id_offsets[:1]
-        nxt, status = KS.replay_span(
-            self._S, self._N, self._H1, self._H2, self._HP, self._G, self._Q, self._row,
-            trace.ids, trace.id_offsets, oids, ooff, has_out, trace.prompt_len, trace.output_len,
-            int(trace.unit_tokens), int(i0), int(i1), self.num_slots, self.page_size, hi,
-            NODE_OVERHEAD_BYTES, BYTES_PER_TOKEN, out)
+        unit = int(trace.unit_tokens)
+        p = self.page_size
+        nxt = int(i0)
+        grown = -1
+        while True:
+            nxt, status = KS.replay_span(
+                self._S, self._N, self._H1, self._H2, self._HP, self._G, self._Q, self._row,
+                trace.ids, trace.id_offsets, oids, ooff, has_out, trace.prompt_len, trace.output_len,
+                unit, nxt, int(i1), self.num_slots, p, hi, NODE_OVERHEAD_BYTES, BYTES_PER_TOKEN, out[nxt - i0:])
+            if status != 1 or nxt >= i1 or nxt == grown:
+                break
+            kv = int(trace.prompt_len[nxt]) + max(int(trace.output_len[nxt]) - 1, 0)
+            if -(-kv // p) > self.num_slots:
+                break  # does not fit the pool: the Python path reports it
+            # the arrays must grow (or the store be compacted) first: as ``run_request`` would
+            m = int(kv_seq_len(trace.id_offsets, ooff, has_out, trace.prompt_len, trace.output_len, unit, nxt))
+            self._reserve_exact(self._node_budget(int(trace.prompt_len[nxt])) + 8, m)
+            hi[:] = (self._nn_hi, self._g_hi, self._q_hi)
+            grown = nxt
         self._nn_hi, self._g_hi, self._q_hi = (int(x) for x in hi)
         self._sync()
         k = nxt - i0

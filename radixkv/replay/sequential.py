@@ -57,6 +57,16 @@ def span_method(policy: PrefixCache):
     return f
 
 
+def _span_refused(t: Trace, j: int, policy: PrefixCache, label, trace: Trace) -> ConfigError:
+    """The error for request *j* refused inside a span (as the Python path words it)."""
+    return ConfigError(
+        f"request {str(t.req_id[j])!r} (#{j} in replay order) was refused by {label or policy.name} "
+        f"although it fits the empty pool ({t.kv_len(j)} tokens of KV, pool {policy.capacity_tokens})",
+        path=trace.name or None,
+        field="capacity",
+    )
+
+
 def replay_sequential(
     trace: Trace,
     policy: PrefixCache,
@@ -88,7 +98,8 @@ def replay_sequential(
     -----
     A policy with a ``replay_span(trace, i0, i1, cols)`` method (the built-ins) runs the
     rows that need no detailed stats inside its kernels, up to :data:`SPAN_REQUESTS` per
-    call, with the same records; any other policy goes through ``run_request`` and
+    call, with the same records; a row with detailed stats runs as a span of one request
+    followed by ``stats(detail=True)``. Any other policy goes through ``run_request`` and
     ``stats`` request by request.
 
     Returns
@@ -138,15 +149,32 @@ def replay_sequential(
                 if j > i:
                     prev_evicted = policy.evicted_tokens_total
                 if status != 1:
-                    raise ConfigError(
-                        f"request {str(t.req_id[j])!r} (#{j} in replay order) was refused by {label or policy.name} "
-                        f"although it fits the empty pool ({t.kv_len(j)} tokens of KV, pool {policy.capacity_tokens})",
-                        path=trace.name or None,
-                        field="capacity",
-                    )
+                    raise _span_refused(t, j, policy, label, trace)
                 if j > i:
                     i = j
                     continue
+            else:
+                # a detail row: the span runs the request, the stats come from the policy
+                j, status = span(t, i, i + 1, cols)
+                if status != 1:
+                    raise _span_refused(t, j, policy, label, trace)
+                if j == i + 1:
+                    st = policy.stats(detail=True)
+                    cols["used_slots"][i] = st.used_slots
+                    cols["cached_slots"][i] = st.cached_slots
+                    cols["free_slots"][i] = st.free_slots
+                    cols["valid_tokens"][i] = st.valid_tokens
+                    cols["cached_tokens"][i] = st.cached_tokens
+                    cols["duplicate_tokens"][i] = st.duplicate_tokens
+                    cols["metadata_bytes"][i] = st.metadata_bytes
+                    cols["largest_free_run"][i] = st.largest_free_run
+                    prev_evicted = policy.evicted_tokens_total
+                    if bar is not None:
+                        bar.update(1)
+                    i = j
+                    continue
+                # not run (arrays to grow, or it does not fit the pool: nothing changed):
+                # the Python path below runs it (and raises the same errors)
         seq = t.kv_seq(i)
         over = policy.fits_alone(seq)
         if over > 0:
