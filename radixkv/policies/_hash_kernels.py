@@ -244,11 +244,12 @@ def _block_keys_into(seg_id, seg_end, block_size, n_blocks, key_mask, keys):
             # block, hashed from its ids alone; an even block_size from 8 on as a sum of
             # independent pair products (module docstring), so the multiplications overlap
             e = s + block_size
-            if block_size == 16:  # the common case, unrolled by the compiler
-                x = seg_id[s:e]
+            if block_size == 16:  # the common case, unrolled by the compiler (no slice: a
+                # view costs two atomic reference-count operations per block)
                 acc = np.uint64(0)
                 for k in range(8):
-                    acc += _mum(np.uint64(x[2 * k]) ^ _TOK_C[2 * k], np.uint64(x[2 * k + 1]) ^ _TOK_C[2 * k + 1])
+                    acc += _mum(np.uint64(seg_id[s + 2 * k]) ^ _TOK_C[2 * k],
+                                np.uint64(seg_id[s + 2 * k + 1]) ^ _TOK_C[2 * k + 1])
                 h = _mix(h, acc)
             elif block_size >= 8 and block_size % 2 == 0:
                 acc = np.uint64(0)

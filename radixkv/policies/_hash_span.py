@@ -16,7 +16,7 @@ import numpy as np
 # Numba's cache keys a kernel on its own file's stamp, not on its callees': kernels here inline
 # _hash_kernels, so a change there must touch this file too (kernels revision: sibling groups).
 from radixkv.policies import _hash_kernels as K
-from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
+from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len, prefetch_request
 
 C_PROMPT, C_HIT, C_HELD, C_EVICTED, C_USED, C_CACHED, C_FREE, C_VALID, C_DUP, C_META = range(10)
 NC = 10
@@ -52,6 +52,8 @@ def replay_span(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets
             return i, 1
         m = kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
                         sid, send)
+        if i + 1 < i1:
+            prefetch_request(ids, id_offsets, out_ids, out_offsets, has_out, i + 1)
         before = st[K.ST_EVICTIONS]
         code, hit_blocks, held, ev, decoded, total_ev = K.run_seq(
             blk, kt, pcid, pcs, state, scratch, sid[:m], send[:m], B, P, kv, False, key_mask)

@@ -15,7 +15,7 @@ import numba as nb
 import numpy as np
 
 from radixkv.policies import _radix_kernels as K
-from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
+from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len, prefetch_request
 
 # column order of the ``out`` array (a subset of radixkv.replay.records.COLUMNS)
 C_PROMPT, C_HIT, C_HELD, C_EVICTED, C_USED, C_CACHED, C_FREE, C_VALID, C_CTOK, C_META = range(10)
@@ -63,6 +63,8 @@ def replay_span(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets
             hi[2] = S[K.S_QHW] + 1
         kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
                     sid, send)
+        if i + 1 < i1:
+            prefetch_request(ids, id_offsets, out_ids, out_offsets, has_out, i + 1)
         before = S[K.S_EVTOT]
         status, hit, held, ev, evtot, evn = K.run_request(S, N, H1, H2, HP, G, Q, R, sid[:m], send[:m], P)
         if status != 1:

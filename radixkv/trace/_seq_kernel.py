@@ -5,11 +5,61 @@ buffers; the result equals ``Trace.kv_seq(i)`` element for element (the segment 
 of :mod:`radixkv.trace.types`: prompt ids — tokens or units, the last unit capped at P —
 then a unique prompt tail when the ids cover fewer than P tokens, then the output ids,
 or one unique output segment, up to the KV extent ``P + max(N − 1, 0)``).
+
+:func:`prefetch_request` asks the CPU to start loading a request's ids (a hint that
+changes no result): a span loop issues it for request i + 1 before it runs request i,
+so that the trace's ids — read once per replay, from memory rather than the CPU cache —
+arrive while request i's cache work runs.
 """
 from __future__ import annotations
 
+import llvmlite.ir as ir
 import numba as nb
 import numpy as np
+from numba import types
+from numba.core import cgutils
+from numba.core import config as numba_config
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _prefetch(typingctx, arr, i):
+    """Hint the CPU to load the cache line of ``arr[i]`` (1-d array; LLVM ``llvm.prefetch``,
+    read, locality 2). No effect on results."""
+    sig = types.void(arr, i)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        idx = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic cannot run
+
+    def _prefetch(arr, i):  # noqa: F811
+        """No-op stand-in for the prefetch hint."""
+
+
+@nb.njit(cache=True)
+def prefetch_request(ids, id_offsets, out_ids, out_offsets, has_out, i):
+    """Prefetch request *i*'s prompt ids (and output ids) one 64-byte line at a time; does
+    nothing when *i* is past the last request."""
+    if i + 1 >= id_offsets.shape[0]:
+        return
+    for j in range(id_offsets[i], id_offsets[i + 1], 8):
+        _prefetch(ids, j)
+    if has_out and i + 1 < out_offsets.shape[0]:
+        for j in range(out_offsets[i], out_offsets[i + 1], 8):
+            _prefetch(out_ids, j)
 
 
 @nb.njit(cache=True)
