@@ -42,6 +42,7 @@ import numba as nb
 import numpy as np
 
 from radixkv.policies import _radix_kernels as K
+from radixkv.replay import _miss_rec_kernels as MR
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
 
 # per-request int64 fields (array RQ, shape (n, NQ))
@@ -69,6 +70,7 @@ TL_STEP, TL_RUNNING, TL_WAITING, TL_TOKENS, TL_USED, TL_CACHED, TL_FREE = range(
 NTL = 7
 
 ST_DONE, ST_GROW, ST_TIMELINE, ST_PROGRESS, ST_NO_FIT, ST_DECODE, ST_REFUSED = range(7)
+ST_GROW_REC = 7  # the miss recorder's logs (radixkv.replay._miss_rec_kernels) must grow
 
 #: SGLang defaults, the values of :mod:`radixkv.replay.sched_sglang`
 CLIP = 4096
@@ -447,9 +449,11 @@ def _order_waiting_lpm(S, N, H1, G, Q, RQ, IV, WQ, SID, SEND, SOFF, KEYS):
 
 @nb.njit(cache=True, inline="always")
 def _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND, SOFF, PL, ALLOC, KEYS,
-              HC, SNAP, ratio_min, ratio_decay):
+              HC, SNAP, ratio_min, ratio_decay, RA):
     """``SglangScheduler.schedule``: fills PL[:m] (request, tokens, ctx, prefill) and
-    returns (m, n_running, preempted, blocked). SNAP: scratch, shape (≥ running,)."""
+    returns (m, n_running, preempted, blocked). SNAP: scratch, shape (≥ running,). With
+    the miss recorder on (``RA`` longer than 1) its admissions go to
+    ``RA[1 : 1 + RA[0]]`` in order: i for a first admission, −1 − i for a re-admission."""
     p = S[K.S_P]
     num_slots = CF[CF_NUM_SLOTS]
     HC[0] = 0  # _head_check = None
@@ -523,6 +527,9 @@ def _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND,
                 break
             _w_pop(IV, WQ)
             # _record_admission
+            if RA.shape[0] > 1:
+                RA[1 + RA[0]] = i if RQ[i, Q_ADMISSIONS] == 0 else -1 - i
+                RA[0] += 1
             if RQ[i, Q_ADMISSIONS] == 0:
                 RQ[i, Q_HIT] = h
                 RQ[i, Q_HELD] = held
@@ -766,9 +773,12 @@ def _compact_in_place(S, N, G, Q, IV):
 
 @nb.njit(cache=True)
 def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, SEND, SOFF, TLI, TLF,
-             ratio_min, ratio_decay):
+             ratio_min, ratio_decay, rec):
     """Run the replay loop from the state in the arrays until done or a hand-back
-    (module docstring); returns the status (also in ``IV[I_STATUS]``)."""
+    (module docstring); returns the status (also in ``IV[I_STATUS]``). *rec*: the miss
+    recorder's arrays (:func:`radixkv.replay._miss_rec_kernels.new_state`); when on,
+    every iteration is told to ``rec_step`` as the Python loop tells ``MissRecorder.step``
+    (:data:`ST_GROW_REC`: its logs must grow first)."""
     n = RQ.shape[0]
     p = S[K.S_P]
     num_slots = CF[CF_NUM_SLOTS]
@@ -782,6 +792,10 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
     CNT = np.zeros(max(p, 1), dtype=np.int64)
     DT = np.empty(1024, dtype=np.float64)  # step times of a fast-forwarded run
     tl = CF[CF_TIMELINE] == 1
+    rec_on = rec[0][MR.RS_ON] != 0
+    RA = np.zeros(n + 2 if rec_on else 1, dtype=np.int64)  # this step's admissions (_schedule)
+    RSNAP = np.zeros(n + 1 if rec_on else 1, dtype=np.int64)  # running before the step (recorder)
+    FIN = np.zeros(n + 1 if rec_on else 1, dtype=np.int64)  # finished in the step
     while IV[I_DONE] < n:
         now = FV[V_NOW]
         while IV[I_NXT] < n and arr[IV[I_NXT]] <= now:
@@ -810,8 +824,20 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
         if IV[I_PROGRESS_AT] > 0 and IV[I_DONE] >= IV[I_PROGRESS_AT]:
             IV[I_STATUS] = ST_PROGRESS
             return ST_PROGRESS
+        nsnap = 0
+        if rec_on:
+            if not MR.rec_room(rec, CF[CF_MAX_SEQS] + IV[I_NRUN]):
+                IV[I_STATUS] = ST_GROW_REC
+                return ST_GROW_REC
+            nsnap = IV[I_NRUN]
+            RSNAP[:nsnap] = RUN[:nsnap]
+            RA[0] = 0
         m, n_running, pre_cnt, blocked = _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ,
-                                                   SID, SEND, SOFF, PL, ALLOC, KEYS, HC, SNAP, ratio_min, ratio_decay)
+                                                   SID, SEND, SOFF, PL, ALLOC, KEYS, HC, SNAP, ratio_min, ratio_decay,
+                                                   RA)
+        m_plan = m
+        if rec_on and m >= 0:
+            _rec_schedule(rec, RQ, RSNAP, nsnap, RA)
         if m < 0:
             IV[I_STATUS] = ST_DECODE
             return ST_DECODE
@@ -820,6 +846,8 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
                 IV[I_ERR] = _w_at(IV, WQ, 0)
                 IV[I_STATUS] = ST_NO_FIT
                 return ST_NO_FIT
+            if rec_on:
+                MR.rec_step(rec, now, now, PL[:0, 0], PL[:0, 1], PL[:0, 2], PL[:0, 3], 0, 0, FIN, 0)
             continue  # only preemptions happened
         if n_running > IV[I_PEAK]:
             IV[I_PEAK] = n_running
@@ -830,6 +858,7 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
                 break
         ff_blocked = False
         can_ff = False
+        k = 1
         if CF[CF_FF] == 1 and pure_decode and pre_cnt == 0 and m == IV[I_NRUN]:  # can_fast_forward
             if IV[I_WLEN] == 0:
                 can_ff = True
@@ -1046,5 +1075,34 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
                 for j in range(m):
                     tok += PL[j, 1]
                 _tl_row(IV, TLI, TLF, IV[I_STEPS], FV[V_NOW], n_running, IV[I_WLEN], tok, used, cached, num_slots)
+        if rec_on:  # finished: the plan's requests no longer running, in plan order
+            nfin = 0
+            for j in range(m_plan):
+                if RQ[PL[j, 0], Q_RUNNING] == 0:
+                    FIN[nfin] = PL[j, 0]
+                    nfin += 1
+            MR.rec_step(rec, now, FV[V_NOW], PL[:m_plan, 0], PL[:m_plan, 1], PL[:m_plan, 2], PL[:m_plan, 3],
+                        m_plan, k if can_ff else 1, FIN, nfin)
     IV[I_STATUS] = ST_DONE
     return ST_DONE
+
+
+@nb.njit(cache=True)
+def _rec_schedule(rec, RQ, SNAP, nsnap, RA):
+    """Tell the miss recorder this step's first admissions (``RA``, in order) and its
+    preempted rows: the requests running before it (``SNAP[:nsnap]``) or admitted in it
+    that ``_schedule`` left not running."""
+    for u in range(RA[0]):
+        i = RA[1 + u]
+        if i >= 0:
+            MR.rec_admitted(rec, i)
+    for u in range(nsnap):
+        v = SNAP[u]
+        if RQ[v, Q_RUNNING] == 0:
+            MR.rec_preempted(rec, v)
+    for u in range(RA[0]):
+        i = RA[1 + u]
+        if i < 0:
+            i = -1 - i
+        if RQ[i, Q_RUNNING] == 0:
+            MR.rec_preempted(rec, i)

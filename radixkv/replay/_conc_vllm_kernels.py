@@ -44,6 +44,7 @@ from numba import njit
 # Numba's cache keys a kernel on its own file's stamp, not on its callees': kernels here inline
 # _hash_kernels, so a change there must touch this file too (kernels revision: sibling groups).
 from radixkv.policies import _hash_kernels as K
+from radixkv.replay import _miss_rec_kernels as MR
 from radixkv.trace._seq_kernel import kv_seq_into
 
 # integer state (ist)
@@ -63,6 +64,7 @@ S_IDLE_REFUSED = 4  # request ist[I_ARG] cannot be admitted into an idle pool
 S_DECODE_REFUSED = 5  # the pool refused decode tokens of request ist[I_ARG] its room should hold
 S_PIECES = 6  # a block has more content pieces than pcid holds (caller must widen it first)
 S_GROW_TL = 7  # the timeline may overflow in this step: enlarge, call again
+S_GROW_REC = 8  # the miss recorder's logs may overflow in this step: enlarge, call again
 
 # cost kinds
 COST_ROOFLINE = 0  # CostModel: cp = params, num_layers, attn_dim, wdb, kvb, peak, mfu, tp, hbm, mbu, overhead
@@ -167,7 +169,7 @@ def _release(pol, sa, sl, B, ist, free_slots):
 
 @njit(cache=True)
 def _serve(r, nrun, cap, budget, pol, sa, B, ist, run, ctx, target, kv, slot_of, preemptions, wq, wcap,
-           free_slots, p_req, p_new, p_ctx, p_pre, np_):
+           free_slots, p_req, p_new, p_ctx, p_pre, np_, rec):
     """``VllmScheduler._serve_running`` for request *r*: its chunk (the rest of its prefill,
     at most *cap* when > 0 and the *budget*; else one decode token), preempting the last
     running request (``running[-1]``, back to the waiting queue's head) until the pool
@@ -197,6 +199,8 @@ def _serve(r, nrun, cap, budget, pol, sa, B, ist, run, ctx, target, kv, slot_of,
         kv[v] = 0
         target[v] = 0
         preemptions[v] += 1
+        if rec[0][MR.RS_ON] != 0:
+            MR.rec_preempted(rec, v)
         ist[I_WHEAD] = (ist[I_WHEAD] - 1) % wcap
         wq[ist[I_WHEAD]] = v
         ist[I_WLEN] += 1
@@ -325,7 +329,7 @@ def _tl_row(tl_i, tl_t, ist, step, t, running, waiting, tokens, used, cached, nu
 
 @njit(cache=True)
 def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, sa, free_slots, scratch,
-             pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop_done):
+             pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop_done, rec):
     """Run the replay loop until every request finished, or a resumable stop (module docstring).
 
     Parameters
@@ -368,6 +372,10 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
         Loop state (``I_*``, ``F_*``).
     stop_done : int
         Return :data:`S_PROGRESS` once this many requests finished.
+    rec : tuple
+        The miss recorder's arrays (:func:`radixkv.replay._miss_rec_kernels.new_state`);
+        when on, every iteration is told to :func:`~radixkv.replay._miss_rec_kernels.rec_step`
+        as the Python loop tells ``MissRecorder.step``.
 
     Returns
     -------
@@ -414,6 +422,7 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
     p_ctx = plan[2]
     p_pre = plan[3]
     S = B
+    rec_on = rec[0][MR.RS_ON] != 0
     while ist[I_DONE] < n:
         if ist[I_DONE] >= stop_done:
             return S_PROGRESS
@@ -437,6 +446,8 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
             return S_GROW_LOG
         if tl_on and tl_t.shape[0] - ist[I_TLN] < tl_need:
             return S_GROW_TL
+        if rec_on and not MR.rec_room(rec, cap_run):
+            return S_GROW_REC
         # ---------------------------------------------------------- schedule (VllmScheduler.schedule)
         steps = ist[I_STEPS]
         np_ = 0
@@ -447,7 +458,7 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
         k = 0
         while k < nrun and budget > 0:
             nrun, made, c, ok = _serve(run[k], nrun, cap, budget, pol, sa, B, ist, run, ctx, target, kv, slot_of,
-                                       preemptions, wq, wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_)
+                                       preemptions, wq, wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_, rec)
             preempted += made
             if not ok:
                 break
@@ -509,6 +520,8 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                     held[i] = min(hd, n_tok)
                     admit_s[i] = now
                     admit_step[i] = steps + 1
+                    if rec_on:
+                        MR.rec_admitted(rec, i)
                 else:
                     recomputed[i] += n_tok - h
                 evicted[i] += ev * B
@@ -519,7 +532,7 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                 run[nrun] = i
                 nrun += 1
                 nrun, made, c, ok = _serve(i, nrun, cap, budget, pol, sa, B, ist, run, ctx, target, kv, slot_of,
-                                           preemptions, wq, wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_)
+                                           preemptions, wq, wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_, rec)
                 preempted += made
                 if not ok:
                     blocked = True
@@ -531,7 +544,15 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
             if nrun == 0:
                 ist[I_ARG] = wq[ist[I_WHEAD]]
                 return S_IDLE_REFUSED
+            if rec_on:
+                MR.rec_step(rec, now, now, p_req, p_new, p_ctx, p_pre, 0, 0, p_req, 0)
             continue  # only preemptions happened; schedule again at the same time
+        # the plan as scheduled, for the miss recorder (complete reuses its rows)
+        i_req = p_req[:np_].copy() if rec_on else p_req[:0]
+        i_new = p_new[:np_].copy() if rec_on else p_new[:0]
+        i_ctx = p_ctx[:np_].copy() if rec_on else p_ctx[:0]
+        i_pre = p_pre[:np_].copy() if rec_on else p_pre[:0]
+        t_start = now
         if nrun > ist[I_PEAK]:
             ist[I_PEAK] = nrun
         pure = True
@@ -543,6 +564,7 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
         if ff_on and pure and preempted == 0 and np_ == nrun:
             can_ff = ist[I_WLEN] == 0 or blocked
         nfin = 0
+        kk = 1
         if can_ff:
             # ------------------------------------------------------ Scheduler.max_fast_forward
             k_fin = N[run[0]] - gen[run[0]]
@@ -735,4 +757,7 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                     w += 1
             ist[I_NRUN] = w
             ist[I_DONE] += nfin
+        if rec_on:
+            MR.rec_step(rec, t_start, now, i_req, i_new, i_ctx, i_pre, i_req.shape[0], kk if can_ff else 1,
+                        p_new if can_ff else p_ctx, nfin)
     return S_DONE

@@ -49,9 +49,12 @@ schedules it (``kv_cache_manager.allocate_slots`` → ``cache_blocks``), so a re
 admitted later in the same step can hit an earlier admission's first chunk.
 
 The events are recorded by a :class:`MissRecorder` the replay loops call once per engine
-step (``replay_concurrent(..., recorder=...)``; the replicas' loop likewise), and replayed
-afterwards in time order through a Numba hash trie (the sequential breakdown's, with one
-root per replica). Decode growth of vLLM-rule requests is flushed into the event stream
+step (``replay_concurrent(..., recorder=...)``; the replicas' loop likewise) — the
+compiled loops record the same events inside the loop
+(:mod:`radixkv.replay._miss_rec_kernels`) and hand them over at the end
+(:meth:`MissRecorder.take_compiled`) — and replayed afterwards in time order over a trie
+of the trace's KV extents built once (:func:`trie_nodes`; per-node covers, one set per
+replica), in Numba. Decode growth of vLLM-rule requests is flushed into the event stream
 lazily — at every admission on the same replica and at the finish — so a replica's own
 view is exact and another replica's running decode tokens count from that replica's last
 admission on (a lower bound of the global view, which can only move tokens from routing to
@@ -63,7 +66,7 @@ import numba as nb
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.replay.misses import MISS_COLUMNS, _child, _rehash, _slot, trace_segments
+from radixkv.replay.misses import MISS_COLUMNS, trace_segments
 
 #: per-request columns the concurrent breakdown adds beside :data:`radixkv.replay.misses.MISS_COLUMNS`
 #: (int64, tokens); ``miss_routing_tokens`` is written only with replicas
@@ -119,6 +122,7 @@ class MissRecorder:
         self.kind: list = []
         self.req: list = []
         self.ext: list = []
+        self._compiled = None  # events handed over by a compiled loop (take_compiled)
 
     def _emit(self, t, kind, r, e):
         self.t.append(t)
@@ -217,97 +221,172 @@ class MissRecorder:
             dirty.discard(r)
             self._insert(t_end, r, comp[r])
 
+    def take_compiled(self, rec) -> None:
+        """Take what a compiled loop recorded (:mod:`radixkv.replay._miss_rec_kernels`:
+        the arrays of ``new_state``, filled by ``rec_step``): its events become
+        :meth:`events`, and its preemption facts are replayed through the same
+        bookkeeping as :meth:`step` (``_fact_preempt``, ``_fact_chunk``). The recorder
+        must not have been told any step."""
+        from radixkv.replay import _miss_rec_kernels as MR
+
+        if self.t or self._compiled is not None:
+            raise RuntimeError("MissRecorder.take_compiled: this recorder already holds events")
+        RS, _, _, EVT, EVI, FI = rec[:6]
+        m = int(RS[MR.RS_NEV])
+        self._compiled = (EVT[:m].copy(), EVI[0, :m].copy(), EVI[1, :m].copy(), EVI[2, :m].copy())
+        for code, r, a, b in FI[:int(RS[MR.RS_NFACT])].tolist():
+            if code == MR.FACT_PREEMPT:
+                self._fact_preempt(r, a, b)
+            else:
+                self._fact_chunk(r, a)
+
+    def _fact_preempt(self, v: int, comp: int, start: int) -> None:
+        """Request *v* was preempted holding *comp* KV tokens of its current admission, whose
+        first prefill chunk started at context *start* (−1: none) — what :meth:`step` does
+        with a row of ``plan.preempted_rows``."""
+        self.pend[v] = max(self.pend.get(v, 0), comp)
+
+    def _fact_chunk(self, r: int, c: int) -> None:
+        """The first prefill chunk of *r*'s re-admission after a preemption, from context
+        *c* — what :meth:`step` does with it."""
+        if r in self.pend:
+            self.preempt[r] += max(0, self.pend.pop(r) - c)
+
     def events(self):
         """(t, kind, req, ext) arrays of the recorded events, in recording order."""
+        if self._compiled is not None:
+            return self._compiled
         return (np.asarray(self.t, dtype=np.float64), np.asarray(self.kind, dtype=np.int64),
                 np.asarray(self.req, dtype=np.int64), np.asarray(self.ext, dtype=np.int64))
 
 
 @nb.njit(cache=True)
-def _walk(kt, hint, nkey, cover, seg_id, seg_end, s0, s1, root):
-    """Longest token run from position 0 of the segments ``s0:s1`` that *cover* holds below
-    *root*; returns (tokens, last node, its end, next segment)."""
-    node = root
-    start = 0
-    s = s0
-    while s < s1:
-        end = seg_end[s]
-        child = _child(kt, hint, nkey, node, seg_id[s], start)
-        if child < 0:
-            return start, node, start, s
-        m = cover[child]
-        if m >= end - start:
-            node = child
-            start = end
-            s += 1
-            continue
-        return start + m, node, start, s
-    return start, node, start, s
+def _slot0(kt, a, b, c):
+    """Row of key (a, b, c) in the open-addressed table *kt* (cap, 4) whose empty rows are
+    all zero (value stored + 1): the key's row, or the first empty one."""
+    mask = kt.shape[0] - 1
+    h = np.uint64(a) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(b) * np.uint64(0xC2B2AE3D27D4EB4F) \
+        ^ np.uint64(c) * np.uint64(0x165667B19E3779F9)
+    h ^= h >> np.uint64(30)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(27)
+    h *= np.uint64(0x94D049BB133111EB)
+    h ^= h >> np.uint64(31)
+    i = np.int64(h & np.uint64(mask))
+    while True:
+        if kt[i, 3] == 0:
+            return i
+        if kt[i, 0] == a and kt[i, 1] == b and kt[i, 2] == c:
+            return i
+        i = (i + 1) & mask
 
 
 @nb.njit(cache=True)
-def _cover_to(kt, hint, nkey, cover, other, seg_id, seg_end, s0, s1, root, x, nodes):
-    """Make *cover* hold the first *x* tokens of segments ``s0:s1`` below *root* (creating
-    nodes, whose *other* cover starts at 0). Returns the node count."""
-    node = root
+def _trie_nodes(seg_id, seg_end, seg_off, kt, node_of, hint, nkey):
+    """The trie of every request's whole KV extent: node ``node_of[s]`` of each segment s
+    (a node is one segment at one position below one parent node, keyed by (parent node,
+    segment id, start position); 0 is the root). Returns the node count."""
+    n = seg_off.shape[0] - 1
+    nodes = 1
+    for r in range(n):
+        node = 0
+        start = 0
+        for s in range(seg_off[r], seg_off[r + 1]):
+            sid = seg_id[s]
+            c = hint[node]
+            if c < 0 or nkey[c, 0] != sid or nkey[c, 1] != start:
+                i = _slot0(kt, node, sid, start)
+                if kt[i, 3] == 0:
+                    kt[i, 0] = node
+                    kt[i, 1] = sid
+                    kt[i, 2] = start
+                    kt[i, 3] = nodes + 1
+                    nkey[nodes, 0] = sid
+                    nkey[nodes, 1] = start
+                    nodes += 1
+                c = kt[i, 3] - 1
+                hint[node] = c
+            node_of[s] = c
+            node = c
+            start = seg_end[s]
+    return nodes
+
+
+def trie_nodes(segs):
+    """:func:`_trie_nodes` over the segments *segs* (``trace_segments``): (node of each
+    segment, int64 (S,); node count)."""
+    seg_id, seg_end, seg_off = segs
+    S = len(seg_id)
+    cap = 1 << 10
+    while cap < 2 * (S + 1):
+        cap *= 2
+    kt = np.zeros((cap, 4), dtype=np.int64)
+    node_of = np.zeros(S, dtype=np.int64)
+    hint = np.full(S + 1, -1, dtype=np.int64)
+    nkey = np.zeros((S + 1, 2), dtype=np.int64)
+    nodes = _trie_nodes(seg_id, seg_end, seg_off, kt, node_of, hint, nkey)
+    return node_of, int(nodes)
+
+
+@nb.njit(cache=True)
+def _walk(node_of, seg_end, cover, base, s0, s1):
+    """Longest token run from position 0 of the segments ``s0:s1`` that *cover* holds
+    (nodes offset by *base*)."""
+    start = 0
+    for s in range(s0, s1):
+        end = seg_end[s]
+        m = cover[base + node_of[s]]
+        if m < end - start:
+            return start + m
+        start = end
+    return start
+
+
+@nb.njit(cache=True)
+def _cover_to(node_of, seg_end, cover, base, s0, s1, x):
+    """Make *cover* hold the first *x* tokens of the segments ``s0:s1`` (nodes offset by *base*)."""
     start = 0
     for s in range(s0, s1):
         if start >= x:
             break
         end = seg_end[s]
-        i = _slot(kt, node, seg_id[s], start)
-        if kt[i, 3] < 0:
-            kt[i, 0] = node
-            kt[i, 1] = seg_id[s]
-            kt[i, 2] = start
-            kt[i, 3] = nodes
-            cover[nodes] = 0
-            other[nodes] = 0
-            nkey[nodes, 0] = seg_id[s]
-            nkey[nodes, 1] = start
-            nodes += 1
-        child = kt[i, 3]
-        hint[node] = child
         run = (end if end < x else x) - start
-        if cover[child] < run:
-            cover[child] = run
-        node = child
+        nd = base + node_of[s]
+        if cover[nd] < run:
+            cover[nd] = run
         start = end
-    return nodes
 
 
 @nb.njit(cache=True)
-def _events_kernel(seg_id, seg_end, seg_off, prompt_len, kv_len, kind, req, ext, root, full, kt, cover, coverF,
-                   hint, nkey, held, held_adm, e0, nodes):
-    """Replay events ``e0:`` through the trie: an insert makes ``cover`` hold request
-    ``req[e]``'s first ``ext[e]`` KV tokens below ``root[e]``; a query writes ``held[r]``,
-    the prompt prefix ``cover`` holds below ``root[e]``, and when *full*, ``held_adm[r]``
-    (the prefix the complete extents of the requests queried before hold: ``coverF``),
-    then inserts r's whole extent into ``coverF``. Returns ``(e, nodes)``: e = the event
-    count when done, else the event at which the table would pass half full."""
-    half = kt.shape[0] // 2
-    ne = kind.shape[0]
-    for e in range(e0, ne):
+def _events_kernel(node_of, seg_end, seg_off, prompt_len, kv_len, kind, req, ext, root, nnodes, full, cover,
+                   coverF, held, held_adm):
+    """Replay the events through the trie's covers: an insert makes ``cover`` hold request
+    ``req[e]``'s first ``ext[e]`` KV tokens below root ``root[e]`` (node ids offset by
+    ``root[e] · nnodes``); a query writes ``held[r]``, the prompt prefix ``cover`` holds
+    below ``root[e]``, and when *full*, ``held_adm[r]`` (the prefix the complete extents of
+    the requests queried before hold: ``coverF``, one root), then makes ``coverF`` hold
+    r's whole extent."""
+    for e in range(kind.shape[0]):
         r = req[e]
         s0 = seg_off[r]
         s1 = seg_off[r + 1]
-        if nodes + (s1 - s0) > half:
-            return e, nodes
-        P = prompt_len[r]
+        base = root[e] * nnodes
         if kind[e] == 1:
-            nodes = _cover_to(kt, hint, nkey, cover, coverF, seg_id, seg_end, s0, s1, root[e], ext[e], nodes)
+            _cover_to(node_of, seg_end, cover, base, s0, s1, ext[e])
             continue
-        h = _walk(kt, hint, nkey, cover, seg_id, seg_end, s0, s1, root[e])[0]
+        P = prompt_len[r]
+        h = _walk(node_of, seg_end, cover, base, s0, s1)
         held[r] = h if h < P else P
         if full:
-            h = _walk(kt, hint, nkey, coverF, seg_id, seg_end, s0, s1, 0)[0]
+            h = _walk(node_of, seg_end, coverF, 0, s0, s1)
             held_adm[r] = h if h < P else P
-            nodes = _cover_to(kt, hint, nkey, coverF, cover, seg_id, seg_end, s0, s1, 0, kv_len[r], nodes)
-    return ne, nodes
+            _cover_to(node_of, seg_end, coverF, 0, s0, s1, kv_len[r])
 
 
-def replay_events(trace, segs, kind, req, ext, root, n_roots: int, full: bool):
-    """Run :func:`_events_kernel` over sorted events, growing the trie as needed.
+def replay_events(trace, segs, kind, req, ext, root, n_roots: int, full: bool, nodes=None):
+    """Run :func:`_events_kernel` over sorted events.
+
+    *nodes*: :func:`trie_nodes` of *segs* when already built (else built here).
 
     Returns
     -------
@@ -315,39 +394,17 @@ def replay_events(trace, segs, kind, req, ext, root, n_roots: int, full: bool):
     *full*); −1 for a request never queried.
     """
     seg_id, seg_end, seg_off = segs
+    node_of, nn = trie_nodes(segs) if nodes is None else nodes
     n = len(trace)
-    cap = 1 << 10
-    need = 2 * (n_roots + 8)
-    while cap < need:
-        cap *= 2
-    kt = np.full((cap, 4), -1, dtype=np.int64)
-    m = cap // 2 + 1
-    cover = np.zeros(m, dtype=np.int64)
-    coverF = np.zeros(m, dtype=np.int64)
-    hint = np.full(m, -1, dtype=np.int64)
-    nkey = np.full((m, 2), -(2 ** 62), dtype=np.int64)
+    cover = np.zeros(int(n_roots) * nn, dtype=np.int64)
+    coverF = np.zeros(nn if full else 1, dtype=np.int64)
     held = np.full(n, -1, dtype=np.int64)
     held_adm = np.full(n, -1, dtype=np.int64)
     plen = np.asarray(trace.prompt_len, dtype=np.int64)
     kvl = plen + np.maximum(np.asarray(trace.output_len, dtype=np.int64) - 1, 0)
-    e, nodes = 0, n_roots
-    while True:
-        e, nodes = _events_kernel(seg_id, seg_end, seg_off, plen, kvl, kind, req, ext, root, full, kt, cover,
-                                  coverF, hint, nkey, held, held_adm, e, nodes)
-        if e >= len(kind):
-            return held, held_adm
-        r = int(req[e])
-        need = nodes + int(seg_off[r + 1] - seg_off[r])
-        while cap // 2 < need:
-            cap *= 2
-        kt2 = np.full((cap, 4), -1, dtype=np.int64)
-        _rehash(kt, kt2)
-        kt = kt2
-        grow = cap // 2 + 1 - len(cover)
-        cover = np.concatenate([cover, np.zeros(grow, dtype=np.int64)])
-        coverF = np.concatenate([coverF, np.zeros(grow, dtype=np.int64)])
-        hint = np.concatenate([hint, np.full(grow, -1, dtype=np.int64)])
-        nkey = np.concatenate([nkey, np.full((grow, 2), -(2 ** 62), dtype=np.int64)])
+    _events_kernel(node_of, seg_end, seg_off, plen, kvl, kind, req, ext, np.asarray(root, dtype=np.int64), nn,
+                   full, cover, coverF, held, held_adm)
+    return held, held_adm
 
 
 def _permuted(trace, order):
@@ -426,10 +483,12 @@ def concurrent_causes(trace, spec, recorders, hit, replica=None, **options) -> d
         raise ConfigError(f"the miss-cause recorder saw {len(np.unique(order))} first admissions of {n} requests",
                           field="miss_causes")
     segs = trace_segments(trace)
-    held_g, held_adm = replay_events(trace, segs, kind, req, ext, np.zeros(len(kind), dtype=np.int64), 1, True)
+    nodes = trie_nodes(segs)
+    held_g, held_adm = replay_events(trace, segs, kind, req, ext, np.zeros(len(kind), dtype=np.int64), 1, True,
+                                     nodes=nodes)
     multi = replica is not None and len(recorders) > 1
     if multi:
-        held_l, _ = replay_events(trace, segs, kind, req, ext, rep, len(recorders), False)
+        held_l, _ = replay_events(trace, segs, kind, req, ext, rep, len(recorders), False, nodes=nodes)
     else:
         held_l = held_g
     P = np.asarray(trace.prompt_len, dtype=np.int64)

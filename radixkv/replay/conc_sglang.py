@@ -41,11 +41,13 @@ def applicable(policy, cost, config, on_step, rule: str) -> bool:
     return True
 
 
-def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forward, timeline):
+def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forward, timeline, recorder=None):
     """Run the replay in :func:`radixkv.replay._conc_sglang_kernels.run_loop`.
 
     Parameters are those of :func:`radixkv.replay.concurrent.replay_concurrent` (arrivals
-    already checked, float64 shape (n,)). Returns a
+    already checked, float64 shape (n,)); a fresh *recorder*
+    (:class:`~radixkv.replay.conc_misses.MissRecorder`) gets the loop's events
+    (:mod:`radixkv.replay._miss_rec_kernels`, ``MissRecorder.take_compiled``). Returns a
     :class:`~radixkv.replay.concurrent.ConcurrentResult`, or None when the run's integer
     step sums could leave float64's exact range (the caller then takes the Python loop).
 
@@ -140,9 +142,12 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
     if progress is not None:
         IV[C.I_PROGRESS_AT] = step_pct
     arr = np.ascontiguousarray(arrivals, dtype=np.float64)
+    from radixkv.replay import _miss_rec_kernels as MR
+
+    rec = MR.new_state(kv, recorder.deferred, on=True) if recorder is not None else MR.new_state(kv, False, on=False)
     while True:
         st = C.run_loop(policy._S, policy._N, policy._H1, policy._H2, policy._HP, policy._G, policy._Q, R,
-                        RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, SEND, SOFF, TLI, TLF, ratio_min, ratio_decay)
+                        RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, SEND, SOFF, TLI, TLF, ratio_min, ratio_decay, rec)
         if st == C.ST_DONE:
             break
         if st == C.ST_GROW:
@@ -154,6 +159,8 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
             TLI2[: TLI.shape[0]] = TLI
             TLF2[: TLF.shape[0]] = TLF
             TLI, TLF = TLI2, TLF2
+        elif st == C.ST_GROW_REC:
+            rec = MR.grow(rec)
         elif st == C.ST_PROGRESS:
             progress(int(IV[C.I_DONE]), n)
             IV[C.I_PROGRESS_AT] = int(IV[C.I_DONE]) + step_pct
@@ -178,6 +185,8 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
     policy.sync_bounds()
     if progress is not None:
         progress(n, n)
+    if recorder is not None:
+        recorder.take_compiled(rec)
     sch = SimpleNamespace(
         N=Nout, P=P, hit=RQ[:, C.Q_HIT], held=RQ[:, C.Q_HELD], evicted=RQ[:, C.Q_EVICTED],
         preemptions=RQ[:, C.Q_PREEMPTIONS], recomputed=RQ[:, C.Q_RECOMPUTED],

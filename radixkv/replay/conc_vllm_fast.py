@@ -52,7 +52,7 @@ def _eligible(trace, policy, cost, config, sch) -> bool:
 
 
 def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast_forward: bool, progress,
-                    timeline: bool = False):
+                    timeline: bool = False, recorder=None):
     """The replay of :func:`~radixkv.replay.concurrent.replay_concurrent` in one compiled
     loop, or None when it does not apply (module docstring).
 
@@ -63,6 +63,10 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
         float64 (n,)).
     sch : radixkv.replay.sched_vllm.VllmScheduler
         The replay's (fresh) scheduler; its per-request lists are filled on return.
+    recorder : radixkv.replay.conc_misses.MissRecorder or None
+        A fresh miss recorder: the loop records its events
+        (:mod:`radixkv.replay._miss_rec_kernels`) and hands them over on return
+        (``MissRecorder.take_compiled``), the same events as the Python loop's calls.
 
     Returns
     -------
@@ -147,6 +151,12 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     tl_t = np.zeros(rows, dtype=np.float64)
     st = policy._st
     stk = policy._stk
+    from radixkv.replay import _miss_rec_kernels as MR
+
+    if recorder is not None:
+        rec = MR.new_state(kvlen, recorder.deferred, preempt_rows=int(config.max_num_batched_tokens) + 1)
+    else:
+        rec = MR.new_state(kvlen, False, on=False)
     step = _PROGRESS_EVERY if progress is not None else n
     stop = step
     reported = 0
@@ -154,7 +164,7 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     while True:
         pol = (policy._blk, policy._b32, policy._kt, policy._k32, policy._pcid, policy._pcs, st, stk)
         status = CK.run_loop(tr, pol, policy._key_mask, B, int(policy.num_slots), cfg, kind, cp, rq, rf, wq, run,
-                             plan, sa, free_slots, scratch, pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop)
+                             plan, sa, free_slots, scratch, pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop, rec)
         if status == CK.S_DONE:
             break
         if status == CK.S_PROGRESS:
@@ -179,6 +189,8 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
             rows = max(2 * tl_t.shape[0], int(ist[CK.I_TLN]) + int(cfg[7]))
             tl_i = np.concatenate((tl_i, np.zeros((7, rows - tl_t.shape[0]), dtype=np.int64)), axis=1)
             tl_t = np.concatenate((tl_t, np.zeros(rows - tl_t.shape[0], dtype=np.float64)))
+        elif status == CK.S_GROW_REC:
+            rec = MR.grow(rec)
         elif status == CK.S_IDLE_REFUSED:
             i = int(ist[CK.I_ARG])
             raise ConfigError(
@@ -194,6 +206,8 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
             raise RuntimeError(f"compiled concurrent loop: unexpected status {status}")
     if progress is not None and reported != n:
         progress(n, n)
+    if recorder is not None:
+        recorder.take_compiled(rec)
     ev = int(st[K.ST_EVICTIONS]) - ev0
     policy.evictions += ev
     policy.evicted_tokens_total += ev * B

@@ -305,8 +305,9 @@ def replay_concurrent(
         of copies, summed over steps) and ``host_link_bytes_per_s``.
     recorder : radixkv.replay.conc_misses.MissRecorder or None
         Told every step's plan, first admissions and finishes (the miss-cause
-        breakdown, ``--miss-causes``); it changes nothing in the replay, which then runs
-        the Python loop (the compiled vLLM loop has no per-step hook; same results).
+        breakdown, ``--miss-causes``); it changes nothing in the replay. The compiled
+        loops record the same events inside the loop
+        (:mod:`radixkv.replay._miss_rec_kernels`) and hand them over at the end.
 
     Returns
     -------
@@ -343,18 +344,20 @@ def replay_concurrent(
         raise ConfigError("arrival times must be finite and non-decreasing", field="arrivals")
     from radixkv.replay import conc_sglang
 
-    if recorder is None and conc_sglang.applicable(policy, cost, config, on_step, rule_of(policy, config)):
-        res = conc_sglang.replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forward, timeline)
+    if conc_sglang.applicable(policy, cost, config, on_step, rule_of(policy, config)):
+        res = conc_sglang.replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forward, timeline,
+                                          recorder=recorder)
         if res is not None:
             return res
     sch = make_scheduler(trace, policy, config)
     timed = getattr(sch, "step_window", None)  # async host loads (vllm-offload) land by the clock
     if timed is not None:
         sch.attach_link(cost, host_link)
-    if on_step is None and recorder is None:  # vLLM's rules over BlockHashCache: one compiled loop
+    if on_step is None:  # vLLM's rules over BlockHashCache: one compiled loop
         from radixkv.replay.conc_vllm_fast import replay_compiled
 
-        res = replay_compiled(trace, policy, cost, config, sch, arrivals, fast_forward, progress, timeline)
+        res = replay_compiled(trace, policy, cost, config, sch, arrivals, fast_forward, progress, timeline,
+                              recorder=recorder)
         if res is not None:
             return res
     arr = arrivals.tolist()
