@@ -28,6 +28,7 @@ from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.misses import trace_segments
 from radixkv.replay.scheduler import SchedulerConfig
 from radixkv.trace.types import Trace
+from test_radix_property import token_traces, unit_traces
 
 COST = CostModel(params=1e9, num_layers=8, attn_dim=1024, kv_bytes_per_token=1e5, peak_flops=1e14,
                  hbm_bytes_per_s=1e12, step_overhead_s=0.0007)
@@ -195,3 +196,32 @@ def test_trie_nodes_share_prefixes(unit):
     b = node_of[segs[2][1]:segs[2][2]].tolist()
     assert a[:2] == b[:2] and a[2] != b[2]
     assert nn == 1 + len(set(a) | set(b))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(token_traces(), unit_traces()))
+def test_fused_unit_lru_shadows_equal_separate_passes(t):
+    """unit-lru's two shadows in one pass (``prefix_lengths_and_unit_lru_hits``) give the
+    values of the two separate kernels, whose results tests/test_misses.py checks against
+    brute-force oracles; also when the tables start tiny and regrow."""
+    from radixkv.replay import _miss_kernels as MK
+
+    want = (MK.prefix_lengths(t).tobytes(), MK.unit_lru_unbounded_hits(t).tobytes())
+    for derive in (None, False):  # unit traces (no output ids) read unit-lru's hits from the prefix table
+        out, hit = MK.prefix_lengths_and_unit_lru_hits(t, derive=derive)
+        assert (out.tobytes(), hit.tobytes()) == want
+
+
+def test_fused_unit_lru_shadows_regrow(monkeypatch):
+    """Tables that start at 4 rows regrow many times: same values."""
+    from radixkv.replay import _miss_kernels as MK
+
+    prompts = [[i % 5, (i * 7) % 3, i] for i in range(60)]
+    t = Trace.from_requests(req_id=[f"r{i}" for i in range(60)], arrival_s=[0.0] * 60, prompt_len=[3 * 4] * 60,
+                            output_len=[2] * 60, prompt_ids=prompts, unit_tokens=4)
+    want = (MK.prefix_lengths(t).tobytes(), MK.unit_lru_unbounded_hits(t).tobytes())
+    monkeypatch.setattr(MK, "_initial_rows", lambda segments: 4)
+    for derive in (True, False):
+        out, hit = MK.prefix_lengths_and_unit_lru_hits(t, derive=derive)
+        assert (out.tobytes(), hit.tobytes()) == want
+    assert int(hit.sum()) > 0

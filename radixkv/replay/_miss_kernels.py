@@ -14,6 +14,8 @@ of one probe per segment of every request.
   64-bit unit keys (:func:`radixkv.trace.keys.mix64` chains of the prompt's unit ids, as
   :mod:`radixkv.policies.unit_lru` keys them), so the hits are the policy's, collisions
   included.
+- :func:`prefix_lengths_and_unit_lru_hits` — both in one pass (``unit-lru``'s breakdown);
+  on traces without output ids unit-lru's hits are read from the first shadow's table.
 """
 from __future__ import annotations
 
@@ -289,3 +291,200 @@ def unit_lru_unbounded_hits(trace):
         tab2 = np.zeros((cap, 3), dtype=np.int64)
         _regrow(tab, tab2)
         tab = tab2
+
+
+@nb.njit(cache=True)
+def _find_key(keys, key):
+    """Slot of 64-bit *key* ≠ 0 in the table *keys* (cap,) int64 whose free slots hold 0
+    (probing as :func:`_find`, from the key's low bits); the first free slot when absent."""
+    mask = keys.shape[0] - 1
+    i = np.int64(key & np.uint64(mask))
+    ik = np.int64(key)
+    while True:
+        k = keys[i]
+        if k == ik or k == 0:
+            return i
+        i = (i + 1) & mask
+
+
+@nb.njit(cache=True)
+def _regrow_keys(keys, keys2):
+    for i in range(keys.shape[0]):
+        if keys[i] != 0:
+            keys2[_find_key(keys2, np.uint64(keys[i]))] = keys[i]
+
+
+@nb.njit(cache=True)
+def _has_key(keys, zero, key):
+    """Whether 64-bit *key* is in the set: the table *keys*, or ``zero[0]`` for key 0."""
+    if key == np.uint64(0):
+        return zero[0] != 0
+    return keys[_find_key(keys, key)] != 0
+
+
+@nb.njit(cache=True)
+def _prefix_unit_lru_kernel(cols, tab, used, out, ukeys, zero, uu, hit, r0, ha, hb, keys, seg_id, seg_end, derive):
+    """:func:`_prefix_kernel` and :func:`_unit_lru_kernel` in one pass over the requests
+    (each request's segments generated once): ``out[r]`` = (L, kv − L) and ``hit[r]`` =
+    unit-lru's unbounded hit, the latter's keys in the set ``ukeys`` (one int64 per slot,
+    0 = free; key 0 itself is ``zero[0]``) — or, with *derive*, read from the first
+    table: when outputs are unique ids (no ``out_ids``), the chain key of prompt unit j
+    (ids ≥ 0, every unit before it whole, so starting at j·U) is in the first table
+    exactly when an earlier prompt had the same ids through unit j, which is what
+    unit-lru's chained 64-bit unit key stands for (:func:`prefix_lengths_and_unit_lru_hits`).
+    Returns ``(r, used, uu)``: r = n when done, else the request at which a table would
+    pass half full (nothing of r done)."""
+    prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off = cols
+    n = prompt_len.shape[0]
+    half = tab.shape[0] // 2
+    uhalf = ukeys.shape[0] // 2
+    K1 = np.uint64(0xBF58476D1CE4E5B9)
+    K3 = np.uint64(0x94D049BB133111EB)
+    K4 = np.uint64(0x165667B19E3779F9)
+    for r in range(r0, n):
+        S = request_segments(r, prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off, seg_id, seg_end)
+        P = prompt_len[r]
+        u = 0
+        while u < S and seg_id[u] >= 0 and seg_end[u] <= P:
+            u += 1
+        if used + S > half or (not derive and uu + u > uhalf):
+            return r, used, uu
+        # ---- the infinite token-level cache (_prefix_kernel)
+        a = np.uint64(0x243F6A8885A308D3)
+        b = np.uint64(0x13198A2E03707344)
+        start = 0
+        for j in range(S):
+            sid = seg_id[j]
+            a = (a ^ np.uint64(sid)) * K1
+            a ^= a >> np.uint64(29)
+            b = (b + np.uint64(sid) + np.uint64(start) * K4) * K3
+            ha[j] = a
+            hb[j] = b
+            start = seg_end[j]
+        kv = seg_end[S - 1] if S > 0 else 0
+        sp = 0
+        while sp < S and (seg_end[sp - 1] if sp > 0 else 0) < P:
+            sp += 1
+        lo = -1
+        hi = sp
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            st = seg_end[mid - 1] if mid > 0 else 0
+            row = _find(tab, ha[mid], hb[mid])
+            if tab[row, 2] - 1 >= seg_end[mid] - st:
+                lo = mid
+            else:
+                hi = mid
+        held = seg_end[lo] if lo >= 0 else 0
+        if lo + 1 < sp:
+            row = _find(tab, ha[lo + 1], hb[lo + 1])
+            if tab[row, 2] > 1:
+                held += tab[row, 2] - 1
+        L = held if held < P else P
+        out[r, 0] = L
+        out[r, 1] = kv - L
+        if derive:  # unit-lru: the leading prompt units whose chain an earlier request holds
+            lo = -1
+            hi = u
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if tab[_find(tab, ha[mid], hb[mid]), 2] > 0:
+                    lo = mid
+                else:
+                    hi = mid
+            hit[r] = seg_end[lo] if lo >= 0 else 0
+        for j in range(S - 1, -1, -1):
+            st = seg_end[j - 1] if j > 0 else 0
+            run = seg_end[j] - st
+            row = _find(tab, ha[j], hb[j])
+            if tab[row, 2] == 0:
+                tab[row, 0] = np.int64(ha[j])
+                tab[row, 1] = np.int64(hb[j])
+                tab[row, 2] = run + 1
+                used += 1
+                continue
+            if tab[row, 2] < run + 1:
+                tab[row, 2] = run + 1
+            break
+        if derive:
+            continue
+        # ---- unit-lru on memory that never evicts (_unit_lru_kernel)
+        h = SEED
+        for j in range(u):
+            h = mix64(h, np.uint64(seg_id[j]))
+            keys[j] = h
+        lo = -1
+        hi = u
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if _has_key(ukeys, zero, keys[mid]):
+                lo = mid
+            else:
+                hi = mid
+        hit[r] = seg_end[lo] if lo >= 0 else 0
+        for j in range(u - 1, -1, -1):
+            k = keys[j]
+            if k == np.uint64(0):
+                if zero[0] != 0:
+                    break
+                zero[0] = 1
+                continue
+            i = _find_key(ukeys, k)
+            if ukeys[i] != 0:
+                break
+            ukeys[i] = np.int64(k)
+            uu += 1
+    return n, used, uu
+
+
+def prefix_lengths_and_unit_lru_hits(trace, derive=None):
+    """:func:`prefix_lengths` and :func:`unit_lru_unbounded_hits` of *trace* in one pass.
+
+    On a trace without output ids (unique outputs: Mooncake, WEKA) unit-lru's hits are
+    read from the prefix table (*derive*, the default there): the chain of prompt units
+    through unit j is held by an earlier request exactly when an earlier prompt had the
+    same unit ids through j, which is what unit-lru's chained unit key stands for — the
+    same values as the policy's own 64-bit keys unless two different id chains of the
+    trace share a 64-bit key (a collision the policy itself would make; about N²/2⁶⁵ for
+    N distinct chains, ~10⁻⁹ on Mooncake). With output ids (an output token may continue
+    a prompt chain, which unit-lru never caches) its 64-bit keys go to a set of their own
+    (one int64 per slot), as :func:`unit_lru_unbounded_hits`.
+
+    Returns
+    -------
+    (np.ndarray int64 (n, 2), np.ndarray int64 (n,)), tokens.
+    """
+    cols, smax = trace_columns(trace)
+    if derive is None:
+        derive = trace.out_ids is None
+    n = len(cols[0])
+    out = np.zeros((n, 2), dtype=np.int64)
+    hit = np.zeros(n, dtype=np.int64)
+    ha = np.zeros(smax, dtype=np.uint64)
+    hb = np.zeros(smax, dtype=np.uint64)
+    keys = np.zeros(smax, dtype=np.uint64)
+    sid = np.zeros(smax, dtype=np.int64)
+    send = np.zeros(smax, dtype=np.int64)
+    cap = _initial_rows(len(cols[2]) + n)
+    tab = np.zeros((cap, 3), dtype=np.int64)
+    ucap = 2 if derive else _initial_rows(len(cols[2]))
+    ukeys = np.zeros(ucap, dtype=np.int64)
+    zero = np.zeros(1, dtype=np.int64)
+    r, used, uu = 0, 0, 0
+    while True:
+        r, used, uu = _prefix_unit_lru_kernel(cols, tab, used, out, ukeys, zero, uu, hit, r, ha, hb, keys, sid,
+                                              send, bool(derive))
+        if r >= n:
+            return out, hit
+        if used + smax > cap // 2:
+            while cap // 2 < used + smax:
+                cap *= 2
+            tab2 = np.zeros((cap, 3), dtype=np.int64)
+            _regrow(tab, tab2)
+            tab = tab2
+        if not derive and uu + smax > ucap // 2:
+            while ucap // 2 < uu + smax:
+                ucap *= 2
+            k2 = np.zeros(ucap, dtype=np.int64)
+            _regrow_keys(ukeys, k2)
+            ukeys = k2

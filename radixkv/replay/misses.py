@@ -51,8 +51,9 @@ computes them for those modes (docs/miss-causes.md).
 Cost: ``L`` is one pass over the requests with a hash set of prefixes seen
 (:mod:`radixkv.replay._miss_kernels`: a binary search per lookup, inserts only for new
 segments; no eviction structure). ``H∞`` needs no replay for the policies whose unbounded
-hit is the engine rule on ``L`` (:func:`unbounded_rule`: vLLM and SGLang, ``H∞ = C``) or a
-second hash set (``unit-lru``); any other policy replays its own kernels on the unbounded
+hit is the engine rule on ``L`` (:func:`unbounded_rule`: vLLM and SGLang, ``H∞ = C``) or,
+for ``unit-lru``, the same pass over the trace
+(:func:`radixkv.replay._miss_kernels.prefix_lengths_and_unit_lru_hits`); any other policy replays its own kernels on the unbounded
 pool (:func:`capacity_shadow`). ``--explain`` keeps the trie of :func:`_prefix_kernel`
 (it names the request that produced each span).
 """
@@ -461,17 +462,20 @@ def _shadows(t: Trace, trace: Trace, spec, limit, options):
     if hitm is not None and hitm[0]() is trace:
         return hitm[1]
     t0 = time.perf_counter()
-    held_inf, new = token_prefix_lengths(t)
-    plen = np.asarray(t.prompt_len, dtype=np.int64)
     probe, how = unbounded_rule(t, spec, **options)
+    if how == "unit-lru":  # both shadows in one pass over the trace
+        out, hit_ulru = _MK.prefix_lengths_and_unit_lru_hits(t)
+        held_inf, new = out[:, 0].copy(), out[:, 1].copy()
+    else:
+        held_inf, new = token_prefix_lengths(t)
+    plen = np.asarray(t.prompt_len, dtype=np.int64)
     if how is None:
         srec, spol = capacity_shadow(t, spec, new_tokens=new, **options)
         aligned, capped = spol.reusable_prefix(held_inf, plen)
         hit_unb, pool = np.asarray(srec["hit_tokens"], dtype=np.int64), int(spol.capacity_tokens)
     else:
         aligned, capped = probe.reusable_prefix(held_inf, plen)
-        hit_unb = (np.asarray(capped, dtype=np.int64).copy() if how == "rule"
-                   else _MK.unit_lru_unbounded_hits(t))
+        hit_unb = np.asarray(capped, dtype=np.int64).copy() if how == "rule" else hit_ulru
         pool = unbounded_pool_tokens(t, new, _slot_size(t, spec, options))
     val = (held_inf, hit_unb, np.asarray(aligned, dtype=np.int64),
            np.asarray(capped, dtype=np.int64), int(pool), time.perf_counter() - t0)
