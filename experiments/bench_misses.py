@@ -8,7 +8,17 @@ compiled before timing. The issue's target is a ratio ≤ 2 (docs/DESIGN.md, "Mi
 
     RADIXKV_SHARED=/work/shared python experiments/bench_misses.py \\
         [--trace PATH] [--policies vllm:16,sglang:1,unit-lru] [--capacities 1e6,1e7] [--repeat 3]
-        [--concurrent N]   # the concurrent replay of the first N requests instead
+        [--concurrent N [--time-scale X]]   # the concurrent replay of the first N requests (0: all)
+
+The concurrent mode times ``replay_concurrent`` without a recorder against the same replay
+with :class:`~radixkv.replay.conc_misses.MissRecorder` plus the concurrent causes
+(``attach_concurrent_causes``): vLLM's and SGLang's rules run the compiled loops both ways
+(the loops record the recorder's events inside). The issue's target: ≤ 2× CPU for
+``vllm:16`` and ``sglang:1`` on Mooncake at ``--time-scale 10`` on one A100-80GB's pool for
+Llama-3.1-8B (464,400 tokens):
+
+    python experiments/bench_misses.py --concurrent 0 --time-scale 10 --policies vllm:16,sglang:1 \
+        --capacities 464400 --repeat 5
 """
 from __future__ import annotations
 
@@ -31,12 +41,14 @@ def main(argv=None) -> int:
     ap.add_argument("--capacities", default="1e6,1e7")
     ap.add_argument("--repeat", type=int, default=3, help="best of N timings of each (default 3)")
     ap.add_argument("--concurrent", type=int, default=None, metavar="N",
-                    help="instead: the concurrent replay (Llama-3.1-8B on A100-80GB) of the first N requests, "
-                         "without and with the recorder and the concurrent causes")
+                    help="instead: the concurrent replay (Llama-3.1-8B on A100-80GB) of the first N requests "
+                         "(0: all), without and with the recorder and the concurrent causes")
+    ap.add_argument("--time-scale", type=float, default=1.0,
+                    help="concurrent mode: multiply the trace's arrival times (radixkv replay --time-scale)")
     a = ap.parse_args(argv)
     trace = load_trace(a.trace)
     if a.concurrent is not None:
-        return _concurrent(trace.head(a.concurrent), a)
+        return _concurrent(trace.head(a.concurrent) if a.concurrent else trace, a)
     print(f"load average before: {os.getloadavg()[0]:.2f} (2 shared cores)")
     print(f"trace {a.trace}: {len(trace):,} requests, {trace.total_prompt_tokens:,} prompt tokens, "
           f"unit_tokens={trace.unit_tokens}")
@@ -72,12 +84,15 @@ def _concurrent(trace, a) -> int:
     from radixkv.policies.registry import PoolSpec, build_policy, parse_policy
     from radixkv.replay.conc_misses import MissRecorder, attach_concurrent_causes
     from radixkv.replay.concurrent import replay_concurrent
+    from radixkv.replay.arrivals import arrival_times
     from radixkv.replay.run import warmup
     from radixkv.replay.scheduler import SchedulerConfig
 
     cost = CostModel.from_specs("Llama-3.1-8B", "A100-80GB")
     cfg = SchedulerConfig()
-    print(f"load average before: {os.getloadavg()[0]:.2f} (2 shared cores); concurrent replay, {len(trace):,} requests")
+    arr = arrival_times(trace, time_scale=a.time_scale)
+    print(f"load average before: {os.getloadavg()[0]:.2f} (2 shared cores); concurrent replay, {len(trace):,} requests, "
+          f"time scale {a.time_scale:g}; best of {a.repeat}")
     print(f"{'policy':<10} {'pool':>12} {'plain_s':>8} {'misses_s':>9} {'ratio':>6} {'cpu_ratio':>9}  "
           f"shares (hit / compulsory / capacity / in_flight / preemption)")
     for text in a.policies.split(","):
@@ -91,7 +106,7 @@ def _concurrent(trace, a) -> int:
                     pol = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=trace.unit_tokens)
                     t0, c0 = time.perf_counter(), time.process_time()
                     rec = MissRecorder(trace, pol, cfg) if with_m else None
-                    r = replay_concurrent(trace, pol, cost, config=cfg, recorder=rec)
+                    r = replay_concurrent(trace, pol, cost, arrivals=arr, config=cfg, recorder=rec)
                     if with_m:
                         attach_concurrent_causes(trace, spec, r, [rec])
                     best = min(best, (time.perf_counter() - t0, time.process_time() - c0))
