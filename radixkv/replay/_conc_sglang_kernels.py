@@ -826,7 +826,7 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
             return ST_PROGRESS
         nsnap = 0
         if rec_on:
-            if not MR.rec_room(rec, CF[CF_MAX_SEQS] + IV[I_NRUN]):
+            if not MR.rec_room(rec, IV[I_NRUN] + min(IV[I_WLEN], CF[CF_MAX_SEQS])):
                 IV[I_STATUS] = ST_GROW_REC
                 return ST_GROW_REC
             nsnap = IV[I_NRUN]

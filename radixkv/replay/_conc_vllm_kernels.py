@@ -446,6 +446,8 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
             return S_GROW_LOG
         if tl_on and tl_t.shape[0] - ist[I_TLN] < tl_need:
             return S_GROW_TL
+        # (the running and the admitted of one iteration are at most max_num_seqs: an admission
+        # can only preempt itself, and none follows a preemption)
         if rec_on and not MR.rec_room(rec, cap_run):
             return S_GROW_REC
         # ---------------------------------------------------------- schedule (VllmScheduler.schedule)

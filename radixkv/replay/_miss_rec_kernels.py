@@ -86,7 +86,10 @@ def grow(rec):
 
 @nb.njit(cache=True)
 def rec_room(rec, most):
-    """Whether the logs hold one more iteration of at most *most* running requests."""
+    """Whether the logs hold one more loop iteration in which at most *most* requests run
+    or are admitted (an iteration logs at most 4 events per such request: a query,
+    inserts at its preemption, at a flush and at its finish, plus one per item; at most
+    two facts each)."""
     RS, RR, DL, EVT, EVI, FI, PB, AB = rec
     need = 6 * most + 16
     return EVT.shape[0] - RS[RS_NEV] >= need and FI.shape[0] - RS[RS_NFACT] >= 2 * most + 8
