@@ -245,12 +245,23 @@ class MissRecorder:
         first prefill chunk started at context *start* (−1: none) — what :meth:`step` does
         with a row of ``plan.preempted_rows``."""
         self.pend[v] = max(self.pend.get(v, 0), comp)
+        self.start[v] = start
+        self.comp[v] = comp
+        self._preempted(v)
+        self.comp[v] = 0
 
     def _fact_chunk(self, r: int, c: int) -> None:
         """The first prefill chunk of *r*'s re-admission after a preemption, from context
         *c* — what :meth:`step` does with it."""
-        if r in self.pend:
-            self.preempt[r] += max(0, self.pend.pop(r) - c)
+        self.pend.pop(r, None)
+        self._prefill(r, c)
+
+    @property
+    def records_in_compiled_loop(self) -> bool:
+        """Whether a compiled loop may record for it (:meth:`take_compiled`): only when
+        :meth:`step` is this class's (a subclass that follows the replay step by step, as
+        ``conc_explain.ExplainRecorder`` does, keeps the Python loop)."""
+        return type(self).step is MissRecorder.step
 
     def events(self):
         """(t, kind, req, ext) arrays of the recorded events, in recording order."""

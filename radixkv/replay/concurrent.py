@@ -344,7 +344,8 @@ def replay_concurrent(
         raise ConfigError("arrival times must be finite and non-decreasing", field="arrivals")
     from radixkv.replay import conc_sglang
 
-    if conc_sglang.applicable(policy, cost, config, on_step, rule_of(policy, config)):
+    compiled_rec = recorder is None or recorder.records_in_compiled_loop
+    if compiled_rec and conc_sglang.applicable(policy, cost, config, on_step, rule_of(policy, config)):
         res = conc_sglang.replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forward, timeline,
                                           recorder=recorder)
         if res is not None:
@@ -353,7 +354,7 @@ def replay_concurrent(
     timed = getattr(sch, "step_window", None)  # async host loads (vllm-offload) land by the clock
     if timed is not None:
         sch.attach_link(cost, host_link)
-    if on_step is None:  # vLLM's rules over BlockHashCache: one compiled loop
+    if on_step is None and compiled_rec:  # vLLM's rules over BlockHashCache: one compiled loop
         from radixkv.replay.conc_vllm_fast import replay_compiled
 
         res = replay_compiled(trace, policy, cost, config, sch, arrivals, fast_forward, progress, timeline,
