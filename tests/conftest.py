@@ -64,3 +64,14 @@ def draw_stem_requests(draw, st, max_n: int, stem_max: int, out_max: int) -> tup
         t += draw(st.sampled_from([0.0, 0.0, 0.003, 0.05, 0.4]))
         arrivals.append(t)
     return prompts, outputs, arrivals
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` (long replays of full public traces) run only with
+    ``RADIXKV_SLOW=1``; the marker alone is enough, no test has to check the variable."""
+    if os.environ.get("RADIXKV_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="marked slow: runs only with RADIXKV_SLOW=1")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)

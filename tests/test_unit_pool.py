@@ -11,6 +11,7 @@ from hypothesis import given, settings
 
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.replay.sequential import replay_sequential
+from radixkv.trace.types import Trace
 from reference_vllm import ReferenceVLLM
 from test_unit_pool_model import _records_equal, unit_traces
 
@@ -79,3 +80,22 @@ def test_a_request_with_more_units_than_the_first_arrays_hold():
     assert pol._unit is not None
     _records_equal(want, got)
     assert got["hit_tokens"].tolist()[1] == 4800  # by hand: 1,200 units of 4 tokens
+
+
+def test_a_short_request_after_a_long_one_in_one_span():
+    """Block 2, units of 4 tokens. Request a (one 1-token unit, 2 outputs) leaves its
+    output segment at the second place of the span's segment scratch; b (one whole unit
+    [7], KV 4 tokens) has one segment. Its first block [0, 2) must get unit 7's key,
+    whatever the scratch holds past b's own segment, so e, whose first unit is [7] again,
+    hits b's two blocks: 4 tokens (vLLM: full blocks of identical content; the cap
+    (8 − 1) // 2 = 3 blocks does not bind). The filler requests keep a, b and e inside
+    one span (the replay's detail rows run on their own)."""
+    n_fill = 100
+    ids = [[100], [7], [7, 8]] + [[1000 + k] for k in range(n_fill)]
+    t = Trace.from_requests(req_id=[f"r{k}" for k in range(len(ids))], arrival_s=list(range(len(ids))),
+                            prompt_len=[1, 4, 8] + [4] * n_fill, output_len=[2, 1, 1] + [1] * n_fill,
+                            prompt_ids=ids, unit_tokens=4, partial_last_unit=True)
+    pol = BlockHashCache(1001, 2)
+    hits = replay_sequential(t, pol)["hit_tokens"].tolist()
+    assert pol._unit is not None
+    assert hits[:3] == [0, 0, 4]

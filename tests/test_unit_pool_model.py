@@ -75,15 +75,39 @@ def test_unit_model_by_hand():
     assert rec["largest_free_run"].tolist()[-1] == 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("cap,B", [(1_000_000, 16), (3_000_000, 32)])
-def test_unit_model_on_mooncake(cap, B):
+def _mooncake():
     from radixkv.trace.load import load_trace
 
     shared = os.environ.get("RADIXKV_SHARED")
     if not shared:
         pytest.skip("RADIXKV_SHARED is not set")
-    t = load_trace(os.path.join(shared, "traces", "mooncake-fast25", "conversation_trace.jsonl"))
+    return load_trace(os.path.join(shared, "traces", "mooncake-fast25", "conversation_trace.jsonl"))
+
+
+def _per_block(blocks, B):
+    pol = BlockHashCache(blocks + 1, B)
+    pol.unit_granular = False
+    return pol
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap,B", [(1_000_000, 16), (3_000_000, 32)])
+def test_unit_model_on_mooncake(cap, B):
+    """The plain-Python design model against the per-block kernels, whole Mooncake trace."""
+    t = _mooncake()
     blocks = cap // B
-    _records_equal(replay_sequential(t, BlockHashCache(blocks + 1, B)),
+    _records_equal(replay_sequential(t, _per_block(blocks, B)),
                    replay_sequential(t, UnitPoolModel(blocks + 1, B)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap,B", [(1_000_000, 16), (3_000_000, 32), (10_000_000, 16)])
+def test_compiled_unit_pool_on_mooncake(cap, B):
+    """The compiled unit pool (the default sequential path on hash-id traces) gives every
+    record the per-block kernels give, over the whole Mooncake conversation trace."""
+    t = _mooncake()
+    blocks = cap // B
+    pol = BlockHashCache(blocks + 1, B)
+    rec = replay_sequential(t, pol)
+    assert pol._unit is not None  # the unit pool ran
+    _records_equal(rec, replay_sequential(t, _per_block(blocks, B)))

@@ -555,8 +555,10 @@ def unit_span(pc, tb, rc, ov, um, sm, ar, us, ids, id_offsets, prompt_len, outpu
         kv = P + max(output_len[i] - 1, 0)
         m = kv_seq_into(ids, id_offsets, ids[:0], empty, False, prompt_len, output_len, unit_tokens, i, sid, send)
         before = us[U_EV]
-        code, hcap, held, ev0, grow = unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, sid, send,
-                                                   m, B, unit_tokens, P, kv, nb)
+        # the segments are sid[:m], send[:m]: the key kernel reads the arrays' length as the
+        # segment count, and the rest of these scratch arrays holds an earlier request's
+        code, hcap, held, ev0, grow = unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, sid[:m],
+                                                   send[:m], m, B, unit_tokens, P, kv, nb)
         if code != OK:
             return i, code, grow
         r = i - i0
