@@ -139,3 +139,17 @@ def test_non_finite_host_tier_size_is_a_named_error(tmp_path, capsys, flag, poli
     err = capsys.readouterr().err
     assert rc == 2, err
     assert flag in err and "finite" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_non_finite_hicache_ratio_in_the_spec_is_a_named_error(tmp_path, capsys, value):
+    """The same ratio given in the policy spec (not the flag) used to end in a traceback."""
+    from radixkv.cli import main
+
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"id":"a","tokens":[1,2,3],"output_length":1}\n')
+    rc = main(["replay", str(p), "--policy", f"sglang-hicache:1@hicache_ratio={value}",
+               "--capacity-tokens", "64", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "hicache_ratio" in err and "Traceback" not in err

@@ -545,3 +545,11 @@ def test_stacked_bar_holds_preemption():
         assert ({"preemption"} & got) == labels
         assert max(p.get_y() + p.get_height() for p in ax.patches) == pytest.approx(top)
         plt.close(fig)
+
+
+def test_concurrent_explain_gives_the_replayed_arrival(tmp_path):
+    # --time-scale 0.5 halves the trace's times: r2 in the trace at 100 s arrives at 50 s
+    p = list(range(40))
+    ex = _cli_explain(tmp_path, [(0.0, p, 2), (0.0, p, 2), (100.0, p, 2)], "sglang:1", 4096, "r2",
+                      extra=("--time-scale", "0.5"))
+    assert ex["arrival_s"] == 50.0 and ex["admit_s"] >= 50.0

@@ -77,6 +77,7 @@ KV enters the tree at its first decode), and the asynchrony of write-through cop
 from __future__ import annotations
 
 import heapq
+import math
 
 import numpy as np
 
@@ -227,8 +228,8 @@ class HiCacheRadixCache(PrefixCache):
         if write_policy not in WRITE_POLICIES:
             raise ConfigError(f"unknown write_policy {write_policy!r}; known: {', '.join(WRITE_POLICIES)}",
                               field="write_policy")
-        if float(hicache_ratio) < 0:
-            raise ConfigError(f"hicache_ratio must be ≥ 0, got {hicache_ratio}", field="hicache_ratio")
+        if not (math.isfinite(float(hicache_ratio)) and float(hicache_ratio) >= 0):
+            raise ConfigError(f"hicache_ratio must be a finite number ≥ 0, got {hicache_ratio}", field="hicache_ratio")
         super().__init__(total // p, p)
         self.page_size = p
         self.max_total_num_tokens = total

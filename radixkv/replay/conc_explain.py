@@ -145,7 +145,7 @@ def explain_concurrent(trace, spec, row: int, result, recorders, replica=None, *
     rec = recorders[rep] if multi else recorders[0]
     causes = {k[5:-7]: int(v[row]) for k, v in cols.items()}
     return {"request": str(trace.req_id[row]), "mode": "multi-replica" if multi else "concurrent",
-            "replica": rep if multi else None, "admission_rank": rank, "arrival_s": float(trace.arrival_s[row]),
+            "replica": rep if multi else None, "admission_rank": rank, "arrival_s": float(result.columns["arrival_s"][row]),
             "admit_s": float(admit_s[row]), "admit_step": int(result.columns["admit_step"][row]),
             "prompt_tokens": int(trace.prompt_len[row]), "hit_tokens": int(result.columns["hit_tokens"][row]),
             "causes": causes, "spans": spans, "history": rec.history if rec.can_peek else None,
