@@ -67,6 +67,16 @@ def _span_refused(t: Trace, j: int, policy: PrefixCache, label, trace: Trace) ->
     )
 
 
+
+_STAT_COLUMNS = ("used_slots", "cached_slots", "free_slots", "valid_tokens", "cached_tokens", "duplicate_tokens",
+                 "metadata_bytes", "largest_free_run")
+
+
+def _put_stats(cols: dict, i: int, st) -> None:
+    """Row *i* of the pool columns from a :class:`~radixkv.policies.base.PoolStats`."""
+    for name in _STAT_COLUMNS:
+        cols[name][i] = getattr(st, name)
+
 def replay_sequential(
     trace: Trace,
     policy: PrefixCache,
@@ -159,15 +169,7 @@ def replay_sequential(
                 if status != 1:
                     raise _span_refused(t, j, policy, label, trace)
                 if j == i + 1:
-                    st = policy.stats(detail=True)
-                    cols["used_slots"][i] = st.used_slots
-                    cols["cached_slots"][i] = st.cached_slots
-                    cols["free_slots"][i] = st.free_slots
-                    cols["valid_tokens"][i] = st.valid_tokens
-                    cols["cached_tokens"][i] = st.cached_tokens
-                    cols["duplicate_tokens"][i] = st.duplicate_tokens
-                    cols["metadata_bytes"][i] = st.metadata_bytes
-                    cols["largest_free_run"][i] = st.largest_free_run
+                    _put_stats(cols, i, policy.stats(detail=True))
                     prev_evicted = policy.evicted_tokens_total
                     if bar is not None:
                         bar.update(1)
@@ -201,14 +203,7 @@ def replay_sequential(
         cols["held_tokens"][i] = adm.held_tokens
         cols["evicted_tokens"][i] = policy.evicted_tokens_total - prev_evicted
         prev_evicted = policy.evicted_tokens_total
-        cols["used_slots"][i] = st.used_slots
-        cols["cached_slots"][i] = st.cached_slots
-        cols["free_slots"][i] = st.free_slots
-        cols["valid_tokens"][i] = st.valid_tokens
-        cols["cached_tokens"][i] = st.cached_tokens
-        cols["duplicate_tokens"][i] = st.duplicate_tokens
-        cols["metadata_bytes"][i] = st.metadata_bytes
-        cols["largest_free_run"][i] = st.largest_free_run
+        _put_stats(cols, i, st)
         if bar is not None:
             bar.update(1)
         i += 1
