@@ -210,17 +210,7 @@ class VllmScheduler(Scheduler):
                 plan.blocked = True
                 break
             self.waiting.popleft()
-            h = int(adm.hit_tokens)
-            if self.admissions[i] == 0:
-                self.hit[i] = h
-                self.held[i] = int(adm.held_tokens)
-                self.admitted_now.append(i)
-            else:
-                self.recomputed[i] += n_tok - h
-            self.evicted[i] += int(adm.evicted_tokens)
-            self.admissions[i] += 1
-            self.ctx[i] = h
-            self.target[i] = n_tok
+            h = self._record(i, adm, n_tok)
             self.kv[i] = max(asked, h)
             self.running.append(i)
             c = self._serve_running(i, plan, budget)
@@ -229,6 +219,22 @@ class VllmScheduler(Scheduler):
                 break
             budget -= c
         return budget
+
+    def _record(self, i: int, adm, n_tok: int) -> int:
+        """Per-request bookkeeping of an admission of row *i* holding *n_tok* tokens (the
+        first, or a re-admission after a preemption); returns its hit in tokens."""
+        h = int(adm.hit_tokens)
+        if self.admissions[i] == 0:
+            self.hit[i] = h
+            self.held[i] = int(adm.held_tokens)
+            self.admitted_now.append(i)
+        else:
+            self.recomputed[i] += n_tok - h
+        self.evicted[i] += int(adm.evicted_tokens)
+        self.admissions[i] += 1
+        self.ctx[i] = h
+        self.target[i] = n_tok
+        return h
 
     def max_fast_forward(self) -> int:
         """Most decode steps to run at once: the base bound, and no further than the step

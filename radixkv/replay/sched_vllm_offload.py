@@ -295,20 +295,6 @@ class VllmOffloadScheduler(VllmScheduler):
         self.waiting.extendleft(reversed(skip_w))
         return budget
 
-    def _record(self, i: int, adm, n_tok: int) -> None:
-        """Per-request bookkeeping of an admission (first or after a preemption)."""
-        h = int(adm.hit_tokens)
-        if self.admissions[i] == 0:
-            self.hit[i] = h
-            self.held[i] = int(adm.held_tokens)
-            self.admitted_now.append(i)
-        else:
-            self.recomputed[i] += n_tok - h
-        self.evicted[i] += int(adm.evicted_tokens)
-        self.admissions[i] += 1
-        self.ctx[i] = h
-        self.target[i] = n_tok
-
     # ------------------------------------------------------------------ fast-forward
     def can_fast_forward(self, plan) -> bool:
         """The base rule, and nothing in flight that the next steps would change: no
