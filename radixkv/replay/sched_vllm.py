@@ -220,22 +220,6 @@ class VllmScheduler(Scheduler):
             budget -= c
         return budget
 
-    def _record(self, i: int, adm, n_tok: int) -> int:
-        """Per-request bookkeeping of an admission of row *i* holding *n_tok* tokens (the
-        first, or a re-admission after a preemption); returns its hit in tokens."""
-        h = int(adm.hit_tokens)
-        if self.admissions[i] == 0:
-            self.hit[i] = h
-            self.held[i] = int(adm.held_tokens)
-            self.admitted_now.append(i)
-        else:
-            self.recomputed[i] += n_tok - h
-        self.evicted[i] += int(adm.evicted_tokens)
-        self.admissions[i] += 1
-        self.ctx[i] = h
-        self.target[i] = n_tok
-        return h
-
     def max_fast_forward(self) -> int:
         """Most decode steps to run at once: the base bound, and no further than the step
         after a running request's decode caches a block that the blocked head of the

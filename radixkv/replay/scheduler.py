@@ -305,6 +305,22 @@ class Scheduler:
         """Request row *i* arrives: append it to the waiting queue."""
         self.waiting.append(i)
 
+    def _record(self, i: int, adm, n_tok: int) -> int:
+        """Per-request bookkeeping of an admission of row *i* holding *n_tok* tokens (the
+        first, or a re-admission after a preemption); returns its hit in tokens."""
+        h = int(adm.hit_tokens)
+        if self.admissions[i] == 0:
+            self.hit[i] = h
+            self.held[i] = int(adm.held_tokens)
+            self.admitted_now.append(i)
+        else:
+            self.recomputed[i] += n_tok - h
+        self.evicted[i] += int(adm.evicted_tokens)
+        self.admissions[i] += 1
+        self.ctx[i] = h
+        self.target[i] = n_tok
+        return h
+
     def _n_tok(self, i: int) -> int:
         """Tokens a (re-)admission of *i* must hold: prompt + tokens generated so far."""
         return self.P[i] + self.gen[i]
@@ -415,16 +431,7 @@ class Scheduler:
             h = int(adm.hit_tokens)
             plan.load_tokens += adm.host_loaded_tokens
             self._admitted(i, n_tok, h)
-            if self.admissions[i] == 0:
-                self.hit[i] = h
-                self.held[i] = int(adm.held_tokens)
-                self.admitted_now.append(i)
-            else:
-                self.recomputed[i] += n_tok - h
-            self.evicted[i] += int(adm.evicted_tokens)
-            self.admissions[i] += 1
-            self.ctx[i] = h
-            self.target[i] = n_tok
+            self._record(i, adm, n_tok)
             self.kv[i] = self._kv_after_admit(i, h, n_tok, budget)
             self.running.append(i)
             c = self._serve_running(i, plan, budget)
