@@ -203,19 +203,23 @@ def prefix_lengths(trace):
     np.ndarray, int64, shape (n, 2), tokens.
     """
     cols, smax = trace_columns(trace)
+    out = np.zeros((len(cols[0]), 2), dtype=np.int64)
+    _run_growing(_prefix_kernel, cols, smax, out, np.zeros(smax, dtype=np.uint64), np.zeros(smax, dtype=np.uint64),
+                 np.zeros(smax, dtype=np.int64), np.zeros(smax, dtype=np.int64))
+    return out
+
+
+def _run_growing(kernel, cols, smax, result, *scratch):
+    """Run ``kernel(cols, tab, used, result, r0, *scratch)`` over every request, doubling
+    the key table ``tab`` (rows of 3 int64, load ≤ 1/2) whenever the kernel stops for room."""
     n = len(cols[0])
-    out = np.zeros((n, 2), dtype=np.int64)
-    ha = np.zeros(smax, dtype=np.uint64)
-    hb = np.zeros(smax, dtype=np.uint64)
-    sid = np.zeros(smax, dtype=np.int64)
-    send = np.zeros(smax, dtype=np.int64)
     cap = _initial_rows(len(cols[2]) + n)
     tab = np.zeros((cap, 3), dtype=np.int64)
     r, used = 0, 0
     while True:
-        r, used = _prefix_kernel(cols, tab, used, out, r, ha, hb, sid, send)
+        r, used = kernel(cols, tab, used, result, r, *scratch)
         if r >= n:
-            return out
+            return
         need = used + smax
         while cap // 2 < need:
             cap *= 2
@@ -273,24 +277,10 @@ def unit_lru_unbounded_hits(trace):
     np.ndarray, int64, shape (n,), tokens.
     """
     cols, smax = trace_columns(trace)
-    n = len(cols[0])
-    hit = np.zeros(n, dtype=np.int64)
-    keys = np.zeros(smax, dtype=np.uint64)
-    sid = np.zeros(smax, dtype=np.int64)
-    send = np.zeros(smax, dtype=np.int64)
-    cap = _initial_rows(len(cols[2]) + n)
-    tab = np.zeros((cap, 3), dtype=np.int64)
-    r, used = 0, 0
-    while True:
-        r, used = _unit_lru_kernel(cols, tab, used, hit, r, keys, sid, send)
-        if r >= n:
-            return hit
-        need = used + smax
-        while cap // 2 < need:
-            cap *= 2
-        tab2 = np.zeros((cap, 3), dtype=np.int64)
-        _regrow(tab, tab2)
-        tab = tab2
+    hit = np.zeros(len(cols[0]), dtype=np.int64)
+    _run_growing(_unit_lru_kernel, cols, smax, hit, np.zeros(smax, dtype=np.uint64),
+                 np.zeros(smax, dtype=np.int64), np.zeros(smax, dtype=np.int64))
+    return hit
 
 
 @nb.njit(cache=True)
