@@ -45,6 +45,14 @@ CASES = [
     ("native-output-tokens-some-lines", "t.jsonl",
      '{"tokens": [1], "output_tokens": [4]}\n{"tokens": [1], "output_tokens": [4]}\n{"tokens": [2], "output_length": 1}\n',
      "native", 3, "output_tokens"),
+    # arrival_s on lines 1-2, absent on line 3: line 3 would silently arrive at 0
+    ("native-arrival-some-lines", "t.jsonl",
+     '{"tokens": [1], "output_length": 1, "arrival_s": 5}\n{"tokens": [2], "output_length": 1, "arrival_s": 6}\n'
+     '{"tokens": [3], "output_length": 1}\n', "native", 3, "arrival_s"),
+    # absent on line 1, given on line 2 (after a header on line 1: lines 2 and 3)
+    ("native-arrival-first-missing", "t.jsonl",
+     '{"radixkv_trace": 1, "unit_tokens": 1}\n{"tokens": [1], "output_length": 1}\n'
+     '{"tokens": [2], "output_length": 1, "arrival_s": 0.5}\n', "native", 3, "arrival_s"),
     ("native-header-version", "t.jsonl", '{"radixkv_trace": 2, "unit_tokens": 1}\n' + OK, "native", 1, "radixkv_trace"),
     ("native-header-unit-zero", "t.jsonl", '{"radixkv_trace": 1, "unit_tokens": 0}\n' + OK, "native", 1, "unit_tokens"),
     ("native-header-partial-not-bool", "t.jsonl", '{"radixkv_trace": 1, "unit_tokens": 4, "partial_last_unit": 1}\n' + OK,

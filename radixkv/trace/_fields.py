@@ -44,6 +44,47 @@ def get(obj: dict, key: str, path, line, *, field: str | None = None, default=_M
     return default
 
 
+class EveryOrNone:
+    """An optional per-record field that must be given on every record or on none.
+
+    A field such as ``arrival_s`` or ``output_tokens`` has no value that could stand in
+    for it on one record while the others give it (an arrival of 0, or no output ids, would
+    silently be a different trace), so the readers accept it on all records or on none.
+
+    Use: one instance per field and file; call :meth:`check` once per record, in file
+    order; :attr:`given` then says whether the field was given (False for an empty file).
+
+    Raises
+    ------
+    TraceFormatError
+        From :meth:`check`, at the first record that disagrees with the first record,
+        naming the file, that record's line, the field and the first record's line.
+    """
+
+    def __init__(self, field: str, path):
+        self.field = field
+        self.path = path
+        self._first = None  # (line, present) of the first record
+
+    def check(self, obj: dict, line) -> bool:
+        """Whether *obj* (the record on *line*) gives the field; raises as above."""
+        present = self.field in obj
+        if self._first is None:
+            self._first = (line, present)
+        elif present != self._first[1]:
+            said = "gives" if self._first[1] else "does not give"
+            raise TraceFormatError(
+                f"{self.field} must be given on every request or on none; line {self._first[0]} {said} it",
+                path=self.path, line=line, field=self.field,
+            )
+        return present
+
+    @property
+    def given(self) -> bool:
+        """True when the records give the field (all of them, by :meth:`check`)."""
+        return bool(self._first and self._first[1])
+
+
 def as_int(value, path, line, field: str, *, minimum: int | None = 0) -> int:
     """A JSON integer (not a bool, not a float) ≥ *minimum* (no bound when None)."""
     if type(value) is not int:

@@ -27,7 +27,8 @@ so a misspelt field is never silently ignored):
 ``output_tokens``         list of int ≥ 0: output token ids (``U = 1`` only); real content a
                           later prompt may contain. With ``output_length`` both must agree.
                           Either every request gives it or none does.
-``arrival_s``             number ≥ 0, seconds from the trace start; default 0
+``arrival_s``             number ≥ 0, seconds from the trace start. Either every request
+                          gives it or none does (then every request arrives at 0).
 ``session_id``            str (column filled with ``''`` where absent)
 ``turn``                  int ≥ −1 (−1 = unknown; column filled with −1 where absent)
 ========================  ===============================================================
@@ -94,7 +95,7 @@ def read_native(path) -> Trace:
         unknown or missing field, a negative / non-integer / boolean length or id, an
         id count that does not match ``input_length`` at the header's granularity, an
         empty prompt, ``output_tokens`` disagreeing with ``output_length``, or
-        ``output_tokens`` given on some lines only, a request id used twice, or a unit id that
+        ``output_tokens`` or ``arrival_s`` given on some lines only, a request id used twice, or a unit id that
         covers two different lengths (:mod:`radixkv.trace.consistency`). Nothing is returned on error.
     """
     path = Path(path)
@@ -119,7 +120,9 @@ def read_native(path) -> Trace:
     sess = [""] * n
     turn = np.full(n, -1, dtype=np.int64)
     has_sess = has_turn = False
-    out_first_line = None  # (line, has output_tokens) of the first request
+    # optional fields that every request gives or none does (no stand-in value is right)
+    out_rule = F.EveryOrNone("output_tokens", path)
+    arrival_rule = F.EveryOrNone("arrival_s", path)
     for k in range(n):
         ln, obj = lines[start + k]
         extra = [key for key in obj if key not in _REQUEST_KEYS]
@@ -163,16 +166,7 @@ def read_native(path) -> Trace:
         pids[k] = ids
         plen[k] = P
         # output
-        has_ot = "output_tokens" in obj
-        if out_first_line is None:
-            out_first_line = (ln, has_ot)
-        elif has_ot != out_first_line[1]:
-            said = "gives" if out_first_line[1] else "does not give"
-            raise TraceFormatError(
-                f"output_tokens must be given on every request or on none; line {out_first_line[0]} {said} it",
-                path=path, line=ln, field="output_tokens",
-            )
-        if has_ot:
+        if out_rule.check(obj, ln):
             if U != 1:
                 raise TraceFormatError(f"output_tokens needs unit_tokens = 1 (the header says {U})",
                                        path=path, line=ln, field="output_tokens")
@@ -187,7 +181,7 @@ def read_native(path) -> Trace:
         else:
             N = F.as_int(F.get(obj, "output_length", path, ln), path, ln, "output_length")
         olen[k] = N
-        if "arrival_s" in obj:
+        if arrival_rule.check(obj, ln):
             arrival[k] = F.as_float(obj["arrival_s"], path, ln, "arrival_s")
         if "session_id" in obj:
             sess[k] = F.as_str(obj["session_id"], path, ln, "session_id")
@@ -207,7 +201,7 @@ def read_native(path) -> Trace:
         from radixkv.trace.mooncake import _check_covers
 
         _check_covers(pids, plen, U, line_of, path, "hash_ids")
-    has_out = bool(out_first_line and out_first_line[1])
+    has_out = out_rule.given
     return Trace.from_requests(
         req_id=req_id,
         arrival_s=arrival,
