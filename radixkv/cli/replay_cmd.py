@@ -19,6 +19,7 @@ import time
 from radixkv.cli import routing_args as _routing
 from radixkv.cli._output import add_json_arg, emit, files, human
 from radixkv.cli.concurrent_args import add_concurrent_args, refuse_concurrent_only_flags
+from radixkv.cli.flag_rules import refuse_moot_flags, refuse_moot_policy_flags
 from radixkv.cli.report_cmd import add_report_arg, run_tables, write_run_report
 from radixkv.cli.sweep_cmd import add_executor_args
 from radixkv.errors import ConfigError
@@ -226,7 +227,7 @@ def _run_concurrent(trace, spec, pool, args):
     if len(trace) == 0:
         raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
     compile_s = warmup(spec)
-    policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens)
+    policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **_verify_option(args))
     bar = None
     if not args.quiet and sys.stderr.isatty():
         from tqdm import tqdm
@@ -262,8 +263,10 @@ def cmd_replay(args) -> int:
         raise ConfigError("--timeline records engine steps: it needs --mode concurrent", field="timeline")
     _check_pool_args(args)
     refuse_concurrent_only_flags(args)
+    refuse_moot_flags(args)
     spec = host_tier_spec(parse_policy(args.policy, block_size=args.block_size, page_size=args.page_size), args)
     _refuse_unused_size_flags(args, [spec])
+    refuse_moot_policy_flags(args, [spec])
     pool, desc = pool_for_policy(args, spec)
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
@@ -281,8 +284,7 @@ def cmd_replay(args) -> int:
         rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
         _concurrent_fix(trace, spec, pool, args, summ)
     else:
-        options = {"verify": True} if args.verify else {}
-        rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **options,
+        rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_verify_option(args),
                                **_miss_options(args))
     add_host_tier_bytes(summ, args)
     out = human(*outs)
@@ -301,6 +303,13 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def _verify_option(args) -> dict:
+    """The policy keyword of ``--verify`` (sequential, concurrent and ``--explain`` alike;
+    :func:`radixkv.cli.flag_rules.refuse_moot_policy_flags` refuses it for a policy
+    without the check)."""
+    return {"verify": True} if getattr(args, "verify", False) else {}
+
+
 def _explain(args, spec, pool) -> int:
     """``replay --explain REQUEST_ID``: print (and with ``--json`` write) why that request
     missed what it missed (:func:`radixkv.replay.misses.explain`)."""
@@ -314,8 +323,7 @@ def _explain(args, spec, pool) -> int:
                           "not modelled)", field="explain")
     trace, _ = _load(args)
     warmup(spec)
-    options = {"verify": True} if args.verify else {}
-    ex = explain(trace, spec, pool, args.explain, limit=args.limit, **options)
+    ex = explain(trace, spec, pool, args.explain, limit=args.limit, **_verify_option(args))
     out = human(args.json)
     print(format_explain(ex), file=out)
     emit(args.json, dumps_json({"policy": spec.label, "explain": ex}), args.json)
@@ -354,7 +362,8 @@ def _explain_concurrent(args, spec, pool) -> int:
             raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None,
                               field="limit")
         warmup(spec)
-        agg = run_concurrent_from_args(t, build_policy(spec, pool, unit_tokens=t.unit_tokens), args, miss_spec=spec,
+        agg = run_concurrent_from_args(t, build_policy(spec, pool, unit_tokens=t.unit_tokens, **_verify_option(args)),
+                                       args, miss_spec=spec,
                                        recorder_factory=make)
         recs, replica = made, None
     ex = explain_concurrent(t, spec, row, agg, recs, replica=replica)
@@ -417,7 +426,9 @@ def cmd_compare(args) -> int:
         args.miss_causes = True
     _check_pool_args(args)
     refuse_concurrent_only_flags(args)
+    refuse_moot_flags(args)
     specs = _policies(args)
+    refuse_moot_policy_flags(args, specs, per_engine_rule=args.per_engine_rule)
     _check_miss_args(args)
     pools = [pool_for_policy(args, s, per_engine_rule=args.per_engine_rule) for s in specs]
     trace, load_s = _load(args)
@@ -478,7 +489,9 @@ def cmd_curve(args) -> int:
     alone. Nothing is written unless asked."""
     outs = (args.json, args.report) + ((args.out + ".json", args.out + ".png") if args.out else ())
     check_output_paths(*files(*outs), inputs=[args.trace])
+    refuse_moot_flags(args)
     specs = _policies(args)
+    refuse_moot_policy_flags(args, specs)
     if args.miss_causes and _executor(args) != "local":
         raise ConfigError("--miss-causes runs on the local executor", field="miss_causes")
     try:
