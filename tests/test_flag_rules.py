@@ -112,3 +112,34 @@ def test_verify_reaches_the_policy_in_the_concurrent_replay(monkeypatch, capsys)
     monkeypatch.setattr(registry, "build_policy", spy)
     assert main(_replay("--verify", *CONC)) == 0
     assert seen and all(v is True for v in seen)
+
+
+def test_host_curve_refuses_host_zero_with_an_l3_store(capsys, tmp_path):
+    # host 0 turns the host tier off; the file store sits behind it: refused before any replay
+    rc = main(["curve", DEMO, "--policies", "sglang-hicache:1", "--capacities", "20000", "--host-capacities",
+               "0,20000", "--hicache-storage-backend", "file", "--quiet", "--out", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "field 'host_capacities'" in err and "--host-capacities 0" in err and "--hicache-storage-backend" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_model_alone_beside_an_explicit_pool_gives_host_tier_bytes(capsys, tmp_path):
+    # docs/hicache.md: bytes = tokens x KV bytes per token per TP rank. Llama-3.1-8B bf16:
+    # 32 layers x 8 KV heads x 128 head dim x 2 (K and V) x 2 bytes = 131,072 B per token.
+    import json
+
+    out = tmp_path / "r.json"
+    assert main(["replay", DEMO, "--policy", "sglang-hicache:1@host_tokens=20000", "--capacity-tokens", "20000",
+                 "--limit", "60", "--model", "Llama-3.1-8B", "--quiet", "--json", str(out)]) == 0
+    s = json.loads(out.read_text())["results"][0]["summary"]
+    assert s["gpu_to_host_tokens"] > 0
+    assert s["gpu_to_host_bytes"] == s["gpu_to_host_tokens"] * 32 * 8 * 128 * 2 * 2
+    # --gpu there would only size a pool: refused, naming it
+    assert main(["replay", DEMO, "--policy", "sglang-hicache:1@host_tokens=20000", "--capacity-tokens", "20000",
+                 "--limit", "60", "--model", "Llama-3.1-8B", "--gpu", "A100-80GB", "--quiet"]) == 2
+    assert "field 'gpu'" in capsys.readouterr().err
+    # a policy without a host tier reads nothing of --model in the sequential replay
+    assert main(["replay", DEMO, "--policy", "sglang:1", "--capacity-tokens", "20000", "--limit", "60",
+                 "--model", "Llama-3.1-8B", "--quiet"]) == 2
+    assert "field 'model'" in capsys.readouterr().err

@@ -28,6 +28,9 @@ flag                              takes effect only with
 ``--burstiness``                  ``--arrival gamma``
 ``--seed``                        ``--arrival poisson`` or ``gamma``
 ``--tp``                          ``--model`` (it divides the model's KV heads)
+``--model`` beside an explicit    a policy with a host tier (the bytes of its traffic) or
+pool, sequential                  ``--mode concurrent`` (the cost model); ``--gpu`` there is refused
+                                  by :func:`radixkv.cli.replay_cmd._check_pool_args`
 ``--per-engine-rule``             the pool sized by ``--model``/``--gpu`` (no explicit size)
 ``--mem-fraction-static``         a pool sized by SGLang's rule: ``compare --per-engine-rule``
                                   with an SGLang policy (``replay`` sizes by vLLM's rule)
@@ -199,6 +202,11 @@ def refuse_moot_policy_flags(args, specs, *, per_engine_rule: bool = False) -> N
                           "vLLM's profiling pass of the memory model (--model/--gpu without an explicit pool "
                           "size): with an explicit pool in a sequential replay it would be ignored",
                           field="max_num_batched_tokens")
+    if (getattr(args, "model", None) is not None and not by_model and getattr(args, "mode", "sequential") != "concurrent"
+            and not any(getattr(s.build_class, "models_host_tier", False) for s in specs)):
+        raise ConfigError(f"--model beside an explicit pool size gives the KV bytes per token of the host-tier "
+                          f"traffic, and {labels} {'has' if len(specs) == 1 else 'have'} no host tier: "
+                          f"in a sequential replay it would be ignored: drop --model", field="model")
     for dest in ("storage_cache_tokens", "hicache_storage_prefetch_policy"):
         if getattr(args, dest, None) is None:
             continue

@@ -75,22 +75,29 @@ def _check_pool_args(args):
         raise ConfigError("give only one of --capacity-tokens, --num-gpu-blocks, --max-total-num-tokens, "
                           "--pool-from-log",
                           field="capacity")
-    if (args.model is None) != (args.gpu is None):
-        raise ConfigError("--model and --gpu go together", field="model" if args.model is None else "gpu")
+    if (args.model is None) != (args.gpu is None) and not (k and args.gpu is None):
+        # --model alone is fine beside an explicit pool: it gives the KV bytes per token of
+        # the host-tier traffic (flag_rules.refuse_moot_policy_flags refuses it where unread)
+        raise ConfigError("--model and --gpu go together (with an explicit pool size, --model alone gives the "
+                          "KV bytes per token of the host-tier traffic)",
+                          field="model" if args.model is None else "gpu")
     if k == 0 and args.model is None:
         raise ConfigError(
             "give a pool size: --capacity-tokens N, --num-gpu-blocks N, --max-total-num-tokens N, or --model M --gpu G",
             field="capacity",
         )
     sized_by_model = k == 0
-    for flag in ("gpu_memory_utilization", "mem_fraction_static", "kv_cache_dtype", "max_num_batched_tokens"):
-        if getattr(args, flag, None) is not None and not sized_by_model and flag != "max_num_batched_tokens":
+    for flag in ("gpu_memory_utilization", "mem_fraction_static", "kv_cache_dtype"):
+        if flag == "kv_cache_dtype" and args.model is not None:
+            continue  # with --model it also sets the KV bytes per token (host-tier bytes, cost model)
+        if getattr(args, flag, None) is not None and not sized_by_model:
             raise ConfigError(f"--{flag.replace('_', '-')} sizes the pool through the memory model, "
                               f"but an explicit pool size is given: drop one", field=flag)
-    if k and args.model is not None and getattr(args, "mode", "sequential") == "sequential":
+    if k and args.gpu is not None and getattr(args, "mode", "sequential") == "sequential":
         raise ConfigError("--model/--gpu size the pool (and price steps in --mode concurrent); "
-                          "with an explicit pool size in a sequential replay they would be ignored: drop one",
-                          field="model")
+                          "with an explicit pool size in a sequential replay --gpu would be ignored: drop --gpu "
+                          "(--model alone gives the host tier's KV bytes per token)",
+                          field="gpu")
     if args.gpu_memory_utilization is not None and args.mem_fraction_static is not None:
         raise ConfigError("--gpu-memory-utilization is vLLM's knob and --mem-fraction-static SGLang's: give one",
                           field="gpu_memory_utilization")
@@ -596,6 +603,13 @@ def _host_curve(args, specs, caps, outs) -> int:
         raise ConfigError(str(e), field="host_capacities") from None
     if not hosts:
         raise ConfigError("--host-capacities is empty", field="host_capacities")
+    if 0 in hosts:
+        l3 = next((s for s in specs if dict(_spec_options(s)).get("hicache_storage_backend")), None)
+        if l3 is not None:
+            raise ConfigError(f"--host-capacities 0 turns the host tier off at that point, and the L3 store of "
+                              f"{l3.label} (--hicache-storage-backend) sits behind the host tier: it cannot run "
+                              f"without one. Drop 0 from --host-capacities (compare --single-tier for no host "
+                              f"tier) or drop --hicache-storage-backend", field="host_capacities")
     gpu = caps[0]
     singles = []
     if args.single_tier:
@@ -647,6 +661,12 @@ def _host_curve(args, specs, caps, outs) -> int:
         plot_curves(doc, args.out + ".png", metric=args.metric, x="host_capacity_tokens")
         print(f"wrote {args.out}.json and {args.out}.png", file=out)
     return 0
+
+
+def _spec_options(spec) -> tuple:
+    """A spec's ``@key=value`` options as (key, value) pairs (none for a plain ``@VALUE``)."""
+    o = spec.option
+    return o if isinstance(o, tuple) and all(isinstance(x, tuple) and len(x) == 2 for x in o) else ()
 
 
 def _executor(args) -> str:

@@ -285,8 +285,10 @@ class HiCacheRadixCache(PrefixCache):
                               field="prefetch_threshold")
         on = backend is not None and storage_tokens != 0
         if on and not self._hicache:
-            raise ConfigError("an L3 storage backend sits behind the host pool: give a host tier "
-                              "(hicache_ratio > 0 or host_tokens > 0)", field="hicache_storage_backend")
+            raise ConfigError("an L3 storage backend (--hicache-storage-backend / @hicache_storage_backend) sits "
+                              "behind the host pool, and this policy has none: give a host tier (--hicache-ratio / "
+                              "@hicache_ratio > 0 or --host-cache-tokens / @host_tokens > 0)",
+                              field="hicache_storage_backend")
         self.hicache_storage_backend = backend if on else None
         self.prefetch_policy = prefetch_policy
         self._storage = on
