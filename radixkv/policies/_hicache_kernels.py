@@ -1,4 +1,5 @@
-"""Numba kernels for :mod:`radixkv.policies.hicache`: token-run comparisons.
+"""Numba kernels for :mod:`radixkv.policies.hicache`: token-run comparisons, and the
+L3 page store's loops (:mod:`radixkv.policies.hicache_store`).
 
 The HiCache tree stores each node's key as an int64 token array (``seq_tokens``); the
 hot loops of a replay compare such arrays (prefix match, insert walk, the held-prefix
@@ -9,6 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from radixkv.policies.key_set import add as _set_add
+from radixkv.policies.key_set import contains as _set_contains
+from radixkv.policies._static_kernels import LEN as _LEN
+from radixkv.policies._static_kernels import _find as _lru_find
+from radixkv.policies._static_kernels import insert as _lru_insert
 
 
 @njit(cache=True)
@@ -135,3 +142,65 @@ def chain_page_hashes(start, toks, off, n_pages, page_size):
             h = z ^ (z >> np.uint64(31))
         out[i] = np.int64(h)
     return out
+
+
+# ---------------------------------------------------------------------- the L3 page store
+# (radixkv.policies.hicache_store.PageStore). Unbounded: a key set (radixkv.policies.key_set).
+# Capped: the LRU list of keys of radixkv.policies._static_kernels (nodes ``nk``/``nl``, index
+# ``tab``, state ``st``; its module docstring gives the layout), with SGLang's file-evictor
+# rule for a new page.
+
+
+@njit(cache=True)
+def set_add_all(tab, zero, keys):
+    """Add every key of *keys* (int64, shape (n,)) to the key set (*tab*, *zero*); returns
+    how many were new. The caller keeps room for n more keys."""
+    new = 0
+    for c in range(keys.shape[0]):
+        new += _set_add(tab, zero, np.uint64(keys[c]))
+    return new
+
+
+@njit(cache=True)
+def set_leading(tab, zero, keys):
+    """Number of leading keys of *keys* (int64, shape (n,)) that the key set holds."""
+    for c in range(keys.shape[0]):
+        if not _set_contains(tab, zero, np.uint64(keys[c])):
+            return c
+    return keys.shape[0]
+
+
+#: a capacity no store reaches: _static_kernels.insert then only refreshes or appends
+_NO_EVICTION = 1 << 62
+
+
+@njit(cache=True)
+def lru_write(nk, nl, tab, st, keys, page, cap, target):
+    """Write the pages *keys* (int64, shape (n,)) to the capped store, in order.
+
+    A held key becomes the most recent (``LRUFileEvictor.touch``). A new one
+    (``LRUFileEvictor.reserve``): a page larger than *cap* tokens is not stored; when
+    ``used + page > cap`` the least recent pages are removed until ``used <= target``
+    tokens, and the page is not stored if it still does not fit; else it becomes the most
+    recent. ``used`` = ``st[LEN] * page``. The caller keeps nodes for ``min(st[LEN] + n,
+    cap // page)`` keys and the index at most half full.
+
+    Returns
+    -------
+    (written, evicted) : int, int
+        Tokens newly stored and tokens removed.
+    """
+    written = 0
+    evicted = 0
+    for c in range(keys.shape[0]):
+        if _lru_find(nk, tab, keys[c]) < 0:
+            if page > cap:
+                continue
+            if (st[_LEN] + 1) * page > cap:
+                # least recent out while used > target (⇔ more than target // page pages)
+                evicted += page * _lru_insert(nk, nl, tab, st, keys, c, c, target // page)
+                if (st[_LEN] + 1) * page > cap:
+                    continue
+            written += page
+        _lru_insert(nk, nl, tab, st, keys, c, c + 1, _NO_EVICTION)  # append, or refresh a held key
+    return written, evicted

@@ -84,6 +84,7 @@ import numpy as np
 from radixkv.errors import ConfigError
 from radixkv.policies._hicache_kernels import chain_page_hashes, lcp_at, seq_tokens_kernel
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
+from radixkv.policies.hicache_store import FILE_EVICTION_RATIO, PageStore  # noqa: F401 (re-exported)
 from radixkv.policies.host_tier import zero_host_totals
 from radixkv.trace.types import KVSeq
 
@@ -101,9 +102,6 @@ PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 #: (``prefetch_threshold`` of ``--hicache-storage-backend-extra-config``), then
 #: ``max(threshold, page_size)`` (``HybridCacheController.__init__``)
 PREFETCH_THRESHOLD = 256
-#: SGLang ``SGLANG_HICACHE_FILE_BACKEND_EVICTION_RATIO`` default (``environ.py``): a capped
-#: file store evicts down to this share of its cap (``LRUFileEvictor._evict_locked``)
-FILE_EVICTION_RATIO = 0.9
 #: chain state before a sequence's first page (any fixed value)
 _HASH_SEED = 0x243F6A8885A308D3
 
@@ -297,8 +295,8 @@ class HiCacheRadixCache(PrefixCache):
         self.sequential_only = on
         self.storage_capacity = (None if storage_tokens is None else int(storage_tokens)) if on else 0
         self.prefetch_threshold = max(int(prefetch_threshold), self.page_size)
-        # page key -> None; insertion order is the file LRU (oldest first) when capped
-        self._store = {} if on else None
+        # the page keys held (radixkv.policies.hicache_store: arrays, LRU order when capped)
+        self._store = PageStore(self.storage_capacity, self.page_size) if on else None
         # write_back: nodes demoted in the current scheduler step whose storage write is
         # in flight (host-locked until the next step's check_hicache_events reaps it)
         self._storage_locked: dict = {}  # node id -> node
@@ -668,32 +666,10 @@ class HiCacheRadixCache(PrefixCache):
         stored)."""
         keys = self._page_keys(self._hend(x.parent), x.key, 0, len(x.key))
         x.hend = int(keys[-1])
-        store, p, cap = self._store, self.page_size, self.storage_capacity
-        if cap is None:
-            before = len(store)
-            store.update(dict.fromkeys(keys.tolist()))
-            new = len(store) - before
-            self.storage_used += new * p
-            self.storage_written_tokens_total += new * p
-            return
-        for k in keys.tolist():
-            if k in store:
-                store[k] = store.pop(k)  # touch: most recent
-                continue
-            if p > cap:
-                continue
-            if self.storage_used + p > cap:
-                target = max(0, int(cap * FILE_EVICTION_RATIO) - p)
-                it = iter(list(store))
-                while self.storage_used > target:
-                    del store[next(it)]
-                    self.storage_used -= p
-                    self.storage_evicted_tokens_total += p
-                if self.storage_used + p > cap:
-                    continue
-            store[k] = None
-            self.storage_used += p
-            self.storage_written_tokens_total += p
+        written, evicted = self._store.write(keys)
+        self.storage_used = self._store.used
+        self.storage_written_tokens_total += written
+        self.storage_evicted_tokens_total += evicted
 
     def _prefetch(self, toks, klen):
         """L3 → host prefetch of a request, synchronously (returns tokens fetched).
@@ -729,15 +705,10 @@ class HiCacheRadixCache(PrefixCache):
         thr = self.prefetch_threshold
         if klen - m < max(thr, 1):
             return 0
-        keys = self._page_keys(self._hend(best), toks, m, klen - m).tolist()
+        keys = self._page_keys(self._hend(best), toks, m, klen - m)
         store = self._store
-        hit = 0
-        for k in keys:
-            if k not in store:
-                break
-            hit += 1
         p = self.page_size
-        hit *= p
+        hit = store.leading(keys) * p
         if hit < thr or hit == 0:
             return 0
         self._host_locked.add(best.id)  # prefetch_from_storage: inc_host_lock_ref(anchor)
@@ -750,15 +721,13 @@ class HiCacheRadixCache(PrefixCache):
             return 0
         if n <= 0:
             return 0
-        if self.storage_capacity is not None:
-            for k in keys[:n // p]:
-                store[k] = store.pop(k)  # HiCacheFile.get → LRUFileEvictor.touch
+        store.touch(keys[:n // p])  # HiCacheFile.get → LRUFileEvictor.touch (capped)
         # insert_host: touch the anchor, a new host-only leaf below it
         best.time = (self._draw(), 0)
         self._touch(best)
         leaf = self._new_node(toks[m:m + n].copy(), best)
         leaf.host = True
-        leaf.hend = keys[n // p - 1]
+        leaf.hend = int(keys[n // p - 1])
         best.children[self._ckey(toks, m)] = leaf
         self.host_free -= n
         self.tree_host += n

@@ -22,6 +22,9 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from radixkv.policies.key_set import contains as _has_key
+from radixkv.policies.key_set import regrow as _regrow_keys
+from radixkv.policies.key_set import slot_of as _find_key
 from radixkv.trace.keys import SEED, mix64
 
 
@@ -281,35 +284,6 @@ def unit_lru_unbounded_hits(trace):
     _run_growing(_unit_lru_kernel, cols, smax, hit, np.zeros(smax, dtype=np.uint64),
                  np.zeros(smax, dtype=np.int64), np.zeros(smax, dtype=np.int64))
     return hit
-
-
-@nb.njit(cache=True)
-def _find_key(keys, key):
-    """Slot of 64-bit *key* ≠ 0 in the table *keys* (cap,) int64 whose free slots hold 0
-    (probing as :func:`_find`, from the key's low bits); the first free slot when absent."""
-    mask = keys.shape[0] - 1
-    i = np.int64(key & np.uint64(mask))
-    ik = np.int64(key)
-    while True:
-        k = keys[i]
-        if k == ik or k == 0:
-            return i
-        i = (i + 1) & mask
-
-
-@nb.njit(cache=True)
-def _regrow_keys(keys, keys2):
-    for i in range(keys.shape[0]):
-        if keys[i] != 0:
-            keys2[_find_key(keys2, np.uint64(keys[i]))] = keys[i]
-
-
-@nb.njit(cache=True)
-def _has_key(keys, zero, key):
-    """Whether 64-bit *key* is in the set: the table *keys*, or ``zero[0]`` for key 0."""
-    if key == np.uint64(0):
-        return zero[0] != 0
-    return keys[_find_key(keys, key)] != 0
 
 
 @nb.njit(cache=True)
