@@ -8,11 +8,14 @@ import os
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from radixkv.policies import _hash_kernels as K
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.replay.sequential import replay_sequential
 from radixkv.trace.types import Trace
 from reference_vllm import ReferenceVLLM
+from conftest import draw_prompt_len
 from test_unit_pool_model import _records_equal, unit_traces
 
 EXAMPLES = int(os.environ.get("RADIXKV_HYPOTHESIS_EXAMPLES", 2000)) // 10
@@ -99,3 +102,68 @@ def test_a_short_request_after_a_long_one_in_one_span():
     hits = replay_sequential(t, pol)["hit_tokens"].tolist()
     assert pol._unit is not None
     assert hits[:3] == [0, 0, 4]
+
+
+@st.composite
+def wide_unit_traces(draw):
+    """Hash-id traces with G = U / B around and past 64 blocks per unit (the masks of a
+    unit record take more than one 64-bit word): B = 2, G in {63, 64, 65, 130}."""
+    B = 2
+    G = draw(st.sampled_from([63, 64, 65, 130]))
+    U = B * G
+    partial = draw(st.booleans())
+    stems = [[100 * s + j for j in range(4)] for s in range(2)]
+    n = draw(st.integers(1, 12))
+    prompts, lens, outs = [], [], []
+    for i in range(n):
+        stem = stems[draw(st.integers(0, 1))]
+        ids = stem[: draw(st.integers(0, 4))] + [1000 + 10 * i + j for j in range(draw(st.integers(0, 2)))]
+        if not ids:
+            ids = [stem[0]]
+        prompts.append(ids)
+        lens.append(draw_prompt_len(draw, st, len(ids), U, partial))
+        outs.append(draw(st.sampled_from([0, 1, 2, B + 1, 70])))
+    t = Trace.from_requests(req_id=[f"r{i}" for i in range(n)], arrival_s=[0.0] * n, prompt_len=lens,
+                            output_len=outs, prompt_ids=prompts, unit_tokens=U, partial_last_unit=partial)
+    most = max(-(-t.kv_len(i) // B) for i in range(n))
+    return t, B, most + draw(st.integers(0, 2 * most))
+
+
+@settings(max_examples=max(10, EXAMPLES // 4), deadline=None)
+@given(wide_unit_traces())
+def test_unit_pool_with_multiword_masks_gives_per_block_records(case):
+    t, B, blocks = case
+    want = replay_sequential(t, _per_block(blocks, B))
+    pol = BlockHashCache(blocks + 1, B)
+    got = replay_sequential(t, pol)
+    assert pol._unit is not None
+    _records_equal(want, got)
+
+
+def test_unit_keys_equal_iff_prefixes_equal():
+    """The kernels' unit-stepped keys against the design model's plain-Python formula, and
+    by hand: [5, 6, 7] and [5, 6, 8] share the keys of units 0 and 1 and no later key; a
+    block's key depends on its position (all 3 × G block keys of one request distinct)."""
+    from radixkv.policies import _hash_unit_kernels as UK
+    from unit_pool_model import block_key as model_block_key
+    from unit_pool_model import unit_keys as model_unit_keys
+
+    G, B = 4, 2
+    a = np.array([5, 6, 7], dtype=np.int64)
+    b = np.array([5, 6, 8], dtype=np.int64)
+    ka, kb = np.empty(3, dtype=np.int64), np.empty(3, dtype=np.int64)
+    UK.unit_keys_into(a, 3, ka)
+    UK.unit_keys_into(b, 3, kb)
+    assert ka[0] == kb[0] and ka[1] == kb[1] and ka[2] != kb[2]
+    blocks_a = [int(UK.block_key(ka, j, G)) for j in range(3 * G)]
+    blocks_b = [int(UK.block_key(kb, j, G)) for j in range(3 * G)]
+    assert len(set(blocks_a)) == 3 * G
+    assert blocks_a[: 2 * G] == blocks_b[: 2 * G]
+    assert not set(blocks_a[2 * G:]) & set(blocks_b)
+    assert int(UK.block_key(ka, -1, G)) == int(K.SEED)
+    # the model's independent plain-Python formula gives the same 64 bits
+    seq = Trace.from_requests(req_id=["a"], arrival_s=[0.0], prompt_len=[3 * G * B], output_len=[0],
+                              prompt_ids=[a.tolist()], unit_tokens=G * B, partial_last_unit=False).kv_seq(0)
+    mk = model_unit_keys(seq)
+    assert [k & ((1 << 64) - 1) for k in ka.tolist()] == mk
+    assert [b & ((1 << 64) - 1) for b in blocks_a] == [model_block_key(seq, mk, j, B) for j in range(3 * G)]

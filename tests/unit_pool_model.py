@@ -24,6 +24,13 @@ vLLM's free queue, ``BlockPool.free_blocks`` / ``get_new_blocks`` / ``touch``):
 - Keys of *regular* blocks (wholly inside one trace unit) live in one record per
   unit, keyed by the key of the unit's first block, with the holders of each position
   in insertion order (vLLM's ``BlockHashToBlockMap``: the first holder is served).
+  Keys step within a unit: the unit key is one splitmix64 round of the previous unit's
+  key and the unit's id (the seed for the first unit), block k of the unit has key
+  ``unit key + k × STEP`` (:func:`unit_keys`, :func:`block_key`). Only key equality is
+  observable, and two regular blocks get equal keys iff their units up to their own and
+  their positions are equal, i.e. iff their whole prefixes are (up to 64-bit
+  collisions), so these keys give the per-block chain's hits although their values
+  differ. Irregular blocks keep the per-block chain's keys (they are only counted).
   Other blocks (a unit cut by the prompt's end followed by output or a unique tail,
   output blocks) have one entry per key; a block whose first piece is a unit piece
   (a *straddle*) is also indexed by (parent key, first token) for ``held_tokens``.
@@ -46,6 +53,37 @@ from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.policies.block_hash import DUPLICATE_DICT_BYTES, KEY_ENTRY_BYTES
 
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
+_M64 = (1 << 64) - 1
+STEP = 0xD1B54A32D192ED03  # odd: the keys of a unit's blocks are distinct
+
+
+def _mix(h, w):
+    """splitmix64's finaliser of ``h ^ w`` (plain Python ints)."""
+    z = ((h ^ w) + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def unit_keys(seq):
+    """Key of each leading unit segment (id ≥ 0) of *seq*, chained from the seed."""
+    out = []
+    h = int(K.SEED) & _M64
+    for sid in seq.seg_id:
+        if sid < 0:
+            break
+        h = _mix(h, int(sid))
+        out.append(h)
+    return out
+
+
+def block_key(seq, ukeys, j, B):
+    """Key of regular block *j* (its unit's key stepped by its position there); the seed for j < 0."""
+    if j < 0:
+        return int(K.SEED) & _M64
+    s = int(np.searchsorted(seq.seg_end, j * B, side="right"))
+    first = (int(seq.seg_end[s - 1]) if s else 0) // B
+    return (ukeys[s] + (j - first) * STEP) & _M64
 
 
 class UnitPoolModel(PrefixCache):
@@ -213,7 +251,7 @@ class UnitPoolModel(PrefixCache):
             del self.tab[t]
 
     # ------------------------------------------------------------------ a request
-    def _classify(self, seq, keys, n_full):
+    def _classify(self, seq, keys, ukeys, n_full):
         """Per full block: ("u", unit key, position in unit) or ("i", key, straddle index key, unit-part length)."""
         B = self.B
         out = []
@@ -229,9 +267,9 @@ class UnitPoolModel(PrefixCache):
                 raise ValueError("a unit starts inside a block: not a hash-id trace with U % block_size == 0")
             if sid >= 0 and ends[s] >= b:
                 first = int(starts[s]) // B
-                out.append(("u", int(keys[first]), j - first))
+                out.append(("u", ukeys[s], j - first))
             elif sid >= 0:
-                pkey = int(keys[j - 1]) if j else int(K.SEED)
+                pkey = block_key(seq, ukeys, j - 1, B)
                 out.append(("i", int(keys[j]), (pkey, sid, a - int(starts[s])), int(ends[s]) - a))
             else:
                 out.append(("i", int(keys[j]), None, 0))
@@ -243,7 +281,7 @@ class UnitPoolModel(PrefixCache):
             return rec.get(info[2]) if rec else None
         return self.irr.get(info[1])
 
-    def _held(self, seq, keys, kinds, h):
+    def _held(self, seq, ukeys, h):
         """``held_tokens`` after h hit blocks (``_hash_kernels.lookup``)."""
         B, P = self.B, seq.prompt_len
         if h * B >= P:
@@ -258,16 +296,10 @@ class UnitPoolModel(PrefixCache):
         lp = min(int(seq.seg_end[s]), end) - start  # the prompt's tokens of this unit in the block
         best = 0
         # a regular block (sid, off … off + B) under the last hit key
-        if off:
-            uk = int(keys[seg_start // B])
-        else:
-            ids = seq.seg_id[:s + 1]
-            ends = np.concatenate((seq.seg_end[:s], [start + B])).astype(np.int64)
-            uk = int(K.seq_block_keys(ids, ends, B, h + 1, _ALL)[0][h])
-        rec = self.units.get(uk)
+        rec = self.units.get(ukeys[s])
         if rec and rec.get(off // B):
             best = lp
-        pkey = int(keys[h - 1]) if h else int(K.SEED)
+        pkey = block_key(seq, ukeys, h - 1, B)
         for m in self.strad.get((pkey, sid, off), ()):
             best = max(best, min(m, lp))
         return start + best
@@ -277,8 +309,9 @@ class UnitPoolModel(PrefixCache):
         if -(-kv // B) > self.nb - 1:
             return None
         n_full = kv // B
-        keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, B, n_full, _ALL)
-        kinds = self._classify(seq, keys, n_full)
+        keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, B, n_full, _ALL)  # irregular blocks' keys
+        ukeys = unit_keys(seq)
+        kinds = self._classify(seq, keys, ukeys, n_full)
         # lookup: consecutive prompt blocks whose key is held; the first holder is served
         served = []
         last_unit = None
@@ -292,7 +325,7 @@ class UnitPoolModel(PrefixCache):
                 break
             served.append(lst[0])
         h = len(served)
-        held = self._held(seq, keys, kinds, h)
+        held = self._held(seq, ukeys, h)
         hcap = min(h, (P - 1) // B)
         # touch: hit blocks leave the queue (runs of one serving table at a time)
         j = 0

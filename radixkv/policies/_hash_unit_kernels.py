@@ -24,12 +24,18 @@ State (int64 arrays, grown by :class:`UnitPool` when a kernel asks for room):
     ``P_*``: queue links, table, range, links of the table's own piece list.
 ``tb`` : (cap, 10) tables (``T_*``): blocks still cached, offset of its unit records in
     ``ar``, its regular block count R, its piece list, the straddle block (below).
-``rc`` : (cap, 2 + 2G) unit records: cached positions, the unit's key (the key of its
-    first block), then per position the served table (vLLM's first-inserted holder,
-    ``BlockHashToBlockMap.get_one_block``) and the holder count. Later holders of a
-    position (duplicates) wait in ``ov`` in insertion order.
+``rc`` : (cap, 2 + 2W + G) unit records (W = ⌈G / 64⌉ mask words; ``RC_*`` columns):
+    the unit's key, the table serving every cached position (or −1: per position), the
+    mask of cached positions (holder count ≥ 1), the mask of positions held twice or
+    more, then per position the served table (vLLM's first-inserted holder,
+    ``BlockHashToBlockMap.get_one_block``; read only when the second column is −1).
+    Later holders of a position (duplicates) wait in ``ov`` in insertion order; a
+    position's holder count is 1 + its waiting holders. A request caches or evicts a
+    range of a unit's positions with a few mask operations when it is the only holder
+    (the common case); the per-position path handles duplicates.
 ``um``, ``sm`` : key tables (the row layout of ``_hash_kernels``'s, column 1 = value + 1):
-    unit key → record; (parent key, first token) of a *straddle* block → its first
+    unit key → record (:func:`unit_keys_into`: one hash round per unit; block k of a
+    unit has the unit's key stepped by k, :func:`block_key`); (parent key, first token) of a *straddle* block → its first
     table. A straddle is a full block whose first piece is the end of a unit cut by the
     prompt's end (then output or a unique tail): it has its own key, never hit, but
     its unit part counts for ``held_tokens``.
@@ -43,8 +49,12 @@ it in the queue, so the cached keys are closed under prefixes).
 """
 from __future__ import annotations
 
+import llvmlite.ir as ir
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.core import config as numba_config
+from numba.extending import intrinsic
 
 # Numba's cache keys a kernel on its own file's stamp: these kernels inline _hash_kernels.
 from radixkv.policies import _hash_kernels as K
@@ -173,6 +183,142 @@ def _cut(pc, us, tb, t, lo, hi):
 
 
 # ---------------------------------------------------------------------- keys
+#: step between the keys of a unit's blocks (odd: the G keys of a unit are distinct)
+_STEP = np.uint64(0xD1B54A32D192ED03)
+
+
+@njit(cache=True, inline="always")
+def unit_keys_into(seg_id, nu, ukeys):
+    """Chained keys of a request's first *nu* units: ``ukeys[u]`` = mix(``ukeys[u − 1]``,
+    unit u's id), ``ukeys[−1]`` = ``SEED`` (one splitmix64 round per unit,
+    :func:`radixkv.policies._hash_kernels._mix`). The key of block k of unit u is
+    :func:`block_key` = ``ukeys[u] + k × _STEP``: two blocks get equal keys iff their
+    units up to their own and their positions are equal, i.e. iff their whole prefixes
+    are (up to 64-bit collisions, as the per-block chain). Only key equality is
+    observable, so these keys need not equal the per-block kernels' keys."""
+    h = np.uint64(K.SEED)
+    for u in range(nu):
+        h = K._mix(h, np.uint64(seg_id[u]))
+        ukeys[u] = np.int64(h)
+
+
+@njit(cache=True, inline="always")
+def block_key(ukeys, j, G):
+    """Key of regular block *j* (unit ``j // G``, position ``j % G``); ``SEED`` for j < 0."""
+    if j < 0:
+        return K.SEED
+    return np.int64(np.uint64(ukeys[j // G]) + np.uint64(j % G) * _STEP)
+
+
+# ---------------------------------------------------------------------- unit records
+# A record row: key, uniform served table (or −1), W words of the cached-position mask,
+# W words of the duplicate mask, then G served tables (valid only when column 1 is −1).
+RC_KEY = 0  # the unit's key (the free-list link while the row is free)
+RC_ALL = 1  # the table serving every cached position, or −1: per position (columns S0 …)
+RC_M1 = 2  # first word of the mask of cached positions (holder count ≥ 1)
+
+
+@njit(cache=True, inline="always")
+def _words(G):
+    return (G + 63) >> 6
+
+
+@intrinsic
+def _ctz(typingctx, x):
+    """Trailing zero bits of the int64 *x* ≠ 0 (LLVM ``llvm.cttz``)."""
+    sig = types.int64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(i64, [i64, ir.IntType(1)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.cttz.i64")
+        return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 1)])
+
+    return sig, codegen
+
+
+if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic cannot run
+
+    def _ctz(x):  # noqa: F811
+        """Python twin of the trailing-zero count."""
+        x = int(x) & ((1 << 64) - 1)
+        return (x & -x).bit_length() - 1
+
+
+@njit(cache=True, inline="always")
+def _wbits(lo, hi):
+    """int64 word with bits lo … hi − 1 set (0 ≤ lo < hi ≤ 64)."""
+    n = hi - lo
+    if n >= 64:
+        return np.int64(-1)
+    return ((np.int64(1) << n) - 1) << lo
+
+
+@njit(cache=True, inline="always")
+def _rng_any(rc, r, c0, a, b):
+    """Any of positions a … b − 1 (a < b) set in the mask starting at column c0."""
+    w = a >> 6
+    we = (b - 1) >> 6
+    while w <= we:
+        if rc[r, c0 + w] & _wbits(max(a - 64 * w, 0), min(b - 64 * w, 64)) != 0:
+            return True
+        w += 1
+    return False
+
+
+@njit(cache=True, inline="always")
+def _rng_set(rc, r, c0, a, b):
+    w = a >> 6
+    we = (b - 1) >> 6
+    while w <= we:
+        rc[r, c0 + w] |= _wbits(max(a - 64 * w, 0), min(b - 64 * w, 64))
+        w += 1
+
+
+@njit(cache=True, inline="always")
+def _rng_clear(rc, r, c0, a, b):
+    w = a >> 6
+    we = (b - 1) >> 6
+    while w <= we:
+        rc[r, c0 + w] &= ~_wbits(max(a - 64 * w, 0), min(b - 64 * w, 64))
+        w += 1
+
+
+@njit(cache=True, inline="always")
+def _bit(rc, r, c0, k):
+    return (rc[r, c0 + (k >> 6)] >> (k & 63)) & 1 != 0
+
+
+@njit(cache=True, inline="always")
+def _empty(rc, r, W):
+    for w in range(W):
+        if rc[r, RC_M1 + w] != 0:
+            return False
+    return True
+
+
+@njit(cache=True, inline="always")
+def _lead(rc, r, W):
+    """Cached positions 0, 1, … before the first uncached one."""
+    n = 0
+    for w in range(W):
+        x = ~rc[r, RC_M1 + w]
+        if x != 0:
+            return n + _ctz(x)
+        n += 64
+    return n
+
+
+@njit(cache=True, inline="always")
+def _split(rc, r, S0, G):
+    """Make the served tables per position (column RC_ALL → −1)."""
+    t = rc[r, RC_ALL]
+    if t >= 0:
+        for k in range(G):
+            rc[r, S0 + k] = t
+        rc[r, RC_ALL] = -1
+
+
 @njit(cache=True)
 def _rec_find(um, key):
     i = K._find(um, key)
@@ -180,33 +326,47 @@ def _rec_find(um, key):
 
 
 @njit(cache=True)
-def _rec_get(rc, um, us, key, G):
+def _rec_get(rc, um, us, key, W):
     """The unit record of *key*, created empty when absent."""
     i = K._find_or_add(um, key)
     if um[i, 1] != 0:
         return um[i, 1] - 1
     r = us[U_RFREE]
     if r >= 0:
-        us[U_RFREE] = rc[r, 0]
+        us[U_RFREE] = rc[r, RC_KEY]
     else:
         r = us[U_RTOP]
         us[U_RTOP] = r + 1
     us[U_NREC] += 1
-    rc[r, 0] = 0
-    rc[r, 1] = key
-    for k in range(G):
-        rc[r, 2 + k] = -1
-        rc[r, 2 + G + k] = 0
+    rc[r, RC_KEY] = key
+    rc[r, RC_ALL] = -1
+    for w in range(2 * W):
+        rc[r, RC_M1 + w] = 0
     um[i, 1] = r + 1
     return r
 
 
+@njit(cache=True, inline="always")
+def _rec_delete(rc, um, us, r):
+    K._delete_slot(um, K._find(um, rc[r, RC_KEY]))
+    rc[r, RC_KEY] = us[U_RFREE]
+    us[U_RFREE] = r
+    us[U_NREC] -= 1
+
+
 @njit(cache=True)
 def _add_holder(rc, ov, us, r, k, t, G):
-    c = rc[r, 2 + G + k]
-    if c == 0:
-        rc[r, 2 + k] = t
-        rc[r, 0] += 1
+    """Table t holds position k of record r (after any earlier holders)."""
+    W = _words(G)
+    M2 = RC_M1 + W
+    S0 = RC_M1 + 2 * W
+    if not _bit(rc, r, RC_M1, k):
+        if _empty(rc, r, W):
+            rc[r, RC_ALL] = t
+        elif rc[r, RC_ALL] != t:
+            _split(rc, r, S0, G)
+            rc[r, S0 + k] = t
+        _rng_set(rc, r, RC_M1, k, k + 1)
         us[U_NKEYS] += 1
     else:
         n = us[U_NOV]
@@ -214,49 +374,65 @@ def _add_holder(rc, ov, us, r, k, t, G):
         ov[n, 1] = k
         ov[n, 2] = t
         us[U_NOV] = n + 1
-        if c == 1:
+        if not _bit(rc, r, M2, k):
+            _rng_set(rc, r, M2, k, k + 1)
             us[U_NDUP] += 1
-    rc[r, 2 + G + k] = c + 1
     us[U_NHASHED] += 1
 
 
 @njit(cache=True)
 def _ov_take(ov, us, r, k, t):
-    """Remove the first waiting holder of (r, k) (t < 0) or holder t; returns its table."""
+    """Remove the first waiting holder of (r, k) (t < 0) or holder t; returns (its table,
+    whether another holder of (r, k) still waits)."""
     n = us[U_NOV]
+    got = -1
+    more = False
+    w = 0
     for i in range(n):
-        if ov[i, 0] == r and ov[i, 1] == k and (t < 0 or ov[i, 2] == t):
+        match = ov[i, 0] == r and ov[i, 1] == k
+        if match and got < 0 and (t < 0 or ov[i, 2] == t):
             got = ov[i, 2]
-            for m in range(i + 1, n):
-                ov[m - 1, 0] = ov[m, 0]
-                ov[m - 1, 1] = ov[m, 1]
-                ov[m - 1, 2] = ov[m, 2]
-            us[U_NOV] = n - 1
-            return got
-    return -1
+            continue
+        if match:
+            more = True
+        if w != i:
+            ov[w, 0] = ov[i, 0]
+            ov[w, 1] = ov[i, 1]
+            ov[w, 2] = ov[i, 2]
+        w += 1
+    us[U_NOV] = w
+    return got, more
 
 
 @njit(cache=True)
 def _drop_holder(rc, ov, um, us, r, k, t, G):
-    c = rc[r, 2 + G + k]
-    if rc[r, 2 + k] == t:
-        if c == 1:
-            rc[r, 2 + k] = -1
-            rc[r, 0] -= 1
+    """Table t no longer holds position k of record r (a waiting holder, if any, is served
+    next); the record is deleted when no position is cached."""
+    W = _words(G)
+    M2 = RC_M1 + W
+    S0 = RC_M1 + 2 * W
+    s = rc[r, RC_ALL]
+    if s < 0:
+        s = rc[r, S0 + k]
+    if s == t:
+        if not _bit(rc, r, M2, k):
+            _rng_clear(rc, r, RC_M1, k, k + 1)
             us[U_NKEYS] -= 1
         else:
-            rc[r, 2 + k] = _ov_take(ov, us, r, k, -1)
+            nt, more = _ov_take(ov, us, r, k, -1)
+            _split(rc, r, S0, G)
+            rc[r, S0 + k] = nt
+            if not more:
+                _rng_clear(rc, r, M2, k, k + 1)
+                us[U_NDUP] -= 1
     else:
-        _ov_take(ov, us, r, k, t)
-    if c == 2:
-        us[U_NDUP] -= 1
-    rc[r, 2 + G + k] = c - 1
+        _, more = _ov_take(ov, us, r, k, t)
+        if not more:
+            _rng_clear(rc, r, M2, k, k + 1)
+            us[U_NDUP] -= 1
     us[U_NHASHED] -= 1
-    if rc[r, 0] == 0:
-        K._delete_slot(um, K._find(um, rc[r, 1]))
-        rc[r, 0] = us[U_RFREE]
-        us[U_RFREE] = r
-        us[U_NREC] -= 1
+    if _empty(rc, r, W):
+        _rec_delete(rc, um, us, r)
 
 
 @njit(cache=True)
@@ -287,33 +463,37 @@ def _evict(tb, rc, ov, um, sm, ar, us, t, lo, hi, G):
         us[U_NKEYS] -= n
         if lo <= R and tb[t, T_SLEN] > 0:
             _strad_remove(tb, sm, us, t)
+    W = _words(G)
+    M2 = RC_M1 + W
+    S0 = RC_M1 + 2 * W
     j = min(hi, R - 1)
     while j >= lo:  # regular blocks, one unit at a time
         u = j // G
         a = max(lo, u * G)
         r = ar[off + u]
         b = u * G
-        sole = True  # t is the only holder of every position: clear them at once
-        for q in range(a - b, j - b + 1):
-            if rc[r, 2 + q] != t or rc[r, 2 + G + q] != 1:
+        qa = a - b
+        qe = j - b + 1
+        # t is the only holder of every position: clear them at once
+        sole = not _rng_any(rc, r, M2, qa, qe)
+        if sole and rc[r, RC_ALL] != t:
+            if rc[r, RC_ALL] >= 0:
                 sole = False
-                break
+            else:
+                for q in range(qa, qe):
+                    if rc[r, S0 + q] != t:
+                        sole = False
+                        break
         if sole:
-            for q in range(a - b, j - b + 1):
-                rc[r, 2 + q] = -1
-                rc[r, 2 + G + q] = 0
-            n = j - a + 1
-            rc[r, 0] -= n
+            _rng_clear(rc, r, RC_M1, qa, qe)
+            n = qe - qa
             us[U_NKEYS] -= n
             us[U_NHASHED] -= n
-            if rc[r, 0] == 0:
-                K._delete_slot(um, K._find(um, rc[r, 1]))
-                rc[r, 0] = us[U_RFREE]
-                us[U_RFREE] = r
-                us[U_NREC] -= 1
+            if _empty(rc, r, W):
+                _rec_delete(rc, um, us, r)
         else:
-            for q in range(j, a - 1, -1):
-                _drop_holder(rc, ov, um, us, r, q - b, t, G)
+            for q in range(qe - 1, qa - 1, -1):
+                _drop_holder(rc, ov, um, us, r, q, t, G)
         j = a - 1
     tb[t, T_LIVE] -= hi - lo + 1
     if tb[t, T_LIVE] == 0:
@@ -355,14 +535,16 @@ def _pop(pc, tb, rc, ov, um, sm, ar, us, n, nb, G):
 
 # ---------------------------------------------------------------------- a request
 @njit(cache=True)
-def unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, seg_id, seg_end, nseg, B, U, P, kv, nb):
+def unit_request(pc, tb, rc, ov, um, sm, ar, us, ukeys, runs, seg_id, seg_end, nseg, B, U, P, kv, nb):
     """One request (admit, decode to *kv*, release) on the unit pool.
 
     Returns ``(code, hit blocks, held tokens, evicted blocks at admission, grow bits)``;
     ``code`` GROW (nothing changed: grow the arrays of the bits), NOT_UNIT (the segments
     are not units of U tokens then unique content), REFUSED (does not fit the pool).
+    Scratch: ``ukeys`` (≥ the request's units), ``runs`` (≥ its blocks, 3 columns).
     """
     G = U // B
+    W = _words(G)
     n_full = kv // B
     # units: the leading segments with ids ≥ 0, U tokens each (the last may be cut)
     nu = 0
@@ -394,20 +576,43 @@ def unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, seg_id, seg
         grow |= G_SM
     if grow:
         return GROW, 0, 0, 0, grow | ((nu + 1) << 8)  # (bits, then the arena slots needed)
-    K._block_keys_into(seg_id, seg_end, B, n_full, np.uint64(0xFFFFFFFFFFFFFFFF), keys)
+    unit_keys_into(seg_id, nu, ukeys)
     # lookup (FullAttentionManager.find_longest_cache_hit): regular blocks only (the
-    # others have unique keys)
+    # others have unique keys), a unit at a time; hit positions go into runs of one
+    # serving table (runs, columns table, first, last position)
     n_look = min(P // B, R)
     h = 0
-    r = -1
+    nr = 0
     while h < n_look:
-        k = h % G
-        if k == 0:
-            r = _rec_find(um, keys[h])
-        if r < 0 or rc[r, 2 + G + k] == 0:
+        r = _rec_find(um, ukeys[h // G])
+        if r < 0:
             break
-        served[h] = rc[r, 2 + k]
-        h += 1
+        L = min(_lead(rc, r, W), n_look - h)
+        if L == 0:
+            break
+        t = rc[r, RC_ALL]
+        if t >= 0:  # one table serves the unit's cached positions
+            if nr > 0 and runs[nr - 1, 0] == t:
+                runs[nr - 1, 2] = h + L - 1
+            else:
+                runs[nr, 0] = t
+                runs[nr, 1] = h
+                runs[nr, 2] = h + L - 1
+                nr += 1
+        else:
+            S0 = RC_M1 + 2 * W
+            for q in range(L):
+                t = rc[r, S0 + q]
+                if nr > 0 and runs[nr - 1, 0] == t:
+                    runs[nr - 1, 2] = h + q
+                else:
+                    runs[nr, 0] = t
+                    runs[nr, 1] = h + q
+                    runs[nr, 2] = h + q
+                    nr += 1
+        h += L
+        if L < G:
+            break
     # held tokens: h blocks, then the longest common prefix of the prompt's next block
     # with a block cached under the last hit key
     if h * B >= P:
@@ -421,15 +626,10 @@ def unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, seg_id, seg
             sid = seg_id[u]
             off = start - u * U
             lp = min(seg_end[u], end) - start
-            pkey = keys[h - 1] if h > 0 else K.SEED
-            if off > 0:
-                uk = keys[u * G]
-            else:  # the key a full block of this unit would have here
-                z = K._mix(np.uint64(pkey), np.uint64(sid))
-                uk = np.int64(K._mix(z, np.uint64(B)))
+            pkey = block_key(ukeys, h - 1, G)
             best = 0
-            r2 = _rec_find(um, uk)
-            if r2 >= 0 and rc[r2, 2 + G + off // B] > 0:
+            r2 = _rec_find(um, ukeys[u])  # a regular block of this unit at this position
+            if r2 >= 0 and _bit(rc, r2, RC_M1, off // B):
                 best = lp
             i = K._find(sm, K._group_key(pkey, sid, off))
             if i >= 0:
@@ -441,18 +641,11 @@ def unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, seg_id, seg
                     t = tb[t, T_SNEXT]
             held = start + best
     hcap = min(h, (P - 1) // B)
-    # touch: runs of hit positions served by one table leave the queue
-    nr = 0
-    j = 0
-    while j < hcap:
-        k = j
-        while k + 1 < hcap and served[k + 1] == served[j]:
-            k += 1
-        runs[nr, 0] = served[j]
-        runs[nr, 1] = j
-        runs[nr, 2] = k
-        nr += 1
-        j = k + 1
+    # touch: runs of hit positions served by one table leave the queue (the runs cut at hcap)
+    while nr > 0 and runs[nr - 1, 1] >= hcap:
+        nr -= 1
+    if nr > 0 and runs[nr - 1, 2] >= hcap:
+        runs[nr - 1, 2] = hcap - 1
     for q in range(nr):
         _cut(pc, us, tb, runs[q, 0], runs[q, 1], runs[q, 2])
     # new blocks: the prompt's, then decode's
@@ -482,23 +675,24 @@ def unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, seg_id, seg
         while j < e:  # regular blocks, one unit at a time
             b = j - j % G
             a2 = min(e, b + G)
-            r = _rec_get(rc, um, us, keys[b], G)
+            r = _rec_get(rc, um, us, ukeys[b // G], W)
             ar[off0 + j // G] = r
-            fresh = True  # no position held yet: t holds them all at once
-            for q in range(j - b, a2 - b):
-                if rc[r, 2 + G + q] != 0:
-                    fresh = False
-                    break
-            if fresh:
-                for q in range(j - b, a2 - b):
-                    rc[r, 2 + q] = t
-                    rc[r, 2 + G + q] = 1
-                n = a2 - j
-                rc[r, 0] += n
+            qa = j - b
+            qe = a2 - b
+            if not _rng_any(rc, r, RC_M1, qa, qe):  # no position held yet: t holds them all at once
+                if _empty(rc, r, W):
+                    rc[r, RC_ALL] = t
+                elif rc[r, RC_ALL] != t:
+                    S0 = RC_M1 + 2 * W
+                    _split(rc, r, S0, G)
+                    for q in range(qa, qe):
+                        rc[r, S0 + q] = t
+                _rng_set(rc, r, RC_M1, qa, qe)
+                n = qe - qa
                 us[U_NKEYS] += n
                 us[U_NHASHED] += n
             else:
-                for q in range(j - b, a2 - b):
+                for q in range(qa, qe):
                     _add_holder(rc, ov, us, r, q, t, G)
             j = a2
         n = n_full - max(hcap, R)
@@ -506,7 +700,7 @@ def unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, seg_id, seg
             us[U_NHASHED] += n
             us[U_NKEYS] += n
         if covered % B != 0 and R < n_full:  # a straddle block at position R
-            pkey = keys[R - 1] if R > 0 else K.SEED
+            pkey = block_key(ukeys, R - 1, G)
             gk = K._group_key(pkey, seg_id[nu - 1], R * B - (nu - 1) * U)
             tb[t, T_SLEN] = covered - R * B
             tb[t, T_GKEY] = gk
@@ -547,8 +741,7 @@ def unit_span(pc, tb, rc, ov, um, sm, ar, us, ids, id_offsets, prompt_len, outpu
     sid = np.empty(n_max, dtype=np.int64)
     send = np.empty(n_max, dtype=np.int64)
     nbk = kv_max // B + 1
-    keys = np.empty(nbk, dtype=np.int64)
-    served = np.empty(nbk, dtype=np.int64)
+    ukeys = np.empty(n_max, dtype=np.int64)
     runs = np.empty((nbk, 3), dtype=np.int64)
     for i in range(i0, i1):
         P = prompt_len[i]
@@ -557,7 +750,7 @@ def unit_span(pc, tb, rc, ov, um, sm, ar, us, ids, id_offsets, prompt_len, outpu
         before = us[U_EV]
         # the segments are sid[:m], send[:m]: the key kernel reads the arrays' length as the
         # segment count, and the rest of these scratch arrays holds an earlier request's
-        code, hcap, held, ev0, grow = unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, sid[:m],
+        code, hcap, held, ev0, grow = unit_request(pc, tb, rc, ov, um, sm, ar, us, ukeys, runs, sid[:m],
                                                    send[:m], m, B, unit_tokens, P, kv, nb)
         if code != OK:
             return i, code, grow
@@ -581,11 +774,10 @@ def unit_span(pc, tb, rc, ov, um, sm, ar, us, ids, id_offsets, prompt_len, outpu
 def unit_one(pc, tb, rc, ov, um, sm, ar, us, seg_id, seg_end, B, U, P, kv, nb):
     """:func:`unit_request` for one KVSeq (its own scratch)."""
     nbk = kv // B + 1
-    keys = np.empty(nbk, dtype=np.int64)
-    served = np.empty(nbk, dtype=np.int64)
+    ukeys = np.empty(seg_id.shape[0] + 1, dtype=np.int64)
     runs = np.empty((nbk, 3), dtype=np.int64)
     before = us[U_EV]
-    code, hcap, held, ev0, grow = unit_request(pc, tb, rc, ov, um, sm, ar, us, keys, served, runs, seg_id, seg_end,
+    code, hcap, held, ev0, grow = unit_request(pc, tb, rc, ov, um, sm, ar, us, ukeys, runs, seg_id, seg_end,
                                                seg_id.shape[0], B, U, P, kv, nb)
     return code, hcap, held, ev0, us[U_EV] - before, grow
 
@@ -643,7 +835,7 @@ class UnitPool:
             self.us[c] = -1
         self.pc = np.zeros((256, NPC), dtype=np.int64)
         self.tb = np.zeros((64, NTB), dtype=np.int64)
-        self.rc = np.zeros((64, 2 + 2 * self.G), dtype=np.int64)
+        self.rc = np.zeros((64, RC_M1 + 2 * ((self.G + 63) // 64) + self.G), dtype=np.int64)
         self.ov = np.zeros((256, 3), dtype=np.int64)
         self.ar = np.zeros(1024, dtype=np.int64)
         self.um = np.zeros((128, 4), dtype=np.int64)
