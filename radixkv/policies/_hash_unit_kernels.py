@@ -319,13 +319,13 @@ def _split(rc, r, S0, G):
         rc[r, RC_ALL] = -1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _rec_find(um, key):
     i = K._find(um, key)
     return um[i, 1] - 1 if i >= 0 else -1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _rec_get(rc, um, us, key, W):
     """The unit record of *key*, created empty when absent."""
     i = K._find_or_add(um, key)
@@ -452,7 +452,7 @@ def _strad_remove(tb, sm, us, t):
         tb[n, T_SPREV] = a
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _evict(tb, rc, ov, um, sm, ar, us, t, lo, hi, G):
     """Blocks (t, hi) … (t, lo) taken from the queue's head lose their keys."""
     R = tb[t, T_R]
@@ -467,10 +467,18 @@ def _evict(tb, rc, ov, um, sm, ar, us, t, lo, hi, G):
     M2 = RC_M1 + W
     S0 = RC_M1 + 2 * W
     j = min(hi, R - 1)
+    ulo = lo // G
+    umask = um.shape[0] - 1
     while j >= lo:  # regular blocks, one unit at a time
         u = j // G
         a = max(lo, u * G)
         r = ar[off + u]
+        # prefetch hints (no result depends on them): the record two units on, the key
+        # row of the next one (its record was hinted a unit ago)
+        if u - 2 >= ulo:
+            K._prefetch_row(rc, ar[off + u - 2])
+        if u - 1 >= ulo:
+            K._prefetch_row(um, rc[ar[off + u - 1], RC_KEY] & umask)
         b = u * G
         qa = a - b
         qe = j - b + 1
@@ -501,7 +509,7 @@ def _evict(tb, rc, ov, um, sm, ar, us, t, lo, hi, G):
         us[U_TFREE] = t
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _pop(pc, tb, rc, ov, um, sm, ar, us, n, nb, G):
     """Take n blocks from the head; returns (evicted, source of the last one: −1 the head
     block again, 1 the never-used range, 0 a piece)."""
@@ -583,7 +591,12 @@ def unit_request(pc, tb, rc, ov, um, sm, ar, us, ukeys, runs, seg_id, seg_end, n
     n_look = min(P // B, R)
     h = 0
     nr = 0
+    umask = um.shape[0] - 1
+    for u in range(min(2, nu)):
+        K._prefetch_row(um, ukeys[u] & umask)
     while h < n_look:
+        if h // G + 2 < nu:
+            K._prefetch_row(um, ukeys[h // G + 2] & umask)
         r = _rec_find(um, ukeys[h // G])
         if r < 0:
             break
@@ -672,9 +685,14 @@ def unit_request(pc, tb, rc, ov, um, sm, ar, us, ukeys, runs, seg_id, seg_end, n
         tb[t, T_NU] = nu
         j = hcap
         e = min(R, n_full)
+        umask = um.shape[0] - 1
+        for u in range(j // G, min(j // G + 2, nu)):
+            K._prefetch_row(um, ukeys[u] & umask)
         while j < e:  # regular blocks, one unit at a time
             b = j - j % G
             a2 = min(e, b + G)
+            if b // G + 2 < nu:
+                K._prefetch_row(um, ukeys[b // G + 2] & umask)
             r = _rec_get(rc, um, us, ukeys[b // G], W)
             ar[off0 + j // G] = r
             qa = j - b
