@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import draw_stem_requests
 from radixkv.cost import CostModel, UnitStepCost
 from radixkv.policies.radix import RadixCache
 from radixkv.policies.radix_priority import PriorityRadixCache
@@ -25,8 +24,8 @@ from radixkv.replay.scheduler import SchedulerConfig
 from radixkv.trace.types import Trace
 from radixkv.util import dumps_json
 
-COST = CostModel(params=1e9, num_layers=8, attn_dim=1024, kv_bytes_per_token=1e5, peak_flops=1e14,
-                 hbm_bytes_per_s=1e12, step_overhead_s=0.0007)
+from _conc_cases import COST_OVERHEAD as COST
+from _conc_cases import draw_sglang_case
 
 
 def _both(monkeypatch, trace, make_policy, cost=COST, **kw):
@@ -51,18 +50,7 @@ def _assert_identical(py, kern):
 
 @st.composite
 def cases(draw):
-    prompts, outputs, arrivals = draw_stem_requests(draw, st, 12, 60, 80)
-    size = draw(st.sampled_from([1, 1, 4, 16]))
-    extent = max(len(p) + max(o - 1, 0) for p, o in zip(prompts, outputs))
-    cap = (-(-extent // size) + 1 + draw(st.integers(0, 14))) * size
-    cfg = SchedulerConfig(
-        max_num_seqs=draw(st.integers(1, 6)),
-        max_num_batched_tokens=draw(st.sampled_from([16, 32, 64, 4096])),
-        schedule_policy=draw(st.sampled_from(["fcfs", "fcfs", "lpm"])),
-    )
-    tr = Trace.from_requests(req_id=[f"q{i}" for i in range(len(prompts))], arrival_s=arrivals,
-                             prompt_len=[len(p) for p in prompts], output_len=outputs, prompt_ids=prompts)
-    return tr, cap, size, cfg, draw(st.booleans())
+    return (*draw_sglang_case(draw, st), draw(st.booleans()))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,

@@ -23,8 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _vllm_sched_golden import golden_files, load_golden, trace_path
-from conftest import draw_stem_requests
-from radixkv.cost import CostModel, UnitStepCost
+from radixkv.cost import UnitStepCost
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.block_priority import PriorityBlockHashCache
 from radixkv.replay import conc_vllm_fast as F
@@ -33,8 +32,7 @@ from radixkv.replay.scheduler import SchedulerConfig
 from radixkv.trace.load import load_trace
 from radixkv.trace.types import Trace
 
-COST = CostModel(params=1e9, num_layers=8, attn_dim=1024, kv_bytes_per_token=1e5, peak_flops=1e14,
-                 hbm_bytes_per_s=1e12)
+from _conc_cases import COST, draw_vllm_case
 
 
 class _Spy:
@@ -113,23 +111,8 @@ def test_compiled_loop_matches_vllm_scheduler_golden(path, fast_forward, monkeyp
 # ---------------------------------------------------------------------------- (2) hypothesis
 @st.composite
 def cases(draw):
-    prompts, outputs, arrivals = draw_stem_requests(draw, st, 9, 60, 60)
-    size = draw(st.sampled_from([1, 2, 4, 16]))
-    extent = max(len(p) + max(o - 1, 0) for p, o in zip(prompts, outputs))
-    nb = extent // size + 3 + draw(st.integers(0, 12))
-    chunked = draw(st.booleans())
-    budget = draw(st.sampled_from([4096] if not chunked else [8, 16, 64, 4096]))
-    cfg = SchedulerConfig(
-        max_num_seqs=draw(st.integers(1, 5)),
-        max_num_batched_tokens=budget,
-        enable_chunked_prefill=chunked,
-        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 8, 24])),
-        watermark=draw(st.sampled_from([0.0, 0.0, 0.1])),
-        admission=draw(st.sampled_from([None, "vllm"])),
-    )
+    tr, nb, size, cfg = draw_vllm_case(draw, st, 9, admissions=(None, "vllm"))
     cost = draw(st.sampled_from([COST, UnitStepCost(), UnitStepCost(0.01)]))
-    tr = Trace.from_requests(req_id=[f"q{i}" for i in range(len(prompts))], arrival_s=arrivals,
-                             prompt_len=[len(p) for p in prompts], output_len=outputs, prompt_ids=prompts)
     return tr, nb, size, cfg, cost
 
 

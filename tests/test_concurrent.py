@@ -24,14 +24,11 @@ from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.scheduler import SchedulerConfig
 from radixkv.trace.types import Trace
 
-COST = CostModel(params=1e9, num_layers=8, attn_dim=1024, kv_bytes_per_token=1e5, peak_flops=1e14,
-                 hbm_bytes_per_s=1e12)
+from _conc_cases import COST, request_trace
 
 
 def _trace(prompts, outputs, arrivals):
-    n = len(prompts)
-    return Trace.from_requests(req_id=[f"q{i}" for i in range(n)], arrival_s=arrivals,
-                               prompt_len=[len(p) for p in prompts], output_len=outputs, prompt_ids=prompts)
+    return request_trace(prompts, outputs, arrivals)
 
 
 # ---------------------------------------------------------------------------- (a)

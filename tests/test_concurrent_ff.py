@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import draw_stem_requests
-from radixkv.cost import CostModel
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.no_cache import NoCache
 from radixkv.policies.radix import RadixCache
@@ -28,8 +27,7 @@ from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.scheduler import SchedulerConfig
 from radixkv.trace.types import Trace
 
-COST = CostModel(params=1e9, num_layers=8, attn_dim=1024, kv_bytes_per_token=1e5, peak_flops=1e14,
-                 hbm_bytes_per_s=1e12)
+from _conc_cases import COST
 
 POLICIES = {
     "vllm": lambda cap, s: BlockHashCache(cap // s + 1, s),

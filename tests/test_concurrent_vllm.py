@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from _vllm_sched_golden import compare, golden_files, load_golden
+from _conc_cases import request_trace
 from radixkv.cost import UnitStepCost
 from radixkv.errors import ConfigError
 from radixkv.policies.block_hash import BlockHashCache
@@ -60,11 +61,7 @@ def test_goldens_cover_the_knobs():
 
 # ---------------------------------------------------------------------------- (2) rules
 def _trace(prompts, outputs, output_ids=None, arrivals=None):
-    n = len(prompts)
-    return Trace.from_requests(req_id=[f"q{i}" for i in range(n)], arrival_s=arrivals or [0.0] * n,
-                               prompt_len=[len(p) for p in prompts], output_len=[len(o) if output_ids else o
-                                                                               for o in outputs],
-                               prompt_ids=prompts, output_ids=outputs if output_ids else None)
+    return request_trace(prompts, outputs, arrivals or None, output_ids=bool(output_ids))
 
 
 def _steps(trace, policy, config, arrivals=None):

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
+from _conc_cases import request_trace
 from radixkv.cost import HOST_LINKS, CostModel, HostLink
 from radixkv.errors import ConfigError
 from radixkv.policies.hicache import HiCacheRadixCache
 from radixkv.policies.radix import RadixCache
 from radixkv.replay.concurrent import replay_concurrent
-from radixkv.trace.types import Trace
 
 A = list(range(1000, 1012))          # 12 tokens
 B = list(range(2000, 2020))          # 20 tokens
@@ -51,10 +51,7 @@ def test_load_overlaps_the_step_layer_by_layer():
 
 
 def _trace(prompts, arrivals):
-    n = len(prompts)
-    return Trace.from_requests(req_id=[f"q{i}" for i in range(n)], arrival_s=arrivals,
-                               prompt_len=[len(p) for p in prompts], output_len=[1] * n,
-                               prompt_ids=prompts, output_ids=[[9]] * n)
+    return request_trace(prompts, [[9]] * len(prompts), arrivals, output_ids=True)
 
 
 def test_concurrent_load_back_prices_the_ttft():

@@ -17,29 +17,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixkv.cost import CostModel
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.registry import PoolSpec, build_policy, parse_policy
 from radixkv.replay.conc_misses import MissRecorder, attach_concurrent_causes
 from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.multi_concurrent import replay_multi_concurrent
 from radixkv.replay.scheduler import SchedulerConfig
-from radixkv.trace.types import Trace
 from reference_sglang import expand
 from test_radix_property import token_traces, unit_traces
 
 EXAMPLES = int(os.environ.get("RADIXKV_MISSES_EXAMPLES", 30))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-COST = CostModel(params=1e9, num_layers=8, attn_dim=1024, kv_bytes_per_token=1e5, peak_flops=1e14,
-                 hbm_bytes_per_s=1e12)
+from _conc_cases import COST, request_trace
 SPLIT = ("hit_tokens", "miss_compulsory_tokens", "miss_alignment_tokens", "miss_last_token_cap_tokens",
          "miss_not_cached_tokens", "miss_in_flight_tokens", "miss_capacity_tokens", "miss_preemption_tokens")
 
 
 def _trace(prompts, outputs, arrivals):
-    n = len(prompts)
-    return Trace.from_requests(req_id=[f"q{i}" for i in range(n)], arrival_s=arrivals,
-                               prompt_len=[len(p) for p in prompts], output_len=outputs, prompt_ids=prompts)
+    return request_trace(prompts, outputs, arrivals)
 
 
 def _run(trace, text, capacity=None, cfg=None, policy=None):

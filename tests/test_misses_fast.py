@@ -16,8 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import draw_stem_requests
-from radixkv.cost import CostModel, UnitStepCost
+from radixkv.cost import UnitStepCost
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.radix import RadixCache
 from radixkv.policies.registry import parse_policy
@@ -30,8 +29,8 @@ from radixkv.replay.scheduler import SchedulerConfig
 from radixkv.trace.types import Trace
 from test_radix_property import token_traces, unit_traces
 
-COST = CostModel(params=1e9, num_layers=8, attn_dim=1024, kv_bytes_per_token=1e5, peak_flops=1e14,
-                 hbm_bytes_per_s=1e12, step_overhead_s=0.0007)
+from _conc_cases import COST_OVERHEAD as COST
+from _conc_cases import draw_sglang_case, draw_vllm_case
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
@@ -85,20 +84,7 @@ def _assert_same(monkeypatch, tr, make_policy, spec_text, cfg, ff, cost, tmp_pat
 
 @st.composite
 def vllm_cases(draw):
-    prompts, outputs, arrivals = draw_stem_requests(draw, st, 10, 60, 60)
-    size = draw(st.sampled_from([1, 2, 4, 16]))
-    extent = max(len(p) + max(o - 1, 0) for p, o in zip(prompts, outputs))
-    nb = extent // size + 3 + draw(st.integers(0, 12))
-    chunked = draw(st.booleans())
-    cfg = SchedulerConfig(
-        max_num_seqs=draw(st.integers(1, 5)),
-        max_num_batched_tokens=draw(st.sampled_from([4096] if not chunked else [8, 16, 64, 4096])),
-        enable_chunked_prefill=chunked,
-        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 8, 24])),
-        watermark=draw(st.sampled_from([0.0, 0.0, 0.1])),
-    )
-    tr = Trace.from_requests(req_id=[f"q{i}" for i in range(len(prompts))], arrival_s=arrivals,
-                             prompt_len=[len(p) for p in prompts], output_len=outputs, prompt_ids=prompts)
+    tr, nb, size, cfg = draw_vllm_case(draw, st, 10)
     return tr, nb, size, cfg, draw(st.sampled_from([COST, UnitStepCost()]))
 
 
@@ -112,18 +98,7 @@ def test_vllm_compiled_recorder_equals_python_loop(monkeypatch, tmp_path_factory
 
 @st.composite
 def sglang_cases(draw):
-    prompts, outputs, arrivals = draw_stem_requests(draw, st, 12, 60, 80)
-    size = draw(st.sampled_from([1, 1, 4, 16]))
-    extent = max(len(p) + max(o - 1, 0) for p, o in zip(prompts, outputs))
-    cap = (-(-extent // size) + 1 + draw(st.integers(0, 14))) * size
-    cfg = SchedulerConfig(
-        max_num_seqs=draw(st.integers(1, 6)),
-        max_num_batched_tokens=draw(st.sampled_from([16, 32, 64, 4096])),
-        schedule_policy=draw(st.sampled_from(["fcfs", "fcfs", "lpm"])),
-    )
-    tr = Trace.from_requests(req_id=[f"q{i}" for i in range(len(prompts))], arrival_s=arrivals,
-                             prompt_len=[len(p) for p in prompts], output_len=outputs, prompt_ids=prompts)
-    return tr, cap, size, cfg
+    return draw_sglang_case(draw, st)
 
 
 @SETTINGS

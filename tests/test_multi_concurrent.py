@@ -10,7 +10,7 @@ import pytest
 
 from radixkv.cli.concurrent_args import add_concurrent_args
 from radixkv.cli.routing_args import add_routing_args, routed
-from radixkv.cost import CostModel, UnitStepCost
+from radixkv.cost import UnitStepCost
 from radixkv.errors import ConfigError
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.radix import RadixCache
@@ -19,18 +19,13 @@ from radixkv.replay.concurrent import COLUMNS, replay_concurrent
 from radixkv.replay.multi_concurrent import replay_multi_concurrent
 from radixkv.replay.routing import ROUTERS
 from radixkv.replay.scheduler import SchedulerConfig
-from radixkv.trace.types import Trace
 from radixkv.util import dumps_json
 
-COST = CostModel(params=1e9, num_layers=8, attn_dim=1024, kv_bytes_per_token=1e5, peak_flops=1e14,
-                 hbm_bytes_per_s=1e12)
+from _conc_cases import COST, request_trace
 
 
 def _trace(prompts, outputs, arrivals, sessions=None):
-    n = len(prompts)
-    return Trace.from_requests(req_id=[f"q{i}" for i in range(n)], arrival_s=arrivals,
-                               prompt_len=[len(p) for p in prompts], output_len=outputs, prompt_ids=prompts,
-                               session_id=sessions, name="t")
+    return request_trace(prompts, outputs, arrivals, sessions=sessions, name="t")
 
 
 def _busy_trace(seed=5, n=120):

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from _vllm_offload_conc import compare, golden_files
+from _conc_cases import request_trace
 from radixkv.cost import CostModel, HostLink, UnitStepCost
 from radixkv.errors import ConfigError
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.vllm_offload import OffloadBlockHashCache
 from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.scheduler import SchedulerConfig
-from radixkv.trace.types import Trace
 
 _FILES = golden_files()
 
@@ -49,10 +49,7 @@ B = list(range(2000, 2024))  # 24 tokens: 6 blocks
 
 
 def _trace(prompts, arrivals):
-    n = len(prompts)
-    return Trace.from_requests(req_id=[f"q{i}" for i in range(n)], arrival_s=arrivals,
-                               prompt_len=[len(p) for p in prompts], output_len=[1] * n,
-                               prompt_ids=prompts, output_ids=[[9]] * n)
+    return request_trace(prompts, [[9]] * len(prompts), arrivals, output_ids=True)
 
 
 def _pol(host_tokens):
