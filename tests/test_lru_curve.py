@@ -16,32 +16,13 @@ from radixkv.policies.unit_lru import UnitLRUCache
 from radixkv.replay.curve import run_curve
 from radixkv.replay.sequential import replay_sequential
 from radixkv.trace.types import Trace
-from conftest import draw_prompt_len
+from _unit_lru_oracle import draw_unit_prompts, unit_lru_oracle, unit_trace
 
 EXAMPLES = int(os.environ.get("RADIXKV_HYPOTHESIS_EXAMPLES", 2000)) // 4
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 
 
-def oracle(prompts, lens, U, capacity_units):
-    """Plain-Python unit-lru: per request (hit tokens, evicted tokens, units, valid tokens)."""
-    cache: OrderedDict = OrderedDict()  # prefix tuple -> tokens it was inserted with
-    out = []
-    for ids, P in zip(prompts, lens):
-        keys = [tuple(ids[: j + 1]) for j in range(len(ids))]
-        toks = [min((j + 1) * U, P) - min(j * U, P) for j in range(len(ids))]
-        h = 0
-        while h < len(keys) and keys[h] in cache:
-            h += 1
-        ev = 0
-        for k, nt in zip(keys, toks):
-            if k in cache:
-                cache.move_to_end(k)
-            else:
-                if len(cache) == capacity_units:
-                    ev += cache.popitem(last=False)[1]
-                cache[k] = nt
-        out.append((min(h * U, P), ev, len(cache), sum(cache.values())))
-    return out
+oracle = unit_lru_oracle
 
 
 def _oracle_hits_on_touch(prompts, capacity_units):
@@ -63,16 +44,7 @@ def _oracle_hits_on_touch(prompts, capacity_units):
 
 @st.composite
 def cases(draw):
-    U = draw(st.sampled_from([1, 4, 512]))
-    partial = draw(st.booleans())
-    n = draw(st.integers(1, 14))
-    prompts, lens = [], []
-    for _ in range(n):
-        k = draw(st.integers(1, 8))
-        ids = draw(st.lists(st.integers(0, 3), min_size=k, max_size=k))
-        P = draw_prompt_len(draw, st, k, U, partial)
-        prompts.append(ids)
-        lens.append(P)
+    U, partial, prompts, lens = draw_unit_prompts(draw, st, 14)
     caps = draw(st.lists(st.integers(1, 24), min_size=1, max_size=5))
     return U, partial, prompts, lens, caps
 
@@ -81,10 +53,7 @@ def cases(draw):
 @given(cases())
 def test_one_pass_matches_oracle(case):
     U, partial, prompts, lens, caps = case
-    t = Trace.from_requests(
-        req_id=[str(i) for i in range(len(prompts))], arrival_s=[0.0] * len(prompts), prompt_len=lens,
-        output_len=[1] * len(prompts), prompt_ids=prompts, unit_tokens=U, partial_last_unit=partial,
-    )
+    t = unit_trace(prompts, lens, U, partial)
     recs = UnitLRUCache.replay_curve(t, [UnitLRUCache(c, U) for c in caps])
     for c, rec in zip(caps, recs):
         want = oracle(prompts, lens, U, c)

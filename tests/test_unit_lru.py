@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 
 import numpy as np
 from hypothesis import given, settings
@@ -10,29 +9,14 @@ from hypothesis import strategies as st
 
 from radixkv.policies.unit_lru import UnitLRUCache
 from radixkv.trace.types import Trace
-from conftest import draw_prompt_len
+from _unit_lru_oracle import draw_unit_prompts, unit_lru_oracle, unit_trace
 
 EXAMPLES = int(os.environ.get("RADIXKV_HYPOTHESIS_EXAMPLES", 2000))
 
 
-def oracle(prompts, lens, U, partial, capacity_units):
-    """Plain-Python cache study: units keyed by their whole id prefix (a tuple)."""
-    cache: OrderedDict = OrderedDict()
-    hits = []
-    for ids, P in zip(prompts, lens):
-        keys = [tuple(ids[: j + 1]) for j in range(len(ids))]
-        h = 0
-        while h < len(keys) and keys[h] in cache:
-            h += 1
-        hits.append(min(h * U, P))
-        for k in keys:
-            if k in cache:
-                cache.move_to_end(k)
-            else:
-                if len(cache) == capacity_units:
-                    cache.popitem(last=False)
-                cache[k] = True
-    return hits
+def oracle(prompts, lens, U, capacity_units):
+    """Hit tokens per request (:func:`_unit_lru_oracle.unit_lru_oracle`)."""
+    return [r[0] for r in unit_lru_oracle(prompts, lens, U, capacity_units)]
 
 
 def run(trace, cap_units):
@@ -68,29 +52,15 @@ def test_unhashed_tail_is_not_cached():
 
 @st.composite
 def traces(draw):
-    U = draw(st.sampled_from([1, 4, 512]))
-    partial = draw(st.booleans())
-    n = draw(st.integers(1, 12))
-    prompts, lens = [], []
-    for _ in range(n):
-        k = draw(st.integers(1, 8))
-        ids = draw(st.lists(st.integers(0, 3), min_size=k, max_size=k))
-        P = draw_prompt_len(draw, st, k, U, partial)
-        prompts.append(ids)
-        lens.append(P)
-    cap = draw(st.integers(1, 20))
-    return U, partial, prompts, lens, cap
+    U, partial, prompts, lens = draw_unit_prompts(draw, st, 12)
+    return U, partial, prompts, lens, draw(st.integers(1, 20))
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(traces())
 def test_matches_oracle(case):
     U, partial, prompts, lens, cap = case
-    t = Trace.from_requests(
-        req_id=[str(i) for i in range(len(prompts))], arrival_s=[0.0] * len(prompts), prompt_len=lens,
-        output_len=[1] * len(prompts), prompt_ids=prompts, unit_tokens=U, partial_last_unit=partial,
-    )
-    assert run(t, cap) == oracle(prompts, lens, U, partial and U > 1, cap)
+    assert run(unit_trace(prompts, lens, U, partial), cap) == oracle(prompts, lens, U, cap)
 
 
 def test_stats_account_for_every_slot():
