@@ -30,6 +30,20 @@ def shared_path(*parts: str) -> Path:
     return p
 
 
+@pytest.fixture(scope="module")
+def mooncake_seqs():
+    """The replay benchmarks' input (test_bench_block_hash / _radix / _hicache): the KV
+    sequences of the first ``RADIXKV_BENCH_LIMIT`` requests of the Mooncake conversation
+    trace (default 500; 0 = all 12,031) and their prompt tokens; skips without
+    ``RADIXKV_SHARED``."""
+    from radixkv.trace.load import load_trace
+
+    limit = int(os.environ.get("RADIXKV_BENCH_LIMIT", 500)) or None
+    path = shared_path("traces", "mooncake-fast25", "conversation_trace.jsonl")
+    trace = load_trace(path, format="mooncake").head(limit)
+    return [trace.kv_seq(i) for i in range(len(trace))], trace.total_prompt_tokens
+
+
 @pytest.fixture
 def data_dir() -> Path:
     return DATA

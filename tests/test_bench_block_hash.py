@@ -12,23 +12,11 @@ checked request for request against the real engine's hits (first 1,500 requests
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from conftest import shared_path
 from radixkv.policies.block_hash import BlockHashCache
-
-LIMIT = int(os.environ.get("RADIXKV_BENCH_LIMIT", 500)) or None
-
-
-@pytest.fixture(scope="module")
-def mooncake_seqs():
-    from radixkv.trace.load import load_trace
-
-    path = shared_path("traces", "mooncake-fast25", "conversation_trace.jsonl")
-    trace = load_trace(path, format="mooncake").head(LIMIT)
-    return [trace.kv_seq(i) for i in range(len(trace))], trace.total_prompt_tokens
 
 
 @pytest.mark.parametrize("block_size,num_gpu_blocks", [(16, 20_000), (512, 600)])

@@ -9,23 +9,9 @@ before/after figures.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from conftest import shared_path
 from radixkv.policies.hicache import HiCacheRadixCache
-
-LIMIT = int(os.environ.get("RADIXKV_BENCH_LIMIT", 500)) or None
-
-
-@pytest.fixture(scope="module")
-def mooncake_seqs():
-    from radixkv.trace.load import load_trace
-
-    path = shared_path("traces", "mooncake-fast25", "conversation_trace.jsonl")
-    trace = load_trace(path, format="mooncake").head(LIMIT)
-    return [trace.kv_seq(i) for i in range(len(trace))], trace.total_prompt_tokens
 
 
 @pytest.mark.parametrize("host_tokens,write_policy", [(4_000_000, "write_through"), (50_000_000, "write_back")])

@@ -8,23 +8,9 @@ Real SGLang's cache code replays about 0.2 M prompt tokens/s at page 1 and 0.05 
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from conftest import shared_path
 from radixkv.policies.radix import RadixCache
-
-LIMIT = int(os.environ.get("RADIXKV_BENCH_LIMIT", 500)) or None
-
-
-@pytest.fixture(scope="module")
-def mooncake_seqs():
-    from radixkv.trace.load import load_trace
-
-    path = shared_path("traces", "mooncake-fast25", "conversation_trace.jsonl")
-    trace = load_trace(path, format="mooncake").head(LIMIT)
-    return [trace.kv_seq(i) for i in range(len(trace))], trace.total_prompt_tokens
 
 
 @pytest.mark.parametrize("page_size,capacity", [(1, 320_000), (16, 320_000), (1, 3_000_000), (16, 3_000_000)])
