@@ -20,6 +20,7 @@ def unit_lru_oracle(prompts, lens, U, capacity_units):
     *prompts*: lists of unit ids; *lens*: prompt lengths in tokens; *U*: tokens per id (a
     unit covers ``min((j + 1)·U, P) − min(j·U, P)`` tokens of its prompt)."""
     cache: OrderedDict = OrderedDict()  # prefix tuple -> tokens it was inserted with
+    valid = 0  # Σ of the cache's values, kept as it changes (a whole trace stays linear)
     out = []
     for ids, P in zip(prompts, lens):
         keys = [tuple(ids[: j + 1]) for j in range(len(ids))]
@@ -35,7 +36,9 @@ def unit_lru_oracle(prompts, lens, U, capacity_units):
                 if len(cache) == capacity_units:
                     ev += cache.popitem(last=False)[1]
                 cache[k] = nt
-        out.append((min(h * U, P), ev, len(cache), sum(cache.values())))
+                valid += nt
+        valid -= ev
+        out.append((min(h * U, P), ev, len(cache), valid))
     return out
 
 

@@ -3,7 +3,7 @@
 Definition stated (and used in the closing note / paper): token hit rate = Σ hit tokens /
 Σ prompt tokens over all 12,031 requests, no warm-up excluded, hit = leading cached 512-token
 units × 512 capped at the prompt length; the request touches its units in prompt order.
-The expected values come from a plain-Python OrderedDict model (tests/test_unit_lru.py), not
+The expected values come from a plain-Python OrderedDict model (tests/_unit_lru_oracle.py), not
 from radixkv.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import shared_path
-from test_unit_lru import oracle
+from _unit_lru_oracle import unit_lru_oracle
 from radixkv.policies.registry import PoolSpec, parse_policy
 from radixkv.replay.run import run_replay
 
@@ -20,9 +20,9 @@ CAPACITIES = [10_000, 100_000, 1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_00
 
 
 def oracle_hit_tokens(trace, capacity_tokens):
-    """Σ hit tokens of the plain-Python OrderedDict model of tests/test_unit_lru.py."""
+    """Σ hit tokens of the plain-Python OrderedDict model of tests/_unit_lru_oracle.py."""
     prompts = [trace.prompt_ids(i).tolist() for i in range(len(trace))]
-    return sum(oracle(prompts, trace.prompt_len.tolist(), 512, True, capacity_tokens // 512))
+    return sum(r[0] for r in unit_lru_oracle(prompts, trace.prompt_len.tolist(), 512, capacity_tokens // 512))
 
 
 @pytest.fixture(scope="module")
