@@ -24,11 +24,12 @@ State (int64 arrays, grown by :class:`UnitPool` when a kernel asks for room):
     ``P_*``: queue links, table, range, links of the table's own piece list.
 ``tb`` : (cap, 10) tables (``T_*``): blocks still cached, offset of its unit records in
     ``ar``, its regular block count R, its piece list, the straddle block (below).
-``rc`` : (cap, 2 + 2W + G) unit records (W = ⌈G / 64⌉ mask words; ``RC_*`` columns):
-    the unit's key, the table serving every cached position (or −1: per position), the
-    mask of cached positions (holder count ≥ 1), the mask of positions held twice or
-    more, then per position the served table (vLLM's first-inserted holder,
-    ``BlockHashToBlockMap.get_one_block``; read only when the second column is −1).
+``rc`` : (cap, 2 + 2W) unit records (W = ⌈G / 64⌉ mask words; ``RC_*`` columns):
+    the unit's key, the table serving every cached position (or −1: per position, in
+    ``rs``), the mask of cached positions (holder count ≥ 1), the mask of positions held
+    twice or more. 32 bytes at G ≤ 64: the records a replay touches stay in the CPU cache.
+``rs`` : (cap, G) per position the served table of a record (vLLM's first-inserted
+    holder, ``BlockHashToBlockMap.get_one_block``), read only when its ``RC_ALL`` is −1.
     Later holders of a position (duplicates) wait in ``ov`` in insertion order; a
     position's holder count is 1 + its waiting holders. A request caches or evicts a
     range of a unit's positions with a few mask operations when it is the only holder
@@ -214,7 +215,7 @@ def block_key(ukeys, j, G):
 # A record row: key, uniform served table (or −1), W words of the cached-position mask,
 # W words of the duplicate mask, then G served tables (valid only when column 1 is −1).
 RC_KEY = 0  # the unit's key (the free-list link while the row is free)
-RC_ALL = 1  # the table serving every cached position, or −1: per position (columns S0 …)
+RC_ALL = 1  # the table serving every cached position, or −1: per position (``rs``)
 RC_M1 = 2  # first word of the mask of cached positions (holder count ≥ 1)
 
 
@@ -310,12 +311,12 @@ def _lead(rc, r, W):
 
 
 @njit(cache=True, inline="always")
-def _split(rc, r, S0, G):
+def _split(rc, rs, r, G):
     """Make the served tables per position (column RC_ALL → −1)."""
     t = rc[r, RC_ALL]
     if t >= 0:
         for k in range(G):
-            rc[r, S0 + k] = t
+            rs[r, k] = t
         rc[r, RC_ALL] = -1
 
 
@@ -355,17 +356,16 @@ def _rec_delete(rc, um, us, r):
 
 
 @njit(cache=True)
-def _add_holder(rc, ov, us, r, k, t, G):
+def _add_holder(rc, rs, ov, us, r, k, t, G):
     """Table t holds position k of record r (after any earlier holders)."""
     W = _words(G)
     M2 = RC_M1 + W
-    S0 = RC_M1 + 2 * W
     if not _bit(rc, r, RC_M1, k):
         if _empty(rc, r, W):
             rc[r, RC_ALL] = t
         elif rc[r, RC_ALL] != t:
-            _split(rc, r, S0, G)
-            rc[r, S0 + k] = t
+            _split(rc, rs, r, G)
+            rs[r, k] = t
         _rng_set(rc, r, RC_M1, k, k + 1)
         us[U_NKEYS] += 1
     else:
@@ -405,23 +405,22 @@ def _ov_take(ov, us, r, k, t):
 
 
 @njit(cache=True)
-def _drop_holder(rc, ov, um, us, r, k, t, G):
+def _drop_holder(rc, rs, ov, um, us, r, k, t, G):
     """Table t no longer holds position k of record r (a waiting holder, if any, is served
     next); the record is deleted when no position is cached."""
     W = _words(G)
     M2 = RC_M1 + W
-    S0 = RC_M1 + 2 * W
     s = rc[r, RC_ALL]
     if s < 0:
-        s = rc[r, S0 + k]
+        s = rs[r, k]
     if s == t:
         if not _bit(rc, r, M2, k):
             _rng_clear(rc, r, RC_M1, k, k + 1)
             us[U_NKEYS] -= 1
         else:
             nt, more = _ov_take(ov, us, r, k, -1)
-            _split(rc, r, S0, G)
-            rc[r, S0 + k] = nt
+            _split(rc, rs, r, G)
+            rs[r, k] = nt
             if not more:
                 _rng_clear(rc, r, M2, k, k + 1)
                 us[U_NDUP] -= 1
@@ -453,7 +452,7 @@ def _strad_remove(tb, sm, us, t):
 
 
 @njit(cache=True, inline="always")
-def _evict(tb, rc, ov, um, sm, ar, us, t, lo, hi, G):
+def _evict(tb, rc, rs, ov, um, sm, ar, us, t, lo, hi, G):
     """Blocks (t, hi) … (t, lo) taken from the queue's head lose their keys."""
     R = tb[t, T_R]
     off = tb[t, T_OFF]
@@ -465,7 +464,6 @@ def _evict(tb, rc, ov, um, sm, ar, us, t, lo, hi, G):
             _strad_remove(tb, sm, us, t)
     W = _words(G)
     M2 = RC_M1 + W
-    S0 = RC_M1 + 2 * W
     j = min(hi, R - 1)
     ulo = lo // G
     umask = um.shape[0] - 1
@@ -489,7 +487,7 @@ def _evict(tb, rc, ov, um, sm, ar, us, t, lo, hi, G):
                 sole = False
             else:
                 for q in range(qa, qe):
-                    if rc[r, S0 + q] != t:
+                    if rs[r, q] != t:
                         sole = False
                         break
         if sole:
@@ -501,7 +499,7 @@ def _evict(tb, rc, ov, um, sm, ar, us, t, lo, hi, G):
                 _rec_delete(rc, um, us, r)
         else:
             for q in range(qe - 1, qa - 1, -1):
-                _drop_holder(rc, ov, um, us, r, q, t, G)
+                _drop_holder(rc, rs, ov, um, us, r, q, t, G)
         j = a - 1
     tb[t, T_LIVE] -= hi - lo + 1
     if tb[t, T_LIVE] == 0:
@@ -510,7 +508,7 @@ def _evict(tb, rc, ov, um, sm, ar, us, t, lo, hi, G):
 
 
 @njit(cache=True, inline="always")
-def _pop(pc, tb, rc, ov, um, sm, ar, us, n, nb, G):
+def _pop(pc, tb, rc, rs, ov, um, sm, ar, us, n, nb, G):
     """Take n blocks from the head; returns (evicted, source of the last one: −1 the head
     block again, 1 the never-used range, 0 a piece)."""
     ev = 0
@@ -533,7 +531,7 @@ def _pop(pc, tb, rc, ov, um, sm, ar, us, n, nb, G):
             _piece_free(pc, us, tb, p)
         else:
             pc[p, P_HI] = hi - k
-        _evict(tb, rc, ov, um, sm, ar, us, t, hi - k + 1, hi, G)
+        _evict(tb, rc, rs, ov, um, sm, ar, us, t, hi - k + 1, hi, G)
         ev += k
         n -= k
         src = 0
@@ -543,7 +541,7 @@ def _pop(pc, tb, rc, ov, um, sm, ar, us, n, nb, G):
 
 # ---------------------------------------------------------------------- a request
 @njit(cache=True)
-def unit_request(pc, tb, rc, ov, um, sm, ar, us, ukeys, runs, seg_id, seg_end, nseg, B, U, P, kv, nb):
+def unit_request(pc, tb, rc, rs, ov, um, sm, ar, us, ukeys, runs, seg_id, seg_end, nseg, B, U, P, kv, nb):
     """One request (admit, decode to *kv*, release) on the unit pool.
 
     Returns ``(code, hit blocks, held tokens, evicted blocks at admission, grow bits)``;
@@ -613,9 +611,8 @@ def unit_request(pc, tb, rc, ov, um, sm, ar, us, ukeys, runs, seg_id, seg_end, n
                 runs[nr, 2] = h + L - 1
                 nr += 1
         else:
-            S0 = RC_M1 + 2 * W
             for q in range(L):
-                t = rc[r, S0 + q]
+                t = rs[r, q]
                 if nr > 0 and runs[nr - 1, 0] == t:
                     runs[nr - 1, 2] = h + q
                 else:
@@ -664,9 +661,9 @@ def unit_request(pc, tb, rc, ov, um, sm, ar, us, ukeys, runs, seg_id, seg_end, n
     # new blocks: the prompt's, then decode's
     n_prompt = -(-P // B) - hcap
     n_kv = -(-kv // B) - hcap
-    ev0, src = _pop(pc, tb, rc, ov, um, sm, ar, us, n_prompt, nb, G)
+    ev0, src = _pop(pc, tb, rc, rs, ov, um, sm, ar, us, n_prompt, nb, G)
     if n_kv > n_prompt:
-        _, src = _pop(pc, tb, rc, ov, um, sm, ar, us, n_kv - n_prompt, nb, G)
+        _, src = _pop(pc, tb, rc, rs, ov, um, sm, ar, us, n_kv - n_prompt, nb, G)
     # cache the new full blocks as a table of their own
     if n_full > hcap:
         t = us[U_TFREE]
@@ -701,17 +698,16 @@ def unit_request(pc, tb, rc, ov, um, sm, ar, us, ukeys, runs, seg_id, seg_end, n
                 if _empty(rc, r, W):
                     rc[r, RC_ALL] = t
                 elif rc[r, RC_ALL] != t:
-                    S0 = RC_M1 + 2 * W
-                    _split(rc, r, S0, G)
+                    _split(rc, rs, r, G)
                     for q in range(qa, qe):
-                        rc[r, S0 + q] = t
+                        rs[r, q] = t
                 _rng_set(rc, r, RC_M1, qa, qe)
                 n = qe - qa
                 us[U_NKEYS] += n
                 us[U_NHASHED] += n
             else:
                 for q in range(qa, qe):
-                    _add_holder(rc, ov, us, r, q, t, G)
+                    _add_holder(rc, rs, ov, us, r, q, t, G)
             j = a2
         n = n_full - max(hcap, R)
         if n > 0:  # irregular blocks: unique keys, only counted
@@ -744,7 +740,7 @@ def unit_request(pc, tb, rc, ov, um, sm, ar, us, ukeys, runs, seg_id, seg_end, n
 
 
 @njit(cache=True)
-def unit_span(pc, tb, rc, ov, um, sm, ar, us, ids, id_offsets, prompt_len, output_len, unit_tokens, i0, i1,
+def unit_span(pc, tb, rc, rs, ov, um, sm, ar, us, ids, id_offsets, prompt_len, output_len, unit_tokens, i0, i1,
               nb, B, key_bytes, dup_bytes, out):
     """Requests ``i0 … i1−1`` of a hash-id trace without output ids; returns
     ``(next, code, grow bits)``: code OK when all ran, otherwise request ``next`` stopped
@@ -768,7 +764,7 @@ def unit_span(pc, tb, rc, ov, um, sm, ar, us, ids, id_offsets, prompt_len, outpu
         before = us[U_EV]
         # the segments are sid[:m], send[:m]: the key kernel reads the arrays' length as the
         # segment count, and the rest of these scratch arrays holds an earlier request's
-        code, hcap, held, ev0, grow = unit_request(pc, tb, rc, ov, um, sm, ar, us, ukeys, runs, sid[:m],
+        code, hcap, held, ev0, grow = unit_request(pc, tb, rc, rs, ov, um, sm, ar, us, ukeys, runs, sid[:m],
                                                    send[:m], m, B, unit_tokens, P, kv, nb)
         if code != OK:
             return i, code, grow
@@ -789,13 +785,13 @@ def unit_span(pc, tb, rc, ov, um, sm, ar, us, ids, id_offsets, prompt_len, outpu
 
 
 @njit(cache=True)
-def unit_one(pc, tb, rc, ov, um, sm, ar, us, seg_id, seg_end, B, U, P, kv, nb):
+def unit_one(pc, tb, rc, rs, ov, um, sm, ar, us, seg_id, seg_end, B, U, P, kv, nb):
     """:func:`unit_request` for one KVSeq (its own scratch)."""
     nbk = kv // B + 1
     ukeys = np.empty(seg_id.shape[0] + 1, dtype=np.int64)
     runs = np.empty((nbk, 3), dtype=np.int64)
     before = us[U_EV]
-    code, hcap, held, ev0, grow = unit_request(pc, tb, rc, ov, um, sm, ar, us, ukeys, runs, seg_id, seg_end,
+    code, hcap, held, ev0, grow = unit_request(pc, tb, rc, rs, ov, um, sm, ar, us, ukeys, runs, seg_id, seg_end,
                                                seg_id.shape[0], B, U, P, kv, nb)
     return code, hcap, held, ev0, us[U_EV] - before, grow
 
@@ -838,8 +834,9 @@ class UnitPool:
         U, a multiple of B.
 
     Host memory grows with what is cached, not with the pool: 56 B per piece, 80 B per
-    table, (16 + 16 G) B per unit record, 24 B per waiting duplicate, 8 B per table unit,
-    two key tables of 32 B rows at load ≤ 1/2.
+    table, (16 + 16 W + 8 G) B per unit record (W = ⌈G / 64⌉; its served tables apart),
+    24 B per waiting duplicate, 8 B per table unit, two key tables of 32 B rows at load
+    ≤ 1/2.
     """
 
     def __init__(self, num_gpu_blocks: int, block_size: int, unit_tokens: int):
@@ -853,14 +850,15 @@ class UnitPool:
             self.us[c] = -1
         self.pc = np.zeros((256, NPC), dtype=np.int64)
         self.tb = np.zeros((64, NTB), dtype=np.int64)
-        self.rc = np.zeros((64, RC_M1 + 2 * ((self.G + 63) // 64) + self.G), dtype=np.int64)
+        self.rc = np.zeros((64, RC_M1 + 2 * ((self.G + 63) // 64)), dtype=np.int64)
+        self.rs = np.zeros((64, self.G), dtype=np.int64)
         self.ov = np.zeros((256, 3), dtype=np.int64)
         self.ar = np.zeros(1024, dtype=np.int64)
         self.um = np.zeros((128, 4), dtype=np.int64)
         self.sm = np.zeros((64, 4), dtype=np.int64)
 
     def _args(self):
-        return self.pc, self.tb, self.rc, self.ov, self.um, self.sm, self.ar, self.us
+        return self.pc, self.tb, self.rc, self.rs, self.ov, self.um, self.sm, self.ar, self.us
 
     def grow(self, bits: int) -> None:
         """Double the arrays named by the low 8 bits of *bits* (``G_*``); the arena is
@@ -876,6 +874,7 @@ class UnitPool:
             self.tb = bigger(self.tb)
         if bits & G_RC:
             self.rc = bigger(self.rc)
+            self.rs = bigger(self.rs)
         if bits & G_OV:
             self.ov = bigger(self.ov)
         if bits & G_AR:
