@@ -77,3 +77,20 @@ def test_jit_and_python_agree_on_random_runs():
         b = (tb.astype(np.int64), np.arange(1, n + 1, dtype=np.int64))
         brute = next((t for t in range(n) if ta[t] != tb[t]), n)
         assert common_prefix_end(*a, *b, 0, n) == brute == _py(common_prefix_end)(*a, *b, 0, n)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_segment_at_matches_searchsorted(jit):
+    """segment_at first tries the index a run of single-token segments gives (a guess it
+    checks); numpy's searchsorted is the oracle on token runs, stored runs that start
+    mid-sequence, runs with wider segments mixed in, and positions before and past them."""
+    sa = segment_at if jit else _py(segment_at)
+    rng = np.random.default_rng(7)
+    for _ in range(200 if jit else 40):
+        n = int(rng.integers(1, 25))
+        widths = np.where(rng.random(n) < 0.2, rng.integers(2, 6, n), 1)  # mostly single tokens
+        start = int(rng.integers(0, 40))  # a stored sequence begins at a segment's start
+        ends = (start + np.cumsum(widths)).astype(np.int64)
+        for t in range(0, int(ends[-1]) + 3):
+            assert sa(ends, t) == np.searchsorted(ends, t, side="right"), (ends.tolist(), t)
+    assert sa(np.zeros(0, dtype=np.int64), 5) == 0  # no segments: searchsorted's answer

@@ -23,6 +23,19 @@ _M1 = np.int64(-1)
 
 
 @njit(cache=True)
+def _seg_index(seg_end, t):
+    """``np.searchsorted(seg_end, t, side="right")``, first trying the index a run of
+    single-token segments gives (token traces: ``seg_end[s] = seg_end[0] + s``); the
+    guess is checked, so the result is the same for any segments."""
+    n = seg_end.shape[0]
+    if n > 0:
+        g = t - seg_end[0] + 1
+        if 0 <= g < n and seg_end[g] > t and (g == 0 or seg_end[g - 1] <= t):
+            return g
+    return np.searchsorted(seg_end, t, side="right")
+
+
+@njit(cache=True)
 def segment_at(seg_end, t):
     """Index of the segment that holds token position *t*.
 
@@ -38,7 +51,7 @@ def segment_at(seg_end, t):
     int
         ``s`` with ``seg_end[s-1] <= t < seg_end[s]``.
     """
-    return np.searchsorted(seg_end, t, side="right")
+    return _seg_index(seg_end, t)
 
 
 @njit(cache=True)
@@ -97,8 +110,8 @@ def common_prefix_end(a_id, a_end, b_id, b_end, pos, limit):
     """
     if pos >= limit:
         return limit
-    i = np.searchsorted(a_end, pos, side="right")
-    j = np.searchsorted(b_end, pos, side="right")
+    i = _seg_index(a_end, pos)
+    j = _seg_index(b_end, pos)
     a_start = a_end[i - 1] if i > 0 else 0
     b_start = b_end[j - 1] if j > 0 else 0
     if a_id[i] != b_id[j] or a_start != b_start:
@@ -129,7 +142,7 @@ def common_prefix_end(a_id, a_end, b_id, b_end, pos, limit):
 @njit(cache=True)
 def token_key(seg_id, seg_end, t):
     """Canonical identity ``(id, start)`` of the token at position *t* (int64 pair)."""
-    s = np.searchsorted(seg_end, t, side="right")
+    s = _seg_index(seg_end, t)
     start = seg_end[s - 1] if s > 0 else 0
     return seg_id[s], start
 
@@ -143,8 +156,8 @@ def page_span(seg_id, seg_end, t, p):
     triple of those (the tuple is the run-length encoding of the page's token identities).
     Requires ``t + p <= seg_end[-1]``.
     """
-    first = np.searchsorted(seg_end, t, side="right")
-    last = np.searchsorted(seg_end, t + p - 1, side="right")
+    first = _seg_index(seg_end, t)
+    last = _seg_index(seg_end, t + p - 1)
     start = seg_end[first - 1] if first > 0 else 0
     return first, last, start
 
@@ -439,9 +452,13 @@ def register_seq(S, G, Q, sid, send):
         S[S_QHW] = s + 1
     off = S[S_GUSED]
     n = sid.shape[0]
+    # loops over slices (indices from the loop's range): the compiler vectorises them
+    g0 = G[0, off:off + n]
+    g1 = G[1, off:off + n]
     for k in range(n):
-        G[0, off + k] = sid[k]
-        G[1, off + k] = send[k]
+        g0[k] = sid[k]
+    for k in range(n):
+        g1[k] = send[k]
     S[S_GUSED] = off + n
     Q[s, Q_OFF] = off
     Q[s, Q_LEN] = n
@@ -467,10 +484,12 @@ def compact_store(S, G, Q):
         s = live[k]
         off = Q[s, Q_OFF]
         n = Q[s, Q_LEN]
-        if off != u:
-            for t in range(n):
-                G[0, u + t] = G[0, off + t]
-                G[1, u + t] = G[1, off + t]
+        if off != u:  # u < off: a forward copy reads each element before it is overwritten
+            for r in range(2):
+                src = G[r, off:off + n]
+                dst = G[r, u:u + n]
+                for t in range(n):
+                    dst[t] = src[t]
         Q[s, Q_OFF] = u
         u += n
     S[S_GUSED] = u
@@ -774,7 +793,7 @@ def admit(S, N, H1, H2, HP, G, Q, R, sid, send, P, n_tokens):
     # the request's tokens before the hit are never read from the store (its inserts
     # walk its locked path without comparing): store from the segment before the one
     # holding position *hit*, whose end gives that segment's start
-    f = np.searchsorted(send, hit, side="right")
+    f = _seg_index(send, hit)
     f = f - 1 if f > 0 else 0
     s = register_seq(S, G, Q, sid[f:], send[f:])
     if split != -1:

@@ -8,6 +8,11 @@ write the row :func:`radixkv.replay.sequential.replay_sequential` would write fr
 whenever the Python path would do something the kernel does not: grow or compact the
 arrays (the same upper bounds as ``RadixCache._reserve``), report a request that does
 not fit the pool, or a refusal.
+
+Speed (same results): the loop runs on borrowed views of its arrays
+(:func:`radixkv.policies._borrow.borrow`: no atomic reference counts in the tree
+kernels' calls), and a token request's segments are built by copying its ids only, the
+ends ``1, 2, …`` being kept in the scratch array between requests (``_token_seq_into``).
 """
 from __future__ import annotations
 
@@ -15,11 +20,41 @@ import numba as nb
 import numpy as np
 
 from radixkv.policies import _radix_kernels as K
+from radixkv.policies._borrow import borrow
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len, prefetch_request
 
 # column order of the ``out`` array (a subset of radixkv.replay.records.COLUMNS)
 C_PROMPT, C_HIT, C_HELD, C_EVICTED, C_USED, C_CACHED, C_FREE, C_VALID, C_CTOK, C_META = range(10)
 NC = 10
+
+
+@nb.njit(cache=True)
+def _token_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, P, kv, unit_tokens, i, sid, send):
+    """``kv_seq_into`` for a request of single-token segments (unit 1, one id per prompt
+    token), with *send* kept as ``send[j] = j + 1`` between requests: copies the ids
+    only (loops over slices, which the compiler vectorises). Returns the index of the one
+    end it changed (the unique output segment's), −1 for none, or −2 when the request
+    is not of this form (nothing written: the caller uses ``kv_seq_into``)."""
+    a = id_offsets[i]
+    k = id_offsets[i + 1] - a
+    if unit_tokens != 1 or k != P:
+        return -2
+    src = ids[a:a + k]
+    dst = sid[:k]
+    for j in range(k):
+        dst[j] = src[j]
+    if kv <= P:
+        return -1
+    if has_out:
+        b = out_offsets[i]
+        src = out_ids[b:b + kv - P]
+        dst = sid[k:kv]
+        for j in range(kv - P):
+            dst[j] = src[j]
+        return -1
+    sid[k] = -(2 * i + 2)  # types._unique_output_id
+    send[k] = kv
+    return k
 
 
 @nb.njit(cache=True)
@@ -39,7 +74,23 @@ def replay_span(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets
         if m > n_max:
             n_max = m
     sid = np.empty(n_max, dtype=np.int64)
-    send = np.empty(n_max, dtype=np.int64)
+    send = np.empty(n_max + 1, dtype=np.int64)
+    for j in range(n_max + 1):
+        send[j] = j + 1
+    # the views are borrowed from this call's arguments and *sid* / *send*, all alive
+    # until ``_loop`` returns
+    return _loop(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow(HP), borrow(G), borrow(Q), borrow(R),
+                 borrow(ids), borrow(id_offsets), borrow(out_ids), borrow(out_offsets), has_out,
+                 borrow(prompt_len), borrow(output_len), unit_tokens, i0, i1, num_slots, page, borrow(hi),
+                 node_bytes, token_bytes, borrow(out), borrow(sid), borrow(send))
+
+
+@nb.njit(cache=True)
+def _loop(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
+          output_len, unit_tokens, i0, i1, num_slots, page, hi, node_bytes, token_bytes, out, sid, send):
+    """The loop of :func:`replay_span` on borrowed views; *sid*, *send*: scratch of
+    length ≥ the longest request's segment count (+1 for *send*, which holds
+    ``send[j] = j + 1`` on entry and on return)."""
     for i in range(i0, i1):
         P = prompt_len[i]
         kv = P + max(output_len[i] - 1, 0)
@@ -61,12 +112,19 @@ def replay_span(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets
             hi[0] = nn + 1 + 18
             hi[1] = S[K.S_GUSED] + m
             hi[2] = S[K.S_QHW] + 1
-        kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
-                    sid, send)
+        fix = _token_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, P, kv, unit_tokens, i, sid, send)
+        if fix == -2:
+            kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
+                        sid, send)
         if i + 1 < i1:
             prefetch_request(ids, id_offsets, out_ids, out_offsets, has_out, i + 1)
         before = S[K.S_EVTOT]
         status, hit, held, ev, evtot, evn = K.run_request(S, N, H1, H2, HP, G, Q, R, sid[:m], send[:m], P)
+        if fix >= 0:
+            send[fix] = fix + 1
+        elif fix == -2:
+            for j in range(m):
+                send[j] = j + 1
         if status != 1:
             return i, status
         r = i - i0
