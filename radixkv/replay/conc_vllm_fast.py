@@ -18,6 +18,7 @@ import numpy as np
 from radixkv.errors import ConfigError
 from radixkv.policies import _hash_kernels as K
 from radixkv.replay import _conc_vllm_kernels as CK
+from radixkv.replay import _conc_vllm_unit_kernels as UK
 
 _EXACT = 2**53
 #: requests finished between two progress reports of the compiled loop
@@ -49,6 +50,39 @@ def _eligible(trace, policy, cost, config, sch) -> bool:
     if budget * (kv_max + budget) >= _EXACT // 4:
         return False
     return True
+
+
+def _unit_eligible(trace, policy) -> bool:
+    """True when the loop may run on the unit-keyed pool (:mod:`radixkv.replay._conc_vllm_unit_kernels`):
+    ``policy.unit_granular`` (the switch the sequential replay uses too), a fresh pool with
+    64-bit keys, ``block_size`` ≥ 2, a hash-id trace whose unit is a multiple of it with
+    every id ≥ 0 and no output ids, compiled kernels."""
+    U = int(trace.unit_tokens)
+    B = int(policy.block_size)
+    if not (getattr(policy, "unit_granular", False) and B >= 2 and U >= B and U % B == 0
+            and trace.out_ids is None and int(policy._key_mask) == 0xFFFFFFFFFFFFFFFF
+            and getattr(policy, "_unit", None) is None and hasattr(UK.run_loop, "py_func")):
+        return False
+    if len(trace.ids) and int(np.min(trace.ids)) < 0:
+        return False
+    if policy._arrays is not None:
+        st = policy._st
+        if st[K.ST_NHASHED] != 0 or st[K.ST_NUSED] != 0 or st[K.ST_EVICTIONS] != 0:
+            return False
+    # the block records' int32 fields hold irregular-arena rows
+    return int(np.sum(np.maximum((trace.prompt_len + np.maximum(trace.output_len - 1, 0)) // B, 0))) < 2**31
+
+
+class _UnitConsumed:
+    """Stands in for ``BlockHashCache._unit`` after a concurrent replay on the unit-keyed
+    pool: that pool's state is not the policy's per-block state, so the policy cannot go on."""
+
+    def _refuse(self, *a, **k):
+        raise RuntimeError("this BlockHashCache ran a concurrent replay on the unit-keyed pool "
+                           "(radixkv.replay._conc_vllm_unit_kernels) and keeps no per-block state; "
+                           "use a fresh pool (or unit_granular = False)")
+
+    run_request = span = counters = largest_free_run = _refuse
 
 
 def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast_forward: bool, progress,
@@ -105,10 +139,24 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     G = int(nseg.max())
     W = int(-(-int(kvlen.max()) // B))
     tr = (ids, id_off, oids, ooff, has_out, P, N, U)
-    # widen the content-piece arrays once to what the whole trace needs
-    mp = int(CK.max_block_pieces(ids, id_off, oids, ooff, has_out, P, N, U, B, G))
-    if mp - 1 > policy._pcid.shape[1]:
-        policy._grow_pieces(mp)
+    unit = _unit_eligible(trace, policy)
+    if unit:
+        GU = U // B
+        nu = nprompt.astype(np.int64)
+        covered = np.where(nu > 0, np.minimum(nu * U, P), 0)
+        R = covered // B
+        nirr = np.maximum(kvlen // B - R, 0)
+        ioff = np.concatenate(([0], np.cumsum(nirr)[:-1])).astype(np.int64)
+        sj = np.where(covered % B != 0, R, -1)
+        rinfo = np.ascontiguousarray(np.stack((R, covered, nu, ioff, sj, np.where(nu > 0, R * B - (nu - 1) * U, 0))),
+                                     dtype=np.int64)
+        NUW = max(int(nu.max()), 1)
+        upol = UK.new_pool(int(policy.num_gpu_blocks), GU, int(nirr.sum()), int(np.count_nonzero(sj >= 0)), 4096)
+    else:
+        # widen the content-piece arrays once to what the whole trace needs
+        mp = int(CK.max_block_pieces(ids, id_off, oids, ooff, has_out, P, N, U, B, G))
+        if mp - 1 > policy._pcid.shape[1]:
+            policy._grow_pieces(mp)
     cap_run = int(min(int(config.max_num_seqs), n))
     rq = np.zeros((16, n), dtype=np.int64)
     rq[0] = P
@@ -122,10 +170,15 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     wq = np.zeros(n, dtype=np.int64)
     run = np.zeros(cap_run, dtype=np.int64)
     plan = np.zeros((4, cap_run), dtype=np.int64)
-    scratch = (np.zeros(max(W, 1), dtype=np.int64), np.zeros(max(W, 1), dtype=np.int64),
-               np.zeros(G, dtype=np.int64), np.zeros(G, dtype=np.int64))
+    KW = NUW if unit else max(W, 1)  # unit keys or block keys per request
+    if unit:  # rows of 2-D arrays: the unit kernels index a table and a row, not a view
+        scratch = (np.zeros((1, KW), dtype=np.int64), np.zeros((1, max(W, 1)), dtype=np.int64),
+                   np.zeros(G, dtype=np.int64), np.zeros(G, dtype=np.int64))
+    else:
+        scratch = (np.zeros(KW, dtype=np.int64), np.zeros(max(W, 1), dtype=np.int64),
+                   np.zeros(G, dtype=np.int64), np.zeros(G, dtype=np.int64))
     n_sl = min(cap_run, _SLOTS0)
-    sa = _slots(n_sl, W, G)
+    sa = _slots(n_sl, W, G, KW=KW, unit=unit)
     free_slots = np.arange(n_sl - 1, -1, -1, dtype=np.int64)
     pf_n = np.zeros(_LOG0 + cap_run, dtype=np.int64)
     pf_c = np.zeros_like(pf_n)
@@ -149,8 +202,9 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     rows = _TL0 if timeline else 0
     tl_i = np.zeros((7, rows), dtype=np.int64)
     tl_t = np.zeros(rows, dtype=np.float64)
-    st = policy._st
-    stk = policy._stk
+    if not unit:
+        st = policy._st
+        stk = policy._stk
     from radixkv.replay import _miss_rec_kernels as MR
 
     if recorder is not None:
@@ -160,13 +214,21 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     step = _PROGRESS_EVERY if progress is not None else n
     stop = step
     reported = 0
-    ev0 = int(st[K.ST_EVICTIONS])
+    ev0 = 0 if unit else int(st[K.ST_EVICTIONS])
     while True:
-        pol = (policy._blk, policy._b32, policy._kt, policy._k32, policy._pcid, policy._pcs, st, stk)
-        status = CK.run_loop(tr, pol, policy._key_mask, B, int(policy.num_slots), cfg, kind, cp, rq, rf, wq, run,
-                             plan, sa, free_slots, scratch, pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop, rec)
+        if unit:
+            status = UK.run_loop(tr, upol, rinfo, B, GU, int(policy.num_slots), cfg, kind, cp, rq, rf, wq, run, plan,
+                                 sa, free_slots, scratch, pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop, rec)
+        else:
+            pol = (policy._blk, policy._b32, policy._kt, policy._k32, policy._pcid, policy._pcs, st, stk)
+            status = CK.run_loop(tr, pol, policy._key_mask, B, int(policy.num_slots), cfg, kind, cp, rq, rf, wq,
+                                 run, plan, sa, free_slots, scratch, pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop,
+                                 rec)
         if status == CK.S_DONE:
             break
+        if unit and status == UK.S_GROW_UNITS:
+            upol = _grow_units(upol, B, cfg, cap_run)
+            continue
         if status == CK.S_PROGRESS:
             reported = int(ist[CK.I_DONE])
             progress(reported, n)
@@ -174,7 +236,7 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
         elif status == CK.S_GROW_SLOTS:
             old = sa[0].shape[0]
             new = min(cap_run, 2 * old)
-            sa = _slots(new, W, G, sa)
+            sa = _slots(new, W, G, sa, KW=KW, unit=unit)
             fs = np.zeros(new, dtype=np.int64)
             k = int(ist[CK.I_NFREE])
             fs[:k] = free_slots[:k]
@@ -208,7 +270,11 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
         progress(n, n)
     if recorder is not None:
         recorder.take_compiled(rec)
-    ev = int(st[K.ST_EVICTIONS]) - ev0
+    if unit:
+        ev = int(upol[6][UK.Q_EV])
+        policy._unit = _UnitConsumed()
+    else:
+        ev = int(st[K.ST_EVICTIONS]) - ev0
     policy.evictions += ev
     policy.evicted_tokens_total += ev * B
     # prefill FLOPs: each logged step's items summed as _Integrals.prefill sums them
@@ -269,14 +335,40 @@ def warm(block_size: int = 16) -> None:
     replay_concurrent(tr, BlockHashCache(8, B), UnitStepCost())
 
 
-def _slots(n_sl, W, G, old=None):
-    """Per-slot arrays (keys, block table, segment ids, segment ends, nseg, nblk, ntok),
-    keeping the rows of *old*."""
-    new = (np.zeros((n_sl, max(W, 1)), dtype=np.int64), np.zeros((n_sl, max(W, 1)), dtype=np.int64),
+def _slots(n_sl, W, G, old=None, KW=None, unit=False):
+    """Per-slot arrays (block keys — unit keys when *unit* —, block table, segment ids,
+    segment ends, nseg, nblk, ntok, and with *unit* the slot's request), keeping the rows
+    of *old*."""
+    new = (np.zeros((n_sl, max(W, 1) if KW is None else KW), dtype=np.int64),
+           np.zeros((n_sl, max(W, 1)), dtype=np.int64),
            np.zeros((n_sl, G), dtype=np.int64), np.zeros((n_sl, G), dtype=np.int64),
            np.zeros(n_sl, dtype=np.int64), np.zeros(n_sl, dtype=np.int64), np.zeros(n_sl, dtype=np.int64))
+    if unit:
+        new = new + (np.zeros(n_sl, dtype=np.int64),)
     if old is not None:
         k = old[0].shape[0]
         for a, b in zip(new, old):
             a[:k] = b
     return new
+
+
+def _grow_units(pol, B, cfg, cap_run):
+    """The unit pool with room for one more iteration's unit records (``UK.run_loop``'s
+    bound): ``rc`` doubled and ``um`` rehashed as needed."""
+    bk, rc, um, ir, sm, skey, q, ring = pol
+    need = int(q[UK.Q_NREC]) + 2 * (int(cfg[1]) // B) + 4 * cap_run + 4
+    if rc.shape[0] < need:
+        size = rc.shape[0]
+        while size < need:
+            size *= 2
+        new = np.zeros((size, rc.shape[1]), dtype=np.int64)
+        new[: rc.shape[0]] = rc
+        rc = new
+    if um.shape[0] < 2 * need:
+        size = um.shape[0]
+        while size < 2 * need:
+            size *= 2
+        new = np.zeros((size, 2), dtype=np.int64)
+        UK.rehash(um, new)
+        um = new
+    return bk, rc, um, ir, sm, skey, q, ring
