@@ -327,12 +327,11 @@ RI_R, RI_COV, RI_NU, RI_IOFF, RI_SJ, RI_SOFF = range(6)
 
 
 @njit(cache=True, inline="always")
-def _take_new(pol, tbl2d, sl, at, n_new):
+def _take_new(bk, rc, um, ir, sm, skey, q, ring, tbl2d, sl, at, n_new):
     """Pop *n_new* blocks from the free queue's head into ``tbl2d[sl, at:]``, evicting
     their keys (vLLM ``BlockPool.get_new_blocks``); returns the evicted count. (The
     per-block work is written out in the loop: a helper call or a tuple unpacked per
     block costs Numba's atomic reference counts on every array.)"""
-    bk, rc, um, ir, sm, skey, q, ring = pol
     ev = 0
     mask = ring.shape[0] - 1
     qh = q[Q_QH]
@@ -552,7 +551,7 @@ def admit(pol, i, uk2d, sl, rinfo, send2d, G, U, B, n_tok, asked, first, tbl2d):
         bk[b, B_REF] += 1
     t = max(asked, hcap * B)
     nblk = (t + B - 1) // B
-    ev = _take_new(pol, tbl2d, sl, hcap, nblk - hcap)
+    ev = _take_new(bk, pol[1], pol[2], pol[3], pol[4], pol[5], q, ring, tbl2d, sl, hcap, nblk - hcap)
     _cache_full(pol, tbl2d, sl, hcap, t // B, i, uk2d, sl, rinfo, G, U, B)
     return OK, hcap, held, ev, nblk
 
@@ -607,7 +606,8 @@ def _extend(pol, sa, sl, n, B, G, U, rinfo, ist):
     if n_new > pol[6][Q_FQLEN]:
         return False
     if n_new > 0:
-        ist[I_EV] += _take_new(pol, tbl2d, sl, nb0, n_new)
+        ist[I_EV] += _take_new(pol[0], pol[1], pol[2], pol[3], pol[4], pol[5], pol[6], pol[7], tbl2d, sl, nb0,
+                               n_new)
     if t // B > n0 // B:
         _cache_full(pol, tbl2d, sl, n0 // B, t // B, sa[7][sl], uk2d, sl, rinfo, G, U, B)
     s_nblk[sl] = nblk
@@ -691,8 +691,15 @@ def _head_lookup(pol, tr, i, L, B, G, rinfo, huk, htbl, hsid, hsend, ist, blocks
 
 @njit(cache=True)
 def _decode_run(pol, sa, slots, kv0, B, G, U, rinfo, k, out, ist):
-    """``_conc_vllm_kernels._decode_run`` on this pool."""
-    q = pol[6]
+    """``_conc_vllm_kernels._decode_run`` on this pool. A slot's growth that takes at most
+    one new block and caches only irregular blocks (output: the common case) is done here
+    with the arrays bound once (each inlined call binding arrays costs Numba's atomic
+    reference counts); other growth goes through :func:`_extend`."""
+    bk, rc, um, ir, sm, skey, q, ring = pol
+    tbl2d = sa[1]
+    s_nblk = sa[5]
+    s_ntok = sa[6]
+    s_req = sa[7]
     n = slots.shape[0]
     cnt = np.zeros(B + 1, dtype=np.int64)
     for i in range(n):
@@ -733,7 +740,43 @@ def _decode_run(pol, sa, slots, kv0, B, G, U, rinfo, k, out, ist):
             m = t - applied[i]
             if m <= 0:
                 continue
-            if not _extend(pol, sa, slots[i], m, B, G, U, rinfo, ist):
+            sl = slots[i]
+            n0 = s_ntok[sl]
+            nt = n0 + m
+            nb0 = s_nblk[sl]
+            nblk = (nt + B - 1) // B
+            n_new = nblk - nb0
+            rq_ = s_req[sl]
+            lo_ = n0 // B
+            hi_ = nt // B
+            sj = rinfo[RI_SJ, rq_]
+            if n_new <= 1 and lo_ >= rinfo[RI_R, rq_] and not (lo_ <= sj < hi_):
+                if n_new > q[Q_FQLEN]:
+                    return i
+                if n_new == 1:
+                    ist[I_EV] += _take_new(bk, rc, um, ir, sm, skey, q, ring, tbl2d, sl, nb0, 1)
+                for j in range(lo_, hi_):  # irregular blocks join their position's holders
+                    b = tbl2d[sl, j]
+                    a = rinfo[RI_IOFF, rq_] + j - rinfo[RI_R, rq_]
+                    cn = ir[a, 2]
+                    bk[b, B_DNEXT] = -1
+                    if cn == 0:
+                        ir[a, 0] = b
+                        bk[b, B_DPREV] = -1
+                    else:
+                        tt = ir[a, 1]
+                        bk[tt, B_DNEXT] = b
+                        bk[b, B_DPREV] = tt
+                    ir[a, 1] = b
+                    ir[a, 2] = cn + 1
+                    bk[b, B_KIND] = KIND_IRR
+                    bk[b, B_POS] = a
+                if hi_ > lo_:
+                    q[Q_NHASHED] += hi_ - lo_
+                s_nblk[sl] = nblk
+                ist[I_PARTIAL] += nt % B - n0 % B
+                s_ntok[sl] = nt
+            elif not _extend(pol, sa, sl, m, B, G, U, rinfo, ist):
                 return i
             A += m
             applied[i] = t
@@ -894,8 +937,29 @@ def run_loop(tr, pol, rinfo, B, G, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
         cap = threshold if nrun + ist[I_WLEN] > 1 else 0
         k = 0
         while k < nrun and budget > 0:
-            nrun, made, c, ok = _serve(run[k], nrun, cap, budget, pol, sa, B, G, U, rinfo, ist, run, ctx, target, kv, slot_of,
-                                       preemptions, wq, wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_, rec)
+            r = run[k]
+            if ctx[r] >= target[r]:
+                # a decode whose token needs no new block and fills none: _serve's outcome
+                # without the pool call (most decode steps)
+                sl = slot_of[r]
+                n0 = s_ntok[sl]
+                need = ctx[r] + 1 - kv[r]
+                if need <= 0 or (need == 1 and n0 % B != 0 and (n0 + 1) % B != 0):
+                    if need == 1:
+                        s_ntok[sl] = n0 + 1
+                        ist[I_PARTIAL] += 1
+                        kv[r] = n0 + 1
+                    p_req[np_] = r
+                    p_new[np_] = 1
+                    p_ctx[np_] = ctx[r]
+                    p_pre[np_] = 0
+                    np_ += 1
+                    budget -= 1
+                    k += 1
+                    continue
+            nrun, made, c, ok = _serve(r, nrun, cap, budget, pol, sa, B, G, U, rinfo, ist, run, ctx, target, kv,
+                                       slot_of, preemptions, wq, wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_,
+                                       rec)
             preempted += made
             if not ok:
                 break
