@@ -9,8 +9,12 @@ fast-forward (the default) and, with ``--no-ff``, without it; and prints the rat
 concurrent / sequential (the target is ≤ 3), on wall and on CPU time (``time.process_time``, less
 sensitive to other processes). Each timing is the best of ``--repeat``; the
 load average is printed before and after (a loaded machine inflates both timings).
+``--per-block`` also times the concurrent replay of ``vllm:B`` policies on the per-block
+pool (``BlockHashCache.unit_granular = False``; by default a hash-id trace runs on the
+unit-keyed pool of ``radixkv.replay._conc_vllm_unit_kernels``, same results).
 
     python experiments/bench_concurrent.py [--policies vllm:16,sglang:1] [--time-scale 10] [--repeat 1] [--no-ff]
+        [--per-block]
 """
 from __future__ import annotations
 
@@ -49,6 +53,8 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=10.0)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--no-ff", action="store_true", help="also time the concurrent replay without fast-forward")
+    ap.add_argument("--per-block", action="store_true",
+                    help="also time vllm:B's concurrent replay on the per-block pool (unit_granular = False)")
     a = ap.parse_args()
     path = shared("traces", "mooncake-fast25", "conversation_trace.jsonl")
     trace = load_trace(path)
@@ -67,10 +73,14 @@ def main() -> None:
         replay_concurrent(trace.head(200), build_policy(spec, pool, unit_tokens=trace.unit_tokens), cost,
                           arrivals=arr[:200])
         t_seq, c_seq, _ = _best(lambda: run_replay(trace, spec, pool), a.repeat)
-        runs = [("concurrent", True)] + ([("concurrent, no fast-forward", False)] if a.no_ff else [])
-        for name, ff in runs:
+        runs = [("concurrent", True, True)] + ([("concurrent, no fast-forward", False, True)] if a.no_ff else [])
+        if a.per_block and hasattr(build_policy(spec, pool), "unit_granular"):
+            runs.append(("concurrent, per-block pool", True, False))
+        for name, ff, unit in runs:
             def conc():
                 pol = build_policy(spec, pool, unit_tokens=trace.unit_tokens)
+                if not unit:
+                    pol.unit_granular = False
                 return replay_concurrent(trace, pol, cost, arrivals=arr, fast_forward=ff)
             t_conc, c_conc, res = _best(conc, a.repeat)
             sm = res.summary()

@@ -10,6 +10,15 @@ per-step hook is asked for, and the kernels are compiled. Otherwise it
 returns None and the Python loop runs. Both paths give the same
 :class:`~radixkv.replay.concurrent.ConcurrentResult`, byte for byte
 (``tests/test_conc_vllm_fast.py`` compares them).
+
+On a hash-id trace whose unit is a multiple of ``block_size`` (≥ 2), without output ids,
+on a fresh pool with ``unit_granular`` on (:func:`_unit_eligible`), the loop runs on the
+unit-keyed pool of :mod:`radixkv.replay._conc_vllm_unit_kernels` instead (the same block
+ids and free queue, cached blocks found per unit instead of per block): the same bytes
+again (``tests/test_conc_vllm_unit.py``), about 5× less CPU on the Mooncake trace
+(docs/performance.md, "The concurrent replay against the sequential one"). Afterwards the
+policy keeps no per-block state: its per-block hooks and ``stats`` raise
+``RuntimeError``. ``unit_granular = False`` keeps the per-block loop (the reference).
 """
 from __future__ import annotations
 
@@ -333,6 +342,11 @@ def warm(block_size: int = 16) -> None:
     tr = Trace.from_requests(req_id=["w0", "w1"], arrival_s=[0.0, 0.0], prompt_len=[2 * B, B + 1],
                              output_len=[3, 2], prompt_ids=[list(range(2 * B)), list(range(B + 1))], name="warmup")
     replay_concurrent(tr, BlockHashCache(8, B), UnitStepCost())
+    if B >= 2:  # the unit-keyed pool's loop: a hash-id trace of 2-block units
+        tu = Trace.from_requests(req_id=["u0", "u1"], arrival_s=[0.0, 0.0], prompt_len=[4 * B - 1, 3 * B],
+                                 output_len=[3, 1], prompt_ids=[[1, 2], [1, 3]], unit_tokens=2 * B,
+                                 partial_last_unit=True, name="warmup")
+        replay_concurrent(tu, BlockHashCache(16, B), UnitStepCost())
 
 
 def _slots(n_sl, W, G, old=None, KW=None, unit=False):
