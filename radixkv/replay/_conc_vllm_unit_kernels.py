@@ -8,10 +8,12 @@ kernels of :mod:`radixkv.policies._hash_kernels`. It applies to a hash-id trace 
 unit U is a multiple of ``block_size`` B (G = U / B blocks per unit), every id ≥ 0,
 without output ids (:func:`radixkv.replay.conc_vllm_fast.replay_compiled` decides).
 
-What is the same as the per-block pool: the block ids, the free queue (a doubly linked
-list of block records, vLLM ``FreeKVCacheBlockQueue``: ``get_new_blocks`` pops the head,
-``touch`` takes a hit block out, ``free_blocks`` appends a hashed block to the tail and
-pushes an unhashed one on the head, tail first), each block's ref_cnt, the hit rule
+What is the same as the per-block pool: the block ids, the free queue's order (vLLM
+``FreeKVCacheBlockQueue``: ``get_new_blocks`` pops the head, ``touch`` takes a hit block
+out, ``free_blocks`` appends a hashed block to the tail and pushes an unhashed one on the
+head, tail first — kept here as a ring of block ids in which a touched block leaves a
+hole, so a pop reads the next id from an array and the block records can be prefetched
+ahead, instead of chasing a linked list), each block's ref_cnt, the hit rule
 (first-inserted holder served, vLLM ``BlockHashToBlockMap``) and the counters the loop
 reads (used / cached / hashed blocks, free-queue length, evictions). So block tables and
 every output are those of the per-block loop.
@@ -41,12 +43,19 @@ side), the same assumption as the per-block pool's (``_hash_kernels`` module doc
 The reachable-key count, content pieces and metadata are not kept: the concurrent loop
 reads none of them.
 
-Arrays (``pol`` tuple, the caller owns them): ``bk`` int32 (nb, NBK) block records
-(``B_*``); ``rc`` int64 (cap, 2 + 3G) unit records (cached positions / free-list link,
+Arrays (``pol`` tuple ``bk, rc, um, ir, sm, skey, q, ring``, the caller owns them):
+``bk`` int32 (nb, NBK) block records (``B_*``: ref_cnt, ring slot or −1, kind, unit
+record or arena row, position, holders' chain links, straddle links and length); ``rc`` int64 (cap, 2 + 3G) unit records (cached positions / free-list link,
 unit key, per position head, tail, count); ``um`` int64 (2^k, 2) unit key → record + 1;
 ``ir`` int64 (n_irr, 3) per-request irregular positions (head, tail, count); ``sm``
 int64 (2^k, 2) straddle group key → first straddle block + 1; ``skey`` int64 (nb,) a
-straddle's group key; ``q`` int64 (NQ,) counters ``Q_*``.
+straddle's group key; ``q`` int64 (NQ,) counters ``Q_*`` (the ring's head and tail are
+positions that only grow, except a push on the head; a slot is position & (size − 1));
+``ring`` int32 (2^k ≥ 2 nb,) the free queue, −1 = a hole.
+
+Speed (docs/performance.md): the per-block work is written out inside the loops, and the
+commonest decode growth is done without a pool call, because every array bound by an
+inlined call or a tuple unpack costs Numba two atomic reference-count operations.
 """
 from __future__ import annotations
 
