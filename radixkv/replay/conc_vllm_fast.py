@@ -15,7 +15,7 @@ On a hash-id trace whose unit is a multiple of ``block_size`` (≥ 2), without o
 on a fresh pool with ``unit_granular`` on (:func:`_unit_eligible`), the loop runs on the
 unit-keyed pool of :mod:`radixkv.replay._conc_vllm_unit_kernels` instead (the same block
 ids and free queue, cached blocks found per unit instead of per block): the same bytes
-again (``tests/test_conc_vllm_unit.py``), about 5× less CPU on the Mooncake trace
+again (``tests/test_conc_vllm_unit.py``), 7–9× less CPU on the Mooncake trace
 (docs/performance.md, "The concurrent replay against the sequential one"). Afterwards the
 policy keeps no per-block state: its per-block hooks and ``stats`` raise
 ``RuntimeError``. ``unit_granular = False`` keeps the per-block loop (the reference).
