@@ -77,11 +77,16 @@ def without_compiling(fn, *args, **kwargs):
     """Call ``fn(*args, **kwargs)`` but stop, raising :class:`ColdCache`, at the first
     Numba compile it would start: kernels already loaded or in Numba's on-disk cache
     (``NUMBA_CACHE_DIR``) run; a kernel that would compile ends the call (nothing is
-    left half-compiled)."""
+    left half-compiled). Compiles of Numba's own helpers (``numba.*``, e.g. the
+    constructor of a ``numba.typed.List``, which Numba compiles in every process and never
+    caches on disk) do not count: they cost well under a second and no warm-up avoids them."""
     from numba.core import event
 
     class _Stop(event.Listener):
         def on_start(self, ev):
+            fn = getattr(ev.data.get("dispatcher"), "py_func", None)
+            if (getattr(fn, "__module__", None) or "").split(".")[0] == "numba":
+                return
             raise ColdCache()
 
         def on_end(self, ev):

@@ -171,3 +171,19 @@ def test_interpreted_kernels_do_not_warn_on_uint64_wraparound(monkeypatch, resto
     assert causes["miss_compulsory_tokens"] == [40, 8]
     assert causes["miss_alignment_tokens"] == [0, 40 - hit]
     assert causes["miss_capacity_tokens"] == [0, 0]
+
+
+def test_a_warmed_up_cache_is_warm_in_the_next_process():
+    # `radixkv warmup vllm:16 sglang:1` fills Numba's cache; a later process must find it
+    # warm (and so replay compiled): vLLM's block pool builds a numba.typed.List, whose
+    # constructor Numba compiles in every process and never caches, and that compile
+    # made the probe report a cold cache forever
+    env = dict(os.environ, RADIXKV_JIT="auto", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    specs = '[parse_policy("vllm:16"), parse_policy("sglang:1")]'
+    head = "from radixkv.policies.registry import parse_policy\nfrom radixkv.replay import jit, run\n"
+    for code in (head + f"for s in {specs}: run.warmup(s)\n",
+                 head + f"print([jit.is_warm(s) for s in {specs}])\n"):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900,
+                             cwd=ROOT)
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[True, True]"
