@@ -195,3 +195,21 @@ def test_example_config_parses():
     cfg = load_config(Path(__file__).parents[1] / "examples" / "check" / "demo.toml")
     assert [p.label for p in cfg.policies] == ["vllm:16", "sglang:1"]
     assert len(cfg.assertions) == 2 * 4 + 2
+
+
+def test_a_relative_variable_starting_a_path_is_relative_to_the_current_folder(tmp_path, monkeypatch):
+    # `RADIXKV_SHARED=../shared radixkv check tests/data/golden/check_shared.toml` (the README's
+    # test command, and the file's own comment): ../shared is where the shell was, not
+    # tests/data/golden/../shared
+    from radixkv.check.config import load_config
+
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.jsonl").write_text('{"id": "a", "tokens": [1, 2, 3], "output_tokens": [4]}\n')
+    (tmp_path / "cfgdir").mkdir()
+    cfg = tmp_path / "cfgdir" / "c.toml"
+    cfg.write_text('[[trace]]\npath = "${RADIXKV_TEST_REL}/x.jsonl"\n[[policy]]\npolicy = "vllm:16"\n'
+                   'capacity_tokens = 100\n[[assert]]\nmin_token_hit_rate = 0.0\n')
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.setenv("RADIXKV_TEST_REL", "../data")
+    assert [Path(t.path) for t in load_config(cfg).traces] == [tmp_path / "data" / "x.jsonl"]

@@ -178,13 +178,18 @@ class _Ctx:
 
 
 def _expand(text: str, ctx: _Ctx, **where) -> str:
-    """Expand ``$NAME`` and ``${NAME}``; an unset variable is an error naming it."""
+    """Expand ``$NAME`` and ``${NAME}``; an unset variable is an error naming it.
+
+    A variable that starts *text* and holds a relative path (``RADIXKV_SHARED=../shared``)
+    is taken relative to the current folder, where the shell that set it was, not to the
+    configuration file's folder: it is made absolute."""
 
     def sub(m):
         name = m.group(1) or m.group(2)
         if name not in os.environ:
             raise ctx.error(f"environment variable ${name} is not set", **where)
-        return os.environ[name]
+        value = os.environ[name]
+        return os.path.abspath(value) if m.start() == 0 and value and not os.path.isabs(value) else value
 
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", sub, text)
 
