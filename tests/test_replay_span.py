@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from radixkv.errors import ConfigError
 from radixkv.policies.registry import PoolSpec, build_policy, parse_policy
 from radixkv.replay.sequential import replay_sequential
-from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
+from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_is_prompt_ids, kv_seq_len
 from radixkv.trace.types import Trace
 from conftest import draw_prompt_len
 
@@ -83,6 +83,10 @@ def test_kv_seq_kernel_equals_trace_kv_seq(t):
                           sid, send)
         assert got == m == len(want.seg_id)
         assert sid[:m].tolist() == want.seg_id.tolist() and send[:m].tolist() == want.seg_end.tolist()
+        if kv_seq_is_prompt_ids(t.id_offsets, t.prompt_len, t.output_len, t.unit_tokens, i):
+            # the span's views: the prompt ids, ending at 1 … P
+            assert want.seg_id.tolist() == t.prompt_ids(i).tolist()
+            assert want.seg_end.tolist() == list(range(1, int(t.prompt_len[i]) + 1))
 
 
 @settings(max_examples=EXAMPLES, deadline=None)

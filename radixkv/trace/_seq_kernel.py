@@ -79,6 +79,16 @@ def kv_seq_len(id_offsets, out_offsets, has_out, prompt_len, output_len, unit_to
 
 
 @nb.njit(cache=True)
+def kv_seq_is_prompt_ids(id_offsets, prompt_len, output_len, unit_tokens, i):
+    """Whether request *i*'s segments are exactly its P prompt ids, one token each: a
+    token trace's request (unit 1) whose ids cover the prompt and whose KV extent is the
+    prompt (at most one output token). Then :func:`kv_seq_into` would write
+    ``seg_id = ids[a:a + P]`` and ``seg_end = 1 … P`` (a = ``id_offsets[i]``), so a loop
+    may use views of the ids instead of copying them."""
+    return unit_tokens == 1 and output_len[i] <= 1 and id_offsets[i + 1] - id_offsets[i] == prompt_len[i]
+
+
+@nb.njit(cache=True)
 def kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
                 seg_id, seg_end):
     """Write request *i*'s segments into ``seg_id[:n]``, ``seg_end[:n]`` (int64); returns n."""
@@ -86,17 +96,19 @@ def kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, outp
     kv = P + max(output_len[i] - 1, 0)
     a = id_offsets[i]
     k = id_offsets[i + 1] - a
-    n = 0
+    # the ids are read through a view (indices from 0 that Numba need not wrap when
+    # negative), which lets the compiler vectorize the copy: the trace is read from memory
+    # once per replay, and an index ``a + j`` of unknown sign made this loop scalar
+    src = ids[a:a + k]
+    n = k
     if unit_tokens == 1:
         for j in range(k):
-            seg_id[n] = ids[a + j]
-            seg_end[n] = j + 1
-            n += 1
+            seg_id[j] = src[j]
+            seg_end[j] = j + 1
     else:
         for j in range(k):
-            seg_id[n] = ids[a + j]
-            seg_end[n] = (j + 1) * unit_tokens
-            n += 1
+            seg_id[j] = src[j]
+            seg_end[j] = (j + 1) * unit_tokens
         covered = 0
         if k > 0:
             if seg_end[n - 1] > P:
@@ -109,10 +121,11 @@ def kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, outp
     if kv > P:
         if has_out:
             b = out_offsets[i]
+            osrc = out_ids[b:b + kv - P]
             for j in range(kv - P):
-                seg_id[n] = out_ids[b + j]
-                seg_end[n] = P + 1 + j
-                n += 1
+                seg_id[n + j] = osrc[j]
+                seg_end[n + j] = P + 1 + j
+            n += kv - P
         else:
             seg_id[n] = -(2 * i + 2)  # types._unique_output_id
             seg_end[n] = kv
