@@ -77,6 +77,11 @@ from numba.core import cgutils
 from numba.core import config as numba_config
 from numba.extending import intrinsic
 
+from radixkv.policies._borrowed import borrow, borrow_py
+
+if numba_config.DISABLE_JIT:  # the interpreted twin (radixkv.replay.jit): an intrinsic cannot run
+    borrow = borrow_py  # noqa: F811
+
 # int32 fields of a block record (b32 columns)
 R_REF = 0  # ref_cnt (vLLM KVCacheBlock.ref_cnt)
 R_FPREV = 1  # free-queue previous block, -1 = none
@@ -989,11 +994,16 @@ def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, pro
     stk = state[NST:]
     keys = scratch[0]
     tbl = scratch[1]
-    mp = _block_keys_into(seg_id, seg_end, block_size, kv_len // block_size, key_mask, keys)
+    # the request runs on borrowed views of the pool and the sequence (no reference
+    # counts in the per-block loops of its inlined helpers; radixkv.policies._borrowed)
+    sid = borrow(seg_id)
+    send = borrow(seg_end)
+    mp = _block_keys_into(sid, send, block_size, kv_len // block_size, key_mask, borrow(keys))
     if mp - 1 > pcid.shape[1]:
         return NEED_PIECES, mp, 0, 0, False, st[ST_EVICTIONS]
-    code, hcap, held, ev, ok = run_request(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end,
-                                           block_size, prompt_len, kv_len, verify, tbl)
+    code, hcap, held, ev, ok = run_request(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid),
+                                           borrow(pcs), borrow(st), borrow(stk), borrow(keys), sid, send,
+                                           block_size, prompt_len, kv_len, verify, borrow(tbl))
     return code, hcap, held, ev, ok, st[ST_EVICTIONS]
 
 

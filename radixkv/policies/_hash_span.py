@@ -16,7 +16,8 @@ import numpy as np
 # Numba's cache keys a kernel on its own file's stamp, not on its callees': kernels here inline
 # _hash_kernels, so a change there must touch this file too (kernels revision: sibling groups).
 from radixkv.policies import _hash_kernels as K
-from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len, prefetch_request
+from radixkv.policies._borrowed import borrow
+from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_is_prompt_ids, kv_seq_len, prefetch_request
 
 C_PROMPT, C_HIT, C_HELD, C_EVICTED, C_USED, C_CACHED, C_FREE, C_VALID, C_DUP, C_META = range(10)
 NC = 10
@@ -45,18 +46,31 @@ def replay_span(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets
     send = np.empty(n_max, dtype=np.int64)
     scratch = np.zeros((2, max(1, (kv_max + B - 1) // B)), dtype=np.int64)
     st = state[: K.NST]
+    # borrowed views (no reference counts per request; radixkv.policies._borrowed)
+    bblk, bkt, bpcid, bpcs, bstate = borrow(blk), borrow(kt), borrow(pcid), borrow(pcs), borrow(state)
+    bscratch, bsid, bsend = borrow(scratch), borrow(sid), borrow(send)
+    one_to_n = np.arange(1, n_max + 1)  # the ends of one-token segments
+    bone, bids = borrow(one_to_n), borrow(ids)
     for i in range(i0, i1):
         P = prompt_len[i]
         kv = P + max(output_len[i] - 1, 0)
         if (kv + B - 1) // B > num_slots:
             return i, 1
-        m = kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
-                        sid, send)
+        if kv_seq_is_prompt_ids(id_offsets, prompt_len, output_len, unit_tokens, i):
+            # the segments are the prompt ids, one token each: views, no copy
+            a = id_offsets[i]
+            vsid = bids[a:a + P]
+            vsend = bone[:P]
+        else:
+            m = kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
+                            sid, send)
+            vsid = bsid[:m]
+            vsend = bsend[:m]
         if i + 1 < i1:
             prefetch_request(ids, id_offsets, out_ids, out_offsets, has_out, i + 1)
         before = st[K.ST_EVICTIONS]
         code, hit_blocks, held, ev, decoded, total_ev = K.run_seq(
-            blk, kt, pcid, pcs, state, scratch, sid[:m], send[:m], B, P, kv, False, key_mask)
+            bblk, bkt, bpcid, bpcs, bstate, bscratch, vsid, vsend, B, P, kv, False, key_mask)
         if code == K.NEED_PIECES:
             return i, 1
         if code == K.REFUSED:
