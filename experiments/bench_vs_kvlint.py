@@ -110,6 +110,8 @@ def main() -> None:
         cpu_ratio = f"{r['cpu_ratio']:.3f}" if "cpu_ratio" in r else ""
         print(f"{r['tool']:8} {r['policy']:9} {str(r['outputs_cached']):8} {r['seconds']:8.3f} {r['cpu_s']:7.3f} "
               f"{r['token_hit_rate']:9.4f} {r['prompt_tokens_per_s'] / 1e6:8.1f} {ratio:>9} {cpu_ratio:>13}")
+    print("like for like with kvlint's model (prompts only, outputs not cached): the radixkv rows with outputs False; "
+          "the rows with outputs True also cache each request's output blocks, as the engines do")
     atomic_write_text(result("bench_vs_kvlint.json"), dumps_json({"load_s": load_s, "rows": rows,
                                                                   "load_average": list(os.getloadavg())}))
 
