@@ -73,10 +73,10 @@ from __future__ import annotations
 import llvmlite.ir as ir
 import numpy as np
 from numba import njit, types
-from numba.core import cgutils
 from numba.core import config as numba_config
 from numba.extending import intrinsic
 
+from radixkv._intrinsics import for_mode, prefetch_row
 from radixkv.policies._borrowed import borrow, borrow_py
 
 if numba_config.DISABLE_JIT:  # the interpreted twin (radixkv.replay.jit): an intrinsic cannot run
@@ -292,32 +292,8 @@ def _block_keys_into(seg_id, seg_end, block_size, n_blocks, key_mask, keys):
 
 
 # ---------------------------------------------------------------------- prefetch
-@intrinsic
-def _prefetch_row(typingctx, arr, i):
-    """Hint the CPU to load the cache line of ``arr[i, 0]`` (LLVM ``llvm.prefetch``, read,
-    high locality). No effect on results; without the JIT it is not called."""
-    sig = types.void(arr, i)
-
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        zero = context.get_constant(types.intp, 0)
-        idx = context.cast(builder, args[1], signature.args[1], types.intp)
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx, zero], wraparound=False)
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic cannot run
-
-    def _prefetch_row(arr, i):  # noqa: F811
-        """No-op stand-in for the prefetch hint."""
+#: a cache-line hint (radixkv._intrinsics; a no-op stand-in without the JIT)
+_prefetch_row = for_mode(prefetch_row)
 
 
 #: blocks handled per batch of prefetches when popping from the free queue / caching

@@ -798,11 +798,14 @@ def unit_one(pc, tb, rc, rs, ov, um, sm, ar, us, seg_id, seg_end, B, U, P, kv, n
 
 @njit(cache=True)
 def rehash(old, new):
-    """Insert every occupied row of key table *old* into the empty table *new*."""
+    """Insert every occupied row of key table *old* into the empty table *new* (int64,
+    shape (cap, w), any width w, cap a power of 2; column 0 the key, column 1 non-zero iff
+    the row is occupied — the rule of :func:`radixkv.policies._hash_kernels._find`). Also
+    grows the unit-keyed concurrent pool's tables (``_conc_vllm_unit_kernels``, w = 2)."""
     for i in range(old.shape[0]):
         if old[i, 1] != 0:
             j = K._slot_for_insert(new, old[i, 0])
-            for c in range(4):
+            for c in range(old.shape[1]):
                 new[j, c] = old[i, c]
 
 

@@ -13,40 +13,13 @@ arrive while request i's cache work runs.
 """
 from __future__ import annotations
 
-import llvmlite.ir as ir
 import numba as nb
 import numpy as np
-from numba import types
-from numba.core import cgutils
-from numba.core import config as numba_config
-from numba.extending import intrinsic
 
+from radixkv._intrinsics import for_mode, prefetch_once
 
-@intrinsic
-def _prefetch(typingctx, arr, i):
-    """Hint the CPU to load the cache line of ``arr[i]`` (1-d array; LLVM ``llvm.prefetch``,
-    read, locality 2). No effect on results."""
-    sig = types.void(arr, i)
-
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        idx = context.cast(builder, args[1], signature.args[1], types.intp)
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic cannot run
-
-    def _prefetch(arr, i):  # noqa: F811
-        """No-op stand-in for the prefetch hint."""
+#: a cache-line hint (radixkv._intrinsics; a no-op stand-in without the JIT)
+_prefetch = for_mode(prefetch_once)
 
 
 @nb.njit(cache=True)
