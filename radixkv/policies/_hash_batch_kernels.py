@@ -7,11 +7,35 @@ step-by-step replay calls them; only the Python ↔ kernel round trips are saved
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 # Numba's cache keys a kernel on its own file's stamp, not on its callees': kernels here inline
 # _hash_kernels, so a change there must touch this file too (kernels revision: sibling groups).
 from radixkv.policies import _hash_kernels as K
+
+
+@njit(cache=True)
+def lazy_order(kv0, B):
+    """The items of a decode run grouped by ``kv0 mod B``, in item order within a group
+    (a counting sort; the grouping of the lazy schedule, ``Scheduler._lazy_slot_local``).
+
+    *kv0*: int64 array, shape (n,), KV tokens per item at step 1; *B*: ``block_size``.
+    Returns ``(cnt, order)``, int64 arrays of shapes (B + 1,) and (n,): group r is
+    ``order[cnt[r]:cnt[r + 1]]``."""
+    n = kv0.shape[0]
+    cnt = np.zeros(B + 1, dtype=np.int64)
+    for i in range(n):
+        cnt[kv0[i] % B + 1] += 1
+    for r in range(B):
+        cnt[r + 1] += cnt[r]
+    order = np.empty(n, dtype=np.int64)
+    fill = cnt[:B].copy()
+    for i in range(n):
+        rr = kv0[i] % B
+        order[fill[rr]] = i
+        fill[rr] += 1
+    return cnt, order
 
 
 @njit(cache=True)
@@ -52,17 +76,7 @@ def decode_run_slot_local(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l, segid_l
     B = block_size
     n = nblk.shape[0]
     # items grouped by kv0 mod B, in item order within a group
-    cnt = [0] * (B + 1)
-    for i in range(n):
-        cnt[kv0[i] % B + 1] += 1
-    for r in range(B):
-        cnt[r + 1] += cnt[r]
-    order = [0] * n
-    fill = cnt[:B]
-    for i in range(n):
-        rr = kv0[i] % B
-        order[fill[rr]] = i
-        fill[rr] += 1
+    cnt, order = lazy_order(kv0, B)
     applied = [0] * n
     ev_total = 0
     u = out[0, 0]

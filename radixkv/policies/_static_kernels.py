@@ -63,12 +63,24 @@ def _find(nk, tab, key):
 
 
 @njit(cache=True, inline="always")
-def _tab_delete(tab, key):
-    """Remove *key*'s row (present) and close the gap (backward-shift deletion)."""
+def _tab_probe(tab, key):
+    """Row of *key* (≥ 0), or −1 − (the empty row where it would go). Any table of this
+    layout (int64, shape (T, 2), T a power of two; row ``(key, value + 1)``, 0 = empty);
+    also the unit-keyed concurrent pool's tables (``radixkv.replay._conc_vllm_unit_kernels``)."""
     mask = tab.shape[0] - 1
     i = key & mask
-    while tab[i, 0] != key or tab[i, 1] == 0:
+    while tab[i, 1] != 0:
+        if tab[i, 0] == key:
+            return i
         i = (i + 1) & mask
+    return -1 - i
+
+
+@njit(cache=True, inline="always")
+def _tab_delete_row(tab, i):
+    """Empty the occupied row *i* and close the gap (backward-shift deletion, Knuth vol. 3,
+    6.4 R); the table layout of :func:`_tab_probe`."""
+    mask = tab.shape[0] - 1
     j = i
     while True:
         j = (j + 1) & mask
@@ -86,6 +98,16 @@ def _tab_delete(tab, key):
             i = j
     tab[i, 0] = 0
     tab[i, 1] = 0
+
+
+@njit(cache=True, inline="always")
+def _tab_delete(tab, key):
+    """Remove *key*'s row (present) and close the gap (backward-shift deletion)."""
+    mask = tab.shape[0] - 1
+    i = key & mask
+    while tab[i, 0] != key or tab[i, 1] == 0:
+        i = (i + 1) & mask
+    _tab_delete_row(tab, i)
 
 
 @njit(cache=True, inline="always")

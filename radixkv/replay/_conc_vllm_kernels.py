@@ -44,6 +44,7 @@ from numba import njit
 # Numba's cache keys a kernel on its own file's stamp, not on its callees': kernels here inline
 # _hash_kernels, so a change there must touch this file too (kernels revision: sibling groups).
 from radixkv.policies import _hash_kernels as K
+from radixkv.policies._hash_batch_kernels import lazy_order
 from radixkv.replay import _miss_rec_kernels as MR
 from radixkv.trace._seq_kernel import kv_seq_into
 
@@ -257,17 +258,7 @@ def _decode_run(pol, sa, slots, kv0, B, k, out, ist):
     st = pol[6]
     s_ntok = sa[6]
     n = slots.shape[0]
-    cnt = np.zeros(B + 1, dtype=np.int64)
-    for i in range(n):
-        cnt[kv0[i] % B + 1] += 1
-    for r in range(B):
-        cnt[r + 1] += cnt[r]
-    order = np.empty(n, dtype=np.int64)
-    fill = cnt[:B].copy()
-    for i in range(n):
-        rr = kv0[i] % B
-        order[fill[rr]] = i
-        fill[rr] += 1
+    cnt, order = lazy_order(kv0, B)
     applied = np.zeros(n, dtype=np.int64)
     u = out[0, 0]
     c = out[0, 1]

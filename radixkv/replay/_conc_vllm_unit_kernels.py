@@ -59,13 +59,15 @@ inlined call or a tuple unpack costs Numba two atomic reference-count operations
 """
 from __future__ import annotations
 
-import llvmlite.ir as llir
 import numpy as np
-from numba import njit, types
-from numba.core import cgutils
-from numba.core import config as numba_config
-from numba.extending import intrinsic
+from numba import njit
 
+from radixkv._intrinsics import for_mode, prefetch_row
+from radixkv.policies._hash_batch_kernels import lazy_order
+from radixkv.policies._hash_kernels import _mix
+from radixkv.policies._hash_unit_kernels import rehash
+from radixkv.policies._static_kernels import _tab_delete_row as _hdel
+from radixkv.policies._static_kernels import _tab_probe as _hfind
 from radixkv.replay import _miss_rec_kernels as MR
 from radixkv.replay._conc_vllm_kernels import (F_AREA, F_BUSY, F_CACHED, F_NOW, F_USED, F_WASTE, I_ARG, I_DONE,
                                                I_EV, I_HKI, I_HKL, I_HKM, I_NFREE, I_NRUN, I_NXT, I_PARTIAL,
@@ -90,57 +92,16 @@ NQ = 10
 OK = 0
 REFUSED = 1
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLD = np.uint64(0x9E3779B97F4A7C15)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
 #: the unit-key chain's seed and the straddle groups' domain constant
 SEED = np.uint64(0x1E3779B97F4A7C15)
 _STRAD = np.uint64(0x5851F42D4C957F2D)
 
 
-@intrinsic
-def _prefetch(typingctx, arr, i):
-    """Hint the CPU to load the cache line of ``arr[i, 0]`` (LLVM ``llvm.prefetch``, read,
-    high locality); changes no result."""
-    sig = types.void(arr, i)
-
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        zero = context.get_constant(types.intp, 0)
-        idx = context.cast(builder, args[1], signature.args[1], types.intp)
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx, zero], wraparound=False)
-        i8p = llir.IntType(8).as_pointer()
-        i32 = llir.IntType(32)
-        fnty = llir.FunctionType(llir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.bitcast(ptr, i8p), llir.Constant(i32, 0), llir.Constant(i32, 3),
-                          llir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-if numba_config.DISABLE_JIT:  # plain Python: an intrinsic cannot run
-
-    def _prefetch(arr, i):  # noqa: F811
-        """No-op stand-in for the prefetch hint."""
-
+#: a cache-line hint (radixkv._intrinsics; a no-op stand-in without the JIT)
+_prefetch = for_mode(prefetch_row)
 
 #: pops / releases ahead whose block records are prefetched
 _AHEAD = 8
-
-
-@njit(cache=True, inline="always")
-def _mix(h, w):
-    """Fold the 64-bit word *w* into *h* (the splitmix64 finaliser)."""
-    z = (h ^ w) + _GOLD
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
 
 
 @njit(cache=True)
@@ -161,48 +122,9 @@ def _strad_key(uk, off):
 
 
 # ---------------------------------------------------------------------- key tables
-@njit(cache=True, inline="always")
-def _hfind(tab, key):
-    """Row of *key* (≥ 0), or −1 − (the empty row where it would go)."""
-    mask = tab.shape[0] - 1
-    i = key & mask
-    while tab[i, 1] != 0:
-        if tab[i, 0] == key:
-            return i
-        i = (i + 1) & mask
-    return -1 - i
-
-
-@njit(cache=True, inline="always")
-def _hdel(tab, i):
-    """Empty row *i*, closing the gap (backward-shift deletion, Knuth vol. 3, 6.4 R)."""
-    mask = tab.shape[0] - 1
-    j = i
-    while True:
-        j = (j + 1) & mask
-        if tab[j, 1] == 0:
-            break
-        k = tab[j, 0] & mask
-        if i <= j:
-            stay = i < k <= j
-        else:
-            stay = k > i or k <= j
-        if not stay:
-            tab[i, 0] = tab[j, 0]
-            tab[i, 1] = tab[j, 1]
-            i = j
-    tab[i, 0] = 0
-    tab[i, 1] = 0
-
-
-@njit(cache=True)
-def rehash(old, new):
-    """Insert every occupied row of key table *old* into the empty table *new*."""
-    for i in range(old.shape[0]):
-        if old[i, 1] != 0:
-            j = -1 - _hfind(new, old[i, 0])
-            new[j, 0] = old[i, 0]
-            new[j, 1] = old[i, 1]
+# ``um`` and ``sm`` have the layout of the static pool's index (row ``(key, value + 1)``,
+# 0 = empty): ``_hfind`` / ``_hdel`` are ``_static_kernels._tab_probe`` / ``_tab_delete_row``
+# and ``rehash`` is ``_hash_unit_kernels.rehash`` (imported above).
 
 
 def new_pool(num_gpu_blocks: int, G: int, n_irr: int, n_strad: int, records: int = 64):
@@ -710,17 +632,7 @@ def _decode_run(pol, sa, slots, kv0, B, G, U, rinfo, k, out, ist):
     s_ntok = sa[6]
     s_req = sa[7]
     n = slots.shape[0]
-    cnt = np.zeros(B + 1, dtype=np.int64)
-    for i in range(n):
-        cnt[kv0[i] % B + 1] += 1
-    for r in range(B):
-        cnt[r + 1] += cnt[r]
-    order = np.empty(n, dtype=np.int64)
-    fill = cnt[:B].copy()
-    for i in range(n):
-        rr = kv0[i] % B
-        order[fill[rr]] = i
-        fill[rr] += 1
+    cnt, order = lazy_order(kv0, B)
     applied = np.zeros(n, dtype=np.int64)
     u = out[0, 0]
     c = out[0, 1]
