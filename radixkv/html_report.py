@@ -101,7 +101,8 @@ def read_input(path) -> dict:
             if h == "id":
                 continue
             try:
-                out[h] = np.asarray([float(x) for x in v], dtype=np.float64)
+                # an empty cell is n/a (not sampled / not modelled): NaN, never 0
+                out[h] = np.asarray([float(x) if x != "" else np.nan for x in v], dtype=np.float64)
             except ValueError:
                 raise InputError("a cell is not a number", path=p, field=h) from None
         return {"kind": kind, "label": p.stem, "columns": out}

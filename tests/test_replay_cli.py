@@ -237,3 +237,25 @@ def test_block_and_page_size_flags_each_reach_their_own_policy_in_compare(tmp_pa
                  "--capacity-tokens", "20000", "--json", str(out), "--quiet"]) == 0
     doc = json.loads(out.read_text())
     assert "vllm:32" in json.dumps(doc) and "sglang:16" in json.dumps(doc)
+
+
+def test_per_request_csv_writes_unmeasured_values_as_empty_cells(tmp_path, capsys):
+    # The sequential replay samples the costly pool statistics on some rows only (the last
+    # request always), and SGLang's tree has no contiguous-run model: such cells are n/a
+    # (empty), never a number like -1 or 0. vLLM's sampled statistic is cached_tokens
+    # (reachable keys), SGLang's duplicate_tokens.
+    sampled = {"vllm:16": "cached_tokens", "sglang:1": "duplicate_tokens"}
+    for pol, col in sampled.items():
+        path = tmp_path / f"{pol.replace(':', '_')}.csv"
+        assert main(["replay", MIXED, "--policy", pol, "--capacity-tokens", "20000",
+                     "--per-request", str(path), "--quiet"]) == 0
+        head, *lines = path.read_text().splitlines()
+        rows = [dict(zip(head.split(","), line.split(","))) for line in lines]
+        assert len(rows) == 200
+        assert all(not c.startswith("-") for r in rows for c in r.values()), pol
+        filled = [r[col] != "" for r in rows]
+        assert filled[-1] and 0 < sum(filled) < len(rows) // 2, pol
+        if pol == "sglang:1":
+            assert {r["largest_free_run"] for r in rows} == {""}
+        else:
+            assert [r["largest_free_run"] != "" for r in rows] == filled

@@ -22,6 +22,9 @@ COLUMNS = {
     "largest_free_run": "largest contiguous run of free slots after the request (-1: not modelled)",
 }
 
+#: columns whose -1 means "not sampled / not modelled" (n/a): an empty cell in the CSV
+NA_COLUMNS = ("cached_tokens", "duplicate_tokens", "largest_free_run")
+
 
 @dataclass
 class Records:
@@ -58,9 +61,12 @@ class Records:
     def write_csv(self, path) -> None:
         """Write one row per request (``id``, every column of :data:`COLUMNS`, then any
         extra column such as the miss causes of :mod:`radixkv.replay.misses`) atomically
-        to *path*."""
+        to *path*. A value of :data:`NA_COLUMNS` the replay did not sample or the policy
+        does not model (−1 in :attr:`columns`) is an empty cell (n/a), never a number."""
         from radixkv.util import write_columns_csv
 
         names = ["prompt_tokens", "hit_tokens"] + [c for c in COLUMNS if c not in ("prompt_tokens", "hit_tokens")]
         names += [c for c in self.columns if c not in COLUMNS]  # e.g. the miss causes (replay/misses.py)
-        write_columns_csv(path, self.req_id, names, [self.columns[c].tolist() for c in names])
+        cols = [[("" if v < 0 else v) for v in self.columns[c].tolist()] if c in NA_COLUMNS
+                else self.columns[c].tolist() for c in names]
+        write_columns_csv(path, self.req_id, names, cols)
