@@ -23,14 +23,20 @@ from radixkv.trace.load import load_trace
 ROOT = Path(__file__).parents[1]
 
 
-@pytest.fixture
-def restore_jit():
-    yield
+def _reset_jit():
     for fam in list(jit.FAMILY_MODULES):
         jit.use_compiled(fam)
     jit._decided.clear()
     jit._interp_tokens.clear()
     jit._prepaid.clear()
+
+
+@pytest.fixture
+def restore_jit():
+    # before too: replays run by earlier tests in this process leave their decisions behind
+    _reset_jit()
+    yield
+    _reset_jit()
 
 
 @pytest.mark.parametrize("policy, pool", [("vllm:16", PoolSpec(num_gpu_blocks=120)),
