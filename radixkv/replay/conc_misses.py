@@ -66,7 +66,7 @@ import numba as nb
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.replay.misses import MISS_COLUMNS, trace_segments
+from radixkv.replay.misses import MISS_COLUMNS, key3_home, trace_segments
 
 #: per-request columns the concurrent breakdown adds beside :data:`radixkv.replay.misses.MISS_COLUMNS`
 #: (int64, tokens); ``miss_routing_tokens`` is written only with replicas
@@ -276,14 +276,7 @@ def _slot0(kt, a, b, c):
     """Row of key (a, b, c) in the open-addressed table *kt* (cap, 4) whose empty rows are
     all zero (value stored + 1): the key's row, or the first empty one."""
     mask = kt.shape[0] - 1
-    h = np.uint64(a) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(b) * np.uint64(0xC2B2AE3D27D4EB4F) \
-        ^ np.uint64(c) * np.uint64(0x165667B19E3779F9)
-    h ^= h >> np.uint64(30)
-    h *= np.uint64(0xBF58476D1CE4E5B9)
-    h ^= h >> np.uint64(27)
-    h *= np.uint64(0x94D049BB133111EB)
-    h ^= h >> np.uint64(31)
-    i = np.int64(h & np.uint64(mask))
+    i = key3_home(a, b, c, mask)
     while True:
         if kt[i, 3] == 0:
             return i

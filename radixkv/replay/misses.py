@@ -84,12 +84,11 @@ CONCURRENT_CAUSES = ("in_flight", "preemption", "routing")
 _ROOT = 0
 
 
-@nb.njit(cache=True)
-def _slot(kt, a, b, c):
-    """Row of key (a, b, c) in the open-addressed table *kt* (cap, 4): key then value; the
-    first empty row (value −1) when absent."""
-    mask = kt.shape[0] - 1
-    # splitmix64's finaliser over a combination of the three words (full avalanche)
+@nb.njit(cache=True, inline="always")
+def key3_home(a, b, c, mask):
+    """Home row of the three-word key (a, b, c) in an open-addressed table of mask + 1 rows
+    (a power of two): splitmix64's finaliser over a combination of the three words (full
+    avalanche). Shared by the miss tables here and in :mod:`radixkv.replay.conc_misses`."""
     h = np.uint64(a) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(b) * np.uint64(0xC2B2AE3D27D4EB4F) \
         ^ np.uint64(c) * np.uint64(0x165667B19E3779F9)
     h ^= h >> np.uint64(30)
@@ -98,6 +97,15 @@ def _slot(kt, a, b, c):
     h *= np.uint64(0x94D049BB133111EB)
     h ^= h >> np.uint64(31)
     i = np.int64(h & np.uint64(mask))
+    return i
+
+
+@nb.njit(cache=True)
+def _slot(kt, a, b, c):
+    """Row of key (a, b, c) in the open-addressed table *kt* (cap, 4): key then value; the
+    first empty row (value −1) when absent."""
+    mask = kt.shape[0] - 1
+    i = key3_home(a, b, c, mask)
     while True:
         if kt[i, 3] < 0:
             return i
