@@ -29,8 +29,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# Numba's cache keys a kernel on its own file's stamp, not on its callees': kernels here inline
-# _hash_kernels, so a change there must touch this file too (kernels revision: sibling groups).
+# Kernels here inline _hash_kernels. Numba alone would check only this file's stamp; radixkv keys
+# its Numba cache folder by a hash of every kernel source (radixkv.numba_cache.source_key), so a
+# change to _hash_kernels is a cold cache here too: nothing to touch in this file.
 from radixkv.policies._hash_kernels import (
     NST, OK, REFUSED, R_PCN, R_REF, ST_EVICTIONS, ST_FQH, ST_FQLEN, ST_NCACHED, ST_NUSED,
     W_KEY, W_PKEY, _PF, _block_keys_into, _cache_full, _drop_key, _fq_prepend, _fq_remove,

@@ -13,8 +13,9 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-# Numba's cache keys a kernel on its own file's stamp, not on its callees': kernels here inline
-# _hash_kernels, so a change there must touch this file too (kernels revision: sibling groups).
+# Kernels here inline _hash_kernels. Numba alone would check only this file's stamp; radixkv keys
+# its Numba cache folder by a hash of every kernel source (radixkv.numba_cache.source_key), so a
+# change to _hash_kernels is a cold cache here too: nothing to touch in this file.
 from radixkv.policies import _hash_kernels as K
 from radixkv.policies._borrowed import borrow
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_is_prompt_ids, kv_seq_len, prefetch_request

@@ -57,7 +57,8 @@ from numba.core import cgutils
 from numba.core import config as numba_config
 from numba.extending import intrinsic
 
-# Numba's cache keys a kernel on its own file's stamp: these kernels inline _hash_kernels.
+# These kernels inline _hash_kernels; the Numba cache folder is keyed by a hash of every kernel
+# source (radixkv.numba_cache.source_key), so a change there recompiles these too.
 from radixkv.policies import _hash_kernels as K
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
 

@@ -41,8 +41,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# Numba's cache keys a kernel on its own file's stamp, not on its callees': kernels here inline
-# _hash_kernels, so a change there must touch this file too (kernels revision: sibling groups).
+# Kernels here inline _hash_kernels. Numba alone would check only this file's stamp; radixkv keys
+# its Numba cache folder by a hash of every kernel source (radixkv.numba_cache.source_key), so a
+# change to _hash_kernels is a cold cache here too: nothing to touch in this file.
 from radixkv.policies import _hash_kernels as K
 from radixkv.policies._hash_batch_kernels import lazy_order
 from radixkv.replay import _miss_rec_kernels as MR
