@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -19,8 +20,10 @@ def check_output_paths(*paths, inputs=()) -> None:
     """Refuse, before any work is done, output paths that could not be written safely.
 
     An output must not be an input, another output of the same command, a directory or a
-    special file (device, fifo), and its folder, if it exists, must be a directory. A
-    missing folder is created when the file is written.
+    special file (device, fifo), and its folder must exist, be a directory and be
+    writable. A missing folder is refused, not created: a typo in an output path must not
+    silently grow a tree of folders (a caller that owns a folder, such as ``radixkv
+    sweep``'s results directory, creates it itself).
 
     Raises
     ------
@@ -47,8 +50,9 @@ def check_output_paths(*paths, inputs=()) -> None:
             raise InputError("exists and is not a regular file (a directory or a device): refusing to replace it",
                              path=p, field="output")
         parent = real.parent
-        while not parent.exists():
-            parent = parent.parent
+        if not parent.exists():
+            raise InputError(f"folder {path.parent} does not exist (radixkv does not create folders for "
+                             f"outputs: check the path, or create the folder first)", path=p, field="output")
         if not parent.is_dir():
             raise InputError(f"{parent} is not a directory", path=p, field="output")
         if not os.access(parent, os.W_OK):
@@ -76,16 +80,29 @@ def atomic_output(path, *, binary: bool = False):
     atomic rename on POSIX: readers of *path* see either the old file or the complete new
     one, never a partial write. On any exception the temporary file is removed and *path*
     is left untouched. The new file gets the usual mode (0o666 less the umask), not
-    ``mkstemp``'s 0o600.
+    ``mkstemp``'s 0o600. The folder of *path* must exist: it is not created (a mistyped
+    output path must not grow a tree of folders; callers that own a folder make it).
 
     Yields
     ------
     file object
         Opened ``"wb"`` when *binary*, else ``"w"`` with UTF-8 and ``"\\n"`` newlines.
+
+    Raises
+    ------
+    FileNotFoundError, NotADirectoryError
+        The folder of *path* does not exist, or is a file (``filename`` is *path*);
+        nothing is written.
+    OSError
+        The folder cannot be written.
     """
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
-    directory.mkdir(parents=True, exist_ok=True)
+    if not directory.is_dir():
+        if directory.exists():
+            raise NotADirectoryError(errno.ENOTDIR, f"{directory} is not a folder", str(path))
+        raise FileNotFoundError(errno.ENOENT, f"folder {directory} does not exist (radixkv does not create folders "
+                                              f"for outputs: check the path, or create the folder first)", str(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     except OSError as e:

@@ -106,7 +106,7 @@ def test_golden_mismatch_is_counted_per_request(tmp_path, capsys):
 
 
 def test_junit_xml_has_one_testcase_per_assertion(tmp_path, capsys):
-    xml = tmp_path / "out" / "check.xml"
+    xml = tmp_path / "check.xml"
     rc = main(["check", str(_config(tmp_path, min_rate=RATE + 0.001)), "--junit-xml", str(xml)])
     assert rc == 1
     root = ET.parse(xml).getroot()

@@ -48,6 +48,7 @@ def test_json_dash_prints_only_json_and_json_path_writes_it(argv, tmp_path, caps
     printed = json.loads(capsys.readouterr().out)  # stdout is exactly one JSON document
     assert os.listdir(tmp_path) == []  # nothing written into the current folder
     out = tmp_path / "sub" / "o.json"
+    out.parent.mkdir()  # an output's folder must exist (tests/test_output_folders.py)
     assert main(argv + ["--json", str(out)]) == 0
     assert json.loads(out.read_text()) == printed
     assert os.listdir(tmp_path) == ["sub"]
@@ -58,6 +59,7 @@ def test_curve_writes_nothing_unless_asked(tmp_path, capsys, monkeypatch):
     argv = ["curve", DEMO, "--policies", "none", "--capacities", "20000", "--limit", "20", "--quiet"]
     assert main(argv) == 0
     assert os.listdir(tmp_path) == []
+    (tmp_path / "x").mkdir()  # an output's folder must exist (tests/test_output_folders.py)
     assert main(argv + ["--out", "x/c"]) == 0
     assert sorted(os.listdir(tmp_path / "x")) == ["c.json", "c.png"]
 

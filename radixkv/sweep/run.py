@@ -82,11 +82,15 @@ def run_sweep(grid, out_dir, *, executor: str = "local", workers: int | None = N
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", path=out, field="out")
+    if not out.exists() and not out.resolve().parent.is_dir():
+        raise InputError(f"folder {out.parent} does not exist: the sweep creates its results directory, not the "
+                         f"folders above it (check the path, or create {out.parent} first)", path=out, field="out")
     g = grid if not isinstance(grid, (str, Path)) else load_grid(grid)
     done = store.done_keys(out)
     todo = [c for c in g.cells if c.key not in done]
     rep.total, rep.skipped = len(g.cells), len(g.cells) - len(todo)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(exist_ok=True)  # the results directory (its parent exists: checked above)
+    (out / store.CELLS).mkdir(exist_ok=True)  # a sweep stopped before its first cell is still a results dir
 
     # each trace: read once here, cached as memory-mappable columns for the workers
     traces, meta, refs = {}, {}, {}

@@ -59,6 +59,7 @@ def make_row(cell, result: dict, trace_meta: dict) -> dict:
 def write_row(out_dir, row: dict) -> None:
     """Store a finished cell (atomically) and drop its old error record, if any."""
     out_dir = Path(out_dir)
+    (out_dir / CELLS).mkdir(exist_ok=True)  # the sweep's own folder: made here, not by atomic_write_text
     atomic_write_text(out_dir / CELLS / f"{row['key']}.jsonl", _line(row))
     err = out_dir / ERRORS / f"{row['key']}.json"
     if err.exists():
@@ -72,6 +73,7 @@ def write_error(out_dir, cell, result: dict) -> None:
     doc = {"key": cell.key, "trace": {"path": cell.trace.text, "sha256": cell.trace.sha256},
            "settings": cell.settings, "error": result["error"], "radixkv": __version__,
            "worker": result.get("worker")}
+    (Path(out_dir) / ERRORS).mkdir(exist_ok=True)  # the sweep's own folder
     atomic_write_text(Path(out_dir) / ERRORS / f"{cell.key}.json", _line(doc))
 
 
