@@ -7,7 +7,9 @@ combinations for ``replay``, ``compare`` and ``curve`` (the flags of the concurr
 the sequential mode are refused by
 :func:`radixkv.cli.concurrent_args.refuse_concurrent_only_flags`; the size, pool and
 host-tier flags by their own checks in :mod:`radixkv.cli.replay_cmd` and
-:mod:`radixkv.cli.host_tier_args`).
+:mod:`radixkv.cli.host_tier_args`; ``memory``'s ``--block-size`` / ``--page-size`` /
+``--max-num-batched-tokens`` beside the other engine's pool, and ``trace synth --cv`` without
+``--arrival gamma``, by :mod:`radixkv.cli.memory_cmd` and :mod:`radixkv.cli.synth_cmd`).
 
 ================================= ==================================================================
 flag                              takes effect only with

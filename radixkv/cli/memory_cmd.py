@@ -107,6 +107,7 @@ def memory_report(args) -> dict:
 
         logged = read_startup_log(args.pool_from_log, block_size=args.block_size)
         if args.model is None and args.gpu is None:
+            _refuse_moot_flags(args, None, logged)
             return {"logged": _logged_dict(logged)}
     if args.model is None or args.gpu is None:
         raise InputError("give --model and --gpu (or only --pool-from-log LOG)",
@@ -128,6 +129,7 @@ def memory_report(args) -> dict:
     if engine == "sglang" and util is not None:
         raise InputError("--gpu-memory-utilization is a vLLM knob",
                          field="gpu_memory_utilization")
+    _refuse_moot_flags(args, engine, logged)
     version = getattr(args, "engine_version", None)
     if version is not None and engine == "both":
         raise InputError("--engine-version is one engine's version: add --engine vllm or "
@@ -200,6 +202,55 @@ def memory_report(args) -> dict:
             out["logged"]["model_error_pct"] = round(
                 100.0 * (mod["capacity_tokens"] - logged.capacity_tokens) / logged.capacity_tokens, 3)
     return out
+
+
+#: the flags that shape a memory-model pool, with their defaults (none is read with
+#: ``--pool-from-log`` alone, which only prints the logged pool)
+_MODEL_FLAGS = (("engine", None), ("engine_version", None), ("gpu_memory_utilization", None),
+                ("mem_fraction_static", None), ("kv_cache_dtype", "auto"), ("tp", 1), ("max_model_len", None),
+                ("page_size", 1), ("max_num_batched_tokens", VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS))
+
+
+def _refuse_moot_flags(args, engine, logged) -> None:
+    """Refuse a flag set away from its default that the pool(s) shown would not read, as
+    :mod:`radixkv.cli.flag_rules` does for ``replay``: ``--block-size`` (vLLM's block_size)
+    unless vLLM's pool is shown or a vLLM log is read; ``--page-size`` (SGLang's page_size)
+    unless SGLang's pool is shown; ``--max-num-batched-tokens`` (vLLM's profiling pass)
+    unless vLLM's pool is shown; with ``--pool-from-log`` alone (*engine* None) every flag
+    of the memory model.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        Naming the flag and what makes it moot (``field`` = the flag's dest).
+    """
+    from radixkv.errors import ConfigError
+
+    def given(dest, default):
+        return getattr(args, dest, default) != default
+
+    if engine is None:  # --pool-from-log alone: the logged pool is printed as it is
+        for dest, default in _MODEL_FLAGS:
+            if given(dest, default):
+                raise ConfigError(f"--{dest.replace('_', '-')} sets the memory model, and --pool-from-log alone "
+                                  f"only prints the pool the log shows: add --model and --gpu, or drop it",
+                                  field=dest)
+        if given("block_size", 16) and logged.engine != "vllm":
+            raise ConfigError(f"--block-size is vLLM's block_size and {args.pool_from_log} is an SGLang log "
+                              f"(its unit is page_size): drop --block-size", field="block_size")
+        return
+    vllm_read = engine in ("vllm", "both") or (logged is not None and logged.engine == "vllm")
+    if given("block_size", 16) and not vllm_read:
+        raise ConfigError("--block-size is vLLM's block_size, and only SGLang's pool is shown (--engine sglang, "
+                          "or --mem-fraction-static), whose unit is --page-size: drop --block-size or show vLLM's "
+                          "pool", field="block_size")
+    if given("page_size", 1) and engine not in ("sglang", "both"):
+        raise ConfigError("--page-size is SGLang's page_size, and only vLLM's pool is shown (--engine vllm, or "
+                          "--gpu-memory-utilization), whose unit is --block-size: drop --page-size or show "
+                          "SGLang's pool", field="page_size")
+    if given("max_num_batched_tokens", VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS) and engine not in ("vllm", "both"):
+        raise ConfigError("--max-num-batched-tokens sizes vLLM's profiling pass, and only SGLang's pool is shown: "
+                          "drop --max-num-batched-tokens or show vLLM's pool", field="max_num_batched_tokens")
 
 
 def _logged_dict(lp) -> dict:

@@ -25,6 +25,10 @@ from radixkv.synth.arrivals import ARRIVALS
 from radixkv.synth.registry import SCENARIOS, generate
 
 
+#: ``--cv`` when not given (read by ``--arrival gamma`` only)
+_DEFAULT_CV = 2.0
+
+
 def _scenario_help() -> str:
     return "; ".join(f"{name}: {s.summary}" for name, s in SCENARIOS.items())
 
@@ -37,7 +41,9 @@ def add_synth_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="PATH", help="output file: .npz (binary) or native JSONL")
     p.add_argument("--rate", type=float, default=1.0, metavar="R", help="long-run request rate, requests/s (default 1.0)")
     p.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="session arrival process (default poisson)")
-    p.add_argument("--cv", type=float, default=2.0, help="coefficient of variation of gamma inter-arrival gaps (default 2.0)")
+    p.add_argument("--cv", type=float, default=_DEFAULT_CV,
+                   help=f"coefficient of variation of the gaps of --arrival gamma (default {_DEFAULT_CV}; "
+                        f"refused with poisson, whose cv is 1)")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="set a scenario parameter, e.g. document_len=loguniform:5000,20000 or "
                         "long_doc_qa.zipf_s=1.2 (mix); repeatable")
@@ -82,6 +88,11 @@ def run_synth(args) -> int:
     """CLI entry: generate, write, print a one-line summary to stderr."""
     from radixkv.util import check_output_paths
 
+    if args.cv != _DEFAULT_CV and args.arrival != "gamma":
+        from radixkv.errors import ConfigError
+
+        raise ConfigError(f"--cv is the coefficient of variation of --arrival gamma's gaps; --arrival "
+                          f"{args.arrival} has none: add --arrival gamma or drop --cv", field="cv")
     check_output_paths(args.out)
     t = synth_to_file(args.scenario, args.requests, args.seed, args.out, rate=args.rate,
                       arrival=args.arrival, cv=args.cv, params=args.param or None)
