@@ -2,15 +2,18 @@
 ``register(subparsers)``; every verb is also a Python function in the library.
 
 Exit status: 0 ok, 2 bad input (an :class:`radixkv.errors.InputError`, printed as
-``radixkv: error: <where>: <what>``).
+``radixkv: error: <where>: <what>``). An :class:`radixkv.errors.InputWarning` (input read
+but changed, e.g. sorted into time order) is printed as ``radixkv: warning: <where>: <what>``.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
+import warnings
 
-from radixkv.errors import InputError
+from radixkv.errors import InputError, InputWarning
 
 #: verb modules, in the order ``--help`` lists them
 _VERB_MODULES = [
@@ -78,9 +81,25 @@ def walk_parsers(parser):
                 yield from walk_parsers(sp)
 
 
+def _show_input_warning(message, category, filename, lineno, file=None, line=None, _default=None):
+    """Print an :class:`~radixkv.errors.InputWarning` as ``radixkv: warning: <message>``
+    (other warnings: Python's format)."""
+    if issubclass(category, InputWarning):
+        print(f"radixkv: warning: {message}", file=sys.stderr)
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", InputWarning)
+        warnings.showwarning = functools.partial(_show_input_warning, _default=warnings.showwarning)
+        return _run(args)
+
+
+def _run(args) -> int:
     try:
         rc = args.func(args)
     except InputError as e:

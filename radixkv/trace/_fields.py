@@ -85,6 +85,54 @@ class EveryOrNone:
         return bool(self._first and self._first[1])
 
 
+def warn_unsorted(times, line_of, path, field: str, show=None) -> int:
+    """Warn (:class:`radixkv.errors.InputWarning`) when the requests of a file are not in
+    time order; the readers then sort them stably, as :meth:`Trace.from_requests` does.
+
+    Parameters
+    ----------
+    times : np.ndarray, int64 or float64, shape (n,)
+        Each request's time as the file gives it (its unit: *field*'s), in file order.
+    line_of : sequence of int, length n
+        The 1-based line of each request.
+    path, field
+        Named in the warning.
+    show : callable, optional
+        ``show(k)``: request ``k``'s time as the file writes it (default: the number).
+
+    Returns
+    -------
+    int
+        The number of requests out of order: those earlier than a request on a line before
+        them (0: no warning). The warning gives that count, the first such line and the
+        earlier line it should precede; same file, same message.
+    """
+    t = np.asarray(times)  # int64 kept as it is (Azure's 100 ns ticks exceed float64's 2^53)
+    if len(t) < 2:
+        return 0
+    run = np.maximum.accumulate(t)
+    late = t[1:] < run[:-1]
+    n = int(np.count_nonzero(late))
+    if n:
+        import warnings
+
+        from radixkv.errors import InputWarning
+
+        k = int(np.flatnonzero(late)[0]) + 1
+        j = int(np.argmax(t[:k]))  # the first line holding the latest time before request k
+        show = show or (lambda i: _num(t[i]))
+        warnings.warn(InputWarning(
+            f"{n} of {len(t)} requests are out of time order (earlier than a request on a line before them); "
+            f"they are sorted into time order (stable: ties keep file order). First: line {line_of[k]} "
+            f"({show(k)}) comes after line {line_of[j]} ({show(j)})",
+            path=path, line=line_of[k], field=field), stacklevel=3)
+    return n
+
+
+def _num(v) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
 def as_int(value, path, line, field: str, *, minimum: int | None = 0) -> int:
     """A JSON integer (not a bool, not a float) ≥ *minimum* (no bound when None)."""
     if type(value) is not int:

@@ -19,7 +19,8 @@ it for arrivals and lengths only.
 
 Arrival times are seconds since the earliest row (the first row in the public files),
 computed from integer 100 ns ticks so no precision is lost before the subtraction. Rows
-are sorted stably by time; request ids are ``r<i>``, ``i`` the 0-based data-row index.
+are sorted stably by time (rows out of time order get an :class:`~radixkv.errors.InputWarning`
+naming how many and the first); request ids are ``r<i>``, ``i`` the 0-based data-row index.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from radixkv.errors import TraceFormatError
+from radixkv.trace import _fields as F
 from radixkv.trace._io import read_lines
 from radixkv.trace.types import Trace
 
@@ -98,10 +100,12 @@ def read_azure(path) -> Trace:
         parts = text.split(",")
         if len(parts) != 3:
             raise TraceFormatError(f"expected 3 comma-separated fields, got {len(parts)}", path=path, line=ln,
-                                   field=HEADER[min(len(parts), 3) - 1] if len(parts) < 3 else "row")
+                                   field=HEADER[len(parts)] if len(parts) < 3 else "row")  # the first missing
         ticks[r] = _ticks(parts[0], path, ln)
         plen[r] = _count(parts[1], path, ln, "ContextTokens", 1)
         olen[r] = _count(parts[2], path, ln, "GeneratedTokens", 0)
+    F.warn_unsorted(ticks, [ln for ln, _ in lines[1:]], path, "TIMESTAMP",
+                    show=lambda k: lines[1 + k][1].split(",")[0].strip())
     arrival = (ticks - ticks.min()) / 1e7 if n else np.zeros(0)
     U = MIN_UNIT_TOKENS
     while n and U <= int(plen.max()):

@@ -45,7 +45,9 @@ def read_mooncake(path, *, unit_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
         ``unit_tokens = 512``, ``partial_last_unit = True``; ``arrival_s = timestamp/1000``;
         request ids ``r<i>`` with ``i`` the 0-based index of the request's line among the
         non-blank lines (the golden convention, ``golden/README.md``); stable-sorted by
-        arrival (the public file is already non-decreasing).
+        arrival (the public file is already non-decreasing; a file that is not gets an
+        :class:`~radixkv.errors.InputWarning` naming the count and the first line out of
+        order, :func:`radixkv.trace._fields.warn_unsorted`).
 
     Raises
     ------
@@ -59,12 +61,12 @@ def read_mooncake(path, *, unit_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
     U = int(unit_tokens)
     lines = read_records(path, ("hash_ids",))
     n = len(lines)
-    arrival = np.zeros(n, dtype=np.float64)
+    ts = np.zeros(n, dtype=np.float64)  # milliseconds, as the file gives them
     plen = np.zeros(n, dtype=np.int64)
     olen = np.zeros(n, dtype=np.int64)
     pids = [None] * n
     for k, (ln, obj) in enumerate(lines):
-        arrival[k] = F.as_float(F.get(obj, "timestamp", path, ln), path, ln, "timestamp") / 1000.0
+        ts[k] = F.as_float(F.get(obj, "timestamp", path, ln), path, ln, "timestamp")
         P = F.as_int(F.get(obj, "input_length", path, ln), path, ln, "input_length")
         if P < 1:
             raise TraceFormatError("empty prompt (input_length must be ≥ 1)", path=path, line=ln, field="input_length")
@@ -78,10 +80,12 @@ def read_mooncake(path, *, unit_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
             )
         plen[k] = P
         pids[k] = ids
-    _check_covers(pids, plen, U, [ln for ln, _ in lines], path, "hash_ids")
+    line_of = [ln for ln, _ in lines]
+    _check_covers(pids, plen, U, line_of, path, "hash_ids")
+    F.warn_unsorted(ts, line_of, path, "timestamp")
     return Trace.from_requests(
         req_id=[f"r{k}" for k in range(n)],
-        arrival_s=arrival,
+        arrival_s=ts / 1000.0,
         prompt_len=plen,
         output_len=olen,
         prompt_ids=pids,

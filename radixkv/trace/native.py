@@ -86,7 +86,9 @@ def read_native(path) -> Trace:
     Returns
     -------
     Trace
-        In replay order (stable sort by ``arrival_s``); ``name`` is ``str(path)``.
+        In replay order (stable sort by ``arrival_s``); ``name`` is ``str(path)``. A file
+        whose ``arrival_s`` are not in line order gets an :class:`~radixkv.errors.InputWarning`
+        (count and first line out of order; :func:`radixkv.trace._fields.warn_unsorted`).
 
     Raises
     ------
@@ -197,6 +199,8 @@ def read_native(path) -> Trace:
             raise TraceFormatError(f"request id {rid!r} repeats the id of line {line_of[seen[rid]]}: "
                                    f"request ids must be unique", path=path, line=line_of[k], field="id")
         seen[rid] = k
+    if arrival_rule.given:
+        F.warn_unsorted(arrival, line_of, path, "arrival_s")
     if partial:
         from radixkv.trace.mooncake import _check_covers
 

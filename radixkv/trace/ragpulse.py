@@ -42,7 +42,10 @@ content differs from the first token of the first different chunk. The default `
 is vLLM's default ``block_size`` (``vllm/config/cache.py``, ``CacheConfig.block_size``).
 
 Request ids are ``r<i>`` with ``i`` the 0-based index of the request's line; the
-timestamps (strings of integer seconds, not in order) are sorted stably; ``turn`` is the
+timestamps (strings of integer seconds, not in order) are sorted stably — silently, unlike the
+Mooncake, Azure and native readers (:func:`radixkv.trace._fields.warn_unsorted`): the published
+file is not in time order by design (3,304 of its 7,106 lines), so a warning would say nothing
+about a particular file; ``turn`` is the
 request's 0-based position in its session in replay order.
 """
 from __future__ import annotations
