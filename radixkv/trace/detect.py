@@ -13,9 +13,13 @@ Rules, tried in order:
 * JSONL, by the keys of the first non-blank line: ``radixkv_trace`` → ``native``;
   ``hash_ids`` holding an object → ``ragpulse``; ``timestamp`` + ``hash_ids`` +
   ``input_length`` → ``mooncake``; ``tokens``, or ``hash_ids`` + ``input_length`` without
-  ``timestamp`` → ``native``.
+  ``timestamp`` → ``native`` (``mooncake`` when the ids count 512-token blocks, not tokens);
+* any other first record: the JSONL format sharing the most of its keys (ties: native,
+  mooncake, ragpulse), so that format's reader names the missing or unknown field, file
+  and line (a native line without ``tokens`` is a native error, not an unknown format).
 
-Anything else raises :class:`~radixkv.errors.TraceFormatError`.
+A first line that is not valid JSON is reported with its line and column; a first record
+sharing no key with any format raises :class:`~radixkv.errors.TraceFormatError` naming its keys.
 """
 from __future__ import annotations
 
@@ -80,15 +84,20 @@ def detect_format(path) -> str:
         what = ("the file is empty (or holds only blank lines)" if len(head) < _SNIFF_BYTES
                 else f"the first {_SNIFF_BYTES:,} bytes are blank")
         raise TraceFormatError(f"{what}: a trace needs at least one request", path=path)
-    if not first.lstrip().startswith("{"):
+    if not first.lstrip().startswith(("{", "[")):
         raise TraceFormatError("unknown trace format: not JSON Lines, a kv-cache-tester JSON document, "
                                "an Azure CSV or a radixkv .npz", path=path)
-    obj = _first_json_line(path)
+    ln, obj, err = _first_json_line(path)
     if not isinstance(obj, dict) or ("requests" in obj and "block_size" in obj):
         if _looks_weka_document(path):
             return "weka"
-        if not isinstance(obj, dict):
-            raise TraceFormatError("unknown trace format: the first line is not a JSON object", path=path)
+    if err is not None:
+        _raise_invalid_json(path, ln, err)
+    if not isinstance(obj, dict):
+        what = "null" if obj is None else f"a JSON {type(obj).__name__}"
+        raise TraceFormatError(f"unknown trace format: expected a JSON object per line (JSON Lines), a "
+                               f"kv-cache-tester JSON document, an Azure CSV or a radixkv .npz; got {what}",
+                               path=path, line=ln)
     keys = set(obj)
     if "radixkv_trace" in keys:
         return "native"
@@ -97,21 +106,89 @@ def detect_format(path) -> str:
         return "ragpulse"
     if "timestamp" in keys and "hash_ids" in keys and "input_length" in keys:
         return "mooncake"
-    if "tokens" in keys or ("hash_ids" in keys and "input_length" in keys):
+    if "tokens" in keys:
         return "native"
-    raise TraceFormatError(f"unknown trace format: first record has keys {sorted(keys)}", path=path)
+    if "hash_ids" in keys and "input_length" in keys:
+        return "mooncake" if _mooncake_blocks(obj) else "native"
+    return _closest_jsonl_format(obj, path, ln)
+
+
+#: the request keys of each JSON Lines format (native: radixkv.trace.native._REQUEST_KEYS)
+_MOONCAKE_KEYS = frozenset({"timestamp", "input_length", "output_length", "hash_ids"})
+_RAGPULSE_KEYS = _MOONCAKE_KEYS | {"session_id"}
+
+
+def _mooncake_blocks(obj: dict) -> bool:
+    """A line with ``hash_ids`` + ``input_length`` but no ``timestamp``: True when its ids
+    count 512-token blocks (Mooncake's ``ceil(input_length / 512)``) and not tokens (a
+    headerless native line needs ``len(hash_ids) == input_length``) — a Mooncake line
+    missing its timestamp, which the Mooncake reader then names."""
+    ids, P = obj.get("hash_ids"), obj.get("input_length")
+    if type(ids) is not list or type(P) is not int or P < 1:
+        return False
+    from radixkv.trace.mooncake import MOONCAKE_BLOCK_TOKENS as U
+
+    return len(ids) != P and len(ids) == -(-P // U)
+
+
+def _closest_jsonl_format(obj: dict, path: Path, line: int) -> str:
+    """The JSON Lines format sharing the most keys with the first record, whose reader then
+    names the missing or unknown field (file, line, field); ties go to the order of
+    :data:`FORMATS`. No key in common: TraceFormatError naming the keys."""
+    from radixkv.trace.native import _REQUEST_KEYS
+
+    keys = set(obj)
+    best, score = None, 0
+    for fmt, known in (("native", _REQUEST_KEYS), ("mooncake", _MOONCAKE_KEYS), ("ragpulse", _RAGPULSE_KEYS)):
+        n = len(keys & known)
+        if n > score:
+            best, score = fmt, n
+    if best is None or (best == "ragpulse" and not (path.parent / "1_sys_prompt.jsonl").is_file()):
+        if best == "ragpulse":  # no component files beside it: Mooncake's reader names the field
+            return "mooncake"
+        raise TraceFormatError(f"unknown trace format: the first record has keys {sorted(keys)}, none of a "
+                               f"native, Mooncake or RAGPulse request", path=path, line=line)
+    return best
 
 
 def _first_json_line(path: Path):
-    """The decoded first non-blank line, or None when it is not valid JSON."""
+    """``(line, value, error)`` of the first non-blank line: its 1-based number, its decoded
+    JSON value (None when it is not JSON) and the :class:`json.JSONDecodeError` (or None)."""
     try:
         with open(path, encoding="utf-8-sig", errors="replace") as f:
-            for line in f:
+            for ln, line in enumerate(f, 1):
                 if line.strip():
-                    return json.loads(line)
-    except (OSError, json.JSONDecodeError):
-        return None
-    return None
+                    try:
+                        return ln, json.loads(line), None
+                    except json.JSONDecodeError as e:
+                        return ln, None, e
+    except OSError:
+        pass
+    return 1, None, None
+
+
+def _raise_invalid_json(path: Path, ln: int, err: json.JSONDecodeError):
+    """The first non-blank line (number *ln*) is not JSON: name where. When the file is one
+    JSON document spread over lines (a kv-cache-tester conversation), the document's own
+    error position is reported; else the line's."""
+    from radixkv.trace._io import decode_utf8
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise TraceFormatError(f"cannot read: {e.strerror}", path=path) from None
+    try:
+        doc = json.loads(decode_utf8(raw, path))  # not UTF-8: that error, with its line
+    except json.JSONDecodeError as whole:
+        if whole.lineno > ln:
+            err = whole
+            ln = whole.lineno
+    else:
+        raise TraceFormatError(f"unknown trace format: one JSON {type(doc).__name__} over several lines, not "
+                               f"JSON Lines nor a kv-cache-tester conversation (an object with 'requests' and "
+                               f"'block_size')", path=path)
+    raise TraceFormatError(f"invalid JSON: {err.msg} (column {err.colno})", path=path, line=ln)
 
 
 def _looks_weka_document(path: Path) -> bool:

@@ -78,15 +78,17 @@ from radixkv.trace.types import Trace
 
 
 def _load_json(path: Path) -> dict:
+    from radixkv.trace._io import decode_utf8
+
     try:
-        with open(path, encoding="utf-8-sig") as f:
-            doc = json.load(f)
-    except json.JSONDecodeError as e:
-        raise TraceFormatError(f"invalid JSON: {e.msg} (column {e.colno})", path=path, line=e.lineno) from None
-    except UnicodeDecodeError as e:
-        raise TraceFormatError(f"not UTF-8 text ({e.reason} at byte {e.start})", path=path) from None
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as e:
         raise TraceFormatError(f"cannot read: {e.strerror}", path=path) from None
+    try:
+        doc = json.loads(decode_utf8(raw, path))
+    except json.JSONDecodeError as e:
+        raise TraceFormatError(f"invalid JSON: {e.msg} (column {e.colno})", path=path, line=e.lineno) from None
     if not isinstance(doc, dict):
         raise TraceFormatError(f"expected a JSON object at the top level, got {type(doc).__name__}", path=path, line=1)
     return doc
