@@ -148,3 +148,32 @@ def test_bom_and_crlf_read_as_the_plain_file(tmp_path):
     ta, tb = load_trace(a), load_trace(b)
     assert list(ta.arrival_s) == list(tb.arrival_s) == [0.0, 1.0]
     assert ta.ids.tolist() == tb.ids.tolist() == [0, 1, 0, 1]
+
+
+def test_a_forced_format_that_does_not_fit_says_what_the_file_is_not(tmp_path):
+    p = tmp_path / "mc.jsonl"
+    p.write_text("".join(_mc(t, hash_ids=range(2)) for t in (0, 1000)))
+    with pytest.raises(TraceFormatError) as ei:
+        load_trace(p, format="npz")  # numpy alone calls any text file "pickled (object) data"
+    assert "no zip header" in str(ei.value) and "pickle" not in str(ei.value)
+    with pytest.raises(TraceFormatError) as ei:
+        load_trace(p, format="weka")
+    assert ei.value.line == 2 and "JSON Lines" in str(ei.value)
+    long = tmp_path / "long.jsonl"
+    long.write_text(_mc(0, hash_ids=range(200), input_length=200 * 512))
+    with pytest.raises(TraceFormatError) as ei:
+        load_trace(long, format="azure")
+    assert ei.value.field == "header" and len(str(ei.value)) < len(str(long)) + 200  # the line is cut short
+
+
+def test_convert_refuses_an_unknown_output_extension_before_reading(tmp_path, capsys, monkeypatch):
+    import radixkv.trace.load as L
+
+    read = []
+    real = L.load_trace
+    monkeypatch.setattr(L, "load_trace", lambda *a, **k: read.append(a) or real(*a, **k))
+    src = tmp_path / "in.jsonl"
+    src.write_text(_mc(0))
+    assert main(["trace", "convert", str(src), str(tmp_path / "out.csv")]) == 2
+    assert "use .npz or .jsonl" in capsys.readouterr().err
+    assert read == [] and sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]

@@ -59,10 +59,11 @@ def cmd_inspect(args) -> int:
 
 def cmd_convert(args) -> int:
     """Read IN, write OUT (format by extension); prints one line saying what was written."""
-    from radixkv.trace.load import save_trace
+    from radixkv.trace.load import output_format, save_trace
     from radixkv.util import check_output_paths
 
     check_output_paths(args.out, inputs=[args.path])
+    output_format(args.out)  # an extension it cannot write is refused before the (maybe long) read
     trace = _load(args)
     save_trace(trace, args.out)
     print(f"wrote {len(trace):,} requests (unit_tokens {trace.unit_tokens}) to {args.out}")

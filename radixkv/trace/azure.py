@@ -90,7 +90,8 @@ def read_azure(path) -> Trace:
     ln, head = lines[0]
     cols = tuple(c.strip() for c in head.lstrip("\ufeff").split(","))
     if cols != HEADER:
-        raise TraceFormatError(f"expected the header {','.join(HEADER)}, got {head.strip()!r}",
+        got = head.strip() if len(head.strip()) <= 60 else head.strip()[:57] + "..."
+        raise TraceFormatError(f"expected the header {','.join(HEADER)}, got {got!r}",
                                path=path, line=ln, field="header")
     n = len(lines) - 1
     ticks = np.zeros(n, dtype=np.int64)

@@ -94,6 +94,15 @@ def read_npz(path) -> Trace:
     """
     path = Path(path)
     try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as e:
+        raise TraceFormatError(f"cannot read: {e.strerror}", path=path) from None
+    if magic[:4] != b"PK\x03\x04":  # np.load would call a text file "pickled (object) data"
+        what = "a single .npy array" if magic == b"\x93NUMPY" else "no zip header"
+        raise TraceFormatError(f"not a .npz archive ({what}); a radixkv .npz is written by "
+                               f"`radixkv trace convert IN OUT.npz`", path=path)
+    try:
         z = np.load(path, allow_pickle=False)
     except (OSError, ValueError, zipfile.BadZipFile) as e:
         raise TraceFormatError(f"not a readable .npz file ({e})", path=path) from None

@@ -66,14 +66,22 @@ def save_trace(trace: Trace, path) -> None:
     radixkv.errors.TraceFormatError
         Any other extension.
     """
-    suffix = Path(path).suffix.lower()
-    if suffix == ".npz":
+    if output_format(path) == "npz":
         from radixkv.trace.binary import write_npz
 
         write_npz(trace, path)
-    elif suffix in (".jsonl", ".json"):
+    else:
         from radixkv.trace.native import write_native
 
         write_native(trace, path)
-    else:
-        raise TraceFormatError(f"cannot tell the output format from {suffix!r}: use .npz or .jsonl", path=path)
+
+
+def output_format(path) -> str:
+    """The format :func:`save_trace` writes *path* in: ``npz`` for ``.npz``, ``native`` for
+    ``.jsonl`` / ``.json``; any other extension raises TraceFormatError."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".npz":
+        return "npz"
+    if suffix in (".jsonl", ".json"):
+        return "native"
+    raise TraceFormatError(f"cannot tell the output format from {suffix!r}: use .npz or .jsonl", path=path)

@@ -88,7 +88,9 @@ def _load_json(path: Path) -> dict:
     try:
         doc = json.loads(decode_utf8(raw, path))
     except json.JSONDecodeError as e:
-        raise TraceFormatError(f"invalid JSON: {e.msg} (column {e.colno})", path=path, line=e.lineno) from None
+        hint = ("; a kv-cache-tester conversation is one JSON document, and this one goes on after it ends "
+                "(JSON Lines? then not --format weka)") if e.msg == "Extra data" else ""
+        raise TraceFormatError(f"invalid JSON: {e.msg} (column {e.colno}){hint}", path=path, line=e.lineno) from None
     if not isinstance(doc, dict):
         raise TraceFormatError(f"expected a JSON object at the top level, got {type(doc).__name__}", path=path, line=1)
     return doc
