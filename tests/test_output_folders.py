@@ -77,3 +77,12 @@ def test_sweep_creates_its_results_folder_but_not_missing_folders_above_it(tmp_p
     assert main(["sweep", str(grid), "--out", str(good), "--quiet"]) == 0
     rows = [json.loads(p.read_text()) for p in (good / "cells").glob("*.jsonl")]
     assert len(rows) == 1 and rows[0]["settings"]["limit"] == 5
+
+
+def test_report_given_a_sweep_folder_says_how_to_get_its_report(tmp_path, capsys):
+    (tmp_path / "sw" / "cells").mkdir(parents=True)
+    out = tmp_path / "r.html"
+    assert main(["report", str(tmp_path / "sw"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'sw'}, field 'results': is a folder" in err and "--report PATH.html" in err
+    assert not out.exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 
 
 def cmd_report(args) -> int:
@@ -17,6 +18,14 @@ def cmd_report(args) -> int:
     from radixkv.util import check_output_paths
 
     check_output_paths(args.out, inputs=args.results)
+    for r in args.results:
+        if Path(r).is_dir():
+            from radixkv.errors import InputError
+
+            hint = (f"; a sweep's report: radixkv sweep GRID.toml --out {r} --report PATH.html (finished cells are "
+                    f"not run again)") if (Path(r) / "cells").is_dir() else ""
+            raise InputError("is a folder: give result files (JSON of replay/compare/curve --json, a --timeline "
+                             "or --per-request CSV)" + hint, path=r, field="results")
     report_from_files(args.results, args.out, command=_command())
     print(f"wrote {args.out}")
     return 0
