@@ -43,7 +43,8 @@ def load_trace(path, format: str | None = None, **options) -> Trace:  # noqa: A0
     ------
     radixkv.errors.TraceFormatError
         Unknown format name, undetectable content, or any malformed record (the reader's
-        error names file, line/record and field).
+        error names file, line/record and field; when *format* was given and the content
+        looks like another format, the message says which).
     """
     fmt = detect_format(path) if format is None else canonical_format(format)
     if not Path(path).exists():
@@ -56,6 +57,20 @@ def load_trace(path, format: str | None = None, **options) -> Trace:  # noqa: A0
         if options and "unexpected keyword" in str(e):
             raise TraceFormatError(f"option not understood by the {fmt} reader: {e}", path=path) from None
         raise
+    except TraceFormatError as e:
+        guess = None if format is None else _guess(path)
+        if guess is None or guess == fmt:
+            raise
+        raise TraceFormatError(f"{e.reason} (read as {fmt}, as asked; its content looks like {guess})",
+                               path=e.path, line=e.line, field=e.field) from None
+
+
+def _guess(path):
+    """The detected format of *path*, or None when detection fails too."""
+    try:
+        return detect_format(path)
+    except TraceFormatError:
+        return None
 
 
 def save_trace(trace: Trace, path) -> None:
