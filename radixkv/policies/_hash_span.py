@@ -46,11 +46,27 @@ def replay_span(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets
     sid = np.empty(n_max, dtype=np.int64)
     send = np.empty(n_max, dtype=np.int64)
     scratch = np.zeros((2, max(1, (kv_max + B - 1) // B)), dtype=np.int64)
+    one_to_n = np.arange(1, n_max + 1)  # the ends of one-token segments
+    # the scratch arrays are passed as arguments, not borrowed here: this call holds them
+    # until _loop returns (a local borrowed after its last use would be freed at once)
+    return _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
+                 output_len, unit_tokens, i0, i1, num_slots, B, key_mask, key_bytes, dup_bytes, out,
+                 sid, send, scratch, one_to_n)
+
+
+@nb.njit(cache=True)
+def _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
+          output_len, unit_tokens, i0, i1, num_slots, B, key_mask, key_bytes, dup_bytes, out,
+          sid, send, scratch, one_to_n):
+    """The loop of :func:`replay_span`, on borrowed views of its arguments; *sid*,
+    *send*: scratch of length ≥ the longest request's segment count; *scratch*: int64
+    (2, ≥ the most blocks of a request's KV); *one_to_n*: ``1 … n`` (n ≥ the longest
+    prompt of a request whose segments are its prompt ids)."""
     st = state[: K.NST]
-    # borrowed views (no reference counts per request; radixkv.policies._borrowed)
+    # borrowed views of this call's arguments (no reference counts per request;
+    # radixkv.policies._borrowed): the caller keeps the arrays alive until we return
     bblk, bkt, bpcid, bpcs, bstate = borrow(blk), borrow(kt), borrow(pcid), borrow(pcs), borrow(state)
     bscratch, bsid, bsend = borrow(scratch), borrow(sid), borrow(send)
-    one_to_n = np.arange(1, n_max + 1)  # the ends of one-token segments
     bone, bids = borrow(one_to_n), borrow(ids)
     for i in range(i0, i1):
         P = prompt_len[i]

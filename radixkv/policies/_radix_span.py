@@ -10,8 +10,8 @@ arrays (the same upper bounds as ``RadixCache._reserve``), report a request that
 not fit the pool, or a refusal.
 
 Speed (same results): the loop runs on borrowed views of its arrays
-(:func:`radixkv.policies._borrow.borrow`: no atomic reference counts in the tree
-kernels' calls), and a token request's segments are built by copying its ids only, the
+(:func:`radixkv.policies._borrowed.borrow`: no reference counts on the state arrays in
+the tree kernels' calls), and a token request's segments are built by copying its ids only, the
 ends ``1, 2, …`` being kept in the scratch array between requests (``_token_seq_into``).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numba as nb
 import numpy as np
 
 from radixkv.policies import _radix_kernels as K
-from radixkv.policies._borrow import borrow
+from radixkv.policies._borrowed import borrow
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len, prefetch_request
 
 # column order of the ``out`` array (a subset of radixkv.replay.records.COLUMNS)
@@ -77,8 +77,17 @@ def replay_span(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets
     send = np.empty(n_max + 1, dtype=np.int64)
     for j in range(n_max + 1):
         send[j] = j + 1
-    # the views are borrowed from this call's arguments and *sid* / *send*, all alive
-    # until ``_loop`` returns
+    # *sid* and *send* are passed as arguments and borrowed there: this call holds them
+    # until ``_views`` returns (a local borrowed after its last use would be freed at once)
+    return _views(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
+                  output_len, unit_tokens, i0, i1, num_slots, page, hi, node_bytes, token_bytes, out, sid, send)
+
+
+@nb.njit(cache=True)
+def _views(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
+           output_len, unit_tokens, i0, i1, num_slots, page, hi, node_bytes, token_bytes, out, sid, send):
+    """:func:`_loop` on borrowed views of this call's array arguments (the caller keeps
+    the arrays alive until it returns)."""
     return _loop(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow(HP), borrow(G), borrow(Q), borrow(R),
                  borrow(ids), borrow(id_offsets), borrow(out_ids), borrow(out_offsets), has_out,
                  borrow(prompt_len), borrow(output_len), unit_tokens, i0, i1, num_slots, page, borrow(hi),
