@@ -1,11 +1,12 @@
-"""Compiled step loop of the concurrent replay: vLLM v1's scheduler over a ``BlockHashCache``.
+"""The compiled concurrent vLLM loop: ONE scheduler loop over any block pool.
 
 :func:`run_loop` is the loop of :func:`radixkv.replay.concurrent.replay_concurrent` with
-:class:`radixkv.replay.sched_vllm.VllmScheduler`'s step rules and
-:class:`radixkv.policies.block_hash.BlockHashCache`'s pool calls, inside one Numba call:
-the same rules in the same order, so the same bytes out (the Python loop stays the path
-for every other policy, scheduler and option; :mod:`radixkv.replay.conc_vllm_fast`
-decides). Each rule is the one the Python code documents, with its vLLM source:
+:class:`radixkv.replay.sched_vllm.VllmScheduler`'s step rules inside one Numba call: the
+same rules in the same order as the Python loop over
+:class:`radixkv.policies.block_hash.BlockHashCache`, so the same bytes out (the Python
+loop stays the path for every other policy, scheduler and option;
+:mod:`radixkv.replay.conc_vllm_fast` decides). Each rule is the one the Python code
+documents, with its vLLM source:
 
 - the step (``vllm/v1/core/sched/scheduler.py :: Scheduler.schedule``): running requests
   first, in running order — a decode takes 1 token, an unfinished prefill a chunk of
@@ -15,36 +16,112 @@ decides). Each rule is the one the Python code documents, with its vLLM source:
   without preemption, FCFS admission while budget and ``max_num_seqs`` allow, the first
   refusal stopping it (``VllmScheduler._admit_pass``: chunked prefill off, watermark,
   lookup of prompt + generated tokens on re-admission);
-- the pool (``vllm/v1/core/kv_cache_manager.py :: KVCacheManager.allocate_slots`` /
-  ``get_computed_blocks`` / ``free``): the kernels of
-  :mod:`radixkv.policies._hash_kernels` (``admit``, ``extend``, ``free``, ``peek``),
-  called with the arguments :class:`BlockHashCache` passes them;
 - fast-forward (``Scheduler.max_fast_forward`` / ``VllmScheduler.max_fast_forward`` /
   ``Scheduler.fast_forward``): runs of identical decode steps bounded by the first
   finish, the pool's room and the waiting head's hit growth, applied with the lazy
-  ``decode_slot_local`` schedule of
-  :func:`radixkv.policies._hash_batch_kernels.decode_run_slot_local`;
+  ``decode_slot_local`` schedule (:func:`_decode_run`, the step loop of
+  :func:`radixkv.policies._hash_batch_kernels.decode_run_slot_local`);
 - the clock and the time integrals (``concurrent._Integrals``) with the float
   operations of :class:`radixkv.cost.CostModel` (``_step_time_ints``,
-  ``decode_steps_time``) or :class:`radixkv.cost.UnitStepCost`, in the same order.
+  ``decode_steps_time``) or :class:`radixkv.cost.UnitStepCost`, in the same order; the
+  timeline rows and the miss recorder's calls (:mod:`radixkv.replay._miss_rec_kernels`).
 
 Prefill FLOPs are not summed here: the loop logs each step's prefill items (``pf_*``)
 and the caller sums them with the cost model's own functions, as ``_Integrals.prefill``.
 
 State lives in arrays the caller owns, so the loop can return at the top of a step
-(status :data:`S_PROGRESS`, :data:`S_GROW_SLOTS`, :data:`S_GROW_LOG`) and be called again
-to resume: to report progress, or after the caller enlarged the per-request slot arrays
-or the prefill log.
+(status :data:`S_PROGRESS`, :data:`S_GROW_SLOTS`, :data:`S_GROW_LOG`, ...) and be called
+again to resume: to report progress, or after the caller enlarged the per-request slot
+arrays, the prefill log, the timeline, the miss recorder's logs or the pool's own arrays.
+
+Pools and their operations
+--------------------------
+The loop never reads a pool array. Everything a pool does is one of the *pool
+operations* below: stub functions of this module that each pool implements with
+``numba.extending.overload``, selected by the pool value's Numba type when the loop is
+compiled (one machine-code loop per pool type; a call costs what the implementation
+costs, nothing for the dispatch). The pools so far:
+
+- :mod:`radixkv.replay._conc_vllm_block_kernels`: ``BlockHashCache``'s per-block pool
+  (:mod:`radixkv.policies._hash_kernels`), the reference;
+- :mod:`radixkv.replay._conc_vllm_unit_kernels`: a unit-keyed pool for hash-id traces.
+
+A new pool plugs in without touching this module: (1) a ``collections.namedtuple``
+class of its own for the *pool value* (its arrays, its per-request facts and its
+``block_size``; the loop passes it through untouched); (2) each operation written as a
+plain function with the stub's parameters and registered with :func:`pool_op` (an
+``numba.extending.overload`` of the stub taken only for values of that class)::
+
+    @CK.pool_op(CK.pool_counts, MyPool)
+    def _counts(pool):
+        return pool.q[0], pool.q[1], pool.q[2]
+
+(3) importing that module before the loop is first compiled for the pool (the dispatch
+in :mod:`radixkv.replay.conc_vllm_fast` imports it), and a tiny replay on it in
+``conc_vllm_fast.warm`` (``radixkv warmup``). A pool type without an operation fails to
+compile with Numba's ``No implementation of function pool_...`` naming the operation.
+
+Arguments common to the operations: *pool* the pool value; *ps* the pool's per-slot
+tuple (arrays with one row per request slot, e.g. block tables; the caller grows every
+array of it to the same number of rows, keeping rows); *ls* the loop's per-slot tuple
+``(sid, send, nseg, ntok)``: int64 (S, M) content segments of the slot's request (ids
+and ends, :func:`radixkv.trace._seq_kernel.kv_seq_into`), int64 (S,) their count, and
+int64 (S,) the tokens with KV the slot holds (the loop keeps ``ntok`` and the
+partial-block token count; an operation must not write *ls*); *sl* a slot; *tr* the
+trace tuple (``run_loop``). Blocks are ``block_size`` B tokens; a slot with *n0*
+tokens holds ``ceil(n0 / B)`` blocks, its first ``n0 // B`` full (hashed).
+
+``pool_room(pool, budget, cap_run)`` → int
+    0 when the pool has room for one more iteration (at most *budget* =
+    ``max_num_batched_tokens`` scheduled tokens and *cap_run* running requests), else a
+    status ≥ :data:`S_POOL` the loop returns unchanged (the caller grows the pool's
+    arrays and calls again). Called at the top of every iteration; nothing changed yet.
+``pool_admit(pool, ps, ls, tr, i, sl, m, n_tok, asked, first)`` → (code, hit blocks,
+held tokens, evicted blocks)
+    vLLM ``KVCacheManager.get_computed_blocks`` + ``allocate_slots`` of request *i* into
+    free slot *sl* (``BlockHashCache.admit``, :func:`radixkv.policies._hash_kernels.admit`
+    with ``prompt_len = lookup_len = n_tok``): look up its first *n_tok* known tokens
+    (segments ``ls[0][sl, :m]``, ``ls[1][sl, :m]``, written by the loop), hit capped at
+    ``(n_tok − 1) // B`` blocks; refuse unless ``ceil(n_tok / B) − hit + hit blocks with
+    ref_cnt 0`` blocks fit in the free queue; touch the hit, allocate
+    ``ceil(max(asked, hit·B) / B)`` blocks (evicting from the free queue's head) and cache
+    the full ones. *held* (``Admission.held_tokens``) is needed only when *first*.
+    ``code``: :data:`ADMIT_OK`; :data:`ADMIT_REFUSED` (nothing changed); or a status ≥
+    :data:`S_POOL` the loop returns (nothing changed; the caller fixes the pool, calls
+    again).
+``pool_extend(pool, ps, ls, sl, n0, n)`` → (ok, evicted blocks)
+    vLLM ``allocate_slots`` then ``cache_blocks`` (``BlockHashCache.extend``,
+    :func:`~radixkv.policies._hash_kernels.extend`): slot *sl* (holding *n0* tokens)
+    grows by *n* > 0 tokens; False: refused, nothing changed.
+``pool_grow_slot(pool, ps, ls, sl, n0, n)`` → (ok, evicted blocks)
+    The same as ``pool_extend``, called once per slot and growth inside the decode-run
+    step loop (:func:`_decode_run`: decode tokens only, many calls): a pool may take a
+    shorter path there (inline it; see the unit pool).
+``pool_release(pool, ps, sl, n0)``
+    vLLM ``KVCacheManager.free`` (``BlockHashCache.finish`` / ``preempt``,
+    :func:`~radixkv.policies._hash_kernels.free`): slot *sl* (holding *n0* tokens)
+    releases its blocks, tail first; a block whose ref_cnt reaches 0 goes to the free
+    queue (hashed: tail, unhashed: head).
+``pool_lookup(pool, hs, tr, i, L, sid, send, m, fresh, count_free)`` → (hit blocks,
+free hit blocks)
+    Side-effect-free ``BlockHashCache._lookup`` of request *i*'s first *L* tokens
+    (segments ``sid[:m]``, ``send[:m]``): hit blocks capped at ``(L − 1) // B``, and
+    when *count_free* how many of them have ref_cnt 0 (the watermark check), else 0.
+    *hs* is the pool's lookup scratch tuple; *fresh* says what it holds: 0 what it held
+    after the last call (same request and length), 1 the same request, another length,
+    2 another request.
+``pool_counts(pool)`` → (used, cached, hashed blocks)
+    ``BlockPool`` counters: blocks with ref_cnt > 0, blocks with ref_cnt 0 and a block
+    hash, blocks with a block hash (the pool statistics and integrals).
 """
 from __future__ import annotations
 
-import numpy as np
-from numba import njit
+import inspect
 
-# Kernels here inline _hash_kernels. Numba alone would check only this file's stamp; radixkv keys
-# its Numba cache folder by a hash of every kernel source (radixkv.numba_cache.source_key), so a
-# change to _hash_kernels is a cold cache here too: nothing to touch in this file.
-from radixkv.policies import _hash_kernels as K
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
 from radixkv.policies._hash_batch_kernels import lazy_order
 from radixkv.replay import _miss_rec_kernels as MR
 from radixkv.trace._seq_kernel import kv_seq_into
@@ -64,40 +141,77 @@ S_GROW_SLOTS = 2  # fewer free request slots than this step may admit: enlarge, 
 S_GROW_LOG = 3  # the prefill log may overflow in this step: enlarge, call again
 S_IDLE_REFUSED = 4  # request ist[I_ARG] cannot be admitted into an idle pool
 S_DECODE_REFUSED = 5  # the pool refused decode tokens of request ist[I_ARG] its room should hold
-S_PIECES = 6  # a block has more content pieces than pcid holds (caller must widen it first)
 S_GROW_TL = 7  # the timeline may overflow in this step: enlarge, call again
 S_GROW_REC = 8  # the miss recorder's logs may overflow in this step: enlarge, call again
+#: statuses from here on are a pool's own (pool_room, pool_admit): the caller asks the pool
+S_POOL = 16
+
+# pool_admit codes
+ADMIT_OK = 0
+ADMIT_REFUSED = 1
 
 # cost kinds
 COST_ROOFLINE = 0  # CostModel: cp = params, num_layers, attn_dim, wdb, kvb, peak, mfu, tp, hbm, mbu, overhead
 COST_UNIT = 1  # UnitStepCost: cp[0] = step_s
 
 
-@njit(cache=True)
-def max_block_pieces(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens,
-                     block_size, n_max):
-    """Most content pieces (segments it overlaps) of any full block of any request's KV
-    extent: the width ``BlockHashCache._keys`` would grow its piece arrays to."""
-    sid = np.empty(max(n_max, 1), dtype=np.int64)
-    send = np.empty(max(n_max, 1), dtype=np.int64)
-    B = block_size
-    best = 1
-    for i in range(prompt_len.shape[0]):
-        kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i, sid,
-                    send)
-        nfull = (prompt_len[i] + max(output_len[i] - 1, 0)) // B
-        s = 0
-        for j in range(nfull):
-            start = j * B
-            end = start + B
-            while send[s] <= start:
-                s += 1
-            e = s
-            while send[e] < end:
-                e += 1
-            if e - s + 1 > best:
-                best = e - s + 1
-    return best
+def is_pool(pool, cls) -> bool:
+    """In an overload's typing function: True when *pool* (a Numba type) is the type of a
+    value of the namedtuple class *cls*."""
+    return isinstance(pool, types.BaseNamedTuple) and pool.instance_class is cls
+
+
+def pool_op(stub, cls, inline: str = "always"):
+    """Decorator: the plain function it decorates implements the pool operation *stub*
+    (one of ``pool_*`` here, with the same parameters) for pool values of the namedtuple
+    class *cls* (``numba.extending.overload``, selected by :func:`is_pool`). *inline*
+    ``"always"`` inlines it into the loop's Numba IR (for small, hot operations),
+    ``"never"`` compiles it as a function of its own. Returns the function unchanged."""
+    def register(impl):
+        def typer(*args):
+            if is_pool(args[0], cls):
+                return impl
+        typer.__signature__ = inspect.signature(impl)  # the typing signature Numba checks against impl's
+        overload(stub, inline=inline)(typer)
+        return impl
+    return register
+
+
+# ---------------------------------------------------------------------- pool operations (stubs)
+# Compiled only: each pool module overloads them (module docstring, "Pools and their operations").
+def pool_room(pool, budget, cap_run):
+    """0, or a pool status ≥ S_POOL: grow the pool's arrays (module docstring)."""
+    raise NotImplementedError("a pool operation: compiled only, overloaded per pool type")
+
+
+def pool_admit(pool, ps, ls, tr, i, sl, m, n_tok, asked, first):
+    """Admit request *i* into slot *sl*: (code, hit blocks, held tokens, evicted blocks)."""
+    raise NotImplementedError("a pool operation: compiled only, overloaded per pool type")
+
+
+def pool_extend(pool, ps, ls, sl, n0, n):
+    """Grow slot *sl* from *n0* by *n* tokens: (ok, evicted blocks)."""
+    raise NotImplementedError("a pool operation: compiled only, overloaded per pool type")
+
+
+def pool_grow_slot(pool, ps, ls, sl, n0, n):
+    """``pool_extend`` inside the decode-run step loop: (ok, evicted blocks)."""
+    raise NotImplementedError("a pool operation: compiled only, overloaded per pool type")
+
+
+def pool_release(pool, ps, sl, n0):
+    """Free slot *sl*'s blocks (finish or preemption)."""
+    raise NotImplementedError("a pool operation: compiled only, overloaded per pool type")
+
+
+def pool_lookup(pool, hs, tr, i, L, sid, send, m, fresh, count_free):
+    """Side-effect-free lookup: (capped hit blocks, those with ref_cnt 0 when *count_free*)."""
+    raise NotImplementedError("a pool operation: compiled only, overloaded per pool type")
+
+
+def pool_counts(pool):
+    """(used, cached, hashed) blocks."""
+    raise NotImplementedError("a pool operation: compiled only, overloaded per pool type")
 
 
 @njit(cache=True)
@@ -135,42 +249,38 @@ def _decode_steps_time(kind, cp, batch, context_sum, k):
     return out
 
 
-@njit(cache=True)
-def _extend(pol, sa, sl, n, B, ist):
-    """``BlockHashCache.extend`` of the request in slot *sl* by *n* tokens; False: refused."""
-    blk, b32, kt, k32, pcid, pcs, st, stk = pol
-    keys2d, tbl2d, sid2d, send2d, s_nseg, s_nblk, s_ntok = sa
+# ---------------------------------------------------------------------- the loop's pool calls
+@njit(cache=True, inline="always")
+def _extend(pool, ps, ls, sl, n, B, ist):
+    """``BlockHashCache.extend`` of the request in slot *sl* by *n* tokens
+    (:func:`pool_extend`); False: refused, nothing changed."""
     if n <= 0:
         return True
+    s_ntok = ls[3]
     n0 = s_ntok[sl]
-    m = s_nseg[sl]
-    ok, nb, ev = K.extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys2d[sl], sid2d[sl, :m], send2d[sl, :m], B,
-                          tbl2d[sl], s_nblk[sl], n0, n)
+    ok, ev = pool_extend(pool, ps, ls, sl, n0, n)
     if not ok:
         return False
-    s_nblk[sl] = nb
+    ist[I_EV] += ev
     ist[I_PARTIAL] += (n0 + n) % B - n0 % B
     s_ntok[sl] = n0 + n
-    ist[I_EV] += ev
     return True
 
 
-@njit(cache=True)
-def _release(pol, sa, sl, B, ist, free_slots):
-    """``BlockHashCache.finish`` / ``preempt`` of the request in slot *sl*; the slot is freed."""
-    b32 = pol[1]
-    st = pol[6]
-    tbl2d = sa[1]
-    s_nblk = sa[5]
-    s_ntok = sa[6]
-    ist[I_PARTIAL] -= s_ntok[sl] % B
-    K.free(b32, st, tbl2d[sl], s_nblk[sl])
+@njit(cache=True, inline="always")
+def _release(pool, ps, ls, sl, B, ist, free_slots):
+    """``BlockHashCache.finish`` / ``preempt`` of the request in slot *sl*
+    (:func:`pool_release`); the slot is freed."""
+    s_ntok = ls[3]
+    n0 = s_ntok[sl]
+    ist[I_PARTIAL] -= n0 % B
+    pool_release(pool, ps, sl, n0)
     free_slots[ist[I_NFREE]] = sl
     ist[I_NFREE] += 1
 
 
-@njit(cache=True)
-def _serve(r, nrun, cap, budget, pol, sa, B, ist, run, ctx, target, kv, slot_of, preemptions, wq, wcap,
+@njit(cache=True, inline="always")
+def _serve(r, nrun, cap, budget, pool, ps, ls, B, ist, run, ctx, target, kv, slot_of, preemptions, wq, wcap,
            free_slots, p_req, p_new, p_ctx, p_pre, np_, rec):
     """``VllmScheduler._serve_running`` for request *r*: its chunk (the rest of its prefill,
     at most *cap* when > 0 and the *budget*; else one decode token), preempting the last
@@ -190,12 +300,12 @@ def _serve(r, nrun, cap, budget, pol, sa, B, ist, run, ctx, target, kv, slot_of,
     need_tok = upto - kv[r]
     made = 0
     while need_tok > 0:
-        if _extend(pol, sa, slot_of[r], need_tok, B, ist):
+        if _extend(pool, ps, ls, slot_of[r], need_tok, B, ist):
             kv[r] = upto
             break
         v = run[nrun - 1]
         nrun -= 1
-        _release(pol, sa, slot_of[v], B, ist, free_slots)
+        _release(pool, ps, ls, slot_of[v], B, ist, free_slots)
         slot_of[v] = -1
         ctx[v] = 0
         kv[v] = 0
@@ -216,25 +326,25 @@ def _serve(r, nrun, cap, budget, pol, sa, B, ist, run, ctx, target, kv, slot_of,
     return nrun, made, c, True
 
 
-@njit(cache=True)
-def _head_lookup(pol, tr, i, L, B, key_mask, hk, htbl, hsid, hsend, ist):
-    """Side-effect-free lookup of request *i*'s first *L* tokens (``BlockHashCache._lookup``):
-    returns (capped hit blocks, segments written to ``hsid``/``hsend``). The segments and
-    keys stay in the scratch arrays, reused while the same request and length are asked."""
-    blk, b32, kt, k32, pcid, pcs, st, stk = pol
+@njit(cache=True, inline="always")
+def _head_lookup(pool, hs, tr, i, L, hsid, hsend, ist, count_free):
+    """Side-effect-free lookup of request *i*'s first *L* tokens (``BlockHashCache._lookup``,
+    :func:`pool_lookup`): returns (capped hit blocks, those with ref_cnt 0 when
+    *count_free*, segments written to ``hsid``/``hsend``). The segments (and the pool's
+    scratch) are reused while the same request is asked."""
     ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens = tr
-    n_look = L // B
-    if ist[I_HKI] == i and ist[I_HKL] == L:
+    if ist[I_HKI] == i:
         m = ist[I_HKM]
+        fresh = 0 if ist[I_HKL] == L else 1
     else:
         m = kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
                         hsid, hsend)
-        K._block_keys_into(hsid[:m], hsend[:m], B, n_look, key_mask, hk)
+        fresh = 2
         ist[I_HKI] = i
-        ist[I_HKL] = L
         ist[I_HKM] = m
-    code, h = K.peek(blk, b32, kt, k32, pcid, pcs, hk, n_look, hsid[:m], hsend[:m], B, L, False, htbl)
-    return h, m
+    ist[I_HKL] = L
+    h, nfree = pool_lookup(pool, hs, tr, i, L, hsid, hsend, m, fresh, count_free)
+    return h, nfree, m
 
 
 @njit(cache=True)
@@ -252,12 +362,19 @@ def _shared_prefix(ia, ea, na, ib, eb, nb):
 
 
 @njit(cache=True)
-def _decode_run(pol, sa, slots, kv0, B, k, out, ist):
-    """Steps 2 … k of a run of k decode steps (``decode_run_slot_local`` over slots).
+def _decode_run(pool, ps, ls, slots, kv0, B, k, out, ist):
+    """Steps 2 … k of a run of k decode steps of the requests in *slots* (step 1 applied).
+
+    The lazy schedule of ``Scheduler._lazy_slot_local`` (``decode_slot_local``, the step
+    loop of :func:`radixkv.policies._hash_batch_kernels.decode_run_slot_local`): at step
+    t (1 ≤ t ≤ k − 2; every request then holds t extra tokens) only the requests whose
+    token ``kv0 + t − 1`` starts a block grow, by their lag, in item order
+    (:func:`pool_grow_slot`); after step k − 1 every request is brought to k − 1 extra
+    tokens. *out* int64 (k, 3): row 0 given (the pool after step 1); rows 1 … k − 2
+    filled with used blocks, cached blocks, valid tokens as after each step.
 
     Returns −1 when done, else the item refused by the pool."""
-    st = pol[6]
-    s_ntok = sa[6]
+    s_ntok = ls[3]
     n = slots.shape[0]
     cnt, order = lazy_order(kv0, B)
     applied = np.zeros(n, dtype=np.int64)
@@ -288,15 +405,20 @@ def _decode_run(pol, sa, slots, kv0, B, k, out, ist):
             m = t - applied[i]
             if m <= 0:
                 continue
-            if not _extend(pol, sa, slots[i], m, B, ist):
+            sl = slots[i]
+            n0 = s_ntok[sl]
+            ok, ev = pool_grow_slot(pool, ps, ls, sl, n0, m)
+            if not ok:
                 return i
+            ist[I_EV] += ev
+            ist[I_PARTIAL] += (n0 + m) % B - n0 % B
+            s_ntok[sl] = n0 + m
             A += m
             applied[i] = t
         if final:
             break
-        u = st[K.ST_NUSED]
-        c = st[K.ST_NCACHED]
-        v = st[K.ST_NHASHED] * B + ist[I_PARTIAL]
+        u, c, hashed = pool_counts(pool)
+        v = hashed * B + ist[I_PARTIAL]
         out[t, 0] = u
         out[t, 1] = c
         out[t, 2] = v + n * t - A
@@ -320,8 +442,8 @@ def _tl_row(tl_i, tl_t, ist, step, t, running, waiting, tokens, used, cached, nu
 
 
 @njit(cache=True)
-def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, sa, free_slots, scratch,
-             pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop_done, rec):
+def run_loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, free_slots, hscr, hs, pf_n,
+             pf_c, pf_g, tl_i, tl_t, ist, fst, stop_done, rec):
     """Run the replay loop until every request finished, or a resumable stop (module docstring).
 
     Parameters
@@ -329,8 +451,13 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
     tr : tuple
         The trace's arrays: ``ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
         output_len, unit_tokens`` (as :func:`radixkv.trace._seq_kernel.kv_seq_into` takes them).
-    pol : tuple
-        The pool's arrays ``blk, b32, kt, k32, pcid, pcs, st, stk`` (``BlockHashCache``).
+    pool : namedtuple
+        The pool value (module docstring, "Pools and their operations"); one compiled
+        loop per pool type.
+    B : int
+        ``block_size`` (tokens).
+    num_slots : int
+        The pool's usable blocks (``BlockHashCache.num_slots``).
     cfg : int64 (8,)
         ``max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
         long_prefill_token_threshold, watermark blocks, fast_forward, timeline, most
@@ -348,12 +475,17 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
         Running requests in order (``ist[I_NRUN]``).
     plan : int64 (4, cap)
         The step's items: request, new tokens, KV before, prefill flag.
-    sa : tuple
-        Per slot: ``keys (S, W), tbl (S, W), sid (S, G), send (S, G), nseg, nblk, ntok``.
+    ls : tuple
+        The loop's per-slot arrays ``sid (S, M), send (S, M), nseg (S,), ntok (S,)``
+        (int64: the slot's content segments, their count, its tokens with KV).
+    ps : tuple
+        The pool's per-slot arrays (S rows each), passed to the pool operations.
     free_slots : int64 (S,)
         Stack of free slots (``ist[I_NFREE]``).
-    scratch : tuple
-        ``keys, tbl, sid, send`` for lookups of a waiting request.
+    hscr : tuple
+        ``sid, send`` (int64 (M,)): segments of a waiting request being looked up.
+    hs : tuple
+        The pool's lookup scratch (``pool_lookup``).
     pf_n, pf_c, pf_g : int64
         Prefill log: items (new tokens, KV before) and each logged step's first item.
     tl_i, tl_t : int64 (7, R), float64 (R,)
@@ -372,12 +504,11 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
     Returns
     -------
     int
-        A status ``S_*``.
+        A status ``S_*``, or a pool's own status (≥ :data:`S_POOL`).
     """
-    blk, b32, kt, k32, pcid, pcs, st, stk = pol
     ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens = tr
-    keys2d, tbl2d, sid2d, send2d, s_nseg, s_nblk, s_ntok = sa
-    hk, htbl, hsid, hsend = scratch
+    sid2d, send2d, s_nseg, s_ntok = ls
+    hsid, hsend = hscr
     P = rq[0]
     N = rq[1]
     gen = rq[2]
@@ -442,6 +573,9 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
         # can only preempt itself, and none follows a preemption)
         if rec_on and not MR.rec_room(rec, cap_run):
             return S_GROW_REC
+        room = pool_room(pool, max_batched, cap_run)
+        if room != 0:
+            return room
         # ---------------------------------------------------------- schedule (VllmScheduler.schedule)
         steps = ist[I_STEPS]
         np_ = 0
@@ -451,7 +585,27 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
         cap = threshold if nrun + ist[I_WLEN] > 1 else 0
         k = 0
         while k < nrun and budget > 0:
-            nrun, made, c, ok = _serve(run[k], nrun, cap, budget, pol, sa, B, ist, run, ctx, target, kv, slot_of,
+            r = run[k]
+            if ctx[r] >= target[r]:
+                # a decode whose token needs no new block and fills none: _serve's outcome
+                # without the pool call (most decode steps)
+                sl = slot_of[r]
+                n0 = s_ntok[sl]
+                need = ctx[r] + 1 - kv[r]
+                if need <= 0 or (need == 1 and n0 % B != 0 and (n0 + 1) % B != 0):
+                    if need == 1:
+                        s_ntok[sl] = n0 + 1
+                        ist[I_PARTIAL] += 1
+                        kv[r] = n0 + 1
+                    p_req[np_] = r
+                    p_new[np_] = 1
+                    p_ctx[np_] = ctx[r]
+                    p_pre[np_] = 0
+                    np_ += 1
+                    budget -= 1
+                    k += 1
+                    continue
+            nrun, made, c, ok = _serve(r, nrun, cap, budget, pool, ps, ls, B, ist, run, ctx, target, kv, slot_of,
                                        preemptions, wq, wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_, rec)
             preempted += made
             if not ok:
@@ -469,19 +623,16 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                 i = wq[ist[I_WHEAD]]
                 n_tok = P[i] + gen[i]
                 if not chunked:
-                    h, _m = _head_lookup(pol, tr, i, n_tok, B, key_mask, hk, htbl, hsid, hsend, ist)
+                    h, _f, _m = _head_lookup(pool, hs, tr, i, n_tok, hsid, hsend, ist, False)
                     rem = n_tok - h * B
                     c = rem if cap <= 0 else min(rem, cap)
                     if min(c, n_tok) > budget:
                         blocked = True
                         break
                 if wm > 0 and nrun > 0:
-                    h, _m = _head_lookup(pol, tr, i, n_tok, B, key_mask, hk, htbl, hsid, hsend, ist)
-                    touch = 0
-                    for q in range(h):
-                        if b32[htbl[q], K.R_REF] == 0:
-                            touch += 1
-                    if (n_tok + B - 1) // B - h + touch + wm > num_slots - st[K.ST_NUSED]:
+                    h, touch, _m = _head_lookup(pool, hs, tr, i, n_tok, hsid, hsend, ist, True)
+                    used, _c, _hh = pool_counts(pool)
+                    if (n_tok + B - 1) // B - h + touch + wm > num_slots - used:
                         blocked = True
                         break
                 c = n_tok if cap <= 0 else min(n_tok, cap)
@@ -490,18 +641,15 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                 sl = free_slots[ist[I_NFREE] - 1]
                 m = kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens,
                                 i, sid2d[sl], send2d[sl])
-                mp = K._block_keys_into(sid2d[sl, :m], send2d[sl, :m], B, kvlen[i] // B, key_mask, keys2d[sl])
-                if mp - 1 > pcid.shape[1]:
-                    return S_PIECES
-                code, hb, hd, ev, nblk = K.admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys2d[sl], sid2d[sl, :m],
-                                                 send2d[sl, :m], B, n_tok, n_tok, asked, False, tbl2d[sl])
-                if code != K.OK:
+                s_nseg[sl] = m
+                code, hb, hd, ev = pool_admit(pool, ps, ls, tr, i, sl, m, n_tok, asked, admissions[i] == 0)
+                if code == ADMIT_REFUSED:
                     blocked = True
                     break
+                if code != ADMIT_OK:
+                    return code
                 ist[I_NFREE] -= 1
                 slot_of[i] = sl
-                s_nseg[sl] = m
-                s_nblk[sl] = nblk
                 ntok = max(asked, hb * B)
                 s_ntok[sl] = ntok
                 ist[I_PARTIAL] += ntok % B
@@ -525,7 +673,7 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                 kv[i] = max(asked, h)
                 run[nrun] = i
                 nrun += 1
-                nrun, made, c, ok = _serve(i, nrun, cap, budget, pol, sa, B, ist, run, ctx, target, kv, slot_of,
+                nrun, made, c, ok = _serve(i, nrun, cap, budget, pool, ps, ls, B, ist, run, ctx, target, kv, slot_of,
                                            preemptions, wq, wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_, rec)
                 preempted += made
                 if not ok:
@@ -569,7 +717,8 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
             if k_fin <= 1:
                 kk = max(k_fin, 1)
             else:
-                room = num_slots - st[K.ST_NUSED] - nrun
+                used, _c, _hh = pool_counts(pool)
+                room = num_slots - used - nrun
                 nd = 0
                 for q in range(nrun):
                     x = kv[run[q]]
@@ -593,7 +742,7 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                 # VllmScheduler._hit_growth_bound
                 head = wq[ist[I_WHEAD]]
                 L = P[head] + gen[head]
-                hb, hm = _head_lookup(pol, tr, head, L, B, key_mask, hk, htbl, hsid, hsend, ist)
+                hb, _f, hm = _head_lookup(pool, hs, tr, head, L, hsid, hsend, ist, False)
                 mblk = (hb * B) // S
                 for q in range(nrun):
                     r = run[q]
@@ -631,10 +780,11 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                 for q in range(nrun):
                     slots[q] = slot_of[run[q]]
                     kv0[q] = kv[run[q]]
-                pools[0, 0] = st[K.ST_NUSED]
-                pools[0, 1] = st[K.ST_NCACHED]
-                pools[0, 2] = st[K.ST_NHASHED] * B + ist[I_PARTIAL]
-                bad = _decode_run(pol, sa, slots, kv0, B, kk, pools, ist)
+                u0, c0, h0 = pool_counts(pool)
+                pools[0, 0] = u0
+                pools[0, 1] = c0
+                pools[0, 2] = h0 * B + ist[I_PARTIAL]
+                bad = _decode_run(pool, ps, ls, slots, kv0, B, kk, pools, ist)
                 if bad >= 0:
                     ist[I_ARG] = run[bad]
                     return S_DECODE_REFUSED
@@ -645,13 +795,14 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                 ctx[r] += kk
                 gen[r] += kk
                 if gen[r] >= N[r]:
-                    _release(pol, sa, slot_of[r], B, ist, free_slots)
+                    _release(pool, ps, ls, slot_of[r], B, ist, free_slots)
                     slot_of[r] = -1
                     p_new[nfin] = r  # reuse: finished rows in order
                     nfin += 1
-            pools[kk - 1, 0] = st[K.ST_NUSED]
-            pools[kk - 1, 1] = st[K.ST_NCACHED]
-            pools[kk - 1, 2] = st[K.ST_NHASHED] * B + ist[I_PARTIAL]
+            u1, c1, h1 = pool_counts(pool)
+            pools[kk - 1, 0] = u1
+            pools[kk - 1, 1] = c1
+            pools[kk - 1, 2] = h1 * B + ist[I_PARTIAL]
             # _Integrals.run: the float operations of _Integrals.step, step by step
             fr = float(nrun)
             for j in range(kk):
@@ -711,15 +862,14 @@ def run_loop(tr, pol, key_mask, B, num_slots, cfg, kind, cp, rq, rf, wq, run, pl
                     ctx[r] += 1
                     gen[r] += 1
                 if gen[r] >= N[r]:
-                    _release(pol, sa, slot_of[r], B, ist, free_slots)
+                    _release(pool, ps, ls, slot_of[r], B, ist, free_slots)
                     slot_of[r] = -1
                     p_ctx[nfin] = r
                     nfin += 1
             steps += 1
             ist[I_STEPS] = steps
-            used = st[K.ST_NUSED]
-            cached = st[K.ST_NCACHED]
-            valid = st[K.ST_NHASHED] * B + ist[I_PARTIAL]
+            used, cached, hashed = pool_counts(pool)
+            valid = hashed * B + ist[I_PARTIAL]
             waste = (used + cached) * S - valid
             fst[F_AREA] += float(nrun) * dt
             fst[F_BUSY] += dt

@@ -1,12 +1,14 @@
-"""Compiled concurrent vLLM loop on a unit-keyed block pool (hash-id traces).
+"""A unit-keyed block pool (hash-id traces) under the compiled concurrent vLLM loop.
 
-:func:`run_loop` is :func:`radixkv.replay._conc_vllm_kernels.run_loop` — vLLM v1's
-scheduler over :class:`radixkv.policies.block_hash.BlockHashCache`, the same rules in the
-same order (the step, admission, preemption, fast-forward, the clock and the integrals
-are that module's, cited there) — with the pool of this module in place of the per-block
-kernels of :mod:`radixkv.policies._hash_kernels`. It applies to a hash-id trace whose
+:func:`radixkv.replay._conc_vllm_kernels.run_loop` — vLLM v1's scheduler over
+:class:`radixkv.policies.block_hash.BlockHashCache` (the step, admission, preemption,
+fast-forward, the clock and the integrals are that module's, cited there) — runs on this
+module's pool (value :class:`UnitPool`) through the pool operations registered at the
+end of this module, in place of the per-block pool of
+:mod:`radixkv.replay._conc_vllm_block_kernels`. It applies to a hash-id trace whose
 unit U is a multiple of ``block_size`` B (G = U / B blocks per unit), every id ≥ 0,
-without output ids (:func:`radixkv.replay.conc_vllm_fast.replay_compiled` decides).
+without output ids (:func:`radixkv.replay.conc_vllm_fast.replay_compiled` decides). Own
+status: :data:`S_GROW_UNITS` (``pool_room``).
 
 What is the same as the per-block pool: the block ids, the free queue's order (vLLM
 ``FreeKVCacheBlockQueue``: ``get_new_blocks`` pops the head, ``touch`` takes a hit block
@@ -54,31 +56,32 @@ positions that only grow, except a push on the head; a slot is position & (size 
 ``ring`` int32 (2^k ≥ 2 nb,) the free queue, −1 = a hole.
 
 Speed (docs/performance.md): the per-block work is written out inside the loops, and the
-commonest decode growth is done without a pool call, because every array bound by an
-inlined call or a tuple unpack costs Numba two atomic reference-count operations.
+commonest decode growth is written out in ``pool_grow_slot`` (the loop itself does a
+decode token that needs no new block and fills none without a pool call), because every
+array bound by an inlined call or a tuple unpack costs Numba two atomic reference-count
+operations.
 """
 from __future__ import annotations
+
+from collections import namedtuple
 
 import numpy as np
 from numba import njit
 
 from radixkv._intrinsics import for_mode, prefetch_row
-from radixkv.policies._hash_batch_kernels import lazy_order
 from radixkv.policies._hash_kernels import _mix
 from radixkv.policies._hash_unit_kernels import rehash
 from radixkv.policies._static_kernels import _tab_delete_row as _hdel
 from radixkv.policies._static_kernels import _tab_probe as _hfind
-from radixkv.replay import _miss_rec_kernels as MR
-from radixkv.replay._conc_vllm_kernels import (F_AREA, F_BUSY, F_CACHED, F_NOW, F_USED, F_WASTE, I_ARG, I_DONE,
-                                               I_EV, I_HKI, I_HKL, I_HKM, I_NFREE, I_NRUN, I_NXT, I_PARTIAL,
-                                               I_PEAK, I_PFG, I_PFN, I_STEPS, I_TLN, I_WHEAD, I_WLEN, I_WPEAK,
-                                               S_DECODE_REFUSED, S_DONE, S_GROW_LOG, S_GROW_REC, S_GROW_SLOTS,
-                                               S_GROW_TL, S_IDLE_REFUSED, S_PROGRESS, _decode_steps_time,
-                                               _shared_prefix, _step_time, _tl_row)
-from radixkv.trace._seq_kernel import kv_seq_into
+from radixkv.replay import _conc_vllm_kernels as CK
 
 #: the unit records or the unit-key table may run out in this step: grow them, call again
-S_GROW_UNITS = 9
+S_GROW_UNITS = CK.S_POOL
+
+#: the pool value: ``arrays`` (``bk, rc, um, ir, sm, skey, q, ring``, :func:`new_pool`),
+#: ``rinfo`` int64 (6, n) the per-request facts (``RI_*``), ``G`` blocks per unit, ``U``
+#: the unit (tokens), ``block_size``
+UnitPool = namedtuple("UnitPool", ["arrays", "rinfo", "G", "U", "block_size"])
 
 # block record (int32 columns of bk)
 B_REF, B_QPOS, B_UNUSED, B_KIND, B_REC, B_POS, B_DNEXT, B_DPREV, B_SNEXT, B_SPREV, B_SLEN = range(11)
@@ -517,668 +520,151 @@ def free(pol, tbl2d, sl, n_blocks):
             bk[b, B_QPOS] = x
 
 
-# ---------------------------------------------------------------------- the loop's pool calls
+# ---------------------------------------------------------------------- the pool operations
+# (radixkv.replay._conc_vllm_kernels: the contract). Per-slot tuple ps: unit keys int64 (S, NU),
+# block table int64 (S, W), blocks held int64 (S,), the slot's request int64 (S,); lookup
+# scratch hs: unit keys int64 (1, NU), served blocks int64 (1, W) (rows of 2-D arrays: the
+# kernels index a table and a row, not a view).
+def new_slots(n_sl: int, W: int, NU: int):
+    """Per-slot tuple ``ps`` for *n_sl* slots of at most *W* blocks and *NU* unit ids."""
+    return (np.zeros((n_sl, max(int(NU), 1)), dtype=np.int64), np.zeros((n_sl, max(int(W), 1)), dtype=np.int64),
+            np.zeros(n_sl, dtype=np.int64), np.zeros(n_sl, dtype=np.int64))
+
+
+def new_scratch(W: int, NU: int):
+    """Lookup scratch ``hs``."""
+    return np.zeros((1, max(int(NU), 1)), dtype=np.int64), np.zeros((1, max(int(W), 1)), dtype=np.int64)
+
+
+@njit(cache=True)
+def units_per_step(B, budget, cap_run):
+    """Unit records one iteration may create: each is a unit's first cached position, and an
+    iteration caches at most 2 × its token budget / B + 4 blocks per item."""
+    return 2 * (budget // B) + 4 * cap_run + 4
+
+
 @njit(cache=True, inline="always")
-def _extend(pol, sa, sl, n, B, G, U, rinfo, ist):
+def _extend(pool, ps, sl, n0, n):
     """``BlockHashCache.extend`` of the request in slot *sl* by *n* tokens (vLLM
-    ``allocate_slots`` then ``cache_blocks``, ``_hash_kernels.extend``); False: refused,
-    nothing changed."""
-    if n <= 0:
-        return True
-    uk2d = sa[0]
-    tbl2d = sa[1]
-    s_nblk = sa[5]
-    s_ntok = sa[6]
-    n0 = s_ntok[sl]
+    ``allocate_slots`` then ``cache_blocks``, ``_hash_kernels.extend``): (ok, evicted
+    blocks); ok False: refused, nothing changed."""
+    pol = pool.arrays
+    B = pool.block_size
+    uk2d = ps[0]
+    tbl2d = ps[1]
+    s_nblk = ps[2]
     nb0 = s_nblk[sl]
     t = n0 + n
     nblk = (t + B - 1) // B
     n_new = nblk - nb0
     if n_new > pol[6][Q_FQLEN]:
-        return False
+        return False, 0
+    ev = 0
     if n_new > 0:
-        ist[I_EV] += _take_new(pol[0], pol[1], pol[2], pol[3], pol[4], pol[5], pol[6], pol[7], tbl2d, sl, nb0,
-                               n_new)
+        ev = _take_new(pol[0], pol[1], pol[2], pol[3], pol[4], pol[5], pol[6], pol[7], tbl2d, sl, nb0, n_new)
     if t // B > n0 // B:
-        _cache_full(pol, tbl2d, sl, n0 // B, t // B, sa[7][sl], uk2d, sl, rinfo, G, U, B)
+        _cache_full(pol, tbl2d, sl, n0 // B, t // B, ps[3][sl], uk2d, sl, pool.rinfo, pool.G, pool.U, B)
     s_nblk[sl] = nblk
-    ist[I_PARTIAL] += t % B - n0 % B
-    s_ntok[sl] = t
-    return True
+    return True, ev
 
 
-@njit(cache=True, inline="always")
-def _release(pol, sa, sl, B, ist, free_slots):
-    """``BlockHashCache.finish`` / ``preempt`` of the request in slot *sl*; the slot is freed."""
-    s_nblk = sa[5]
-    s_ntok = sa[6]
-    ist[I_PARTIAL] -= s_ntok[sl] % B
-    free(pol, sa[1], sl, s_nblk[sl])
-    free_slots[ist[I_NFREE]] = sl
-    ist[I_NFREE] += 1
+@CK.pool_op(CK.pool_room, UnitPool)
+def _room(pool, budget, cap_run):
+    q = pool.arrays[6]
+    need = units_per_step(pool.block_size, budget, cap_run)
+    if pool.arrays[1].shape[0] - q[Q_NREC] < need or 2 * (q[Q_NREC] + need) > pool.arrays[2].shape[0]:
+        return S_GROW_UNITS
+    return 0
 
 
-@njit(cache=True, inline="always")
-def _serve(r, nrun, cap, budget, pol, sa, B, G, U, rinfo, ist, run, ctx, target, kv, slot_of, preemptions, wq,
-           wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_, rec):
-    """``_conc_vllm_kernels._serve`` on this pool."""
-    pre = ctx[r] < target[r]
-    if pre:
-        c = target[r] - ctx[r]
-        if cap > 0 and cap < c:
-            c = cap
-        if budget < c:
-            c = budget
-    else:
-        c = 1
-    upto = ctx[r] + c
-    need_tok = upto - kv[r]
-    made = 0
-    while need_tok > 0:
-        if _extend(pol, sa, slot_of[r], need_tok, B, G, U, rinfo, ist):
-            kv[r] = upto
-            break
-        v = run[nrun - 1]
-        nrun -= 1
-        _release(pol, sa, slot_of[v], B, ist, free_slots)
-        slot_of[v] = -1
-        ctx[v] = 0
-        kv[v] = 0
-        target[v] = 0
-        preemptions[v] += 1
-        if rec[0][MR.RS_ON] != 0:
-            MR.rec_preempted(rec, v)
-        ist[I_WHEAD] = (ist[I_WHEAD] - 1) % wcap
-        wq[ist[I_WHEAD]] = v
-        ist[I_WLEN] += 1
-        made += 1
-        if v == r:
-            return nrun, made, c, False
-    p_req[np_] = r
-    p_new[np_] = c
-    p_ctx[np_] = ctx[r]
-    p_pre[np_] = 1 if pre else 0
-    return nrun, made, c, True
+@CK.pool_op(CK.pool_admit, UnitPool)
+def _admit_op(pool, ps, ls, tr, i, sl, m, n_tok, asked, first):
+    uk2d = ps[0]
+    unit_keys_into(tr[0], tr[1], i, uk2d[sl])
+    code, hb, hd, ev, nblk = admit(pool.arrays, i, uk2d, sl, pool.rinfo, ls[1], pool.G, pool.U, pool.block_size,
+                                   n_tok, asked, first, ps[1])
+    if code != OK:
+        return CK.ADMIT_REFUSED, hb, hd, ev
+    ps[2][sl] = nblk
+    ps[3][sl] = i
+    return CK.ADMIT_OK, hb, hd, ev
 
 
-@njit(cache=True, inline="always")
-def _head_lookup(pol, tr, i, L, B, G, rinfo, huk, htbl, hsid, hsend, ist, blocks):
-    """Side-effect-free lookup of request *i*'s first *L* tokens: (capped hit blocks,
-    segments in ``hsid``/``hsend``); the served blocks in ``htbl`` when *blocks*. The segments and unit
-    keys stay in the scratch arrays while the same request is asked."""
-    ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens = tr
-    if ist[I_HKI] == i:
-        m = ist[I_HKM]
-    else:
-        m = kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
-                        hsid, hsend)
-        unit_keys_into(ids, id_offsets, i, huk[0])
-        ist[I_HKI] = i
-        ist[I_HKL] = L
-        ist[I_HKM] = m
-    h = lookup(pol, i, huk, 0, rinfo, L, G, B, htbl, 0, blocks)
-    return min(h, (L - 1) // B), m
+@CK.pool_op(CK.pool_extend, UnitPool)
+def _extend_op(pool, ps, ls, sl, n0, n):
+    return _extend(pool, ps, sl, n0, n)
 
 
-@njit(cache=True)
-def _decode_run(pol, sa, slots, kv0, B, G, U, rinfo, k, out, ist):
-    """``_conc_vllm_kernels._decode_run`` on this pool. A slot's growth that takes at most
-    one new block and caches only irregular blocks (output: the common case) is done here
-    with the arrays bound once (each inlined call binding arrays costs Numba's atomic
-    reference counts); other growth goes through :func:`_extend`."""
-    bk, rc, um, ir, sm, skey, q, ring = pol
-    tbl2d = sa[1]
-    s_nblk = sa[5]
-    s_ntok = sa[6]
-    s_req = sa[7]
-    n = slots.shape[0]
-    cnt, order = lazy_order(kv0, B)
-    applied = np.zeros(n, dtype=np.int64)
-    u = out[0, 0]
-    c = out[0, 1]
-    v = out[0, 2]
-    A = 0
-    last = 1
-    for t in range(1, k):
-        final = t == k - 1
-        if final:
-            lo, hi = 0, n
-            for s in range(last, k - 1):
-                out[s, 0] = u
-                out[s, 1] = c
-                out[s, 2] = v + n * s - A
+@CK.pool_op(CK.pool_grow_slot, UnitPool)
+def _grow_slot(pool, ps, ls, sl, n0, n):
+    """A slot's decode growth that takes at most one new block and caches only irregular
+    blocks (output: the common case) is written out here; other growth goes through
+    :func:`_extend`."""
+    B = pool.block_size
+    rinfo = pool.rinfo
+    s_nblk = ps[2]
+    nt = n0 + n
+    nb0 = s_nblk[sl]
+    nblk = (nt + B - 1) // B
+    n_new = nblk - nb0
+    rq_ = ps[3][sl]
+    lo_ = n0 // B
+    hi_ = nt // B
+    sj = rinfo[RI_SJ, rq_]
+    if not (n_new <= 1 and lo_ >= rinfo[RI_R, rq_] and not (lo_ <= sj < hi_)):
+        return _extend(pool, ps, sl, n0, n)
+    bk, rc, um, ir, sm, skey, q, ring = pool.arrays
+    tbl2d = ps[1]
+    if n_new > q[Q_FQLEN]:
+        return False, 0
+    ev = 0
+    if n_new == 1:
+        ev = _take_new(bk, rc, um, ir, sm, skey, q, ring, tbl2d, sl, nb0, 1)
+    for j in range(lo_, hi_):  # irregular blocks join their position's holders
+        b = tbl2d[sl, j]
+        a = rinfo[RI_IOFF, rq_] + j - rinfo[RI_R, rq_]
+        cn = ir[a, 2]
+        bk[b, B_DNEXT] = -1
+        if cn == 0:
+            ir[a, 0] = b
+            bk[b, B_DPREV] = -1
         else:
-            rr = (1 - t) % B
-            lo, hi = cnt[rr], cnt[rr + 1]
-            if lo == hi:
-                continue
-            for s in range(last, t):
-                out[s, 0] = u
-                out[s, 1] = c
-                out[s, 2] = v + n * s - A
-        for qq in range(lo, hi):
-            i = qq if final else order[qq]
-            m = t - applied[i]
-            if m <= 0:
-                continue
-            sl = slots[i]
-            n0 = s_ntok[sl]
-            nt = n0 + m
-            nb0 = s_nblk[sl]
-            nblk = (nt + B - 1) // B
-            n_new = nblk - nb0
-            rq_ = s_req[sl]
-            lo_ = n0 // B
-            hi_ = nt // B
-            sj = rinfo[RI_SJ, rq_]
-            if n_new <= 1 and lo_ >= rinfo[RI_R, rq_] and not (lo_ <= sj < hi_):
-                if n_new > q[Q_FQLEN]:
-                    return i
-                if n_new == 1:
-                    ist[I_EV] += _take_new(bk, rc, um, ir, sm, skey, q, ring, tbl2d, sl, nb0, 1)
-                for j in range(lo_, hi_):  # irregular blocks join their position's holders
-                    b = tbl2d[sl, j]
-                    a = rinfo[RI_IOFF, rq_] + j - rinfo[RI_R, rq_]
-                    cn = ir[a, 2]
-                    bk[b, B_DNEXT] = -1
-                    if cn == 0:
-                        ir[a, 0] = b
-                        bk[b, B_DPREV] = -1
-                    else:
-                        tt = ir[a, 1]
-                        bk[tt, B_DNEXT] = b
-                        bk[b, B_DPREV] = tt
-                    ir[a, 1] = b
-                    ir[a, 2] = cn + 1
-                    bk[b, B_KIND] = KIND_IRR
-                    bk[b, B_POS] = a
-                if hi_ > lo_:
-                    q[Q_NHASHED] += hi_ - lo_
-                s_nblk[sl] = nblk
-                ist[I_PARTIAL] += nt % B - n0 % B
-                s_ntok[sl] = nt
-            elif not _extend(pol, sa, sl, m, B, G, U, rinfo, ist):
-                return i
-            A += m
-            applied[i] = t
-        if final:
-            break
-        u = q[Q_NUSED]
-        c = q[Q_NCACHED]
-        v = q[Q_NHASHED] * B + ist[I_PARTIAL]
-        out[t, 0] = u
-        out[t, 1] = c
-        out[t, 2] = v + n * t - A
-        last = t + 1
-    return -1
+            tt = ir[a, 1]
+            bk[tt, B_DNEXT] = b
+            bk[b, B_DPREV] = tt
+        ir[a, 1] = b
+        ir[a, 2] = cn + 1
+        bk[b, B_KIND] = KIND_IRR
+        bk[b, B_POS] = a
+    if hi_ > lo_:
+        q[Q_NHASHED] += hi_ - lo_
+    s_nblk[sl] = nblk
+    return True, ev
 
 
-@njit(cache=True)
-def run_loop(tr, pol, rinfo, B, G, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, sa, free_slots, scratch,
-             pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop_done, rec):
-    """``_conc_vllm_kernels.run_loop`` on this module's pool (module docstring); also returns
-    :data:`S_GROW_UNITS` (grow ``rc`` / ``um``, call again).
+@CK.pool_op(CK.pool_release, UnitPool)
+def _release(pool, ps, sl, n0):
+    free(pool.arrays, ps[1], sl, ps[2][sl])
 
-    Parameters
-    ----------
-    tr : tuple
-        The trace's arrays: ``ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
-        output_len, unit_tokens`` (as :func:`radixkv.trace._seq_kernel.kv_seq_into` takes them).
-    pol : tuple
-        This module's pool ``bk, rc, um, ir, sm, skey, q`` (:func:`new_pool`).
-    rinfo : int64 (6, n)
-        Per request ``RI_*``: regular blocks, covered tokens, unit ids, irregular-arena
-        offset, straddle position (−1: none), the straddle's offset in its unit.
-    B, G : int
-        ``block_size``; blocks per unit (U / B).
-    cfg : int64 (8,)
-        ``max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
-        long_prefill_token_threshold, watermark blocks, fast_forward, timeline, most
-        timeline rows one step may add`` (the largest output length + 1).
-    kind, cp : int, float64 array
-        Cost model (``COST_*``) and its parameters.
-    rq : int64 (16, n)
-        Per request: P, N, gen, ctx, kv, target, hit, held, evicted, admissions,
-        preemptions, recomputed, admit_step, finish_step, slot, kv_len.
-    rf : float64 (5, n)
-        Per request: arrival, admit, first token, finish times (s); row 4 unused.
-    wq : int64 (n,)
-        Waiting queue (ring buffer: ``ist[I_WHEAD]``, ``ist[I_WLEN]``).
-    run : int64 (cap,)
-        Running requests in order (``ist[I_NRUN]``).
-    plan : int64 (4, cap)
-        The step's items: request, new tokens, KV before, prefill flag.
-    sa : tuple
-        Per slot: ``unit keys (S, NU), tbl (S, W), sid (S, M), send (S, M), nseg, nblk,
-        ntok, request``.
-    free_slots : int64 (S,)
-        Stack of free slots (``ist[I_NFREE]``).
-    scratch : tuple
-        ``unit keys, tbl, sid, send`` for lookups of a waiting request.
-    pf_n, pf_c, pf_g : int64
-        Prefill log: items (new tokens, KV before) and each logged step's first item.
-    tl_i, tl_t : int64 (7, R), float64 (R,)
-        Timeline rows (``ist[I_TLN]`` used), when ``cfg[6]``: step, running, waiting,
-        batch tokens, running / cached / free slots; and the clock (``TIMELINE_COLUMNS``
-        of :mod:`radixkv.replay.concurrent`).
-    ist, fst : int64 (NI,), float64 (NFS,)
-        Loop state (``I_*``, ``F_*``).
-    stop_done : int
-        Return :data:`S_PROGRESS` once this many requests finished.
-    rec : tuple
-        The miss recorder's arrays (:func:`radixkv.replay._miss_rec_kernels.new_state`);
-        when on, every iteration is told to :func:`~radixkv.replay._miss_rec_kernels.rec_step`
-        as the Python loop tells ``MissRecorder.step``.
 
-    Returns
-    -------
-    int
-        A status ``S_*``.
-    """
-    bk, rc, um, ir, sm, skey, st, ring = pol
-    ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens = tr
-    uk2d, tbl2d, sid2d, send2d, s_nseg, s_nblk, s_ntok, s_req = sa
-    huk, htbl, hsid, hsend = scratch
-    U = unit_tokens
-    # unit records one iteration may create: each is a unit's first cached position, and an
-    # iteration caches at most 2 × its token budget / B + 4 blocks per item
-    units_step = 2 * (cfg[1] // B) + 4 * run.shape[0] + 4
-    P = rq[0]
-    N = rq[1]
-    gen = rq[2]
-    ctx = rq[3]
-    kv = rq[4]
-    target = rq[5]
-    hit = rq[6]
-    held = rq[7]
-    evicted = rq[8]
-    admissions = rq[9]
-    preemptions = rq[10]
-    recomputed = rq[11]
-    admit_step = rq[12]
-    finish_step = rq[13]
-    slot_of = rq[14]
-    kvlen = rq[15]
-    arr = rf[0]
-    admit_s = rf[1]
-    first_tok = rf[2]
-    finish = rf[3]
-    max_num_seqs = cfg[0]
-    max_batched = cfg[1]
-    chunked = cfg[2] != 0
-    threshold = cfg[3]
-    wm = cfg[4]
-    ff_on = cfg[5] != 0
-    tl_on = cfg[6] != 0
-    tl_need = cfg[7]
-    n = P.shape[0]
-    cap_run = run.shape[0]
-    wcap = wq.shape[0]
-    p_req = plan[0]
-    p_new = plan[1]
-    p_ctx = plan[2]
-    p_pre = plan[3]
-    S = B
-    rec_on = rec[0][MR.RS_ON] != 0
-    while ist[I_DONE] < n:
-        if ist[I_DONE] >= stop_done:
-            return S_PROGRESS
-        now = fst[F_NOW]
-        nxt = ist[I_NXT]
-        while nxt < n and arr[nxt] <= now:
-            wq[(ist[I_WHEAD] + ist[I_WLEN]) % wcap] = nxt
-            ist[I_WLEN] += 1
-            nxt += 1
-        ist[I_NXT] = nxt
-        nrun = ist[I_NRUN]
-        if nrun == 0 and ist[I_WLEN] == 0:
-            if arr[nxt] > now:
-                fst[F_NOW] = arr[nxt]
-            continue
-        # room for this step's admissions and prefill log (resumable stops)
-        need = min(cap_run - nrun, ist[I_WLEN])
-        if ist[I_NFREE] < need:
-            return S_GROW_SLOTS
-        if pf_n.shape[0] - ist[I_PFN] < cap_run or pf_g.shape[0] - ist[I_PFG] < 1:
-            return S_GROW_LOG
-        if tl_on and tl_t.shape[0] - ist[I_TLN] < tl_need:
-            return S_GROW_TL
-        # (the running and the admitted of one iteration are at most max_num_seqs: an admission
-        # can only preempt itself, and none follows a preemption)
-        if rec_on and not MR.rec_room(rec, cap_run):
-            return S_GROW_REC
-        if rc.shape[0] - st[Q_NREC] < units_step or 2 * (st[Q_NREC] + units_step) > um.shape[0]:
-            return S_GROW_UNITS
-        # ---------------------------------------------------------- schedule (VllmScheduler.schedule)
-        steps = ist[I_STEPS]
-        np_ = 0
-        preempted = 0
-        blocked = False
-        budget = max_batched
-        cap = threshold if nrun + ist[I_WLEN] > 1 else 0
-        k = 0
-        while k < nrun and budget > 0:
-            r = run[k]
-            if ctx[r] >= target[r]:
-                # a decode whose token needs no new block and fills none: _serve's outcome
-                # without the pool call (most decode steps)
-                sl = slot_of[r]
-                n0 = s_ntok[sl]
-                need = ctx[r] + 1 - kv[r]
-                if need <= 0 or (need == 1 and n0 % B != 0 and (n0 + 1) % B != 0):
-                    if need == 1:
-                        s_ntok[sl] = n0 + 1
-                        ist[I_PARTIAL] += 1
-                        kv[r] = n0 + 1
-                    p_req[np_] = r
-                    p_new[np_] = 1
-                    p_ctx[np_] = ctx[r]
-                    p_pre[np_] = 0
-                    np_ += 1
-                    budget -= 1
-                    k += 1
-                    continue
-            nrun, made, c, ok = _serve(r, nrun, cap, budget, pol, sa, B, G, U, rinfo, ist, run, ctx, target, kv,
-                                       slot_of, preemptions, wq, wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_,
-                                       rec)
-            preempted += made
-            if not ok:
-                break
-            np_ += 1
-            budget -= c
-            k += 1
-        ist[I_NRUN] = nrun
-        if preempted == 0 and ist[I_WLEN] > 0:
-            # ------------------------------------------------------ admission (VllmScheduler._admit_pass)
-            while ist[I_WLEN] > 0 and budget > 0:
-                if nrun >= max_num_seqs:
-                    blocked = True
-                    break
-                i = wq[ist[I_WHEAD]]
-                n_tok = P[i] + gen[i]
-                if not chunked:
-                    h, _m = _head_lookup(pol, tr, i, n_tok, B, G, rinfo, huk, htbl, hsid, hsend, ist, False)
-                    rem = n_tok - h * B
-                    c = rem if cap <= 0 else min(rem, cap)
-                    if min(c, n_tok) > budget:
-                        blocked = True
-                        break
-                if wm > 0 and nrun > 0:
-                    h, _m = _head_lookup(pol, tr, i, n_tok, B, G, rinfo, huk, htbl, hsid, hsend, ist, True)
-                    touch = 0
-                    for q in range(h):
-                        if bk[htbl[0, q], B_REF] == 0:
-                            touch += 1
-                    if (n_tok + B - 1) // B - h + touch + wm > num_slots - st[Q_NUSED]:
-                        blocked = True
-                        break
-                c = n_tok if cap <= 0 else min(n_tok, cap)
-                asked = min(n_tok, min(c, budget))
-                # BlockHashCache.admit(i, known seq, asked)
-                sl = free_slots[ist[I_NFREE] - 1]
-                m = kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens,
-                                i, sid2d[sl], send2d[sl])
-                unit_keys_into(ids, id_offsets, i, uk2d[sl])
-                code, hb, hd, ev, nblk = admit(pol, i, uk2d, sl, rinfo, send2d, G, U, B, n_tok, asked,
-                                               admissions[i] == 0, tbl2d)
-                if code != OK:
-                    blocked = True
-                    break
-                ist[I_NFREE] -= 1
-                slot_of[i] = sl
-                s_req[sl] = i
-                s_nseg[sl] = m
-                s_nblk[sl] = nblk
-                ntok = max(asked, hb * B)
-                s_ntok[sl] = ntok
-                ist[I_PARTIAL] += ntok % B
-                ist[I_EV] += ev
-                ist[I_WHEAD] = (ist[I_WHEAD] + 1) % wcap
-                ist[I_WLEN] -= 1
-                h = hb * B
-                if admissions[i] == 0:
-                    hit[i] = h
-                    held[i] = min(hd, n_tok)
-                    admit_s[i] = now
-                    admit_step[i] = steps + 1
-                    if rec_on:
-                        MR.rec_admitted(rec, i)
-                else:
-                    recomputed[i] += n_tok - h
-                evicted[i] += ev * B
-                admissions[i] += 1
-                ctx[i] = h
-                target[i] = n_tok
-                kv[i] = max(asked, h)
-                run[nrun] = i
-                nrun += 1
-                nrun, made, c, ok = _serve(i, nrun, cap, budget, pol, sa, B, G, U, rinfo, ist, run, ctx, target, kv, slot_of,
-                                           preemptions, wq, wcap, free_slots, p_req, p_new, p_ctx, p_pre, np_, rec)
-                preempted += made
-                if not ok:
-                    blocked = True
-                    break
-                np_ += 1
-                budget -= c
-            ist[I_NRUN] = nrun
-        if np_ == 0:
-            if nrun == 0:
-                ist[I_ARG] = wq[ist[I_WHEAD]]
-                return S_IDLE_REFUSED
-            if rec_on:
-                MR.rec_step(rec, now, now, p_req, p_new, p_ctx, p_pre, 0, 0, p_req, 0)
-            continue  # only preemptions happened; schedule again at the same time
-        # the plan as scheduled, for the miss recorder (complete reuses its rows)
-        i_req = p_req[:np_].copy() if rec_on else p_req[:0]
-        i_new = p_new[:np_].copy() if rec_on else p_new[:0]
-        i_ctx = p_ctx[:np_].copy() if rec_on else p_ctx[:0]
-        i_pre = p_pre[:np_].copy() if rec_on else p_pre[:0]
-        t_start = now
-        if nrun > ist[I_PEAK]:
-            ist[I_PEAK] = nrun
-        pure = True
-        for q in range(np_):
-            if p_pre[q] != 0:
-                pure = False
-                break
-        can_ff = False
-        if ff_on and pure and preempted == 0 and np_ == nrun:
-            can_ff = ist[I_WLEN] == 0 or blocked
-        nfin = 0
-        kk = 1
-        if can_ff:
-            # ------------------------------------------------------ Scheduler.max_fast_forward
-            k_fin = N[run[0]] - gen[run[0]]
-            for q in range(1, nrun):
-                x = N[run[q]] - gen[run[q]]
-                if x < k_fin:
-                    k_fin = x
-            if k_fin <= 1:
-                kk = max(k_fin, 1)
-            else:
-                room = num_slots - st[Q_NUSED] - nrun
-                nd = 0
-                for q in range(nrun):
-                    x = kv[run[q]]
-                    nd += (x + k_fin - 1 + S - 1) // S - (x + S - 1) // S
-                if nd <= room:
-                    kk = k_fin
-                else:
-                    lo, hi = 1, k_fin
-                    while hi - lo > 1:
-                        mid = (lo + hi) // 2
-                        nd = 0
-                        for q in range(nrun):
-                            x = kv[run[q]]
-                            nd += (x + mid - 1 + S - 1) // S - (x + S - 1) // S
-                        if nd <= room:
-                            lo = mid
-                        else:
-                            hi = mid
-                    kk = lo
-            if kk > 1 and ist[I_WLEN] > 0 and nrun < max_num_seqs:
-                # VllmScheduler._hit_growth_bound
-                head = wq[ist[I_WHEAD]]
-                L = P[head] + gen[head]
-                hb, hm = _head_lookup(pol, tr, head, L, B, G, rinfo, huk, htbl, hsid, hsend, ist, False)
-                mblk = (hb * B) // S
-                for q in range(nrun):
-                    r = run[q]
-                    K0 = kv[r]
-                    end = (mblk + 1) * S
-                    if K0 >= end or end > L:
-                        continue
-                    j = end - K0
-                    if j >= kk:
-                        continue
-                    if end > kvlen[r]:
-                        continue
-                    sl = slot_of[r]
-                    if _shared_prefix(hsid, hsend, hm, sid2d[sl], send2d[sl], s_nseg[sl]) >= end:
-                        kk = j
-            batch = np_
-            csum = 0
-            for q in range(np_):
-                csum += p_ctx[q]
-            dts = _decode_steps_time(kind, cp, batch, csum, kk)
-            if ist[I_WLEN] == 0 and nxt < n:
-                acc = 0.0
-                a_next = arr[nxt]
-                for j in range(kk):
-                    acc = dts[0] if j == 0 else acc + dts[j]
-                    if now + acc >= a_next:
-                        if j + 1 < kk:
-                            kk = j + 1
-                        break
-            # ------------------------------------------------------ Scheduler.fast_forward
-            pools = np.empty((kk, 3), dtype=np.int64)
-            if kk > 1:
-                slots = np.empty(nrun, dtype=np.int64)
-                kv0 = np.empty(nrun, dtype=np.int64)
-                for q in range(nrun):
-                    slots[q] = slot_of[run[q]]
-                    kv0[q] = kv[run[q]]
-                pools[0, 0] = st[Q_NUSED]
-                pools[0, 1] = st[Q_NCACHED]
-                pools[0, 2] = st[Q_NHASHED] * B + ist[I_PARTIAL]
-                bad = _decode_run(pol, sa, slots, kv0, B, G, U, rinfo, kk, pools, ist)
-                if bad >= 0:
-                    ist[I_ARG] = run[bad]
-                    return S_DECODE_REFUSED
-                for q in range(nrun):
-                    kv[run[q]] += kk - 1
-            for q in range(nrun):
-                r = run[q]
-                ctx[r] += kk
-                gen[r] += kk
-                if gen[r] >= N[r]:
-                    _release(pol, sa, slot_of[r], B, ist, free_slots)
-                    slot_of[r] = -1
-                    p_new[nfin] = r  # reuse: finished rows in order
-                    nfin += 1
-            pools[kk - 1, 0] = st[Q_NUSED]
-            pools[kk - 1, 1] = st[Q_NCACHED]
-            pools[kk - 1, 2] = st[Q_NHASHED] * B + ist[I_PARTIAL]
-            # _Integrals.run: the float operations of _Integrals.step, step by step
-            fr = float(nrun)
-            for j in range(kk):
-                dt = dts[j]
-                used = pools[j, 0]
-                cached = pools[j, 1]
-                waste = (used + cached) * S - pools[j, 2]
-                fst[F_AREA] += fr * dt
-                fst[F_BUSY] += dt
-                fst[F_WASTE] += float(waste) * dt
-                if waste > ist[I_WPEAK]:
-                    ist[I_WPEAK] = waste
-                fst[F_USED] += float(used) * dt
-                fst[F_CACHED] += float(cached) * dt
-                now += dt
-                if tl_on:
-                    _tl_row(tl_i, tl_t, ist, steps + j + 1, now, nrun, ist[I_WLEN], batch, used, cached, num_slots)
-            ist[I_STEPS] = steps + kk
-            steps += kk
-            nfirst = 0
-        else:
-            # ------------------------------------------------------ one step: cost, prefill log, complete
-            sn = 0
-            sa_ = 0
-            sb = 0
-            npf = 0
-            for q in range(np_):
-                a = p_new[q]
-                cc = p_ctx[q]
-                sn += a
-                sa_ += a * cc + a * (a + 1) // 2
-                sb += cc + a
-                if p_pre[q] != 0:
-                    if npf == 0:
-                        pf_g[ist[I_PFG]] = ist[I_PFN]
-                        ist[I_PFG] += 1
-                    pf_n[ist[I_PFN]] = a
-                    pf_c[ist[I_PFN]] = cc
-                    ist[I_PFN] += 1
-                    npf += 1
-            dt = _step_time(kind, cp, sn, sa_, sb)
-            # Scheduler.complete (finished rows collected in p_ctx, first tokens in plan row 3)
-            nfirst = 0
-            for q in range(np_):
-                r = p_req[q]
-                a = p_new[q]
-                if p_pre[q] != 0:
-                    ctx[r] += a
-                    if ctx[r] < target[r]:
-                        continue
-                    if N[r] > 0:
-                        if gen[r] == 0:
-                            p_pre[nfirst] = -1 - r  # rows < q already read
-                            nfirst += 1
-                        gen[r] += 1
-                else:
-                    ctx[r] += 1
-                    gen[r] += 1
-                if gen[r] >= N[r]:
-                    _release(pol, sa, slot_of[r], B, ist, free_slots)
-                    slot_of[r] = -1
-                    p_ctx[nfin] = r
-                    nfin += 1
-            steps += 1
-            ist[I_STEPS] = steps
-            used = st[Q_NUSED]
-            cached = st[Q_NCACHED]
-            valid = st[Q_NHASHED] * B + ist[I_PARTIAL]
-            waste = (used + cached) * S - valid
-            fst[F_AREA] += float(nrun) * dt
-            fst[F_BUSY] += dt
-            fst[F_WASTE] += float(waste) * dt
-            if waste > ist[I_WPEAK]:
-                ist[I_WPEAK] = waste
-            fst[F_USED] += float(used) * dt
-            fst[F_CACHED] += float(cached) * dt
-            now += dt
-            if tl_on:
-                _tl_row(tl_i, tl_t, ist, steps, now, nrun, ist[I_WLEN], sn, used, cached, num_slots)
-            for q in range(nfirst):
-                r = -1 - p_pre[q]
-                if np.isnan(first_tok[r]):
-                    first_tok[r] = now
-        fst[F_NOW] = now
-        if nfin:
-            fin_rows = p_new if can_ff else p_ctx
-            for q in range(nfin):
-                r = fin_rows[q]
-                finish[r] = now
-                finish_step[r] = steps
-            # running order without the finished (Scheduler.complete / fast_forward)
-            w = 0
-            for q in range(nrun):
-                r = run[q]
-                if slot_of[r] >= 0:
-                    run[w] = r
-                    w += 1
-            ist[I_NRUN] = w
-            ist[I_DONE] += nfin
-        if rec_on:
-            MR.rec_step(rec, t_start, now, i_req, i_new, i_ctx, i_pre, i_req.shape[0], kk if can_ff else 1,
-                        p_new if can_ff else p_ctx, nfin)
-    return S_DONE
+@CK.pool_op(CK.pool_lookup, UnitPool)
+def _lookup_op(pool, hs, tr, i, L, sid, send, m, fresh, count_free):
+    huk = hs[0]
+    htbl = hs[1]
+    if fresh == 2:
+        unit_keys_into(tr[0], tr[1], i, huk[0])
+    h = lookup(pool.arrays, i, huk, 0, pool.rinfo, L, pool.G, pool.block_size, htbl, 0, count_free)
+    h = min(h, (L - 1) // pool.block_size)
+    nfree = 0
+    if count_free:
+        bk = pool.arrays[0]
+        for k in range(h):
+            if bk[htbl[0, k], B_REF] == 0:
+                nfree += 1
+    return h, nfree
+
+
+@CK.pool_op(CK.pool_counts, UnitPool)
+def _counts(pool):
+    q = pool.arrays[6]
+    return q[Q_NUSED], q[Q_NCACHED], q[Q_NHASHED]

@@ -11,7 +11,10 @@ returns None and the Python loop runs. Both paths give the same
 :class:`~radixkv.replay.concurrent.ConcurrentResult`, byte for byte
 (``tests/test_conc_vllm_fast.py`` compares them).
 
-On a hash-id trace whose unit is a multiple of ``block_size`` (≥ 2), without output ids,
+The loop runs on a pool value whose type selects the pool operations it compiles with
+(:mod:`radixkv.replay._conc_vllm_kernels`, "Pools and their operations"): by default the
+policy's own per-block pool (:mod:`radixkv.replay._conc_vllm_block_kernels`). On a
+hash-id trace whose unit is a multiple of ``block_size`` (≥ 2), without output ids,
 on a fresh pool with ``unit_granular`` on (:func:`_unit_eligible`), the loop runs on the
 unit-keyed pool of :mod:`radixkv.replay._conc_vllm_unit_kernels` instead (the same block
 ids and free queue, cached blocks found per unit instead of per block): the same bytes
@@ -26,6 +29,7 @@ import numpy as np
 
 from radixkv.errors import ConfigError
 from radixkv.policies import _hash_kernels as K
+from radixkv.replay import _conc_vllm_block_kernels as BPK
 from radixkv.replay import _conc_vllm_kernels as CK
 from radixkv.replay import _conc_vllm_unit_kernels as UK
 
@@ -70,7 +74,7 @@ def _unit_eligible(trace, policy) -> bool:
     B = int(policy.block_size)
     if not (getattr(policy, "unit_granular", False) and B >= 2 and U >= B and U % B == 0
             and trace.out_ids is None and int(policy._key_mask) == 0xFFFFFFFFFFFFFFFF
-            and getattr(policy, "_unit", None) is None and hasattr(UK.run_loop, "py_func")):
+            and getattr(policy, "_unit", None) is None and hasattr(UK.unit_keys_into, "py_func")):
         return False
     if len(trace.ids) and int(np.min(trace.ids)) < 0:
         return False
@@ -160,12 +164,18 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
         rinfo = np.ascontiguousarray(np.stack((R, covered, nu, ioff, sj, np.where(nu > 0, R * B - (nu - 1) * U, 0))),
                                      dtype=np.int64)
         NUW = max(int(nu.max()), 1)
-        upol = UK.new_pool(int(policy.num_gpu_blocks), GU, int(nirr.sum()), int(np.count_nonzero(sj >= 0)), 4096)
+        pool = UK.UnitPool(UK.new_pool(int(policy.num_gpu_blocks), GU, int(nirr.sum()),
+                                       int(np.count_nonzero(sj >= 0)), 4096), rinfo, GU, U, B)
+        new_ps = lambda n_sl: UK.new_slots(n_sl, W, NUW)  # noqa: E731
+        hs = UK.new_scratch(W, NUW)
     else:
         # widen the content-piece arrays once to what the whole trace needs
-        mp = int(CK.max_block_pieces(ids, id_off, oids, ooff, has_out, P, N, U, B, G))
+        mp = int(BPK.max_block_pieces(ids, id_off, oids, ooff, has_out, P, N, U, B, G))
         if mp - 1 > policy._pcid.shape[1]:
             policy._grow_pieces(mp)
+        pool = BPK.new_pool(policy)
+        new_ps = lambda n_sl: BPK.new_slots(n_sl, W)  # noqa: E731
+        hs = BPK.new_scratch(W)
     cap_run = int(min(int(config.max_num_seqs), n))
     rq = np.zeros((16, n), dtype=np.int64)
     rq[0] = P
@@ -179,15 +189,10 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     wq = np.zeros(n, dtype=np.int64)
     run = np.zeros(cap_run, dtype=np.int64)
     plan = np.zeros((4, cap_run), dtype=np.int64)
-    KW = NUW if unit else max(W, 1)  # unit keys or block keys per request
-    if unit:  # rows of 2-D arrays: the unit kernels index a table and a row, not a view
-        scratch = (np.zeros((1, KW), dtype=np.int64), np.zeros((1, max(W, 1)), dtype=np.int64),
-                   np.zeros(G, dtype=np.int64), np.zeros(G, dtype=np.int64))
-    else:
-        scratch = (np.zeros(KW, dtype=np.int64), np.zeros(max(W, 1), dtype=np.int64),
-                   np.zeros(G, dtype=np.int64), np.zeros(G, dtype=np.int64))
+    hscr = (np.zeros(G, dtype=np.int64), np.zeros(G, dtype=np.int64))
     n_sl = min(cap_run, _SLOTS0)
-    sa = _slots(n_sl, W, G, KW=KW, unit=unit)
+    ls = _loop_slots(n_sl, G)
+    ps = new_ps(n_sl)
     free_slots = np.arange(n_sl - 1, -1, -1, dtype=np.int64)
     pf_n = np.zeros(_LOG0 + cap_run, dtype=np.int64)
     pf_c = np.zeros_like(pf_n)
@@ -211,9 +216,6 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     rows = _TL0 if timeline else 0
     tl_i = np.zeros((7, rows), dtype=np.int64)
     tl_t = np.zeros(rows, dtype=np.float64)
-    if not unit:
-        st = policy._st
-        stk = policy._stk
     from radixkv.replay import _miss_rec_kernels as MR
 
     if recorder is not None:
@@ -223,29 +225,24 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     step = _PROGRESS_EVERY if progress is not None else n
     stop = step
     reported = 0
-    ev0 = 0 if unit else int(st[K.ST_EVICTIONS])
+    ev0 = 0 if unit else int(policy._st[K.ST_EVICTIONS])
     while True:
-        if unit:
-            status = UK.run_loop(tr, upol, rinfo, B, GU, int(policy.num_slots), cfg, kind, cp, rq, rf, wq, run, plan,
-                                 sa, free_slots, scratch, pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop, rec)
-        else:
-            pol = (policy._blk, policy._b32, policy._kt, policy._k32, policy._pcid, policy._pcs, st, stk)
-            status = CK.run_loop(tr, pol, policy._key_mask, B, int(policy.num_slots), cfg, kind, cp, rq, rf, wq,
-                                 run, plan, sa, free_slots, scratch, pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop,
-                                 rec)
+        status = CK.run_loop(tr, pool, B, int(policy.num_slots), cfg, kind, cp, rq, rf, wq, run, plan, ls, ps,
+                             free_slots, hscr, hs, pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop, rec)
         if status == CK.S_DONE:
             break
         if unit and status == UK.S_GROW_UNITS:
-            upol = _grow_units(upol, B, cfg, cap_run)
+            pool = _grow_units(pool, cfg, cap_run)
             continue
         if status == CK.S_PROGRESS:
             reported = int(ist[CK.I_DONE])
             progress(reported, n)
             stop = int(ist[CK.I_DONE]) + step
         elif status == CK.S_GROW_SLOTS:
-            old = sa[0].shape[0]
+            old = ls[0].shape[0]
             new = min(cap_run, 2 * old)
-            sa = _slots(new, W, G, sa, KW=KW, unit=unit)
+            ls = _grow_rows(ls, new)
+            ps = _grow_rows(ps, new)
             fs = np.zeros(new, dtype=np.int64)
             k = int(ist[CK.I_NFREE])
             fs[:k] = free_slots[:k]
@@ -280,10 +277,10 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     if recorder is not None:
         recorder.take_compiled(rec)
     if unit:
-        ev = int(upol[6][UK.Q_EV])
+        ev = int(pool.arrays[6][UK.Q_EV])
         policy._unit = _UnitConsumed()
     else:
-        ev = int(st[K.ST_EVICTIONS]) - ev0
+        ev = int(policy._st[K.ST_EVICTIONS]) - ev0
     policy.evictions += ev
     policy.evicted_tokens_total += ev * B
     # prefill FLOPs: each logged step's items summed as _Integrals.prefill sums them
@@ -349,28 +346,27 @@ def warm(block_size: int = 16) -> None:
         replay_concurrent(tu, BlockHashCache(16, B), UnitStepCost())
 
 
-def _slots(n_sl, W, G, old=None, KW=None, unit=False):
-    """Per-slot arrays (block keys — unit keys when *unit* —, block table, segment ids,
-    segment ends, nseg, nblk, ntok, and with *unit* the slot's request), keeping the rows
-    of *old*."""
-    new = (np.zeros((n_sl, max(W, 1) if KW is None else KW), dtype=np.int64),
-           np.zeros((n_sl, max(W, 1)), dtype=np.int64),
-           np.zeros((n_sl, G), dtype=np.int64), np.zeros((n_sl, G), dtype=np.int64),
-           np.zeros(n_sl, dtype=np.int64), np.zeros(n_sl, dtype=np.int64), np.zeros(n_sl, dtype=np.int64))
-    if unit:
-        new = new + (np.zeros(n_sl, dtype=np.int64),)
-    if old is not None:
-        k = old[0].shape[0]
-        for a, b in zip(new, old):
-            a[:k] = b
-    return new
+def _loop_slots(n_sl, G):
+    """The loop's per-slot tuple ``ls``: segment ids and ends (S, G), their count, tokens with KV."""
+    return (np.zeros((n_sl, G), dtype=np.int64), np.zeros((n_sl, G), dtype=np.int64),
+            np.zeros(n_sl, dtype=np.int64), np.zeros(n_sl, dtype=np.int64))
 
 
-def _grow_units(pol, B, cfg, cap_run):
-    """The unit pool with room for one more iteration's unit records (``UK.run_loop``'s
-    bound): ``rc`` doubled and ``um`` rehashed as needed."""
-    bk, rc, um, ir, sm, skey, q, ring = pol
-    need = int(q[UK.Q_NREC]) + 2 * (int(cfg[1]) // B) + 4 * cap_run + 4
+def _grow_rows(old, n_sl):
+    """The per-slot tuple *old* with *n_sl* rows in every array, keeping the old rows."""
+    new = []
+    for a in old:
+        b = np.zeros((n_sl,) + a.shape[1:], dtype=a.dtype)
+        b[: a.shape[0]] = a
+        new.append(b)
+    return tuple(new)
+
+
+def _grow_units(pool, cfg, cap_run):
+    """The unit pool with room for one more iteration's unit records (``pool_room``'s
+    bound, :data:`UK.S_GROW_UNITS`): ``rc`` doubled and ``um`` rehashed as needed."""
+    bk, rc, um, ir, sm, skey, q, ring = pool.arrays
+    need = int(q[UK.Q_NREC]) + int(UK.units_per_step(pool.block_size, int(cfg[1]), cap_run))
     if rc.shape[0] < need:
         size = rc.shape[0]
         while size < need:
@@ -385,4 +381,4 @@ def _grow_units(pol, B, cfg, cap_run):
         new = np.zeros((size, 2), dtype=np.int64)
         UK.rehash(um, new)
         um = new
-    return bk, rc, um, ir, sm, skey, q, ring
+    return pool._replace(arrays=(bk, rc, um, ir, sm, skey, q, ring))

@@ -1,0 +1,167 @@
+"""``BlockHashCache``'s per-block pool under the compiled concurrent vLLM loop (the reference).
+
+The pool operations of :mod:`radixkv.replay._conc_vllm_kernels` (its module docstring
+gives the contract) over the arrays of :class:`radixkv.policies.block_hash.BlockHashCache`,
+calling the kernels of :mod:`radixkv.policies._hash_kernels` with the arguments
+``BlockHashCache`` passes them (``admit``, ``extend``, ``free``, ``peek``): vLLM
+``KVCacheManager.get_computed_blocks`` / ``allocate_slots`` / ``cache_blocks`` / ``free``
+block by block, each block's hash kept in the policy's key table. After the replay the
+policy's state is what the Python loop would leave.
+
+Pool value :class:`BlockPool`: ``arrays`` the policy's ``blk, b32, kt, k32, pcid, pcs,
+st, stk``; ``key_mask`` (``BlockHashCache._key_mask``); ``block_size``. Per-slot tuple
+``ps``: ``keys`` int64 (S, W) the request's block keys, ``tbl`` int64 (S, W) its block
+table, ``nblk`` int64 (S,) blocks held. Lookup scratch ``hs``: ``keys`` int64 (W,),
+``tbl`` int64 (W,). Own status: :data:`S_PIECES`.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+# Kernels here inline _hash_kernels. Numba alone would check only this file's stamp; radixkv keys
+# its Numba cache folder by a hash of every kernel source (radixkv.numba_cache.source_key), so a
+# change to _hash_kernels is a cold cache here too: nothing to touch in this file.
+from radixkv.policies import _hash_kernels as K
+from radixkv.replay import _conc_vllm_kernels as CK
+from radixkv.trace._seq_kernel import kv_seq_into
+
+#: a block has more content pieces than ``pcid`` holds: widen it (``BlockHashCache._grow_pieces``), call again
+S_PIECES = CK.S_POOL
+
+#: the pool value (module docstring)
+BlockPool = namedtuple("BlockPool", ["arrays", "key_mask", "block_size"])
+
+
+def new_pool(policy) -> BlockPool:
+    """The pool value over *policy*'s (a ``BlockHashCache``) arrays; the loop changes them in place."""
+    arrays = (policy._blk, policy._b32, policy._kt, policy._k32, policy._pcid, policy._pcs, policy._st,
+              policy._stk)
+    return BlockPool(arrays, policy._key_mask, int(policy.block_size))
+
+
+def new_slots(n_sl: int, W: int):
+    """Per-slot tuple ``ps`` for *n_sl* slots of at most *W* blocks."""
+    W = max(int(W), 1)
+    return (np.zeros((n_sl, W), dtype=np.int64), np.zeros((n_sl, W), dtype=np.int64), np.zeros(n_sl, dtype=np.int64))
+
+
+def new_scratch(W: int):
+    """Lookup scratch ``hs`` for requests of at most *W* blocks."""
+    W = max(int(W), 1)
+    return np.zeros(W, dtype=np.int64), np.zeros(W, dtype=np.int64)
+
+
+@njit(cache=True)
+def max_block_pieces(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens,
+                     block_size, n_max):
+    """Most content pieces (segments it overlaps) of any full block of any request's KV
+    extent: the width ``BlockHashCache._keys`` would grow its piece arrays to."""
+    sid = np.empty(max(n_max, 1), dtype=np.int64)
+    send = np.empty(max(n_max, 1), dtype=np.int64)
+    B = block_size
+    best = 1
+    for i in range(prompt_len.shape[0]):
+        kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i, sid,
+                    send)
+        nfull = (prompt_len[i] + max(output_len[i] - 1, 0)) // B
+        s = 0
+        for j in range(nfull):
+            start = j * B
+            end = start + B
+            while send[s] <= start:
+                s += 1
+            e = s
+            while send[e] < end:
+                e += 1
+            if e - s + 1 > best:
+                best = e - s + 1
+    return best
+
+
+@njit(cache=True)
+def _admit(pool, ps, ls, tr, i, sl, m, n_tok, asked):
+    """``BlockHashCache.admit`` of request *i* into slot *sl* (``pool_admit``)."""
+    blk, b32, kt, k32, pcid, pcs, st, stk = pool.arrays
+    keys2d, tbl2d, s_nblk = ps
+    sid2d = ls[0]
+    send2d = ls[1]
+    prompt_len = tr[5]
+    output_len = tr[6]
+    B = pool.block_size
+    kvlen = prompt_len[i] + max(output_len[i] - 1, 0)
+    mp = K._block_keys_into(sid2d[sl, :m], send2d[sl, :m], B, kvlen // B, pool.key_mask, keys2d[sl])
+    if mp - 1 > pcid.shape[1]:
+        return S_PIECES, 0, 0, 0
+    code, hb, hd, ev, nblk = K.admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys2d[sl], sid2d[sl, :m],
+                                     send2d[sl, :m], B, n_tok, n_tok, asked, False, tbl2d[sl])
+    if code != K.OK:
+        return CK.ADMIT_REFUSED, hb, hd, ev
+    s_nblk[sl] = nblk
+    return CK.ADMIT_OK, hb, hd, ev
+
+
+@njit(cache=True)
+def _extend(pool, ps, ls, sl, n0, n):
+    """``BlockHashCache.extend`` of slot *sl* by *n* tokens (``pool_extend``)."""
+    blk, b32, kt, k32, pcid, pcs, st, stk = pool.arrays
+    keys2d, tbl2d, s_nblk = ps
+    m = ls[2][sl]
+    ok, nb, ev = K.extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys2d[sl], ls[0][sl, :m], ls[1][sl, :m],
+                          pool.block_size, tbl2d[sl], s_nblk[sl], n0, n)
+    if ok:
+        s_nblk[sl] = nb
+    return ok, ev
+
+
+@njit(cache=True)
+def _lookup(pool, hs, i, L, hsid, hsend, m, fresh, count_free):
+    """``BlockHashCache._lookup`` (``pool_lookup``): ``peek`` over the scratch keys."""
+    blk, b32, kt, k32, pcid, pcs, st, stk = pool.arrays
+    hk, htbl = hs
+    B = pool.block_size
+    n_look = L // B
+    if fresh != 0:
+        K._block_keys_into(hsid[:m], hsend[:m], B, n_look, pool.key_mask, hk)
+    code, h = K.peek(blk, b32, kt, k32, pcid, pcs, hk, n_look, hsid[:m], hsend[:m], B, L, False, htbl)
+    nfree = 0
+    if count_free:
+        for q in range(h):
+            if b32[htbl[q], K.R_REF] == 0:
+                nfree += 1
+    return h, nfree
+
+
+# ---------------------------------------------------------------------- the operations
+@CK.pool_op(CK.pool_room, BlockPool)
+def _room(pool, budget, cap_run):
+    return 0
+
+
+@CK.pool_op(CK.pool_admit, BlockPool)
+def _admit_op(pool, ps, ls, tr, i, sl, m, n_tok, asked, first):
+    return _admit(pool, ps, ls, tr, i, sl, m, n_tok, asked)
+
+
+@CK.pool_op(CK.pool_extend, BlockPool)
+@CK.pool_op(CK.pool_grow_slot, BlockPool)
+def _extend_op(pool, ps, ls, sl, n0, n):
+    return _extend(pool, ps, ls, sl, n0, n)
+
+
+@CK.pool_op(CK.pool_release, BlockPool)
+def _release(pool, ps, sl, n0):
+    K.free(pool.arrays[1], pool.arrays[6], ps[1][sl], ps[2][sl])
+
+
+@CK.pool_op(CK.pool_lookup, BlockPool)
+def _lookup_op(pool, hs, tr, i, L, sid, send, m, fresh, count_free):
+    return _lookup(pool, hs, i, L, sid, send, m, fresh, count_free)
+
+
+@CK.pool_op(CK.pool_counts, BlockPool)
+def _counts(pool):
+    st = pool.arrays[6]
+    return st[K.ST_NUSED], st[K.ST_NCACHED], st[K.ST_NHASHED]
