@@ -57,7 +57,7 @@ def test_the_built_in_pools_report_their_own_counters():
     assert _counts(BPK.new_pool(pol)) == (2, 3, 5)
     arrays = UK.new_pool(9, 2, 1, 1)
     arrays[6][[UK.Q_NUSED, UK.Q_NCACHED, UK.Q_NHASHED]] = (4, 1, 6)
-    up = UK.UnitPool(arrays, np.zeros((6, 1), dtype=np.int64), 2, 8, 4)
+    up = UK.unit_pool(arrays, np.zeros((6, 1), dtype=np.int64), 2, 8, 4)
     assert _counts(up) == (4, 1, 6)
     # the unit pool asks for more unit records when an iteration may need more than it has:
     # 64 records, a 128-row key table; budget 4: 2·1 + 4 + 4 = 10 records at most

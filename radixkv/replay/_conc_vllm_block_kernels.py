@@ -9,7 +9,8 @@ block by block, each block's hash kept in the policy's key table. After the repl
 policy's state is what the Python loop would leave.
 
 Pool value :class:`BlockPool`: ``arrays`` the policy's ``blk, b32, kt, k32, pcid, pcs,
-st, stk``; ``key_mask`` (``BlockHashCache._key_mask``); ``block_size``. Per-slot tuple
+st, stk`` (``b32`` and ``st`` again as fields); ``key_mask``
+(``BlockHashCache._key_mask``); ``block_size``. Per-slot tuple
 ``ps``: ``keys`` int64 (S, W) the request's block keys, ``tbl`` int64 (S, W) its block
 table, ``nblk`` int64 (S,) blocks held. Lookup scratch ``hs``: ``keys`` int64 (W,),
 ``tbl`` int64 (W,). Own status: :data:`S_PIECES`.
@@ -31,15 +32,16 @@ from radixkv.trace._seq_kernel import kv_seq_into
 #: a block has more content pieces than ``pcid`` holds: widen it (``BlockHashCache._grow_pieces``), call again
 S_PIECES = CK.S_POOL
 
-#: the pool value (module docstring)
-BlockPool = namedtuple("BlockPool", ["arrays", "key_mask", "block_size"])
+#: the pool value (module docstring; ``b32`` and ``st`` also as fields of their own: one reference
+#: count to bind, the tuple's eight)
+BlockPool = namedtuple("BlockPool", ["arrays", "b32", "st", "key_mask", "block_size"])
 
 
 def new_pool(policy) -> BlockPool:
     """The pool value over *policy*'s (a ``BlockHashCache``) arrays; the loop changes them in place."""
     arrays = (policy._blk, policy._b32, policy._kt, policy._k32, policy._pcid, policy._pcs, policy._st,
               policy._stk)
-    return BlockPool(arrays, policy._key_mask, int(policy.block_size))
+    return BlockPool(arrays, policy._b32, policy._st, policy._key_mask, int(policy.block_size))
 
 
 def new_slots(n_sl: int, W: int):
@@ -153,7 +155,7 @@ def _extend_op(pool, ps, ls, sl, n0, n):
 
 @CK.pool_op(CK.pool_release, BlockPool)
 def _release(pool, ps, sl, n0):
-    K.free(pool.arrays[1], pool.arrays[6], ps[1][sl], ps[2][sl])
+    K.free(pool.b32, pool.st, ps[1][sl], ps[2][sl])
 
 
 @CK.pool_op(CK.pool_lookup, BlockPool)
@@ -163,5 +165,5 @@ def _lookup_op(pool, hs, tr, i, L, sid, send, m, fresh, count_free):
 
 @CK.pool_op(CK.pool_counts, BlockPool)
 def _counts(pool):
-    st = pool.arrays[6]
+    st = pool.st
     return st[K.ST_NUSED], st[K.ST_NCACHED], st[K.ST_NHASHED]

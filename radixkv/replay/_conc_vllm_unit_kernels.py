@@ -78,10 +78,23 @@ from radixkv.replay import _conc_vllm_kernels as CK
 #: the unit records or the unit-key table may run out in this step: grow them, call again
 S_GROW_UNITS = CK.S_POOL
 
-#: the pool value: ``arrays`` (``bk, rc, um, ir, sm, skey, q, ring``, :func:`new_pool`),
-#: ``rinfo`` int64 (6, n) the per-request facts (``RI_*``), ``G`` blocks per unit, ``U``
-#: the unit (tokens), ``block_size``
-UnitPool = namedtuple("UnitPool", ["arrays", "rinfo", "G", "U", "block_size"])
+#: the pool value (:func:`unit_pool`): the arrays of :func:`new_pool` as fields (:func:`_pol`
+#: is the ``pol`` tuple the block-level kernels take), ``rinfo`` int64 (6, n) the per-request
+#: facts (``RI_*``), ``G`` blocks per unit, ``U`` the unit (tokens), ``block_size``. (Flat:
+#: a field read in an operation costs one reference count, a nested tuple's all of them.)
+UnitPool = namedtuple("UnitPool", ["bk", "rc", "um", "ir", "sm", "skey", "q", "ring", "rinfo", "G", "U",
+                                   "block_size"])
+
+
+def unit_pool(arrays, rinfo, G: int, U: int, block_size: int) -> UnitPool:
+    """The pool value over *arrays* (:func:`new_pool`)."""
+    return UnitPool(*arrays, rinfo, int(G), int(U), int(block_size))
+
+
+@njit(cache=True, inline="always")
+def _pol(pool):
+    """The ``pol`` tuple (``bk, rc, um, ir, sm, skey, q, ring``) of a :class:`UnitPool`."""
+    return pool.bk, pool.rc, pool.um, pool.ir, pool.sm, pool.skey, pool.q, pool.ring
 
 # block record (int32 columns of bk)
 B_REF, B_QPOS, B_UNUSED, B_KIND, B_REC, B_POS, B_DNEXT, B_DPREV, B_SNEXT, B_SPREV, B_SLEN = range(11)
@@ -548,40 +561,40 @@ def _extend(pool, ps, sl, n0, n):
     """``BlockHashCache.extend`` of the request in slot *sl* by *n* tokens (vLLM
     ``allocate_slots`` then ``cache_blocks``, ``_hash_kernels.extend``): (ok, evicted
     blocks); ok False: refused, nothing changed."""
-    pol = pool.arrays
     B = pool.block_size
-    uk2d = ps[0]
     tbl2d = ps[1]
     s_nblk = ps[2]
     nb0 = s_nblk[sl]
     t = n0 + n
     nblk = (t + B - 1) // B
     n_new = nblk - nb0
-    if n_new > pol[6][Q_FQLEN]:
+    if n_new > pool.q[Q_FQLEN]:
         return False, 0
     ev = 0
     if n_new > 0:
-        ev = _take_new(pol[0], pol[1], pol[2], pol[3], pol[4], pol[5], pol[6], pol[7], tbl2d, sl, nb0, n_new)
+        ev = _take_new(pool.bk, pool.rc, pool.um, pool.ir, pool.sm, pool.skey, pool.q, pool.ring, tbl2d, sl, nb0,
+                       n_new)
     if t // B > n0 // B:
-        _cache_full(pol, tbl2d, sl, n0 // B, t // B, ps[3][sl], uk2d, sl, pool.rinfo, pool.G, pool.U, B)
+        _cache_full(_pol(pool), tbl2d, sl, n0 // B, t // B, ps[3][sl], ps[0], sl, pool.rinfo, pool.G, pool.U, B)
     s_nblk[sl] = nblk
     return True, ev
 
 
 @CK.pool_op(CK.pool_room, UnitPool)
 def _room(pool, budget, cap_run):
-    q = pool.arrays[6]
-    need = units_per_step(pool.block_size, budget, cap_run)
-    if pool.arrays[1].shape[0] - q[Q_NREC] < need or 2 * (q[Q_NREC] + need) > pool.arrays[2].shape[0]:
-        return S_GROW_UNITS
-    return 0
+    # (no array bound to a name across a branch: this runs every iteration, and such a name
+    # costs Numba's atomic reference counts, ~80 ns here)
+    need = 2 * (budget // pool.block_size) + 4 * cap_run + 4  # units_per_step
+    nrec = pool.q[Q_NREC]
+    full = (pool.rc.shape[0] - nrec < need) | (2 * (nrec + need) > pool.um.shape[0])
+    return S_GROW_UNITS if full else 0
 
 
 @CK.pool_op(CK.pool_admit, UnitPool)
 def _admit_op(pool, ps, ls, tr, i, sl, m, n_tok, asked, first):
     uk2d = ps[0]
     unit_keys_into(tr[0], tr[1], i, uk2d[sl])
-    code, hb, hd, ev, nblk = admit(pool.arrays, i, uk2d, sl, pool.rinfo, ls[1], pool.G, pool.U, pool.block_size,
+    code, hb, hd, ev, nblk = admit(_pol(pool), i, uk2d, sl, pool.rinfo, ls[1], pool.G, pool.U, pool.block_size,
                                    n_tok, asked, first, ps[1])
     if code != OK:
         return CK.ADMIT_REFUSED, hb, hd, ev
@@ -599,52 +612,51 @@ def _extend_op(pool, ps, ls, sl, n0, n):
 def _grow_slot(pool, ps, ls, sl, n0, n):
     """A slot's decode growth that takes at most one new block and caches only irregular
     blocks (output: the common case) is written out here; other growth goes through
-    :func:`_extend`."""
+    :func:`_extend`. (Arrays are read through the pool value, not bound to names: a name
+    alive across a branch costs Numba's atomic reference counts on every call.)"""
     B = pool.block_size
-    rinfo = pool.rinfo
-    s_nblk = ps[2]
     nt = n0 + n
-    nb0 = s_nblk[sl]
+    nb0 = ps[2][sl]
     nblk = (nt + B - 1) // B
     n_new = nblk - nb0
     rq_ = ps[3][sl]
     lo_ = n0 // B
     hi_ = nt // B
-    sj = rinfo[RI_SJ, rq_]
-    if not (n_new <= 1 and lo_ >= rinfo[RI_R, rq_] and not (lo_ <= sj < hi_)):
+    sj = pool.rinfo[RI_SJ, rq_]
+    R = pool.rinfo[RI_R, rq_]
+    if not (n_new <= 1 and lo_ >= R and not (lo_ <= sj < hi_)):
         return _extend(pool, ps, sl, n0, n)
-    bk, rc, um, ir, sm, skey, q, ring = pool.arrays
-    tbl2d = ps[1]
-    if n_new > q[Q_FQLEN]:
+    if n_new > pool.q[Q_FQLEN]:
         return False, 0
     ev = 0
     if n_new == 1:
-        ev = _take_new(bk, rc, um, ir, sm, skey, q, ring, tbl2d, sl, nb0, 1)
+        ev = _take_new(pool.bk, pool.rc, pool.um, pool.ir, pool.sm, pool.skey, pool.q, pool.ring, ps[1], sl, nb0, 1)
+    a0 = pool.rinfo[RI_IOFF, rq_] - R
     for j in range(lo_, hi_):  # irregular blocks join their position's holders
-        b = tbl2d[sl, j]
-        a = rinfo[RI_IOFF, rq_] + j - rinfo[RI_R, rq_]
-        cn = ir[a, 2]
-        bk[b, B_DNEXT] = -1
+        b = ps[1][sl, j]
+        a = a0 + j
+        cn = pool.ir[a, 2]
+        pool.bk[b, B_DNEXT] = -1
         if cn == 0:
-            ir[a, 0] = b
-            bk[b, B_DPREV] = -1
+            pool.ir[a, 0] = b
+            pool.bk[b, B_DPREV] = -1
         else:
-            tt = ir[a, 1]
-            bk[tt, B_DNEXT] = b
-            bk[b, B_DPREV] = tt
-        ir[a, 1] = b
-        ir[a, 2] = cn + 1
-        bk[b, B_KIND] = KIND_IRR
-        bk[b, B_POS] = a
+            tt = pool.ir[a, 1]
+            pool.bk[tt, B_DNEXT] = b
+            pool.bk[b, B_DPREV] = tt
+        pool.ir[a, 1] = b
+        pool.ir[a, 2] = cn + 1
+        pool.bk[b, B_KIND] = KIND_IRR
+        pool.bk[b, B_POS] = a
     if hi_ > lo_:
-        q[Q_NHASHED] += hi_ - lo_
-    s_nblk[sl] = nblk
+        pool.q[Q_NHASHED] += hi_ - lo_
+    ps[2][sl] = nblk
     return True, ev
 
 
 @CK.pool_op(CK.pool_release, UnitPool)
 def _release(pool, ps, sl, n0):
-    free(pool.arrays, ps[1], sl, ps[2][sl])
+    free(_pol(pool), ps[1], sl, ps[2][sl])
 
 
 @CK.pool_op(CK.pool_lookup, UnitPool)
@@ -653,11 +665,11 @@ def _lookup_op(pool, hs, tr, i, L, sid, send, m, fresh, count_free):
     htbl = hs[1]
     if fresh == 2:
         unit_keys_into(tr[0], tr[1], i, huk[0])
-    h = lookup(pool.arrays, i, huk, 0, pool.rinfo, L, pool.G, pool.block_size, htbl, 0, count_free)
+    h = lookup(_pol(pool), i, huk, 0, pool.rinfo, L, pool.G, pool.block_size, htbl, 0, count_free)
     h = min(h, (L - 1) // pool.block_size)
     nfree = 0
     if count_free:
-        bk = pool.arrays[0]
+        bk = pool.bk
         for k in range(h):
             if bk[htbl[0, k], B_REF] == 0:
                 nfree += 1
@@ -666,5 +678,5 @@ def _lookup_op(pool, hs, tr, i, L, sid, send, m, fresh, count_free):
 
 @CK.pool_op(CK.pool_counts, UnitPool)
 def _counts(pool):
-    q = pool.arrays[6]
+    q = pool.q
     return q[Q_NUSED], q[Q_NCACHED], q[Q_NHASHED]

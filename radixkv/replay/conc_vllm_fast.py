@@ -164,8 +164,8 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
         rinfo = np.ascontiguousarray(np.stack((R, covered, nu, ioff, sj, np.where(nu > 0, R * B - (nu - 1) * U, 0))),
                                      dtype=np.int64)
         NUW = max(int(nu.max()), 1)
-        pool = UK.UnitPool(UK.new_pool(int(policy.num_gpu_blocks), GU, int(nirr.sum()),
-                                       int(np.count_nonzero(sj >= 0)), 4096), rinfo, GU, U, B)
+        pool = UK.unit_pool(UK.new_pool(int(policy.num_gpu_blocks), GU, int(nirr.sum()),
+                                        int(np.count_nonzero(sj >= 0)), 4096), rinfo, GU, U, B)
         new_ps = lambda n_sl: UK.new_slots(n_sl, W, NUW)  # noqa: E731
         hs = UK.new_scratch(W, NUW)
     else:
@@ -277,7 +277,7 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     if recorder is not None:
         recorder.take_compiled(rec)
     if unit:
-        ev = int(pool.arrays[6][UK.Q_EV])
+        ev = int(pool.q[UK.Q_EV])
         policy._unit = _UnitConsumed()
     else:
         ev = int(policy._st[K.ST_EVICTIONS]) - ev0
@@ -365,7 +365,7 @@ def _grow_rows(old, n_sl):
 def _grow_units(pool, cfg, cap_run):
     """The unit pool with room for one more iteration's unit records (``pool_room``'s
     bound, :data:`UK.S_GROW_UNITS`): ``rc`` doubled and ``um`` rehashed as needed."""
-    bk, rc, um, ir, sm, skey, q, ring = pool.arrays
+    bk, rc, um, ir, sm, skey, q, ring = pool[:8]
     need = int(q[UK.Q_NREC]) + int(UK.units_per_step(pool.block_size, int(cfg[1]), cap_run))
     if rc.shape[0] < need:
         size = rc.shape[0]
@@ -381,4 +381,4 @@ def _grow_units(pool, cfg, cap_run):
         new = np.zeros((size, 2), dtype=np.int64)
         UK.rehash(um, new)
         um = new
-    return pool._replace(arrays=(bk, rc, um, ir, sm, skey, q, ring))
+    return UK.unit_pool((bk, rc, um, ir, sm, skey, q, ring), pool.rinfo, pool.G, pool.U, pool.block_size)
