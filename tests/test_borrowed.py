@@ -252,6 +252,16 @@ def _owned_by_caller(name: str, fn: ast.FunctionDef, params: set, depth: int = 0
     return False
 
 
+def _caller_owned(arg: ast.expr, fn: ast.FunctionDef, params: set) -> bool:
+    """*arg* is a name :func:`_owned_by_caller` accepts, or an item or field of one
+    (``tr[0]``, ``pool.pc``: an array inside a tuple the caller holds for the call)."""
+    if isinstance(arg, ast.Name):
+        return _owned_by_caller(arg.id, fn, params)
+    if isinstance(arg, (ast.Subscript, ast.Attribute)):
+        return _caller_owned(arg.value, fn, params)
+    return False
+
+
 def _borrow_calls():
     for path in sorted(ROOT.rglob("*.py")):
         if path.name == "_borrowed.py":
@@ -276,7 +286,7 @@ def test_kernels_borrow_only_what_their_caller_keeps_alive():
     bad = []
     for path, fn, call in calls:
         arg = call.args[0] if call.args else None
-        if not (isinstance(arg, ast.Name) and _owned_by_caller(arg.id, fn, _params(fn))):
+        if not (arg is not None and _caller_owned(arg, fn, _params(fn))):
             bad.append(f"{path}:{call.lineno} {fn.name}: borrow({ast.unparse(arg) if arg else ''})")
     assert not bad, "borrowed from an array the function itself owns (freed after its last use):\n" + "\n".join(bad)
 
@@ -288,3 +298,12 @@ def test_the_rule_check_sees_a_local_owner():
     got = {c.args[0].id: _owned_by_caller(c.args[0].id, fn, _params(fn))
            for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "borrow"}
     assert got == {"a": False, "b": True, "c": True, "x": True}
+
+
+def test_the_rule_check_takes_items_of_a_parameter_not_of_a_local():
+    src = ("def f(t, p):\n    a = (np.empty(3),)\n"
+           "    return borrow(t[0]), borrow(p.q), borrow(p.q[1:]), borrow(a[0])\n")
+    fn = ast.parse(src).body[0]
+    got = [_caller_owned(c.args[0], fn, _params(fn))
+           for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "borrow"]
+    assert got == [True, True, True, False]

@@ -26,17 +26,27 @@ def lazy_order(kv0, B):
     ``order[cnt[r]:cnt[r + 1]]``."""
     n = kv0.shape[0]
     cnt = np.zeros(B + 1, dtype=np.int64)
+    order = np.empty(n, dtype=np.int64)
+    lazy_order_into(kv0, n, B, cnt, order, np.empty(B, dtype=np.int64))
+    return cnt, order
+
+
+@njit(cache=True, inline="always")
+def lazy_order_into(kv0, n, B, cnt, order, fill):
+    """:func:`lazy_order` of ``kv0[:n]`` into caller-owned arrays (no allocation): *cnt*
+    int64 (≥ B + 1,), *order* int64 (≥ n,), *fill* int64 scratch (≥ B,)."""
+    for r in range(B + 1):
+        cnt[r] = 0
     for i in range(n):
         cnt[kv0[i] % B + 1] += 1
     for r in range(B):
         cnt[r + 1] += cnt[r]
-    order = np.empty(n, dtype=np.int64)
-    fill = cnt[:B].copy()
+    for r in range(B):
+        fill[r] = cnt[r]
     for i in range(n):
         rr = kv0[i] % B
         order[fill[rr]] = i
         fill[rr] += 1
-    return cnt, order
 
 
 @njit(cache=True)

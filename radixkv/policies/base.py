@@ -23,6 +23,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
+
 from radixkv.trace.types import KVSeq
 
 
@@ -411,6 +413,17 @@ class PrefixCache(ABC):
         """
         need = -(-seq.kv_len // self.slot_tokens)
         return max(0, need - self.num_slots) * self.slot_tokens
+
+    def fits_alone_all(self, trace) -> np.ndarray:
+        """:meth:`fits_alone` of every request of *trace*: int64 (n,), tokens by which each
+        request's KV extent overflows the empty pool (0: fits). One array operation when
+        the policy keeps this class's rule, else a call per request."""
+        if type(self).fits_alone is PrefixCache.fits_alone:
+            kv = np.asarray(trace.prompt_len, dtype=np.int64) + np.maximum(
+                np.asarray(trace.output_len, dtype=np.int64) - 1, 0)
+            need = -(-kv // self.slot_tokens)
+            return np.maximum(0, need - self.num_slots) * self.slot_tokens
+        return np.array([self.fits_alone(trace.kv_seq(i)) for i in range(len(trace))], dtype=np.int64)
 
     def overflow_detail(self, seq: KVSeq) -> str:
         """Why *seq* cannot fit the empty pool, for the error the replay raises.

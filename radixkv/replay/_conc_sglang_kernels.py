@@ -40,10 +40,15 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from numba.core import config as numba_config
 
 from radixkv.policies import _radix_kernels as K
+from radixkv.policies._borrowed import borrow, borrow_py
 from radixkv.replay import _miss_rec_kernels as MR
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
+
+if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic cannot run
+    borrow = borrow_py  # noqa: F811
 
 # per-request int64 fields (array RQ, shape (n, NQ))
 (Q_P, Q_N, Q_GEN, Q_CTX, Q_KV, Q_TARGET, Q_HIT, Q_HELD, Q_EVICTED, Q_ADMISSIONS, Q_PREEMPTIONS,
@@ -778,7 +783,19 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
     (module docstring); returns the status (also in ``IV[I_STATUS]``). *rec*: the miss
     recorder's arrays (:func:`radixkv.replay._miss_rec_kernels.new_state`); when on,
     every iteration is told to ``rec_step`` as the Python loop tells ``MissRecorder.step``
-    (:data:`ST_GROW_REC`: its logs must grow first)."""
+    (:data:`ST_GROW_REC`: its logs must grow first). The loop runs on borrowed views of
+    the arrays (:mod:`radixkv.policies._borrowed`: no reference counts where its inlined
+    helpers bind them; valid for this call, the caller keeps the arrays)."""
+    return _loop(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow(HP), borrow(G), borrow(Q), borrow(R),
+                 borrow(RQ), borrow(RF), borrow(IV), borrow(FV), borrow(CF), borrow(CP), borrow(arr), borrow(RUN),
+                 borrow(WQ), borrow(SID), borrow(SEND), borrow(SOFF), borrow(TLI), borrow(TLF), ratio_min,
+                 ratio_decay, rec)
+
+
+@nb.njit(cache=True)
+def _loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, SEND, SOFF, TLI, TLF,
+          ratio_min, ratio_decay, rec):
+    """:func:`run_loop`'s body, on borrowed views."""
     n = RQ.shape[0]
     p = S[K.S_P]
     num_slots = CF[CF_NUM_SLOTS]

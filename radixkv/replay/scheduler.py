@@ -288,17 +288,21 @@ class Scheduler:
                 f"(a peek_hit method); {type(policy).__name__} has none",
                 field="schedule_policy",
             )
+        fits_all = getattr(policy, "fits_alone_all", None)
         fits = getattr(policy, "fits_alone", None)
-        if fits is not None:
-            for i in range(n):
-                over = fits(trace.kv_seq(i))
-                if over > 0:
-                    raise ConfigError(
-                        f"request {str(trace.req_id[i])!r} needs {over} tokens more than the whole pool "
-                        f"({policy.capacity_tokens} tokens); it could never run",
-                        path=trace.name or None,
-                        field="num_slots",
-                    )
+        if fits_all is not None or fits is not None:
+            if fits_all is not None:
+                overs = np.asarray(fits_all(trace), dtype=np.int64)
+            else:
+                overs = np.array([fits(trace.kv_seq(i)) for i in range(n)], dtype=np.int64)
+            for i in np.flatnonzero(overs > 0)[:1].tolist():
+                over = int(overs[i])
+                raise ConfigError(
+                    f"request {str(trace.req_id[i])!r} needs {over} tokens more than the whole pool "
+                    f"({policy.capacity_tokens} tokens); it could never run",
+                    path=trace.name or None,
+                    field="num_slots",
+                )
 
     # ------------------------------------------------------------------ queue
     def enqueue(self, i: int) -> None:
