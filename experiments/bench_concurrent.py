@@ -11,7 +11,7 @@ sensitive to other processes). Each timing is the best of ``--repeat``; the
 load average is printed before and after (a loaded machine inflates both timings).
 ``--per-block`` also times the concurrent replay of ``vllm:B`` policies on the per-block
 pool (``BlockHashCache.unit_granular = False``; by default a hash-id trace runs on the
-unit-keyed pool of ``radixkv.replay._conc_vllm_unit_kernels``, same results).
+piece pool of ``radixkv.replay._conc_vllm_piece_kernels``, same results).
 
     python experiments/bench_concurrent.py [--policies vllm:16,sglang:1] [--time-scale 10] [--repeat 1] [--no-ff]
         [--per-block]

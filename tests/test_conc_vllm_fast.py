@@ -173,3 +173,22 @@ def test_other_policies_options_take_the_python_loop(monkeypatch):
     replay_concurrent(tr, BlockHashCache(200, 4), COST, timeline=True)
     assert spy.n == 2
 
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=12), st.sampled_from([1.0, 1e9, 3e15, -7.5]),
+       st.integers(0, 2**32 - 1))
+def test_group_sums_are_numpys_sums_bit_for_bit(lens, scale, seed):
+    """The compiled loop's prefill FLOPs per step (CK.group_sums) add each group as
+    ``np.sum`` does (its pairwise summation: sequential below 8 items, 8 accumulators to
+    128, halves above), so the sums are NumPy's to the bit: groups of 1 … 300 items, four
+    magnitudes (np.sum itself is the oracle)."""
+    from radixkv.replay import _conc_vllm_kernels as CK
+
+    rng = np.random.default_rng(seed)
+    x = rng.random(sum(lens)) * scale
+    starts = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)
+    ends = starts + np.asarray(lens, dtype=np.int64)
+    got = CK.group_sums(x, starts, ends)
+    want = np.array([np.sum(x[a:b]) for a, b in zip(starts, ends)])
+    assert got.tobytes() == want.tobytes()

@@ -16,7 +16,7 @@ from numba.core.errors import TypingError
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.replay import _conc_vllm_block_kernels as BPK
 from radixkv.replay import _conc_vllm_kernels as CK
-from radixkv.replay import _conc_vllm_unit_kernels as UK
+from radixkv.replay import _conc_vllm_piece_kernels as PK
 
 #: a third pool: counters only
 TinyPool = namedtuple("TinyPool", ["q", "block_size"])
@@ -55,14 +55,16 @@ def test_the_built_in_pools_report_their_own_counters():
     pol = BlockHashCache(9, 4)  # 8 usable blocks, nothing held or cached
     pol._st[[3, 6, 7]] = (5, 2, 3)  # hashed, used, cached as the per-block pool keeps them
     assert _counts(BPK.new_pool(pol)) == (2, 3, 5)
-    arrays = UK.new_pool(9, 2, 1, 1)
-    arrays[6][[UK.Q_NUSED, UK.Q_NCACHED, UK.Q_NHASHED]] = (4, 1, 6)
-    up = UK.unit_pool(arrays, np.zeros((6, 1), dtype=np.int64), 2, 8, 4)
-    assert _counts(up) == (4, 1, 6)
-    # the unit pool asks for more unit records when an iteration may need more than it has:
-    # 64 records, a 128-row key table; budget 4: 2·1 + 4 + 4 = 10 records at most
-    assert _room(up, 4, 1) == 0
-    assert _room(up, 4 * 40, 1) == UK.S_GROW_UNITS  # 2·40 + 8 = 88 > 64
+    # the piece pool (block 2, units of 4 tokens, one 1-unit request; 8 usable blocks)
+    pp = PK.new_pool(9, 2, 4, np.array([0]), np.array([0, 1]), np.zeros((6, 1), dtype=np.int64), 1)
+    pp.us[[PK.U_NUSED, PK.U_NCACHED, PK.U_NHASHED, PK.U_Z, PK.U_PEND]] = (4, 3, 6, 2, 3)
+    # a decode run took 3 blocks not yet popped: 2 keyless, then 1 hashed that its pop evicts
+    assert _counts(pp) == (4, 3 - 1, 6 - 1)
+    # it asks for bigger key tables when a step could fill one past half: its unit-key table
+    # has 4 · (11 // 2 + 64) → 512 rows; budget 4: 2·2 + 4 + 4 = 12 new records at most
+    assert pp.um.shape[0] == 512
+    assert _room(pp, 4, 1) == 0
+    assert _room(pp, 400, 1) == PK.S_GROW_TABLES  # 2 · (400 + 8) > 512
 
 
 def test_a_pool_without_the_operation_fails_to_compile_naming_it():

@@ -1,4 +1,4 @@
-"""The concurrent vLLM loop on the unit-keyed pool (radixkv.replay._conc_vllm_unit_kernels,
+"""The concurrent vLLM loop on the piece pool (radixkv.replay._conc_vllm_piece_kernels,
 hash-id traces whose unit is a multiple of block_size) gives the per-block loop's results
 byte for byte.
 
@@ -156,7 +156,7 @@ def test_per_block_hooks_refuse_after_a_unit_pool_replay():
                              unit_tokens=4, partial_last_unit=True)
     pol = _pool(10, 2, True)
     replay_concurrent(tr, pol, UnitStepCost())
-    with pytest.raises(RuntimeError, match="unit-keyed pool"):
+    with pytest.raises(RuntimeError, match="piece pool"):
         pol.stats()
     with pytest.raises(RuntimeError, match="per-block state"):
         pol.free_queue()

@@ -802,7 +802,7 @@ def rehash(old, new):
     """Insert every occupied row of key table *old* into the empty table *new* (int64,
     shape (cap, w), any width w, cap a power of 2; column 0 the key, column 1 non-zero iff
     the row is occupied — the rule of :func:`radixkv.policies._hash_kernels._find`). Also
-    grows the unit-keyed concurrent pool's tables (``_conc_vllm_unit_kernels``, w = 2)."""
+    grows the concurrent piece pool's tables (``radixkv.replay._conc_vllm_piece_kernels``)."""
     for i in range(old.shape[0]):
         if old[i, 1] != 0:
             j = K._slot_for_insert(new, old[i, 0])

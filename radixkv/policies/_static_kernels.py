@@ -65,8 +65,7 @@ def _find(nk, tab, key):
 @njit(cache=True, inline="always")
 def _tab_probe(tab, key):
     """Row of *key* (≥ 0), or −1 − (the empty row where it would go). Any table of this
-    layout (int64, shape (T, 2), T a power of two; row ``(key, value + 1)``, 0 = empty);
-    also the unit-keyed concurrent pool's tables (``radixkv.replay._conc_vllm_unit_kernels``)."""
+    layout (int64, shape (T, 2), T a power of two; row ``(key, value + 1)``, 0 = empty)."""
     mask = tab.shape[0] - 1
     i = key & mask
     while tab[i, 1] != 0:

@@ -159,7 +159,7 @@ def _release(pool, ps, sl, n0):
 
 
 @CK.pool_op(CK.pool_lookup, BlockPool)
-def _lookup_op(pool, hs, tr, i, L, sid, send, m, fresh, count_free):
+def _lookup_op(pool, ps, hs, tr, i, L, sid, send, m, fresh, count_free):
     return _lookup(pool, hs, i, L, sid, send, m, fresh, count_free)
 
 
@@ -167,3 +167,8 @@ def _lookup_op(pool, hs, tr, i, L, sid, send, m, fresh, count_free):
 def _counts(pool):
     st = pool.st
     return st[K.ST_NUSED], st[K.ST_NCACHED], st[K.ST_NHASHED]
+
+
+@CK.pool_op(CK.pool_views, BlockPool)
+def _views(pool, ps, hs):
+    return pool, ps, hs

@@ -44,7 +44,7 @@ costs, nothing for the dispatch). The pools so far:
 
 - :mod:`radixkv.replay._conc_vllm_block_kernels`: ``BlockHashCache``'s per-block pool
   (:mod:`radixkv.policies._hash_kernels`), the reference;
-- :mod:`radixkv.replay._conc_vllm_unit_kernels`: a unit-keyed pool for hash-id traces.
+- :mod:`radixkv.replay._conc_vllm_piece_kernels`: a pool without block ids for hash-id traces.
 
 A new pool plugs in without touching this module: (1) a ``collections.namedtuple``
 class of its own for the *pool value* (its arrays, its per-request facts and its
@@ -112,14 +112,21 @@ held tokens, evicted blocks)
     :func:`~radixkv.policies._hash_kernels.free`): slot *sl* (holding *n0* tokens)
     releases its blocks, tail first; a block whose ref_cnt reaches 0 goes to the free
     queue (hashed: tail, unhashed: head).
-``pool_lookup(pool, hs, tr, i, L, sid, send, m, fresh, count_free)`` → (hit blocks,
+``pool_lookup(pool, ps, hs, tr, i, L, sid, send, m, fresh, count_free)`` → (hit blocks,
 free hit blocks)
     Side-effect-free ``BlockHashCache._lookup`` of request *i*'s first *L* tokens
     (segments ``sid[:m]``, ``send[:m]``): hit blocks capped at ``(L − 1) // B``, and
     when *count_free* how many of them have ref_cnt 0 (the watermark check), else 0.
-    *hs* is the pool's lookup scratch tuple; *fresh* says what it holds: 0 what it held
+    *ps* is read only (a pool whose reference counts live with the running requests'
+    hit runs reads them there). *hs* is the pool's lookup scratch tuple; *fresh* says what it holds: 0 what it held
     after the last call (same request and length), 1 the same request, another length,
     2 another request.
+``pool_views(pool, ps, hs)`` → (pool, ps, hs)
+    What the loop passes to the other operations during one :func:`run_loop` call, made
+    once at its start: the values themselves, or views of their arrays that carry no
+    reference counts (:func:`radixkv.policies._borrowed.borrow` of the fields; valid
+    for the call, whose caller keeps the arrays alive), so that operations called per
+    decode growth bind arrays for free.
 ``pool_counts(pool)`` → (used, cached, hashed blocks)
     ``BlockPool`` counters: blocks with ref_cnt > 0, blocks with ref_cnt 0 and a block
     hash, blocks with a block hash (the pool statistics and integrals).
@@ -130,11 +137,17 @@ import inspect
 
 import numpy as np
 from numba import njit, types
+from numba.core import config as numba_config
 from numba.extending import overload
 
-from radixkv.policies._hash_batch_kernels import lazy_order
+from radixkv.policies._borrowed import borrow, borrow_py
+from radixkv.policies._hash_batch_kernels import lazy_order_into
 from radixkv.replay import _miss_rec_kernels as MR
+from radixkv.replay._conc_sglang_kernels import _np_pairwise_sum
 from radixkv.trace._seq_kernel import kv_seq_into
+
+if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic cannot run
+    borrow = borrow_py  # noqa: F811
 
 # integer state (ist)
 I_NXT, I_DONE, I_STEPS, I_PEAK, I_NRUN, I_WHEAD, I_WLEN, I_EV, I_PARTIAL, I_WPEAK, I_NFREE, I_PFN, I_PFG, \
@@ -214,7 +227,7 @@ def pool_release(pool, ps, sl, n0):
     raise NotImplementedError("a pool operation: compiled only, overloaded per pool type")
 
 
-def pool_lookup(pool, hs, tr, i, L, sid, send, m, fresh, count_free):
+def pool_lookup(pool, ps, hs, tr, i, L, sid, send, m, fresh, count_free):
     """Side-effect-free lookup: (capped hit blocks, those with ref_cnt 0 when *count_free*)."""
     raise NotImplementedError("a pool operation: compiled only, overloaded per pool type")
 
@@ -222,6 +235,30 @@ def pool_lookup(pool, hs, tr, i, L, sid, send, m, fresh, count_free):
 def pool_counts(pool):
     """(used, cached, hashed) blocks."""
     raise NotImplementedError("a pool operation: compiled only, overloaded per pool type")
+
+
+def pool_views(pool, ps, hs):
+    """(pool, ps, hs) as the loop passes them to the operations for one call of it."""
+    raise NotImplementedError("a pool operation: compiled only, overloaded per pool type")
+
+
+#: groups longer than this are summed by NumPy itself (its reduction buffers 8192 items)
+PAIRWISE_MAX = 8192
+
+
+@njit(cache=True)
+def group_sums(x, starts, ends):
+    """``np.sum(x[starts[g]:ends[g]])`` for every group g, bit for bit (float64 (G,)), in
+    one call: ``np.sum`` of a contiguous float64 array of at most :data:`PAIRWISE_MAX`
+    items is NumPy's pairwise summation of it, which
+    :func:`radixkv.replay._conc_sglang_kernels._np_pairwise_sum` reproduces
+    (``tests/test_conc_vllm_fast.py`` checks the two agree). Longer groups are left NaN
+    for the caller to sum with NumPy."""
+    out = np.empty(starts.shape[0], dtype=np.float64)
+    for g in range(starts.shape[0]):
+        n = ends[g] - starts[g]
+        out[g] = _np_pairwise_sum(x, starts[g], n) if n <= PAIRWISE_MAX else np.nan
+    return out
 
 
 @njit(cache=True)
@@ -240,9 +277,17 @@ def _step_time(kind, cp, sn, sa, sb):
 def _decode_steps_time(kind, cp, batch, context_sum, k):
     """``CostModel.decode_steps_time`` (or ``UnitStepCost``'s), float64 (k,)."""
     out = np.empty(k, dtype=np.float64)
+    _decode_steps_time_into(kind, cp, batch, context_sum, k, out)
+    return out
+
+
+@njit(cache=True)
+def _decode_steps_time_into(kind, cp, batch, context_sum, k, out):
+    """:func:`_decode_steps_time` into ``out[:k]`` (caller-owned, no allocation)."""
     if kind == COST_UNIT:
-        out[:] = cp[0]
-        return out
+        for j in range(k):
+            out[j] = cp[0]
+        return
     fb = float(batch)
     a = 2.0 * cp[0] * fb
     c4 = 4.0 * cp[1] * cp[2]
@@ -256,7 +301,7 @@ def _decode_steps_time(kind, cp, batch, context_sum, k):
         t_c = flops / dc
         t_m = bytes_ / dm
         out[j] = (t_c if t_c >= t_m else t_m) + cp[10]
-    return out
+    return
 
 
 # ---------------------------------------------------------------------- the loop's pool calls
@@ -337,7 +382,7 @@ def _serve(r, nrun, cap, budget, pool, ps, ls, B, ist, run, ctx, target, kv, slo
 
 
 @njit(cache=True, inline="always")
-def _head_lookup(pool, hs, tr, i, L, hsid, hsend, ist, count_free):
+def _head_lookup(pool, ps, hs, tr, i, L, hsid, hsend, ist, count_free):
     """Side-effect-free lookup of request *i*'s first *L* tokens (``BlockHashCache._lookup``,
     :func:`pool_lookup`): returns (capped hit blocks, those with ref_cnt 0 when
     *count_free*, segments written to ``hsid``/``hsend``). The segments (and the pool's
@@ -353,7 +398,7 @@ def _head_lookup(pool, hs, tr, i, L, hsid, hsend, ist, count_free):
         ist[I_HKI] = i
         ist[I_HKM] = m
     ist[I_HKL] = L
-    h, nfree = pool_lookup(pool, hs, tr, i, L, hsid, hsend, m, fresh, count_free)
+    h, nfree = pool_lookup(pool, ps, hs, tr, i, L, hsid, hsend, m, fresh, count_free)
     return h, nfree, m
 
 
@@ -372,7 +417,7 @@ def _shared_prefix(ia, ea, na, ib, eb, nb):
 
 
 @njit(cache=True)
-def _decode_run(pool, ps, ls, slots, kv0, B, k, out, ist):
+def _decode_run(pool, ps, ls, slots, kv0, B, k, out, ist, lz):
     """Steps 2 … k of a run of k decode steps of the requests in *slots* (step 1 applied).
 
     The lazy schedule of ``Scheduler._lazy_slot_local`` (``decode_slot_local``, the step
@@ -383,11 +428,16 @@ def _decode_run(pool, ps, ls, slots, kv0, B, k, out, ist):
     tokens. *out* int64 (k, 3): row 0 given (the pool after step 1); rows 1 … k − 2
     filled with used blocks, cached blocks, valid tokens as after each step.
 
+    *lz* is scratch for the schedule's grouping (:func:`lazy_order_into`): int64 (≥ B + 1,),
+    (≥ n,), (≥ B,), (≥ n,).
+
     Returns −1 when done, else the item refused by the pool."""
     s_ntok = ls[3]
     n = slots.shape[0]
-    cnt, order = lazy_order(kv0, B)
-    applied = np.zeros(n, dtype=np.int64)
+    cnt, order, fill, applied = lz
+    lazy_order_into(kv0, n, B, cnt, order, fill)
+    for x in range(n):
+        applied[x] = 0
     u = out[0, 0]
     c = out[0, 1]
     v = out[0, 2]
@@ -516,6 +566,20 @@ def run_loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, p
     int
         A status ``S_*``, or a pool's own status (≥ :data:`S_POOL`).
     """
+    # the loop runs on borrowed views of the loop's own arrays (radixkv.policies._borrowed: no
+    # reference counts where its inlined helpers bind them; valid for this call)
+    b_tr = (borrow(tr[0]), borrow(tr[1]), borrow(tr[2]), borrow(tr[3]), tr[4], borrow(tr[5]), borrow(tr[6]), tr[7])
+    b_ls = (borrow(ls[0]), borrow(ls[1]), borrow(ls[2]), borrow(ls[3]))
+    v_pool, v_ps, v_hs = pool_views(pool, ps, hs)
+    return _loop(b_tr, v_pool, B, num_slots, cfg, kind, cp, borrow(rq), borrow(rf), borrow(wq), borrow(run),
+                 borrow(plan), b_ls, v_ps, borrow(free_slots), (borrow(hscr[0]), borrow(hscr[1])), v_hs, borrow(pf_n),
+                 borrow(pf_c), borrow(pf_g), borrow(tl_i), borrow(tl_t), borrow(ist), borrow(fst), stop_done, rec)
+
+
+@njit(cache=True)
+def _loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, free_slots, hscr, hs, pf_n,
+          pf_c, pf_g, tl_i, tl_t, ist, fst, stop_done, rec):
+    """:func:`run_loop`'s body, on borrowed views."""
     ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens = tr
     sid2d, send2d, s_nseg, s_ntok = ls
     hsid, hsend = hscr
@@ -556,6 +620,15 @@ def run_loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, p
     p_pre = plan[3]
     S = B
     rec_on = rec[0][MR.RS_ON] != 0
+    # the fast-forward branch's scratch (no allocation per decode run): pool rows and step
+    # times of at most tl_need steps (the largest output length + 1), the run's slots and
+    # KV, the lazy schedule's order (cnt, order, fill, applied)
+    ffp = np.empty((tl_need + 1, 3), dtype=np.int64)
+    dts = np.empty(tl_need + 1, dtype=np.float64)
+    slots_s = np.empty(cap_run, dtype=np.int64)
+    kv0_s = np.empty(cap_run, dtype=np.int64)
+    lz = (np.empty(B + 1, dtype=np.int64), np.empty(cap_run, dtype=np.int64), np.empty(B, dtype=np.int64),
+          np.empty(cap_run, dtype=np.int64))
     while ist[I_DONE] < n:
         if ist[I_DONE] >= stop_done:
             return S_PROGRESS
@@ -633,14 +706,14 @@ def run_loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, p
                 i = wq[ist[I_WHEAD]]
                 n_tok = P[i] + gen[i]
                 if not chunked:
-                    h, _f, _m = _head_lookup(pool, hs, tr, i, n_tok, hsid, hsend, ist, False)
+                    h, _f, _m = _head_lookup(pool, ps, hs, tr, i, n_tok, hsid, hsend, ist, False)
                     rem = n_tok - h * B
                     c = rem if cap <= 0 else min(rem, cap)
                     if min(c, n_tok) > budget:
                         blocked = True
                         break
                 if wm > 0 and nrun > 0:
-                    h, touch, _m = _head_lookup(pool, hs, tr, i, n_tok, hsid, hsend, ist, True)
+                    h, touch, _m = _head_lookup(pool, ps, hs, tr, i, n_tok, hsid, hsend, ist, True)
                     used, _c, _hh = pool_counts(pool)
                     if (n_tok + B - 1) // B - h + touch + wm > num_slots - used:
                         blocked = True
@@ -752,7 +825,7 @@ def run_loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, p
                 # VllmScheduler._hit_growth_bound
                 head = wq[ist[I_WHEAD]]
                 L = P[head] + gen[head]
-                hb, _f, hm = _head_lookup(pool, hs, tr, head, L, hsid, hsend, ist, False)
+                hb, _f, hm = _head_lookup(pool, ps, hs, tr, head, L, hsid, hsend, ist, False)
                 mblk = (hb * B) // S
                 for q in range(nrun):
                     r = run[q]
@@ -772,7 +845,7 @@ def run_loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, p
             csum = 0
             for q in range(np_):
                 csum += p_ctx[q]
-            dts = _decode_steps_time(kind, cp, batch, csum, kk)
+            _decode_steps_time_into(kind, cp, batch, csum, kk, dts)
             if ist[I_WLEN] == 0 and nxt < n:
                 acc = 0.0
                 a_next = arr[nxt]
@@ -783,10 +856,10 @@ def run_loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, p
                             kk = j + 1
                         break
             # ------------------------------------------------------ Scheduler.fast_forward
-            pools = np.empty((kk, 3), dtype=np.int64)
+            pools = ffp
             if kk > 1:
-                slots = np.empty(nrun, dtype=np.int64)
-                kv0 = np.empty(nrun, dtype=np.int64)
+                slots = slots_s[:nrun]
+                kv0 = kv0_s[:nrun]
                 for q in range(nrun):
                     slots[q] = slot_of[run[q]]
                     kv0[q] = kv[run[q]]
@@ -794,7 +867,7 @@ def run_loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, p
                 pools[0, 0] = u0
                 pools[0, 1] = c0
                 pools[0, 2] = h0 * B + ist[I_PARTIAL]
-                bad = _decode_run(pool, ps, ls, slots, kv0, B, kk, pools, ist)
+                bad = _decode_run(pool, ps, ls, slots, kv0, B, kk, pools, ist, lz)
                 if bad >= 0:
                     ist[I_ARG] = run[bad]
                     return S_DECODE_REFUSED

@@ -16,10 +16,12 @@ The loop runs on a pool value whose type selects the pool operations it compiles
 policy's own per-block pool (:mod:`radixkv.replay._conc_vllm_block_kernels`). On a
 hash-id trace whose unit is a multiple of ``block_size`` (≥ 2), without output ids,
 on a fresh pool with ``unit_granular`` on (:func:`_unit_eligible`), the loop runs on the
-unit-keyed pool of :mod:`radixkv.replay._conc_vllm_unit_kernels` instead (the same block
-ids and free queue, cached blocks found per unit instead of per block): the same bytes
-again (``tests/test_conc_vllm_unit.py``), 7–9× less CPU on the Mooncake trace
-(docs/performance.md, "The concurrent replay against the sequential one"). Afterwards the
+piece pool of :mod:`radixkv.replay._conc_vllm_piece_kernels` instead (no block ids: the
+free queue as ranges of the requests' blocks, cached blocks found per unit, reference
+counts from the running requests' hit ranges): the same bytes again
+(``tests/test_conc_vllm_unit.py``), about 20× less CPU than the per-block loop on the
+Mooncake trace (docs/performance.md, "The concurrent replay against the sequential
+one"). Afterwards the
 policy keeps no per-block state: its per-block hooks and ``stats`` raise
 ``RuntimeError``. ``unit_granular = False`` keeps the per-block loop (the reference).
 """
@@ -31,7 +33,7 @@ from radixkv.errors import ConfigError
 from radixkv.policies import _hash_kernels as K
 from radixkv.replay import _conc_vllm_block_kernels as BPK
 from radixkv.replay import _conc_vllm_kernels as CK
-from radixkv.replay import _conc_vllm_unit_kernels as UK
+from radixkv.replay import _conc_vllm_piece_kernels as PK
 
 _EXACT = 2**53
 #: requests finished between two progress reports of the compiled loop
@@ -66,7 +68,7 @@ def _eligible(trace, policy, cost, config, sch) -> bool:
 
 
 def _unit_eligible(trace, policy) -> bool:
-    """True when the loop may run on the unit-keyed pool (:mod:`radixkv.replay._conc_vllm_unit_kernels`):
+    """True when the loop may run on the piece pool (:mod:`radixkv.replay._conc_vllm_piece_kernels`):
     ``policy.unit_granular`` (the switch the sequential replay uses too), a fresh pool with
     64-bit keys, ``block_size`` ≥ 2, a hash-id trace whose unit is a multiple of it with
     every id ≥ 0 and no output ids, compiled kernels."""
@@ -74,7 +76,7 @@ def _unit_eligible(trace, policy) -> bool:
     B = int(policy.block_size)
     if not (getattr(policy, "unit_granular", False) and B >= 2 and U >= B and U % B == 0
             and trace.out_ids is None and int(policy._key_mask) == 0xFFFFFFFFFFFFFFFF
-            and getattr(policy, "_unit", None) is None and hasattr(UK.unit_keys_into, "py_func")):
+            and getattr(policy, "_unit", None) is None and hasattr(PK.unit_keys_all, "py_func")):
         return False
     if len(trace.ids) and int(np.min(trace.ids)) < 0:
         return False
@@ -87,12 +89,12 @@ def _unit_eligible(trace, policy) -> bool:
 
 
 class _UnitConsumed:
-    """Stands in for ``BlockHashCache._unit`` after a concurrent replay on the unit-keyed
+    """Stands in for ``BlockHashCache._unit`` after a concurrent replay on the piece
     pool: that pool's state is not the policy's per-block state, so the policy cannot go on."""
 
     def _refuse(self, *a, **k):
-        raise RuntimeError("this BlockHashCache ran a concurrent replay on the unit-keyed pool "
-                           "(radixkv.replay._conc_vllm_unit_kernels) and keeps no per-block state; "
+        raise RuntimeError("this BlockHashCache ran a concurrent replay on the piece pool "
+                           "(radixkv.replay._conc_vllm_piece_kernels) and keeps no per-block state; "
                            "use a fresh pool (or unit_granular = False)")
 
     run_request = span = counters = largest_free_run = _refuse
@@ -154,20 +156,15 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     tr = (ids, id_off, oids, ooff, has_out, P, N, U)
     unit = _unit_eligible(trace, policy)
     if unit:
-        GU = U // B
         nu = nprompt.astype(np.int64)
         covered = np.where(nu > 0, np.minimum(nu * U, P), 0)
         R = covered // B
-        nirr = np.maximum(kvlen // B - R, 0)
-        ioff = np.concatenate(([0], np.cumsum(nirr)[:-1])).astype(np.int64)
         sj = np.where(covered % B != 0, R, -1)
-        rinfo = np.ascontiguousarray(np.stack((R, covered, nu, ioff, sj, np.where(nu > 0, R * B - (nu - 1) * U, 0))),
-                                     dtype=np.int64)
-        NUW = max(int(nu.max()), 1)
-        pool = UK.unit_pool(UK.new_pool(int(policy.num_gpu_blocks), GU, int(nirr.sum()),
-                                        int(np.count_nonzero(sj >= 0)), 4096), rinfo, GU, U, B)
-        new_ps = lambda n_sl: UK.new_slots(n_sl, W, NUW)  # noqa: E731
-        hs = UK.new_scratch(W, NUW)
+        soff = np.where(nu > 0, R * B - (nu - 1) * U, 0)
+        rinfo = np.ascontiguousarray(np.stack((R, covered, nu, sj, soff)), dtype=np.int64)  # PK.RI_*
+        pool = PK.new_pool(int(policy.num_gpu_blocks), B, U, ids, id_off, rinfo, min(int(config.max_num_seqs), n))
+        new_ps = lambda n_sl: PK.new_slots(n_sl, W)  # noqa: E731
+        hs = PK.new_scratch(W)
     else:
         # widen the content-piece arrays once to what the whole trace needs
         mp = int(BPK.max_block_pieces(ids, id_off, oids, ooff, has_out, P, N, U, B, G))
@@ -231,8 +228,8 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
                              free_slots, hscr, hs, pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop, rec)
         if status == CK.S_DONE:
             break
-        if unit and status == UK.S_GROW_UNITS:
-            pool = _grow_units(pool, cfg, cap_run)
+        if unit and status == PK.S_GROW_TABLES:
+            pool = PK.grow_tables(pool, 2 * (int(cfg[1]) // B) + 4 * cap_run + 4, 2 * cap_run + 2)
             continue
         if status == CK.S_PROGRESS:
             reported = int(ist[CK.I_DONE])
@@ -277,7 +274,8 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     if recorder is not None:
         recorder.take_compiled(rec)
     if unit:
-        ev = int(pool.q[UK.Q_EV])
+        PK.flush(pool)
+        ev = int(pool.us[PK.U_EV])
         policy._unit = _UnitConsumed()
     else:
         ev = int(policy._st[K.ST_EVICTIONS]) - ev0
@@ -290,15 +288,12 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
         npf = int(ist[CK.I_PFN])
         starts = pf_g[:g]
         ends = np.append(starts[1:], npf)
-        pn, pc = pf_n[:npf], pf_c[:npf]
-        single = ends - starts == 1
-        sums = np.empty(g, dtype=np.float64)
-        if single.any():
-            j = starts[single]
-            sums[single] = cost.prefill_flops(pn[j], pc[j])
-        for q in np.flatnonzero(~single).tolist():
-            a, b = int(starts[q]), int(ends[q])
-            sums[q] = float(np.sum(cost.prefill_flops(pn[a:b], pc[a:b])))
+        # every item's FLOPs at once (elementwise: the values of per-step calls), then each
+        # step's sum as np.sum adds it (CK.group_sums)
+        f = np.ascontiguousarray(cost.prefill_flops(pf_n[:npf], pf_c[:npf]), dtype=np.float64)
+        sums = CK.group_sums(f, starts, ends)
+        for q in np.flatnonzero(ends - starts > CK.PAIRWISE_MAX).tolist():
+            sums[q] = float(np.sum(f[int(starts[q]):int(ends[q])]))
         acc.pf_flops = _accumulate(0.0, sums)
     acc.area = float(fst[CK.F_AREA])
     acc.busy = float(fst[CK.F_BUSY])
@@ -339,7 +334,7 @@ def warm(block_size: int = 16) -> None:
     tr = Trace.from_requests(req_id=["w0", "w1"], arrival_s=[0.0, 0.0], prompt_len=[2 * B, B + 1],
                              output_len=[3, 2], prompt_ids=[list(range(2 * B)), list(range(B + 1))], name="warmup")
     replay_concurrent(tr, BlockHashCache(8, B), UnitStepCost())
-    if B >= 2:  # the unit-keyed pool's loop: a hash-id trace of 2-block units
+    if B >= 2:  # the piece pool's loop: a hash-id trace of 2-block units
         tu = Trace.from_requests(req_id=["u0", "u1"], arrival_s=[0.0, 0.0], prompt_len=[4 * B - 1, 3 * B],
                                  output_len=[3, 1], prompt_ids=[[1, 2], [1, 3]], unit_tokens=2 * B,
                                  partial_last_unit=True, name="warmup")
@@ -360,25 +355,3 @@ def _grow_rows(old, n_sl):
         b[: a.shape[0]] = a
         new.append(b)
     return tuple(new)
-
-
-def _grow_units(pool, cfg, cap_run):
-    """The unit pool with room for one more iteration's unit records (``pool_room``'s
-    bound, :data:`UK.S_GROW_UNITS`): ``rc`` doubled and ``um`` rehashed as needed."""
-    bk, rc, um, ir, sm, skey, q, ring = pool[:8]
-    need = int(q[UK.Q_NREC]) + int(UK.units_per_step(pool.block_size, int(cfg[1]), cap_run))
-    if rc.shape[0] < need:
-        size = rc.shape[0]
-        while size < need:
-            size *= 2
-        new = np.zeros((size, rc.shape[1]), dtype=np.int64)
-        new[: rc.shape[0]] = rc
-        rc = new
-    if um.shape[0] < 2 * need:
-        size = um.shape[0]
-        while size < 2 * need:
-            size *= 2
-        new = np.zeros((size, 2), dtype=np.int64)
-        UK.rehash(um, new)
-        um = new
-    return UK.unit_pool((bk, rc, um, ir, sm, skey, q, ring), pool.rinfo, pool.G, pool.U, pool.block_size)
