@@ -3,10 +3,10 @@
 The pool of :class:`radixkv.policies.block_hash.BlockHashCache` under vLLM v1's scheduler,
 without block ids: the design of the sequential unit pool
 (:mod:`radixkv.policies._hash_unit_kernels`) carried over to requests that run at the
-same time, hold blocks, share hit blocks and grow block by block. It applies where the
-unit-keyed pool does (:func:`radixkv.replay.conc_vllm_fast._unit_eligible`: a hash-id trace
-whose unit U is a multiple of ``block_size`` B, G = U / B blocks per unit, ids ≥ 0, no
-output ids) and gives the per-block loop's bytes (``tests/test_conc_vllm_unit.py``).
+same time, hold blocks, share hit blocks and grow block by block. It applies to a hash-id
+trace whose unit U is a multiple of ``block_size`` B, G = U / B blocks per unit, ids ≥ 0,
+no output ids, on a fresh pool (:func:`radixkv.replay.conc_vllm_fast._unit_eligible`) and
+gives the per-block loop's bytes (``tests/test_conc_vllm_unit.py``).
 
 The rules are vLLM's (``vllm/v1/core/block_pool.py``): ``get_new_blocks`` pops the free
 queue's head and evicts the popped block's hash, ``touch`` takes a hit block with
@@ -70,8 +70,8 @@ from numba import njit
 from numba.core import config as numba_config
 
 from radixkv.policies import _hash_kernels as K
-from radixkv.policies._borrowed import borrow, borrow_py
 from radixkv.policies import _hash_unit_kernels as HU
+from radixkv.policies._borrowed import borrow, borrow_py
 from radixkv.policies._hash_unit_kernels import (NPC, P_HI, P_LO, P_TAB, P_TNEXT, RC_ALL, RC_M1, T_FREE, T_GKEY,
                                                   T_LIVE, T_PH, T_SLEN, T_SNEXT, T_SPREV, U_EV, U_NHASHED, U_NKEYS,
                                                   U_NREC, U_NSTRAD, U_PFREE, U_QH, U_QT, U_RFREE, U_TFREE, U_TTOP,
@@ -766,17 +766,6 @@ def release(pol, sp, sl, gap):
         _tab_free(tb, us, rt, T)
 
 
-@njit(cache=True)
-def tables_room(pol, units_step, strad_step):
-    """False when one more step (at most *units_step* new unit records and *strad_step*
-    new straddle groups) could fill a key table past half: grow them
-    (:func:`grow_tables`) before the step."""
-    um = pol[5]
-    sm = pol[6]
-    us = pol[7]
-    return 2 * (us[U_NREC] + units_step) <= um.shape[0] and 2 * (us[U_NSTRAD] + strad_step) <= sm.shape[0]
-
-
 def grow_tables(pol, units_step, strad_step):
     """The pool tuple with its unit-key and straddle tables doubled until one more step
     fits at load ≤ 1/2 (rows rehashed, :func:`radixkv.policies._hash_unit_kernels.rehash`)."""
@@ -792,20 +781,6 @@ def grow_tables(pol, units_step, strad_step):
             HU.rehash(old, new)
             pol[k] = new
     return PiecePool(*pol)
-
-
-@njit(cache=True)
-def counts(pol):
-    """(used, cached, hashed) blocks: ref_cnt > 0; hashed in the free queue; hashed."""
-    us = pol[7]
-    return us[U_NUSED], us[U_NCACHED], us[U_NHASHED]
-
-
-@njit(cache=True)
-def free_len(pol):
-    """The free queue's length (``FreeKVCacheBlockQueue.num_free_blocks``)."""
-    us = pol[7]
-    return us[U_Z] + us[U_NCACHED]
 
 
 # ---------------------------------------------------------------------- deferred decode pops
