@@ -708,19 +708,8 @@ def grow_deferred(pol, sp, sl, n0, n, pend, fq0):
         pend += n_new
         tb[T, T_NOWN] += n_new
         us[U_NUSED] += n_new
-    lo = n0 // B
-    hi = t // B
-    if hi > lo:
-        i = tb[T, T_REQ]
-        rinfo = pol[11]
-        sj = rinfo[RI_SJ, i]
-        if lo >= rinfo[RI_R, i] and not (lo <= sj < hi):  # output blocks: only counted (as _cache)
-            us[U_NHASHED] += hi - lo
-            us[U_NKEYS] += hi - lo
-            tb[T, T_LIVE] += hi - lo
-            tb[T, T_HC] = hi
-        else:
-            _cache(pol, T, lo, hi)
+    if t // B > n0 // B:  # (output blocks alone are counted in the pool operation itself)
+        _cache(pol, T, n0 // B, t // B)
     return pend
 
 
