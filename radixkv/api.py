@@ -105,7 +105,7 @@ def replay(
 
     Returns
     -------
-    radixkv.replay.records.Records (sequential) or
+    radixkv.records.Records (sequential) or
     radixkv.replay.concurrent.ConcurrentResult (concurrent)
         Per-request columns; pass to :func:`summarize`.
 
@@ -174,7 +174,7 @@ def summarize(result, *, evictions: int | None = None) -> dict:
         (sequential) or :meth:`ConcurrentResult.summary` (concurrent); plain Python
         numbers, deterministic.
     """
-    from radixkv.replay.records import Records
+    from radixkv.records import Records
 
     if isinstance(result, Records):
         from radixkv.metrics import summarize as _summarize

@@ -1,4 +1,4 @@
-"""Metrics of a replay: pure functions of :class:`radixkv.replay.records.Records`.
+"""Metrics of a replay: pure functions of :class:`radixkv.records.Records`.
 
 Definitions (docs/DESIGN.md, "Metrics"); every key carries its unit (``_tokens``, ``_bytes``,
 ``_s``) or is a ratio (``_rate``, ``_share``: dimensionless in [0, 1]).
@@ -36,7 +36,7 @@ Definitions (docs/DESIGN.md, "Metrics"); every key carries its unit (``_tokens``
 - evictions = eviction events and tokens evicted.
 - miss causes (only when the records carry them, ``miss_causes=True``): ``miss_causes``
   with the tokens and shares of prompt tokens that were hits and misses by cause
-  (:func:`radixkv.replay.misses.summarize_causes`; docs/DESIGN.md, "Miss causes").
+  (:func:`radixkv.metrics.summarize_causes`; docs/DESIGN.md, "Miss causes").
 
 "Time-averaged" in a sequential replay means averaged over the samples taken after each
 request (time is not modelled there: every request runs alone).
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixkv.replay.records import Records
+from radixkv.records import CAUSES, CONCURRENT_CAUSES, MISS_COLUMNS, Records
 
 _PCTS = (50, 90, 99)
 
@@ -166,8 +166,6 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
     out["cached_tokens_share_of_pool"] = _ratio(cap, pool_tokens)
     out["valid_tokens_second_half_mean"] = float(c["valid_tokens"][n // 2 :].mean()) if n else 0.0
     if "miss_compulsory_tokens" in c:  # the replay ran with miss causes (radixkv.replay.misses)
-        from radixkv.replay.misses import summarize_causes
-
         mc = summarize_causes(c, total_prompt, total_hit)
         mc["unbounded_pool_tokens"] = rec.meta.get("miss_unbounded_pool_tokens")
         out["miss_causes"] = mc
@@ -179,3 +177,32 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
     # group alone held (HybridBlockHashCache.group_metrics); null for one-group policies
     out["kv_cache_groups"] = rec.meta.get("kv_cache_groups")
     return out
+
+
+def summarize_causes(columns: dict, prompt_tokens: int, hit_tokens: int) -> dict:
+    """Totals and shares of the miss causes (the summary's ``miss_causes``).
+
+    Parameters
+    ----------
+    columns : dict
+        :data:`MISS_COLUMNS` columns (int64 arrays).
+    prompt_tokens, hit_tokens : int
+        Σ prompt and Σ hit tokens of the replay.
+
+    Returns
+    -------
+    dict: ``mode`` (``"sequential"``), ``tokens`` and ``share`` (cause → int / float over
+    Σ prompt tokens, ``hit`` included; the concurrent-only causes are ``None``), and
+    ``nesting_violations`` (requests with a negative term; 0 for built-in policies).
+    """
+    tokens = {"hit": int(hit_tokens)}
+    for c in CAUSES[1:]:
+        tokens[c] = int(np.sum(columns[f"miss_{c}_tokens"]))
+    share = {c: (v / prompt_tokens if prompt_tokens else None) for c, v in tokens.items()}
+    for c in CONCURRENT_CAUSES:
+        tokens[c] = None
+        share[c] = None
+    neg = np.zeros(len(columns["miss_compulsory_tokens"]), dtype=bool)
+    for k in MISS_COLUMNS:
+        neg |= np.asarray(columns[k]) < 0
+    return {"mode": "sequential", "tokens": tokens, "share": share, "nesting_violations": int(neg.sum())}

@@ -147,7 +147,7 @@ def draw_miss_causes(ax, rows) -> bool:
     ----------
     ax : matplotlib Axes
     rows : list of (label, miss_causes)
-        ``miss_causes`` as a summary holds it (:func:`radixkv.replay.misses.summarize_causes`):
+        ``miss_causes`` as a summary holds it (:func:`radixkv.metrics.summarize_causes`):
         ``share`` maps cause → share of prompt tokens, ``None`` when not modelled (no bar
         segment, and the legend says so by leaving it out). ``preemption`` is stacked
         when it is part of the split (``preemption_in_split`` true, concurrent summaries

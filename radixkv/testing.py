@@ -28,7 +28,7 @@ import numpy as np
 @dataclass
 class ReplayResult:
     """One replay: ``trace`` (name), ``policy`` (spec label), ``records``
-    (:class:`radixkv.replay.records.Records`, one row per request) and ``summary``
+    (:class:`radixkv.records.Records`, one row per request) and ``summary``
     (:func:`radixkv.metrics.summarize`)."""
 
     trace: str

@@ -23,7 +23,7 @@ from radixkv.policies import _radix_kernels as K
 from radixkv.policies._borrowed import borrow
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len, prefetch_request
 
-# column order of the ``out`` array (a subset of radixkv.replay.records.COLUMNS)
+# column order of the ``out`` array (a subset of radixkv.records.COLUMNS)
 C_PROMPT, C_HIT, C_HELD, C_EVICTED, C_USED, C_CACHED, C_FREE, C_VALID, C_CTOK, C_META = range(10)
 NC = 10
 

@@ -603,9 +603,9 @@ class BlockHashCache(PrefixCache):
         return True
 
     def warm_kernels(self) -> None:
-        """Compile the batched decode kernel and, for this class itself, the compiled
-        concurrent loop (:mod:`radixkv.replay.conc_vllm_fast`); the sequential warm-up
-        replay uses neither."""
+        """Compile the batched decode kernel and, for this class itself, the unit-keyed
+        pool's kernels; the sequential warm-up replay uses neither. (The compiled
+        concurrent loop is a driver's: :func:`radixkv.replay.run.warmup` warms it.)"""
         kern = BK.decode_run_slot_local
         if not hasattr(kern, "py_func"):
             return
@@ -614,14 +614,10 @@ class BlockHashCache(PrefixCache):
         lists = [_typed_list([]) for _ in range(4)]
         kern(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, *lists,
              z, z.copy(), z.copy(), z.copy(), z.copy(), self.block_size, 2, out, 0)
-        if type(self) is BlockHashCache:
-            from radixkv.replay.conc_vllm_fast import warm
+        if type(self) is BlockHashCache and self.block_size >= 2 and self.unit_granular:
+            from radixkv.policies._hash_unit_kernels import warm as warm_units
 
-            warm(self.block_size)
-            if self.block_size >= 2 and self.unit_granular:
-                from radixkv.policies._hash_unit_kernels import warm as warm_units
-
-                warm_units(self.block_size)
+            warm_units(self.block_size)
 
     def finish(self, rid: int) -> None:
         """Release *rid*'s blocks tail first (hashed ones stay cached, evictable).

@@ -399,15 +399,11 @@ class RadixCache(PrefixCache):
         self.evictions = int(self._S[K.S_EVN])
 
     def warm_kernels(self) -> None:
-        """Compile the store compaction and heap rebuild (a tiny replay reaches neither)
-        and, for this class itself, the compiled concurrent loop
-        (:mod:`radixkv.replay.conc_sglang`)."""
+        """Compile the store compaction and heap rebuild (a tiny replay reaches neither).
+        (The compiled concurrent loop is a driver's: :func:`radixkv.replay.run.warmup`
+        warms it.)"""
         K.compact_store(self._S, self._G, self._Q)
         self._rebuild_heap()
-        if type(self) is RadixCache:
-            from radixkv.replay.conc_sglang import warm
-
-            warm(self.page_size)
 
     def _rebuild_heap(self) -> None:
         """Drop stale heap entries (done by the kernels when they outnumber the nodes)."""

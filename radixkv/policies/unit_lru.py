@@ -273,7 +273,7 @@ class UnitLRUCache(PrefixCache):
         import time
 
         from radixkv.policies._lru_stack import dense_index, lru_curve, unit_keys
-        from radixkv.replay.records import COLUMNS, Records
+        from radixkv.records import COLUMNS, Records
 
         t = trace.head(limit)
         n = len(t)

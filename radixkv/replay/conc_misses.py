@@ -611,7 +611,7 @@ def summarize_concurrent_causes(columns: dict, prompt_tokens: int, hit_tokens: i
     ``share`` (cause → int / float over Σ prompt tokens; ``routing`` None with one
     replica; ``preemption`` is recomputed tokens beside the split, its share over Σ
     prompt tokens too), ``nesting_violations`` (requests with a negative term)."""
-    from radixkv.replay.misses import CAUSES
+    from radixkv.records import CAUSES
 
     tokens = {"hit": int(hit_tokens)}
     for c in CAUSES[1:] + ("in_flight", "routing", "preemption"):

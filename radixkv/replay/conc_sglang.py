@@ -209,9 +209,19 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
     return res
 
 
+def warm_for(policy) -> None:
+    """Warm the compiled loop for *policy* when it runs on it (a :class:`RadixCache`
+    itself, not a subclass: :func:`applicable`); called by :func:`radixkv.replay.run.warmup`
+    after the policy's own :meth:`~radixkv.policies.base.PrefixCache.warm_kernels`."""
+    from radixkv.policies.radix import RadixCache
+
+    if type(policy) is RadixCache:
+        warm(policy.page_size)
+
+
 def warm(page_size: int = 1) -> None:
     """Compile (or load from Numba's cache) the compiled loop: a tiny replay through it
-    (``RadixCache.warm_kernels`` calls this, so ``radixkv warmup`` fills the cache and a
+    (:func:`warm_for` calls it, so ``radixkv warmup`` fills the cache and a
     first concurrent replay does not spend tens of seconds compiling)."""
     from radixkv.policies import _radix_kernels as K
     from radixkv.policies.radix import RadixCache

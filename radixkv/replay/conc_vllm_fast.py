@@ -322,7 +322,7 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
 
 def warm(block_size: int = 16) -> None:
     """Compile (or load from Numba's cache) the compiled loop: a tiny replay through it
-    (``BlockHashCache.warm_kernels`` calls this, so ``radixkv warmup`` fills the cache)."""
+    (:func:`warm_for` calls it, so ``radixkv warmup`` fills the cache)."""
     from radixkv.cost import UnitStepCost
     from radixkv.policies.block_hash import BlockHashCache
     from radixkv.replay.concurrent import replay_concurrent
@@ -339,6 +339,16 @@ def warm(block_size: int = 16) -> None:
                                  output_len=[3, 1], prompt_ids=[[1, 2], [1, 3]], unit_tokens=2 * B,
                                  partial_last_unit=True, name="warmup")
         replay_concurrent(tu, BlockHashCache(16, B), UnitStepCost())
+
+
+def warm_for(policy) -> None:
+    """Warm the compiled loop for *policy* when it runs on it (a :class:`BlockHashCache`
+    itself, not a subclass: :func:`_eligible`); called by :func:`radixkv.replay.run.warmup`
+    after the policy's own :meth:`~radixkv.policies.base.PrefixCache.warm_kernels`."""
+    from radixkv.policies.block_hash import BlockHashCache
+
+    if type(policy) is BlockHashCache:
+        warm(policy.block_size)
 
 
 def _loop_slots(n_sl, G):

@@ -63,23 +63,9 @@ import numba as nb
 import numpy as np
 
 from radixkv.errors import ConfigError
+from radixkv.records import CONCURRENT_CAUSES, MISS_COLUMNS
 from radixkv.replay import _miss_kernels as _MK
 from radixkv.trace.types import Trace
-
-#: per-request columns the breakdown adds to :class:`~radixkv.replay.records.Records`, in
-#: CSV order (all int64, tokens); with ``hit_tokens`` they sum to ``prompt_tokens``
-MISS_COLUMNS = {
-    "miss_compulsory_tokens": "prompt tokens no earlier request computed (infinite token-level cache misses)",
-    "miss_capacity_tokens": "prompt tokens the same policy with unbounded memory would hit (evicted)",
-    "miss_alignment_tokens": "prompt tokens held at token level but not in a whole block/page",
-    "miss_last_token_cap_tokens": "whole blocks/pages lost only to the engine's last-token rule",
-    "miss_not_cached_tokens": "reusable under the engine's rules but never cached by this policy",
-}
-
-#: causes in the order of the stacked bars and tables (hit first)
-CAUSES = ("hit", "compulsory", "capacity", "alignment", "last_token_cap", "not_cached")
-#: causes that exist only in the concurrent / multi-replica modes (``None`` in sequential)
-CONCURRENT_CAUSES = ("in_flight", "preemption", "routing")
 
 _ROOT = 0
 
@@ -379,7 +365,7 @@ def capacity_shadow(trace: Trace, spec, *, limit=None, unit_tokens: int | None =
 
     Returns
     -------
-    (records, policy) : the shadow's :class:`~radixkv.replay.records.Records` and the
+    (records, policy) : the shadow's :class:`~radixkv.records.Records` and the
     policy instance (its ``capacity_tokens`` is the pool used).
 
     Raises
@@ -504,7 +490,7 @@ def attach_miss_causes(trace: Trace, spec, records, *, limit=None, **options) ->
 
     The sequential replay's hook (:func:`radixkv.replay.run.run_replay` and
     :func:`radixkv.api.replay` with ``miss_causes=True``); :func:`radixkv.metrics.summarize`
-    then adds ``miss_causes`` (:func:`summarize_causes`) to the summary. Returns the
+    then adds ``miss_causes`` (:func:`radixkv.metrics.summarize_causes`) to the summary. Returns the
     seconds spent.
     """
     import time
@@ -548,35 +534,6 @@ def miss_causes(trace: Trace, spec, records, *, limit=None, **options) -> dict:
     cols["_meta"] = {"unbounded_pool_tokens": pool, "shadow_hit_tokens": hit_unb, "held_inf_tokens": held_inf,
                      "aligned_tokens": aligned, "capped_tokens": capped, "shadow_s": secs}
     return cols
-
-
-def summarize_causes(columns: dict, prompt_tokens: int, hit_tokens: int) -> dict:
-    """Totals and shares of the miss causes (the summary's ``miss_causes``).
-
-    Parameters
-    ----------
-    columns : dict
-        :data:`MISS_COLUMNS` columns (int64 arrays).
-    prompt_tokens, hit_tokens : int
-        Σ prompt and Σ hit tokens of the replay.
-
-    Returns
-    -------
-    dict: ``mode`` (``"sequential"``), ``tokens`` and ``share`` (cause → int / float over
-    Σ prompt tokens, ``hit`` included; the concurrent-only causes are ``None``), and
-    ``nesting_violations`` (requests with a negative term; 0 for built-in policies).
-    """
-    tokens = {"hit": int(hit_tokens)}
-    for c in CAUSES[1:]:
-        tokens[c] = int(np.sum(columns[f"miss_{c}_tokens"]))
-    share = {c: (v / prompt_tokens if prompt_tokens else None) for c, v in tokens.items()}
-    for c in CONCURRENT_CAUSES:
-        tokens[c] = None
-        share[c] = None
-    neg = np.zeros(len(columns["miss_compulsory_tokens"]), dtype=bool)
-    for k in MISS_COLUMNS:
-        neg |= np.asarray(columns[k]) < 0
-    return {"mode": "sequential", "tokens": tokens, "share": share, "nesting_violations": int(neg.sum())}
 
 
 #: bisection steps (in log capacity) after the doubling search brackets the halving point:
@@ -865,7 +822,7 @@ def causes_at_capacity(trace: Trace, spec, hit_tokens: int, *, limit=None, **opt
 
     Every cause but ``capacity`` depends on the shadows only (not on the pool), and
     ``capacity`` = Σ ``H∞`` − Σ ``H``, so one pair of shadows (memoised) serves every
-    capacity of a curve. Returns what :func:`summarize_causes` returns (``tokens``,
+    capacity of a curve. Returns what :func:`radixkv.metrics.summarize_causes` returns (``tokens``,
     ``share``, ``mode``; ``nesting_violations`` is None: it needs per-request rows) plus
     ``unbounded_pool_tokens``.
     """

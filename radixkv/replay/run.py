@@ -13,7 +13,7 @@ from radixkv.metrics import summarize
 from radixkv.policies.host_tier import host_tier_summary
 from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, measured_metrics
 from radixkv.replay import jit
-from radixkv.replay.records import Records
+from radixkv.records import Records
 from radixkv.replay.sequential import replay_sequential
 from radixkv.trace.types import Trace
 
@@ -50,6 +50,10 @@ def _tiny_run(spec: PolicySpec) -> None:
             continue
         break
     pol.warm_kernels()
+    from radixkv.replay import conc_sglang, conc_vllm_fast
+
+    for driver in (conc_vllm_fast, conc_sglang):  # the compiled concurrent loops
+        driver.warm_for(pol)
 
 
 def warmup(spec: PolicySpec) -> float:
@@ -146,7 +150,7 @@ def run_replay(
         Numba cache and a small replay, see :mod:`radixkv.replay.jit`, or ``none``)
         under ``summary["timing_s"]``. With *miss_causes* the records gain the columns of
         :data:`radixkv.replay.misses.MISS_COLUMNS` and the summary ``miss_causes``
-        (:func:`radixkv.replay.misses.summarize_causes`); ``timing_s["miss_causes"]`` is
+        (:func:`radixkv.metrics.summarize_causes`); ``timing_s["miss_causes"]`` is
         the seconds the breakdown took (its shadows are reused across pool sizes).
         ``miss_causes="fix"`` adds ``summary["miss_causes"]["fix"]``
         (:func:`radixkv.replay.misses.what_would_fix`: more replays).

@@ -14,7 +14,7 @@ import numpy as np
 
 from radixkv.errors import ConfigError
 from radixkv.policies.base import PrefixCache
-from radixkv.replay.records import COLUMNS, Records
+from radixkv.records import COLUMNS, Records
 from radixkv.trace.types import Trace
 
 

@@ -22,6 +22,21 @@ COLUMNS = {
     "largest_free_run": "largest contiguous run of free slots after the request (-1: not modelled)",
 }
 
+#: per-request columns the breakdown adds to :class:`~Records`, in
+#: CSV order (all int64, tokens); with ``hit_tokens`` they sum to ``prompt_tokens``
+MISS_COLUMNS = {
+    "miss_compulsory_tokens": "prompt tokens no earlier request computed (infinite token-level cache misses)",
+    "miss_capacity_tokens": "prompt tokens the same policy with unbounded memory would hit (evicted)",
+    "miss_alignment_tokens": "prompt tokens held at token level but not in a whole block/page",
+    "miss_last_token_cap_tokens": "whole blocks/pages lost only to the engine's last-token rule",
+    "miss_not_cached_tokens": "reusable under the engine's rules but never cached by this policy",
+}
+
+#: causes in the order of the stacked bars and tables (hit first)
+CAUSES = ("hit", "compulsory", "capacity", "alignment", "last_token_cap", "not_cached")
+#: causes that exist only in the concurrent / multi-replica modes (``None`` in sequential)
+CONCURRENT_CAUSES = ("in_flight", "preemption", "routing")
+
 #: columns whose -1 means "not sampled / not modelled" (n/a): an empty cell in the CSV
 NA_COLUMNS = ("cached_tokens", "duplicate_tokens", "largest_free_run")
 
