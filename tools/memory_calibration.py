@@ -105,7 +105,7 @@ def render(entries: list[dict]) -> str:
         s = e["source"]
         knobs = ", ".join(f"{k}={v}" for k, v in e.get("knobs", {}).items()) or "none"
         assumed = ", ".join(f"{k}={v}" for k, v in e.get("assumed", {}).items())
-        notes = " ".join(e[k] for k in ("gpu_note", "kv_note") if e.get(k))
+        notes = "; ".join(e[k] for k in ("gpu_note", "kv_note") if e.get(k))
         where = (f"{s['repo']} file {s['path']} at {s['commit'][:12]}" if s["kind"] == "file"
                  else f"{s['repo']} {s['kind']} #{s['number']}")
         out.append(f"* {e['id']}: {where} ({s['comment_date']}); "
