@@ -35,7 +35,7 @@ import statistics
 import _common as C  # noqa: I001 (puts the repository on sys.path)
 
 from radixkv.memory import get_model
-from radixkv.memory.calibration import load_calibration, recompute
+from radixkv.memory.calibration import entry_model, load_calibration, recompute
 
 DATA = C.REPO / "tests" / "data" / "memory_calibration.json"
 GIB = 2 ** 30
@@ -73,14 +73,16 @@ def main() -> None:
     rows = []
     for e in entries:
         r = recompute(e)
-        m = get_model(e["model"])
+        m = entry_model(e)
         s = e["source"]
+        src = (f"{s['repo']}:{s['path']}@{s['commit'][:12]}" if s["kind"] == "file"
+               else f"{s['repo']}#{s['number']}")
         rows.append({
             "id": e["id"], "engine": e["engine"], "rules_version": e["rules_version"],
             "engine_version": e["engine_version"], "model": e["model"],
             "hf_model": e["hf_model"], "attention": _attention(m),
             "kv_cache_dtype": e.get("kv_cache_dtype", "auto"), "gpu": e["gpu"], "tp": e["tp"],
-            "source": f"{s['repo']}#{s['number']}",
+            "source": src,
             "kv_bytes_per_token": r["kv_bytes_per_token"], "bpt_exact": r["bpt_exact"],
             "inputs_logged": r["inputs_logged"],
             "logged_tokens": r["logged_tokens"], "model_tokens": r["model_tokens"],

@@ -11,6 +11,7 @@ from radixkv.memory import (
     get_gpu,
     pool_for,
     sglang_default_mem_fraction_static,
+    sglang_dp_attention_extra_weight_bytes,
     sglang_pool_size,
     vllm_pool_size,
 )
@@ -100,6 +101,57 @@ def test_sglang_pool_hand_worked():
     assert signed[0] + signed[1] == signed[2]
     assert signed[2] + signed[3] + signed[4] == signed[5]
     assert signed[6] + signed[7] == signed[5]
+
+
+def test_sglang_dp_attention_hand_worked():
+    # Llama-3.1-8B (bf16: hidden 4096, 32 heads, 8 KV heads, head_dim 128, vocab 128,256,
+    # 32 layers) at tp 8 with --enable-dp-attention --dp-size 4: attention TP 2.
+    # attention projections split per layer: q 4096×4096 + k,v 2×4096×1024 + o 4096×4096
+    #   = 16,777,216 + 8,388,608 + 16,777,216 = 41,943,040 params = 83,886,080 B
+    # attention extra: 32 × 83,886,080 × (1/2 − 1/8) = 1,006,632,960 B
+    # embedding 128,256 × 4096 = 525,336,576 params, whole on every rank instead of 1/8:
+    #   525,336,576 × 2 × (1 − 1/8) = 919,339,008 B
+    # total 1,925,971,968 B
+    assert L8.attention_params_per_layer() == (41_943_040, 0)
+    assert sglang_dp_attention_extra_weight_bytes(L8, 8, 4) == 1_925_971_968
+    assert sglang_dp_attention_extra_weight_bytes(L8, 8, 1) == 0
+    g = get_gpu("H100-80GB")
+    base = sglang_pool_size(L8, g, tp=8, mem_fraction_static=0.75, preload_used_bytes=GiB)
+    dp = sglang_pool_size(L8, g, tp=8, mem_fraction_static=0.75, preload_used_bytes=GiB,
+                          dp_size=4)
+    # the cell holds the KV heads of attention TP 2: 4 heads × 256 × 32 × 2 B = 65,536 B
+    # (8 KV heads over tp 8 would be 1 head: 16,384 B)
+    assert base.kv_bytes_per_token == 16_384 and dp.kv_bytes_per_token == 65_536
+    assert base.budget_bytes - dp.budget_bytes == 1_925_971_968
+    assert dp.max_total_num_tokens == dp.budget_bytes // 65_536
+    assert any(r.bytes == -1_925_971_968 for r in dp.accounting)
+    assert len(dp.accounting) == len(base.accounting) + 1
+    with pytest.raises(InputError):
+        sglang_pool_size(L8, g, tp=8, dp_size=3)
+
+
+def test_sglang_mla_attention_params_and_dp_extra():
+    # DeepSeek-V3 (q_lora_rank 1536, kv_lora_rank 512, rope 64, 128 heads, qk head 192,
+    # v head 128, hidden 7168): q_a 7168×1536 = 11,010,048 and kv_a 7168×576 = 4,128,768
+    # replicated; q_b 1536×128×192 = 37,748,736, kv_b 512×128×256 = 16,777,216 and
+    # o 128×128×7168 = 117,440,512 split (sum 171,966,464).
+    v3 = MODEL_PRESETS["DeepSeek-V3"]
+    assert v3.attention_params_per_layer() == (171_966_464, 15_138_816)
+    # tp 8, dp 8 (attention TP 1), fp8 weights (1 B), bf16 embedding 129,280 × 7168:
+    #   61 × 171,966,464 × (1 − 1/8) = 9,178,710,016; 926,679,040 × (2 − 1/8) = 1,737,523,200
+    assert sglang_dp_attention_extra_weight_bytes(v3, 8, 8) == 9_178_710_016 + 1_737_523_200
+
+
+def test_sglang_extra_reserved_bytes_come_out_of_rest():
+    g = get_gpu("H100-80GB")
+    a = sglang_pool_size(L8, g, mem_fraction_static=0.75, preload_used_bytes=GiB)
+    b = sglang_pool_size(L8, g, mem_fraction_static=0.75, preload_used_bytes=GiB,
+                         extra_reserved_bytes=10 * GiB)
+    # 47,274,778,624 − 10,737,418,240 = 36,537,360,384; // 131,072 = 278,757 (remainder 122,880)
+    assert b.budget_bytes == 36_537_360_384 and b.max_total_num_tokens == 278_757
+    assert a.max_total_num_tokens == 360_677
+    with pytest.raises(InputError):
+        sglang_pool_size(L8, g, extra_reserved_bytes=-1)
 
 
 @pytest.mark.parametrize("gpu, model, tp, kw, expected", [

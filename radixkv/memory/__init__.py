@@ -15,6 +15,7 @@ from radixkv.memory.pool import (
     PoolSize,
     pool_for,
     sglang_default_mem_fraction_static,
+    sglang_dp_attention_extra_weight_bytes,
     sglang_legacy_mem_fraction_static,
     sglang_pool_size,
     sglang_version_rules,
@@ -29,6 +30,7 @@ __all__ = [
     "AccountingRow", "DTYPE_BYTES", "LoggedPool", "parse_startup_log", "read_startup_log", "GPUSpec", "GPU_PRESETS", "MODEL_PRESETS", "ModelSpec",
     "PoolSize", "dtype_bytes", "estimate_num_params", "get_gpu", "get_model",
     "load_hf_config", "pool_for", "sglang_default_mem_fraction_static", "sglang_pool_size",
+    "sglang_dp_attention_extra_weight_bytes",
     "vllm_pool_size", "sglang_legacy_mem_fraction_static", "sglang_version_rules",
     "vllm_version_rules",
 ]

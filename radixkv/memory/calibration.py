@@ -24,7 +24,7 @@ from pathlib import Path
 from radixkv.errors import InputError
 from radixkv.memory.pool import sglang_pool_size, vllm_pool_size, vllm_version_rules
 from radixkv.memory.presets import get_gpu, get_model
-from radixkv.memory.specs import GPUSpec
+from radixkv.memory.specs import GPUSpec, ModelSpec
 from radixkv.memory.startup_log import parse_startup_log
 
 GiB = 2**30
@@ -50,6 +50,45 @@ def load_calibration(path) -> list[dict]:
 
 def _gib(x) -> int:
     return int(round(float(x) * GiB))
+
+
+def entry_model(entry: dict) -> ModelSpec:
+    """The model of a calibration entry: a preset by ``model``, or ``model_spec`` inline.
+
+    ``model_spec`` holds :class:`~radixkv.memory.specs.ModelSpec` fields copied from the
+    model's Hugging Face ``config.json`` (for models that are not presets); ``dtype``
+    overrides the model dtype (and the weight dtype when they were equal).
+
+    Raises
+    ------
+    InputError
+        Unknown preset, or a ``model_spec`` that is not a valid ModelSpec.
+    """
+    spec = entry.get("model_spec")
+    if spec is not None:
+        try:
+            model = ModelSpec(name=entry["model"], **spec)
+        except TypeError as e:
+            raise InputError(f"{entry['id']}: bad model_spec: {e}", field="model_spec") from None
+    else:
+        model = get_model(entry["model"])
+    if entry.get("dtype"):
+        model = replace(model, dtype=entry["dtype"], weight_dtype=(
+            entry["dtype"] if model.weight_dtype == model.dtype else model.weight_dtype))
+    return model
+
+
+def source_url(entry: dict) -> str:
+    """The public address of an entry's log: a GitHub issue, pull request or file.
+
+    ``source.kind`` is ``"issue"`` / ``"pull request"`` (with ``number``) or ``"file"``
+    (with ``path`` and ``commit``: a file in a repository at a fixed commit).
+    """
+    s = entry["source"]
+    if s["kind"] == "file":
+        return f"https://github.com/{s['repo']}/blob/{s['commit']}/{s['path']}"
+    return (f"https://github.com/{s['repo']}/"
+            f"{'pull' if s['kind'] == 'pull request' else 'issues'}/{s['number']}")
 
 
 def _bpt_consistent(engine: str, bpt: int, unit: int, logged: dict, lp) -> bool | None:
@@ -113,10 +152,7 @@ def recompute(entry: dict) -> dict:
         Unknown model/GPU, or log lines without a pool.
     """
     eng = entry["engine"]
-    model = get_model(entry["model"])
-    if entry.get("dtype"):
-        model = replace(model, dtype=entry["dtype"], weight_dtype=(
-            entry["dtype"] if model.weight_dtype == model.dtype else model.weight_dtype))
+    model = entry_model(entry)
     tp = int(entry["tp"])
     kv = entry.get("kv_cache_dtype", "auto")
     # knobs the log shows, then engine defaults the log does not show (``assumed``)
@@ -158,11 +194,15 @@ def recompute(entry: dict) -> dict:
             free = _gib(meas["preload_free_gib"])
             gpu = GPUSpec(name="from-log", total_bytes=free, bf16_flops=1.0, hbm_bytes_per_s=1.0)
             used0 = 0
+        # DP attention (--enable-dp-attention --dp-size D); a measured reservation the
+        # engine version takes out of the budget (e.g. PR #18263's AITER workspace)
+        dp = int(knobs.get("dp_size", 1)) if knobs.get("enable_dp_attention") else 1
         pool = sglang_pool_size(model, gpu, tp=tp, kv_cache_dtype=kv,
                                 mem_fraction_static=knobs.get("mem_fraction_static"),
                                 page_size=knobs.get("page_size", 1), preload_used_bytes=used0,
                                 engine_version=entry.get("rules_version"),
-                                weight_bytes=weights)
+                                weight_bytes=weights, dp_size=dp,
+                                extra_reserved_bytes=int(meas.get("extra_reserved_bytes", 0)))
         model_gib = (pool.max_total_num_tokens + pool.unit_tokens) * pool.kv_bytes_per_token / GiB
         logged_gib = (logged["k_size_gb"] + logged["v_size_gb"]) if "k_size_gb" in logged \
             else logged.get("kv_size_gb")
@@ -183,4 +223,4 @@ def recompute(entry: dict) -> dict:
     }
 
 
-__all__ = ["inputs_logged", "load_calibration", "recompute"]
+__all__ = ["entry_model", "inputs_logged", "load_calibration", "recompute", "source_url"]

@@ -284,4 +284,6 @@ def load_hf_config(path, *, name: str | None = None, num_params: int | None = No
         layer_types=layer_types,
         sliding_window=sliding,
         ssm=ssm,
+        q_lora_rank=(_get_int(cfg, "q_lora_rank", p)
+                     if mla and cfg.get("q_lora_rank") is not None else None),
     )

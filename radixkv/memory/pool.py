@@ -29,7 +29,10 @@ Both rule sets are version-aware (``--engine-version``; :func:`vllm_version_rule
 :func:`sglang_version_rules`): vLLM subtracts the CUDA-graph pool since 0.21; SGLang
 derives the default ``mem_fraction_static`` from the GPU's memory since 0.5.3 (a fixed
 fraction by TP size before) and counts DeepSeek-V3.2's indexer cache in ``cell_size``
-since 0.5.4. docs/memory-calibration.md checks both against published start-up logs.
+since 0.5.4. SGLang's DP attention (``--enable-dp-attention --dp-size D``) sizes the cell
+on the attention-TP size ``tp // D`` and holds more attention weights per rank
+(:func:`sglang_dp_attention_extra_weight_bytes`). docs/memory-calibration.md checks both
+engines against published start-up logs.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from dataclasses import dataclass
 
 from radixkv.errors import ConfigError, InputError
 from radixkv.memory.presets import get_gpu, get_model
-from radixkv.memory.specs import GPUSpec, ModelSpec
+from radixkv.memory.specs import GPUSpec, ModelSpec, dtype_bytes
 
 GiB = 2**30
 MiB = 2**20
@@ -531,12 +534,57 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
 
 
 # --------------------------------------------------------------------------- SGLang
+def sglang_dp_attention_extra_weight_bytes(model: ModelSpec, tp: int, dp_size: int) -> int:
+    """Weights SGLang's DP attention adds to each rank, over ``model.weight_bytes_per_rank``.
+
+    With ``--enable-dp-attention --dp-size D`` at ``--tp-size T`` the attention layers
+    are tensor-parallel over ``T // D`` ranks instead of ``T`` (SGLang
+    ``layers/dp_attention.py :: compute_dp_attention_world_info``; the projections take
+    ``attn_tp_size``), and the models built for DP attention create their input
+    embedding with ``VocabParallelEmbedding(..., enable_tp=not is_dp_attention_enabled())``
+    (``models/deepseek_v2.py :: DeepseekV2Model.__init__``; also the Qwen-MoE and Llama-4
+    models), i.e. whole on every rank, in the model dtype. So per rank::
+
+        extra = layers × split × w × (1 / (T // D) − 1 / T)
+              + vocab × hidden × (bytes(dtype) − w / T)
+
+    with ``split`` from :meth:`~radixkv.memory.specs.ModelSpec.attention_params_per_layer`
+    and ``w`` the weight dtype's bytes per parameter (the uniform split that
+    ``weight_bytes_per_rank`` assumes already counts ``split / T`` and the embedding at
+    ``w / T``). Not counted: block-quantisation scales (< 0.1 %), the LM head (split over
+    the full TP group unless ``--enable-dp-lm-head``), MoE routers.
+
+    Returns
+    -------
+    int
+        Bytes per rank; 0 when ``dp_size`` is 1.
+
+    Raises
+    ------
+    InputError
+        ``tp``/``dp_size`` not positive integers, or ``dp_size`` not dividing ``tp``.
+    """
+    _pos_int(tp, "tp")
+    _pos_int(dp_size, "dp_size")
+    if tp % dp_size:
+        raise InputError(f"dp_size {dp_size} must divide tp {tp}", field="dp_size")
+    if dp_size == 1:
+        return 0
+    w = dtype_bytes(model.weight_dtype, field="weight_dtype")
+    split, _ = model.attention_params_per_layer()
+    attn = model.num_layers * split * w * (1 / (tp // dp_size) - 1 / tp)
+    emb = model.vocab_size * model.hidden_size * (model.kv_dtype_bytes(None) - w / tp)
+    return int(round(attn + emb))
+
+
 def sglang_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtype=None,
                      mem_fraction_static: float | None = None, page_size: int = 1,
                      chunked_prefill_size: int | None = None,
                      preload_used_bytes: int | None = None,
                      engine_version: str | None = None,
-                     weight_bytes: int | None = None) -> PoolSize:
+                     weight_bytes: int | None = None,
+                     dp_size: int = 1,
+                     extra_reserved_bytes: int = 0) -> PoolSize:
     """SGLang's KV pool on one GPU: ``max_total_num_tokens`` and the accounting table.
 
     Parameters
@@ -564,7 +612,19 @@ def sglang_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dt
         :data:`SGLANG_CURRENT_VERSION`.
     weight_bytes : int or None
         Weights one rank holds, as SGLang logs them ("Load weight end ... mem usage=X
-        GB"); default ``model.weight_bytes_per_rank(tp)``.
+        GB"); default ``model.weight_bytes_per_rank(tp)`` plus, with DP attention,
+        :func:`sglang_dp_attention_extra_weight_bytes`.
+    dp_size : int
+        ``--dp-size`` when ``--enable-dp-attention`` is set (1 = no DP attention). The
+        attention layers then run tensor-parallel over ``tp // dp_size`` ranks (SGLang
+        ``layers/dp_attention.py :: compute_dp_attention_world_info``): the cell holds
+        the KV heads of that attention-TP size (``model_runner.py ::
+        profile_max_num_token``, ``get_num_kv_heads(get_attention_tp_size())``) and each
+        rank holds more attention weights. Must divide ``tp``.
+    extra_reserved_bytes : int
+        Memory the engine version takes out of ``rest`` besides the reserve (a measured
+        term: e.g. the AITER attention workspace SGLang PR #18263 subtracts in
+        ``KVCacheConfigurator``; current SGLang's multimodal reservation). Default 0.
 
     Returns
     -------
@@ -573,7 +633,7 @@ def sglang_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dt
     Raises
     ------
     InputError
-        A knob out of range.
+        A knob out of range, or ``dp_size`` not dividing ``tp``.
     ConfigError
         ``rest`` is not enough for one page (SGLang: "Not enough memory. Please try to
         increase --mem-fraction-static").
@@ -599,17 +659,26 @@ def sglang_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dt
         used0 = SGLANG_DEFAULT_PRELOAD_USED_BYTES + (SGLANG_PRELOAD_TP_EXTRA_BYTES if tp > 1 else 0)
     else:
         used0 = _nonneg_bytes(preload_used_bytes, "preload_used_bytes")
+    dp = _pos_int(dp_size, "dp_size")
+    if tp % dp:
+        raise InputError(f"dp_size {dp} must divide tp {tp} (DP attention splits the TP "
+                         "group into dp_size attention groups)", field="dp_size")
+    extra = _nonneg_bytes(extra_reserved_bytes, "extra_reserved_bytes")
     kv_dtype = _kv_dtype_name(model, kv_cache_dtype)
-    cell = model.kv_bytes_per_token(tp, kv_dtype)
+    cell = model.kv_bytes_per_token(tp // dp, kv_dtype)
     if not rules["indexer_in_cell"]:
         cell -= model.indexer_bytes_per_token()
-    weights = model.weight_bytes_per_rank(tp) if weight_bytes is None else \
-        _nonneg_bytes(weight_bytes, "weight_bytes")
+    dp_weights = 0
+    if weight_bytes is None:
+        weights = model.weight_bytes_per_rank(tp)
+        dp_weights = sglang_dp_attention_extra_weight_bytes(model, tp, dp)
+    else:
+        weights = _nonneg_bytes(weight_bytes, "weight_bytes")
     total = gpu.total_bytes
     pre_free = total - used0
-    after_load = pre_free - weights
+    after_load = pre_free - weights - dp_weights
     reserve = int(pre_free * (1 - mfs))
-    rest = after_load - reserve
+    rest = after_load - reserve - extra
     tokens = (max(rest, 0) // cell) // p * p
     if tokens < p:
         raise ConfigError(
@@ -622,8 +691,13 @@ def sglang_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dt
         AccountingRow("in use before the model loads (CUDA context, ...)", -used0, "estimate"),
         AccountingRow("free before loading (pre_model_load_memory)", pre_free, "rule"),
         AccountingRow(f"model weights ({model.weight_dtype}, per rank)", -weights, "model"),
+        *((AccountingRow(f"DP attention (dp_size {dp}): attention projections over "
+                         f"{tp // dp} rank(s), embedding replicated", -dp_weights, "model"),)
+          if dp_weights else ()),
         AccountingRow(f"reserve = pre-load × (1 − mem_fraction_static {mfs}): activations, "
                       "CUDA graphs, buffers", -reserve, "knob"),
+        *((AccountingRow("other memory the engine version reserves (measured)", -extra,
+                         "knob"),) if extra else ()),
         AccountingRow("rest for the KV cache", rest, "rule"),
         AccountingRow(f"KV pool: {tokens:,} tokens × {cell:,} B", pool_bytes, "result"),
         AccountingRow("left unused (rounding to cell and page)", rest - pool_bytes, "rule"),
@@ -665,7 +739,7 @@ def pool_for(engine: str, model, gpu, *, tp: int = 1, kv_cache_dtype=None,
     **estimates
         Overrides of the estimated terms: vLLM ``non_torch_bytes``, ``activation_bytes``,
         ``cuda_graph_bytes``, ``total_bytes``; SGLang ``preload_used_bytes``,
-        ``chunked_prefill_size``.
+        ``chunked_prefill_size``, ``dp_size``, ``extra_reserved_bytes``.
 
     Returns
     -------

@@ -105,7 +105,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         name="DeepSeek-V3", num_layers=61, num_attention_heads=128, num_kv_heads=128,
         head_dim=192, v_head_dim=128, hidden_size=7168, intermediate_size=18432,
         vocab_size=129280, num_params=671_026_419_200, dtype="bf16", weight_dtype="fp8",
-        kv_lora_rank=512, qk_rope_head_dim=64, max_position_embeddings=163840),
+        kv_lora_rank=512, qk_rope_head_dim=64, max_position_embeddings=163840, q_lora_rank=1536),
     # google/gemma-3-27b-it config.json, text_config: 62 layers, hidden 5376, 32 heads,
     # 16 KV heads, head_dim 128, intermediate 21504, vocab 262208 (tied),
     # max_position_embeddings 131072, sliding_window 1024, sliding_window_pattern 6
@@ -140,7 +140,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         name="DeepSeek-V3.2-Exp", num_layers=61, num_attention_heads=128, num_kv_heads=128,
         head_dim=192, v_head_dim=128, hidden_size=7168, intermediate_size=18432,
         vocab_size=129280, num_params=671_026_419_200, dtype="bf16", weight_dtype="fp8",
-        kv_lora_rank=512, qk_rope_head_dim=64, max_position_embeddings=163840,
+        kv_lora_rank=512, qk_rope_head_dim=64, max_position_embeddings=163840, q_lora_rank=1536,
         index_head_dim=128),
     # meta-llama/Llama-3.2-11B-Vision-Instruct config.json, text_config: 40 layers (32
     # self-attention + 8 cross-attention, each with its own KV cache in vLLM), hidden

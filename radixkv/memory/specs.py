@@ -203,6 +203,10 @@ class ModelSpec:
         Width of the DeepSeek sparse-attention indexer key (DeepSeek-V3.2
         ``index_head_dim``); None for models without an indexer. Its cache adds
         :meth:`indexer_bytes_per_token` to every token.
+    q_lora_rank : int or None
+        MLA query low-rank width (DeepSeek ``q_lora_rank``; None when the query projection
+        is full rank, e.g. DeepSeek-V2-Lite). Only the attention-weight count of
+        :meth:`attention_params_per_layer` reads it.
     """
 
     name: str
@@ -224,6 +228,7 @@ class ModelSpec:
     sliding_window: int | None = None
     ssm: SSMSpec | None = None
     index_head_dim: int | None = None
+    q_lora_rank: int | None = None
 
     def __post_init__(self):
         for f in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -240,6 +245,8 @@ class ModelSpec:
         dtype_bytes(self.weight_dtype, field="weight_dtype")
         if self.index_head_dim is not None:
             _positive_int(self.index_head_dim, "index_head_dim")
+        if self.q_lora_rank is not None:
+            _positive_int(self.q_lora_rank, "q_lora_rank")
         if self.layer_types is not None:
             lt = tuple(self.layer_types)
             if len(lt) != self.num_layers:
@@ -411,6 +418,35 @@ class ModelSpec:
         """
         _positive_int(tp, "tp")
         return -(-self.weight_bytes() // tp)
+
+    def attention_params_per_layer(self) -> tuple[int, int]:
+        """Parameters of one layer's attention projections: ``(split, replicated)``.
+
+        ``split`` are the parameters SGLang shards over the attention tensor-parallel
+        group; ``replicated`` the ones every rank holds whole. GQA/MHA: q, k, v and o
+        projections, all split (``hidden × heads × head_dim + hidden × kv_heads ×
+        (head_dim + v_head_dim) + heads × v_head_dim × hidden``; biases and norms, < 0.1 %,
+        left out). MLA (SGLang ``models/deepseek_v2.py :: DeepseekV2AttentionMLA``):
+        ``q_a_proj`` (hidden × q_lora_rank) and ``kv_a_proj_with_mqa`` (hidden ×
+        (kv_lora_rank + qk_rope_head_dim)) are ``ReplicatedLinear``; ``q_b_proj``
+        (q_lora_rank × heads × head_dim, or ``q_proj`` hidden × heads × head_dim without a
+        q LoRA), ``kv_b_proj`` (kv_lora_rank × heads × (qk_nope_head_dim + v_head_dim)) and
+        ``o_proj`` (heads × v_head_dim × hidden) are split. The DeepSeek-V3.2 indexer's
+        projections are not counted (< 0.5 % of the layer).
+        """
+        h, H = self.hidden_size, self.num_attention_heads
+        o = H * self.v_head_dim * h
+        if self.is_mla:
+            q_in = self.q_lora_rank if self.q_lora_rank is not None else h
+            nope = self.head_dim - self.qk_rope_head_dim
+            split = (q_in * H * self.head_dim
+                     + self.kv_lora_rank * H * (nope + self.v_head_dim) + o)
+            repl = ((h * self.q_lora_rank if self.q_lora_rank is not None else 0)
+                    + h * (self.kv_lora_rank + self.qk_rope_head_dim))
+            return split, repl
+        split = (h * H * self.head_dim
+                 + h * self.num_kv_heads * (self.head_dim + self.v_head_dim) + o)
+        return split, 0
 
     def with_name(self, name: str) -> "ModelSpec":
         """A copy with another display name."""
