@@ -10,7 +10,7 @@ Clocks compared (one column group each):
 
 * ``roofline`` — :class:`radixkv.cost.CostModel` with its assumed MFU 0.6 / MBU 0.8, no
   per-step overhead (the default);
-* ``roofline+overhead`` — a **what-if**: the same roofline plus one fixed time per engine
+* ``roofline_overhead`` — a **what-if**: the same roofline plus one fixed time per engine
   step, fitted here (grid 0–20 ms by 0.25 ms, minimising the median over runs of the mean
   |error| of TTFT p50 and TPOT p50) and scored leave-one-run-out (the constant used for
   run i is fitted on the other runs), so its error is out-of-sample. It stands for the CPU
@@ -30,7 +30,9 @@ Keys (for ``$e2e_clock/...`` in the paper template): ``runs`` (one dict per run:
 ``replay/<clock>`` and ``error/<clock>`` dicts of the metrics), ``summary/<clock>/<metric>``
 (``n``, ``median_abs_pct``, ``p90_abs_pct``, ``median_signed_pct``, ``worst_pct``),
 ``coverage`` (``runs``, ``gpus``, ``models``, ``tps``), ``overhead`` (``fitted_all_ms``:
-the constant fitted on all runs; ``loo_ms``: the leave-one-out constant per run).
+the constant fitted on all runs; ``loo_ms``: the leave-one-out constant per run),
+``implied_prefill_mfu/<gpu>`` (median over the runs that prefill in one step of the MFU
+their TTFT p50 implies; per run as ``runs/*/implied_prefill_mfu``).
 """
 from __future__ import annotations
 
@@ -86,7 +88,7 @@ def clocks(run: dict, overhead_s: float) -> dict:
     """name → cost model of each clock compared (module docstring)."""
     base = CostModel.from_specs(run["model"], run["gpu"], tp=run["tp"])
     return {"roofline": base,
-            "roofline+overhead": CostModel.from_specs(run["model"], run["gpu"], tp=run["tp"],
+            "roofline_overhead": CostModel.from_specs(run["model"], run["gpu"], tp=run["tp"],
                                                       step_overhead_s=float(overhead_s))}
 
 
@@ -100,6 +102,20 @@ def fit_overhead(runs: list[dict], grid_errors: dict) -> float:
     ids = [r["id"] for r in runs]
     scores = [_fit_score([grid_errors[i][j] for i in ids]) for j in range(len(OVERHEAD_GRID))]
     return float(OVERHEAD_GRID[int(np.argmin(scores))])
+
+
+def implied_prefill_mfu(run: dict) -> float | None:
+    """MFU the run's TTFT p50 implies when one step prefilled every prompt (all sent at
+    once, total prompt ≤ ``max_num_batched_tokens``): the step's FLOPs
+    (:meth:`CostModel.prefill_flops` summed) / (peak FLOP/s × tp × TTFT p50). An upper
+    bound on the time spent computing, so a lower bound on the MFU reached; None for
+    runs whose prefill spans several steps."""
+    ins, _ = run_lengths(run)
+    if run["request_rate"] != "inf" or int(ins.sum()) > int(run["knobs"].get("max_num_batched_tokens", 8192)):
+        return None
+    cm = CostModel.from_specs(run["model"], run["gpu"], tp=run["tp"])
+    flops = float(np.sum(cm.prefill_flops(ins, 0)))
+    return flops / (cm.peak_flops * cm.tp * run["published"]["ttft_median_ms"] * 1e-3)
 
 
 def main() -> None:
@@ -119,7 +135,7 @@ def main() -> None:
                "gpu": r["gpu"], "model": r["model"], "hf_model": r.get("hf_model"), "tp": r["tp"],
                "requests": int(len(run_lengths(r)[0])), "request_rate": r["request_rate"],
                "url": r["source"]["url"], "published": {m: r["published"].get(m) for m in METRICS},
-               "replay": {}, "error": {}}
+               "replay": {}, "error": {}, "implied_prefill_mfu": implied_prefill_mfu(r)}
         for name, cost in clocks(r, loo[r["id"]]).items():
             m = replay_run(r, cost)
             row["replay"][name] = {k: m[k] for k in METRICS}
@@ -134,6 +150,9 @@ def main() -> None:
         "overhead": {"fitted_all_ms": fitted_all * 1e3, "loo_ms": {k: v * 1e3 for k, v in loo.items()},
                      "grid_ms": [float(OVERHEAD_GRID[0]) * 1e3, float(OVERHEAD_GRID[-1]) * 1e3,
                                  float(OVERHEAD_GRID[1] - OVERHEAD_GRID[0]) * 1e3]},
+        "implied_prefill_mfu": {g: statistics.median(r["implied_prefill_mfu"] for r in rows
+                                                      if r["gpu"] == g and r["implied_prefill_mfu"] is not None)
+                                for g in sorted({r["gpu"] for r in rows})},
         "table_md": table_md(rows, summary),
     }
     C.write_result("e2e_clock.json", doc, {"data_file": "tests/data/published_serving_runs.json", "seed": SEED,
