@@ -15,7 +15,11 @@ Clocks compared (one column group each):
   |error| of TTFT p50 and TPOT p50) and scored leave-one-run-out (the constant used for
   run i is fitted on the other runs), so its error is out-of-sample. It stands for the CPU
   work of a step (scheduling, input preparation, sampling, detokenisation) that the
-  roofline lacks.
+  roofline lacks;
+* ``fitted`` and ``profiled`` — :func:`radixkv.clock.cost_model`'s roofline fitted to
+  Vidur's measured operator timings and its interpolated operator profiles, when the tree
+  has :mod:`radixkv.clock`; n/a (null) for a run whose model/GPU/TP has no measured
+  profile.
 
 Each replay: all requests at t = 0 (``request_rate inf``) or Poisson at the rate; the
 pool vLLM would build (``radixkv.memory.pool_for`` with the run's
@@ -42,6 +46,7 @@ import _common as C  # noqa: I001 (puts the repository on sys.path)
 import numpy as np
 
 from radixkv.cost import CostModel
+from radixkv.errors import InputError
 from radixkv.memory import pool_for
 from radixkv.policies.no_cache import NoCache
 from radixkv.policies.registry import PoolSpec, build_policy, parse_policy
@@ -56,6 +61,11 @@ FIT_METRICS = ("ttft_median_ms", "tpot_median_ms")
 #: grid of the what-if per-step overhead, seconds
 OVERHEAD_GRID = np.arange(0, 0.02 + 1e-12, 0.00025)
 SEED = 0
+try:  # the fitted roofline and the profiled model of issue 35's clock work (radixkv.clock)
+    from radixkv.clock import cost_model as _calibrated
+    CALIBRATED = ("fitted", "profiled")
+except ImportError:  # a tree without radixkv.clock: the roofline columns only
+    _calibrated, CALIBRATED = None, ()
 
 
 def _policy(run: dict, pool):
@@ -85,11 +95,18 @@ def replay_run(run: dict, cost) -> dict:
 
 
 def clocks(run: dict, overhead_s: float) -> dict:
-    """name → cost model of each clock compared (module docstring)."""
+    """name → cost model (None where it has no data for the run's model/GPU/TP) of each
+    clock compared (module docstring)."""
     base = CostModel.from_specs(run["model"], run["gpu"], tp=run["tp"])
-    return {"roofline": base,
-            "roofline_overhead": CostModel.from_specs(run["model"], run["gpu"], tp=run["tp"],
-                                                      step_overhead_s=float(overhead_s))}
+    out = {"roofline": base,
+           "roofline_overhead": CostModel.from_specs(run["model"], run["gpu"], tp=run["tp"],
+                                                     step_overhead_s=float(overhead_s))}
+    for kind in CALIBRATED:
+        try:
+            out[kind] = _calibrated(kind, run["model"], run["gpu"], tp=run["tp"])
+        except InputError:  # ConfigError included: no measured profile for this shape/GPU/TP
+            out[kind] = None
+    return out
 
 
 def _fit_score(errs: list[dict]) -> float:
@@ -137,6 +154,10 @@ def main() -> None:
                "url": r["source"]["url"], "published": {m: r["published"].get(m) for m in METRICS},
                "replay": {}, "error": {}, "implied_prefill_mfu": implied_prefill_mfu(r)}
         for name, cost in clocks(r, loo[r["id"]]).items():
+            if cost is None:  # n/a, never 0
+                row["replay"][name] = {k: None for k in METRICS}
+                row["error"][name] = {k: None for k in METRICS}
+                continue
             m = replay_run(r, cost)
             row["replay"][name] = {k: m[k] for k in METRICS}
             row["error"][name] = relative_errors(m, r["published"])
