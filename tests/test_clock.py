@@ -216,8 +216,10 @@ def test_cli_cost_model(tmp_path, capsys):
     for kind in ("roofline", "fitted", "profiled"):
         out = tmp_path / f"{kind}.json"
         assert main(base + ["--cost-model", kind, "--json", str(out)]) == 0
-        outs[kind] = json.loads(out.read_text())
+        outs[kind] = json.loads(out.read_text())["results"][0]["summary"]
     assert main(base + ["--json", str(tmp_path / "d.json")]) == 0
-    assert json.loads((tmp_path / "d.json").read_text()) == outs["roofline"]  # roofline is the default
+    assert json.loads((tmp_path / "d.json").read_text())["results"][0]["summary"] == outs["roofline"]  # the default
+    assert outs["fitted"]["ttft_p50_s"] != outs["roofline"]["ttft_p50_s"]
+    assert outs["fitted"]["hit_tokens"] == outs["profiled"]["hit_tokens"] == outs["roofline"]["hit_tokens"]
     assert main(base[:-4] + ["--gpu", "H200-141GB", "--capacity-tokens", "8192", "--cost-model", "profiled"]) == 2
     assert "H200-141GB" in capsys.readouterr().err
