@@ -45,6 +45,8 @@ def applicable(policy, cost, config, on_step, rule: str) -> bool:
 
 def _roofline_fields(CP, cost) -> None:
     """The roofline fields of :class:`~radixkv.cost.CostModel` *cost* into *CP*."""
+    from radixkv.replay import _conc_sglang_kernels as C
+
     CP[C.C_KVB] = cost.kv_bytes_per_token
     CP[C.C_PEAK] = cost.peak_flops
     CP[C.C_HBM] = cost.hbm_bytes_per_s
