@@ -223,3 +223,18 @@ def test_cli_cost_model(tmp_path, capsys):
     assert outs["fitted"]["hit_tokens"] == outs["profiled"]["hit_tokens"] == outs["roofline"]["hit_tokens"]
     assert main(base[:-4] + ["--gpu", "H200-141GB", "--capacity-tokens", "8192", "--cost-model", "profiled"]) == 2
     assert "H200-141GB" in capsys.readouterr().err
+
+
+def test_api_cost_by_name():
+    """radixkv.replay(cost="profiled", model=, gpu=) prices with the profiled table; a
+    string without model/gpu is refused."""
+    import radixkv
+
+    tr = request_trace([list(range(50))], [3])
+    r = radixkv.replay(tr, "vllm:16", capacity_tokens=4096, mode="concurrent", cost="profiled",
+                       model="Llama-2-7B", gpu="A100-80GB")
+    c = cost_model("profiled", "Llama-2-7B", "A100-80GB")
+    first = c.step_time([50], [0])
+    assert r.columns["ttft_s"][0] == pytest.approx(first, rel=1e-12)
+    with pytest.raises(ConfigError, match="model"):
+        radixkv.replay(tr, "vllm:16", capacity_tokens=4096, mode="concurrent", cost="fitted")

@@ -96,16 +96,10 @@ class CalibratedCostModel:
     source: str = ""
 
     def __post_init__(self):
-        for name in ("params", "num_layers", "attn_dim", "kv_bytes_per_token", "peak_flops", "hbm_bytes_per_s", "tp"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}", field=name)
-        for name in ("attn_mfu", "attn_mbu"):
-            v = getattr(self, name)
-            if not 0 < v <= 1:
-                raise ConfigError(f"{name} must be in (0, 1], got {v}", field=name)
-        if not 0 <= self.step_overhead_s < float("inf"):
-            raise ConfigError(f"step_overhead_s must be a finite number of seconds ≥ 0, got {self.step_overhead_s}",
-                              field="step_overhead_s")
+        from radixkv.cost import check_fields
+
+        check_fields(self, ("params", "num_layers", "attn_dim", "kv_bytes_per_token", "peak_flops",
+                            "hbm_bytes_per_s", "tp"), ("attn_mfu", "attn_mbu"))
         x = tuple(float(v) for v in self.table_tokens)
         y = tuple(float(v) for v in self.table_seconds)
         if not x or len(x) != len(y):
