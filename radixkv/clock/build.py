@@ -9,8 +9,8 @@
   bandwidth they refer to, and the measured all-reduce table per GPU count (medians in
   windows of a factor √2 around sizes 2 KiB · 2^k, so a few dozen rows);
 - ``profiles.json``: per GPU preset, layer shape (:meth:`~radixkv.clock.vidur.LayerShape.key`)
-  and TP degree, one layer's measured token-parallel seconds ``layer_s`` and its two
-  all-reduces ``comm_s`` at the breakpoints :data:`radixkv.clock.error.PROFILE_TOKENS`
+  and TP degree, one layer's measured token-parallel seconds ``layer_s``, its two
+  all-reduces ``comm_s`` and the embedding lookup ``emb_s`` (once per pass) at the breakpoints :data:`radixkv.clock.error.PROFILE_TOKENS`
   (where measured); two models of the same shape (Llama-2-70B and Llama-3-70B) are averaged.
 
 Only GPUs with a radixkv preset are written (A100-80GB, H100-80GB; Vidur's A40 has none).
@@ -76,7 +76,7 @@ def build(vidur_dir) -> tuple[dict, dict]:
                 continue
             bp = E.profile_breakpoints(c)
             d = by_shape.setdefault(c.prof.shape.key(), {}).setdefault(str(c.prof.tp), [])
-            d.append((c.prof.model, c.tokens[bp], c.prof.layer_s[bp], c.comm_s[bp]))
+            d.append((c.prof.model, c.tokens[bp], c.prof.layer_s[bp], c.comm_s[bp], c.prof.emb_s[bp]))
         gp = prof_doc["gpus"][preset] = {}
         for key in sorted(by_shape):
             gp[key] = {}
@@ -87,8 +87,10 @@ def build(vidur_dir) -> tuple[dict, dict]:
                     common = np.intersect1d(common, r[1])
                 ls = np.mean([r[2][np.isin(r[1], common)] for r in rows], axis=0)
                 cs = np.mean([r[3][np.isin(r[1], common)] for r in rows], axis=0)
+                es = np.mean([r[4][np.isin(r[1], common)] for r in rows], axis=0)
                 gp[key][tp] = {"from": " + ".join(r[0] for r in rows), "tokens": [int(v) for v in common],
-                               "layer_s": [round(float(v), 9) for v in ls], "comm_s": [round(float(v), 9) for v in cs]}
+                               "layer_s": [round(float(v), 9) for v in ls], "comm_s": [round(float(v), 9) for v in cs],
+                               "emb_s": [round(float(v), 9) for v in es]}
     return fitted, prof_doc
 
 

@@ -6,7 +6,8 @@ makes: token-parallel operators, attention, fixed time)::
     T = table(Σn) + max(4·L·d_attn·Σa / (peak·attn_mfu·tp), kvb·Σb / (bw·attn_mbu·tp)) + step_overhead_s
 
 - ``table(Σn)``: seconds of the token-parallel work of a forward pass (the linear
-  layers, norms, rotary, residual adds and, at TP > 1, two all-reduces per layer) at Σn
+  layers, norms, rotary, residual adds, at TP > 1 two all-reduces per layer, and for
+  ``profiled`` the embedding lookup) at Σn
   new tokens, a piecewise-linear table (:mod:`radixkv.clock._kernels`). *Measured* through
   Vidur's operator profiles (MIT; ``radixkv/clock/data/SOURCE.md``): for ``profiled`` the
   table is the measured time itself, for ``fitted`` a roofline whose MFU, MBU and per-layer
@@ -21,7 +22,8 @@ makes: token-parallel operators, attention, fixed time)::
   Architecture", vLLM blog, 2025-01-24), while vLLM V0 measured 4–13 ms of GPU idle per
   decode step (vllm-project/vllm issue #6854); give ``step_overhead_s`` to model it.
 
-Embedding and LM head are not priced (as in Vidur); :meth:`prefill_flops` counts FLOPs as
+The LM head is not priced (Vidur measures it not), the embedding only by ``profiled``;
+:meth:`prefill_flops` counts FLOPs as
 :meth:`radixkv.cost.CostModel.prefill_flops` does (the replay reports them, the clock does
 not use them).
 
@@ -316,7 +318,7 @@ def profiled(model, gpu, *, tp: int = 1, kv_cache_dtype=None, attn_mfu: float = 
                           f"profiled there: {have}; use --cost-model fitted or roofline", field="cost_model")
     p = sh[str(tp)]
     xs = np.asarray(p["tokens"], dtype=np.float64)
-    ys = m.num_layers * (np.asarray(p["layer_s"]) + np.asarray(p["comm_s"]))
+    ys = m.num_layers * (np.asarray(p["layer_s"]) + np.asarray(p["comm_s"])) + np.asarray(p["emb_s"])
     over = pr["step_overhead_s"] if step_overhead_s is None else float(step_overhead_s)
     return CalibratedCostModel("profiled", table_tokens=tuple(xs), table_seconds=tuple(ys), attn_mfu=attn_mfu,
                                attn_mbu=attn_mbu, step_overhead_s=over,
@@ -326,9 +328,10 @@ def profiled(model, gpu, *, tp: int = 1, kv_cache_dtype=None, attn_mfu: float = 
 def from_file(path, model, gpu, *, tp: int = 1, kv_cache_dtype=None, attn_mfu: float = 0.6, attn_mbu: float = 0.8,
               step_overhead_s: float | None = None) -> CalibratedCostModel:
     """A profile measured by the user: a JSON object ``{"tokens": [...], "layer_s": [...],
-    "comm_s": [...] (optional), "source": "..."}`` — seconds of one layer's token-parallel
-    work (communication included in ``layer_s`` or given as ``comm_s``) at each token count,
-    on one TP worker of *model* at *tp* on *gpu*.
+    "comm_s": [...] (optional), "emb_s": [...] (optional), "source": "..."}`` — seconds of
+    one layer's token-parallel work (communication included in ``layer_s`` or given as
+    ``comm_s``) and of the embedding lookup (once per pass) at each token count, on one TP
+    worker of *model* at *tp* on *gpu*: ``table = L · (layer_s + comm_s) + emb_s``.
 
     Raises
     ------
@@ -346,14 +349,14 @@ def from_file(path, model, gpu, *, tp: int = 1, kv_cache_dtype=None, attn_mfu: f
     if not isinstance(doc, dict):
         raise InputError("a profile is a JSON object with tokens and layer_s", path=path, field="cost_model")
     arrs = {}
-    for f in ("tokens", "layer_s", "comm_s"):
-        v = doc.get(f, [0.0] * len(doc.get("tokens", [])) if f == "comm_s" else None)
+    for f in ("tokens", "layer_s", "comm_s", "emb_s"):
+        v = doc.get(f, [0.0] * len(doc.get("tokens", [])) if f in ("comm_s", "emb_s") else None)
         if not isinstance(v, list) or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in v):
             raise InputError(f"field {f!r} must be a list of numbers", path=path, field=f)
         arrs[f] = np.asarray(v, dtype=np.float64)
-    if not (arrs["tokens"].size == arrs["layer_s"].size == arrs["comm_s"].size):
-        raise InputError("tokens, layer_s and comm_s must have the same length", path=path, field="layer_s")
-    ys = m.num_layers * (arrs["layer_s"] + arrs["comm_s"])
+    if not (arrs["tokens"].size == arrs["layer_s"].size == arrs["comm_s"].size == arrs["emb_s"].size):
+        raise InputError("tokens, layer_s, comm_s and emb_s must have the same length", path=path, field="layer_s")
+    ys = m.num_layers * (arrs["layer_s"] + arrs["comm_s"]) + arrs["emb_s"]
     try:
         return CalibratedCostModel("file", table_tokens=tuple(arrs["tokens"]), table_seconds=tuple(ys),
                                    attn_mfu=attn_mfu, attn_mbu=attn_mbu,

@@ -6,12 +6,13 @@ For one model × GPU × TP degree and a batch of ``n`` new tokens, the *measured
 token-parallel time of a forward pass is built the way Vidur's simulator composes it
 (``vidur/entities/execution_time.py``)::
 
-    T_meas(n) = L · ( Σ_ops median_op(n)  +  2 · AllReduce(n · hidden · 2 bytes) )
+    T_meas(n) = L · ( Σ_ops median_op(n)  +  2 · AllReduce(n · hidden · 2 bytes) )  +  emb(n)
 
 with the operators of :data:`radixkv.clock.vidur.LAYER_OPS` (norms, QKV/output
 projections, rotary, MLP up/act/down, two residual adds) measured on one TP worker, and the
-all-reduce term only at TP > 1 (measured NCCL times, :class:`~radixkv.clock.vidur.AllReduceTable`).
-Embedding and LM head are not counted (as in Vidur). **The attention kernels are not in
+all-reduce term only at TP > 1 (measured NCCL times, :class:`~radixkv.clock.vidur.AllReduceTable`)
+and the measured embedding lookup once. The LM head is not measured (nor counted: Vidur's
+simulator does not count it either). **The attention kernels are not in
 the copy of Vidur's data**: their time is not compared here; the attention term of the
 cost models is checked only end to end (replays of published benchmark runs).
 
@@ -20,8 +21,8 @@ Each cost model predicts the same work:
 - ``roofline``: :class:`radixkv.cost.CostModel`'s formula restricted to these operators
   (Σa = 0, no KV bytes): ``L · max(2·P·n / (peak·mfu), 2·P / (bw·mbu))`` with P the
   layer's linear weights per worker (:meth:`~radixkv.clock.vidur.LayerShape.linear_params`
-  / tp), no communication, no overhead; MFU 0.6 and MBU 0.8 are the CostModel's
-  assumptions.
+  / tp), no communication, no overhead, no embedding; MFU 0.6 and MBU 0.8 are the
+  CostModel's assumptions.
 - ``fitted``: the same roofline with MFU, MBU and a fixed per-layer time fitted per GPU
   on the training models (:func:`fit_roofline`), plus ``2 · L`` all-reduces from a
   latency + bandwidth line fitted to the all-reduce table (:func:`fit_all_reduce`).
@@ -85,7 +86,7 @@ class Case:
     prof: LayerProfile
     tokens: np.ndarray
     comm_s: np.ndarray  # per layer: ALL_REDUCES_PER_LAYER all-reduces, 0 at TP 1
-    meas_s: np.ndarray  # L · (layer_s + comm_s)
+    meas_s: np.ndarray  # L · (layer_s + comm_s) + emb_s
 
     @property
     def key(self) -> str:
@@ -118,7 +119,7 @@ def build_cases(profiles, all_reduce) -> tuple[list[Case], list[str]]:
                 skipped.append(f"{p.gpu}/{p.model}/tp{p.tp}: no measured all-reduce for {p.tp} GPUs")
                 continue
         comm = comm_per_layer(p, ar, p.tokens)
-        cases.append(Case(p, p.tokens, comm, p.num_layers * (p.layer_s + comm)))
+        cases.append(Case(p, p.tokens, comm, p.num_layers * (p.layer_s + comm) + p.emb_s))
     return cases, skipped
 
 

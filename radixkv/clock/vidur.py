@@ -27,9 +27,11 @@ from radixkv.errors import InputError
 #: ``ExecutionTime`` (vidur/entities/execution_time.py) sums, per layer: attention half =
 #: input norm + QKV projection + rotary + output projection + residual add (+ attention
 #: kernels, not in this copy, + TP all-reduce); MLP half = post-attention norm + up + act +
-#: down projections + residual add (+ TP all-reduce). Vidur counts neither the embedding
-#: nor the LM head ("we are not counting the execution time for the embedding layer and
-#: last softmax layer"); neither does this module. An operator whose column a file lacks is
+#: down projections + residual add (+ TP all-reduce). Vidur's simulator counts neither the
+#: embedding nor the LM head ("we are not counting the execution time for the embedding
+#: layer and last softmax layer"); the embedding lookup is measured in the same files
+#: (``time_stats.emb``) and :class:`LayerProfile` keeps it apart (``emb_s``, once per
+#: forward pass); the LM head is not measured. An operator whose column a file lacks is
 #: one the model does not run (phi-2's parallel attention and MLP share one layer norm).
 LAYER_OPS = (("input_layernorm", 1), ("attn_pre_proj", 1), ("attn_rope", 1), ("attn_post_proj", 1),
              ("post_attention_layernorm", 1), ("mlp_up_proj", 1), ("mlp_act", 1), ("mlp_down_proj", 1),
@@ -104,6 +106,9 @@ class LayerProfile:
     layer_s : np.ndarray, float64, shape (k,)
         Seconds of one layer's operators (:data:`LAYER_OPS`, medians; the median of
         repeated rows at the same token count), no communication.
+    emb_s : np.ndarray, float64, shape (k,)
+        Seconds of the embedding lookup (``time_stats.emb.median``; 0 where a file has no
+        such column), once per forward pass.
     """
 
     gpu: str
@@ -113,6 +118,7 @@ class LayerProfile:
     num_layers: int
     tokens: np.ndarray
     layer_s: np.ndarray
+    emb_s: np.ndarray
     source: str = field(default="", repr=False)
 
 
@@ -182,7 +188,7 @@ def read_mlp_csv(path, gpu: str, model: str) -> list[LayerProfile]:
     path = Path(path)
     if model not in NUM_LAYERS:
         raise InputError(f"no layer count for model {model!r} (radixkv.clock.vidur.NUM_LAYERS)", path=path)
-    by_tp: dict[int, tuple[list, list]] = {}
+    by_tp: dict[int, tuple[list, list, list]] = {}
     shape = None
     for line, row in _rows(path):
         s = LayerShape(_num(row, "n_embd", path, line, int), _num(row, "n_head", path, line, int),
@@ -196,15 +202,19 @@ def read_mlp_csv(path, gpu: str, model: str) -> list[LayerProfile]:
                 if f"time_stats.{op}.median" in row)  # phi-2 (parallel attention + MLP) has one norm
         tp = _num(row, "num_tensor_parallel_workers", path, line, int)
         n = _num(row, "num_tokens", path, line, int)
-        ks, vs = by_tp.setdefault(tp, ([], []))
+        e = _num(row, "time_stats.emb.median", path, line) if "time_stats.emb.median" in row else 0.0
+        ks, vs, es = by_tp.setdefault(tp, ([], [], []))
         ks.append(n)
         vs.append(t * 1e-3)
+        es.append(e * 1e-3)
     if shape is None:
         raise InputError("no rows", path=path)
     out = []
     for tp in sorted(by_tp):
-        n, t = _median_by(*by_tp[tp])
-        out.append(LayerProfile(gpu, model, tp, shape, NUM_LAYERS[model], n.astype(np.int64), t, str(path)))
+        ks, vs, es = by_tp[tp]
+        n, t = _median_by(ks, vs)
+        _, e = _median_by(ks, es)
+        out.append(LayerProfile(gpu, model, tp, shape, NUM_LAYERS[model], n.astype(np.int64), t, e, str(path)))
     return out
 
 
