@@ -55,8 +55,16 @@ def build(vidur_dir) -> tuple[dict, dict]:
            "7d47513363ec447a741ac5e47241580b47724fbf; see SOURCE.md")
     fitted = {"source": src, "train_models": list(E.TRAIN_MODELS), "step_overhead_s": STEP_OVERHEAD_S,
               "step_overhead_note": "assumed 0: vLLM V1 overlaps scheduling with the GPU; set step_overhead_s",
+              "labels": {"mfu": "fitted", "mbu": "fitted", "layer_overhead_s": "fitted",
+                         "peak_flops": "datasheet (radixkv.memory.presets)",
+                         "hbm_bytes_per_s": "datasheet (radixkv.memory.presets)",
+                         "all_reduce": "measured (Vidur, medians per size window)", "step_overhead_s": "assumed"},
               "gpus": {}}
     prof_doc = {"source": src, "step_overhead_s": STEP_OVERHEAD_S, "tokens_note": "token counts of a batch (Σn)",
+                "labels": {"layer_s": "measured: one layer's operator medians, one TP worker, seconds",
+                           "comm_s": "measured: two all-reduces of tokens x hidden x 2 bytes, seconds",
+                           "emb_s": "measured: the embedding lookup, once per pass, seconds",
+                           "step_overhead_s": "assumed"},
                 "gpus": {}}
     for gpu, (preset, peak, bw, topo) in GPUS.items():
         if preset is None:
