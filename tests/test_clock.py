@@ -239,3 +239,20 @@ def test_api_cost_by_name():
     assert r.columns["ttft_s"][0] == pytest.approx(first, rel=1e-12)
     with pytest.raises(ConfigError, match="model"):
         radixkv.replay(tr, "vllm:16", capacity_tokens=4096, mode="concurrent", cost="fitted")
+
+
+@pytest.mark.slow
+def test_packaged_data_is_built_from_the_measurements():
+    """radixkv/clock/data/{fitted,profiles}.json are what radixkv.clock.build makes from
+    Vidur's measurements ($RADIXKV_SHARED/measurements/vidur; skipped without them)."""
+    import os
+
+    from radixkv.clock.build import build
+    from radixkv.clock.calibrated import DATA
+
+    root = Path(os.environ.get("RADIXKV_SHARED", Path(__file__).parents[2] / "shared")) / "measurements" / "vidur"
+    if not (root / "compute").is_dir():
+        pytest.skip("Vidur's measurements are not at hand (RADIXKV_SHARED)")
+    fitted, prof = build(root)
+    assert dumps_json(fitted) == (DATA / "fitted.json").read_text()
+    assert dumps_json(prof) == (DATA / "profiles.json").read_text()

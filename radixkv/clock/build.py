@@ -1,7 +1,8 @@
 """Build the packaged step-time data (``radixkv/clock/data``) from Vidur's measurements.
 
-``python -m radixkv.clock.build VIDUR_DIR OUT_DIR`` (the repository's copy is made with
-``tools/build_clock_data.sh``) writes:
+``python -m radixkv.clock.build VIDUR_DIR OUT_DIR`` (the packaged copy:
+``python -m radixkv.clock.build $RADIXKV_SHARED/measurements/vidur radixkv/clock/data``;
+tests/test_clock.py checks it is up to date when the measurements are at hand) writes:
 
 - ``fitted.json``: per GPU preset, the roofline's MFU, MBU and per-layer fixed time fitted
   on the training models (:data:`radixkv.clock.error.TRAIN_MODELS`, all their TP degrees

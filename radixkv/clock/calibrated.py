@@ -22,7 +22,7 @@ makes: token-parallel operators, attention, fixed time)::
   Architecture", vLLM blog, 2025-01-24), while vLLM V0 measured 4–13 ms of GPU idle per
   decode step (vllm-project/vllm issue #6854); give ``step_overhead_s`` to model it.
 
-The LM head is not priced (Vidur measures it not), the embedding only by ``profiled``;
+The LM head is not priced (Vidur did not measure it), the embedding only by ``profiled``;
 :meth:`prefill_flops` counts FLOPs as
 :meth:`radixkv.cost.CostModel.prefill_flops` does (the replay reports them, the clock does
 not use them).
