@@ -18,6 +18,7 @@ from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.radix import RadixCache
 from radixkv.replay import conc_sglang, conc_vllm_fast
 from radixkv.replay.concurrent import replay_concurrent
+from radixkv.replay.scheduler import SchedulerConfig
 from radixkv.util import dumps_json
 
 from _conc_cases import request_trace
@@ -187,8 +188,7 @@ def test_compiled_loops_equal_python_loop_and_hand(monkeypatch, engine):
         monkeypatch.setattr(conc_sglang, "ENABLED", False)
         py = replay_concurrent(tr, make(), c)
         monkeypatch.setattr(conc_sglang, "ENABLED", True)
-        assert conc_sglang.applicable(make(), c, __import__("radixkv.replay.scheduler", fromlist=["x"]).SchedulerConfig(),
-                                      None, "sglang")
+        assert conc_sglang.applicable(make(), c, SchedulerConfig(), None, "sglang")
         kern = replay_concurrent(tr, make(), c)
     _assert_same(py, kern)
 
