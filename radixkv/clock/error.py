@@ -24,8 +24,9 @@ Each cost model predicts the same work:
   / tp), no communication, no overhead, no embedding; MFU 0.6 and MBU 0.8 are the
   CostModel's assumptions.
 - ``fitted``: the same roofline with MFU, MBU and a fixed per-layer time fitted per GPU
-  on the training models (:func:`fit_roofline`), plus ``2 · L`` all-reduces from a
-  latency + bandwidth line fitted to the all-reduce table (:func:`fit_all_reduce`).
+  on the training models (:func:`fit_roofline`), plus ``2 · L`` measured all-reduces,
+  sampled into the token table the package uses
+  (:func:`radixkv.clock.calibrated.fitted_token_table`).
 - ``profiled``: linear interpolation in n of the measured ``T_meas`` at the breakpoints
   :data:`PROFILE_TOKENS` (the tables the package ships); evaluated at the other
   measured token counts only.
@@ -147,16 +148,6 @@ def error_stats(pred, meas) -> dict:
 
 
 # ------------------------------------------------------------------------------ fitting
-def fit_all_reduce(table: AllReduceTable) -> tuple[float, float]:
-    """(latency seconds α, seconds per byte β) of ``t = α + β·bytes``, least squares in
-    relative error over the table's sizes (α, β clipped at ≥ 0)."""
-    x = table.size_bytes.astype(np.float64)
-    y = table.seconds
-    A = np.stack([np.ones_like(x), x], axis=1) / y[:, None]
-    a, b = np.linalg.lstsq(A, np.ones_like(y), rcond=None)[0]
-    return max(float(a), 0.0), max(float(b), 0.0)
-
-
 def _nelder_mead(f, x0, steps, iters=400):
     """Minimise f over R^k from x0 (a small Nelder–Mead; deterministic)."""
     k = len(x0)
@@ -226,17 +217,6 @@ def predict_roofline(case: Case, mfu: float, mbu: float) -> np.ndarray:
     """The CostModel roofline's time for the case's work: no communication, no overhead."""
     peak, bw = GPUS[case.prof.gpu][1], GPUS[case.prof.gpu][2]
     return case.prof.num_layers * roofline_layer_time(case.params_per_worker, case.tokens, peak, bw, mfu, mbu)
-
-
-def predict_fitted(case: Case, fit: dict, ar_fit: tuple[float, float] | None) -> np.ndarray:
-    """Fitted roofline + per-layer overhead + fitted all-reduce line (TP > 1)."""
-    peak, bw = GPUS[case.prof.gpu][1], GPUS[case.prof.gpu][2]
-    t = roofline_layer_time(case.params_per_worker, case.tokens, peak, bw, fit["mfu"], fit["mbu"],
-                            overhead_s=fit["layer_overhead_s"])
-    if case.prof.tp > 1:
-        a, b = ar_fit
-        t = t + ALL_REDUCES_PER_LAYER * (a + b * case.tokens.astype(np.float64) * case.prof.shape.hidden * ACT_BYTES)
-    return case.prof.num_layers * t
 
 
 def profile_breakpoints(case: Case) -> np.ndarray:
