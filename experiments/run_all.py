@@ -26,6 +26,7 @@ REPO = HERE.parent
 SCRIPTS = [
     ("tab_fidelity", "fidelity.json: every golden run of the real engines replayed, mismatching requests", 0.3, 0.3),
     ("tab_memory", "memory.json: KV bytes/token and per request, TP, fp8 pools, gpu_memory_utilization pools, prefill cost (C4, C11, C12, C15, C16, C17)", 0.1, 0.1),
+    ("tab_clock", "clock.{json,md,png}: the step-time models (roofline, fitted, profiled) against Vidur's measured GPU operator timings on held-out models, per GPU and regime (issue 35)", 0.3, 0.3),
     ("tab_memory_calibration", "memory_calibration.json: the memory model against published vLLM/SGLang start-up logs (error table), KV bytes per token and per request for MHA/GQA/MLA (C12, C16)", 0.1, 0.1),
     ("tab_e2e_clock", "e2e_clock.json: the concurrent replay's clock against 10 published vLLM benchmark_serving runs (TTFT, TPOT, throughput error per run and median/p90; roofline and a per-step-overhead what-if)", 0.5, 0.5),
     ("fig_mooncake_curve", "mooncake_curve.{json,png}: Mooncake FAST'25 Fig. 9, both hit-rate definitions, read-off bands, 41 %-of-max check", 2, 0.3),

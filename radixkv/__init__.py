@@ -17,6 +17,9 @@ The library API (loaded on first use, so ``import radixkv`` stays cheap):
 ``replay_replicas``  N replicas behind a router, sequential (:mod:`radixkv.replay.routing`)
 ``replay_multi_concurrent``  N replicas behind a router on one clock, concurrent
                     (:mod:`radixkv.replay.multi_concurrent`)
+``cost_model``      a step-time model by kind: roofline, fitted, profiled, a profile
+                    file (:mod:`radixkv.clock.calibrated`, docs/clock.md)
+``CalibratedCostModel`` the measured-table step-time model (:mod:`radixkv.clock.calibrated`)
 =================== ===================================================================
 
 Helpers for policy authors are in :mod:`radixkv.policies.toolkit`.
@@ -43,6 +46,8 @@ _EXPORTS = {
     "KVSeq": "radixkv.trace.types",
     "replay_replicas": "radixkv.replay.routing",
     "replay_multi_concurrent": "radixkv.replay.multi_concurrent",
+    "cost_model": "radixkv.clock.calibrated",
+    "CalibratedCostModel": "radixkv.clock.calibrated",
 }
 
 __all__ = sorted(_EXPORTS)

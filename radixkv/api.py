@@ -85,9 +85,11 @@ def replay(
         ``sequential``: each request alone, in trace order (the cache study).
         ``concurrent``: arrivals, continuous batching, chunked prefill and preemption,
         priced by *cost* (:func:`radixkv.replay.concurrent.replay_concurrent`).
-    cost : radixkv.cost.CostModel or None
+    cost : radixkv.cost.CostModel, radixkv.clock.CalibratedCostModel, str or None
         Step pricing of the concurrent mode; or give *model* and *gpu* (preset names or
-        specs, :meth:`radixkv.cost.CostModel.from_specs`).
+        specs, :meth:`radixkv.cost.CostModel.from_specs`). A string picks the kind on
+        *model* and *gpu*: ``"roofline"``, ``"fitted"``, ``"profiled"`` or a profile
+        JSON path (:func:`radixkv.clock.cost_model`, docs/clock.md).
     config : radixkv.replay.scheduler.SchedulerConfig or None
         Scheduler knobs of the concurrent mode (default: vLLM's defaults; the admission
         rule from the policy class's ``admission_rule``).
@@ -144,6 +146,13 @@ def replay(
         return rec
     from radixkv.replay.concurrent import replay_concurrent
 
+    if isinstance(cost, str):
+        if model is None or gpu is None:
+            raise ConfigError(f"cost={cost!r} is built on a model and a GPU: give model= and gpu=",
+                              field="model" if model is None else "gpu")
+        from radixkv.clock.calibrated import cost_model
+
+        cost = cost_model(cost, model, gpu)
     if cost is None:
         if model is None or gpu is None:
             raise ConfigError("the concurrent mode prices each step: give cost=CostModel(...) or model= and gpu=",

@@ -45,6 +45,27 @@ from radixkv.errors import ConfigError
 _EXACT = 2**53
 
 
+def check_fields(obj, positive, fractions) -> None:
+    """Check a cost model's fields: each of *positive* > 0, each of *fractions* in (0, 1],
+    ``step_overhead_s`` finite and ≥ 0.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        Naming the first bad field.
+    """
+    for name in positive:
+        if not getattr(obj, name) > 0:
+            raise ConfigError(f"{name} must be > 0, got {getattr(obj, name)}", field=name)
+    for name in fractions:
+        v = getattr(obj, name)
+        if not 0 < v <= 1:
+            raise ConfigError(f"{name} must be in (0, 1], got {v}", field=name)
+    if not 0 <= obj.step_overhead_s < float("inf"):  # NaN fails too (it used to hang the replay)
+        raise ConfigError(f"step_overhead_s must be a finite number of seconds ≥ 0, got {obj.step_overhead_s}",
+                          field="step_overhead_s")
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Roofline step-time model of one model replica.
@@ -93,17 +114,8 @@ class CostModel:
     step_overhead_s: float = 0.0
 
     def __post_init__(self):
-        for name in ("params", "num_layers", "attn_dim", "kv_bytes_per_token", "peak_flops",
-                     "hbm_bytes_per_s", "weight_dtype_bytes", "tp"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}", field=name)
-        for name in ("mfu", "mbu"):
-            v = getattr(self, name)
-            if not 0 < v <= 1:
-                raise ConfigError(f"{name} must be in (0, 1], got {v}", field=name)
-        if not 0 <= self.step_overhead_s < float("inf"):  # NaN fails too (it used to hang the replay)
-            raise ConfigError(f"step_overhead_s must be a finite number of seconds ≥ 0, got {self.step_overhead_s}",
-                              field="step_overhead_s")
+        check_fields(self, ("params", "num_layers", "attn_dim", "kv_bytes_per_token", "peak_flops",
+                            "hbm_bytes_per_s", "weight_dtype_bytes", "tp"), ("mfu", "mbu"))
 
     # ---------------------------------------------------------------- construction
     @classmethod

@@ -31,7 +31,12 @@ flag                                            meaning (default)
 ``--timeline PATH``                              write one CSV row per engine step (``replay``)
 ``--watermark F``                               vLLM rules: share of the pool's blocks an
                                                 admission leaves free (0.0)
-``--mfu F``, ``--mbu F``                        cost-model efficiencies (0.6, 0.8)
+``--cost-model {roofline,fitted,profiled,PATH}`` step-time model (roofline): the assumed
+                                                roofline, the roofline fitted on measured
+                                                GPU timings, the measured profiles, or a
+                                                profile JSON (radixkv.clock, docs/clock.md)
+``--mfu F``, ``--mbu F``                        cost-model efficiencies (0.6, 0.8); with a
+                                                calibrated model, of its attention term
 ``--step-overhead-s T``                         fixed seconds per step (0)
 =============================================== =========================================
 """
@@ -97,6 +102,10 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
         help="write one CSV row per engine step: running, waiting, batch tokens, pool running/cached/free slots")
     add("--watermark", type=float, default=0.0, metavar="F",
         help="vLLM rules: share of the pool's blocks an admission must leave free while others run (0.0)")
+    add("--cost-model", default="roofline", metavar="{roofline,fitted,profiled,PATH}",
+        help="step-time model: roofline (assumed MFU/MBU, the default), fitted (MFU/MBU/per-layer time fitted "
+             "on Vidur's measured GPU timings), profiled (the measured per-layer tables), or a profile JSON "
+             "(docs/clock.md)")
     add("--mfu", type=float, default=0.6, help="achieved fraction of peak FLOP/s (cost model)")
     add("--mbu", type=float, default=0.8, help="achieved fraction of HBM bandwidth (cost model)")
     add("--step-overhead-s", type=float, default=0.0, help="fixed seconds added to every step")
@@ -156,21 +165,24 @@ def concurrent_config_from_args(args, policy=None):
 
 
 def cost_model_from_args(args):
-    """The :class:`~radixkv.cost.CostModel` of ``--model``/``--gpu``/``--tp``/``--kv-cache-dtype``.
+    """The step-time model of ``--cost-model`` (:func:`radixkv.clock.calibrated.cost_model`;
+    default the roofline :class:`~radixkv.cost.CostModel`) on
+    ``--model``/``--gpu``/``--tp``/``--kv-cache-dtype``.
 
     Raises
     ------
     radixkv.errors.ConfigError
         When ``--model`` or ``--gpu`` is missing.
     """
-    from radixkv.cost import CostModel
+    from radixkv.clock.calibrated import cost_model
 
     model, gpu = getattr(args, "model", None), getattr(args, "gpu", None)
     if not model or not gpu:
         raise ConfigError("--mode concurrent prices each step on a model and a GPU: give --model and --gpu",
                           field="model" if not model else "gpu")
-    return CostModel.from_specs(
-        model, gpu, tp=int(getattr(args, "tp", 1) or 1), kv_cache_dtype=getattr(args, "kv_cache_dtype", None),
+    return cost_model(
+        getattr(args, "cost_model", None) or "roofline", model, gpu, tp=int(getattr(args, "tp", 1) or 1),
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", None),
         mfu=float(getattr(args, "mfu", 0.6)), mbu=float(getattr(args, "mbu", 0.8)),
         step_overhead_s=float(getattr(args, "step_overhead_s", 0.0)),
     )

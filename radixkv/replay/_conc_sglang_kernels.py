@@ -42,6 +42,7 @@ import numba as nb
 import numpy as np
 from numba.core import config as numba_config
 
+from radixkv.clock import _kernels as TK
 from radixkv.policies import _radix_kernels as K
 from radixkv.policies._borrowed import borrow, borrow_py
 from radixkv.replay import _miss_rec_kernels as MR
@@ -64,7 +65,9 @@ NIV = 15
 # float64 scalars (array FV)
 V_NOW, V_AREA, V_BUSY, V_PF, V_WASTE_AREA, V_USED_AREA, V_CACHED_AREA, V_RATIO = range(8)
 NFV = 8
-# cost model parameters (array CP): CostModel fields as float64
+# cost model parameters (array CP): CostModel fields as float64; for a
+# radixkv.clock.calibrated.CalibratedCostModel, CP[:NCP] holds the fields prefill FLOPs
+# need (C_PARAMS, C_LAYERS, C_ATTN) and CP[NCP:] its packed() array (radixkv.clock._kernels)
 (C_PARAMS, C_LAYERS, C_ATTN, C_KVB, C_PEAK, C_HBM, C_WDB, C_MFU, C_MBU, C_TP, C_OVERHEAD) = range(11)
 NCP = 11
 # configuration (array CF, int64)
@@ -207,6 +210,8 @@ def _step_time(CP, pnew, pctx, m):
         sn += n
         sa += n * c + n * (n + 1) // 2
         sb += c + n
+    if CP.shape[0] > NCP:
+        return TK.step_time(CP[NCP:], float(sn), float(sa), float(sb))
     flops = 2.0 * CP[C_PARAMS] * float(sn) + 4.0 * CP[C_LAYERS] * CP[C_ATTN] * float(sa)
     bytes_ = CP[C_PARAMS] * CP[C_WDB] + CP[C_KVB] * float(sb)
     return _time(CP, flops, bytes_)
@@ -911,11 +916,15 @@ def _loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, 
             ovh = CP[C_OVERHEAD]
             t_arr = arr[nxt] if cut else 0.0
             acc = 0.0
+            tab = CP.shape[0] > NCP
             for j in range(k):
-                x = (csf + float(j) * bf) + bf
-                t_c = (a_fl + a_at * x) / d_c
-                t_m = (a_w + kvb * x) / d_m
-                d = (t_c if t_c >= t_m else t_m) + ovh
+                if tab:
+                    d = TK.decode_step_time(CP[NCP:], batch, cs, j)
+                else:
+                    x = (csf + float(j) * bf) + bf
+                    t_c = (a_fl + a_at * x) / d_c
+                    t_m = (a_w + kvb * x) / d_m
+                    d = (t_c if t_c >= t_m else t_m) + ovh
                 DT[j] = d
                 if cut:
                     acc = d if j == 0 else acc + d

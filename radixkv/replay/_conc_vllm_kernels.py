@@ -140,6 +140,7 @@ from numba import njit, types
 from numba.core import config as numba_config
 from numba.extending import overload
 
+from radixkv.clock import _kernels as TK
 from radixkv.policies._borrowed import borrow, borrow_py
 from radixkv.policies._hash_batch_kernels import lazy_order_into
 from radixkv.replay import _miss_rec_kernels as MR
@@ -176,6 +177,7 @@ ADMIT_REFUSED = 1
 # cost kinds
 COST_ROOFLINE = 0  # CostModel: cp = params, num_layers, attn_dim, wdb, kvb, peak, mfu, tp, hbm, mbu, overhead
 COST_UNIT = 1  # UnitStepCost: cp[0] = step_s
+COST_TABLE = 2  # radixkv.clock.calibrated.CalibratedCostModel: cp = its packed() array (radixkv.clock._kernels)
 
 
 def is_pool(pool, cls) -> bool:
@@ -263,9 +265,12 @@ def group_sums(x, starts, ends):
 
 @njit(cache=True)
 def _step_time(kind, cp, sn, sa, sb):
-    """``CostModel._step_time_ints`` from its integer sums (or ``UnitStepCost.step_time``)."""
+    """``CostModel._step_time_ints`` from its integer sums (or ``UnitStepCost.step_time``,
+    or ``CalibratedCostModel.step_time``: :func:`radixkv.clock._kernels.step_time`)."""
     if kind == COST_UNIT:
         return cp[0]
+    if kind == COST_TABLE:
+        return TK.step_time(cp, float(sn), float(sa), float(sb))
     flops = 2.0 * cp[0] * float(sn) + 4.0 * cp[1] * cp[2] * float(sa)
     bytes_ = cp[0] * cp[3] + cp[4] * float(sb)
     t_c = flops / (cp[5] * cp[6] * cp[7])
@@ -287,6 +292,10 @@ def _decode_steps_time_into(kind, cp, batch, context_sum, k, out):
     if kind == COST_UNIT:
         for j in range(k):
             out[j] = cp[0]
+        return
+    if kind == COST_TABLE:
+        for j in range(k):
+            out[j] = TK.decode_step_time(cp, batch, context_sum, j)
         return
     fb = float(batch)
     a = 2.0 * cp[0] * fb

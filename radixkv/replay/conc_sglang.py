@@ -31,7 +31,9 @@ _EXACT = 2**53
 
 def applicable(policy, cost, config, on_step, rule: str) -> bool:
     """Whether the compiled loop models this run (module docstring)."""
-    if not ENABLED or on_step is not None or rule != "sglang" or type(cost) is not CostModel:
+    from radixkv.clock.calibrated import CalibratedCostModel
+
+    if not ENABLED or on_step is not None or rule != "sglang" or type(cost) not in (CostModel, CalibratedCostModel):
         return False
     from radixkv.policies import _radix_kernels as K
     from radixkv.policies.radix import RadixCache
@@ -39,6 +41,20 @@ def applicable(policy, cost, config, on_step, rule: str) -> bool:
     if type(policy) is not RadixCache or policy.cache_last_token_on_stop or not hasattr(K.run_request, "py_func"):
         return False
     return True
+
+
+def _roofline_fields(CP, cost) -> None:
+    """The roofline fields of :class:`~radixkv.cost.CostModel` *cost* into *CP*."""
+    from radixkv.replay import _conc_sglang_kernels as C
+
+    CP[C.C_KVB] = cost.kv_bytes_per_token
+    CP[C.C_PEAK] = cost.peak_flops
+    CP[C.C_HBM] = cost.hbm_bytes_per_s
+    CP[C.C_WDB] = cost.weight_dtype_bytes
+    CP[C.C_MFU] = cost.mfu
+    CP[C.C_MBU] = cost.mbu
+    CP[C.C_TP] = cost.tp
+    CP[C.C_OVERHEAD] = cost.step_overhead_s
 
 
 def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forward, timeline, recorder=None):
@@ -126,14 +142,10 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
     CP[C.C_PARAMS] = cost.params
     CP[C.C_LAYERS] = cost.num_layers
     CP[C.C_ATTN] = cost.attn_dim
-    CP[C.C_KVB] = cost.kv_bytes_per_token
-    CP[C.C_PEAK] = cost.peak_flops
-    CP[C.C_HBM] = cost.hbm_bytes_per_s
-    CP[C.C_WDB] = cost.weight_dtype_bytes
-    CP[C.C_MFU] = cost.mfu
-    CP[C.C_MBU] = cost.mbu
-    CP[C.C_TP] = cost.tp
-    CP[C.C_OVERHEAD] = cost.step_overhead_s
+    if type(cost) is not CostModel:  # CalibratedCostModel: its packed table after the fields
+        CP = np.concatenate([CP, cost.packed()])
+    else:
+        _roofline_fields(CP, cost)
     RUN = np.zeros(max(n, 1), dtype=np.int64)
     WQ = np.zeros(n + 1, dtype=np.int64)
     TLI = np.zeros((1024 if timeline else 1, C.NTL), dtype=np.int64)

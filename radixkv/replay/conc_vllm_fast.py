@@ -53,7 +53,9 @@ def _eligible(trace, policy, cost, config, sch) -> bool:
         return False
     if type(sch) is not VllmScheduler or config.schedule_policy != "fcfs":
         return False
-    if type(cost) not in (CostModel, UnitStepCost):
+    from radixkv.clock.calibrated import CalibratedCostModel
+
+    if type(cost) not in (CostModel, UnitStepCost, CalibratedCostModel):
         return False
     if not hasattr(K.extend, "py_func") or not hasattr(CK.run_loop, "py_func"):
         return False  # the kernels run interpreted (radixkv.replay.jit)
@@ -201,6 +203,8 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     fst[CK.F_NOW] = fst[CK.F_T0] = float(arrivals[0])
     if isinstance(cost, UnitStepCost):
         kind, cp = CK.COST_UNIT, np.array([float(cost.step_s)])
+    elif hasattr(cost, "packed"):  # CalibratedCostModel
+        kind, cp = CK.COST_TABLE, cost.packed()
     else:
         kind = CK.COST_ROOFLINE
         cp = np.array([float(cost.params), float(cost.num_layers), float(cost.attn_dim),
