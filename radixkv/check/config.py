@@ -139,6 +139,12 @@ class CheckConfig:
     assertions: list
     baseline: Path | None
 
+    def input_files(self) -> list:
+        """The files a check reads besides the baseline: this configuration, every trace
+        and every golden file (no output, the baseline included, may replace one)."""
+        golden = [a.golden for a in self.assertions if a.golden is not None]
+        return list(dict.fromkeys([self.path, *(t.path for t in self.traces), *golden]))
+
 
 class _Ctx:
     """The config file's text, to find the line a key is on for error messages."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from radixkv.check.config import BASELINE_METRICS, Assertion, CheckConfig
 from radixkv.errors import ConfigError, InputError
-from radixkv.util import atomic_write_text, dumps_json
+from radixkv.util import atomic_write_text, check_output_paths, dumps_json
 
 
 @dataclass(frozen=True)
@@ -268,6 +268,8 @@ def run_check(config: CheckConfig, *, update_baseline: bool = False, quiet: bool
     if update_baseline and config.baseline is None:
         raise ConfigError("--update-baseline needs a top-level baseline = \"FILE\" in the configuration",
                           path=config.path, field="baseline")
+    if update_baseline:  # the baseline writer is held to the rule every output is
+        check_output_paths(config.baseline, inputs=config.input_files())
     baseline = None
     if not update_baseline and any(a.kind == "baseline" for a in config.assertions):
         baseline = read_baseline(config.baseline)

@@ -17,7 +17,7 @@ import sys
 import time
 
 from radixkv.cli import routing_args as _routing
-from radixkv.cli._output import add_json_arg, emit, files, human
+from radixkv.cli._output import add_json_arg, emit, files, human, inputs
 from radixkv.cli.concurrent_args import add_concurrent_args, refuse_concurrent_only_flags
 from radixkv.cli.flag_rules import refuse_moot_flags, refuse_moot_policy_flags
 from radixkv.cli.report_cmd import add_report_arg, run_tables, write_run_report
@@ -265,7 +265,7 @@ def cmd_replay(args) -> int:
     concurrent mode, the engine-step timeline (``--timeline``)."""
     timeline = getattr(args, "timeline", None)
     outs = (args.json, args.per_request, timeline, args.report)
-    check_output_paths(*files(*outs), inputs=[args.trace])
+    check_output_paths(*files(*outs), inputs=inputs(args))
     if timeline and args.mode != "concurrent":
         raise ConfigError("--timeline records engine steps: it needs --mode concurrent", field="timeline")
     _check_pool_args(args)
@@ -426,7 +426,7 @@ def _refuse_unused_size_flags(args, specs) -> None:
 def cmd_compare(args) -> int:
     """Replay a trace through several policies on one pool size; print one column per policy
     and write the summaries as JSON (``--json``)."""
-    check_output_paths(*files(args.json, args.report, args.miss_plot), inputs=[args.trace])
+    check_output_paths(*files(args.json, args.report, args.miss_plot), inputs=inputs(args))
     if getattr(args, "timeline", None):
         raise ConfigError("--timeline is written by 'radixkv replay' (one policy)", field="timeline")
     if args.miss_plot:
@@ -495,7 +495,7 @@ def cmd_curve(args) -> int:
     capacity); ``--out PREFIX`` writes PREFIX.json and PREFIX.png, ``--json`` the JSON
     alone. Nothing is written unless asked."""
     outs = (args.json, args.report) + ((args.out + ".json", args.out + ".png") if args.out else ())
-    check_output_paths(*files(*outs), inputs=[args.trace])
+    check_output_paths(*files(*outs), inputs=inputs(args))
     refuse_moot_flags(args)
     specs = _policies(args)
     refuse_moot_policy_flags(args, specs)
