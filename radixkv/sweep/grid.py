@@ -29,6 +29,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,6 +152,8 @@ def _convert(key: str, value, action: argparse.Action, where: str):
         return value
     if isinstance(value, bool):
         raise ConfigError(f"key {key!r}: expected a value, got {value!r}", path=where, field=key)
+    if isinstance(value, float) and not math.isfinite(value):  # TOML's inf and nan
+        raise ConfigError(f"key {key!r}: expected a finite number, got {value!r}", path=where, field=key)
     conv = action.type
     if conv is not None:
         text = repr(value) if isinstance(value, float) else str(value)
