@@ -64,6 +64,10 @@ def _add_pool_args(p):
     m.add_argument("--kv-cache-dtype", default=None, help="e.g. fp8")
     m.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     m.add_argument("--max-num-batched-tokens", type=int, default=None, help="vLLM profiling pass size")
+    m.add_argument("--max-model-len", type=_int_tokens, default=None, metavar="TOKENS",
+                   help="context length: a prompt the engine refuses (vLLM: ≥ L tokens; SGLang: ≥ L − 6) is not "
+                        "served and is counted in rejected_requests, outputs are capped to the context "
+                        "(radixkv/replay/context.py; default: the --model's context, no limit without --model)")
 
 
 def _check_pool_args(args):
@@ -185,6 +189,13 @@ def pool_for_policy(args, spec: PolicySpec, *, per_engine_rule: bool = False) ->
     return PoolSpec(capacity_tokens=int(ps.capacity_tokens)), desc
 
 
+def _context(args) -> int | None:
+    """The context length the flags give (``--max-model-len``, else ``--model``'s), or None."""
+    from radixkv.replay.context import resolve_max_model_len
+
+    return resolve_max_model_len(getattr(args, "model", None), getattr(args, "max_model_len", None))
+
+
 def _load(args):
     from radixkv.trace.load import load_trace
 
@@ -292,7 +303,7 @@ def cmd_replay(args) -> int:
         _concurrent_fix(trace, spec, pool, args, summ)
     else:
         rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_verify_option(args),
-                               **_miss_options(args))
+                               **_miss_options(args), max_model_len=_context(args))
     add_host_tier_bytes(summ, args)
     out = human(*outs)
     print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; {args.mode} replay; "
@@ -464,7 +475,8 @@ def cmd_compare(args) -> int:
             rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
             _concurrent_fix(trace, spec, pool, args, summ)
         else:
-            rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_miss_options(args))
+            rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_miss_options(args),
+                                   max_model_len=_context(args))
         results.append((spec, summ))
         if args.report:
             tables += run_tables(spec.label, rec)

@@ -134,9 +134,15 @@ def run_replay(
     limit: int | None = None,
     quiet: bool = True,
     miss_causes: bool = False,
+    max_model_len: int | None = None,
     **options,
 ) -> tuple[Records, dict]:
     """Replay *trace* sequentially through a fresh *spec* policy on *pool*.
+
+    *max_model_len* (tokens; None: no limit) removes the requests the policy's engine
+    refuses for the context length and clips outputs first
+    (:func:`radixkv.replay.context.apply_context_limit`); the summary then has
+    ``rejected_requests``.
 
     Returns
     -------
@@ -156,6 +162,12 @@ def run_replay(
     radixkv.errors.ConfigError
         From the policy (pool too small) or the replay (a request larger than the pool).
     """
+    ctx = None
+    if max_model_len is not None:
+        from radixkv.replay.context import apply_context_limit, engine_of
+
+        trace, ctx = apply_context_limit(trace.head(limit), max_model_len, engine_of(spec))
+        limit = None
     kernels = jit.before_replay(spec, jit.trace_tokens(trace, limit))
     compile_s = 0.0 if kernels == "interpreted" else warmup(spec)
     policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **options)
@@ -164,6 +176,10 @@ def run_replay(
             rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)
     else:
         rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)
+    if ctx is not None:
+        from radixkv.replay.context import record
+
+        record(rec.meta, ctx)
     miss_s = None
     if miss_causes:
         from radixkv.replay.misses import attach_miss_causes, what_would_fix
