@@ -96,7 +96,8 @@ def atomic_output(path, *, binary: bool = False):
         The folder of *path* does not exist, or is a file (``filename`` is *path*);
         nothing is written.
     OSError
-        The folder cannot be written.
+        The folder cannot be written, or writing failed (a full disk): ``filename`` is
+        *path* and the message says it was not written.
     """
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
@@ -117,9 +118,14 @@ def atomic_output(path, *, binary: bool = False):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:
+            # a full disk (ENOSPC), a quota (EDQUOT), an I/O error while writing: name the
+            # file that was not written (write() and fsync() give no filename)
+            raise OSError(e.errno, f"{e.strerror or e}; {path} was not written (any earlier file is intact)",
+                          str(path)) from None
         raise
 
 

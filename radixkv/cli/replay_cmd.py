@@ -299,6 +299,9 @@ def cmd_replay(args) -> int:
         return _routing.report_replay(trace, spec, pool, args, load_s, desc, _doc, format_table,
                                       after=lambda s: _concurrent_fix(trace, spec, pool, args, s))
     if args.mode == "concurrent":
+        from radixkv.replay.run import refuse_unfittable
+
+        refuse_unfittable(trace, spec, pool, limit=args.limit, max_model_len=_context(args), **_verify_option(args))
         rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
         _concurrent_fix(trace, spec, pool, args, summ)
     else:
@@ -456,6 +459,11 @@ def cmd_compare(args) -> int:
     from radixkv.replay.run import warmup_many
 
     concurrent = args.mode == "concurrent"
+    if not _routing.routed(args) and not getattr(args, "skip_too_small", False):
+        from radixkv.replay.run import refuse_unfittable
+
+        for s, (pool, _) in zip(specs, pools):  # before any compile
+            refuse_unfittable(trace, s, pool, limit=args.limit, max_model_len=_context(args))
     warmup_many(specs, work=None if concurrent else [(s, trace_tokens(trace, args.limit)) for s in specs])
     results = []
     tables: list = []

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from radixkv.errors import ConfigError
 from radixkv.metrics import summarize
 from radixkv.policies.host_tier import host_tier_summary
 from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, measured_metrics
@@ -126,6 +127,44 @@ def warmup_many(specs, work=None) -> float:
     return time.perf_counter() - t0
 
 
+def refuse_unfittable(trace: Trace, spec: PolicySpec, pool: PoolSpec, *, limit: int | None = None,
+                      max_model_len: int | None = None, **options) -> None:
+    """Refuse, before any kernel is compiled, a request that cannot fit the empty pool.
+
+    The same rule and message for every engine and mode: the policy's
+    :meth:`~radixkv.policies.base.PrefixCache.fits_alone_all` on the requests that would
+    be replayed (the first *limit*, after the context-length step of
+    :mod:`radixkv.replay.context` when *max_model_len* is given). Building the policy
+    costs a pool's arrays, not a compile; without this check a request of 10^12 output
+    tokens compiled the kernels for minutes and then ran out of memory (vLLM) or was
+    refused (SGLang).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        Naming the first such request, its KV tokens and the pool.
+    """
+    from radixkv.replay.context import apply_context_limit, engine_of
+
+    t = trace.head(limit)
+    if max_model_len is not None:
+        t, _ = apply_context_limit(t, max_model_len, engine_of(spec))
+    policy = build_policy(spec, pool, unit_tokens=t.unit_tokens, **options)
+    over = np.asarray(policy.fits_alone_all(t))
+    bad = np.flatnonzero(over > 0)
+    if bad.size == 0:
+        return
+    i = int(bad[0])
+    seq = t.kv_seq(i)
+    detail = policy.overflow_detail(seq) if hasattr(policy, "overflow_detail") else \
+        f"{int(over[i])} tokens more than the whole pool of {policy.capacity_tokens} tokens"
+    raise ConfigError(
+        f"request {str(t.req_id[i])!r} (#{i} in replay order) needs {seq.kv_len} tokens of KV "
+        f"(prompt {seq.prompt_len} + output {seq.kv_len - seq.prompt_len}) and cannot fit the empty "
+        f"pool under {spec.label}: {detail}; give a larger capacity or --limit",
+        path=trace.name or None, field="capacity")
+
+
 def run_replay(
     trace: Trace,
     spec: PolicySpec,
@@ -168,6 +207,7 @@ def run_replay(
 
         trace, ctx = apply_context_limit(trace.head(limit), max_model_len, engine_of(spec))
         limit = None
+    refuse_unfittable(trace, spec, pool, limit=limit, **options)
     kernels = jit.before_replay(spec, jit.trace_tokens(trace, limit))
     compile_s = 0.0 if kernels == "interpreted" else warmup(spec)
     policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **options)

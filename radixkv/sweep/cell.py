@@ -82,8 +82,10 @@ def write_trace_cache(trace, directory) -> None:
             if not directory.exists():
                 raise
             shutil.rmtree(tmp, ignore_errors=True)  # another sweep wrote it first
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:  # a full disk: name the folder
+            raise OSError(e.errno, f"{e.strerror or e}; the trace cache was not written", str(directory)) from None
         raise
 
 
