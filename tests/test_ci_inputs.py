@@ -248,3 +248,10 @@ def test_fuzz_check_configs_exit_0_1_or_2(tmp_path_factory, capsys, pairs, table
     if table == "policy":
         extra += 'policy = "sglang:1"\nmax_total_num_tokens = 200\nname = "s"\n'
     _fuzz_check(tmp, capsys, extra=extra)
+
+
+def test_a_latin1_grid_is_exit_2_naming_the_line(tmp_path, capsys):
+    (tmp_path / "t.jsonl").write_text(TRACE)
+    (tmp_path / "g.toml").write_bytes(b'traces = ["t.jsonl"]\n# caf\xe9\npolicies = ["vllm:16"]\ncapacity_tokens = 160\n')
+    rc, err = _run(capsys, ["sweep", str(tmp_path / "g.toml"), "--out", str(tmp_path / "out")])
+    assert rc == 2 and "g.toml, line 2: not UTF-8" in err, err

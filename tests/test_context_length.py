@@ -97,3 +97,13 @@ def test_every_request_refused_is_a_named_error(trace_file):
 
     with pytest.raises(ConfigError, match="max_model_len"):
         replay(str(trace_file), "vllm:16", capacity_tokens=4096, max_model_len=20)
+
+
+def test_replicas_refuse_them_before_routing(trace_file, capsys):
+    out = trace_file.parent / "s.json"
+    rc = main(["replay", str(trace_file), "--policy", "vllm:16", "--mode", "concurrent", "--model", "Llama-2-7B",
+               "--gpu", "H100", "--capacity-tokens", "4096", "--max-model-len", "64", "--replicas", "2",
+               "--json", str(out), "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    s = json.loads(out.read_text())["results"][0]["summary"]
+    assert s["rejected_requests"] == 1 and s["requests"] == 4

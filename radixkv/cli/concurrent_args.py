@@ -234,7 +234,7 @@ def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None,
     from radixkv.replay.arrivals import arrival_times
     from radixkv.replay.concurrent import replay_concurrent
 
-    from radixkv.replay.context import apply_context_limit, engine_of, record, resolve_max_model_len
+    from radixkv.replay.context import engine_of, record, resolve_max_model_len, serve_with_arrivals
 
     cost = cost_model_from_args(args)
     pol = policy_from_args(policy, args)
@@ -250,15 +250,9 @@ def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None,
     # the engine refuses prompts past the model's context and caps outputs: a step before
     # the replay, after the arrivals are drawn for every request (so the others keep
     # theirs); nothing changes without --model or --max-model-len
-    served, ctx = apply_context_limit(trace, resolve_max_model_len(getattr(args, "model", None),
-                                                                   getattr(args, "max_model_len", None)),
-                                      engine_of(policy))
-    if served is not trace:
-        import numpy as np
-
-        arr = np.asarray(arr)[np.isin(trace.req_id, np.asarray(ctx.rejected_ids, dtype=trace.req_id.dtype),
-                                      invert=True)]
-        trace = served
+    trace, arr, ctx = serve_with_arrivals(trace, arr, resolve_max_model_len(getattr(args, "model", None),
+                                                                          getattr(args, "max_model_len", None)),
+                                          engine_of(policy))
     link = getattr(args, "host_link", None)
     if link is not None:
         from radixkv.cost import HostLink

@@ -104,6 +104,12 @@ def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None)
     arr = arrival_times(t, arrival=getattr(args, "arrival", "trace"), time_scale=float(getattr(args, "time_scale", 1.0)),
                         request_rate=getattr(args, "request_rate", None),
                         burstiness=float(getattr(args, "burstiness", 1.0)), seed=int(getattr(args, "seed", 0)))
+    from radixkv.replay.context import engine_of, record, resolve_max_model_len, serve_with_arrivals
+
+    # requests past the model's context: refused before routing (radixkv/replay/context.py)
+    t, arr, ctx = serve_with_arrivals(t, arr, resolve_max_model_len(getattr(args, "model", None),
+                                                                    getattr(args, "max_model_len", None)),
+                                      engine_of(spec))
     cfg = concurrent_config_from_args(args, pols[0])
     recs = None
     if getattr(args, "miss_causes", False):
@@ -121,6 +127,7 @@ def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None)
         from radixkv.replay.conc_misses import attach_concurrent_causes
 
         attach_concurrent_causes(t, spec, res.aggregate, recs, replica=res.replica)
+    record(res.aggregate.meta, ctx)
     return res, recs, compile_s, time.perf_counter() - t0
 
 

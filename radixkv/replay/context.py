@@ -152,6 +152,18 @@ def _subset(trace, keep: np.ndarray, out_len: np.ndarray):
         turn=None if trace.turn is None else trace.turn[idx], name=trace.name)
 
 
+def serve_with_arrivals(trace, arrivals, max_model_len: int | None, engine: str):
+    """:func:`apply_context_limit` for a concurrent replay whose *arrivals* (seconds,
+    float64, one per request of *trace*) were drawn for every request: the refused
+    requests' arrivals are dropped, so the others keep theirs. Returns
+    ``(trace, arrivals, ContextLimit or None)``."""
+    served, info = apply_context_limit(trace, max_model_len, engine)
+    if served is trace:
+        return trace, arrivals, info
+    keep = np.isin(trace.req_id, np.asarray(info.rejected_ids, dtype=trace.req_id.dtype), invert=True)
+    return served, np.asarray(arrivals)[keep], info
+
+
 def record(meta: dict, info) -> None:
     """Put *info* in a result's ``meta`` (the summaries read ``rejected_requests`` there)."""
     if info is not None:

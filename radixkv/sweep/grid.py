@@ -192,11 +192,16 @@ def load_grid(path, *, hash_traces: bool = True) -> Grid:
 
     path = Path(path)
     where = str(path)
+    from radixkv.errors import InputError
+    from radixkv.validate import read_text
+
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a UTF-8 BOM is accepted
+        raw = tomllib.loads(read_text(path))  # a UTF-8 BOM is accepted
     except FileNotFoundError:
         raise ConfigError("no such grid file", path=where) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except InputError as e:  # not UTF-8: names the line
+        raise ConfigError(e.reason, path=where, line=e.line) from None
+    except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"not valid TOML ({e})", path=where) from None
     if isinstance(raw.get("grid"), dict) and len(raw) == 1:
         raw = raw["grid"]  # a [grid] table is accepted too
