@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 
-from radixkv.errors import ConfigError
 from radixkv.metrics import summarize
 from radixkv.policies.host_tier import host_tier_summary
 from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, measured_metrics
@@ -154,15 +153,10 @@ def refuse_unfittable(trace: Trace, spec: PolicySpec, pool: PoolSpec, *, limit: 
     bad = np.flatnonzero(over > 0)
     if bad.size == 0:
         return
+    from radixkv.replay.sequential import cannot_fit_error
+
     i = int(bad[0])
-    seq = t.kv_seq(i)
-    detail = policy.overflow_detail(seq) if hasattr(policy, "overflow_detail") else \
-        f"{int(over[i])} tokens more than the whole pool of {policy.capacity_tokens} tokens"
-    raise ConfigError(
-        f"request {str(t.req_id[i])!r} (#{i} in replay order) needs {seq.kv_len} tokens of KV "
-        f"(prompt {seq.prompt_len} + output {seq.kv_len - seq.prompt_len}) and cannot fit the empty "
-        f"pool under {spec.label}: {detail}; give a larger capacity or --limit",
-        path=trace.name or None, field="capacity")
+    raise cannot_fit_error(policy, t.kv_seq(i), int(over[i]), t.req_id[i], i, spec.label, trace.name)
 
 
 def run_replay(
