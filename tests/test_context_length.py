@@ -107,3 +107,17 @@ def test_replicas_refuse_them_before_routing(trace_file, capsys):
     assert rc == 0, capsys.readouterr().err
     s = json.loads(out.read_text())["results"][0]["summary"]
     assert s["rejected_requests"] == 1 and s["requests"] == 4
+
+
+@pytest.mark.parametrize("mode", ["sequential", "concurrent"])
+def test_explain_counts_rows_after_the_refused_request(trace_file, capsys, mode):
+    # f is row 3 once x is refused; its hit (48, by hand) comes from d's 3 blocks
+    base = ["replay", str(trace_file), "--policy", "vllm:16", "--capacity-tokens", "4096", "--max-model-len", "64",
+            "--mode", mode, "--quiet"] + (["--model", "Llama-2-7B", "--gpu", "H100"] if mode == "concurrent" else [])
+    rc = main(base + ["--explain", "f", "--json", "-"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    doc = json.loads(out.out)
+    assert doc["explain"]["request"] == "f" and doc["explain"]["hit_tokens"] == 48
+    rc = main(base + ["--explain", "x"])
+    assert rc == 2 and "request 'x' is not served" in capsys.readouterr().err

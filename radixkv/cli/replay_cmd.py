@@ -196,6 +196,21 @@ def _context(args) -> int | None:
     return resolve_max_model_len(getattr(args, "model", None), getattr(args, "max_model_len", None))
 
 
+def _served(trace, spec, args):
+    """``--explain``: the first ``--limit`` requests the engine serves under the context
+    length (:mod:`radixkv.replay.context`; ``args.limit`` is then cleared), so request
+    rows match the replay's; explaining a refused request is an error saying so."""
+    from radixkv.replay.context import apply_context_limit, engine_of
+
+    t, ctx = apply_context_limit(trace.head(args.limit), _context(args), engine_of(spec))
+    args.limit = None
+    if ctx is not None and str(args.explain) in ctx.rejected_ids:
+        raise ConfigError(f"request {args.explain!r} is not served: its prompt is longer than {spec.label}'s engine "
+                          f"({ctx.engine}) accepts with max_model_len {ctx.max_model_len} (radixkv/replay/context.py)",
+                          field="explain")
+    return t
+
+
 def _load(args):
     from radixkv.trace.load import load_trace
 
@@ -342,7 +357,7 @@ def _explain(args, spec, pool) -> int:
     if _routing.routed(args):
         raise ConfigError("--explain with --replicas needs --mode concurrent (the sequential replicas' causes are "
                           "not modelled)", field="explain")
-    trace, _ = _load(args)
+    trace = _served(_load(args)[0], spec, args)
     warmup(spec)
     ex = explain(trace, spec, pool, args.explain, limit=args.limit, **_verify_option(args))
     out = human(args.json)
@@ -358,8 +373,7 @@ def _explain_concurrent(args, spec, pool) -> int:
     :func:`~radixkv.replay.conc_explain.explain_concurrent`."""
     from radixkv.replay.conc_explain import ExplainRecorder, explain_concurrent, find_row, format_explain_concurrent
 
-    trace, _ = _load(args)
-    t = trace.head(args.limit)
+    trace = t = _served(_load(args)[0], spec, args)
     row = find_row(t, args.explain)
     args.miss_causes = True
     made: list = []
