@@ -121,3 +121,12 @@ def test_explain_counts_rows_after_the_refused_request(trace_file, capsys, mode)
     assert doc["explain"]["request"] == "f" and doc["explain"]["hit_tokens"] == 48
     rc = main(base + ["--explain", "x"])
     assert rc == 2 and "request 'x' is not served" in capsys.readouterr().err
+
+
+def test_sequential_replicas_refuse_them_too(trace_file, capsys):
+    out = trace_file.parent / "s.json"
+    rc = main(["replay", str(trace_file), "--policy", "sglang:1", "--capacity-tokens", "4096", "--max-model-len", "64",
+               "--replicas", "2", "--json", str(out), "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    s = json.loads(out.read_text())["results"][0]["summary"]
+    assert s["rejected_requests"] == 2 and s["requests"] == 3

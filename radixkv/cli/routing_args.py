@@ -137,10 +137,18 @@ def run_routed(trace, spec, pool, args) -> dict:
     up over pools are absent, so tables show n/a) plus ``replicas`` and ``routing``."""
     if getattr(args, "mode", "sequential") == "concurrent":
         return _run_routed_concurrent(trace, spec, pool, args)
+    from radixkv.replay.context import apply_context_limit, engine_of, resolve_max_model_len
+
+    # requests past the model's context: refused before routing (radixkv/replay/context.py)
+    limit = args.limit
+    trace, ctx = apply_context_limit(trace.head(limit), resolve_max_model_len(
+        getattr(args, "model", None), getattr(args, "max_model_len", None)), engine_of(spec))
+    if ctx is not None:
+        limit = None
     t0 = time.perf_counter()
     res = R.replay_replicas(
         trace, spec, pool, args.replicas, args.router or "round-robin", global_pool=args.kv_pool == "global",
-        limit=args.limit, quiet=args.quiet, seed=args.router_seed, load_window_s=R.LOAD_WINDOW_S if args.router_load_window is None else args.router_load_window,
+        limit=limit, quiet=args.quiet, seed=args.router_seed, load_window_s=R.LOAD_WINDOW_S if args.router_load_window is None else args.router_load_window,
         cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold, max_tree_tokens=args.max_tree_tokens)
     el = time.perf_counter() - t0
@@ -159,6 +167,8 @@ def run_routed(trace, spec, pool, args) -> dict:
                        **res["routing"]}
     summ["timing_s"] = {"compile": 0.0, "replay": el, "replicas": rep_timing,
                         "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
+    if ctx is not None:
+        summ["rejected_requests"] = ctx.rejected_requests
     return summ
 
 
