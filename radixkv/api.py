@@ -67,6 +67,7 @@ def replay(
     limit: int | None = None,
     quiet: bool = True,
     miss_causes: bool = False,
+    max_model_len: int | None = None,
 ):
     """Replay *trace* through *policy*, one request at a time or concurrently.
 
@@ -99,6 +100,11 @@ def replay(
         Replay only the first *limit* requests.
     quiet : bool
         No progress bar (sequential mode).
+    max_model_len : int or None
+        Context length in tokens (default: *model*'s ``max_position_embeddings`` when
+        *model* is given, else no limit). Requests the policy's engine refuses for it are
+        not served and outputs are capped (:mod:`radixkv.replay.context`); the result's
+        ``meta["rejected_requests"]`` and summary ``rejected_requests`` count them.
     miss_causes : bool
         Sequential mode: split every request's prompt into hit and misses by cause
         (:mod:`radixkv.replay.misses`; adds its columns to the records and
@@ -134,11 +140,24 @@ def replay(
     if miss_causes and (mode != "sequential" or spec is None):
         raise ConfigError("miss_causes needs the sequential mode and the policy as a class, spec text or PolicySpec "
                           "(not a built instance)", field="miss_causes")
+    from radixkv.replay.context import apply_context_limit, engine_of, record, resolve_max_model_len
+
+    full = trace.head(limit)
+    trace, ctx = apply_context_limit(full, resolve_max_model_len(model, max_model_len), engine_of(pol))
+    if trace is not full:
+        limit = None
+        if arrivals is not None and ctx.rejected_ids:
+            import numpy as np
+
+            arrivals = np.asarray(arrivals)[: len(full)][np.isin(full.req_id, np.asarray(ctx.rejected_ids,
+                                                                                          dtype=full.req_id.dtype),
+                                                                 invert=True)]
     if mode == "sequential":
         from radixkv.replay.sequential import replay_sequential
 
         rec = replay_sequential(trace, pol, limit=limit, quiet=quiet, label=label)
         rec.meta["evictions"] = int(pol.evictions)
+        record(rec.meta, ctx)
         if miss_causes:
             from radixkv.replay.misses import attach_miss_causes
 
@@ -162,6 +181,7 @@ def replay(
         cost = CostModel.from_specs(model, gpu)
     res = replay_concurrent(trace.head(limit), pol, cost, arrivals=arrivals, config=config)
     res.meta["policy"] = label
+    record(res.meta, ctx)
     return res
 
 

@@ -67,14 +67,15 @@ def read_input(path) -> dict:
     radixkv.errors.InputError
         Unreadable file, invalid JSON (naming line and column), or a CSV of another shape.
     """
-    import json
 
     from radixkv.errors import InputError
 
+    from radixkv import validate
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
+        text = validate.read_text(p)  # not UTF-8: an InputError naming the line
+    except OSError as e:
         raise InputError(f"cannot read: {getattr(e, 'strerror', None) or e}", path=p) from None
     if p.suffix.lower() == ".csv" or not text.lstrip().startswith("{"):
         import csv
@@ -106,14 +107,73 @@ def read_input(path) -> dict:
             except ValueError:
                 raise InputError("a cell is not a number", path=p, field=h) from None
         return {"kind": kind, "label": p.stem, "columns": out}
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"invalid JSON: {e.msg} (column {e.colno})", path=p, line=e.lineno) from None
+    from radixkv import validate
+
+    doc = validate.loads(text, path=p)
     if not isinstance(doc, dict) or not ("results" in doc or "curves" in doc):
         raise InputError("not a radixkv result: a JSON object with 'results' (replay/compare) or "
                          "'curves' (curve)", path=p)
+    _check_doc(doc, text, p)
     return {"kind": "json", "doc": doc, "label": p.name}
+
+
+def _check_doc(doc: dict, text: str, p) -> None:
+    """The fields of a result document the report reads, checked (:mod:`radixkv.validate`):
+    ``trace`` a table; ``results`` a list of tables, each with a ``policy`` string, a
+    ``summary`` and ``pool`` table when given, a ``hit_length_histogram`` of equal-length
+    number lists; ``curves`` a list of tables with ``policy`` and ``points`` (tables with a
+    whole-number ``capacity_tokens`` and a ``token_hit_rate`` number or null)."""
+    from radixkv import validate
+    from radixkv.errors import InputError
+
+    def where(*keys, field):
+        return dict(path=p, line=validate.line_of(text, *keys), field=field)
+
+    def listed(v, *keys, field):
+        if not isinstance(v, list):
+            raise InputError(f"must be a list, got {type(v).__name__}", **where(*keys, field=field))
+        return v
+
+    if "trace" in doc:
+        validate.table(doc["trace"], **where("trace", field="trace"))
+    for i, r in enumerate(listed(doc.get("results", []), "results", field="results")):
+        f = f"results[{i}]"
+        validate.table(r, what="a result (a JSON object with policy)", **where("results", field=f))
+        if not isinstance(r.get("policy"), str):
+            raise InputError("missing or not a string: every result names its policy", **where("results", field=f"{f}.policy"))
+        if r.get("trace") is not None and not isinstance(r["trace"], str):
+            raise InputError("must be a trace name (a string)", **where("results", field=f"{f}.trace"))
+        for k in ("summary", "pool"):
+            if k in r:
+                validate.table(r[k], **where("results", k, field=f"{f}.{k}"))
+        summ = r.get("summary", r)
+        h = summ.get("hit_length_histogram")
+        if h:
+            hf = f"{f}.hit_length_histogram"
+            validate.table(h, **where("results", "hit_length_histogram", field=hf))
+            for k in ("edges_tokens", "counts"):
+                for v in listed(h.get(k), "hit_length_histogram", field=f"{hf}.{k}"):
+                    validate.number(v, **where("hit_length_histogram", k, field=f"{hf}.{k}"))
+            if len(h["edges_tokens"]) != len(h["counts"]):
+                raise InputError("edges_tokens and counts differ in length", **where("hit_length_histogram", field=hf))
+        for k in ("alignment_loss_share", "token_hit_rate"):
+            if k in summ:
+                validate.number(summ[k], null=True, **where("results", k, field=f"{f}.{k}"))
+        if "miss_causes" in summ and summ["miss_causes"] is not None:
+            validate.table(summ["miss_causes"], **where("results", "miss_causes", field=f"{f}.miss_causes"))
+    for i, c in enumerate(listed(doc.get("curves", []), "curves", field="curves")):
+        f = f"curves[{i}]"
+        validate.table(c, what="a curve (a JSON object with policy and points)", **where("curves", field=f))
+        if not isinstance(c.get("policy"), str):
+            raise InputError("missing or not a string: every curve names its policy", **where("curves", field=f"{f}.policy"))
+        for j, pt in enumerate(listed(c.get("points"), "curves", "points", field=f"{f}.points")):
+            pf = f"{f}.points[{j}]"
+            validate.table(pt, **where("curves", "points", field=pf))
+            validate.number(pt.get("capacity_tokens"), integer=True, minimum=0,
+                            **where("curves", "points", "capacity_tokens", field=f"{pf}.capacity_tokens"))
+            if "token_hit_rate" in pt:
+                validate.number(pt["token_hit_rate"], null=True,
+                                **where("curves", "points", "token_hit_rate", field=f"{pf}.token_hit_rate"))
 
 
 # ---------------------------------------------------------------------- figures

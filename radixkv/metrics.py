@@ -176,6 +176,8 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
     # hybrid models: hits and memory per KV cache group, and the hit the full-attention
     # group alone held (HybridBlockHashCache.group_metrics); null for one-group policies
     out["kv_cache_groups"] = rec.meta.get("kv_cache_groups")
+    if "rejected_requests" in rec.meta:  # only when a context length applies (radixkv.replay.context)
+        out["rejected_requests"] = rec.meta["rejected_requests"]
     return out
 
 

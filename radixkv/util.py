@@ -19,7 +19,8 @@ else:  # pragma: no cover - Python 3.10: the ``tomli`` backport (a declared depe
 def check_output_paths(*paths, inputs=()) -> None:
     """Refuse, before any work is done, output paths that could not be written safely.
 
-    An output must not be an input, another output of the same command, a directory or a
+    An output must not be an input (nor an existing file inside an input directory, such as
+    a trace folder), another output of the same command, a directory or a
     special file (device, fifo), and its folder must exist, be a directory and be
     writable. A missing folder is refused, not created: a typo in an output path must not
     silently grow a tree of folders (a caller that owns a folder, such as ``radixkv
@@ -34,6 +35,7 @@ def check_output_paths(*paths, inputs=()) -> None:
 
     seen = {}
     ins = {Path(p).resolve() for p in inputs if p}
+    in_dirs = [d for d in ins if d.is_dir()]
     for p in paths:
         if p is None:
             continue
@@ -41,7 +43,7 @@ def check_output_paths(*paths, inputs=()) -> None:
             raise InputError("an output path is empty", field="output")
         path = Path(p)
         real = path.resolve()
-        if real in ins:
+        if real in ins or (real.is_file() and any(real.is_relative_to(d) for d in in_dirs)):
             raise InputError("the output would overwrite an input file", path=p, field="output")
         if real in seen:
             raise InputError(f"the same file is given for two outputs ({seen[real]} and this one)", path=p, field="output")
@@ -94,7 +96,8 @@ def atomic_output(path, *, binary: bool = False):
         The folder of *path* does not exist, or is a file (``filename`` is *path*);
         nothing is written.
     OSError
-        The folder cannot be written.
+        The folder cannot be written, or writing failed (a full disk): ``filename`` is
+        *path* and the message says it was not written.
     """
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
@@ -115,9 +118,14 @@ def atomic_output(path, *, binary: bool = False):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:
+            # a full disk (ENOSPC), a quota (EDQUOT), an I/O error while writing: name the
+            # file that was not written (write() and fsync() give no filename)
+            raise OSError(e.errno, f"{e.strerror or e}; {path} was not written (any earlier file is intact)",
+                          str(path)) from None
         raise
 
 

@@ -115,7 +115,7 @@ def test_outputs_are_cacheable_content_and_unit_lru_does_not_cache_them():
     # unit-lru caches prompts only (its module docstring, rule 3): the outputs are not_cached
     assert rows[1] == {"P": 36, "hit": 20, "compulsory": 12, "capacity": 0, "alignment": 0,
                        "last_token_cap": 0, "not_cached": 4}
-    rows, _ = _causes(t, "none", 512)
+    rows, _ = _causes(t, "none:1", 512)  # a token pool (plain "none" has vLLM blocks of 16)
     # none: L = 24 and the cap (35) does not bite: all 24 reusable tokens are not cached
     assert rows[1]["not_cached"] == 24 and rows[1]["last_token_cap"] == 0 and rows[1]["hit"] == 0
 

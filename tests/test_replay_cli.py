@@ -42,7 +42,7 @@ def test_compare_prints_one_column_per_policy(capsys):
                  "--quiet"]) == 0
     out = capsys.readouterr().out
     header = [line for line in out.splitlines() if line.startswith("metric")][0]
-    assert header.split()[1:] == ["vllm:16", "vllm:32", "sglang:1", "none:1"]
+    assert header.split()[1:] == ["vllm:16", "vllm:32", "sglang:1", "none:16"]  # none: vLLM block size (issue 31)
 
 
 def test_curve_writes_json_and_png(tmp_path, capsys):

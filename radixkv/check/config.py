@@ -50,6 +50,7 @@ from radixkv.errors import ConfigError
 from radixkv.policies.registry import PolicySpec, PoolSpec, native_pool_knob, parse_policy
 
 from radixkv.util import tomllib
+from radixkv.validate import finite
 
 #: threshold keys of an ``[[assert]]`` → (summary metric, "min" | "max")
 BOUND_KEYS = {
@@ -138,6 +139,12 @@ class CheckConfig:
     pairs: list
     assertions: list
     baseline: Path | None
+
+    def input_files(self) -> list:
+        """The files a check reads besides the baseline: this configuration, every trace
+        and every golden file (no output, the baseline included, may replace one)."""
+        golden = [a.golden for a in self.assertions if a.golden is not None]
+        return list(dict.fromkeys([self.path, *(t.path for t in self.traces), *golden]))
 
 
 class _Ctx:
@@ -238,12 +245,14 @@ def load_config(path) -> CheckConfig:
         duplicate name, an assertion that selects no (trace, policy) pair.
     """
     path = Path(path)
+    from radixkv.validate import read_text
+
     try:
-        text = path.read_text(encoding="utf-8-sig")  # a UTF-8 BOM is accepted, as in trace files
+        text = read_text(path)  # a UTF-8 BOM is accepted, as in trace files; another encoding names the line
     except FileNotFoundError:
         raise ConfigError("no such configuration file", path=path) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"not UTF-8 text ({e.reason})", path=path) from None
+    except IsADirectoryError:
+        raise ConfigError("is a folder, not a configuration file", path=path) from None
     ctx = _Ctx(path, text)
     try:
         doc = tomllib.loads(text)
@@ -403,8 +412,8 @@ def _read_assertions(rows, ctx: _Ctx, base: Path, pairs: list) -> list:
             if key not in a:
                 continue
             v = a[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise ctx.error(f"must be a number, got {v!r}", table="assert", index=i, key=key)
+            if not finite(v):
+                raise ctx.error(f"must be a finite number, got {v!r}", table="assert", index=i, key=key)
             if v < 0 or (metric.endswith(("_rate", "_share")) and v > 1):
                 raise ctx.error(f"out of range: {v!r} (rates and shares are in [0, 1], counts ≥ 0)", table="assert",
                                 index=i, key=key)
@@ -429,8 +438,8 @@ def _read_assertions(rows, ctx: _Ctx, base: Path, pairs: list) -> list:
                     raise ctx.error(f"unknown baseline metric {mk!r}; known: "
                                     f"{', '.join(sorted(set(BASELINE_METRICS) | set(BASELINE_ALIASES)))}",
                                     table="assert", index=i, key=mk, field_name=f"assert[{i + 1}].baseline.{mk}")
-                if isinstance(tol, bool) or not isinstance(tol, (int, float)) or tol < 0:
-                    raise ctx.error(f"tolerance must be a number ≥ 0, got {tol!r}", table="assert", index=i, key=mk,
+                if not finite(tol) or tol < 0:
+                    raise ctx.error(f"tolerance must be a finite number ≥ 0, got {tol!r}", table="assert", index=i, key=mk,
                                     field_name=f"assert[{i + 1}].baseline.{mk}")
                 for t, p in chosen:
                     out.append(Assertion(t, p, metric, "baseline", float(tol), f"assert[{i + 1}].baseline.{mk}",

@@ -10,14 +10,13 @@ Baseline file (JSON, written by :func:`write_baseline`)::
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from radixkv.check.config import BASELINE_METRICS, Assertion, CheckConfig
 from radixkv.errors import ConfigError, InputError
-from radixkv.util import atomic_write_text, dumps_json
+from radixkv.util import atomic_write_text, check_output_paths, dumps_json
 
 
 @dataclass(frozen=True)
@@ -118,22 +117,45 @@ class CheckResult:
 def read_baseline(path: Path) -> dict:
     """The ``results`` table of a baseline file: ``{trace: {policy: {metric: value}}}``.
 
+    Every value is checked (:mod:`radixkv.validate`): ``results`` and each trace and policy
+    entry are tables, each metric is one of :data:`~radixkv.check.config.BASELINE_METRICS`
+    and its value a finite number, or null (the metric is n/a for that policy). ``NaN``,
+    ``Infinity``, strings and booleans are refused: ``-Infinity`` as a hit rate would make
+    every later run pass.
+
     Raises
     ------
     radixkv.errors.InputError
         When the file is missing (run ``radixkv check --update-baseline`` to create it) or
-        is not a baseline file.
+        is not a valid baseline file (naming the line and the key).
     """
+    from radixkv import validate
+
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        doc, text = validate.read_json(path)
     except FileNotFoundError:
         raise InputError("baseline file does not exist: create it with radixkv check CONFIG --update-baseline",
                          path=path, field="baseline") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"not a JSON baseline file ({e})", path=path, field="baseline") from None
-    res = doc.get("results") if isinstance(doc, dict) else None
-    if not isinstance(res, dict):
-        raise InputError("not a radixkv baseline file: no 'results' table", path=path, field="results")
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), dict):
+        raise InputError("not a radixkv baseline file: no 'results' table", path=path, field="results",
+                         line=validate.line_of(text, "results") if isinstance(doc, dict) else None)
+    for k in doc:
+        if k not in ("radixkv", "results"):
+            raise InputError("unknown key; a baseline file has 'radixkv' and 'results'", path=path, field=k,
+                             line=validate.line_of(text, k))
+    res = doc["results"]
+    for t, pols in res.items():
+        validate.table(pols, path=path, field=f"results.{t}", line=validate.line_of(text, "results", t),
+                       what="a table of policy: {metric: value}")
+        for p, metrics in pols.items():
+            validate.table(metrics, path=path, field=f"results.{t}.{p}",
+                           line=validate.line_of(text, "results", t, p), what="a table of metric: value")
+            for m, v in metrics.items():
+                where = dict(path=path, field=f"results.{t}.{p}.{m}", line=validate.line_of(text, "results", t, p, m))
+                if m not in BASELINE_METRICS:
+                    raise InputError(f"unknown metric; known: {', '.join(sorted(BASELINE_METRICS))}", **where)
+                rate = m.endswith(("_rate", "_share", "_ratio"))
+                validate.number(v, null=True, minimum=0, maximum=1 if rate else None, **where)
     return res
 
 
@@ -147,30 +169,31 @@ def write_baseline(path: Path, summaries: dict) -> None:
 
 def read_golden(path: Path) -> list:
     """``(id, hit_tokens)`` per line of a golden file (JSON lines with ``id`` and ``hit_tokens``),
-    ``(id, hit_tokens, prompt_len)`` when the line gives ``prompt_len``.
+    ``(id, hit_tokens, prompt_len)`` when the line gives ``prompt_len``. Other fields (the
+    engines' diagnostics: ``evicted_tokens``, ``kv_tokens``, ...) are not read.
 
     Raises
     ------
     radixkv.errors.InputError
-        Naming the file, line and field of a malformed line.
+        Naming the file, line and field of a malformed line: invalid JSON, not UTF-8,
+        ``NaN``/``Infinity``, a missing ``id`` or ``hit_tokens``, an ``id`` that is not a
+        string or whole number, a count that is not a whole number ≥ 0.
     """
+    from radixkv import validate
+
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"invalid JSON ({e.msg})", path=path, line=n) from None
-            for k in ("id", "hit_tokens"):
-                if not isinstance(r, dict) or k not in r:
-                    raise InputError("missing field", path=path, line=n, field=k)
-            if isinstance(r["hit_tokens"], bool) or not isinstance(r["hit_tokens"], int):
-                raise InputError(f"must be a whole number, got {r['hit_tokens']!r}", path=path, line=n,
-                                 field="hit_tokens")
-            plen = r.get("prompt_len")
-            rows.append((str(r["id"]), int(r["hit_tokens"])) if plen is None else (str(r["id"]), int(r["hit_tokens"]), int(plen)))
+    for n, r in validate.json_lines(path):
+        validate.table(r, path=path, line=n, field=None, what="a JSON object with id and hit_tokens")
+        for k in ("id", "hit_tokens"):
+            if k not in r:
+                raise InputError("missing field", path=path, line=n, field=k)
+        rid = r["id"]
+        if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+            raise InputError(f"must be a string or a whole number, got {rid!r}", path=path, line=n, field="id")
+        hit = validate.number(r["hit_tokens"], path=path, line=n, field="hit_tokens", integer=True, minimum=0)
+        plen = validate.number(r.get("prompt_len"), path=path, line=n, field="prompt_len", integer=True, minimum=0,
+                               null=True)
+        rows.append((str(rid), hit) if plen is None else (str(rid), hit, plen))
     return rows
 
 
@@ -211,15 +234,17 @@ def compare_hits(req_id, hit_tokens, golden: list, prompt_tokens=None) -> tuple[
     return len(bad), f"{len(bad)} of {max(n, g)} requests differ; first: " + ", ".join(bad[:3])
 
 
-def evaluate(a: Assertion, summary: dict, hits=None, baseline: dict | None = None) -> Outcome:
+def evaluate(a: Assertion, summary: dict, hits=None, baseline: dict | None = None, golden: list | None = None) -> Outcome:
     """The :class:`Outcome` of assertion *a* on one pair's *summary*.
 
     *hits* is ``(req_id, hit_tokens, prompt_tokens)`` of the replay (golden assertions); *baseline* the
-    baseline table (baseline assertions). A metric that is null (not modelled) fails
+    baseline table (baseline assertions); *golden* the rows of ``a.golden`` when already
+    read (:func:`read_golden`). A metric that is null (not modelled) fails
     with a note rather than passing silently.
     """
     if a.kind == "golden":
-        count, note = compare_hits(hits[0], hits[1], read_golden(a.golden), hits[2])
+        rows = golden if golden is not None else read_golden(a.golden)
+        count, note = compare_hits(hits[0], hits[1], rows, hits[2])
         return Outcome(a, float(count), 0.0, count == 0, note)
     value = summary.get(a.metric)
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -268,9 +293,13 @@ def run_check(config: CheckConfig, *, update_baseline: bool = False, quiet: bool
     if update_baseline and config.baseline is None:
         raise ConfigError("--update-baseline needs a top-level baseline = \"FILE\" in the configuration",
                           path=config.path, field="baseline")
+    if update_baseline:  # the baseline writer is held to the rule every output is
+        check_output_paths(config.baseline, inputs=config.input_files())
     baseline = None
     if not update_baseline and any(a.kind == "baseline" for a in config.assertions):
         baseline = read_baseline(config.baseline)
+    # every golden file is read (and checked) before the replays: a broken one is exit 2 at once
+    goldens = {g: read_golden(g) for g in dict.fromkeys(a.golden for a in config.assertions if a.golden is not None)}
     pols = {p.label: p for p in config.policies}
     used = [pols[p] for _, p in config.pairs]
     from radixkv.replay.jit import trace_tokens
@@ -308,7 +337,7 @@ def run_check(config: CheckConfig, *, update_baseline: bool = False, quiet: bool
             baseline = read_baseline(config.baseline)
     for a in config.assertions:
         key = (a.trace, a.policy)
-        result.outcomes.append(evaluate(a, summaries[key], hits.get(key), baseline))
+        result.outcomes.append(evaluate(a, summaries[key], hits.get(key), baseline, goldens.get(a.golden)))
     return result
 
 

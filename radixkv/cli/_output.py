@@ -45,3 +45,24 @@ def emit(path, text: str, *paths) -> None:
         return
     atomic_write_text(path, text)
     print(f"wrote {path}", file=human(*paths))
+
+
+#: argument destinations that name files a verb reads (the trace, a start-up log, a
+#: Hugging Face config, a check configuration, a sweep grid or results folder, report inputs)
+_INPUT_DESTS = ("trace", "path", "pool_from_log", "model", "config", "grid", "dir", "results")
+
+
+def inputs(args, *more) -> list:
+    """Every file or folder *args* names as an input, plus *more* (files a verb found in
+    them: a configuration's traces and golden files, a grid's traces): what
+    :func:`radixkv.util.check_output_paths` must never let an output replace. A
+    ``--model`` that names no file (a preset) is left out."""
+    import os
+
+    out = []
+    for dest in _INPUT_DESTS:
+        v = getattr(args, dest, None)
+        for x in (v if isinstance(v, (list, tuple)) else [v]):
+            if x is not None and x != STDOUT and (dest != "model" or os.path.exists(x)):
+                out.append(str(x))
+    return out + [str(x) for x in more if x is not None]

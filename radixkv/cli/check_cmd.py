@@ -16,11 +16,13 @@ def cmd_check(args) -> int:
     from radixkv.util import check_output_paths, dumps_json
 
     config = load_config(args.config)
-    from radixkv.cli._output import emit, files, human
+    from radixkv.cli._output import emit, files, human, inputs
 
     outs = (args.json, args.junit_xml, args.markdown, args.report)
-    check_output_paths(*files(*outs),
-                       inputs=[args.config] + [str(t.path) for t in config.traces])
+    # the baseline is an output with --update-baseline, else an input no output may replace
+    base = [str(config.baseline)] if config.baseline is not None else []
+    check_output_paths(*files(*outs), *(base if args.update_baseline else []),
+                       inputs=inputs(args, *config.input_files(), *([] if args.update_baseline else base)))
     result = run_check(config, update_baseline=args.update_baseline, quiet=args.quiet)
     out = human(*outs)
     print(f"radixkv check {args.config}: {len(config.pairs)} replays, {len(result.outcomes)} assertions", file=out)

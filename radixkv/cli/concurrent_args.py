@@ -246,6 +246,8 @@ def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None,
     from radixkv.replay.arrivals import arrival_times
     from radixkv.replay.concurrent import replay_concurrent
 
+    from radixkv.replay.context import engine_of, record, resolve_max_model_len, serve_with_arrivals
+
     cost = cost_model_from_args(args)
     pol = policy_from_args(policy, args)
     cfg = concurrent_config_from_args(args, pol)
@@ -257,6 +259,12 @@ def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None,
         burstiness=float(getattr(args, "burstiness", 1.0)),
         seed=int(getattr(args, "seed", 0)),
     )
+    # the engine refuses prompts past the model's context and caps outputs: a step before
+    # the replay, after the arrivals are drawn for every request (so the others keep
+    # theirs); nothing changes without --model or --max-model-len
+    trace, arr, ctx = serve_with_arrivals(trace, arr, resolve_max_model_len(getattr(args, "model", None),
+                                                                          getattr(args, "max_model_len", None)),
+                                          engine_of(policy))
     link = getattr(args, "host_link", None)
     if link is not None:
         from radixkv.cost import HostLink
@@ -275,4 +283,5 @@ def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None,
         from radixkv.replay.conc_misses import attach_concurrent_causes
 
         attach_concurrent_causes(trace, miss_spec, res, [rec])
+    record(res.meta, ctx)
     return res

@@ -336,10 +336,10 @@ def format_report(r: dict) -> str:
 
 def run(args) -> int:
     """Entry of ``radixkv memory``; returns the exit status."""
-    from radixkv.cli._output import emit, files
+    from radixkv.cli._output import emit, files, inputs
     from radixkv.util import check_output_paths
 
-    check_output_paths(*files(args.json))
+    check_output_paths(*files(args.json), inputs=inputs(args))
     report = memory_report(args)
     if args.json != "-":
         print(format_report(report))

@@ -17,7 +17,7 @@ import sys
 import time
 
 from radixkv.cli import routing_args as _routing
-from radixkv.cli._output import add_json_arg, emit, files, human
+from radixkv.cli._output import add_json_arg, emit, files, human, inputs
 from radixkv.cli.concurrent_args import add_concurrent_args, refuse_concurrent_only_flags
 from radixkv.cli.flag_rules import refuse_moot_flags, refuse_moot_policy_flags
 from radixkv.cli.report_cmd import add_report_arg, run_tables, write_run_report
@@ -64,6 +64,10 @@ def _add_pool_args(p):
     m.add_argument("--kv-cache-dtype", default=None, help="e.g. fp8")
     m.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     m.add_argument("--max-num-batched-tokens", type=int, default=None, help="vLLM profiling pass size")
+    m.add_argument("--max-model-len", type=_int_tokens, default=None, metavar="TOKENS",
+                   help="context length: a prompt the engine refuses (vLLM: ≥ L tokens; SGLang: ≥ L − 6) is not "
+                        "served and is counted in rejected_requests, outputs are capped to the context "
+                        "(radixkv/replay/context.py; default: the --model's context, no limit without --model)")
 
 
 def _check_pool_args(args):
@@ -185,6 +189,28 @@ def pool_for_policy(args, spec: PolicySpec, *, per_engine_rule: bool = False) ->
     return PoolSpec(capacity_tokens=int(ps.capacity_tokens)), desc
 
 
+def _context(args) -> int | None:
+    """The context length the flags give (``--max-model-len``, else ``--model``'s), or None."""
+    from radixkv.replay.context import resolve_max_model_len
+
+    return resolve_max_model_len(getattr(args, "model", None), getattr(args, "max_model_len", None))
+
+
+def _served(trace, spec, args):
+    """``--explain``: the first ``--limit`` requests the engine serves under the context
+    length (:mod:`radixkv.replay.context`; ``args.limit`` is then cleared), so request
+    rows match the replay's; explaining a refused request is an error saying so."""
+    from radixkv.replay.context import apply_context_limit, engine_of
+
+    t, ctx = apply_context_limit(trace.head(args.limit), _context(args), engine_of(spec))
+    args.limit = None
+    if ctx is not None and str(args.explain) in ctx.rejected_ids:
+        raise ConfigError(f"request {args.explain!r} is not served: its prompt is longer than {spec.label}'s engine "
+                          f"({ctx.engine}) accepts with max_model_len {ctx.max_model_len} (radixkv/replay/context.py)",
+                          field="explain")
+    return t
+
+
 def _load(args):
     from radixkv.trace.load import load_trace
 
@@ -265,7 +291,7 @@ def cmd_replay(args) -> int:
     concurrent mode, the engine-step timeline (``--timeline``)."""
     timeline = getattr(args, "timeline", None)
     outs = (args.json, args.per_request, timeline, args.report)
-    check_output_paths(*files(*outs), inputs=[args.trace])
+    check_output_paths(*files(*outs), inputs=inputs(args))
     if timeline and args.mode != "concurrent":
         raise ConfigError("--timeline records engine steps: it needs --mode concurrent", field="timeline")
     _check_pool_args(args)
@@ -288,11 +314,14 @@ def cmd_replay(args) -> int:
         return _routing.report_replay(trace, spec, pool, args, load_s, desc, _doc, format_table,
                                       after=lambda s: _concurrent_fix(trace, spec, pool, args, s))
     if args.mode == "concurrent":
+        from radixkv.replay.run import refuse_unfittable
+
+        refuse_unfittable(trace, spec, pool, limit=args.limit, max_model_len=_context(args), **_verify_option(args))
         rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
         _concurrent_fix(trace, spec, pool, args, summ)
     else:
         rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_verify_option(args),
-                               **_miss_options(args))
+                               **_miss_options(args), max_model_len=_context(args))
     add_host_tier_bytes(summ, args)
     out = human(*outs)
     print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; {args.mode} replay; "
@@ -328,7 +357,7 @@ def _explain(args, spec, pool) -> int:
     if _routing.routed(args):
         raise ConfigError("--explain with --replicas needs --mode concurrent (the sequential replicas' causes are "
                           "not modelled)", field="explain")
-    trace, _ = _load(args)
+    trace = _served(_load(args)[0], spec, args)
     warmup(spec)
     ex = explain(trace, spec, pool, args.explain, limit=args.limit, **_verify_option(args))
     out = human(args.json)
@@ -344,8 +373,7 @@ def _explain_concurrent(args, spec, pool) -> int:
     :func:`~radixkv.replay.conc_explain.explain_concurrent`."""
     from radixkv.replay.conc_explain import ExplainRecorder, explain_concurrent, find_row, format_explain_concurrent
 
-    trace, _ = _load(args)
-    t = trace.head(args.limit)
+    trace = t = _served(_load(args)[0], spec, args)
     row = find_row(t, args.explain)
     args.miss_causes = True
     made: list = []
@@ -426,7 +454,7 @@ def _refuse_unused_size_flags(args, specs) -> None:
 def cmd_compare(args) -> int:
     """Replay a trace through several policies on one pool size; print one column per policy
     and write the summaries as JSON (``--json``)."""
-    check_output_paths(*files(args.json, args.report, args.miss_plot), inputs=[args.trace])
+    check_output_paths(*files(args.json, args.report, args.miss_plot), inputs=inputs(args))
     if getattr(args, "timeline", None):
         raise ConfigError("--timeline is written by 'radixkv replay' (one policy)", field="timeline")
     if args.miss_plot:
@@ -445,6 +473,11 @@ def cmd_compare(args) -> int:
     from radixkv.replay.run import warmup_many
 
     concurrent = args.mode == "concurrent"
+    if not _routing.routed(args) and not getattr(args, "skip_too_small", False):
+        from radixkv.replay.run import refuse_unfittable
+
+        for s, (pool, _) in zip(specs, pools):  # before any compile
+            refuse_unfittable(trace, s, pool, limit=args.limit, max_model_len=_context(args))
     warmup_many(specs, work=None if concurrent else [(s, trace_tokens(trace, args.limit)) for s in specs])
     results = []
     tables: list = []
@@ -464,7 +497,8 @@ def cmd_compare(args) -> int:
             rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
             _concurrent_fix(trace, spec, pool, args, summ)
         else:
-            rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_miss_options(args))
+            rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_miss_options(args),
+                                   max_model_len=_context(args))
         results.append((spec, summ))
         if args.report:
             tables += run_tables(spec.label, rec)
@@ -495,7 +529,7 @@ def cmd_curve(args) -> int:
     capacity); ``--out PREFIX`` writes PREFIX.json and PREFIX.png, ``--json`` the JSON
     alone. Nothing is written unless asked."""
     outs = (args.json, args.report) + ((args.out + ".json", args.out + ".png") if args.out else ())
-    check_output_paths(*files(*outs), inputs=[args.trace])
+    check_output_paths(*files(*outs), inputs=inputs(args))
     refuse_moot_flags(args)
     specs = _policies(args)
     refuse_moot_policy_flags(args, specs)

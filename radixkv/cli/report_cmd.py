@@ -17,7 +17,9 @@ def cmd_report(args) -> int:
     from radixkv.html_report import report_from_files
     from radixkv.util import check_output_paths
 
-    check_output_paths(args.out, inputs=args.results)
+    from radixkv.cli._output import inputs
+
+    check_output_paths(args.out, inputs=inputs(args))
     for r in args.results:
         if Path(r).is_dir():
             from radixkv.errors import InputError

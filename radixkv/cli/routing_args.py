@@ -104,6 +104,12 @@ def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None)
     arr = arrival_times(t, arrival=getattr(args, "arrival", "trace"), time_scale=float(getattr(args, "time_scale", 1.0)),
                         request_rate=getattr(args, "request_rate", None),
                         burstiness=float(getattr(args, "burstiness", 1.0)), seed=int(getattr(args, "seed", 0)))
+    from radixkv.replay.context import engine_of, record, resolve_max_model_len, serve_with_arrivals
+
+    # requests past the model's context: refused before routing (radixkv/replay/context.py)
+    t, arr, ctx = serve_with_arrivals(t, arr, resolve_max_model_len(getattr(args, "model", None),
+                                                                    getattr(args, "max_model_len", None)),
+                                      engine_of(spec))
     cfg = concurrent_config_from_args(args, pols[0])
     recs = None
     if getattr(args, "miss_causes", False):
@@ -121,6 +127,7 @@ def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None)
         from radixkv.replay.conc_misses import attach_concurrent_causes
 
         attach_concurrent_causes(t, spec, res.aggregate, recs, replica=res.replica)
+    record(res.aggregate.meta, ctx)
     return res, recs, compile_s, time.perf_counter() - t0
 
 
@@ -130,10 +137,18 @@ def run_routed(trace, spec, pool, args) -> dict:
     up over pools are absent, so tables show n/a) plus ``replicas`` and ``routing``."""
     if getattr(args, "mode", "sequential") == "concurrent":
         return _run_routed_concurrent(trace, spec, pool, args)
+    from radixkv.replay.context import apply_context_limit, engine_of, resolve_max_model_len
+
+    # requests past the model's context: refused before routing (radixkv/replay/context.py)
+    limit = args.limit
+    trace, ctx = apply_context_limit(trace.head(limit), resolve_max_model_len(
+        getattr(args, "model", None), getattr(args, "max_model_len", None)), engine_of(spec))
+    if ctx is not None:
+        limit = None
     t0 = time.perf_counter()
     res = R.replay_replicas(
         trace, spec, pool, args.replicas, args.router or "round-robin", global_pool=args.kv_pool == "global",
-        limit=args.limit, quiet=args.quiet, seed=args.router_seed, load_window_s=R.LOAD_WINDOW_S if args.router_load_window is None else args.router_load_window,
+        limit=limit, quiet=args.quiet, seed=args.router_seed, load_window_s=R.LOAD_WINDOW_S if args.router_load_window is None else args.router_load_window,
         cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold, max_tree_tokens=args.max_tree_tokens)
     el = time.perf_counter() - t0
@@ -152,6 +167,8 @@ def run_routed(trace, spec, pool, args) -> dict:
                        **res["routing"]}
     summ["timing_s"] = {"compile": 0.0, "replay": el, "replicas": rep_timing,
                         "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
+    if ctx is not None:
+        summ["rejected_requests"] = ctx.rejected_requests
     return summ
 
 

@@ -35,8 +35,12 @@ def cmd_sweep(args) -> int:
     from radixkv.sweep.grid import load_grid
     from radixkv.sweep.run import SweepReport, run_sweep
 
+    from radixkv.cli._output import inputs
+    from radixkv.util import check_output_paths
+
     executor = resolve_executor(args)
     grid = load_grid(args.grid)
+    check_output_paths(args.report, inputs=inputs(args, *(c.trace.path for c in grid.cells)))
     rep = SweepReport()
     try:
         run_sweep(grid, args.out, executor=executor, workers=args.workers, scheduler=args.scheduler,
@@ -70,7 +74,7 @@ def cmd_sweep_plot(args) -> int:
     from radixkv.util import check_output_paths
 
     out = args.out or str(Path(args.dir) / f"{args.metric}_vs_capacity.png")
-    check_output_paths(out)
+    check_output_paths(out, inputs=[str(Path(args.dir) / "cells")])
     rows = read_rows(args.dir)
     n = plot_sweep(rows, out, metric=args.metric)
     print(f"wrote {out} ({n} lines from {len(rows)} cells)")

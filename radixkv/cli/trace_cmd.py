@@ -41,11 +41,11 @@ def cmd_inspect(args) -> int:
     """Print a trace's statistics: request count, prompt/output tokens (totals and
     percentiles), unit_tokens, distinct ids, time span (seconds) and the infinite-cache
     prefix hit ratio; ``--json -`` prints them as JSON instead, ``--json PATH`` writes them."""
-    from radixkv.cli._output import emit, files
+    from radixkv.cli._output import emit, files, inputs
     from radixkv.trace.stats import describe, format_description
     from radixkv.util import check_output_paths
 
-    check_output_paths(*files(args.json), inputs=[args.path])
+    check_output_paths(*files(args.json), inputs=inputs(args))
     trace = _load(args)
     d = describe(trace)
     if trace.name and trace.name != str(args.path):
@@ -59,10 +59,11 @@ def cmd_inspect(args) -> int:
 
 def cmd_convert(args) -> int:
     """Read IN, write OUT (format by extension); prints one line saying what was written."""
+    from radixkv.cli._output import inputs
     from radixkv.trace.load import output_format, save_trace
     from radixkv.util import check_output_paths
 
-    check_output_paths(args.out, inputs=[args.path])
+    check_output_paths(args.out, inputs=inputs(args))
     output_format(args.out)  # an extension it cannot write is refused before the (maybe long) read
     trace = _load(args)
     save_trace(trace, args.out)

@@ -2,8 +2,10 @@
 
 Every prompt is computed in full; a request's slots are freed when it finishes and nothing
 is kept (vLLM ``--no-enable-prefix-caching``; SGLang ``--disable-radix-cache``). The pool
-is counted in tokens (``slot_tokens`` = 1) unless a block size is given, in which case each
-request takes ``ceil(tokens / block_size)`` blocks as vLLM would allocate them.
+is counted in blocks of ``block_size`` tokens, each request taking ``ceil(tokens /
+block_size)`` blocks as vLLM allocates them; the spec ``none`` has vLLM's default block
+size 16 (as ``--block-size`` says: vllm, none and static default to 16), ``none:1`` is a
+token pool (SGLang's ``--disable-radix-cache`` at page size 1).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ class NoCache(PrefixCache):
     decode_free_first = True  # nothing is cached
     aliases = ("off",)
     size_name = "block_size"
-    default_size = 1
+    default_size = 16  # vLLM's block_size default, as --block-size's help says
 
     def __init__(self, num_slots: int, block_size: int = 1):
         super().__init__(num_slots, block_size)

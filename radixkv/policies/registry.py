@@ -91,7 +91,25 @@ def _import_class(path: str, what: str) -> type:
             raise ConfigError(f"{what}: module {mod_name!r} has no {qual!r}", field="policy") from None
     if not (isinstance(obj, type) and issubclass(obj, PrefixCache)):
         raise ConfigError(f"{what}: {path} is not a subclass of radixkv.policies.base.PrefixCache", field="policy")
+    check_complete(obj, what)
     return obj
+
+
+def check_complete(cls: type, what: str = "policy") -> None:
+    """Refuse a policy class that leaves an abstract method of
+    :class:`~radixkv.policies.base.PrefixCache` unimplemented (Python would raise a
+    ``TypeError`` only when it is built, after the trace is read and kernels compiled).
+
+    Raises
+    ------
+    ConfigError
+        Naming the class and every missing method.
+    """
+    missing = sorted(getattr(cls, "__abstractmethods__", ()) or ())
+    if missing:
+        raise ConfigError(f"{what}: class {cls.__module__}.{cls.__qualname__} does not implement "
+                          f"{', '.join(m + '()' for m in missing)} (abstract in radixkv.policies.base.PrefixCache; "
+                          f"docs: README.md, Adding a policy)", field="policy")
 
 
 def builtin_policies() -> dict[str, type]:
@@ -356,6 +374,7 @@ def _build(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **options)
     """
     size = int(unit_tokens) if spec.cls.size_name == "unit_tokens" else spec.size
     cls, extra = spec.cls.class_for_option(spec.option) if spec.cls.option_name else (spec.cls, {})
+    check_complete(cls, f"policy {spec.label}")
     options = {**extra, **options}
     if pool.num_gpu_blocks is not None or pool.max_total_num_tokens is not None:
         pol = cls.from_engine_pool(pool, size, **options)

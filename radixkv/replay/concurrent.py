@@ -242,6 +242,9 @@ class ConcurrentResult:
             "kv_cache_groups": self.meta.get("kv_cache_groups"),
             **self.meta.get("host_tier", {}),  # a policy with a host-memory tier only
             **self._miss_summary(prompt, hit),
+            # requests the engine refuses for the context length (radixkv.replay.context);
+            # the key is there only when a context length applies
+            **({"rejected_requests": self.meta["rejected_requests"]} if "rejected_requests" in self.meta else {}),
         }
 
     def _miss_summary(self, prompt: int, hit: int) -> dict:

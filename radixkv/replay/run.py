@@ -130,6 +130,39 @@ def warmup_many(specs, work=None) -> float:
     return time.perf_counter() - t0
 
 
+def refuse_unfittable(trace: Trace, spec: PolicySpec, pool: PoolSpec, *, limit: int | None = None,
+                      max_model_len: int | None = None, **options) -> None:
+    """Refuse, before any kernel is compiled, a request that cannot fit the empty pool.
+
+    The same rule and message for every engine and mode: the policy's
+    :meth:`~radixkv.policies.base.PrefixCache.fits_alone_all` on the requests that would
+    be replayed (the first *limit*, after the context-length step of
+    :mod:`radixkv.replay.context` when *max_model_len* is given). Building the policy
+    costs a pool's arrays, not a compile; without this check a request of 10^12 output
+    tokens compiled the kernels for minutes and then ran out of memory (vLLM) or was
+    refused (SGLang).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        Naming the first such request, its KV tokens and the pool.
+    """
+    from radixkv.replay.context import apply_context_limit, engine_of
+
+    t = trace.head(limit)
+    if max_model_len is not None:
+        t, _ = apply_context_limit(t, max_model_len, engine_of(spec))
+    policy = build_policy(spec, pool, unit_tokens=t.unit_tokens, **options)
+    over = np.asarray(policy.fits_alone_all(t))
+    bad = np.flatnonzero(over > 0)
+    if bad.size == 0:
+        return
+    from radixkv.replay.sequential import cannot_fit_error
+
+    i = int(bad[0])
+    raise cannot_fit_error(policy, t.kv_seq(i), int(over[i]), t.req_id[i], i, spec.label, trace.name)
+
+
 def run_replay(
     trace: Trace,
     spec: PolicySpec,
@@ -138,9 +171,15 @@ def run_replay(
     limit: int | None = None,
     quiet: bool = True,
     miss_causes: bool = False,
+    max_model_len: int | None = None,
     **options,
 ) -> tuple[Records, dict]:
     """Replay *trace* sequentially through a fresh *spec* policy on *pool*.
+
+    *max_model_len* (tokens; None: no limit) removes the requests the policy's engine
+    refuses for the context length and clips outputs first
+    (:func:`radixkv.replay.context.apply_context_limit`); the summary then has
+    ``rejected_requests``.
 
     Returns
     -------
@@ -160,6 +199,13 @@ def run_replay(
     radixkv.errors.ConfigError
         From the policy (pool too small) or the replay (a request larger than the pool).
     """
+    ctx = None
+    if max_model_len is not None:
+        from radixkv.replay.context import apply_context_limit, engine_of
+
+        trace, ctx = apply_context_limit(trace.head(limit), max_model_len, engine_of(spec))
+        limit = None
+    refuse_unfittable(trace, spec, pool, limit=limit, **options)
     kernels = jit.before_replay(spec, jit.trace_tokens(trace, limit))
     compile_s = 0.0 if kernels == "interpreted" else warmup(spec)
     policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **options)
@@ -168,6 +214,10 @@ def run_replay(
             rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)
     else:
         rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)
+    if ctx is not None:
+        from radixkv.replay.context import record
+
+        record(rec.meta, ctx)
     miss_s = None
     if miss_causes:
         from radixkv.replay.misses import attach_miss_causes, what_would_fix

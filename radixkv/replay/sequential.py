@@ -180,15 +180,7 @@ def replay_sequential(
         seq = t.kv_seq(i)
         over = policy.fits_alone(seq)
         if over > 0:
-            detail = policy.overflow_detail(seq) if hasattr(policy, "overflow_detail") else \
-                f"{over} tokens more than the whole pool of {policy.capacity_tokens} tokens"
-            raise ConfigError(
-                f"request {str(t.req_id[i])!r} (#{i} in replay order) needs {seq.kv_len} tokens of KV "
-                f"(prompt {seq.prompt_len} + output {seq.kv_len - seq.prompt_len}) and cannot fit the empty "
-                f"pool under {label or policy.name}: {detail}; give a larger capacity or --limit",
-                path=trace.name or None,
-                field="capacity",
-            )
+            raise cannot_fit_error(policy, seq, over, t.req_id[i], i, label or policy.name, trace.name)
         adm = policy.run_request(i, seq)
         if adm is None:
             raise ConfigError(
@@ -221,3 +213,15 @@ def replay_sequential(
               # per KV cache group (hybrid models); None: the policy has one group
               "kv_cache_groups": policy.group_metrics() if hasattr(policy, "group_metrics") else None},
     )
+
+
+def cannot_fit_error(policy, seq, over: int, req_id, i: int, label: str, path) -> ConfigError:
+    """The error for request *req_id* (#*i* in replay order, KV *seq*) that overflows
+    *policy*'s empty pool by *over* tokens (its ``fits_alone``), named *label*, in trace *path*."""
+    detail = policy.overflow_detail(seq) if hasattr(policy, "overflow_detail") else \
+        f"{over} tokens more than the whole pool of {policy.capacity_tokens} tokens"
+    return ConfigError(
+        f"request {str(req_id)!r} (#{i} in replay order) needs {seq.kv_len} tokens of KV "
+        f"(prompt {seq.prompt_len} + output {seq.kv_len - seq.prompt_len}) and cannot fit the empty "
+        f"pool under {label}: {detail}; give a larger capacity or --limit",
+        path=path or None, field="capacity")

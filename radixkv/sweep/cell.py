@@ -82,8 +82,10 @@ def write_trace_cache(trace, directory) -> None:
             if not directory.exists():
                 raise
             shutil.rmtree(tmp, ignore_errors=True)  # another sweep wrote it first
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:  # a full disk: name the folder
+            raise OSError(e.errno, f"{e.strerror or e}; the trace cache was not written", str(directory)) from None
         raise
 
 
@@ -165,7 +167,11 @@ def replay_cell(trace, settings: dict) -> dict:
                   "prompt_tokens_per_s": summ["prompt_tokens"] / elapsed if elapsed > 0 else None}
     else:
         options = {"verify": True} if ns.verify else {}
-        _, summ = run_replay(trace, spec, pool, limit=ns.limit, quiet=True, **options)
+        from radixkv.replay.context import resolve_max_model_len
+
+        _, summ = run_replay(trace, spec, pool, limit=ns.limit, quiet=True, **options,
+                             max_model_len=resolve_max_model_len(getattr(ns, "model", None),
+                                                                 getattr(ns, "max_model_len", None)))
         timing = summ.pop("timing_s")
     summ.pop("policy", None)
     return {"metrics": summ, "pool": desc, "timing_s": timing}

@@ -29,6 +29,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,6 +152,8 @@ def _convert(key: str, value, action: argparse.Action, where: str):
         return value
     if isinstance(value, bool):
         raise ConfigError(f"key {key!r}: expected a value, got {value!r}", path=where, field=key)
+    if isinstance(value, float) and not math.isfinite(value):  # TOML's inf and nan
+        raise ConfigError(f"key {key!r}: expected a finite number, got {value!r}", path=where, field=key)
     conv = action.type
     if conv is not None:
         text = repr(value) if isinstance(value, float) else str(value)
@@ -189,11 +192,16 @@ def load_grid(path, *, hash_traces: bool = True) -> Grid:
 
     path = Path(path)
     where = str(path)
+    from radixkv.errors import InputError
+    from radixkv.validate import read_text
+
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a UTF-8 BOM is accepted
+        raw = tomllib.loads(read_text(path))  # a UTF-8 BOM is accepted
     except FileNotFoundError:
         raise ConfigError("no such grid file", path=where) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    except InputError as e:  # not UTF-8: names the line
+        raise ConfigError(e.reason, path=where, line=e.line) from None
+    except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"not valid TOML ({e})", path=where) from None
     if isinstance(raw.get("grid"), dict) and len(raw) == 1:
         raw = raw["grid"]  # a [grid] table is accepted too

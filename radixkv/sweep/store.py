@@ -78,11 +78,63 @@ def write_error(out_dir, cell, result: dict) -> None:
 
 
 def done_keys(out_dir) -> set[str]:
-    """Keys of the finished cells in *out_dir* (empty when it does not exist)."""
+    """Keys of the finished cells in *out_dir* (empty when it does not exist).
+
+    A cell file that is not a complete row (truncated by a copy or a full disk, edited,
+    not UTF-8) does not count: the cell is run again and its file replaced, with an
+    :class:`~radixkv.errors.InputWarning` naming the file."""
+    import warnings
+
+    from radixkv.errors import InputWarning
+
     d = Path(out_dir) / CELLS
     if not d.is_dir():
         return set()
-    return {p.name[: -len(".jsonl")] for p in d.iterdir() if p.name.endswith(".jsonl") and not p.name.startswith(".")}
+    keys = set()
+    for p in sorted(d.iterdir()):
+        if not p.name.endswith(".jsonl") or p.name.startswith("."):
+            continue
+        try:
+            _check_row(_read_row(p), p)
+        except InputError as e:
+            warnings.warn(InputWarning(f"{e.reason}: the cell is run again", path=e.path, line=e.line,
+                                       field=e.field), stacklevel=2)
+            continue
+        keys.add(p.name[: -len(".jsonl")])
+    return keys
+
+
+def _read_row(p: Path):
+    from radixkv import validate
+
+    text = validate.read_text(p)
+    if not text.endswith("\n"):  # every row is written as one line ending in a newline
+        raise InputError("truncated: a cell file is one JSON line ending in a newline", path=p,
+                         line=text.count("\n") + 1)
+    return validate.loads(text, path=p)
+
+
+def _check_row(row, p: Path) -> dict:
+    """*row* checked as a cell row of file *p* (module docstring); returns it."""
+    from radixkv import validate
+
+    validate.table(row, path=p, field=None, line=1, what="a sweep cell row (a JSON object)")
+    if row.get("key") != p.name[: -len(".jsonl")]:
+        raise InputError("not a sweep cell row (its key does not match the file name)", path=p, line=1, field="key")
+    for k in ("trace", "settings", "metrics"):
+        validate.table(row.get(k), path=p, line=1, field=k)
+    for k in ("path", "sha256"):
+        if not isinstance(row["trace"].get(k), str):
+            raise InputError("must be a string", path=p, line=1, field=f"trace.{k}")
+    if not isinstance(row["settings"].get("policy"), str):
+        raise InputError("must be a policy spec (a string)", path=p, line=1, field="settings.policy")
+    for k in ("pool", "timing_s"):
+        if row.get(k) is not None:
+            validate.table(row[k], path=p, line=1, field=k)
+    for k, v in row["metrics"].items():
+        if not isinstance(v, (str, dict, list)):
+            validate.number(v, path=p, line=1, field=f"metrics.{k}", null=True)
+    return row
 
 
 def read_rows(out_dir) -> list[dict]:
@@ -91,8 +143,9 @@ def read_rows(out_dir) -> list[dict]:
     Raises
     ------
     radixkv.errors.InputError
-        *out_dir* has no ``cells/`` folder, or a cell file is not one JSON object
-        (the message names the file).
+        *out_dir* has no ``cells/`` folder, or a cell file is not a complete row: not
+        UTF-8, truncated, invalid JSON, ``NaN``, a missing or mistyped field (the message
+        names the file and the field).
     """
     d = Path(out_dir) / CELLS
     if not d.is_dir():
@@ -101,23 +154,27 @@ def read_rows(out_dir) -> list[dict]:
     for p in sorted(d.iterdir()):
         if not p.name.endswith(".jsonl") or p.name.startswith("."):
             continue
-        text = p.read_text(encoding="utf-8")
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(f"not valid JSON ({e.msg})", path=p, line=e.lineno) from None
-        if not isinstance(row, dict) or row.get("key") != p.name[: -len(".jsonl")]:
-            raise InputError("not a sweep cell row (its key does not match the file name)", path=p, field="key")
-        rows.append(row)
+        rows.append(_check_row(_read_row(p), p))
     return rows
 
 
 def read_errors(out_dir) -> list[dict]:
-    """The error records of the cells that failed and have not finished since."""
+    """The error records of the cells that failed and have not finished since.
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        A record that is not one JSON object (the message names the file)."""
+    from radixkv import validate
+
     d = Path(out_dir) / ERRORS
     if not d.is_dir():
         return []
-    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(d.glob("*.json"))]
+    out = []
+    for p in sorted(d.glob("*.json")):
+        doc, _ = validate.read_json(p)
+        out.append(validate.table(doc, path=p, field=None, line=1, what="a sweep error record (a JSON object)"))
+    return out
 
 
 def flatten_row(row: dict) -> dict:
