@@ -6,7 +6,7 @@ rows (metric key, label, format) of the two replay modes.
 """
 from __future__ import annotations
 
-__all__ = ["format_table", "SEQUENTIAL_ROWS", "CONCURRENT_ROWS", "MISS_ROWS"]
+__all__ = ["format_table", "metric_label", "SEQUENTIAL_ROWS", "CONCURRENT_ROWS", "MISS_ROWS"]
 
 SEQUENTIAL_ROWS = [
     ("requests", "requests", "{:,}"),
@@ -105,6 +105,22 @@ HOST_CONCURRENT_ROWS = [
     ("gpu_to_host_tokens", "GPU→host tokens", "{:,}"),
     ("host_load_s", "host→GPU copy time (s, summed)", "{:.3f}"),
 ]
+
+
+def metric_label(key: str, *, concurrent: bool = False) -> str:
+    """The human label of a summary metric: the label of its row in the tables above (the
+    concurrent table's first when *concurrent*), else the key in words (``_`` as spaces, a
+    ``_s`` suffix as ``(s)``, ``_tokens`` as ``(tokens)``)."""
+    specs = ((CONCURRENT_ROWS, HOST_CONCURRENT_ROWS) if concurrent else ()) + (
+        SEQUENTIAL_ROWS, MISS_ROWS, CONCURRENT_ROWS, HOST_CONCURRENT_ROWS, STORAGE_ROWS)
+    for spec in specs:
+        for k, label, _ in spec:
+            if k == key:
+                return label
+    for suffix, unit in (("_s", "s"), ("_tokens", "tokens"), ("_bytes", "bytes")):
+        if key.endswith(suffix) and len(key) > len(suffix):
+            return f"{key[: -len(suffix)].replace('_', ' ')} ({unit})"
+    return key.replace("_", " ")
 
 
 def _fmt(fmt, v):
