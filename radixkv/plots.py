@@ -155,7 +155,9 @@ def sweep_lines(rows: list[dict], *, x: str = "capacity_tokens", metric: str = "
         y = r.get("metrics", {}).get(metric)
         if not number(xv) or not number(y):
             continue
-        label = " ".join([str(r["settings"]["policy"])] + [f"{k}={setting(r, k)}" for k in varying])
+        # a knob the cell left out (a default, or one its mode does not read) is not named
+        label = " ".join([str(r["settings"]["policy"])] + [f"{k}={r['settings'][k]}" for k in varying
+                                                           if k in r["settings"]])
         out.setdefault(r["trace"]["path"], {}).setdefault(label, []).append((xv, y))
     if not out:
         raise InputError(f"0 lines from {len(rows)} cells: no cell has both a number for {x!r} and for "
