@@ -117,10 +117,13 @@ def metric_label(key: str, *, concurrent: bool = False) -> str:
         for k, label, _ in spec:
             if k == key:
                 return label
-    for suffix, unit in (("_s", "s"), ("_tokens", "tokens"), ("_bytes", "bytes")):
+    words = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end", "flops": "FLOPs", "kv": "KV", "gpu": "GPU"}
+    unit = ""
+    for suffix, u in (("_s", "s"), ("_tokens", "tokens"), ("_bytes", "bytes")):
         if key.endswith(suffix) and len(key) > len(suffix):
-            return f"{key[: -len(suffix)].replace('_', ' ')} ({unit})"
-    return key.replace("_", " ")
+            key, unit = key[: -len(suffix)], f" ({u})"
+            break
+    return " ".join(words.get(w, w) for w in key.split("_")) + unit
 
 
 def _fmt(fmt, v):
