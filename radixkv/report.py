@@ -51,7 +51,7 @@ MISS_ROWS = [
     ("miss_causes.share.routing", "prompt share: routing (replicas)", "{:.4f}"),
     ("miss_causes.fix.capacity_tokens_to_halve", "pool halving capacity misses (tokens)", "{:,}"),
     ("miss_causes.fix.smaller_size", "next smaller block/page size", "{:,}"),
-    ("miss_causes.fix.hit_tokens_gained_at_smaller_size", "hit tokens gained at that size", "{:,}"),
+    ("miss_causes.fix.hit_tokens_gained_at_smaller_size", "hit tokens gained at that size (< 0: lost)", "{:+,}"),
 ]
 
 
