@@ -105,15 +105,13 @@ def table_rows(rows: list[dict], metrics=None) -> tuple[list[str], list[dict]]:
 
 
 def _fmt(v) -> str:
-    if v is None or (isinstance(v, float) and v != v):
-        return "n/a"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
+    """A metric's cell: floats to 4 decimals (no decimals from 1,000 up), else as
+    :func:`radixkv.html_report.format_value` shows it (``n/a``, thousands separators)."""
+    from radixkv.html_report import format_value
+
+    if isinstance(v, float) and v == v:
         return f"{v:.4f}" if abs(v) < 1000 else f"{v:,.0f}"
-    return str(v)
+    return format_value(v)
 
 
 def _fmt_knob(v) -> str:
