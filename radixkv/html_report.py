@@ -1,8 +1,13 @@
 """A self-contained static HTML report of replay results (``radixkv report``, ``--report``).
 
-One page, no network, no script: the summary tables (every scalar of every summary, so the
-page holds the JSON's numbers; ``n/a`` where a metric is ``null``), the figures as inline
-PNG from matplotlib (Agg) and the run's provenance. Figures, each drawn when its inputs are
+One page, no network, no script: a short headline table first (token hit rate, hit tokens,
+evictions, and TTFT p50/p99 when a result is concurrent; one column per result), then the
+summary tables (every scalar of every summary, so the page holds the JSON's numbers; rows
+labelled in words as the text tables label them, the key on hover; ``n/a`` where a metric
+is ``null``, and the rows that are n/a in every column folded into a ``<details>``
+element), the figures as inline PNG from matplotlib (Agg) and the run's provenance. A
+timeline or per-request CSV is named in the figures by the policy of the JSON result whose
+rows it holds (:func:`name_tables`), else by its file name. Figures, each drawn when its inputs are
 present and otherwise named with what would draw it:
 
 =============================  ==========================================================
@@ -52,6 +57,8 @@ th,td{border:1px solid #ccc;padding:.2em .5em}td.num{text-align:right;font-varia
 td.na{color:#888;text-align:right}th{background:#f3f3f3}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}
 p.missing{color:#777;font-style:italic}code{background:#f5f5f5;padding:0 .2em}
+table.headline{font-size:1em}table.headline td{min-width:6em}
+th.metric{text-align:left;font-weight:normal}details{margin:.5em 0 1em}summary{cursor:pointer;color:#555}
 """
 
 
@@ -214,6 +221,46 @@ def _results(docs):
             yield _label(r), _summary(r)
 
 
+def _concurrent(summary) -> bool:
+    """A concurrent replay's summary (it has TTFT)."""
+    return "ttft_p50_s" in summary
+
+
+def _run_label(r) -> str:
+    """A result's label across documents: its policy, with ``(concurrent)`` for a concurrent
+    replay (so that a sequential and a concurrent replay of one policy read apart)."""
+    return _label(r) + (" (concurrent)" if _concurrent(_summary(r)) else "")
+
+
+def _same_run(table, summary) -> bool:
+    """Whether a CSV table holds the rows of the replay *summary* describes: a per-request
+    table has its request count and sums to its prompt and hit tokens; a timeline has one
+    row per engine step and ends at its duration."""
+    c = table["columns"]
+    if table["kind"] == "per_request":
+        if not {"prompt_tokens", "hit_tokens"} <= set(c) or summary.get("requests") != len(c["prompt_tokens"]):
+            return False
+        return (summary.get("prompt_tokens") == int(np.nansum(c["prompt_tokens"]))
+                and summary.get("hit_tokens") == int(np.nansum(c["hit_tokens"])))
+    if "time_s" not in c or not len(c["time_s"]) or summary.get("steps") != len(c["time_s"]):
+        return False
+    return summary.get("duration_s") is not None and abs(float(c["time_s"][-1]) - summary["duration_s"]) <= 1e-9 * max(
+        1.0, abs(summary["duration_s"]))
+
+
+def name_tables(docs, tables) -> list[dict]:
+    """*tables* with each CSV table labelled by the policy of the one JSON result it is the
+    rows of (:func:`_same_run`; ``vllm:16 (concurrent)``), so that figure legends name the
+    policy, not the file; a table that matches no result, or several of different labels,
+    keeps its label (the file's name)."""
+    res = [r for d in docs for r in d.get("results", [])]
+    out = []
+    for t in tables:
+        labels = {_run_label(r) for r in res if _same_run(t, _summary(r))}
+        out.append(dict(t, label=labels.pop()) if len(labels) == 1 else t)
+    return out
+
+
 def _fig_curve(docs, tables):
     curves = [c for d in docs for c in d.get("curves", [])]
     if not curves:
@@ -224,6 +271,9 @@ def _fig_curve(docs, tables):
         ax.plot([p["capacity_tokens"] for p in pts], [p["token_hit_rate"] for p in pts], marker="o",
                 label=c["policy"])
     ax.set_xscale("log")
+    from radixkv.plots import log_ticks
+
+    log_ticks(ax, [p["capacity_tokens"] for c in curves for p in c["points"]])
     ax.set_xlabel("KV pool capacity (tokens)")
     ax.set_ylabel("token hit rate")
     ax.set_ylim(0, 1)
@@ -380,7 +430,56 @@ def _cell(key, v) -> str:
             f'data-value="{html.escape(repr(v) if num else str(v))}">{html.escape(format_value(v))}</td>')
 
 
+#: the headline table's rows (metric key), in order; TTFT only when a result is concurrent
+HEADLINE = ("token_hit_rate", "hit_tokens", "evictions", "ttft_p50_s", "ttft_p99_s")
+
+
+def _na(v) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
+
+
+def _row_head(key, *, concurrent=False) -> str:
+    from radixkv.report import metric_label
+
+    return (f'<th class="metric" title="{html.escape(key)}">'
+            f'{html.escape(metric_label(key, concurrent=concurrent))}</th>')
+
+
+def _headline_table(docs) -> str:
+    """The short table first on the page: :data:`HEADLINE` rows, one column per result of
+    every document (its policy; ``(concurrent)`` for a concurrent replay)."""
+    res = [r for d in docs for r in d.get("results", [])]
+    if not res:
+        return ""
+    conc = any(_concurrent(_summary(r)) for r in res)
+    keys = [k for k in HEADLINE if conc or not k.startswith("ttft_")]
+    out = ['<table class="headline" id="headline"><thead><tr><th></th>']
+    out += [f"<th>{html.escape(_run_label(r))}</th>" for r in res]
+    out.append("</tr></thead><tbody>")
+    for k in keys:
+        out.append("<tr>" + _row_head(k))
+        out += [_cell(k, _summary(r).get(k)) for r in res]
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _metric_order(keys, concurrent: bool) -> list:
+    """*keys* in the order of the text tables' rows (:mod:`radixkv.report`), the rest after
+    them in their own order."""
+    from radixkv.report import (CONCURRENT_ROWS, HOST_CONCURRENT_ROWS, MISS_ROWS, SEQUENTIAL_ROWS,
+                                STORAGE_ROWS)
+
+    specs = (CONCURRENT_ROWS, SEQUENTIAL_ROWS) if concurrent else (SEQUENTIAL_ROWS, CONCURRENT_ROWS)
+    known = [k for spec in specs + (MISS_ROWS, HOST_CONCURRENT_ROWS, STORAGE_ROWS) for k, _, _ in spec]
+    rank = {k: n for n, k in enumerate(dict.fromkeys(known))}
+    return sorted(keys, key=lambda k: (rank.get(k, len(rank)), keys.index(k)))
+
+
 def _summary_table(doc, idx) -> str:
+    """Every scalar metric of *doc*'s results (one column per result), human labels (the
+    key on hover), in the text tables' order; the rows that are n/a for every result (not
+    modelled by these policies or this mode) folded below in a ``<details>`` element."""
     res = doc.get("results", [])
     if not res:
         return ""
@@ -389,15 +488,27 @@ def _summary_table(doc, idx) -> str:
         for k, v in _summary(r).items():
             if k not in keys and (v is None or isinstance(v, (int, float, str))) and k != "policy":
                 keys.append(k)
-    out = [f'<table class="summary" id="summary-{idx}"><thead><tr><th>metric</th>']
-    out += [f'<th>{html.escape(_label(r))}</th>' for r in res]
-    out.append("</tr></thead><tbody>")
-    for k in keys:
-        out.append(f"<tr><th>{html.escape(k)}</th>")
-        out += [_cell(k, _summary(r).get(k)) for r in res]
-        out.append("</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
+    conc = all(_concurrent(_summary(r)) for r in res)
+    keys = _metric_order(keys, conc)
+    shown = [k for k in keys if not all(_na(_summary(r).get(k)) for r in res)]
+    folded = [k for k in keys if k not in shown]
+
+    def table(ks, tid):
+        out = [f'<table class="summary" id="{tid}"><thead><tr><th>metric</th>']
+        out += [f'<th>{html.escape(_label(r))}</th>' for r in res]
+        out.append("</tr></thead><tbody>")
+        for k in ks:
+            out.append("<tr>" + _row_head(k, concurrent=conc))
+            out += [_cell(k, _summary(r).get(k)) for r in res]
+            out.append("</tr>")
+        out.append("</tbody></table>")
+        return "".join(out)
+
+    html_ = table(shown, f"summary-{idx}")
+    if folded:
+        html_ += (f"<details><summary>{len(folded)} more metric(s), n/a for every column (not modelled by "
+                  f"these policies or this mode)</summary>{table(folded, f'summary-{idx}-na')}</details>")
+    return html_
 
 
 def _curve_table(doc, idx) -> str:
@@ -434,9 +545,12 @@ def _provenance(inputs, command) -> str:
             d = item["doc"]
             t = d.get("trace", {})
             rows.append((f"input {i + 1}", item["label"]))
-            rows.append(("  written by", f"radixkv {d.get('radixkv', '?')}"))
-            rows.append(("  trace", f"{t.get('path', '?')} ({t.get('requests', '?')} requests, "
-                                    f"unit_tokens {t.get('unit_tokens', '?')})"))
+            rows.append(("  written by", f"radixkv {d['radixkv']}" if d.get("radixkv") else "not recorded"))
+            facts = [f"{t['requests']:,} requests" if isinstance(t.get("requests"), int) else None,
+                     f"unit_tokens {t['unit_tokens']}" if t.get("unit_tokens") is not None else None]
+            facts = ", ".join(f for f in facts if f)
+            rows.append(("  trace", str(t.get("path") or t.get("name") or "not recorded")
+                         + (f" ({facts})" if facts else "")))
             if d.get("limit") is not None:
                 rows.append(("  limit", str(d["limit"])))
             if d.get("config"):
@@ -444,7 +558,7 @@ def _provenance(inputs, command) -> str:
             for r in d.get("results", []):
                 if "pool" in r:
                     pool = ", ".join(f"{k}={v}" for k, v in sorted(r["pool"].items()))
-                    rows.append((f"  pool of {_label(r)}", pool or "?"))
+                    rows.append((f"  pool of {_label(r)}", pool or "not recorded"))
         else:
             rows.append((f"input {i + 1}", f"{item['label']} ({item['kind'].replace('_', '-')} CSV, "
                                            f"{len(next(iter(item['columns'].values()), []))} rows)"))
@@ -492,15 +606,22 @@ def render_report(inputs: list[dict], *, title: str = "radixkv report", command:
     if not inputs:
         raise InputError("nothing to report: give at least one result", field="inputs")
     docs = [i["doc"] for i in inputs if i["kind"] == "json"]
-    tables = [i for i in inputs if i["kind"] != "json"]
+    tables = name_tables(docs, [i for i in inputs if i["kind"] != "json"])
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>",
              "<p>Metrics as defined in radixkv's docs/DESIGN.md (Metrics). <code>n/a</code>: the policy or "
-             "mode does not model the metric (JSON <code>null</code>).</p>", "<h2>Summary</h2>"]
+             "mode does not model the metric (JSON <code>null</code>).</p>"]
+    if docs:
+        parts += ["<h2>At a glance</h2>", _headline_table(docs)]
+    parts.append("<h2>All metrics</h2>")
     for i, d in enumerate(docs):
         t = d.get("trace", {})
-        parts.append(f"<h3>{html.escape(str(t.get('name') or t.get('path') or 'result'))}</h3>")
+        res = [_summary(r) for r in d.get("results", [])]
+        what = ("concurrent replay" if res and all(_concurrent(x) for x in res) else "replay" if res else
+                "token hit rate by pool capacity" if d.get("curves") else "")
+        name = Path(str(t.get("name") or t.get("path") or "result")).name
+        parts.append(f"<h3>{html.escape(name + (': ' + what if what else ''))}</h3>")
         parts.append(_summary_table(d, i) + _curve_table(d, i))
     if not docs:
         parts.append('<p class="missing">No JSON result given (only CSV tables).</p>')

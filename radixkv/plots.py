@@ -43,6 +43,7 @@ def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: d
         ax.plot(reference["capacity_tokens"], reference["values"], "k^", linestyle="none", label=reference["label"])
     if x == "capacity_tokens":
         ax.set_xscale("log")
+        log_ticks(ax, [p[x] for c in doc["curves"] for p in c["points"]])
         ax.set_xlabel("KV pool capacity (tokens)")
     else:
         gpu = next((c.get("gpu_capacity_tokens") for c in doc["curves"]), None)
@@ -59,72 +60,172 @@ def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: d
     atomic_write_bytes(path, buf.getvalue())
 
 
+def short_number(v) -> str:
+    """A tick label: ``2k``, ``4.99k`` as ``5k``, ``1.5M``, ``120M``, ``2G`` (one decimal
+    below 10, none above); below 1,000 the number as it is."""
+    a = abs(v)
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if a >= div:
+            q = v / div
+            return (f"{q:.1f}".rstrip("0").rstrip(".") if abs(q) < 10 else f"{q:.0f}") + suffix
+    return f"{v:g}"
+
+
+def log_ticks(ax, values, *, max_ticks: int = 8) -> None:
+    """Label a log x axis at the data's own *values* (short labels, :func:`short_number`)
+    that stand apart: going up, a value is labelled when it is at least 1/*max_ticks* of
+    the axis span (in decades, at least 0.3 decade in all) above the last one labelled, so
+    labels never overlap; minor ticks stay, unlabelled. (Matplotlib's default labels the
+    minor ticks of an axis spanning under a decade or two, and those collide.)"""
+    import math
+
+    from matplotlib.ticker import FixedLocator, NullFormatter
+
+    vals = sorted({float(v) for v in values if v and v > 0})
+    if not vals:
+        return
+    gap = max(math.log10(vals[-1] / vals[0]), 0.3 * max_ticks) / max_ticks
+    keep = [vals[0]]
+    for v in vals[1:]:
+        if math.log10(v / keep[-1]) >= gap - 1e-9:
+            keep.append(v)
+    ax.xaxis.set_major_locator(FixedLocator(keep))
+    ax.set_xticks(keep, [short_number(v) for v in keep])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def _capacity_tokens(row: dict):
-    """The pool's usable tokens of a sweep row (the replay's, else the pool rule's)."""
+    """The pool's usable tokens of a sweep row (the replay's, else the pool rule's); None
+    when the row does not say."""
     m, pool = row.get("metrics", {}), row.get("pool", {})
     for v in (m.get("pool_capacity_tokens"), pool.get("capacity_tokens"), row.get("settings", {}).get("capacity_tokens")):
         if v is not None:
             return v
     if pool.get("max_total_num_tokens") is not None:
         return pool["max_total_num_tokens"]
+    if pool.get("num_gpu_blocks") is not None:
+        # a vLLM-engine policy sized in its own terms (a concurrent summary has no
+        # pool_capacity_tokens): block 0 is the null block, each other block holds block_size
+        # tokens (vllm/v1/core/block_pool.py, BlockPool.__init__)
+        from radixkv.policies.registry import parse_policy
+
+        size = parse_policy(row["settings"]["policy"]).size
+        if size:
+            return (int(pool["num_gpu_blocks"]) - 1) * int(size)
     return None
 
 
-def plot_sweep(rows: list[dict], path, *, metric: str = "token_hit_rate") -> int:
-    """Hit rate against pool capacity (log x) from a sweep's rows, written atomically as PNG.
+def sweep_lines(rows: list[dict], *, x: str = "capacity_tokens", metric: str = "token_hit_rate") -> dict:
+    """The lines :func:`plot_sweep` draws: ``{trace path: {label: [(x, y), ...]}}``, points
+    sorted by x. A line is a policy and a value of every other knob the sweep varies (the
+    label names them); a cell without a number for *x* or *metric* is left out.
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        Nothing to draw (``field`` = ``x`` or ``metric``), with the reason: *metric* is in no
+        cell (the metrics that are), or the cells have fewer than two numbers for *x* (and
+        the knobs the grid sweeps, to pass as ``--x``).
+    """
+    from radixkv.errors import InputError
+    from radixkv.sweep.show import POOL_KEYS, check_metric, setting, swept
+
+    if not rows:
+        raise InputError("the sweep has no finished cell: nothing to plot", field="dir")
+    check_metric(rows, metric)
+    knobs = [k for k in swept(rows) if k != "trace"]
+
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    pts = [(r, setting(r, x)) for r in rows]
+    xs = {v for _, v in pts if number(v)}
+    if len(xs) < 2:
+        numeric = [k for k in knobs if k != x and len({setting(r, k) for r in rows
+                                                       if number(setting(r, k))}) > 1]
+        why = (f"the grid sweeps {', '.join(numeric)}; use --x {numeric[0]}" if numeric else
+               f"the grid sweeps no numeric knob ({', '.join(knobs) or 'none'}): nothing to put on an x axis")
+        what = (f"no cell has a number for {x!r}" if not xs else
+                f"every cell has {x} = {next(iter(xs)):,}")
+        raise InputError(f"nothing to draw from {len(rows)} cells: {what}; {why}", field="x")
+    skip = {"policy", x} | (set(POOL_KEYS) if x in POOL_KEYS else set())
+    varying = [k for k in knobs if k not in skip]
+    out: dict = {}
+    for r, xv in pts:
+        y = r.get("metrics", {}).get(metric)
+        if not number(xv) or not number(y):
+            continue
+        # a knob the cell left out (a default, or one its mode does not read) is not named
+        label = " ".join([str(r["settings"]["policy"])] + [f"{k}={r['settings'][k]}" for k in varying
+                                                           if k in r["settings"]])
+        out.setdefault(r["trace"]["path"], {}).setdefault(label, []).append((xv, y))
+    if not out:
+        raise InputError(f"0 lines from {len(rows)} cells: no cell has both a number for {x!r} and for "
+                         f"{metric!r}", field="metric")
+    for lines in out.values():
+        for label in lines:
+            lines[label].sort()
+    return out
+
+
+def plot_sweep(rows: list[dict], path, *, metric: str = "token_hit_rate", x: str = "capacity_tokens") -> int:
+    """*metric* against the knob *x* from a sweep's rows, written atomically as PNG.
 
     One panel per trace; one line per policy — and per value of any other setting that
-    varies in the sweep (the line's label names it). Cells without *metric* (a mode that
-    does not model it) are left out.
+    varies in the sweep (the line's label names it): :func:`sweep_lines`. The x axis is
+    logarithmic for the pool's capacity (tokens, the default) and for a knob whose values
+    span 20x or more.
 
     Parameters
     ----------
     rows : list of dict
         :func:`radixkv.sweep.read_rows` rows.
     path : str or Path
-        The PNG to write.
+        The PNG to write (nothing is written when there is nothing to draw).
     metric : str
-        A summary metric (``token_hit_rate``, ``mean_request_hit_ratio``, ...).
+        A summary metric (``token_hit_rate``, ``hit_tokens``, ``ttft_p99_s``, ...).
+    x : str
+        A grid knob (``capacity_tokens``: the pool's usable tokens however the grid sized
+        it; ``gpu_memory_utilization``, ``max_num_seqs``, ...).
 
     Returns
     -------
     int
-        Lines drawn.
+        Lines drawn (at least 1).
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        Nothing to draw (:func:`sweep_lines`).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in rows if r.get("metrics", {}).get(metric) is not None and _capacity_tokens(r) is not None]
-    traces = sorted({r["trace"]["path"] for r in rows})
-    skip = {"policy", "capacity_tokens", "num_gpu_blocks", "max_total_num_tokens", "gpu_memory_utilization",
-            "mem_fraction_static"}
-    varying = sorted({k for r in rows for k in r["settings"] if k not in skip
-                      and len({repr(x["settings"].get(k)) for x in rows}) > 1})
-    fig, axes = plt.subplots(1, max(1, len(traces)), figsize=(6.4 * max(1, len(traces)), 4.0), dpi=120,
-                             squeeze=False)
+    from radixkv.report import metric_label
+
+    panels = sweep_lines(rows, x=x, metric=metric)
+    traces = sorted(panels)
+    fig, axes = plt.subplots(1, len(traces), figsize=(6.4 * len(traces), 4.0), dpi=120, squeeze=False)
     lines = 0
-    for ax, tr in zip(axes[0], traces or [""]):
-        groups: dict = {}
-        for r in rows:
-            if r["trace"]["path"] != tr:
-                continue
-            label = " ".join([r["settings"]["policy"]] + [f"{k}={r['settings'][k]}" for k in varying
-                                                           if k in r["settings"]])
-            groups.setdefault(label, []).append((_capacity_tokens(r), r["metrics"][metric]))
+    for ax, tr in zip(axes[0], traces):
+        groups = panels[tr]
+        xs = sorted({p[0] for pts in groups.values() for p in pts})
         for label in sorted(groups):
-            pts = sorted(groups[label])
+            pts = groups[label]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
             lines += 1
-        ax.set_xscale("log")
-        ax.set_xlabel("KV pool capacity (tokens)")
-        ax.set_ylabel(metric.replace("_", " "))
-        ax.set_ylim(bottom=0)
+        if x == "capacity_tokens" or (xs[0] > 0 and xs[-1] >= 20 * xs[0]):
+            ax.set_xscale("log")
+            log_ticks(ax, xs)
+        ax.set_xlabel("KV pool capacity (tokens)" if x == "capacity_tokens" else x)
+        ax.set_ylabel(metric_label(metric))
+        if all(p[1] >= 0 for pts in groups.values() for p in pts):
+            ax.set_ylim(bottom=0)
         ax.grid(True, which="both", alpha=0.3)
         ax.set_title(tr, fontsize=9)
-        if groups:
-            ax.legend(fontsize=7)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})

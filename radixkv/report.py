@@ -6,7 +6,7 @@ rows (metric key, label, format) of the two replay modes.
 """
 from __future__ import annotations
 
-__all__ = ["format_table", "SEQUENTIAL_ROWS", "CONCURRENT_ROWS", "MISS_ROWS"]
+__all__ = ["format_table", "metric_label", "SEQUENTIAL_ROWS", "CONCURRENT_ROWS", "MISS_ROWS"]
 
 SEQUENTIAL_ROWS = [
     ("requests", "requests", "{:,}"),
@@ -51,7 +51,7 @@ MISS_ROWS = [
     ("miss_causes.share.routing", "prompt share: routing (replicas)", "{:.4f}"),
     ("miss_causes.fix.capacity_tokens_to_halve", "pool halving capacity misses (tokens)", "{:,}"),
     ("miss_causes.fix.smaller_size", "next smaller block/page size", "{:,}"),
-    ("miss_causes.fix.hit_tokens_gained_at_smaller_size", "hit tokens gained at that size", "{:,}"),
+    ("miss_causes.fix.hit_tokens_gained_at_smaller_size", "hit tokens gained at that size (< 0: lost)", "{:+,}"),
 ]
 
 
@@ -105,6 +105,25 @@ HOST_CONCURRENT_ROWS = [
     ("gpu_to_host_tokens", "GPU→host tokens", "{:,}"),
     ("host_load_s", "host→GPU copy time (s, summed)", "{:.3f}"),
 ]
+
+
+def metric_label(key: str, *, concurrent: bool = False) -> str:
+    """The human label of a summary metric: the label of its row in the tables above (the
+    concurrent table's first when *concurrent*), else the key in words (``_`` as spaces, a
+    ``_s`` suffix as ``(s)``, ``_tokens`` as ``(tokens)``)."""
+    specs = ((CONCURRENT_ROWS, HOST_CONCURRENT_ROWS) if concurrent else ()) + (
+        SEQUENTIAL_ROWS, MISS_ROWS, CONCURRENT_ROWS, HOST_CONCURRENT_ROWS, STORAGE_ROWS)
+    for spec in specs:
+        for k, label, _ in spec:
+            if k == key:
+                return label
+    words = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "end-to-end", "flops": "FLOPs", "kv": "KV", "gpu": "GPU"}
+    unit = ""
+    for suffix, u in (("_s", "s"), ("_tokens", "tokens"), ("_bytes", "bytes")):
+        if key.endswith(suffix) and len(key) > len(suffix):
+            key, unit = key[: -len(suffix)], f" ({u})"
+            break
+    return " ".join(words.get(w, w) for w in key.split("_")) + unit
 
 
 def _fmt(fmt, v):

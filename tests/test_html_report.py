@@ -65,7 +65,8 @@ def demo_report(tmp_path_factory):
 
 
 def _expected_cells(d):
-    """(key, value) of every summary cell, straight from the JSON files."""
+    """(key, value) of every summary cell, straight from the JSON files, sorted (a table's
+    rows are in the text tables' order, the all-n/a rows folded into a second table)."""
     want = []
     for name in ("compare.json", "concurrent.json"):
         doc = json.loads((d / name).read_text())
@@ -74,8 +75,31 @@ def _expected_cells(d):
             for k, v in r["summary"].items():
                 if k not in keys and k != "policy" and (v is None or isinstance(v, (int, float, str))):
                     keys.append(k)
-        want.append([(k, r["summary"].get(k)) for k in keys for r in doc["results"]])
+        want.append(sorted(((k, r["summary"].get(k)) for k in keys for r in doc["results"]), key=repr))
     return want
+
+
+def _summary_cells(tables):
+    """Per result document, the cells of its summary table and of its folded n/a table."""
+    out = {}
+    for t in tables:
+        m = re.fullmatch(r"summary-(\d+)(-na)?", t["id"] or "")
+        if m:
+            out.setdefault(int(m.group(1)), []).extend(t["cells"])
+    return [out[i] for i in sorted(out)]
+
+
+def _matches(cells, want) -> bool:
+    """The page's cells are the JSON's (key, value) pairs, each once."""
+    if len(cells) != len(want):
+        return False
+    rest = list(want)
+    for k, cv in cells:
+        hit = next((n for n, (wk, wv) in enumerate(rest) if wk == k and _same(cv, wv)), None)
+        if hit is None:
+            return False
+        rest.pop(hit)
+    return True
 
 
 def _same(cell_value: str, v) -> bool:
@@ -93,11 +117,21 @@ def test_page_is_self_contained_and_holds_the_json_numbers(demo_report):
     assert all(s.startswith("data:image/png;base64,") for s in p.imgs)
     assert not [u for u in p.links if re.match(r"(https?:)?//", u)]  # no network
     assert len(p.imgs) == len(FIGURES)  # every figure drawn from these inputs
-    summaries = [t for t in p.tables if (t["id"] or "").startswith("summary-")]
-    for table, want in zip(summaries, _expected_cells(d)):
-        assert len(table["cells"]) == len(want)
-        for (k, cv), (wk, wv) in zip(table["cells"], want):
-            assert k == wk and _same(cv, wv), (k, cv, wv)
+    summaries = _summary_cells(p.tables)
+    want = _expected_cells(d)
+    assert len(summaries) == len(want) == 2
+    for cells, w in zip(summaries, want):
+        assert _matches(cells, w)
+    # the folded tables hold exactly the rows that are n/a in every column, and only those
+    for t in p.tables:
+        if re.fullmatch(r"summary-\d+", t["id"] or ""):
+            rows = {}
+            for k, v in t["cells"]:
+                rows.setdefault(k, []).append(v)
+            assert not [k for k, vs in rows.items() if all(v == "null" for v in vs)]
+        if re.fullmatch(r"summary-\d+-na", t["id"] or ""):
+            assert t["cells"] and all(v == "null" for _, v in t["cells"])
+    assert page.count("<details>") == 2 and page.index('id="headline"') < page.index('id="summary-0"')
     curve = json.loads((d / "curve.json").read_text())
     cells = [c for t in p.tables if (t["id"] or "").startswith("curve-") for c in t["cells"]]
     hit = [pt["token_hit_rate"] for cap in (2000, 8000, 32000) for c in curve["curves"]
@@ -169,11 +203,11 @@ def test_report_in_headless_chromium(demo_report, tmp_path):
     assert not _console_errors(r.stderr), _console_errors(r.stderr)
     p = _Cells()
     p.feed(r.stdout)
-    summaries = [t for t in p.tables if (t["id"] or "").startswith("summary-")]
+    summaries = _summary_cells(p.tables)
     want = _expected_cells(d)
     assert len(summaries) == len(want)
-    for table, w in zip(summaries, want):
-        assert all(k == wk and _same(cv, wv) for (k, cv), (wk, wv) in zip(table["cells"], w))
+    for cells, w in zip(summaries, want):
+        assert _matches(cells, w)
     # 2. every figure decodes and renders: a probe script on a copy of the page
     probe = tmp_path / "probe.html"
     probe.write_text(out.read_text().replace("</body>", _PROBE + "</body>"))
@@ -217,3 +251,85 @@ def test_check_and_sweep_write_reports_holding_their_numbers(tmp_path, capsys):
     curve = [float(v) for t in p.tables if (t["id"] or "").startswith("curve-") for _, v in t["cells"]]
     assert curve == [rows[2000], rows[8000]]
     assert len(p.imgs) == 3  # curve, histogram, alignment loss (no timeline or per-request rows)
+
+
+# ---------------------------------------------------------------------- issue 32: a readable page
+def test_headline_table_first_with_the_policies_as_columns(demo_report):
+    d, out = demo_report
+    page = out.read_text()
+    p = _Cells()
+    p.feed(page)
+    head = next(t for t in p.tables if t["id"] == "headline")
+    cmp_ = json.loads((d / "compare.json").read_text())["results"]
+    conc = json.loads((d / "concurrent.json").read_text())["results"]
+    cols = [r["summary"] for r in cmp_ + conc]
+    keys = ["token_hit_rate", "hit_tokens", "evictions", "ttft_p50_s", "ttft_p99_s"]
+    assert [k for k, _ in head["cells"]] == [k for k in keys for _ in cols]
+    assert all(_same(v, cols[n % len(cols)].get(k)) for n, (k, v) in enumerate(head["cells"]))
+    # the policies head the columns; the concurrent replay reads apart from the sequential one
+    m = re.search(r'<table class="headline" id="headline"><thead><tr><th></th>(.*?)</tr>', page)
+    assert re.findall(r"<th>(.*?)</th>", m.group(1)) == ["vllm:16", "vllm:32", "sglang:1", "none:1",
+                                                          "vllm:16 (concurrent)"]
+    # a sequential replay has no TTFT, a concurrent one counts no evictions: n/a, never 0
+    assert dict(head["cells"][3 * len(cols):3 * len(cols) + 4]) == {"ttft_p50_s": "null"}
+    assert head["cells"][3 * len(cols) - 1] == ("evictions", "null")
+
+
+def test_rows_read_as_words_with_the_key_on_hover(demo_report):
+    _, out = demo_report
+    page = out.read_text()
+    assert '<th class="metric" title="token_hit_rate">token hit rate</th>' in page
+    assert '<th class="metric" title="ttft_p99_s">TTFT p99 (s)</th>' in page
+    assert '<th class="metric" title="tpot_mean_s">TPOT mean (s)</th>' in page
+    heads = re.findall(r'<th class="metric" title="[^"]*">([^<]*)</th>', page)
+    assert heads and not [h for h in heads if "_" in h]  # no raw snake_case row
+    # in the text tables' order: the sequential table starts with requests, pool, prompt, hit tokens
+    first = re.search(r'id="summary-0">.*?</table>', page).group(0)
+    assert re.findall(r'<th class="metric" title="([^"]*)"', first)[:5] == [
+        "requests", "pool_capacity_tokens", "pool_slots", "prompt_tokens", "hit_tokens"]
+
+
+def test_csv_tables_are_named_by_the_policy_of_their_run(demo_report):
+    from radixkv.html_report import name_tables, read_input
+
+    d, _ = demo_report
+    docs = [read_input(d / n)["doc"] for n in ("compare.json", "concurrent.json")]
+    tl, pr = read_input(d / "timeline.csv"), read_input(d / "requests.csv")
+    assert (tl["label"], pr["label"]) == ("timeline", "requests")  # the files' names
+    assert [t["label"] for t in name_tables(docs, [tl, pr])] == ["vllm:16 (concurrent)"] * 2
+    # without the concurrent JSON nothing matches (the sequential vllm:16 hit other tokens): the file name stays
+    assert [t["label"] for t in name_tables(docs[:1], [tl, pr])] == ["timeline", "requests"]
+    # one request fewer is another run
+    short = dict(pr, columns={k: v[:-1] for k, v in pr["columns"].items()})
+    assert name_tables(docs, [short])[0]["label"] == "requests"
+
+
+def test_provenance_says_not_recorded_instead_of_question_marks(tmp_path):
+    from radixkv.html_report import render_report, sweep_doc
+
+    row = {"key": "k", "trace": {"path": "t.jsonl", "sha256": "0"}, "settings": {"policy": "vllm:16"},
+           "metrics": {"token_hit_rate": 0.5}, "pool": {"capacity_tokens": 100}}
+    page = render_report([{"kind": "json", "doc": sweep_doc([row]), "label": "sweep"},
+                          {"kind": "json", "doc": {"results": [{"policy": "x", "summary": {}}]}, "label": "bare"}])
+    prov = page[page.index('class="provenance"'):]
+    assert "?" not in prov and "not recorded" in prov
+
+
+@needs_browser
+@pytest.mark.slow
+def test_docs_report_demo_png_is_the_readme_report_today(tmp_path):
+    """docs/report-demo.png is the page the README's report commands make now: a fresh
+    screenshot (tools/report_demo.py) has its size and nearly all its pixels."""
+    import sys
+
+    import matplotlib.image as mpimg
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import report_demo
+
+    page = report_demo.run_commands(tmp_path)
+    shot = tmp_path / "shot.png"
+    report_demo.screenshot(page, shot, browser=CHROMIUM)
+    new, old = mpimg.imread(str(shot))[..., :3], mpimg.imread(str(report_demo.ROOT / "docs" / "report-demo.png"))[..., :3]
+    assert new.shape == old.shape, "docs/report-demo.png is stale: python tools/report_demo.py"
+    assert float((abs(new - old) > 0.1).mean()) < 0.01, "docs/report-demo.png is stale: python tools/report_demo.py"

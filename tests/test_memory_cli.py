@@ -75,3 +75,45 @@ def test_bad_input_exits_2(capsys, argv):
 def test_unknown_model_lists_presets(capsys):
     rc, _, err = _run(capsys, "--model", "nope", "--gpu", "H100-80GB")
     assert rc == 2 and "DeepSeek-V3" in err and "Llama-2-7B" in err
+
+
+# Llama-3.1-70B on an A100-80GB at tp 2 (worked out by hand): weights 70.55e9 params x 2 B / 2
+# ranks = 65.7 GiB per rank of 80 GiB. SGLang with mem_fraction_static 0.5 reserves at least
+# half of what is free before loading (~40 GiB), so 80 - 65.7 - 40 < 0: no page fits. vLLM at
+# its default gpu_memory_utilization 0.92 has 73.6 - 65.7 = 7.9 GiB before its estimates
+# (activations, CUDA graphs, non-torch: under 4 GiB together): its pool fits.
+_70B_TP2 = ("--model", "Llama-3.1-70B", "--gpu", "A100-80GB", "--tp", "2", "--kv-cache-dtype", "fp8")
+
+
+def test_both_engines_shows_the_one_that_fits_and_why_the_other_does_not(capsys):
+    rc, out, err = _run(capsys, *_70B_TP2, "--mem-fraction-static", "0.5", "--engine", "both", "--json")
+    assert rc == 0 and err == ""
+    r = json.loads(out)
+    assert list(r["pools"]) == ["vllm"] and list(r["does_not_fit"]) == ["sglang"]
+    why = r["does_not_fit"]["sglang"]
+    assert "mem_fraction_static" in why and "SGLang would leave -" in why
+    # the pool shown is the one --engine vllm alone gives; --engine sglang alone is exit 2 with the same reason
+    _, vout, _ = _run(capsys, *_70B_TP2, "--engine", "vllm", "--json")
+    assert r["pools"]["vllm"] == json.loads(vout)["pools"]["vllm"]
+    assert r["pools"]["vllm"]["capacity_tokens"] > 0
+    rc_s, _, err_s = _run(capsys, *_70B_TP2, "--mem-fraction-static", "0.5", "--engine", "sglang")
+    assert rc_s == 2 and why in err_s
+    # the text report has both sections, in engine order
+    rc_t, text, _ = _run(capsys, *_70B_TP2, "--mem-fraction-static", "0.5", "--engine", "both")
+    assert rc_t == 0
+    heads = [ln for ln in text.splitlines() if ln.startswith("[")]
+    assert heads[0].startswith("[vllm] gpu_memory_utilization 0.92")
+    assert heads[1] == f"[sglang] does not fit: {why}"
+
+
+def test_the_issue_command_shows_vllms_pool(capsys):
+    # issue 32: this exited 2 with only SGLang's error
+    rc, out, _ = _run(capsys, *_70B_TP2, "--engine", "both", "--json")
+    assert rc == 0 and json.loads(out)["pools"]["vllm"]["capacity_tokens"] > 0
+
+
+def test_no_engine_fits_is_exit_2_with_both_reasons(capsys):
+    # tp 1: 141 GB of bf16 weights on an 80 GiB GPU, neither engine has room
+    rc, out, err = _run(capsys, "--model", "Llama-3.1-70B", "--gpu", "A100-80GB", "--engine", "both")
+    assert rc == 2 and out == ""
+    assert "no engine's KV pool fits" in err and "vLLM would leave" in err and "SGLang would leave" in err

@@ -6,7 +6,14 @@ Data flow: :func:`radixkv.check.config.load_config` → :func:`run_check` (repla
 
 Baseline file (JSON, written by :func:`write_baseline`)::
 
-    {"radixkv": "0.1.0", "results": {TRACE: {POLICY: {METRIC: value, ...}, ...}, ...}}
+    {"radixkv": "0.1.0", "results": {TRACE: {POLICY: {METRIC: value, ...}, ...}, ...},
+     "pools": {TRACE: {POLICY: {"pool_capacity_tokens": int, "pool_slots": int,
+                                "pool_slot_tokens": int}, ...}, ...}}
+
+``pools`` (the pool each pair replayed on: usable tokens, and its blocks/pages and their
+size) lets a baseline assertion tell a configuration change from a regression: when the
+pool differs from the one recorded, it fails with that as its message instead of comparing
+the metrics. A baseline file written before the pools were recorded has no ``pools``.
 """
 from __future__ import annotations
 
@@ -140,8 +147,8 @@ def read_baseline(path: Path) -> dict:
         raise InputError("not a radixkv baseline file: no 'results' table", path=path, field="results",
                          line=validate.line_of(text, "results") if isinstance(doc, dict) else None)
     for k in doc:
-        if k not in ("radixkv", "results"):
-            raise InputError("unknown key; a baseline file has 'radixkv' and 'results'", path=path, field=k,
+        if k not in ("radixkv", "results", "pools"):
+            raise InputError("unknown key; a baseline file has 'radixkv', 'results' and 'pools'", path=path, field=k,
                              line=validate.line_of(text, k))
     res = doc["results"]
     for t, pols in res.items():
@@ -162,9 +169,62 @@ def read_baseline(path: Path) -> dict:
 def write_baseline(path: Path, summaries: dict) -> None:
     """Write every pair's baseline metrics to *path* atomically (temp file + rename)."""
     res: dict = {}
+    pools: dict = {}
     for (t, p), s in summaries.items():
         res.setdefault(t, {})[p] = {m: s.get(m) for m in BASELINE_METRICS}
-    atomic_write_text(path, dumps_json({"radixkv": __import__("radixkv").__version__, "results": res}))
+        pools.setdefault(t, {})[p] = {k: s.get(k) for k in POOL_FIELDS}
+    atomic_write_text(path, dumps_json({"radixkv": __import__("radixkv").__version__, "results": res,
+                                        "pools": pools}))
+
+
+#: the pool fields a baseline records per pair (summary keys: usable tokens, blocks/pages, their size)
+POOL_FIELDS = ("pool_capacity_tokens", "pool_slots", "pool_slot_tokens")
+
+
+def read_baseline_pools(path: Path) -> dict:
+    """The ``pools`` table of a baseline file (:func:`write_baseline`): ``{trace: {policy:
+    {field: value}}}``; empty for a file written before pools were recorded. Call after
+    :func:`read_baseline` (which checks the file)."""
+    from radixkv import validate
+
+    doc, text = validate.read_json(path)
+    pools = doc.get("pools") if isinstance(doc, dict) else None
+    if pools is None:
+        return {}
+    validate.table(pools, path=path, field="pools", line=validate.line_of(text, "pools"),
+                   what="a table of trace: {policy: pool}")
+    for t, pols in pools.items():
+        validate.table(pols, path=path, field=f"pools.{t}", line=validate.line_of(text, "pools", t),
+                       what="a table of policy: pool")
+        for p, rec in pols.items():
+            validate.table(rec, path=path, field=f"pools.{t}.{p}", line=validate.line_of(text, "pools", t, p),
+                           what=f"a table of {', '.join(POOL_FIELDS)}")
+            for k, v in rec.items():
+                where = dict(path=path, field=f"pools.{t}.{p}.{k}", line=validate.line_of(text, "pools", t, p, k))
+                if k not in POOL_FIELDS:
+                    raise InputError(f"unknown pool field; known: {', '.join(POOL_FIELDS)}", **where)
+                validate.number(v, integer=True, minimum=0, null=True, **where)
+    return pools
+
+
+def pool_change(summary: dict, recorded) -> str:
+    """A message when this replay's pool differs from the *recorded* one (``""`` when it is
+    the same, or nothing was recorded), e.g. ``"pool changed since the baseline: 20,000
+    tokens (1,250 slots of 16) -> 10,000 tokens (625 slots of 16): a configuration change,
+    not a regression; rerun with --update-baseline"``."""
+    if not isinstance(recorded, dict) or not recorded:
+        return ""
+    now = {k: summary.get(k) for k in POOL_FIELDS}
+    if all(recorded.get(k) == now[k] for k in POOL_FIELDS):
+        return ""
+
+    def show(p):
+        tok, n, size = (p.get(k) for k in POOL_FIELDS)
+        text = f"{tok:,} tokens" if isinstance(tok, int) else "tokens not recorded"
+        return text + (f" ({n:,} slots of {size})" if isinstance(n, int) and isinstance(size, int) else "")
+
+    return (f"pool changed since the baseline: {show(recorded)} -> {show(now)}: a configuration change, not a "
+            f"regression; rerun with --update-baseline")
 
 
 def read_golden(path: Path) -> list:
@@ -234,13 +294,15 @@ def compare_hits(req_id, hit_tokens, golden: list, prompt_tokens=None) -> tuple[
     return len(bad), f"{len(bad)} of {max(n, g)} requests differ; first: " + ", ".join(bad[:3])
 
 
-def evaluate(a: Assertion, summary: dict, hits=None, baseline: dict | None = None, golden: list | None = None) -> Outcome:
+def evaluate(a: Assertion, summary: dict, hits=None, baseline: dict | None = None, golden: list | None = None,
+             pools: dict | None = None) -> Outcome:
     """The :class:`Outcome` of assertion *a* on one pair's *summary*.
 
     *hits* is ``(req_id, hit_tokens, prompt_tokens)`` of the replay (golden assertions); *baseline* the
-    baseline table (baseline assertions); *golden* the rows of ``a.golden`` when already
-    read (:func:`read_golden`). A metric that is null (not modelled) fails
-    with a note rather than passing silently.
+    baseline table (baseline assertions), *pools* its recorded pools (:func:`read_baseline_pools`):
+    a baseline assertion on a pair whose pool changed fails with :func:`pool_change`'s message,
+    not a comparison; *golden* the rows of ``a.golden`` when already read (:func:`read_golden`).
+    A metric that is null (not modelled) fails with a note rather than passing silently.
     """
     if a.kind == "golden":
         rows = golden if golden is not None else read_golden(a.golden)
@@ -255,6 +317,9 @@ def evaluate(a: Assertion, summary: dict, hits=None, baseline: dict | None = Non
     if a.kind == "max":
         return Outcome(a, value, a.bound, value <= a.bound)
     base = (baseline or {}).get(a.trace, {}).get(a.policy, {}).get(a.metric)
+    changed = pool_change(summary, (pools or {}).get(a.trace, {}).get(a.policy))
+    if changed:
+        return Outcome(a, value, None, False, changed)
     if base is None:
         return Outcome(a, value, None, False, "no baseline value for this pair: run with --update-baseline")
     limit = float(base) - a.bound if a.higher_is_better else float(base) + a.bound
@@ -295,9 +360,10 @@ def run_check(config: CheckConfig, *, update_baseline: bool = False, quiet: bool
                           path=config.path, field="baseline")
     if update_baseline:  # the baseline writer is held to the rule every output is
         check_output_paths(config.baseline, inputs=config.input_files())
-    baseline = None
+    baseline = pools = None
     if not update_baseline and any(a.kind == "baseline" for a in config.assertions):
         baseline = read_baseline(config.baseline)
+        pools = read_baseline_pools(config.baseline)
     # every golden file is read (and checked) before the replays: a broken one is exit 2 at once
     goldens = {g: read_golden(g) for g in dict.fromkeys(a.golden for a in config.assertions if a.golden is not None)}
     pols = {p.label: p for p in config.policies}
@@ -337,7 +403,7 @@ def run_check(config: CheckConfig, *, update_baseline: bool = False, quiet: bool
             baseline = read_baseline(config.baseline)
     for a in config.assertions:
         key = (a.trace, a.policy)
-        result.outcomes.append(evaluate(a, summaries[key], hits.get(key), baseline, goldens.get(a.golden)))
+        result.outcomes.append(evaluate(a, summaries[key], hits.get(key), baseline, goldens.get(a.golden), pools))
     return result
 
 

@@ -10,13 +10,18 @@ Examples::
 
 With ``--gpu-memory-utilization`` only vLLM's pool is shown, with ``--mem-fraction-static``
 only SGLang's, with neither both (each with its default); ``--engine`` overrides.
+
+With both engines shown, an engine whose pool does not fit on the GPU is reported with the
+reason (``[sglang] does not fit: ...``; in ``--json``, ``does_not_fit`` maps the engine to
+it) and the other is still shown. Exit status: 0 when at least one pool shown fits, 2 when
+none does (or the one engine asked for does not), with every reason.
 """
 from __future__ import annotations
 
 import json
 import math
 
-from radixkv.errors import InputError
+from radixkv.errors import ConfigError, InputError
 from radixkv.memory.pool import (
     GiB,
     PoolSize,
@@ -163,37 +168,32 @@ def memory_report(args) -> dict:
         out["sliding_window"] = model.sliding_window
         out["state_bytes_per_sequence_per_rank"] = (model.state_bytes_per_sequence(args.tp)
                                                     if counts["linear_attention"] else None)
-    if engine in ("vllm", "both"):
-        pool = vllm_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
-                              gpu_memory_utilization=util, block_size=args.block_size,
-                              max_num_batched_tokens=args.max_num_batched_tokens,
-                              engine_version=version)
-        out["pools"]["vllm"] = _pool_dict(pool, max_len)
-        if model.is_hybrid:
-            # vLLM's KV cache groups: the same budget in block ids of one group's layers (with
-            # linear-attention layers, at the block size raised to cover a state page)
-            from radixkv.memory.hybrid import (vllm_hybrid_block_size, vllm_hybrid_num_gpu_blocks,
-                                               vllm_hybrid_policy_option, vllm_kv_cache_groups)
-
-            groups, size = vllm_kv_cache_groups(model)
-            hb = vllm_hybrid_block_size(model, block_size=args.block_size, tp=args.tp, kv_cache_dtype=kv_dtype)
-            nb = vllm_hybrid_num_gpu_blocks(model, pool.budget_bytes, block_size=args.block_size, tp=args.tp,
-                                            kv_cache_dtype=kv_dtype)
-            out["pools"]["vllm"]["hybrid"] = {
-                "group_size": size,
-                "groups": [{"kind": g.kind, "window": g.window, "layers": g.layers, "padding": g.padding}
-                           for g in groups],
-                "block_size": hb,
-                "block_bytes": (hb * size * model.kv_elements_per_token_layer(args.tp)
-                                * model.kv_dtype_bytes(kv_dtype)),
-                "num_gpu_blocks": nb,
-                "policy": "vllm-hybrid:%d@%s" % (hb, vllm_hybrid_policy_option(groups)),
-            }
-    if engine in ("sglang", "both"):
-        pool = sglang_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
-                                mem_fraction_static=mfs, page_size=args.page_size,
-                                engine_version=version)
-        out["pools"]["sglang"] = _pool_dict(pool, max_len)
+    # --engine both: an engine whose pool does not fit is reported with its reason, the
+    # other still shown; it is an error only when no engine fits (or the one asked for)
+    engines = ("vllm", "sglang") if engine == "both" else (engine,)
+    unfit = {}
+    if "vllm" in engines:
+        try:
+            _vllm_pool(out, model, gpu, args, util, kv_dtype, version, max_len)
+        except ConfigError as e:
+            if engine != "both":
+                raise
+            unfit["vllm"] = e
+    if "sglang" in engines:
+        try:
+            pool = sglang_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
+                                    mem_fraction_static=mfs, page_size=args.page_size,
+                                    engine_version=version)
+        except ConfigError as e:
+            if engine != "both":
+                raise
+            unfit["sglang"] = e
+        else:
+            out["pools"]["sglang"] = _pool_dict(pool, max_len)
+    if unfit and not out["pools"]:
+        raise ConfigError("no engine's KV pool fits: " + "; ".join(str(e) for e in unfit.values()))
+    if unfit:
+        out["does_not_fit"] = {eng: str(e) for eng, e in unfit.items()}
     if logged is not None:
         out["logged"] = _logged_dict(logged)
         mod = out["pools"].get(logged.engine)
@@ -202,6 +202,41 @@ def memory_report(args) -> dict:
             out["logged"]["model_error_pct"] = round(
                 100.0 * (mod["capacity_tokens"] - logged.capacity_tokens) / logged.capacity_tokens, 3)
     return out
+
+
+def _vllm_pool(out, model, gpu, args, util, kv_dtype, version, max_len) -> None:
+    """vLLM's pool (and, for a hybrid model, its KV cache groups) into ``out["pools"]``.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        The pool does not fit (:func:`radixkv.memory.pool.vllm_pool_size`).
+    """
+    pool = vllm_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
+                          gpu_memory_utilization=util, block_size=args.block_size,
+                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          engine_version=version)
+    out["pools"]["vllm"] = _pool_dict(pool, max_len)
+    if model.is_hybrid:
+        # vLLM's KV cache groups: the same budget in block ids of one group's layers (with
+        # linear-attention layers, at the block size raised to cover a state page)
+        from radixkv.memory.hybrid import (vllm_hybrid_block_size, vllm_hybrid_num_gpu_blocks,
+                                           vllm_hybrid_policy_option, vllm_kv_cache_groups)
+
+        groups, size = vllm_kv_cache_groups(model)
+        hb = vllm_hybrid_block_size(model, block_size=args.block_size, tp=args.tp, kv_cache_dtype=kv_dtype)
+        nb = vllm_hybrid_num_gpu_blocks(model, pool.budget_bytes, block_size=args.block_size, tp=args.tp,
+                                        kv_cache_dtype=kv_dtype)
+        out["pools"]["vllm"]["hybrid"] = {
+            "group_size": size,
+            "groups": [{"kind": g.kind, "window": g.window, "layers": g.layers, "padding": g.padding}
+                       for g in groups],
+            "block_size": hb,
+            "block_bytes": (hb * size * model.kv_elements_per_token_layer(args.tp)
+                            * model.kv_dtype_bytes(kv_dtype)),
+            "num_gpu_blocks": nb,
+            "policy": "vllm-hybrid:%d@%s" % (hb, vllm_hybrid_policy_option(groups)),
+        }
 
 
 #: the flags that shape a memory-model pool, with their defaults (none is read with
@@ -300,7 +335,12 @@ def format_report(r: dict) -> str:
         lines.append("linear-attention state per sequence: "
                      + ("n/a (no linear-attention layers)" if st is None else
                         f"{st:,} B per rank ({st / 2**20:,.1f} MiB)"))
-    for eng, p in r["pools"].items():
+    unfit = r.get("does_not_fit", {})
+    for eng in [e for e in ("vllm", "sglang") if e in r["pools"] or e in unfit]:
+        if eng in unfit:
+            lines += ["", f"[{eng}] does not fit: {unfit[eng]}"]
+            continue
+        p = r["pools"][eng]
         knob = "gpu_memory_utilization" if eng == "vllm" else "mem_fraction_static"
         unit = "block_size" if eng == "vllm" else "page_size"
         lines.append("")

@@ -308,9 +308,14 @@ def cmd_replay(args) -> int:
     if getattr(args, "explain", None) is not None:
         return _explain(args, spec, pool)
     if _routing.routed(args):
-        if args.per_request or timeline or args.report:
-            raise ConfigError("--per-request, --timeline and --report are written by the single-pool replay "
-                              "(not with --replicas)", field="replicas")
+        if timeline:
+            raise ConfigError("--timeline records one engine's steps; with --replicas each replica steps on its "
+                              "own (use --per-request: its replica column names the replica of each request)",
+                              field="timeline")
+        if (args.per_request or args.report) and args.mode != "concurrent":
+            raise ConfigError("--per-request and --report with --replicas need --mode concurrent (the sequential "
+                              "replicas keep no per-request rows)", field="per_request" if args.per_request
+                              else "report")
         return _routing.report_replay(trace, spec, pool, args, load_s, desc, _doc, format_table,
                                       after=lambda s: _concurrent_fix(trace, spec, pool, args, s))
     if args.mode == "concurrent":

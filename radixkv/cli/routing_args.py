@@ -74,10 +74,13 @@ def routed(args) -> bool:
     return True
 
 
-def _run_routed_concurrent(trace, spec, pool, args) -> dict:
+def _run_routed_concurrent(trace, spec, pool, args, keep=None) -> dict:
     """``--mode concurrent --replicas N``: N fresh policies (the registry's, then the
-    caching flags', :func:`radixkv.cli.concurrent_args.policy_from_args`) on one clock."""
+    caching flags', :func:`radixkv.cli.concurrent_args.policy_from_args`) on one clock.
+    *keep*, a list, receives the :class:`~radixkv.replay.multi_concurrent.MultiConcurrentResult`."""
     res, _, compile_s, el = run_routed_concurrent_result(trace, spec, pool, args)
+    if keep is not None:
+        keep.append(res)
     summ = {"policy": f"{spec.label} x{res.n_replicas} {res.router}", **res.summary()}
     summ["timing_s"] = {"compile": compile_s, "replay": el,
                         "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
@@ -131,12 +134,13 @@ def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None)
     return res, recs, compile_s, time.perf_counter() - t0
 
 
-def run_routed(trace, spec, pool, args) -> dict:
+def run_routed(trace, spec, pool, args, keep=None) -> dict:
     """Replay per :mod:`radixkv.replay.routing`; returns a summary in the shape of
     :func:`radixkv.replay.run.run_replay`'s (aggregate metrics; the metrics that do not add
-    up over pools are absent, so tables show n/a) plus ``replicas`` and ``routing``."""
+    up over pools are absent, so tables show n/a) plus ``replicas`` and ``routing``.
+    *keep* (concurrent mode): a list that receives the multi-replica result."""
     if getattr(args, "mode", "sequential") == "concurrent":
-        return _run_routed_concurrent(trace, spec, pool, args)
+        return _run_routed_concurrent(trace, spec, pool, args, keep=keep)
     from radixkv.replay.context import apply_context_limit, engine_of, resolve_max_model_len
 
     # requests past the model's context: refused before routing (radixkv/replay/context.py)
@@ -173,14 +177,17 @@ def run_routed(trace, spec, pool, args) -> dict:
 
 
 def report_replay(trace, spec, pool, args, load_s, desc, make_doc, format_table, after=None) -> int:
-    """``radixkv replay --replicas N``: aggregate table, per-replica table, routing line, JSON.
+    """``radixkv replay --replicas N``: aggregate table, per-replica table, routing line, JSON;
+    with ``--mode concurrent``, ``--per-request CSV`` (a ``replica`` column names the replica
+    that served each request) and ``--report``.
     *after*, when given, is called with the summary before it is printed (``--miss-fix``)."""
     from radixkv.cli._output import emit, human
     from radixkv.util import dumps_json
 
     from radixkv.report import CONCURRENT_ROWS
 
-    summ = run_routed(trace, spec, pool, args)
+    keep = []
+    summ = run_routed(trace, spec, pool, args, keep=keep)
     if after is not None:
         after(summ)
     conc = getattr(args, "mode", "sequential") == "concurrent"
@@ -193,7 +200,15 @@ def report_replay(trace, spec, pool, args, load_s, desc, make_doc, format_table,
     if per and summ["routing"]["kv_pool"] == "local":
         print(format_table(per, timing=False, rows_spec=rows), file=out)
     print(describe(summ), file=out)
-    emit(args.json, dumps_json(make_doc(trace, args, load_s, [(spec, summ)], [desc])), args.json)
+    doc = make_doc(trace, args, load_s, [(spec, summ)], [desc])
+    emit(args.json, dumps_json(doc), args.json, args.per_request, args.report)
+    if args.report:
+        from radixkv.cli.report_cmd import run_tables, write_run_report
+
+        write_run_report(args.report, doc, run_tables(summ["policy"], keep[0].aggregate), stream=out)
+    if args.per_request:
+        keep[0].write_csv(args.per_request)
+        print(f"wrote {args.per_request}", file=out)
     return 0
 
 

@@ -639,8 +639,12 @@ def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=No
       fall as the pool grows (true of LRU caches; the curve is reported to check).
       ``None`` when this replay has no capacity miss.
     - ``smaller_size`` / ``hit_tokens_gained_at_smaller_size``: the same policy at half its
-      block/page size on the same pool, and Σ hit tokens gained (negative: lost). ``None``
-      when the policy has no block/page size or it is already 1.
+      block/page size on the same pool in usable tokens (however the pool was given: in
+      blocks, the same bytes hold twice the blocks at half the size), and Σ hit tokens
+      gained. It can be negative: a smaller unit recovers alignment misses (at most
+      ``size − 1`` tokens a request) but also changes what is evicted (finer units, another
+      LRU order), and in a concurrent replay the schedule; the difference is reported as
+      measured. ``None`` when the policy has no block/page size or it is already 1.
 
     Parameters
     ----------
@@ -677,7 +681,11 @@ def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=No
     if spec.cls.size_name in ("block_size", "page_size") and spec.size and int(spec.size) > 1:
         size = int(spec.size) // 2
         small = dataclasses.replace(spec, size=size)
-        _, s = run_replay(trace, small, pool, limit=limit, **options)
+        # the same pool in usable tokens, not in the engine's units: a pool given as
+        # num_gpu_blocks kept at half the block size would hold half the tokens (at block 8
+        # -> 4 on the demo's 2,501 blocks: -9,724 hit tokens, where the same 20,000 tokens
+        # gain 756)
+        _, s = run_replay(trace, small, PoolSpec(capacity_tokens=c0), limit=limit, **options)
         gained = int(s["hit_tokens"]) - int(summary["hit_tokens"])
     return {"capacity_tokens_to_halve": halve, "capacity_curve": [[int(k), int(v)] for k, v in sorted(curve.items())],
             "smaller_size": size, "hit_tokens_gained_at_smaller_size": gained}

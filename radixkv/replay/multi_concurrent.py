@@ -238,6 +238,19 @@ class MultiConcurrentResult:
     router: str
     routing: dict = field(default_factory=dict)
 
+    def write_csv(self, path) -> None:
+        """Write one row per request to *path* atomically: the aggregate's per-request
+        columns (:meth:`ConcurrentResult.write_csv`) and ``replica``, the replica (0-based)
+        that served the request."""
+        from radixkv.replay.conc_misses import csv_columns
+        from radixkv.replay.concurrent import COLUMNS
+        from radixkv.util import write_columns_csv
+
+        agg = self.aggregate
+        names = list(COLUMNS) + csv_columns(agg.columns)
+        cols = [agg.columns[c].tolist() for c in names] + [np.asarray(self.replica, dtype=np.int64).tolist()]
+        write_columns_csv(path, agg.req_id, names + ["replica"], cols, fmt=repr)
+
     def summary(self) -> dict:
         """``aggregate.summary()`` with ``replicas`` (each replica's ``summary()`` or None)
         and ``routing`` (:attr:`routing` plus ``n_replicas``, ``router``, ``kv_pool``

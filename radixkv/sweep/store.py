@@ -202,15 +202,18 @@ def load_results(out_dir):
     Raises
     ------
     ImportError
-        pandas is not installed (``pip install 'radixkv[dask]'`` or ``pip install pandas``).
+        pandas is not installed; the message gives the install command (``pip install
+        'radixkv[dask]'``, the extra of pyproject.toml, or ``pip install pandas``).
     radixkv.errors.InputError
         See :func:`read_rows`.
     """
     try:
         import pandas as pd
     except ImportError:
-        raise ImportError("radixkv.sweep.load_results needs pandas: pip install pandas "
-                          "(or pip install 'radixkv[dask]')") from None
+        raise ImportError("radixkv.sweep.load_results needs pandas, which radixkv's base install does not "
+                          "include: pip install 'radixkv[dask]' (the sweep extra: pandas and dask), or pip install "
+                          "pandas; without pandas, radixkv.sweep.read_rows gives the same rows as dicts and "
+                          "`radixkv sweep-show DIR` prints them") from None
     from radixkv.sweep.grid import replay_defaults
 
     rows = read_rows(out_dir)
