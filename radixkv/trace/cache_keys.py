@@ -10,28 +10,31 @@ the trace as the file gave it.
 
 The engines' rules
 ------------------
-vLLM v1 (``vllm/v1/core/kv_cache_utils.py``: ``hash_block_tokens`` hashes
+vLLM 0.33 (``vllm/v1/core/kv_cache_utils.py``: ``hash_block_tokens`` hashes
 ``(parent_hash, block_token_ids, extra_keys)``; ``generate_block_hash_extra_keys`` builds
 the extra keys; docs/engines/vllm.md §1):
 
-* ``cache_salt`` (``_gen_cache_salt_extra_keys`` / the salt branch of
-  ``generate_block_hash_extra_keys``): ``("cache_salt", salt)`` enters the **first** block's
-  hash only; the chain carries it into every later block (prompt and output alike).
-* LoRA (``_gen_lora_extra_hash_keys``): the adapter's name enters **every** block's hash.
+* ``cache_salt``: ``("cache_salt", salt)`` enters the **first** block's hash only (when
+  ``start_token_idx == 0`` and the salt is not empty); the chain carries it into every
+  later block, prompt and output alike.
+* LoRA (``_gen_lora_extra_hash_keys``): ``("lora", lora_name, lora_path)`` enters
+  **every** block's hash.
 * multimodal items (``_gen_mm_extra_hash_keys``): each item whose placeholder range
-  overlaps the block adds its content identifier and its offset relative to the block's
-  start; the placeholder tokens themselves are the same token ids for every image.
+  ``[offset, offset + length)`` overlaps the block adds ``("mm", identifier, offset −
+  block_start)``; the placeholder tokens themselves are the same token ids for every image.
 
-SGLang (``python/sglang/srt/mem_cache/radix_cache.py``: ``RadixKey(token_ids, extra_key)``;
-``get_child_key`` wraps a child's key with the namespace, so keys of different namespaces
-never share a node; docs/engines/sglang.md §1):
+SGLang 0.5.23 (``python/sglang/srt/mem_cache/radix_cache.py``: ``RadixKey(token_ids,
+extra_key, cache_salt)``; ``RadixKey.child_key_at`` wraps every child key with
+``(extra_key, cache_salt)`` when a salt is set, with ``extra_key`` when only that is, so
+keys of different namespaces never share a node; docs/engines/sglang.md §1):
 
-* ``extra_key`` (the request's ``extra_key``, which the tokenizer manager fills from
-  ``cache_salt`` and the LoRA id) partitions the tree: two requests share a node only when
-  their namespaces are equal.
-* multimodal items: ``pad_input_ids`` replaces every placeholder token of an item by the
-  item's ``pad_value``, derived from its content hash (``MultimodalDataItem.set_pad_value``:
-  ``hash % 2**30``), before the key reaches the tree.
+* ``cache_salt`` (``Req.cache_salt``) and LoRA (``Req.__init__`` appends ``lora_id`` to
+  ``extra_key``) partition the tree: two requests share a node only when both are equal.
+* multimodal items: before the request reaches the tree the scheduler pads its prompt
+  (``duplicate_pad_mm_input_ids`` with the model's ``pad_input_ids``, e.g. Qwen2.5-VL's
+  ``pad_mm_tokens``): each item's span is replaced by its ``padding_sequence``, four wide
+  sentinel values derived from the item's hash (``_compute_pad_values``: SHA-256, 62 bits,
+  shifted above the vocabulary) repeated over the span.
 
 What radixkv does (exact, and where it is)
 -------------------------------------------
@@ -45,11 +48,12 @@ What radixkv does (exact, and where it is)
    block that straddles an image's start differs from one without that image, and two
    prompts with the same text and different images share exactly the blocks before the
    block holding the first image (tokens before it, rounded down to the block). SGLang:
-   constant pad values give the same prefix equality as ``(h, k)`` (a run of pad values
-   starts where both prompts' text ends, and items of one hash have one length, so the
-   item boundaries inside the run are the same in both); the only difference is a pad
-   value (``hash % 2**30``) that equals a text token id at the same position, a collision
-   radixkv does not reproduce.
+   its key at position ``k`` of the item is sentinel ``k mod 4`` of ``h``; two prompts
+   that agree on a prefix agree on where each run of sentinels starts (sentinels are
+   above every text token id) and on the first item's hash there (its first sentinel),
+   hence on its length and on the next item's start: item boundaries are the same, so
+   ``(h, k mod 4)`` and ``(h, k)`` give the same prefix equality. The only difference is
+   a collision of two hashes' 62-bit sentinels, which radixkv does not reproduce.
 2. **Namespaces**: the pair ``(cache_salt, lora)`` of a request ('' = none) names its
    namespace; every key id of a request in a namespace other than ``('', '')`` — prompt and
    output ids — is replaced by the fresh id of ``(namespace, id)``. Requests share a prefix
