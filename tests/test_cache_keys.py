@@ -64,8 +64,12 @@ def test_same_text_different_images(spec, diff, same):
     up to the cap (vLLM 2 blocks = 32; SGLang 39)."""
     assert _hits(_two(40, mm=[[("h1", 20, 10)], [("h2", 20, 10)]]), spec) == [0, diff]
     assert _hits(_two(40, mm=[[("h1", 20, 10)], [("h1", 20, 10)]]), spec) == [0, same]
-    # the same image at another offset: the text before the later one differs from the image
-    t = _two(40, mm=[[("h1", 20, 10)], [("h1", 24, 10)]])
+    # the same image (placeholder 7) at another offset: b's text at 20..23 differs from a's image
+    text = list(range(100, 140))
+    a = text[:20] + [7] * 10 + text[30:]
+    b = text[:24] + [7] * 10 + text[34:]
+    t = Trace.from_requests(req_id=["a", "b"], arrival_s=[0, 1], prompt_len=[40, 40], output_len=[1, 1],
+                            prompt_ids=[a, b], mm=[[("h1", 20, 10)], [("h1", 24, 10)]])
     assert _hits(t, spec) == [0, diff]
 
 

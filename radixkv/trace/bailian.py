@@ -38,6 +38,7 @@ import numpy as np
 from radixkv.errors import TraceFormatError
 from radixkv.trace import _fields as F
 from radixkv.trace._jsonl_fast import read_records
+from radixkv.trace.mooncake import _check_covers, read_block_request
 from radixkv.trace.types import Trace
 
 #: tokens per Bailian hash id (the ``blksz_16`` of every published file name)
@@ -94,22 +95,10 @@ def read_bailian(path, *, unit_tokens: int = BAILIAN_BLOCK_TOKENS) -> Trace:
         if parent[k] == c:
             raise TraceFormatError(f"request {c} is its own parent", path=path, line=ln, field="parent_chat_id")
         ts[k] = F.as_float(F.get(obj, "timestamp", path, ln), path, ln, "timestamp")
-        P = F.as_int(F.get(obj, "input_length", path, ln), path, ln, "input_length")
-        if P < 1:
-            raise TraceFormatError("empty prompt (input_length must be ≥ 1)", path=path, line=ln, field="input_length")
-        olen[k] = F.as_int(F.get(obj, "output_length", path, ln), path, ln, "output_length")
         rtype[k] = F.as_str(obj.get("type", ""), path, ln, "type")
         turn[k] = F.as_int(obj.get("turn", 1), path, ln, "turn")
-        ids = F.as_id_array(F.get(obj, "hash_ids", path, ln), path, ln, "hash_ids")
-        expect = -(-P // U)
-        if len(ids) != expect:
-            raise TraceFormatError(f"{len(ids)} hash_ids for input_length {P}; expected ceil({P}/{U}) = {expect}",
-                                   path=path, line=ln, field="hash_ids")
-        plen[k] = P
-        pids[k] = ids
+        plen[k], olen[k], pids[k] = read_block_request(obj, U, path, ln)
     line_of = [ln for ln, _ in lines]
-    from radixkv.trace.mooncake import _check_covers
-
     _check_covers(pids, plen, U, line_of, path, "hash_ids")
     F.warn_unsorted(ts, line_of, path, "timestamp")
     return Trace.from_requests(
