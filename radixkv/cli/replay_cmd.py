@@ -22,6 +22,7 @@ from radixkv.cli.concurrent_args import add_concurrent_args, refuse_concurrent_o
 from radixkv.cli.flag_rules import refuse_moot_flags, refuse_moot_policy_flags
 from radixkv.cli.report_cmd import add_report_arg, run_tables, write_run_report
 from radixkv.cli.sweep_cmd import add_executor_args
+from radixkv.cli import traffic_args as _traffic
 from radixkv.errors import ConfigError
 from radixkv.cli.host_tier_args import add_host_tier_args, add_host_tier_bytes, host_tier_spec
 from radixkv.policies.registry import PolicySpec, PoolSpec, parse_policy
@@ -215,7 +216,7 @@ def _load(args):
     from radixkv.trace.load import load_trace
 
     t0 = time.perf_counter()
-    trace = load_trace(args.trace, format=args.format)
+    trace = _traffic.apply_isolation(load_trace(args.trace, format=args.format), args)
     if len(trace) and trace.ids.size == 0 and trace.out_ids is None:
         if getattr(args, "miss_causes", False) or getattr(args, "miss_fix", False):
             raise ConfigError("--miss-causes needs a trace with prefix/hash ids; this one gives lengths only, so "
@@ -305,6 +306,7 @@ def cmd_replay(args) -> int:
     from radixkv.replay.run import run_replay
 
     _check_miss_args(args)
+    _traffic.check_traffic_args(args)
     if getattr(args, "explain", None) is not None:
         return _explain(args, spec, pool)
     if _routing.routed(args):
@@ -332,6 +334,7 @@ def cmd_replay(args) -> int:
     print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; {args.mode} replay; "
           f"load {load_s:.2f} s, compile {summ['timing_s']['compile']:.2f} s", file=out)
     print(format_table([summ], rows_spec=_CONCURRENT_ROWS if args.mode == "concurrent" else None), file=out)
+    _traffic.traffic_reports(trace, spec.label, rec, summ, args, lambda t: _rerun(t, spec, pool, args), out)
     doc = _doc(trace, args, load_s, [(spec, summ)], [desc])
     emit(args.json, dumps_json(doc), *outs)
     write_run_report(args.report, doc, run_tables(spec.label, rec), stream=out)
@@ -342,6 +345,15 @@ def cmd_replay(args) -> int:
         rec.write_timeline_csv(timeline)
         print(f"wrote {timeline}", file=out)
     return 0
+
+
+def _rerun(trace, spec, pool, args):
+    """The per-request result of the same replay on *trace* (``--isolation-price``)."""
+    from radixkv.replay.run import run_replay
+
+    if args.mode == "concurrent":
+        return _run_concurrent(trace.head(args.limit), spec, pool, args)[0]
+    return run_replay(trace, spec, pool, limit=args.limit, quiet=True, **_verify_option(args), **_miss_options(args))[0]
 
 
 def _verify_option(args) -> dict:
@@ -487,6 +499,8 @@ def cmd_compare(args) -> int:
     results = []
     tables: list = []
     remote = _executor(args) != "local"
+    _traffic.check_traffic_args(args, remote=remote)
+    recs = []
     if remote:
         for spec, summ in zip(specs, _on_executor(args, trace, [{"policy": s.label} for s in specs])):
             if isinstance(summ, Exception):
@@ -505,6 +519,7 @@ def cmd_compare(args) -> int:
             rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_miss_options(args),
                                    max_model_len=_context(args))
         results.append((spec, summ))
+        recs.append((spec, pool, rec))
         if args.report:
             tables += run_tables(spec.label, rec)
     for _, s in results:
@@ -514,6 +529,9 @@ def cmd_compare(args) -> int:
     out = human(args.json, args.report)
     print(f"trace {args.trace}: {n:,} requests, unit_tokens={trace.unit_tokens}, {mode}, load {load_s:.2f} s", file=out)
     print(format_table([s for _, s in results], rows_spec=_CONCURRENT_ROWS if concurrent else None), file=out)
+    for (spec, pool, rec), (_, summ) in zip(recs, results):
+        _traffic.traffic_reports(trace, spec.label, rec, summ, args,
+                                 lambda t, spec=spec, pool=pool: _rerun(t, spec, pool, args), out)
     for _, s in results:
         if "routing" in s:
             print(_routing.describe(s), file=out)
@@ -821,6 +839,7 @@ def register(sub) -> None:
                    help="vllm: compare the stored ids on every block-hash hit (slower; default off)")
     p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
     _add_miss_args(p)
+    _traffic.add_traffic_args(p)
     p.add_argument("--explain", metavar="REQUEST_ID", default=None,
                    help="instead of the summary, explain one request: which earlier request first computed each "
                         "reusable span of its prompt, and which requests (with --mode concurrent: which engine steps "
@@ -843,6 +862,7 @@ def register(sub) -> None:
     _add_miss_args(p)
     p.add_argument("--miss-plot", metavar="OUT.png", default=None,
                    help="write a stacked bar per policy of the miss causes to OUT.png (implies --miss-causes)")
+    _traffic.add_traffic_args(p)
     add_concurrent_args(p)
     add_executor_args(p)
     _routing.add_routing_args(p)

@@ -18,7 +18,16 @@ scalars:
 ``out_ids``, ``out_offsets``   present only when the trace has output ids
 ``session_id``      present only when the trace has the column (unicode (n,))
 ``turn``            present only when the trace has the column (int64 (n,))
+``tenant``, ``cache_salt``, ``lora``, ``req_type``, ``parent_id``
+                    present only when the trace has the column (unicode (n,))
+``priority``        present only when the trace has the column (int64 (n,))
+``mm_offsets``, ``mm_hash``, ``mm_start``, ``mm_length``
+                    multimodal items, present only when the trace has them (int64 (n+1,),
+                    unicode (m,), int64 (m,), int64 (m,))
 ==================  ==================================================================
+
+``ids`` / ``out_ids`` hold the file's ids (``Trace.file_ids``); the cache key ids are
+computed again on reading (:mod:`radixkv.trace.cache_keys`).
 
 Absent keys encode ``None``, so ``read_npz(write_npz(t))`` equals ``t`` in every column,
 including which optional columns are None, ``unit_tokens``, ``partial_last_unit`` and
@@ -38,7 +47,10 @@ from radixkv.trace.types import Trace
 NPZ_VERSION = 1
 _REQUIRED = ("radixkv_npz", "req_id", "arrival_s", "prompt_len", "output_len", "ids", "id_offsets",
              "unit_tokens", "partial_last_unit", "name")
-_INT_COLS = ("prompt_len", "output_len", "ids", "id_offsets", "out_ids", "out_offsets", "turn")
+_INT_COLS = ("prompt_len", "output_len", "ids", "id_offsets", "out_ids", "out_offsets", "turn", "priority",
+             "mm_offsets", "mm_start", "mm_length")
+_STR_COLS = ("session_id", "tenant", "cache_salt", "lora", "req_type", "parent_id", "mm_hash")
+_MM_COLS = ("mm_offsets", "mm_hash", "mm_start", "mm_length")
 
 
 def write_npz(trace: Trace, path) -> None:
@@ -59,19 +71,25 @@ def write_npz(trace: Trace, path) -> None:
         "arrival_s": np.asarray(trace.arrival_s, dtype=np.float64),
         "prompt_len": np.asarray(trace.prompt_len, dtype=np.int64),
         "output_len": np.asarray(trace.output_len, dtype=np.int64),
-        "ids": np.asarray(trace.ids, dtype=np.int64),
+        "ids": np.asarray(trace.file_ids, dtype=np.int64),
         "id_offsets": np.asarray(trace.id_offsets, dtype=np.int64),
         "unit_tokens": np.int64(trace.unit_tokens),
         "partial_last_unit": np.bool_(trace.partial_last_unit),
         "name": np.str_(trace.name),
     }
     if trace.out_ids is not None:
-        cols["out_ids"] = np.asarray(trace.out_ids, dtype=np.int64)
+        cols["out_ids"] = np.asarray(trace.file_out_ids, dtype=np.int64)
         cols["out_offsets"] = np.asarray(trace.out_offsets, dtype=np.int64)
     if trace.session_id is not None:
         cols["session_id"] = np.asarray(trace.session_id, dtype=str)
     if trace.turn is not None:
         cols["turn"] = np.asarray(trace.turn, dtype=np.int64)
+    for key in _STR_COLS[1:]:
+        if getattr(trace, key) is not None:
+            cols[key] = np.asarray(getattr(trace, key), dtype=str)
+    for key in ("priority", "mm_offsets", "mm_start", "mm_length"):
+        if getattr(trace, key) is not None:
+            cols[key] = np.asarray(getattr(trace, key), dtype=np.int64)
     with atomic_output(path, binary=True) as f:
         # Written entry by entry with a fixed date_time so the bytes are reproducible
         # (np.savez stamps the current time into the zip headers).
@@ -126,9 +144,13 @@ def read_npz(path) -> Trace:
             raise TraceFormatError(f"expected int64, got {cols[key].dtype}", path=path, field=key)
     if cols["arrival_s"].dtype != np.float64:
         raise TraceFormatError(f"expected float64, got {cols['arrival_s'].dtype}", path=path, field="arrival_s")
-    for key in ("req_id", "session_id", "name"):
+    for key in ("req_id", "name") + _STR_COLS:
         if key in cols and cols[key].dtype.kind != "U":
             raise TraceFormatError(f"expected a unicode array, got {cols[key].dtype}", path=path, field=key)
+    have_mm = [k in cols for k in _MM_COLS]
+    if any(have_mm) and not all(have_mm):
+        raise TraceFormatError("the multimodal columns must all be present or all absent", path=path,
+                               field=_MM_COLS[have_mm.index(False)])
     if ("out_ids" in cols) != ("out_offsets" in cols):
         raise TraceFormatError("out_ids and out_offsets must both be present or both absent", path=path,
                                field="out_offsets" if "out_ids" in cols else "out_ids")
@@ -146,6 +168,7 @@ def read_npz(path) -> Trace:
         session_id=cols.get("session_id"),
         turn=cols.get("turn"),
         name=str(cols["name"]),
+        **{k: cols[k] for k in _INT_COLS[7:] + _STR_COLS[1:] if k in cols},
     )
     try:
         _check_offsets(t)
@@ -153,6 +176,7 @@ def read_npz(path) -> Trace:
         from radixkv.trace.consistency import check_unit_covers
 
         check_unit_covers(t)
+        t.apply_cache_keys()
     except InputError as e:
         raise TraceFormatError(e.reason, path=path, field=e.field) from None
     except (ValueError, IndexError, TypeError) as e:  # columns of impossible shapes
@@ -168,5 +192,8 @@ def _check_offsets(t: Trace) -> None:
             raise TraceFormatError("offsets must start at 0, be non-decreasing and end at the id count", field=field)
     if t.session_id is not None and len(t.session_id) != len(t.prompt_len):
         raise TraceFormatError("wrong number of rows", field="session_id")
-    if t.turn is not None and len(t.turn) != len(t.prompt_len):
-        raise TraceFormatError("wrong number of rows", field="turn")
+    for key in ("turn", "priority") + _STR_COLS[:-1]:
+        if getattr(t, key) is not None and len(getattr(t, key)) != len(t.prompt_len):
+            raise TraceFormatError("wrong number of rows", field=key)
+    if t.mm_offsets is not None and (t.mm_offsets.ndim != 1 or len(t.mm_offsets) != len(t.prompt_len) + 1):
+        raise TraceFormatError("wrong number of rows (n + 1 expected)", field="mm_offsets")

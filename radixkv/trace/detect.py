@@ -11,7 +11,8 @@ Rules, tried in order:
 * a JSON document decoded as a *whole* object with ``requests`` and ``block_size`` →
   ``weka`` (checked when the first line is not a JSON object on its own, or has those keys);
 * JSONL, by the keys of the first non-blank line: ``radixkv_trace`` → ``native``;
-  ``hash_ids`` holding an object → ``ragpulse``; ``timestamp`` + ``hash_ids`` +
+  ``hash_ids`` holding an object → ``ragpulse``; ``chat_id`` or ``parent_chat_id`` →
+  ``bailian`` (Qwen-Bailian); ``timestamp`` + ``hash_ids`` +
   ``input_length`` → ``mooncake``; ``tokens``, or ``hash_ids`` + ``input_length`` without
   ``timestamp`` → ``native`` (``mooncake`` when the ids count 512-token blocks, not tokens);
 * any other first record: the JSONL format sharing the most of its keys (ties: native,
@@ -29,9 +30,10 @@ from pathlib import Path
 from radixkv.errors import TraceFormatError
 
 #: format names understood by :func:`radixkv.trace.load.load_trace`
-FORMATS = ("native", "mooncake", "weka", "ragpulse", "azure", "npz")
+FORMATS = ("native", "mooncake", "weka", "ragpulse", "azure", "npz", "bailian")
 #: accepted spellings → canonical name
-ALIASES = {"binary": "npz", "jsonl": "native", "kv-cache-tester": "weka", "azure-csv": "azure"}
+ALIASES = {"binary": "npz", "jsonl": "native", "kv-cache-tester": "weka", "azure-csv": "azure",
+           "qwen-bailian": "bailian"}
 
 _SNIFF_BYTES = 1 << 16
 
@@ -104,6 +106,8 @@ def detect_format(path) -> str:
     hid = obj.get("hash_ids")
     if isinstance(hid, dict):
         return "ragpulse"
+    if "chat_id" in keys or "parent_chat_id" in keys:
+        return "bailian"
     if "timestamp" in keys and "hash_ids" in keys and "input_length" in keys:
         return "mooncake"
     if "tokens" in keys:

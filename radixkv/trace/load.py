@@ -16,6 +16,7 @@ _READERS = {
     "ragpulse": ("radixkv.trace.ragpulse", "read_ragpulse"),
     "azure": ("radixkv.trace.azure", "read_azure"),
     "npz": ("radixkv.trace.binary", "read_npz"),
+    "bailian": ("radixkv.trace.bailian", "read_bailian"),
 }
 assert set(_READERS) == set(FORMATS)
 
@@ -28,8 +29,8 @@ def load_trace(path, format: str | None = None, **options) -> Trace:  # noqa: A0
     path : str or Path
         A file, or a directory (WEKA conversations, RAGPulse's ``data`` folder).
     format : str, optional
-        ``native``, ``mooncake``, ``weka``, ``ragpulse``, ``azure`` or ``npz`` (aliases:
-        ``binary``, ``jsonl``, ``kv-cache-tester``); detected from the content when None
+        ``native``, ``mooncake``, ``weka``, ``ragpulse``, ``azure``, ``npz`` or ``bailian``
+        (aliases: ``binary``, ``jsonl``, ``kv-cache-tester``, ``qwen-bailian``); detected from the content when None
         (rules: :mod:`radixkv.trace.detect`).
     **options
         Passed to the format's reader (e.g. ``conversation_spacing_s`` for ``weka``).

@@ -67,19 +67,7 @@ def read_mooncake(path, *, unit_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
     pids = [None] * n
     for k, (ln, obj) in enumerate(lines):
         ts[k] = F.as_float(F.get(obj, "timestamp", path, ln), path, ln, "timestamp")
-        P = F.as_int(F.get(obj, "input_length", path, ln), path, ln, "input_length")
-        if P < 1:
-            raise TraceFormatError("empty prompt (input_length must be ≥ 1)", path=path, line=ln, field="input_length")
-        olen[k] = F.as_int(F.get(obj, "output_length", path, ln), path, ln, "output_length")
-        ids = F.as_id_array(F.get(obj, "hash_ids", path, ln), path, ln, "hash_ids")
-        expect = -(-P // U)
-        if len(ids) != expect:
-            raise TraceFormatError(
-                f"{len(ids)} hash_ids for input_length {P}; expected ceil({P}/{U}) = {expect}",
-                path=path, line=ln, field="hash_ids",
-            )
-        plen[k] = P
-        pids[k] = ids
+        plen[k], olen[k], pids[k] = read_block_request(obj, U, path, ln)
     line_of = [ln for ln, _ in lines]
     _check_covers(pids, plen, U, line_of, path, "hash_ids")
     F.warn_unsorted(ts, line_of, path, "timestamp")
@@ -93,6 +81,24 @@ def read_mooncake(path, *, unit_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
         partial_last_unit=True,
         name=str(path),
     )
+
+
+def read_block_request(obj: dict, U: int, path, ln) -> tuple:
+    """``(input_length, output_length, hash_ids)`` of one record whose ``hash_ids`` hold one
+    id per *U*-token block with a partial last block (Mooncake, Qwen-Bailian): lengths
+    checked (prompt ≥ 1 token), ``len(hash_ids) == ceil(input_length / U)``; located errors."""
+    P = F.as_int(F.get(obj, "input_length", path, ln), path, ln, "input_length")
+    if P < 1:
+        raise TraceFormatError("empty prompt (input_length must be ≥ 1)", path=path, line=ln, field="input_length")
+    N = F.as_int(F.get(obj, "output_length", path, ln), path, ln, "output_length")
+    ids = F.as_id_array(F.get(obj, "hash_ids", path, ln), path, ln, "hash_ids")
+    expect = -(-P // U)
+    if len(ids) != expect:
+        raise TraceFormatError(
+            f"{len(ids)} hash_ids for input_length {P}; expected ceil({P}/{U}) = {expect}",
+            path=path, line=ln, field="hash_ids",
+        )
+    return P, N, ids
 
 
 def _check_covers(pids, plen, U, line_of, path, field) -> None:

@@ -31,7 +31,22 @@ so a misspelt field is never silently ignored):
                           gives it or none does (then every request arrives at 0).
 ``session_id``            str (column filled with ``''`` where absent)
 ``turn``                  int ≥ −1 (−1 = unknown; column filled with −1 where absent)
+``tenant``                str: who sent the request (a report attribute, ``--by tenant``)
+``cache_salt``            str: the request's cache salt (vLLM ``cache_salt``, SGLang
+                          ``extra_key``); requests with different salts share no KV
+``lora``                  str: the LoRA adapter ('' = base model); a cache key too
+``priority``              int: scheduling priority (vLLM's; lower = first)
+``type``                  str: request type (e.g. Qwen-Bailian's text / search / image / file)
+``parent_id``             str: id of the request this one continues ('' for a root)
+``mm``                    list of ``{"hash": str, "offset": int ≥ 0, "length": int ≥ 1}``:
+                          multimodal items (content hash, placeholder span in tokens), in
+                          prompt order, not overlapping, inside the prompt
 ========================  ===============================================================
+
+The string columns are filled with ``''`` (``priority`` with 0, ``mm`` with no item) on
+requests that do not give them. Salts, adapters and items change the cache keys
+(:mod:`radixkv.trace.cache_keys`); a content hash must name one item length (and, in a
+token trace, one run of placeholder tokens) across the file.
 
 A request gives ``tokens`` **or** ``hash_ids`` + ``input_length``, and ``output_length``
 and/or ``output_tokens``. Requests are sorted stably by ``arrival_s`` (ties keep file
@@ -55,7 +70,12 @@ NATIVE_VERSION = 1
 
 _HEADER_KEYS = {"radixkv_trace", "unit_tokens", "partial_last_unit"}
 _REQUEST_KEYS = {"id", "tokens", "hash_ids", "input_length", "output_length", "output_tokens",
-                 "arrival_s", "session_id", "turn"}
+                 "arrival_s", "session_id", "turn", "tenant", "cache_salt", "lora", "priority", "type",
+                 "parent_id", "mm"}
+#: optional string fields → Trace column
+_STR_FIELDS = {"tenant": "tenant", "cache_salt": "cache_salt", "lora": "lora", "type": "req_type",
+               "parent_id": "parent_id"}
+_MM_KEYS = ("hash", "offset", "length")
 
 
 def _read_header(obj: dict, path, line: int) -> tuple[int, bool]:
@@ -122,6 +142,7 @@ def read_native(path) -> Trace:
     sess = [""] * n
     turn = np.full(n, -1, dtype=np.int64)
     has_sess = has_turn = False
+    attrs: dict = {}  # optional columns given by at least one request
     # optional fields that every request gives or none does (no stand-in value is right)
     out_rule = F.EveryOrNone("output_tokens", path)
     arrival_rule = F.EveryOrNone("arrival_s", path)
@@ -191,6 +212,13 @@ def read_native(path) -> Trace:
         if "turn" in obj:
             turn[k] = F.as_int(obj["turn"], path, ln, "turn", minimum=-1)
             has_turn = True
+        for key, col in _STR_FIELDS.items():
+            if key in obj:
+                attrs.setdefault(col, [""] * n)[k] = F.as_str(obj[key], path, ln, key)
+        if "priority" in obj:
+            attrs.setdefault("priority", [0] * n)[k] = F.as_int(obj["priority"], path, ln, "priority", minimum=None)
+        if "mm" in obj:
+            attrs.setdefault("mm", [None] * n)[k] = _read_mm(obj["mm"], P, path, ln)
 
     line_of = [ln for ln, _ in lines[start:]]
     seen: dict = {}
@@ -205,6 +233,8 @@ def read_native(path) -> Trace:
         from radixkv.trace.mooncake import _check_covers
 
         _check_covers(pids, plen, U, line_of, path, "hash_ids")
+    if "mm" in attrs:
+        _check_mm_hashes(attrs["mm"], pids, U, line_of, path)
     has_out = out_rule.given
     return Trace.from_requests(
         req_id=req_id,
@@ -218,10 +248,65 @@ def read_native(path) -> Trace:
         session_id=sess if has_sess else None,
         turn=turn if has_turn else None,
         name=str(path),
+        **attrs,
     )
 
 
 _DEFAULT = object()
+
+
+def _read_mm(value, P: int, path, ln) -> list:
+    """The ``mm`` field of one request: ``[(hash, offset, length), ...]``, checked (located
+    errors: the field is ``mm[q].key``)."""
+    if type(value) is not list:
+        raise TraceFormatError("expected a list of {\"hash\", \"offset\", \"length\"} objects",
+                               path=path, line=ln, field="mm")
+    items = []
+    end = 0
+    for q, it in enumerate(value):
+        where = f"mm[{q}]"
+        if type(it) is not dict:
+            raise TraceFormatError("expected an object with hash, offset, length", path=path, line=ln, field=where)
+        extra = [key for key in it if key not in _MM_KEYS]
+        if extra:
+            raise TraceFormatError("unknown field", path=path, line=ln, field=f"{where}.{extra[0]}")
+        h = F.as_str(F.get(it, "hash", path, ln, field=f"{where}.hash"), path, ln, f"{where}.hash")
+        if not h:
+            raise TraceFormatError("empty content hash", path=path, line=ln, field=f"{where}.hash")
+        a = F.as_int(F.get(it, "offset", path, ln, field=f"{where}.offset"), path, ln, f"{where}.offset")
+        b = F.as_int(F.get(it, "length", path, ln, field=f"{where}.length"), path, ln, f"{where}.length", minimum=1)
+        if a < end:
+            raise TraceFormatError(f"starts at {a}, inside or before the previous item (which ends at {end}): items "
+                                   f"must be in prompt order and must not overlap", path=path, line=ln,
+                                   field=f"{where}.offset")
+        if a + b > P:
+            raise TraceFormatError(f"ends at {a + b}, past the {P}-token prompt", path=path, line=ln,
+                                   field=f"{where}.length")
+        end = a + b
+        items.append((h, a, b))
+    return items
+
+
+def _check_mm_hashes(mm, pids, U, line_of, path) -> None:
+    """Raise a located error for the first item whose content hash names another length
+    (or other placeholder tokens) than on the line where the hash first appeared."""
+    from radixkv.trace.cache_keys import first_mm_conflict
+
+    items = [x or [] for x in mm]
+    off = np.zeros(len(items) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in items], out=off[1:])
+    flat = [it for x in items for it in x]
+    lens = np.fromiter((len(p) for p in pids), dtype=np.int64, count=len(pids))
+    id_off = np.zeros(len(pids) + 1, dtype=np.int64)
+    np.cumsum(lens, out=id_off[1:])
+    ids = np.concatenate([np.asarray(p, dtype=np.int64) for p in pids]) if len(pids) else np.zeros(0, np.int64)
+    bad = first_mm_conflict(off, np.asarray([h for h, _, _ in flat], dtype=str),
+                            np.asarray([a for _, a, _ in flat], dtype=np.int64),
+                            np.asarray([b for _, _, b in flat], dtype=np.int64), ids, id_off, U)
+    if bad is not None:
+        k, q, kf, why = bad
+        raise TraceFormatError(f"content hash {items[k][q][0]!r} {why} on line {line_of[kf]}: one content hash "
+                               f"must name one item", path=path, line=line_of[k], field=f"mm[{q}].hash")
 
 
 def write_native(trace: Trace, path) -> None:
@@ -230,8 +315,10 @@ def write_native(trace: Trace, path) -> None:
     The header line is always written. Each request line carries ``id``, ``tokens``
     (``U = 1``) or ``hash_ids`` + ``input_length`` (``U > 1``), ``output_tokens`` when the
     trace has output ids else ``output_length``, ``arrival_s`` (written with Python's
-    shortest round-tripping float repr), and ``session_id`` / ``turn`` when the trace has
-    those columns (even where they hold ``''`` / −1, so their presence round-trips).
+    shortest round-tripping float repr), and ``session_id`` / ``turn`` and the other optional
+    columns (``tenant``, ``cache_salt``, ``lora``, ``priority``, ``type``, ``parent_id``,
+    ``mm``) when the trace has them (even where they hold ``''`` / −1 / 0 / no item, so their
+    presence round-trips). Ids are the file's (``Trace.file_ids``), never the cache key ids.
     ``read_native(path)`` returns a trace equal to *trace* in every column (``name``
     becomes the path). Output is deterministic: same trace, same bytes.
 
@@ -244,9 +331,9 @@ def write_native(trace: Trace, path) -> None:
     U = int(trace.unit_tokens)
     header = {"radixkv_trace": NATIVE_VERSION, "unit_tokens": U,
               "partial_last_unit": bool(trace.partial_last_unit) if U > 1 else False}
-    ids = trace.ids.tolist()
+    ids = trace.file_ids.tolist()
     off = trace.id_offsets.tolist()
-    oids = None if trace.out_ids is None else trace.out_ids.tolist()
+    oids = None if trace.out_ids is None else trace.file_out_ids.tolist()
     ooff = None if trace.out_offsets is None else trace.out_offsets.tolist()
     dumps = json.dumps
     with atomic_output(path) as f:
@@ -267,4 +354,14 @@ def write_native(trace: Trace, path) -> None:
                 rec["session_id"] = str(trace.session_id[i])
             if trace.turn is not None:
                 rec["turn"] = int(trace.turn[i])
+            for key, col in _STR_FIELDS.items():
+                c = getattr(trace, col)
+                if c is not None:
+                    rec[key] = str(c[i])
+            if trace.priority is not None:
+                rec["priority"] = int(trace.priority[i])
+            if trace.mm_offsets is not None:
+                rec["mm"] = [{"hash": str(trace.mm_hash[j]), "offset": int(trace.mm_start[j]),
+                              "length": int(trace.mm_length[j])}
+                             for j in range(int(trace.mm_offsets[i]), int(trace.mm_offsets[i + 1]))]
             f.write(dumps(rec, separators=(",", ":")) + "\n")

@@ -112,6 +112,27 @@ class Trace:
         Conversation each request belongs to ('' when unknown).
     turn : np.ndarray, int64, shape (n,), or None
         Turn number within the session (−1 when unknown).
+    tenant, cache_salt, lora : np.ndarray of str, shape (n,), or None
+        Who sent the request (a report attribute), its cache salt (vLLM's ``cache_salt``,
+        SGLang's ``extra_key``) and its LoRA adapter ('' = none / base model). Salt and
+        adapter are cache keys (:mod:`radixkv.trace.cache_keys`).
+    priority : np.ndarray, int64, shape (n,), or None
+        Scheduling priority as the engines take it (vLLM: lower value served first; 0 when
+        absent). Carried, not yet used by the schedulers.
+    req_type, parent_id : np.ndarray of str, shape (n,), or None
+        Request type (Qwen-Bailian: text, search, image, file) and the id of the request
+        this one continues ('' for a root): report attributes.
+    mm_offsets : np.ndarray, int64, shape (n+1,), or None
+        Multimodal items in CSR form: request i's items are ``mm_offsets[i]:mm_offsets[i+1]``
+        of ``mm_hash`` (str (m,), content hash), ``mm_start`` and ``mm_length`` (int64 (m,),
+        tokens: the item's placeholder span in the prompt), in increasing, non-overlapping
+        order.
+    raw_ids, raw_out_ids : np.ndarray int64 or None
+        The file's ids when the cache keys differ from them (salts, LoRA, images):
+        ``ids`` / ``out_ids`` then hold the key ids every policy compares
+        (:func:`radixkv.trace.cache_keys.cache_key_ids`); None otherwise.
+    isolation : str
+        Which column salted the key ids (``cache_salt``, ``tenant`` or ``none``).
     name : str
         Where the trace came from (a path or a generator name), for reports.
 
@@ -133,6 +154,19 @@ class Trace:
     out_offsets: np.ndarray | None = None
     session_id: np.ndarray | None = None
     turn: np.ndarray | None = None
+    tenant: np.ndarray | None = None
+    cache_salt: np.ndarray | None = None
+    lora: np.ndarray | None = None
+    priority: np.ndarray | None = None
+    req_type: np.ndarray | None = None
+    parent_id: np.ndarray | None = None
+    mm_offsets: np.ndarray | None = None
+    mm_hash: np.ndarray | None = None
+    mm_start: np.ndarray | None = None
+    mm_length: np.ndarray | None = None
+    raw_ids: np.ndarray | None = None
+    raw_out_ids: np.ndarray | None = None
+    isolation: str = "cache_salt"
     name: str = ""
     _seq_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -151,6 +185,13 @@ class Trace:
         output_ids=None,
         session_id=None,
         turn=None,
+        tenant=None,
+        cache_salt=None,
+        lora=None,
+        priority=None,
+        req_type=None,
+        parent_id=None,
+        mm=None,
         name: str = "",
     ) -> "Trace":
         """Build a trace from per-request lists given in *file order*, and sort it.
@@ -161,9 +202,13 @@ class Trace:
         prompt_ids : sequence of n int sequences (ids of each prompt)
         output_ids : None, or sequence of n (int sequence or None); if any request gives
             output ids, all must.
-        session_id, turn : None or sequences of length n.
+        session_id, turn, tenant, cache_salt, lora, priority, req_type, parent_id : None or
+            sequences of length n (the columns of the class docstring).
+        mm : None, or sequence of n (None or sequence of ``(content_hash, start, length)``):
+            each request's multimodal items, in prompt order (tokens).
 
-        The result is in replay order: a stable sort by ``arrival_s``.
+        The result is in replay order: a stable sort by ``arrival_s``; its ``ids`` are the
+        cache key ids (:mod:`radixkv.trace.cache_keys`).
         """
         n = len(prompt_len)
         arrival = np.asarray(arrival_s, dtype=np.float64).reshape(n)
@@ -201,8 +246,75 @@ class Trace:
             turn=None if turn is None else np.asarray(turn, dtype=np.int64)[order],
             name=name,
         )
+        for col, vals in (("tenant", tenant), ("cache_salt", cache_salt), ("lora", lora), ("req_type", req_type),
+                          ("parent_id", parent_id)):
+            if vals is not None:
+                setattr(t, col, np.asarray([str(vals[i]) for i in order], dtype=str).reshape(n))
+        if priority is not None:
+            t.priority = np.asarray(priority, dtype=np.int64).reshape(n)[order]
+        if mm is not None:
+            items = [list(mm[i] or ()) for i in order]
+            cnt = np.fromiter((len(x) for x in items), dtype=np.int64, count=n)
+            t.mm_offsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(cnt, out=t.mm_offsets[1:])
+            flat = [it for x in items for it in x]
+            t.mm_hash = np.asarray([str(h) for h, _, _ in flat], dtype=str).reshape(len(flat))
+            t.mm_start = np.asarray([a for _, a, _ in flat], dtype=np.int64).reshape(len(flat))
+            t.mm_length = np.asarray([b for _, _, b in flat], dtype=np.int64).reshape(len(flat))
         t.validate()
+        t.apply_cache_keys()
         return t
+
+    #: per-request columns beside the lengths and ids (str columns, then int64 ones)
+    STR_COLUMNS = ("session_id", "tenant", "cache_salt", "lora", "req_type", "parent_id")
+    INT_COLUMNS = ("turn", "priority")
+
+    def apply_cache_keys(self, isolation: str | None = None) -> "Trace":
+        """Set ``ids`` / ``out_ids`` to the cache key ids of the file's ids (salts, LoRA,
+        images: :func:`radixkv.trace.cache_keys.cache_key_ids`), keeping the file's ids in
+        ``raw_ids`` / ``raw_out_ids`` when they differ; in place, returns *self*. A trace
+        without those columns is left as it is.
+
+        Parameters
+        ----------
+        isolation : str, optional
+            ``cache_salt`` (the default: the trace's salts), ``tenant`` (one salt per
+            tenant) or ``none`` (salts ignored); None keeps ``self.isolation``.
+        """
+        from radixkv.trace.cache_keys import cache_key_ids
+
+        mode = self.isolation if isolation is None else isolation
+        keyed = cache_key_ids(self, mode)
+        self.isolation = mode
+        if keyed is None:
+            if self.raw_ids is not None:
+                self.ids, self.out_ids = self.raw_ids, self.raw_out_ids
+                self.raw_ids = self.raw_out_ids = None
+        else:
+            if self.raw_ids is None:
+                self.raw_ids, self.raw_out_ids = self.ids, self.out_ids
+            self.ids, self.out_ids = keyed
+        self._seq_cache.clear()
+        return self
+
+    def with_isolation(self, isolation: str) -> "Trace":
+        """A copy of this trace keyed with another isolation mode (``cache_salt``,
+        ``tenant``, ``none``; :meth:`apply_cache_keys`): the same trace with and without
+        salts gives the price of isolation in hit tokens. Columns are shared, not copied."""
+        import dataclasses
+
+        t = dataclasses.replace(self, _seq_cache={})
+        return t.apply_cache_keys(isolation)
+
+    @property
+    def file_ids(self) -> np.ndarray:
+        """The prompt ids as the file gives them (``raw_ids`` when keyed, else ``ids``)."""
+        return self.ids if self.raw_ids is None else self.raw_ids
+
+    @property
+    def file_out_ids(self) -> np.ndarray | None:
+        """The output ids as the file gives them (None when the trace has none)."""
+        return self.out_ids if self.raw_ids is None else self.raw_out_ids
 
     def validate(self) -> None:
         """Check that the columns agree; raise :class:`InputError` naming the request."""
@@ -241,6 +353,12 @@ class Trace:
                 path=self.name or None,
                 field="ids",
             )
+        for col in self.STR_COLUMNS + self.INT_COLUMNS:
+            c = getattr(self, col)
+            if c is not None and len(c) != n:
+                raise InputError(f"column {col} has {len(c)} rows, expected {n}", path=self.name or None, field=col)
+        if self.mm_offsets is not None:
+            self._validate_mm()
         from radixkv.trace.consistency import first_duplicate_id
 
         dup = first_duplicate_id(self.req_id)
@@ -259,6 +377,41 @@ class Trace:
                     path=self.name or None,
                     field="output_tokens",
                 )
+
+    def _validate_mm(self) -> None:
+        """Multimodal items lie inside their prompt, in increasing non-overlapping order."""
+        off = self.mm_offsets
+        m = len(self.mm_hash) if self.mm_hash is not None else -1
+        if (len(off) != len(self) + 1 or off[0] != 0 or off[-1] != m or np.any(np.diff(off) < 0)
+                or self.mm_start is None or self.mm_length is None or len(self.mm_start) != m
+                or len(self.mm_length) != m):
+            raise InputError("multimodal columns disagree (mm_offsets, mm_hash, mm_start, mm_length)",
+                             path=self.name or None, field="mm")
+        if not m:
+            return
+        req = np.repeat(np.arange(len(self), dtype=np.int64), np.diff(off))
+        end = self.mm_start + self.mm_length
+        prev_end = np.zeros(m, dtype=np.int64)
+        prev_end[1:] = end[:-1]
+        prev_end[off[:-1][np.diff(off) > 0]] = 0  # the first item of a request follows nothing
+        for bad, why in ((self.mm_length < 1, "an item needs a length ≥ 1"),
+                         (self.mm_start < prev_end, "items must be in prompt order and must not overlap"),
+                         (end > self.prompt_len[req], "an item must end inside the prompt")):
+            hit = np.flatnonzero(bad)
+            if hit.size:
+                j = int(hit[0])
+                raise InputError(f"request {str(self.req_id[req[j]])!r}: multimodal item {j - int(off[req[j]])} "
+                                 f"(start {int(self.mm_start[j])}, length {int(self.mm_length[j])}): {why}",
+                                 path=self.name or None, field="mm")
+        from radixkv.trace.cache_keys import first_mm_conflict
+
+        bad = first_mm_conflict(off, self.mm_hash, self.mm_start, self.mm_length, self.file_ids, self.id_offsets,
+                                self.unit_tokens)
+        if bad is not None:
+            k, q, kf, why = bad
+            raise InputError(f"request {str(self.req_id[k])!r}: multimodal item {q} has content hash "
+                             f"{str(self.mm_hash[int(off[k]) + q])!r}, which {why} in request {str(self.req_id[kf])!r}: "
+                             f"one content hash must name one item", path=self.name or None, field="mm")
 
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:
@@ -336,7 +489,7 @@ class Trace:
         if k < 0:
             raise InputError(f"--limit must be ≥ 0, got {k}", field="limit")
         o = self.id_offsets
-        return Trace(
+        t = Trace(
             req_id=self.req_id[:k],
             arrival_s=self.arrival_s[:k],
             prompt_len=self.prompt_len[:k],
@@ -351,6 +504,19 @@ class Trace:
             turn=None if self.turn is None else self.turn[:k],
             name=self.name,
         )
+        for col in self.STR_COLUMNS[1:] + self.INT_COLUMNS[1:]:
+            c = getattr(self, col)
+            if c is not None:
+                setattr(t, col, c[:k])
+        if self.mm_offsets is not None:
+            m = int(self.mm_offsets[k])
+            t.mm_offsets, t.mm_hash = self.mm_offsets[: k + 1], self.mm_hash[:m]
+            t.mm_start, t.mm_length = self.mm_start[:m], self.mm_length[:m]
+        if self.raw_ids is not None:
+            t.raw_ids = self.raw_ids[: o[k]]
+            t.raw_out_ids = None if self.raw_out_ids is None else self.raw_out_ids[: self.out_offsets[k]]
+        t.isolation = self.isolation
+        return t
 
     @property
     def total_prompt_tokens(self) -> int:

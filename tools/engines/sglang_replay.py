@@ -16,6 +16,15 @@ radixkv copy (tools/engines/): adds ``--eviction-policy-config`` (the strategy's
 keyword arguments, SGLang's ``eviction_policy_config``) and the per-request
 ``priority`` field; see tools/engines/gen_sglang_evict_goldens.py.
 
+Cache namespaces and images (issue 33): the optional fields ``cache_salt`` (str: the
+``Req``'s ``cache_salt``), ``lora`` (str: the ``Req``'s ``lora_id``, which ``Req.__init__``
+appends to ``extra_key``) and ``mm`` (list of ``{"hash", "offset", "length"}``): the
+prompt is padded as the scheduler does before the request reaches the tree
+(``duplicate_pad_mm_input_ids`` with ``pad_mm_tokens``, Qwen2.5-VL's ``pad_input_ids``),
+each item a ``MultimodalDataItem`` (image, inclusive offsets) whose ``set_hash`` takes the
+first 8 bytes of the SHA-256 of the trace's content hash (SGLang hashes the pixels; any
+injective map of content to hash gives the same tree). A native header line is skipped.
+
 With ``--hicache-storage-backend file`` (HiCache mode) a step -1 comes first: the
 arrival-time L3 prefetch of ``Scheduler._prefetch_kvcache`` (``_storage_prefetch``),
 waited for until ``check_prefetch_progress`` admits the request; storage writes are
@@ -242,6 +251,7 @@ class SGLangReplayer:
     """Owns the pools and the tree; runs requests one at a time."""
 
     def __init__(self, args):
+        self.storage_dir = None  # set by _storage_server_args in HiCache mode with an L3 store
         if args.tree_core is not None:
             os.environ["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = args.tree_core
         _quiet_imports()
@@ -436,7 +446,26 @@ class SGLangReplayer:
         req.kv.kv_allocated_len += 1
         req.kv.kv_committed_len += 1
 
-    def run_request(self, rid: str, prompt, output, priority=None) -> dict:
+    def _padded(self, prompt, mm):
+        """The prompt as the scheduler pads it for the tree (module docstring)."""
+        import hashlib
+
+        from sglang.srt.managers.mm_utils import duplicate_pad_mm_input_ids, pad_mm_tokens
+        from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem, MultimodalInputs
+
+        items = []
+        for it in mm:
+            item = MultimodalDataItem(modality=Modality.IMAGE,
+                                      offsets=[(it["offset"], it["offset"] + it["length"] - 1)])
+            item.set_hash(int.from_bytes(hashlib.sha256(it["hash"].encode()).digest()[:8], "big"))
+            items.append(item)
+        placeholder = prompt[mm[0]["offset"]]
+        inputs = MultimodalInputs(mm_items=items, im_token_id=placeholder)
+        return list(duplicate_pad_mm_input_ids(self.array("q", prompt), inputs, pad_mm_tokens))
+
+    def run_request(self, rid: str, prompt, output, priority=None, cache_salt=None, lora=None, mm=None) -> dict:
+        if mm:
+            prompt = self._padded(prompt, mm)
         P = len(prompt)
         rec = {"id": rid, "prompt_len": P, "hit_tokens": 0}
         if P == 0 or P >= self.max_req_input_len:
@@ -461,6 +490,8 @@ class SGLangReplayer:
             origin_input_ids=self.array("q", prompt),
             sampling_params=sp,
             priority=priority,
+            cache_salt=cache_salt or None,
+            lora_id=lora or None,
         )
         ev0 = self.cache.evicted_tokens_total
 
@@ -756,14 +787,24 @@ def _counting_cache_class(base):
 
 
 def iter_trace(path):
+    """``(id, prompt, output, priority)`` per request (the keys of :func:`iter_trace_keys` left out)."""
+    for rid, prompt, output, priority, _keys in iter_trace_keys(path):
+        yield rid, prompt, output, priority
+
+
+def iter_trace_keys(path):
+    """``(id, prompt, output, priority, {"cache_salt", "lora", "mm"})`` per request."""
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
             if not line:
                 continue
             obj = json.loads(line)
+            if "radixkv_trace" in obj:
+                continue
             rid = str(obj.get("id", lineno))
-            yield rid, obj["tokens"], obj.get("output_tokens") or [], obj.get("priority")
+            yield (rid, obj["tokens"], obj.get("output_tokens") or [], obj.get("priority"),
+                   {"cache_salt": obj.get("cache_salt"), "lora": obj.get("lora"), "mm": obj.get("mm")})
 
 
 def main(argv=None):
@@ -784,10 +825,10 @@ def main(argv=None):
     tot_prompt = tot_hit = tot_out = tot_evicted = 0
     t0 = time.perf_counter()
     with open(args.out, "w") as fo:
-        for rid, prompt, output, priority in iter_trace(args.trace):
+        for rid, prompt, output, priority, keys in iter_trace_keys(args.trace):
             if args.limit is not None and n_req >= args.limit:
                 break
-            rec = rep.run_request(rid, prompt, output, priority)
+            rec = rep.run_request(rid, prompt, output, priority, **keys)
             if args.check:
                 rep.check()
             fo.write(json.dumps(rec) + "\n")
