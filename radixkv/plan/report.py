@@ -1,7 +1,7 @@
 """A plan's answer as text, JSON and a Pareto plot.
 
-* :func:`plan_doc`: the JSON document (sorted keys, plain numbers; no wall-clock times,
-  so the same inputs give the same bytes).
+* :func:`plan_doc`: the JSON document (sorted keys, plain numbers; no wall-clock times and
+  no count of replays read back from a work dir, so the same inputs give the same bytes).
 * :func:`format_plan`: the table of the recommendation and runner-ups, the engine's
   command line, the ``radixkv replay`` command that replays it, the prefix-caching
   verdict, the knob sensitivity and the search's counts.
@@ -57,12 +57,14 @@ def plan_doc(res) -> dict:
         "uncertainty": BAND_UNMEASURED,
         "recommendation": {**outcome_doc(b), "engine_command": engine_command(b.point, s.model),
                            "replicas_note": _replicas_note(b.point),
-                           "replay_command": "radixkv " + " ".join(replay_argv(s.trace, b.settings))},
+                           "replay_command": "radixkv " + " ".join(replay_argv(s.trace, b.settings)),
+                           "replay_argv": replay_argv(s.trace, b.settings)},
         "runner_ups": [outcome_doc(o) for o in res.runner_ups],
-        "next_cheaper": None if res.next_cheaper is None else outcome_doc(res.next_cheaper),
+        "next_cheaper": None if res.next_cheaper is None else {
+            **outcome_doc(res.next_cheaper), "replay_argv": replay_argv(s.trace, res.next_cheaper.settings)},
         "prefix_caching": caching_verdict(res),
         "sensitivity": [{"knob": k, **outcome_doc(o)} for k, o in res.sensitivity],
-        "search": {"replayed": res.replayed, "resumed": res.resumed, "pruned": dict(sorted(res.pruned.items())),
+        "search": {"replayed": res.replayed, "pruned": {k: n for k, n in sorted(res.pruned.items()) if n},
                    "budget": s.budget, "budget_exhausted": res.budget_exhausted,
                    "min_replicas_by_throughput": {f"{e}/{g}/tp{t}": r for (e, g, t), r in sorted(res.min_replicas.items())}},
         "points": [outcome_doc(o) for o in res.outcomes],

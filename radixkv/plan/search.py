@@ -257,6 +257,6 @@ def describe_miss(o, spec) -> str:
     parts = []
     for t, ratio in o.misses().items():
         v = o.value(t)
-        vs = "undefined" if not math.isfinite(v) else format_seconds(v)
+        vs = "undefined" if not math.isfinite(v) else format_seconds(float(f"{v:.3g}"))
         parts.append(f"{t} ({vs} > {format_seconds(spec.slo[t])}{', overloaded' if o.overloaded else ''})")
     return (f"closest is {o.point.label()} ({o.cost:g} {spec.cost_unit}), which misses " + ", ".join(parts))
