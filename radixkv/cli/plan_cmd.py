@@ -26,7 +26,8 @@ def cmd_plan(args) -> int:
 
     check_output_paths(*files(args.json, args.plot), inputs=[p for p in (args.trace, args.spec) if p])
     over = dict(model=args.model, rate_scale=args.rate_scale, budget=args.budget, executor=args.executor,
-                workers=args.workers, work_dir=args.work_dir, max_replicas=args.max_replicas)
+                workers=args.workers, work_dir=args.work_dir, max_replicas=args.max_replicas,
+                cost_model=args.cost_model)
     if args.spec:
         if args.trace:
             over["trace"] = args.trace
@@ -83,6 +84,9 @@ def register(sub) -> None:
                    help="plan for X times the trace's recorded rate (1.0)")
     p.add_argument("--budget", type=int, default=None, metavar="N", help="most concurrent replays (40)")
     p.add_argument("--max-replicas", type=int, default=None, metavar="N", help="most replicas of one engine (64)")
+    p.add_argument("--cost-model", default=None, metavar="KIND",
+                   help="step-time model of every replay: roofline (default); fitted, profiled or a profile "
+                        "file where radixkv.clock is present")
     p.add_argument("--executor", choices=EXECUTORS, default=None, help="where the replays run (local)")
     p.add_argument("--workers", type=int, default=None, metavar="N", help="worker processes (processes, dask)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="an existing Dask scheduler (dask)")

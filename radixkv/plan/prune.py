@@ -25,7 +25,9 @@ Throughput
     least the larger of the two sums (not their sum). R replicas share the work at best
     evenly; with ``T_lb / R`` above the trace's span (first to last arrival at the
     requested rate) no routing keeps up, the queue grows for the whole trace, and the
-    point is overloaded. :func:`min_replicas` is the least R that passes.
+    point is overloaded. :func:`min_replicas` is the least R that passes. With a calibrated
+    cost model (``--cost-model fitted|profiled``) the bound takes mfu = mbu = 1 (the peaks),
+    which no measured step beats.
 """
 from __future__ import annotations
 
@@ -95,6 +97,9 @@ def busy_lower_bound_s(point, model: str, workload: Workload, cost_kw: dict) -> 
 
     m, g = get_model(model), get_gpu(point.gpu)
     mfu, mbu = float(cost_kw.get("mfu", 0.6)), float(cost_kw.get("mbu", 0.8))
+    if cost_kw.get("cost_model", "roofline") != "roofline":
+        mfu = mbu = 1.0  # a calibrated clock may beat the assumed efficiencies; the peaks bound any
+
     h = workload.hit_rate_bound if point.prefix_caching else 0.0
     prefill = 2.0 * m.num_params * (1.0 - h) * workload.prompt_tokens / (point.tp * g.bf16_flops * mfu)
     w = m.num_params * dtype_bytes(m.weight_dtype, field="weight_dtype")

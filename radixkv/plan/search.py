@@ -108,7 +108,7 @@ def make_plan(spec, trace=None) -> PlanResult:
     if len(trace) == 0:
         raise InputError("empty trace: nothing to plan for", path=spec.trace)
     workload = workload_of(trace, spec.rate_scale)
-    cost_kw = dict(ROOFLINE_FLAGS)
+    cost_kw = dict(ROOFLINE_FLAGS) if spec.cost_model == "roofline" else {"cost_model": spec.cost_model}
     if spec.work_dir is None:
         with tempfile.TemporaryDirectory(prefix="radixkv-plan-") as d:
             return _search(spec, trace, workload, Evaluator(spec, workload, cost_kw, d))

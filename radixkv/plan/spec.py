@@ -34,8 +34,19 @@ ENGINES = ("vllm", "sglang")
 DEFAULT_GPUS = ("H100-80GB", "A100-80GB")
 #: tensor-parallel degrees searched
 DEFAULT_TPS = (1, 2, 4, 8)
-#: cost models a plan can price its steps with (the roofline of :mod:`radixkv.cost`)
-COST_MODELS = ("roofline",)
+#: cost models a plan can price its steps with: the roofline of :mod:`radixkv.cost`, and,
+#: in a tree that has :mod:`radixkv.clock`, its calibrated kinds (and a profile file's path)
+COST_MODELS = ("roofline", "fitted", "profiled")
+
+
+def cost_models_available() -> tuple:
+    """The cost-model kinds this tree can replay with (``roofline`` always; the calibrated
+    kinds of ``radixkv.clock`` when that package is present)."""
+    try:
+        import radixkv.clock  # noqa: F401
+    except ImportError:
+        return COST_MODELS[:1]
+    return COST_MODELS
 
 
 def parse_slo(text: str, *, where: str | None = None) -> dict:
@@ -143,7 +154,8 @@ class PlanSpec:
     max_replicas : int
         Most replicas of one configuration.
     cost_model : str
-        The step-time model (:data:`COST_MODELS`).
+        The step-time model (:func:`cost_models_available`): every replay of the plan runs
+        with ``--cost-model`` set to it (the roofline leaves the flag at its default).
     work_dir : str or None
         Sweep results store of the replays (resumable); None: a temporary folder.
     """
@@ -185,9 +197,10 @@ class PlanSpec:
             raise ConfigError(f"--budget must be ≥ 1 replay, got {self.budget}", field="budget")
         if self.max_replicas < 1:
             raise ConfigError(f"--max-replicas must be ≥ 1, got {self.max_replicas}", field="max_replicas")
-        if self.cost_model not in COST_MODELS:
-            raise ConfigError(f"unknown cost model {self.cost_model!r}; available: {', '.join(COST_MODELS)}",
-                              field="cost_model")
+        avail = cost_models_available()
+        if self.cost_model not in avail and not (len(avail) > 1 and Path(self.cost_model).is_file()):
+            raise ConfigError(f"cost model {self.cost_model!r} is not available in this tree; available: "
+                              f"{', '.join(avail)}", field="cost_model")
 
     def price(self, gpu: str) -> float:
         """$ per GPU-hour of *gpu*, or 1.0 when the cost is counted in GPU-hours."""
