@@ -9,7 +9,10 @@
    least replica count that meets the SLO is found by doubling from the bound, then
    bisecting: latency is taken to be monotone in the replica count (more replicas behind
    the router never slow a request; an assumption of the search, checked by the tests on
-   small traces, not proven for every router).
+   small traces, not proven for every router). Doubling stops early at a latency floor:
+   when doubling the replicas improved the worst SLO ratio by less than 10 %
+   (:data:`FLOOR_GAIN`), the miss is a request's own prefill or decode time, which more
+   replicas do not shorten (a larger TP or a faster GPU does).
 3. **Knobs.** At one replica fewer than each structure's answer, every single-knob
    change (:func:`radixkv.plan.candidates.neighbours`) is replayed: a change that meets
    the SLO there is a cheaper plan.
@@ -29,6 +32,9 @@ from dataclasses import dataclass, field
 
 from radixkv.errors import InputError
 
+#: doubling the replicas stops when the worst SLO ratio improved by less than this factor
+#: (an assumed threshold: the miss is then one request's own latency, not queueing)
+FLOOR_GAIN = 0.9
 #: the roofline cost model's replay flags at its defaults (radixkv.cost.CostModel: mfu 0.6, mbu 0.8)
 ROOFLINE_FLAGS: dict = {}
 
@@ -185,7 +191,7 @@ def _search(spec, trace, workload, ev) -> PlanResult:
         unit = ev.cost(b.with_replicas(1))
         r_hi = spec.max_replicas if math.isinf(best_cost) else min(spec.max_replicas,
                                                                     math.ceil(best_cost / unit) - 1)
-        lo, hi, r = None, None, b.replicas
+        lo, hi, r, prev = None, None, b.replicas, None
         while True:  # doubling
             o = run([b.with_replicas(r)])[b.with_replicas(r)]
             if o.meets:
@@ -194,6 +200,10 @@ def _search(spec, trace, workload, ev) -> PlanResult:
             lo = r
             if r >= r_hi or not o.replayed:
                 break
+            if prev is not None and not o.overloaded and o.worst_ratio() >= FLOOR_GAIN * prev.worst_ratio():
+                pruned["latency floor"] += 1  # doubling again would not help (module docstring)
+                break
+            prev = o
             r = min(2 * r, r_hi)
         if hi is None:
             continue
