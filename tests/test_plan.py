@@ -152,3 +152,29 @@ def test_throughput_bound_by_hand():
     expect = 100 * w / (bw * 0.8)
     assert busy_lower_bound_s(p, "Llama-3.1-8B", wl, {}) == pytest.approx(expect)
     assert min_replicas(p, "Llama-3.1-8B", wl, {}) == math.ceil(expect / 1.0)
+
+
+def test_toml_spec(tmp_path):
+    from radixkv.plan.spec import load_spec
+
+    (tmp_path / "t.jsonl").write_text("")
+    f = tmp_path / "plan.toml"
+    f.write_text('trace = "t.jsonl"\nmodel = "Mistral-7B"\n[slo]\nttft_p99 = "2s"\ntpot_p99 = "50ms"\n'
+                 '[price]\nA100-80GB = 1.6\n', encoding="utf-8")
+    s = load_spec(f, gpus=["A100-80GB"])
+    assert s.slo == {"ttft_p99": 2.0, "tpot_p99": 0.05}
+    assert s.prices == {"A100-80GB": 1.6} and s.gpus == ("A100-80GB",) and s.trace == str(tmp_path / "t.jsonl")
+    f.write_text('trace = "t.jsonl"\nmodel = "Mistral-7B"\nslo = "ttft_p99=2s"\nbudgett = 3\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="budgett"):
+        load_spec(f)
+
+
+@pytest.mark.slow
+def test_same_bytes_on_dask(small, tmp_path):
+    """The plan on a Dask LocalCluster writes the bytes the local executor wrote."""
+    pytest.importorskip("distributed")
+    d, trace, _ = small
+    out = tmp_path / "dask.json"
+    assert main(["plan", str(trace), "--slo", SLO, *BASE, "--executor", "dask", "--workers", "2",
+                 "--json", str(out)]) == 0
+    assert out.read_bytes() == (d / "plan.json").read_bytes()
