@@ -17,6 +17,8 @@ The library API (loaded on first use, so ``import radixkv`` stays cheap):
 ``replay_replicas``  N replicas behind a router, sequential (:mod:`radixkv.replay.routing`)
 ``replay_multi_concurrent``  N replicas behind a router on one clock, concurrent
                     (:mod:`radixkv.replay.multi_concurrent`)
+``make_plan``,      the cheapest deployment meeting a latency SLO on a trace
+``PlanSpec``        (:mod:`radixkv.plan`; ``radixkv plan``)
 =================== ===================================================================
 
 Helpers for policy authors are in :mod:`radixkv.policies.toolkit`.
@@ -43,6 +45,8 @@ _EXPORTS = {
     "KVSeq": "radixkv.trace.types",
     "replay_replicas": "radixkv.replay.routing",
     "replay_multi_concurrent": "radixkv.replay.multi_concurrent",
+    "make_plan": "radixkv.plan.search",
+    "PlanSpec": "radixkv.plan.spec",
 }
 
 __all__ = sorted(_EXPORTS)
