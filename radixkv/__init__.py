@@ -20,6 +20,8 @@ The library API (loaded on first use, so ``import radixkv`` stays cheap):
 ``cost_model``      a step-time model by kind: roofline, fitted, profiled, a profile
                     file (:mod:`radixkv.clock.calibrated`, docs/clock.md)
 ``CalibratedCostModel`` the measured-table step-time model (:mod:`radixkv.clock.calibrated`)
+``make_plan``,      the cheapest deployment meeting a latency SLO on a trace
+``PlanSpec``        (:mod:`radixkv.plan`; ``radixkv plan``)
 =================== ===================================================================
 
 Helpers for policy authors are in :mod:`radixkv.policies.toolkit`.
@@ -48,6 +50,8 @@ _EXPORTS = {
     "replay_multi_concurrent": "radixkv.replay.multi_concurrent",
     "cost_model": "radixkv.clock.calibrated",
     "CalibratedCostModel": "radixkv.clock.calibrated",
+    "make_plan": "radixkv.plan.search",
+    "PlanSpec": "radixkv.plan.spec",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -147,7 +147,7 @@ def test_example_grid_runs_and_shows(tmp_path, capsys):
     capsys.readouterr()
     assert main(["sweep-show", str(out), "--json", "-"]) == 0
     cells = json.loads(capsys.readouterr().out)["cells"]
-    assert [(c["policy"], c["capacity_tokens"]) for c in cells][:4] == [("none:1", n) for n in (2000, 5000, 20000, 100000)]
+    assert [(c["policy"], c["capacity_tokens"]) for c in cells][:4] == [("none:16", n // 16 * 16) for n in (2000, 5000, 20000, 100000)]  # whole 16-token blocks
     # no caching: no hit; the rest as `radixkv replay` gives them
     assert all(c["token_hit_rate"] == 0 and c["hit_tokens"] == 0 for c in cells[:4])
     c = next(c for c in cells if c["policy"] == "sglang:1" and c["capacity_tokens"] == 5000)

@@ -21,6 +21,7 @@ _VERB_MODULES = [
     "radixkv.cli.memory_cmd",
     "radixkv.cli.replay_cmd",
     "radixkv.cli.sweep_cmd",
+    "radixkv.cli.plan_cmd",
     "radixkv.cli.check_cmd",
     "radixkv.cli.report_cmd",
 ]

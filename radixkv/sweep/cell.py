@@ -131,6 +131,11 @@ def replay_cell(trace, settings: dict) -> dict:
     """Replay *trace* as ``radixkv replay`` would with *settings* (flag destinations →
     values; ``policy`` required; missing flags take the command line's defaults).
 
+    A concurrent cell with ``replicas`` runs them behind ``router`` on one clock
+    (:func:`radixkv.cli.routing_args.run_routed_concurrent_result`); a concurrent cell's
+    metrics add ``overloaded``, ``queue_growth_s_per_s`` and ``queue_tail_mean_s``
+    (:func:`radixkv.replay.overload.overload_metrics`).
+
     Returns
     -------
     dict
@@ -157,12 +162,21 @@ def replay_cell(trace, settings: dict) -> dict:
         tr = trace.head(ns.limit)
         if len(tr) == 0:
             raise ConfigError("no requests to replay (empty trace or limit 0)", field="limit")
-        compile_s = warmup(spec)
-        policy = build_policy(spec, pool, unit_tokens=tr.unit_tokens)
-        t0 = time.perf_counter()
-        res = run_concurrent_from_args(tr, policy, ns)
-        elapsed = time.perf_counter() - t0
-        summ = res.summary()
+        from radixkv.replay.overload import overload_of
+
+        if ns.replicas is not None:  # several replicas behind a router, on one clock
+            from radixkv.cli.routing_args import routed, run_routed_concurrent_result
+
+            routed(ns)
+            res, _, compile_s, elapsed = run_routed_concurrent_result(tr, spec, pool, ns)
+            agg = res.aggregate
+        else:
+            compile_s = warmup(spec)
+            policy = build_policy(spec, pool, unit_tokens=tr.unit_tokens)
+            t0 = time.perf_counter()
+            res = agg = run_concurrent_from_args(tr, policy, ns)
+            elapsed = time.perf_counter() - t0
+        summ = {**res.summary(), **overload_of(agg)}
         timing = {"compile": compile_s, "replay": elapsed,
                   "prompt_tokens_per_s": summ["prompt_tokens"] / elapsed if elapsed > 0 else None}
     else:

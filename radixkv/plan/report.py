@@ -1,0 +1,233 @@
+"""A plan's answer as text, JSON and a Pareto plot.
+
+* :func:`plan_doc`: the JSON document (sorted keys, plain numbers; no wall-clock times and
+  no count of replays read back from a work dir, so the same inputs give the same bytes).
+* :func:`format_plan`: the table of the recommendation and runner-ups, the engine's
+  command line, the ``radixkv replay`` command that replays it, the prefix-caching
+  verdict, the knob sensitivity and the search's counts.
+* :func:`pareto_plot`: cost vs TTFT p99 of every replayed point, the Pareto front joined,
+  overloaded points marked apart.
+
+Overload: a replay that never caught up (:mod:`radixkv.replay.overload`) is shown as
+``overload``, never as a latency.
+"""
+from __future__ import annotations
+
+import math
+
+from radixkv.plan.spec import SLO_TERMS, format_seconds, format_slo
+
+#: what the predictions' uncertainty band is, until the clock's measured error is available
+BAND_UNMEASURED = ("unmeasured: the roofline clock's error against measured engines is not available in this "
+                   "tree, so the predictions carry no band")
+
+
+def _num(v):
+    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+
+
+def outcome_doc(o) -> dict:
+    """One outcome as JSON-ready values."""
+    m = o.metrics or {}
+    d = {"point": o.point.to_dict(), "cost_per_hour": o.cost, "replayed": o.replayed, "pruned": o.pruned,
+         "meets_slo": o.meets, "overloaded": bool(o.overloaded) if o.replayed else None,
+         "misses": {t: _num(r) for t, r in o.misses().items()} if o.replayed else None}
+    for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "throughput_output_tokens_per_s",
+                "throughput_total_tokens_per_s", "token_hit_rate", "preemptions", "queue_growth_s_per_s"):
+        d[key] = _num(m.get(key)) if o.replayed and not (o.overloaded and key.startswith(("ttft", "tpot"))) else None
+    return d
+
+
+def plan_doc(res) -> dict:
+    """The JSON document of a :class:`~radixkv.plan.search.PlanResult`."""
+    from radixkv import __version__
+    from radixkv.plan.candidates import engine_command, replay_argv
+
+    s, w, b = res.spec, res.workload, res.best
+    return {
+        "radixkv": __version__,
+        "trace": {"path": str(s.trace), "requests": w.requests, "prompt_tokens": w.prompt_tokens,
+                  "output_tokens": w.output_tokens, "span_s": w.span_s, "rate_scale": s.rate_scale,
+                  "offered_tokens_per_s": _num(w.offered_tokens_per_s), "hit_rate_bound": w.hit_rate_bound},
+        "model": s.model,
+        "slo": {t: s.slo[t] for t in SLO_TERMS if t in s.slo},
+        "cost_unit": s.cost_unit,
+        "prices": dict(sorted(s.prices.items())),
+        "cost_model": s.cost_model,
+        "uncertainty": BAND_UNMEASURED,
+        "recommendation": {**outcome_doc(b), "engine_command": engine_command(b.point, s.model),
+                           "replicas_note": _replicas_note(b.point),
+                           "replay_command": "radixkv " + " ".join(replay_argv(s.trace, b.settings)),
+                           "replay_argv": replay_argv(s.trace, b.settings)},
+        "runner_ups": [outcome_doc(o) for o in res.runner_ups],
+        "next_cheaper": None if res.next_cheaper is None else {
+            **outcome_doc(res.next_cheaper), "replay_argv": replay_argv(s.trace, res.next_cheaper.settings)},
+        "prefix_caching": caching_verdict(res),
+        "sensitivity": [{"knob": k, **outcome_doc(o)} for k, o in res.sensitivity],
+        "search": {"replayed": res.replayed, "pruned": {k: n for k, n in sorted(res.pruned.items()) if n},
+                   "budget": s.budget, "budget_exhausted": res.budget_exhausted,
+                   "min_replicas_by_throughput": {f"{e}/{g}/tp{t}": r for (e, g, t), r in sorted(res.min_replicas.items())}},
+        "points": [outcome_doc(o) for o in res.outcomes],
+    }
+
+
+def _replicas_note(p) -> str | None:
+    if p.replicas == 1:
+        return None
+    return f"{p.replicas} replicas of this command behind a {p.router} router"
+
+
+def _fmt(o, term) -> str:
+    if not o.replayed:
+        return "-"
+    if o.overloaded:
+        return "overload"
+    return _lat(o.value(term))
+
+
+def _lat(v) -> str:
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    return f"{v * 1e3:.1f}ms" if v < 1 else f"{v:.2f}s"
+
+
+def _row(o, terms) -> list:
+    m = o.metrics or {}
+    lat = ["overload" if o.overloaded else _lat(o.value(t)) for t in terms] if o.replayed else ["-"] * len(terms)
+    thr = m.get("throughput_output_tokens_per_s")
+    hit = m.get("token_hit_rate")
+    return [o.point.label(), f"{o.cost:g}", *lat,
+            "-" if thr is None else f"{thr:,.0f}", "-" if hit is None else f"{hit:.1%}",
+            "yes" if o.meets else ("no" if o.replayed else "-")]
+
+
+def _table(header, rows) -> str:
+    w = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(r))
+             for r in [header, *rows]]
+    return "\n".join(lines)
+
+
+def caching_verdict(res) -> dict:
+    """Prefix caching on vs off at the recommendation: ``verdict`` ("on"/"off"), the two
+    outcomes' TTFT/TPOT p99 and hit rate, and a one-line ``text``."""
+    b = res.best
+    flip = next((o for k, o in res.sensitivity if k == "prefix_caching"), None)
+    on, off = (b, flip) if b.point.prefix_caching else (flip, b)
+    d = {"verdict": "on" if b.point.prefix_caching else "off", "on": None if on is None else outcome_doc(on),
+         "off": None if off is None else outcome_doc(off)}
+    if on is None or off is None or not on.replayed or not off.replayed:
+        d["text"] = (f"prefix caching {d['verdict']}: the other setting was not replayed "
+                     f"({'budget' if res.budget_exhausted else 'pruned'})")
+        return d
+    hit = (on.metrics or {}).get("token_hit_rate")
+    saved = (on.metrics or {}).get("prefill_flops_saved")
+    parts = [f"hit rate {hit:.1%}" if hit is not None and math.isfinite(hit) else "hit rate n/a"]
+    for t in ("ttft_p99", "tpot_p99"):
+        parts.append(f"{t} {_fmt(on, t)} on vs {_fmt(off, t)} off")
+    if saved:
+        parts.append(f"{saved:.3g} prefill FLOPs saved")
+    if on.meets and not off.meets:
+        why = "off misses the SLO at the same point"
+    elif off.meets and not on.meets:
+        why = "on misses the SLO at the same point"
+    elif on.worst_ratio() <= off.worst_ratio():
+        why = "both meet the SLO; on keeps more margin"
+    else:
+        why = "both meet the SLO; off keeps more margin here"
+    d["text"] = f"prefix caching: turn it {d['verdict'].upper()} — " + "; ".join(parts) + f" ({why})"
+    return d
+
+
+def format_plan(res) -> str:
+    """The plan as text (module docstring)."""
+    from radixkv.plan.candidates import engine_command, replay_argv
+
+    s, w, b = res.spec, res.workload, res.best
+    terms = [t for t in SLO_TERMS if t in s.slo] or ["ttft_p99", "tpot_p99"]
+    out = [f"plan for {s.trace}: {w.requests:,} requests over {w.span_s:,.1f} s at {s.rate_scale:g}x the recorded "
+           f"rate ({w.offered_tokens_per_s:,.0f} tokens/s offered); model {s.model}; SLO {format_slo(s.slo)}; "
+           f"cost in {s.cost_unit}; cost model {s.cost_model}"]
+    header = ["configuration", s.cost_unit, *terms, "out tok/s", "hit", "SLO"]
+    rows = [["* " + _row(b, terms)[0], *_row(b, terms)[1:]]] + [["  " + r[0], *r[1:]] for r in
+                                                                 (_row(o, terms) for o in res.runner_ups)]
+    if res.next_cheaper is not None:
+        r = _row(res.next_cheaper, terms)
+        rows.append(["  (next cheaper) " + r[0], *r[1:]])
+    out.append(_table(header, rows))
+    out.append("")
+    out.append("recommendation (one replica):")
+    out.append("  " + engine_command(b.point, s.model))
+    if b.point.replicas > 1:
+        out.append(f"  x {_replicas_note(b.point)}")
+    out.append("replay it again: radixkv " + " ".join(replay_argv(s.trace, b.settings)))
+    m = b.metrics
+    out.append(f"predicted: TTFT p50 {_lat(m.get('ttft_p50_s'))} p99 {_lat(m.get('ttft_p99_s'))}; TPOT p50 "
+               f"{_lat(m.get('tpot_p50_s'))} p99 {_lat(m.get('tpot_p99_s'))}; "
+               f"{m.get('throughput_output_tokens_per_s', float('nan')):,.0f} output tokens/s; "
+               f"uncertainty {BAND_UNMEASURED}")
+    out.append(caching_verdict(res)["text"])
+    if res.sensitivity:
+        out.append("")
+        out.append("sensitivity (one knob changed at the recommendation):")
+        hdr = ["knob -> value", s.cost_unit, *terms, "out tok/s", "hit", "SLO"]
+        srows = []
+        for k, o in res.sensitivity:
+            v = o.point.to_dict().get(k) if k != "prefix_caching" else ("on" if o.point.prefix_caching else "off")
+            if k == "kv_cache_dtype":
+                v = v or "auto"
+            r = _row(o, terms)
+            if o.pruned:
+                r[-1] = "pruned: " + o.pruned.split(":")[0]
+            srows.append([f"{k} -> {v}", *r[1:]])
+        out.append(_table(hdr, srows))
+    pr = ", ".join(f"{n} by {k}" for k, n in sorted(res.pruned.items()) if n) or "none"
+    out.append("")
+    out.append(f"search: {res.replayed} points replayed ({res.resumed} read back from the work dir); pruned: {pr}"
+               + ("; the budget was spent (raise --budget to search further)" if res.budget_exhausted else ""))
+    return "\n".join(out)
+
+
+def pareto_plot(res, path) -> None:
+    """Cost vs TTFT p99 of every replayed point (PNG at *path*, atomically): meeting points,
+    missing points, overloaded points (drawn at the top edge), the Pareto front of the
+    non-overloaded points, the recommendation circled, the SLO's TTFT p99 bound dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from radixkv.util import atomic_output
+
+    pts = [o for o in res.outcomes if o.replayed]
+    ok = [o for o in pts if not o.overloaded and math.isfinite(o.value("ttft_p99"))]
+    top = max([o.value("ttft_p99") for o in ok] + [1e-3]) * 2
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    for group, style, lab in (([o for o in ok if o.meets], dict(marker="o", color="tab:green"), "meets SLO"),
+                              ([o for o in ok if not o.meets], dict(marker="x", color="tab:red"), "misses SLO"),
+                              ([o for o in pts if o.overloaded], dict(marker="^", color="tab:gray"),
+                               "overloaded (never catches up)")):
+        if group:
+            ax.scatter([o.cost for o in group], [top if o.overloaded else o.value("ttft_p99") for o in group],
+                       label=lab, **style)
+    front, best_y = [], math.inf
+    for o in sorted(ok, key=lambda o: (o.cost, o.value("ttft_p99"))):
+        if o.value("ttft_p99") < best_y:
+            front.append(o)
+            best_y = o.value("ttft_p99")
+    if len(front) > 1:
+        ax.plot([o.cost for o in front], [o.value("ttft_p99") for o in front], color="tab:blue", lw=1,
+                label="Pareto front")
+    b = res.best
+    ax.scatter([b.cost], [b.value("ttft_p99")], s=160, facecolors="none", edgecolors="black", label="recommended")
+    if "ttft_p99" in res.spec.slo:
+        ax.axhline(res.spec.slo["ttft_p99"], ls="--", color="black", lw=0.8, label="SLO ttft_p99")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"cost ({res.spec.cost_unit})")
+    ax.set_ylabel("TTFT p99 (s)")
+    ax.set_title(f"radixkv plan: {res.spec.model}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_output(path, binary=True) as f:
+        fig.savefig(f, format="png", metadata={"Software": None})
+    plt.close(fig)

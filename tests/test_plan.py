@@ -1,0 +1,180 @@
+"""``radixkv plan`` (issue 30): the recommendation checked by the plain concurrent replay,
+the next cheaper point it considered missing the SLO, monotonicity in the SLO, same bytes,
+bad inputs, and the pieces (SLO parsing, the overload test, the throughput bound) against
+values worked out by hand.
+
+One small trace (40 multi-turn requests, synthesized, replayed at 80x its rate so that
+one A100 is not enough) and one plan are shared by the module's tests.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from radixkv.cli import main
+from radixkv.errors import ConfigError
+
+SLO = "ttft_p99=100ms,tpot_p99=40ms"
+BASE = ["--model", "Llama-3.1-8B", "--gpus", "A100-80GB", "--tp", "1", "--rate-scale", "80", "--budget", "30"]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    d = tmp_path_factory.mktemp("plan")
+    trace = d / "mt40.jsonl"
+    assert main(["trace", "synth", "multi_turn", "--requests", "40", "--seed", "3", "--rate", "4",
+                 "--out", str(trace)]) == 0
+    out = d / "plan.json"
+    assert main(["plan", str(trace), "--slo", SLO, *BASE, "--work-dir", str(d / "work"), "--json", str(out)]) == 0
+    return d, trace, json.loads(out.read_text())
+
+
+def _replay(argv, tmp_path, name):
+    """The plain ``radixkv replay`` of *argv* (the plan's printed command), its JSON summary."""
+    out = tmp_path / f"{name}.json"
+    assert main([*argv, "--quiet", "--json", str(out)]) == 0
+    return json.loads(out.read_text())["results"][0]["summary"]
+
+
+def _meets(summ, slo_s: dict) -> bool:
+    return all(summ[f"{t}_s"] <= b for t, b in slo_s.items())
+
+
+def test_recommendation_meets_slo_in_plain_replay_and_next_cheaper_misses(small, tmp_path):
+    _, _, doc = small
+    rec, nxt = doc["recommendation"], doc["next_cheaper"]
+    slo = {"ttft_p99": 0.1, "tpot_p99": 0.04}
+    assert rec["point"]["replicas"] >= 2 and nxt is not None
+    assert nxt["cost_per_hour"] < rec["cost_per_hour"]
+    a = _replay(rec["replay_argv"], tmp_path, "rec")
+    assert _meets(a, slo), (a["ttft_p99_s"], a["tpot_p99_s"])
+    b = _replay(nxt["replay_argv"], tmp_path, "next")
+    assert not _meets(b, slo), (b["ttft_p99_s"], b["tpot_p99_s"])
+    # the printed knobs are the engine's flags of the recommendation
+    cmd = rec["engine_command"]
+    for flag in ("--tensor-parallel-size 1", "--gpu-memory-utilization", "--max-num-batched-tokens",
+                 "--max-num-seqs", "--block-size"):
+        assert flag in cmd
+
+
+def test_stricter_slo_never_cheaper_and_looser_never_dearer(small, tmp_path):
+    d, trace, doc = small
+    cost = doc["recommendation"]["cost_per_hour"]
+    for slo, rel in (("ttft_p99=80ms,tpot_p99=40ms", "ge"), ("ttft_p99=200ms,tpot_p99=40ms", "le")):
+        out = tmp_path / f"{rel}.json"
+        assert main(["plan", str(trace), "--slo", slo, *BASE, "--work-dir", str(d / "work"), "--json", str(out)]) == 0
+        c = json.loads(out.read_text())["recommendation"]["cost_per_hour"]
+        assert (c >= cost) if rel == "ge" else (c <= cost), (slo, c, cost)
+
+
+def test_same_inputs_same_bytes(small, tmp_path):
+    """A fresh plan (no work dir, worker processes) writes the bytes the first one wrote."""
+    d, trace, _ = small
+    out = tmp_path / "again.json"
+    assert main(["plan", str(trace), "--slo", SLO, *BASE, "--executor", "processes", "--workers", "2",
+                 "--json", str(out)]) == 0
+    assert out.read_bytes() == (d / "plan.json").read_bytes()
+
+
+def test_plan_counts_and_verdict(small):
+    _, _, doc = small
+    s = doc["search"]
+    assert 0 < s["replayed"] <= 30
+    assert doc["prefix_caching"]["verdict"] in ("on", "off") and doc["prefix_caching"]["text"]
+    knobs = {r["knob"] for r in doc["sensitivity"]}
+    assert {"prefix_caching", "max_num_batched_tokens", "max_num_seqs", "block_size", "router"} <= knobs
+    # an overloaded point reports no latency
+    for p in doc["points"]:
+        if p["overloaded"]:
+            assert p["ttft_p99_s"] is None and not p["meets_slo"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--slo", "ttft_p99=1ms", "--gpus", "A100-80GB", "--tp", "1", "--budget", "4"], "no feasible plan: closest is"),
+    (["--slo", SLO, "--gpus", "Z100"], "Z100"),
+    (["--slo", SLO, "--model", "Llama-3.1-70B", "--gpus", "A100-40GB", "--tp", "1"], "fits no GPU"),
+    (["--slo", "ttft_p99=2"], "unit"),
+    (["--slo", SLO, "--gpus", "A100-80GB", "--price", "H100-80GB=2"], "price"),
+])
+def test_bad_inputs_exit_2(small, capsys, argv, needle):
+    _, trace, _ = small
+    full = ["plan", str(trace), "--model", "Llama-3.1-8B", *argv]
+    if "--model" in argv:
+        full = ["plan", str(trace), *argv]
+    assert main(full) == 2
+    err = capsys.readouterr().err
+    assert needle in err, err
+    if "no feasible" in needle:
+        assert "misses ttft_p99" in err
+
+
+def test_parse_slo():
+    from radixkv.plan.spec import parse_slo
+
+    assert parse_slo("ttft_p99=2s, tpot_p99=50ms") == {"ttft_p99": 2.0, "tpot_p99": 0.05}
+    assert parse_slo("ttft_p50=250ms") == {"ttft_p50": 0.25}
+    for bad in ("ttft_p99=2", "ttft_p98=2s", "ttft_p99=0s", "ttft_p99=1s,ttft_p99=2s", "", "ttft_p99"):
+        with pytest.raises(ConfigError):
+            parse_slo(bad)
+
+
+def test_overload_metrics_by_hand():
+    from radixkv.replay.overload import overload_metrics
+
+    a = np.arange(100, dtype=np.float64)
+    # load 2x capacity: request at t waits t*(1 - 1/2) = t/2 -> slope 0.5, tail mean of t/2 over t=75..99 = 43.5
+    m = overload_metrics(a, a / 2)
+    assert m["overloaded"] is True
+    assert m["queue_growth_s_per_s"] == pytest.approx(0.5)
+    assert m["queue_tail_mean_s"] == pytest.approx(43.5)
+    # a stationary queue of 0.2 s: slope 0, not overloaded
+    m = overload_metrics(a, np.full(100, 0.2))
+    assert m["overloaded"] is False and m["queue_growth_s_per_s"] == pytest.approx(0.0)
+    assert overload_metrics(a[:3], a[:3])["overloaded"] is None
+
+
+def test_throughput_bound_by_hand():
+    """Decode bound of Llama-3.1-8B on one A100-80GB: weights 8,030,261,248 params x 2 B;
+    2,039e9 B/s x 0.8 (A100-80GB SXM datasheet bandwidth, the preset's). 1,000 output tokens at
+    max_num_seqs 10 -> 100 steps, each >= W / (bw * mbu)."""
+    from radixkv.memory import get_gpu
+    from radixkv.plan.candidates import Point
+    from radixkv.plan.prune import Workload, busy_lower_bound_s, min_replicas
+
+    bw = get_gpu("A100-80GB").hbm_bytes_per_s
+    w = 8_030_261_248 * 2
+    p = Point("vllm", "A100-80GB", 1, 1, 0.9, max_num_seqs=10)
+    wl = Workload(prompt_tokens=0, output_tokens=1000, longest_tokens=100, span_s=1.0, requests=10,
+                  hit_rate_bound=0.0)
+    expect = 100 * w / (bw * 0.8)
+    assert busy_lower_bound_s(p, "Llama-3.1-8B", wl, {}) == pytest.approx(expect)
+    assert min_replicas(p, "Llama-3.1-8B", wl, {}) == math.ceil(expect / 1.0)
+
+
+def test_toml_spec(tmp_path):
+    from radixkv.plan.spec import load_spec
+
+    (tmp_path / "t.jsonl").write_text("")
+    f = tmp_path / "plan.toml"
+    f.write_text('trace = "t.jsonl"\nmodel = "Mistral-7B"\n[slo]\nttft_p99 = "2s"\ntpot_p99 = "50ms"\n'
+                 '[price]\nA100-80GB = 1.6\n', encoding="utf-8")
+    s = load_spec(f, gpus=["A100-80GB"])
+    assert s.slo == {"ttft_p99": 2.0, "tpot_p99": 0.05}
+    assert s.prices == {"A100-80GB": 1.6} and s.gpus == ("A100-80GB",) and s.trace == str(tmp_path / "t.jsonl")
+    f.write_text('trace = "t.jsonl"\nmodel = "Mistral-7B"\nslo = "ttft_p99=2s"\nbudgett = 3\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="budgett"):
+        load_spec(f)
+
+
+@pytest.mark.slow
+def test_same_bytes_on_dask(small, tmp_path):
+    """The plan on a Dask LocalCluster writes the bytes the local executor wrote."""
+    pytest.importorskip("distributed")
+    d, trace, _ = small
+    out = tmp_path / "dask.json"
+    assert main(["plan", str(trace), "--slo", SLO, *BASE, "--executor", "dask", "--workers", "2",
+                 "--json", str(out)]) == 0
+    assert out.read_bytes() == (d / "plan.json").read_bytes()
