@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -19,8 +20,13 @@ MODES = ("auto", "compile", "interpret")
 CACHE_PREFIX = "radixkv-numba-"
 
 
+#: a line that imports Numba: the mark of a module that may hold kernels (a module that only
+#: mentions Numba, e.g. the package's ``__init__`` calling :func:`keyed_cache_dir`, holds none)
+_IMPORTS_NUMBA = re.compile(rb"^[ \t]*(?:import numba|from numba)\b", re.M)
+
+
 def source_key(root: Path | None = None) -> str:
-    """A digest of every radixkv module that uses Numba (12 hex digits of sha256 over the
+    """A digest of every radixkv module that imports Numba (12 hex digits of sha256 over the
     modules' paths and bytes, in path order) — the key of :func:`keyed_cache_dir`.
 
     Numba checks a cached kernel against its own file's time stamp only; a kernel that
@@ -31,7 +37,7 @@ def source_key(root: Path | None = None) -> str:
     h = hashlib.sha256()
     for p in sorted(root.rglob("*.py")):
         b = p.read_bytes()
-        if b"numba" in b:
+        if _IMPORTS_NUMBA.search(b):
             h.update(p.relative_to(root).as_posix().encode() + b"\0" + b + b"\0")
     return h.hexdigest()[:12]
 

@@ -32,7 +32,11 @@ def test_the_key_follows_kernel_sources_only(tmp_path):
     k1 = NC.source_key(tmp_path)
     assert k1 != k0 and len(k1) == 12
     (tmp_path / "sub" / "_k2.py").write_text("import numba\n")  # a kernel module added
-    assert NC.source_key(tmp_path) != k1
+    k2 = NC.source_key(tmp_path)
+    assert k2 != k1
+    # a module that only names Numba (the package __init__ calling keyed_cache_dir) holds no kernel
+    (tmp_path / "plain.py").write_text("from radixkv.numba_cache import keyed_cache_dir  # numba's cache\n")
+    assert NC.source_key(tmp_path) == k2
 
 
 def test_importing_radixkv_points_numba_at_the_keyed_folder_and_children_agree(tmp_path):
