@@ -217,7 +217,9 @@ def test_cli_cost_model(tmp_path, capsys):
     for kind in ("roofline", "fitted", "profiled"):
         out = tmp_path / f"{kind}.json"
         assert main(base + ["--cost-model", kind, "--json", str(out)]) == 0
-        outs[kind] = json.loads(out.read_text())["results"][0]["summary"]
+        doc = json.loads(out.read_text())["results"][0]
+        outs[kind] = doc["summary"]
+        assert doc.get("cost_model") == (None if kind == "roofline" else kind)  # recorded unless the default
     assert main(base + ["--json", str(tmp_path / "d.json")]) == 0
     assert json.loads((tmp_path / "d.json").read_text())["results"][0]["summary"] == outs["roofline"]  # the default
     assert outs["fitted"]["ttft_p50_s"] != outs["roofline"]["ttft_p50_s"]
@@ -272,7 +274,9 @@ def test_cli_request_intake(tmp_path, capsys):
             "--gpu", "A100-80GB", "--capacity-tokens", "8192"]
     assert main(base + ["--json", str(tmp_path / "a.json")]) == 0
     assert main(base + ["--request-intake-s", "0.01", "--json", str(tmp_path / "b.json")]) == 0
-    a, b = (json.loads((tmp_path / f).read_text())["results"][0]["summary"] for f in ("a.json", "b.json"))
+    ra, rb = (json.loads((tmp_path / f).read_text())["results"][0] for f in ("a.json", "b.json"))
+    assert rb["request_intake_s"] == 0.01 and "request_intake_s" not in ra
+    a, b = ra["summary"], rb["summary"]
     for k in ("ttft_p50_s", "ttft_p99_s", "ttft_mean_s"):
         assert b[k] == pytest.approx(a[k] + 0.06)
     assert b["tpot_p50_s"] == pytest.approx(a["tpot_p50_s"])
