@@ -19,7 +19,14 @@ Clocks compared (one column group each):
 * ``fitted`` and ``profiled`` — :func:`radixkv.clock.cost_model`'s roofline fitted to
   Vidur's measured operator timings and its interpolated operator profiles, when the tree
   has :mod:`radixkv.clock`; n/a (null) for a run whose model/GPU/TP has no measured
-  profile.
+  profile;
+* ``<clock>+server`` for each of ``roofline``, ``fitted``, ``profiled`` — the same step
+  times plus the two server effects the runs show: the run's multi-step streaming
+  (``num_scheduler_steps`` of its knobs, :func:`radixkv.replay.bench_serving.bench_metrics`)
+  and a request-intake front end (:func:`radixkv.cost.intake_arrivals`) whose time per
+  request is **fitted** per clock (grid 0–8 ms by 0.25 ms, minimising the median over runs
+  of |TTFT p50 error|) and scored leave-one-run-out: run i uses the value fitted on the
+  other runs that clock covers.
 
 Each replay: all requests at t = 0 (``request_rate inf``) or Poisson at the rate; the
 pool vLLM would build (``radixkv.memory.pool_for`` with the run's
@@ -33,7 +40,8 @@ Keys (for ``$e2e_clock/...`` in the paper template): ``runs`` (one dict per run:
 ``gpu``, ``model``, ``tp``, ``requests``, ``url``, ``published``, and per clock
 ``replay/<clock>`` and ``error/<clock>`` dicts of the metrics), ``summary/<clock>/<metric>``
 (``n``, ``median_abs_pct``, ``p90_abs_pct``, ``median_signed_pct``, ``worst_pct``),
-``coverage`` (``runs``, ``gpus``, ``models``, ``tps``), ``overhead`` (``fitted_all_ms``:
+``intake/<clock>`` (``fitted_all_ms``: the intake time fitted on every run the clock
+covers; ``loo_ms``: the leave-one-out value per run), ``coverage`` (``runs``, ``gpus``, ``models``, ``tps``), ``overhead`` (``fitted_all_ms``:
 the constant fitted on all runs; ``loo_ms``: the leave-one-out constant per run),
 ``implied_prefill_mfu/<gpu>`` (median over the runs that prefill in one step of the MFU
 their TTFT p50 implies; per run as ``runs/*/implied_prefill_mfu``).
@@ -60,10 +68,17 @@ DATA = C.REPO / "tests" / "data" / "published_serving_runs.json"
 FIT_METRICS = ("ttft_median_ms", "tpot_median_ms")
 #: grid of the what-if per-step overhead, seconds
 OVERHEAD_GRID = np.arange(0, 0.02 + 1e-12, 0.00025)
+#: grid of the fitted request-intake time (``<clock>+server``), seconds
+INTAKE_GRID = np.arange(0, 0.008 + 1e-12, 0.00025)
+#: the metric the intake fit minimises (the intake moves TTFT only)
+INTAKE_FIT_METRIC = "ttft_median_ms"
+#: clocks that get a ``+server`` column group
+BASE_CLOCKS = ("roofline",)
 SEED = 0
 try:  # the fitted roofline and the profiled model of issue 35's clock work (radixkv.clock)
     from radixkv.clock import cost_model as _calibrated
     CALIBRATED = ("fitted", "profiled")
+    BASE_CLOCKS = BASE_CLOCKS + CALIBRATED
 except ImportError:  # a tree without radixkv.clock: the roofline columns only
     _calibrated, CALIBRATED = None, ()
 
@@ -77,8 +92,9 @@ def _policy(run: dict, pool):
     return NoCache(pool.capacity_tokens // block, block)
 
 
-def replay_run(run: dict, cost) -> dict:
-    """bench_serving metrics of *run* replayed with the clock *cost*."""
+def replay_run(run: dict, cost, *, server: bool = False, intake_s: float = 0.0) -> dict:
+    """bench_serving metrics of *run* replayed with the clock *cost*; with *server*, the
+    run's multi-step streaming and a request-intake front end of *intake_s* per request."""
     k = run["knobs"]
     ins, outs = run_lengths(run)
     tr = workload_trace(ins, outs, name=run["id"])
@@ -90,8 +106,30 @@ def replay_run(run: dict, cost) -> dict:
     cfg = SchedulerConfig(max_num_seqs=int(k.get("max_num_seqs", 256)), max_num_batched_tokens=mnbt,
                           enable_chunked_prefill=bool(k.get("enable_chunked_prefill", True)),
                           admission=run["engine"])
-    res = replay_concurrent(tr, _policy(run, pool), cost, arrivals=arr, config=cfg)
-    return bench_metrics(res, empty=outs == 0)
+    res = replay_concurrent(tr, _policy(run, pool), cost, arrivals=arr, config=cfg,
+                            request_intake_s=float(intake_s) if server else 0.0)
+    return bench_metrics(res, empty=outs == 0, num_scheduler_steps=int(k.get("num_scheduler_steps", 1)) if server else 1)
+
+
+def base_clock(kind: str, run: dict):
+    """The step-time model *kind* for *run* (None where it has no data for the run's
+    model/GPU/TP)."""
+    if kind == "roofline":
+        return CostModel.from_specs(run["model"], run["gpu"], tp=run["tp"])
+    try:
+        return _calibrated(kind, run["model"], run["gpu"], tp=run["tp"])
+    except InputError:  # ConfigError included: no measured profile for this shape/GPU/TP
+        return None
+
+
+def fit_intake(ids: list[str], grid_errors: dict) -> float | None:
+    """The grid intake time with the smallest median |TTFT p50 error| over the runs *ids*
+    (ties: the smaller); None with no run."""
+    if not ids:
+        return None
+    scores = [statistics.median(abs(grid_errors[i][j][INTAKE_FIT_METRIC]) for i in ids)
+              for j in range(len(INTAKE_GRID))]
+    return float(INTAKE_GRID[int(np.argmin(scores))])
 
 
 def clocks(run: dict, overhead_s: float) -> dict:
@@ -102,10 +140,7 @@ def clocks(run: dict, overhead_s: float) -> dict:
            "roofline_overhead": CostModel.from_specs(run["model"], run["gpu"], tp=run["tp"],
                                                      step_overhead_s=float(overhead_s))}
     for kind in CALIBRATED:
-        try:
-            out[kind] = _calibrated(kind, run["model"], run["gpu"], tp=run["tp"])
-        except InputError:  # ConfigError included: no measured profile for this shape/GPU/TP
-            out[kind] = None
+        out[kind] = base_clock(kind, run)
     return out
 
 
@@ -145,6 +180,18 @@ def main() -> None:
             m = replay_run(r, CostModel.from_specs(r["model"], r["gpu"], tp=r["tp"], step_overhead_s=float(ov)))
             grid_errors[r["id"]].append(relative_errors(m, r["published"]))
     fitted_all = fit_overhead(runs, grid_errors)
+    # <clock>+server: errors of every covered run at every grid intake time
+    intake_errors, intake = {}, {}
+    for kind in BASE_CLOCKS:
+        ge = {}
+        for r in runs:
+            cost = base_clock(kind, r)
+            if cost is not None:
+                ge[r["id"]] = [relative_errors(replay_run(r, cost, server=True, intake_s=float(d)), r["published"])
+                               for d in INTAKE_GRID]
+        intake_errors[kind] = ge
+        intake[kind] = {"fitted_all_ms": None if not ge else fit_intake(list(ge), ge) * 1e3,
+                        "loo_ms": {i: fit_intake([q for q in ge if q != i], ge) * 1e3 for i in ge}}
     rows, loo = [], {}
     for r in runs:
         loo[r["id"]] = fit_overhead([q for q in runs if q["id"] != r["id"]], grid_errors)
@@ -161,6 +208,15 @@ def main() -> None:
             m = replay_run(r, cost)
             row["replay"][name] = {k: m[k] for k in METRICS}
             row["error"][name] = relative_errors(m, r["published"])
+        for kind in BASE_CLOCKS:
+            name, cost, d = kind + "+server", base_clock(kind, r), intake[kind]["loo_ms"].get(r["id"])
+            if cost is None or d is None:
+                row["replay"][name] = {k: None for k in METRICS}
+                row["error"][name] = {k: None for k in METRICS}
+                continue
+            m = replay_run(r, cost, server=True, intake_s=d * 1e-3)
+            row["replay"][name] = {k: m[k] for k in METRICS}
+            row["error"][name] = relative_errors(m, r["published"])
         rows.append(row)
     names = list(rows[0]["error"])
     summary = {n: {m: error_summary([row["error"][n][m] for row in rows]) for m in METRICS} for n in names}
@@ -171,13 +227,15 @@ def main() -> None:
         "overhead": {"fitted_all_ms": fitted_all * 1e3, "loo_ms": {k: v * 1e3 for k, v in loo.items()},
                      "grid_ms": [float(OVERHEAD_GRID[0]) * 1e3, float(OVERHEAD_GRID[-1]) * 1e3,
                                  float(OVERHEAD_GRID[1] - OVERHEAD_GRID[0]) * 1e3]},
+        "intake": {**intake, "grid_ms": [float(INTAKE_GRID[0]) * 1e3, float(INTAKE_GRID[-1]) * 1e3,
+                                         float(INTAKE_GRID[1] - INTAKE_GRID[0]) * 1e3]},
         "implied_prefill_mfu": {g: statistics.median(r["implied_prefill_mfu"] for r in rows
                                                       if r["gpu"] == g and r["implied_prefill_mfu"] is not None)
                                 for g in sorted({r["gpu"] for r in rows})},
         "table_md": table_md(rows, summary),
     }
     C.write_result("e2e_clock.json", doc, {"data_file": "tests/data/published_serving_runs.json", "seed": SEED,
-                                           "fit_metrics": list(FIT_METRICS)})
+                                           "fit_metrics": list(FIT_METRICS), "intake_fit_metric": INTAKE_FIT_METRIC})
     print(doc["table_md"])
 
 

@@ -394,3 +394,58 @@ class HostLink:
         c = (t - over) / L
         lo = self.load_time(cost, load_tokens) / L
         return lo + c + (L - 1) * max(lo, c) + over
+
+
+def intake_arrivals(send_s, request_intake_s: float) -> np.ndarray:
+    """When requests sent at *send_s* reach the engine through a single-threaded server
+    front end that spends *request_intake_s* on each (HTTP, chat template, tokenisation)
+    and lets the engine step only when its queue is empty.
+
+    The front end is a FIFO single server: request i is taken in by
+    ``c_i = max(s_i, c_{i−1}) + d``. Requests taken in during one busy period (each sent
+    before the previous one was taken in) reach the engine together, at the period's end:
+    ``arrival_i = c_j`` with j the last request of i's period. A request sent while the
+    front end is idle reaches the engine ``d`` after it was sent; a burst of k requests sent
+    at once reaches it ``k · d`` after. This is the shape of vLLM 0.6's V0 OpenAI server,
+    which runs the HTTP handlers, tokenisation and the engine's step loop in one process
+    and one asyncio event loop (vllm/engine/async_llm_engine.py ``AsyncLLMEngine`` /
+    ``run_engine_loop``; vllm/entrypoints/openai/api_server.py); the busy-period rule is a
+    **model**, not a reading of that code. *request_intake_s* is a **fitted** parameter:
+    experiments/tab_e2e_clock.py fits it on published benchmark_serving runs,
+    leave-one-run-out (docs/clock-e2e.md gives the values and the held-out error; about
+    3 ms per request on Lambda's A100/H100 hosts with vLLM 0.6). Default 0: no front end.
+
+    Parameters
+    ----------
+    send_s : array-like of float64, shape (n,)
+        Send times, seconds, non-decreasing.
+    request_intake_s : float
+        Seconds of front-end work per request, finite and ≥ 0.
+
+    Returns
+    -------
+    np.ndarray of float64, shape (n,)
+        Engine arrival times, seconds (*send_s* itself, copied, when the intake is 0).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        An intake time that is negative, NaN or infinite.
+    """
+    d = float(request_intake_s)
+    if not 0 <= d < float("inf"):
+        raise ConfigError(f"request_intake_s must be a finite number of seconds ≥ 0, got {request_intake_s}",
+                          field="request_intake_s")
+    s = np.asarray(send_s, dtype=np.float64)
+    if d == 0.0 or s.size == 0:
+        return s.copy()
+    c = np.empty_like(s)
+    last = -np.inf
+    for i, t in enumerate(s.tolist()):
+        last = max(t, last) + d
+        c[i] = last
+    out = c.copy()
+    for i in range(s.size - 2, -1, -1):  # a request sent before its predecessor was taken in: same period
+        if s[i + 1] <= c[i]:
+            out[i] = out[i + 1]
+    return out

@@ -112,3 +112,38 @@ def test_bad_run_names_file_record_and_field(tmp_path, edit, field):
     with pytest.raises(InputError) as ei:
         load_published_runs(p)
     assert ei.value.path == str(p) and ei.value.line == 2 and ei.value.field == field
+
+
+def test_multi_step_streaming_by_hand():
+    # num_scheduler_steps 10: A (N = 3, two decode steps of 10 ms) is handed to the client at
+    # the end of a 10-step round: its decode span is 10 × 10 ms, TPOT = 100 / (3 − 1) = 50 ms,
+    # its last token at 10 + 100 = 110 ms (duration 0.11 s, 4 tokens). TTFT is unchanged
+    # (10 ms: the prefill step is single-step). With 2 steps a round, 2 decode steps fill
+    # exactly one round: nothing changes.
+    m = bench_metrics(_tiny_replay(), num_scheduler_steps=10)
+    assert m["ttft_median_ms"] == pytest.approx(10.0)
+    assert m["tpot_median_ms"] == pytest.approx(50.0)
+    assert m["duration_s"] == pytest.approx(0.11)
+    assert m["output_throughput_tok_s"] == pytest.approx(4 / 0.11)
+    assert bench_metrics(_tiny_replay(), num_scheduler_steps=2) == bench_metrics(_tiny_replay())
+    with pytest.raises(ValueError):
+        bench_metrics(_tiny_replay(), num_scheduler_steps=0)
+
+
+def test_request_intake_by_hand():
+    # both requests sent at 0, 5 ms of intake each: the front end takes them in by 5 and
+    # 10 ms, one busy period, so both reach the engine at 10 ms; step 1 (10–20 ms) prefills
+    # both: TTFT 20 ms from the send; A's tokens 2, 3 at 30, 40 ms: TPOT 10 ms; duration
+    # from the first send (0) to 40 ms; queue_s counts the intake (10 ms).
+    tr = workload_trace([100, 100], [3, 1])
+    cfg = SchedulerConfig(max_num_batched_tokens=2048, enable_chunked_prefill=False, admission="vllm")
+    res = replay_concurrent(tr, NoCache(64, 16), UnitStepCost(0.01), arrivals=workload_arrivals(tr, "inf"),
+                            config=cfg, request_intake_s=0.005)
+    m = bench_metrics(res)
+    assert m["ttft_median_ms"] == pytest.approx(20.0)
+    assert m["tpot_median_ms"] == pytest.approx(10.0)
+    assert m["duration_s"] == pytest.approx(0.04)
+    assert list(res["arrival_s"]) == [0.0, 0.0]
+    assert list(res["queue_s"]) == pytest.approx([0.01, 0.01])
+    assert res.meta["request_intake_s"] == 0.005
+    assert "request_intake_s" not in _tiny_replay().meta  # the default leaves the output as it was

@@ -217,7 +217,9 @@ def test_cli_cost_model(tmp_path, capsys):
     for kind in ("roofline", "fitted", "profiled"):
         out = tmp_path / f"{kind}.json"
         assert main(base + ["--cost-model", kind, "--json", str(out)]) == 0
-        outs[kind] = json.loads(out.read_text())["results"][0]["summary"]
+        doc = json.loads(out.read_text())["results"][0]
+        outs[kind] = doc["summary"]
+        assert doc.get("cost_model") == (None if kind == "roofline" else kind)  # recorded unless the default
     assert main(base + ["--json", str(tmp_path / "d.json")]) == 0
     assert json.loads((tmp_path / "d.json").read_text())["results"][0]["summary"] == outs["roofline"]  # the default
     assert outs["fitted"]["ttft_p50_s"] != outs["roofline"]["ttft_p50_s"]
@@ -256,3 +258,27 @@ def test_packaged_data_is_built_from_the_measurements():
     fitted, prof = build(root)
     assert dumps_json(fitted) == (DATA / "fitted.json").read_text()
     assert dumps_json(prof) == (DATA / "profiles.json").read_text()
+
+
+def test_cli_request_intake(tmp_path, capsys):
+    """--request-intake-s D with six requests sent at once: the front end takes them in one
+    after another (one busy period), so all six reach the engine at 6·D, the engine's
+    timeline is the default run's shifted by 6·D, and each TTFT grows by exactly 6·D;
+    TPOT does not move. The flag needs --mode concurrent."""
+    from radixkv.cli import main
+
+    tr = tmp_path / "t.jsonl"
+    tr.write_text("".join(json.dumps({"timestamp": 0, "input_length": 1000, "output_length": 3,
+                                      "hash_ids": [i % 2, 10 + i]}) + "\n" for i in range(6)))
+    base = ["replay", str(tr), "--policy", "vllm:16", "--mode", "concurrent", "--model", "Llama-2-7B",
+            "--gpu", "A100-80GB", "--capacity-tokens", "8192"]
+    assert main(base + ["--json", str(tmp_path / "a.json")]) == 0
+    assert main(base + ["--request-intake-s", "0.01", "--json", str(tmp_path / "b.json")]) == 0
+    ra, rb = (json.loads((tmp_path / f).read_text())["results"][0] for f in ("a.json", "b.json"))
+    assert rb["request_intake_s"] == 0.01 and "request_intake_s" not in ra
+    a, b = ra["summary"], rb["summary"]
+    for k in ("ttft_p50_s", "ttft_p99_s", "ttft_mean_s"):
+        assert b[k] == pytest.approx(a[k] + 0.06)
+    assert b["tpot_p50_s"] == pytest.approx(a["tpot_p50_s"])
+    assert main(base[:4] + base[6:] + ["--request-intake-s", "0.01"]) == 2
+    assert "--mode concurrent" in capsys.readouterr().err

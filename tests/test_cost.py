@@ -99,3 +99,17 @@ def test_bad_parameters_are_config_errors(kw):
     base.update(kw)
     with pytest.raises(ConfigError):
         CostModel(**base)
+
+
+def test_intake_arrivals_by_hand():
+    from radixkv.cost import intake_arrivals
+
+    # a burst of three at 0, 2 ms each: taken in by 2, 4, 6 ms, one busy period -> all at 6 ms
+    assert intake_arrivals([0.0, 0.0, 0.0], 0.002) == pytest.approx([0.006] * 3)
+    # sends 0, 1, 10 ms, 3 ms each: taken in by 3, 6 (sent at 1 ≤ 3: same period), 13 ms
+    # (sent at 10 > 6: a new period) -> 6, 6, 13 ms
+    assert intake_arrivals([0.0, 0.001, 0.010], 0.003) == pytest.approx([0.006, 0.006, 0.013])
+    assert list(intake_arrivals([0.0, 1.0], 0.0)) == [0.0, 1.0]
+    for bad in (-0.001, float("nan"), float("inf")):
+        with pytest.raises(ConfigError):
+            intake_arrivals([0.0], bad)

@@ -38,6 +38,10 @@ flag                                            meaning (default)
 ``--mfu F``, ``--mbu F``                        cost-model efficiencies (0.6, 0.8); with a
                                                 calibrated model, of its attention term
 ``--step-overhead-s T``                         fixed seconds per step (0)
+``--request-intake-s T``                        seconds a single-threaded server front end
+                                                spends per request before the engine sees
+                                                it (0; radixkv.cost.intake_arrivals, a
+                                                fitted value in docs/clock-e2e.md)
 =============================================== =========================================
 """
 from __future__ import annotations
@@ -109,6 +113,9 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
     add("--mfu", type=float, default=0.6, help="achieved fraction of peak FLOP/s (cost model)")
     add("--mbu", type=float, default=0.8, help="achieved fraction of HBM bandwidth (cost model)")
     add("--step-overhead-s", type=float, default=0.0, help="fixed seconds added to every step")
+    add("--request-intake-s", type=float, default=0.0, metavar="T",
+        help="seconds a single-threaded server front end (HTTP, tokenisation) spends per request before the "
+             "engine sees it; TTFT counts it (0 = none; ~0.003 fitted on vLLM 0.6 runs, docs/clock-e2e.md)")
     for a in g._group_actions:  # argparse keeps a group's actions here
         if a.dest not in _READ_BY_SEQUENTIAL:
             _CONCURRENT_ONLY.setdefault(a.dest, (a.default, []))[1].append(a)
@@ -278,7 +285,8 @@ def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None,
         rec = (recorder_factory or MissRecorder)(trace, pol, cfg)
     res = replay_concurrent(trace, pol, cost, arrivals=arr, config=cfg, progress=progress,
                             timeline=bool(getattr(args, "timeline", None) or getattr(args, "report", None)),
-                            host_link=link, recorder=rec)
+                            host_link=link, recorder=rec,
+                            request_intake_s=float(getattr(args, "request_intake_s", 0.0) or 0.0))
     if rec is not None:
         from radixkv.replay.conc_misses import attach_concurrent_causes
 

@@ -244,6 +244,11 @@ def _doc(trace, args, load_s, results, pools):
         s = dict(summ)
         timing = s.pop("timing_s")
         entry = {"policy": spec.label, "pool": pool, "summary": s}
+        if getattr(args, "mode", None) == "concurrent":  # the clock, when not the default (outputs unchanged)
+            if (getattr(args, "cost_model", None) or "roofline") != "roofline":
+                entry["cost_model"] = args.cost_model
+            if float(getattr(args, "request_intake_s", 0.0) or 0.0) != 0.0:
+                entry["request_intake_s"] = float(args.request_intake_s)
         if not getattr(args, "no_timing", False):
             entry["timing_s"] = timing
         doc["results"].append(entry)

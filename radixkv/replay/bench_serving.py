@@ -26,6 +26,16 @@ computes them (SGLang ``bench_serving.py :: calculate_metrics`` is the same for 
     * output throughput — total output tokens / benchmark duration (first send to last
       completion);
     * percentiles — ``numpy.percentile`` (linear interpolation), medians ``numpy.median``.
+    * multi-step scheduling (vLLM 0.6 ``--num-scheduler-steps S`` > 1, V0 engine): the
+      engine runs S decode steps per scheduling round and hands their tokens to the server
+      when the round ends (vllm/worker/multi_step_model_runner.py; vllm/engine/
+      llm_engine.py ``_process_model_outputs``); a sequence that finishes inside a round is
+      returned at its end. With ``num_scheduler_steps`` S the metrics take a request's
+      last token at ``S · ceil((N − 1) / S)`` of its decode steps instead of ``N − 1``
+      (each of its mean decode step time): TPOT and the finish time grow, TTFT does not
+      (the prefill step is single-step). A **model** of the streaming (rounds assumed to
+      start at the request's first decode step); the replay itself still runs one token
+      per step, so the wasted decode steps of finished sequences do not slow the others.
     radixkv's ``ttft_s`` and ``tpot_s`` columns (:data:`radixkv.replay.concurrent.COLUMNS`)
     are these same per-request quantities with the client at the engine (no HTTP, no
     tokenisation, no detokenisation). ITL is not modelled: the replay has no per-token
@@ -192,7 +202,7 @@ def workload_arrivals(trace, request_rate, *, burstiness: float = 1.0, seed: int
                          request_rate=float(request_rate), burstiness=burstiness, seed=seed)
 
 
-def bench_metrics(result, *, empty=None) -> dict:
+def bench_metrics(result, *, empty=None, num_scheduler_steps: int = 1) -> dict:
     """The benchmark tool's summary metrics of a concurrent replay (module docstring).
 
     Parameters
@@ -202,6 +212,9 @@ def bench_metrics(result, *, empty=None) -> dict:
     empty : array-like of bool, shape (n,), or None
         Requests the published run saw stream nothing: their TTFT counts as 0, as the
         tool records it (default: none).
+    num_scheduler_steps : int
+        vLLM 0.6's ``--num-scheduler-steps`` of the run (default 1: a token streamed per
+        step); > 1 applies the multi-step streaming model of the module docstring.
 
     Returns
     -------
@@ -214,8 +227,21 @@ def bench_metrics(result, *, empty=None) -> dict:
     if empty is not None:
         ttft[np.asarray(empty, dtype=bool)] = 0.0
     tpot = np.asarray(result["tpot_s"], dtype=np.float64)
-    tpot = tpot[~np.isnan(tpot)]
     d = float(result.duration_s)
+    S = int(num_scheduler_steps)
+    if S < 1:
+        raise ValueError(f"num_scheduler_steps must be ≥ 1, got {num_scheduler_steps}")
+    if S > 1:
+        N = np.asarray(result["output_tokens"], dtype=np.int64)
+        m = N >= 2
+        steps = np.where(m, N - 1, 1)
+        rounded = S * -(-steps // S)  # S · ceil((N − 1) / S)
+        tpot = np.where(m, tpot * rounded / steps, tpot)
+        fin = np.asarray(result["finish_s"], dtype=np.float64)
+        if fin.size:
+            later = fin + np.where(m, tpot * steps - np.asarray(result["tpot_s"], dtype=np.float64) * steps, 0.0)
+            d += max(0.0, float(np.max(later)) - float(np.max(fin)))
+    tpot = tpot[~np.isnan(tpot)]
 
     def stat(x, f):
         return float(f(x)) * 1e3 if x.size else None

@@ -272,6 +272,7 @@ def replay_concurrent(
     timeline: bool = False,
     host_link=None,
     recorder=None,
+    request_intake_s: float = 0.0,
 ) -> ConcurrentResult:
     """Replay *trace* through *policy* with requests running concurrently.
 
@@ -311,6 +312,14 @@ def replay_concurrent(
         breakdown, ``--miss-causes``); it changes nothing in the replay. The compiled
         loops record the same events inside the loop
         (:mod:`radixkv.replay._miss_rec_kernels`) and hand them over at the end.
+    request_intake_s : float
+        Seconds a server front end spends taking in each request before the engine sees
+        it (:func:`radixkv.cost.intake_arrivals`: a single-threaded FIFO front end; a
+        **fitted** value, docs/clock-e2e.md). Default 0: requests reach the engine when
+        they arrive, and nothing below changes. When > 0 the engine runs on the intake
+        arrivals and the request columns are measured from *arrivals* (the send times):
+        ``arrival_s``, ``queue_s``, ``ttft_s`` and ``e2e_s`` include the intake,
+        ``duration_s`` runs from the first send, and ``meta`` gains ``request_intake_s``.
 
     Returns
     -------
@@ -324,6 +333,10 @@ def replay_concurrent(
         e.g. ``unit-lru``): its pool occupancy, concurrency and preemptions would be
         numbers it does not model.
     """
+    if request_intake_s != 0.0:
+        return _with_intake(trace, policy, cost, arrivals, request_intake_s,
+                            dict(config=config, progress=progress, on_step=on_step, fast_forward=fast_forward,
+                                 timeline=timeline, host_link=host_link, recorder=recorder))
     if not getattr(policy, "holds_running_kv", True):
         raise ConfigError(f"{type(policy).__name__} models no running requests "
                           "(holds_running_kv = False), so it has no concurrent replay; "
@@ -550,6 +563,26 @@ class _Integrals:
         elif pre_new:
             pre_ctx = [c for c, p in zip(plan.ctx, plan.prefill) if p]
             self.pf_flops += float(np.sum(cost.prefill_flops(np.asarray(pre_new), np.asarray(pre_ctx))))
+
+
+def _with_intake(trace, policy, cost, arrivals, request_intake_s, kw) -> ConcurrentResult:
+    """:func:`replay_concurrent` with a request-intake front end (its docstring)."""
+    from radixkv.cost import intake_arrivals
+
+    n = len(trace)
+    send = (np.asarray(trace.arrival_s, dtype=np.float64) - (float(trace.arrival_s[0]) if n else 0.0)
+            if arrivals is None else np.asarray(arrivals, dtype=np.float64))
+    eng = intake_arrivals(send, request_intake_s)  # raises on a bad intake time
+    res = replay_concurrent(trace, policy, cost, arrivals=eng, **kw)
+    if n:
+        shift = eng - send
+        c = res.columns
+        c["arrival_s"] = send.copy()
+        for k in ("queue_s", "ttft_s", "e2e_s"):
+            c[k] = c[k] + shift
+        res.duration_s = float(res.duration_s + shift[0])
+    res.meta["request_intake_s"] = float(request_intake_s)
+    return res
 
 
 def _tl_row(tl, step, t, running, waiting, tokens, used, cached, n_slots):
