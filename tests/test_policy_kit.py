@@ -5,6 +5,7 @@ failed check with its traceback, not a crash."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -16,9 +17,21 @@ from radixkv.policies.check import CHECKS
 from radixkv.policies.no_cache import NoCache
 from radixkv.policies.toolkit import held_tokens
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from block_hash_skeleton import SkeletonBlockHash  # noqa: E402
-from radix_skeleton import SkeletonRadix  # noqa: E402
+
+
+def _example(name: str):
+    """Module examples/NAME.py, loaded by path (sys.path is left as it is: other tests
+    check what a module outside it does)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "examples" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+SkeletonBlockHash = _example("block_hash_skeleton").SkeletonBlockHash
+SkeletonRadix = _example("radix_skeleton").SkeletonRadix
 
 #: pool sizes of the rule tests: one that evicts and refuses, one that never evicts
 CAPS = (64, 4096)
