@@ -67,8 +67,11 @@ def warmup(spec: PolicySpec) -> float:
     jit.mark_compiled(spec)
     if spec in _WARM:
         return 0.0
+    from radixkv.numba_cache import compile_notice
+
     t0 = time.perf_counter()
-    _tiny_run(spec)
+    with compile_notice(spec.label):
+        _tiny_run(spec)
     _WARM.add(spec)
     return time.perf_counter() - t0
 
@@ -126,6 +129,9 @@ def warmup_many(specs, work=None) -> float:
     try:
         if fams:
             warmup(fams[0])
+        if procs and any(pr.poll() is None for pr in procs):
+            print(f"radixkv: waiting for the kernels of {', '.join(s.label for s in fams[1:])}, compiling in "
+                  f"{len(procs)} child process(es) ...", file=sys.stderr, flush=True)
         for pr in procs:
             pr.wait()
     finally:
