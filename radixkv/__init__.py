@@ -8,7 +8,14 @@ The library API (loaded on first use, so ``import radixkv`` stays cheap):
 ``replay``          sequential or concurrent replay behind one call (:mod:`radixkv.api`)
 ``summarize``       the summary metrics of either replay (:mod:`radixkv.api`)
 ``format_table``    the plain-text table the CLI prints (:mod:`radixkv.report`)
-``check_policy``    the policy conformance kit (:mod:`radixkv.policies.check`)
+``check_policy``    the policy conformance kit (:mod:`radixkv.policies.check`;
+                    ``parametrize_with_checks`` there makes one pytest test per rule)
+``PolicyContractError``, what the kit raises (``failures``: rule → message; ``tracebacks``)
+``CheckNotApplicable``  and a check that does not apply to a policy
+``InputError``,     bad input (:mod:`radixkv.errors`): ``TraceFormatError`` (a trace),
+``TraceFormatError``, ``ConfigError`` (a configuration); ``InputWarning``: input read
+``ConfigError``,    but changed (e.g. sorted)
+``InputWarning``
 ``parse_policy``    a policy spec (``vllm:16``, ``module:Class:16``) → its class and size
 ``PrefixCache``     the base class of every policy (:mod:`radixkv.policies.base`)
 ``Admission``,      what a policy returns
@@ -39,6 +46,12 @@ _EXPORTS = {
     "summarize": "radixkv.api",
     "format_table": "radixkv.report",
     "check_policy": "radixkv.policies.check",
+    "PolicyContractError": "radixkv.policies.check",
+    "CheckNotApplicable": "radixkv.policies.check",
+    "InputError": "radixkv.errors",
+    "TraceFormatError": "radixkv.errors",
+    "ConfigError": "radixkv.errors",
+    "InputWarning": "radixkv.errors",
     "parse_policy": "radixkv.policies.registry",
     "register_policy": "radixkv.policies.registry",
     "PrefixCache": "radixkv.policies.base",

@@ -113,3 +113,71 @@ def is_cached(fn, *args) -> bool:
     except ColdCache:
         return False
     return True
+
+
+class compile_notice:
+    """Context manager: while it is open, each Numba compile of a radixkv kernel (a cold
+    cache) is shown on stderr — a tqdm line on a terminal naming *what* is compiled and
+    the kernel compiling now, one plain line otherwise — so that a cold cache is never a
+    silent wait. Nothing is printed when every kernel loads from the cache.
+
+    Parameters
+    ----------
+    what : str
+        What the kernels are for (e.g. ``"vllm:16"``).
+    why : str
+        Why they compile now (shown after *what*).
+    """
+
+    def __init__(self, what: str, why: str = "Numba's cache does not hold them yet: compiled once, into NUMBA_CACHE_DIR"):
+        self.what, self.why, self.bar, self.depth, self._listener = what, why, None, 0, None
+        self.n, self.t0 = 0, None
+
+    def __enter__(self):
+        from numba.core import event
+
+        notice = self
+
+        class _Show(event.Listener):
+            def on_start(self, ev):
+                notice.depth += 1
+                fn = getattr(ev.data.get("dispatcher"), "py_func", None)
+                mod = getattr(fn, "__module__", None) or ""
+                if notice.depth == 1 and mod.startswith("radixkv"):
+                    notice._show(f"{mod.rsplit('.', 1)[-1]}.{fn.__name__}")
+
+            def on_end(self, ev):
+                notice.depth -= 1
+                if notice.depth == 0 and notice.bar is not None:
+                    notice.n += 1
+                    notice.bar.update(1)
+
+        self._listener = _Show()
+        event.register("numba:compile", self._listener)
+        return self
+
+    def _show(self, kernel: str) -> None:
+        if self.bar is None:
+            import time
+
+            from tqdm import tqdm
+
+            self.t0 = time.perf_counter()
+            tty = sys.stderr.isatty()
+            if not tty:
+                print(f"radixkv: compiling the kernels of {self.what} ({self.why}) ...", file=sys.stderr, flush=True)
+            self.bar = tqdm(desc=f"compiling {self.what} ({self.why})", unit=" kernel", file=sys.stderr,
+                            disable=not tty, leave=False)
+        self.bar.set_postfix_str(kernel, refresh=True)
+
+    def __exit__(self, *exc):
+        from numba.core import event
+
+        event.unregister("numba:compile", self._listener)
+        if self.bar is not None:
+            import time
+
+            self.bar.close()
+            print(f"radixkv: compiled {self.n} kernels of {self.what} in {time.perf_counter() - self.t0:.1f} s",
+                  file=sys.stderr, flush=True)
+        return False

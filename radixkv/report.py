@@ -139,9 +139,11 @@ def format_table(summaries: list[dict], timing: bool = True, rows_spec=None) -> 
     ----------
     summaries : list of dict
         Summaries with a ``"policy"`` label (:func:`radixkv.summarize`, or a CLI result),
-        and ``"timing_s"`` (``replay`` seconds, ``prompt_tokens_per_s``) when *timing*.
+        and, for the timing rows, ``"timing_s"`` (``replay`` seconds,
+        ``prompt_tokens_per_s``; the CLI's results have it, :func:`radixkv.summarize`'s
+        do not: a summary is deterministic, a timing is not).
     timing : bool
-        Add the replay-time rows.
+        Add the replay-time rows when a summary has ``timing_s`` (``n/a`` for one without).
     rows_spec : list of (key, label, format) or None
         The metric rows; default :data:`SEQUENTIAL_ROWS` (:data:`CONCURRENT_ROWS` for a
         concurrent replay's summary). A metric that is missing, None or NaN prints "n/a".
@@ -164,12 +166,9 @@ def format_table(summaries: list[dict], timing: bool = True, rows_spec=None) -> 
         spec += STORAGE_ROWS
     for key, label, fmt in spec:
         rows.append([label] + [_fmt(fmt, _get(s, key)) for s in summaries])
-    if timing:
-        rows.append(["replay time (s)"] + [f"{s['timing_s']['replay']:.3f}" for s in summaries])
-        rows.append(
-            ["prompt tokens/s"]
-            + [_fmt("{:,.0f}", s["timing_s"].get("prompt_tokens_per_s")) for s in summaries]
-        )
+    if timing and any("timing_s" in s for s in summaries):
+        rows.append(["replay time (s)"] + [_fmt("{:.3f}", _get(s, "timing_s.replay")) for s in summaries])
+        rows.append(["prompt tokens/s"] + [_fmt("{:,.0f}", _get(s, "timing_s.prompt_tokens_per_s")) for s in summaries])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = []
     for j, r in enumerate(rows):

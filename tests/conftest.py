@@ -15,6 +15,21 @@ import pytest
 #: the suite tests the compiled kernels unless a test asks otherwise (radixkv.replay.jit)
 os.environ.setdefault("RADIXKV_JIT", "compile")
 
+#: examples of the big property tests (they read RADIXKV_HYPOTHESIS_EXAMPLES, some a fraction
+#: of it): 500 in the default tier, 2,000 in the slow one (RADIXKV_SLOW=1); set it to choose
+os.environ.setdefault("RADIXKV_HYPOTHESIS_EXAMPLES", "2000" if os.environ.get("RADIXKV_SLOW") == "1" else "500")
+
+try:  # hypothesis: fewer examples in the default tier, hypothesis's 100 with RADIXKV_SLOW=1
+    from hypothesis import settings as _hyp_settings
+
+    #: examples per property test without its own max_examples, default tier
+    FAST_MAX_EXAMPLES = 40
+    _hyp_settings.register_profile("radixkv-fast", max_examples=FAST_MAX_EXAMPLES)
+    _hyp_settings.register_profile("radixkv-slow", max_examples=100)
+    _hyp_settings.load_profile("radixkv-slow" if os.environ.get("RADIXKV_SLOW") == "1" else "radixkv-fast")
+except ModuleNotFoundError:
+    pass
+
 DATA = Path(__file__).parent / "data"
 GOLDEN_LOCAL = DATA / "golden"
 
@@ -80,9 +95,37 @@ def draw_stem_requests(draw, st, max_n: int, stem_max: int, out_max: int) -> tup
     return prompts, outputs, arrivals
 
 
+class _OnceBenchmark:
+    """Stand-in for pytest-benchmark where it is not installed (or disabled with
+    ``-p no:benchmark``): ``benchmark(fn, *args)`` calls *fn* once, so the benchmarks
+    still check their results."""
+
+    @pytest.fixture
+    def benchmark(self):
+        def run(fn, *args, **kwargs):
+            return fn(*args, **kwargs)
+
+        run.pedantic = lambda fn, args=(), kwargs=None, **_: fn(*args, **(kwargs or {}))
+        run.extra_info, run.stats = {}, None  # None: not timed (as when disabled)
+        return run
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """Benchmarks run once, untimed, unless ``--benchmark-enable`` is given — set here, not
+    in ``addopts``, so that plain ``pytest`` works where pytest-benchmark is not installed.
+    Runs before the plugin's own ``pytest_configure``, which reads the option."""
+    if config.pluginmanager.hasplugin("benchmark"):  # the entry point's name
+        config.option.benchmark_disable = True
+    else:
+        config.pluginmanager.register(_OnceBenchmark(), "radixkv-once-benchmark")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``slow`` (long replays of full public traces) run only with
-    ``RADIXKV_SLOW=1``; the marker alone is enough, no test has to check the variable."""
+    ``RADIXKV_SLOW=1`` (the slow tier, which also runs the property tests with 2,000
+    examples and hypothesis's default 100 instead of 500 and 40); the marker alone is
+    enough, no test has to check the variable."""
     if os.environ.get("RADIXKV_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="marked slow: runs only with RADIXKV_SLOW=1")

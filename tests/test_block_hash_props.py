@@ -4,7 +4,7 @@ Random traces with tiny vocabularies (so prefixes collide), random prompt and ou
 lengths (including 0/1 outputs, block-multiple lengths and exact repeats), random block
 sizes and pool sizes. Every admission must agree (refused or hit / held / evicted tokens),
 and so must the free-queue order and the pool statistics.
-Examples per test: ``RADIXKV_HYPOTHESIS_EXAMPLES`` (default 2,000).
+Examples per test: ``RADIXKV_HYPOTHESIS_EXAMPLES`` (tests/conftest.py: 500, 2,000 with ``RADIXKV_SLOW=1``).
 """
 from __future__ import annotations
 

@@ -62,7 +62,8 @@ def test_thresholds_at_the_engines_values_hold(tmp_path, capsys):
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert "3 of 3 assertions hold" in out.out
-    assert out.err == ""
+    # nothing on stderr but, on a cold Numba cache, the compile notice (radixkv.numba_cache.compile_notice)
+    assert [ln for ln in out.err.splitlines() if not ln.startswith("radixkv: compil")] == []
 
 
 def test_a_config_with_a_utf8_bom_is_read_like_trace_files(tmp_path, capsys):

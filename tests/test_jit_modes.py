@@ -193,3 +193,27 @@ def test_a_warmed_up_cache_is_warm_in_the_next_process():
                              cwd=ROOT)
         assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[True, True]"
+
+
+def test_a_compile_is_announced_on_stderr(capsys):
+    """Issue 32: a compile names what compiles and why, and how long it took; kernels
+    already compiled print nothing."""
+    import re
+
+    import numba
+
+    from radixkv.numba_cache import compile_notice
+
+    def twice(x):
+        return 2 * x
+
+    twice.__module__ = "radixkv._probe"  # a radixkv kernel (others' compiles are not shown)
+    kern = numba.njit(twice)
+    with compile_notice("probe:1", "a test"):
+        assert kern(21) == 42
+    err = capsys.readouterr().err
+    assert "radixkv: compiling the kernels of probe:1 (a test)" in err
+    assert re.search(r"radixkv: compiled 1 kernels of probe:1 in \d+\.\d s", err), err
+    with compile_notice("probe:1", "a test"):
+        assert kern(4) == 8  # compiled already: silent
+    assert capsys.readouterr().err == ""

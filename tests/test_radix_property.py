@@ -8,7 +8,7 @@ size afterwards. Vocabularies are tiny so prefixes collide; lengths include page
 multiples, 0- and 1-token outputs, exact repeats and multi-turn extensions; pools range
 from just big enough for the largest request (heavy eviction) upwards.
 
-Examples per test: ``RADIXKV_HYPOTHESIS_EXAMPLES`` (default 2,000).
+Examples per test: ``RADIXKV_HYPOTHESIS_EXAMPLES`` (tests/conftest.py: 500, 2,000 with ``RADIXKV_SLOW=1``).
 """
 from __future__ import annotations
 

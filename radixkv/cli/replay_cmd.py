@@ -261,11 +261,11 @@ def _run_concurrent(trace, spec, pool, args):
     """One concurrent replay of the ``--mode concurrent`` flags; returns (result, summary)."""
     from radixkv.cli.concurrent_args import run_concurrent_from_args
     from radixkv.policies.registry import build_policy
-    from radixkv.replay.run import warmup
+    from radixkv.replay.run import compile_seconds, warmup
 
     if len(trace) == 0:
         raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
-    compile_s = warmup(spec)
+    compile_s = warmup(spec) or compile_seconds(spec)
     policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **_verify_option(args))
     bar = None
     if not args.quiet and sys.stderr.isatty():

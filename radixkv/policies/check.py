@@ -10,7 +10,10 @@ sizes that force eviction and refusals and at one that never evicts::
     check_policy(MyCache)              # a class: MyCache.from_capacity_tokens(capacity)
 
 It raises :class:`PolicyContractError` listing every rule broken (``err.failures`` maps
-check name → message). In pytest, one test per rule::
+the broken rule's name → message). A policy that raises inside a hook fails the checks that
+reached the call, each message naming the exception and the policy's line, with the
+traceback in ``err.tracebacks`` (and the first one in the error's text). In pytest, one
+test per rule::
 
     from radixkv.policies.check import parametrize_with_checks
 
@@ -38,7 +41,9 @@ The checks (:data:`CHECKS`, in order):
 ``repeats_hit``            in a pool that never evicts, an exact repeat of a prompt longer
                            than 64 tokens hits (skipped with ``expect_hits=False``)
 ``several_running``        the rules above hold with several requests running at once,
-                           chunked prefill, decode, finish and preemption interleaved
+                           chunked prefill, decode, finish and preemption interleaved (what
+                           it finds is reported under the rule broken, e.g.
+                           ``slot_accounting``, "found by the 'several_running' check")
 ``running_kv_resident``    while requests run, ``used`` slots cover each running request's
                            KV: ``used_slots ≥ ceil(tokens with KV / slot_tokens)`` for each
                            (a block shared with a request that finished is not freed)
@@ -57,6 +62,7 @@ e.g. ``unit-lru``) skip ``running_kv_resident``.
 """
 from __future__ import annotations
 
+import traceback
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -81,12 +87,17 @@ class PolicyContractError(AssertionError):
     Attributes
     ----------
     failures : dict
-        Check name → message, for every check that failed.
+        Check name → message (one line), for every check that failed.
+    tracebacks : dict
+        Check name → the formatted traceback, for every check that failed because the
+        policy raised inside a hook (``admit``, ``extend``, ``stats``, …); the message then
+        names the exception and the policy's line that raised it.
     """
 
-    def __init__(self, message: str, failures: dict | None = None):
+    def __init__(self, message: str, failures: dict | None = None, tracebacks: dict | None = None):
         super().__init__(message)
         self.failures = dict(failures or {})
+        self.tracebacks = dict(tracebacks or {})
 
 
 class CheckNotApplicable(Exception):
@@ -94,7 +105,12 @@ class CheckNotApplicable(Exception):
 
 
 class _Broken(Exception):
-    pass
+    """A rule broken; *rule* names it when the check that found it is another (e.g.
+    ``several_running`` finding slot accounting broken with several requests running)."""
+
+    def __init__(self, message: str, rule: str | None = None):
+        super().__init__(message)
+        self.rule = rule
 
 
 def _as_factory(policy) -> Callable[[int], PrefixCache]:
@@ -163,14 +179,17 @@ def _where(pol, trace, cap):
 
 def _stats_ok(pol, st, where):
     if min(st.used_slots, st.cached_slots, st.free_slots) < 0:
-        raise _Broken(f"{where}: negative slot count in {st}")
+        raise _Broken(f"{where}: negative slot count in {st}", "slot_accounting")
     if st.used_slots + st.cached_slots + st.free_slots != st.num_slots:
         raise _Broken(f"{where}: used {st.used_slots} + cached {st.cached_slots} + free {st.free_slots} "
-                      f"!= {st.num_slots} slots")
+                      f"!= {st.num_slots} slots", "slot_accounting")
 
 
 class _Observer:
-    """Hooks a check attaches to a workload; each raises :class:`_Broken`."""
+    """Hooks a check attaches to a workload; each raises :class:`_Broken`. ``ended`` is
+    the last call that ended a request (``finish`` or ``preempt``)."""
+
+    ended = "finish"
 
     def after(self, pol, where, running): ...
 
@@ -209,6 +228,7 @@ def _sequential(ctx, obs: _Observer, trace, cap):
             obs.after(pol, where, {i: n})
         pol.finish(i)
         holders.append((seq, n))
+        obs.ended = "finish"
         obs.after(pol, where, {})
         log.append((adm.hit_tokens, adm.held_tokens, adm.evicted_tokens))
     return log, pol
@@ -252,6 +272,7 @@ def _interleaved(ctx, obs: _Observer, trace, cap, seed):
             generated[rid] = max(0, n - trace.kv_seq(rid).prompt_len)
             waiting.appendleft(rid)
         log.append((how, rid))
+        obs.ended = how  # which call emptied the pool, for the rule a leak breaks
         obs.after(pol, where, running)
 
     while (waiting or running) and steps < 4000:
@@ -345,19 +366,21 @@ def _check_stats_detail(ctx):
 def _hit_bounds(pol, where, i, seq, n, adm, holders):
     L = max(seq.prompt_len, n)
     if adm.hit_tokens < 0 or adm.hit_tokens > L:
-        raise _Broken(f"{where}: request {i} hit {adm.hit_tokens} tokens of a {L}-token lookup")
+        raise _Broken(f"{where}: request {i} hit {adm.hit_tokens} tokens of a {L}-token lookup",
+                      "no_hit_out_of_thin_air")
     bound = 0
     for other, valid in holders:
         if valid > bound:
             bound = max(bound, common_prefix_len(seq, other, 0, min(valid, L)))
     if adm.hit_tokens > bound:
         raise _Broken(f"{where}: request {i} hit {adm.hit_tokens} tokens but shares at most {bound} "
-                      f"with KV computed before it")
+                      f"with KV computed before it", "no_hit_out_of_thin_air")
     # held is a prefix of what was looked up: the prompt, or prompt + generated tokens on a
     # re-admission (a policy may cap it at the prompt)
     if not min(adm.hit_tokens, seq.prompt_len) <= adm.held_tokens <= L:
         raise _Broken(f"{where}: request {i}: need min(hit_tokens {adm.hit_tokens}, prompt {seq.prompt_len}) "
-                      f"≤ held_tokens {adm.held_tokens} ≤ looked-up length {L}")
+                      f"≤ held_tokens {adm.held_tokens} ≤ looked-up length {L}",
+                      "no_hit_out_of_thin_air")
 
 
 def _check_thin_air(ctx):
@@ -385,13 +408,20 @@ def _check_held_by_pool(ctx):
     _both(ctx, O())
 
 
+def _leak_rule(ended: str) -> str:
+    """The rule a pool with slots still used and nothing running breaks: ``preempt`` when
+    a preemption ended the last request, else ``finish_releases_all``."""
+    return "preempt" if ended == "preempt" else "finish_releases_all"
+
+
 def _check_finish_releases(ctx):
     class O(_Observer):
         def after(self, pol, where, running):
             if not running:
                 st = pol.stats()
                 if st.used_slots != 0:
-                    raise _Broken(f"{where}: {st.used_slots} slots are still used with nothing running")
+                    raise _Broken(f"{where}: {st.used_slots} slots are still used with nothing running "
+                                  f"(the last request ended by {self.ended})", _leak_rule(self.ended))
 
     _both(ctx, O())
 
@@ -442,7 +472,8 @@ def _check_several_running(ctx):
             st = pol.stats()
             _stats_ok(pol, st, where)
             if not running and st.used_slots:
-                raise _Broken(f"{where}: {st.used_slots} slots are still used with nothing running")
+                raise _Broken(f"{where}: {st.used_slots} slots are still used with nothing running "
+                              f"(the last request ended by {self.ended})", _leak_rule(self.ended))
 
         def admitted(self, pol, where, i, seq, n, adm, before, holders):
             _hit_bounds(pol, where, i, seq, n, adm, holders)
@@ -450,7 +481,8 @@ def _check_several_running(ctx):
         def refused(self, pol, where, what, before):
             after = pol.stats()
             if after != before:
-                raise _Broken(f"{where}: the {what} was refused but stats() changed: {before} -> {after}")
+                raise _Broken(f"{where}: the {what} was refused but stats() changed: {before} -> {after}",
+                              "refusal_changes_nothing")
 
     for trace, cap in ctx.cells():
         _interleaved(ctx, O(), trace, cap, ctx.seed + cap)
@@ -549,7 +581,7 @@ def _check_preempt(ctx):
                 st = pol.stats()
                 if st.used_slots:
                     raise _Broken(f"{where}: {st.used_slots} slots still used after the re-admitted request "
-                                  f"{i} finished")
+                                  f"{i} finished", "finish_releases_all")
 
 
 def _check_run_request(ctx):
@@ -638,8 +670,20 @@ class PolicyCheck:
         try:
             self._run(ctx)
         except _Broken as e:
-            msg = f"rule {self.name!r} broken ({self.rule}): {e}"
-            raise PolicyContractError(msg, {self.name: msg}) from None
+            rule = e.rule or self.name
+            found = "" if rule == self.name else f", found by the {self.name!r} check"
+            msg = f"rule {rule!r} broken ({_RULE_TEXT.get(rule, self.rule)}{found}): {e}"
+            raise PolicyContractError(msg, {rule: msg}) from None
+        except (CheckNotApplicable, PolicyContractError):
+            raise
+        except Exception as e:  # the policy raised inside a hook: a failed check, not a crash
+            tb = traceback.format_exc()
+            frames = traceback.extract_tb(e.__traceback__)
+            own = [f for f in frames if not f.filename.endswith(("policies/check.py", "policies\\check.py"))]
+            at = own[-1] if own else frames[-1]
+            msg = (f"rule {self.name!r} not checked ({self.rule}): the policy raised {type(e).__name__}: {e} "
+                   f"(in {at.name}, {at.filename}:{at.lineno}; traceback in err.tracebacks[{self.name!r}])")
+            raise PolicyContractError(msg + "\n" + tb, {self.name: msg}, {self.name: tb}) from e
 
     def __repr__(self):
         return f"PolicyCheck({self.name!r})"
@@ -661,6 +705,8 @@ CHECKS: tuple[PolicyCheck, ...] = (
     PolicyCheck("run_request_equivalent", "run_request = admit/extend/finish", _check_run_request),
     PolicyCheck("peek_hit_pure", "peek_hit equals the next hit and has no side effect", _check_peek),
 )
+
+_RULE_TEXT = {c.name: c.rule for c in CHECKS}
 
 
 def check_policy(
@@ -698,24 +744,34 @@ def check_policy(
     ------
     PolicyContractError
         Listing every rule broken, with the request and the numbers; ``failures`` maps
-        each broken check's name to its message.
+        each broken check's name to its message. A policy that raises inside a hook fails
+        every check that reached the call, each message naming the exception and the
+        policy's line; ``tracebacks`` maps those checks to the traceback (the first one
+        is appended to the error's text, and the exception is its ``__cause__``).
     """
     ctx = _Ctx(_as_factory(policy), tuple(capacities), int(seed), bool(expect_hits))
     wanted = None if checks is None else set(checks)
     if wanted is not None and wanted - {c.name for c in CHECKS}:
         raise ValueError(f"unknown checks {sorted(wanted - {c.name for c in CHECKS})}")
-    failures, skipped = {}, []
+    failures, tracebacks, skipped, cause = {}, {}, [], None
     for c in CHECKS:
         if wanted is not None and c.name not in wanted:
             continue
         try:
             c.run(ctx)
         except PolicyContractError as e:
-            failures.update(e.failures)
+            for rule, msg in e.failures.items():  # a rule found broken by two checks: the first report
+                failures.setdefault(rule, msg)
+            tracebacks.update(e.tracebacks)
+            cause = cause or e.__cause__
         except CheckNotApplicable:
             skipped.append(c.name)
     if failures:
-        raise PolicyContractError("; ".join(failures.values()), failures)
+        msg = "; ".join(failures.values())
+        if tracebacks:  # the first one in full (the others: err.tracebacks)
+            first = next(iter(tracebacks))
+            msg += f"\n\nTraceback of the exception in {first!r}:\n" + tracebacks[first]
+        raise PolicyContractError(msg, failures, tracebacks) from cause
     return skipped
 
 
