@@ -62,6 +62,27 @@ def test_compiled_loop_equals_python_loop(monkeypatch, case):
     _assert_identical(py, kern)
 
 
+def _visible(order, cap, size):
+    """``sglang:<size>@<order>`` with SGLang's batch visibility switched on: the Python
+    scheduler then drives the inherited ``match_and_lock`` / ``commit``, and the compiled
+    loop applies (:func:`radixkv.replay.conc_sglang.applicable`)."""
+    pol = PriorityRadixCache(cap, size, eviction_policy=order)
+    pol.batch_visibility = True
+    return pol
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(cases(), st.sampled_from(["lfu", "priority", "fifo", "mru"]))
+def test_compiled_loop_equals_python_loop_for_every_eviction_order(monkeypatch, case, order):
+    # the keyed orders of the one tree (PriorityRadixCache) on the compiled loop: the
+    # Python scheduler over the same policy is the reference
+    tr, cap, size, cfg, ff = case
+    assert conc_sglang.applicable(_visible(order, cap, size), COST, cfg, None, "sglang")
+    py, kern = _both(monkeypatch, tr, lambda: _visible(order, cap, size), config=cfg, fast_forward=ff)
+    _assert_identical(py, kern)
+
+
 def test_compiled_loop_is_used_and_retracts(monkeypatch):
     """A tight pool: requests are retracted (SGLang ``retract_decode``) and re-admitted,
     and the compiled loop is the one that ran (the Python scheduler is never built)."""

@@ -49,7 +49,7 @@ from numba import types
 from numba.core import config as numba_config
 from numba.core.datamodel import models
 from numba.core.errors import NumbaTypeError
-from numba.extending import box, intrinsic, register_model
+from numba.extending import box, intrinsic, overload, register_model
 
 __all__ = ["BorrowedArray", "borrow", "borrow_py"]
 
@@ -114,6 +114,24 @@ def borrow_py(arr):
     A module whose kernels may be executed with the JIT disabled (the interpreted twins
     of :mod:`radixkv.replay.jit`) binds ``borrow`` to it when ``DISABLE_JIT`` is set."""
     return arr
+
+
+def borrow_each(t):
+    """A tuple of 1 or 4 arrays (an eviction order of
+    :mod:`radixkv.policies._radix_kernels`) with each array view (:func:`borrow`), under the
+    same rules; plain Python: *t* itself."""
+    return t
+
+
+@overload(borrow_each)
+def _ov_borrow_each(t):
+    if not isinstance(t, types.BaseTuple) or not all(isinstance(a, types.Array) for a in t):
+        return None
+    if len(t) == 1:
+        return lambda t: (borrow(t[0]),)
+    if len(t) == 4:
+        return lambda t: (borrow(t[0]), borrow(t[1]), borrow(t[2]), borrow(t[3]))
+    return None
 
 
 if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic cannot run

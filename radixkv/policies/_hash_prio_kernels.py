@@ -9,7 +9,7 @@ the first keyless free block if there is one, else evicting the oldest released 
 block. This module keeps the keyless part as vLLM's linked list and puts the hashed free
 blocks in a heap ordered by ``(k1, k2, release time, push id)``, ``(k1, k2) =
 priority(E, b, params)`` — a jitted function of the block's statistics row ``E[b]``
-(signature :data:`~radixkv.policies._radix_prio_kernels.PRIORITY_SIG`, passed as its
+(signature :data:`~radixkv.policies._priority_fn.PRIORITY_SIG`, passed as its
 addresses like the radix hook). With the priority ``(release time, 0)`` the order is
 vLLM's exactly.
 
@@ -37,7 +37,7 @@ from radixkv.policies._hash_kernels import (
     W_KEY, W_PKEY, _PF, _block_keys_into, _cache_full, _drop_key, _fq_prepend, _fq_remove,
     _prefetch_row, lookup,
 )
-from radixkv.policies._radix_prio_kernels import _fn
+from radixkv.policies._priority_fn import priority_at as _fn
 
 E_TIME, E_HITS, E_CACHED, E_DEPTH, E_TAG, E_VER, E_BNEXT, E_BPREV = range(8)
 #: bucket mode: the block's bucket (shares the heap mode's version column)

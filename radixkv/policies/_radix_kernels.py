@@ -9,12 +9,21 @@ segment holding it; two sequences hold the same token at ``t`` iff those pairs a
 The segment kernels below are pure functions of their arguments (no globals, no Python
 objects), so they behave the same with ``NUMBA_DISABLE_JIT=1``. The tree kernels further
 down mutate the int64 state arrays they are given (and nothing else); they give the same
-results uncompiled, only slowly.
+results uncompiled, only slowly (the LRU order; a keyed order calls its priority
+function by address and runs compiled only).
+
+The tree is written once for every eviction order: the order is a plug-in value passed
+through the tree kernels (section "Eviction orders" below), LRU for
+:class:`~radixkv.policies.radix.RadixCache`, a keyed priority for
+:class:`~radixkv.policies.radix_priority.PriorityRadixCache`.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
+
+from radixkv.policies._priority_fn import priority_at
 
 # int64 (not literal) constants for call arguments: a literal 0 or -1 passed to a jitted
 # function makes Numba compile a second specialisation of it (and of all it calls)
@@ -163,7 +172,8 @@ def page_span(seg_id, seg_end, t, p):
 
 
 # ---------------------------------------------------------------------------------------
-# The radix tree in arrays (used by :class:`radixkv.policies.radix.RadixCache`)
+# ---------------------------------------------------------------------------------------
+# The radix tree in arrays (:class:`radixkv.policies.radix.RadixCache` and its subclasses)
 # ---------------------------------------------------------------------------------------
 # The tree, its child index, its eviction heap and the token runs the nodes refer to live
 # in a handful of int64 arrays, so that a whole request (lookup, split, insert, eviction,
@@ -179,8 +189,8 @@ def page_span(seg_id, seg_end, t, p):
 #     comparing the page's tokens, so hash collisions cannot change a result).
 # H2, same shape: p > 1 only, children by first token (several may share one), for the
 #     token-granular walk (held tokens).
-# HP, shape (heap capacity, 3): binary min-heap of (time, push id, node), lazily
-#     invalidated; entries [0, S[S_HLEN]).
+# o: the eviction order, a tuple (see "Eviction orders" below): the heap arrays and, for
+#     a keyed order, its priority function.
 # G, shape (2, store capacity): the segment store: ids (row 0) and ends (row 1) of every
 #     stored KV sequence, back to back; Q, shape (seq capacity, 4): per stored sequence
 #     (offset in G, number of segments, references, free-list link). References: one per
@@ -191,13 +201,21 @@ def page_span(seg_id, seg_end, t, p):
 # R, shape (NR,): one running request (fields R_*).
 
 F_PARENT, F_START, F_END, F_SEQ, F_LOCK, F_TIME, F_NCHILD, F_ALIVE, F_K1, F_K2, F_T1, F_T2, F_DOWN = range(13)
-NF = 13  # F_DOWN: scratch link to the next node of a path being walked down
+#: per-node statistics SGLang's ``UnifiedTreeNode`` keeps for its eviction strategies
+#: (``srt/mem_cache/unified_cache/unified_tree_core.py``), kept for keyed orders only:
+#: creation time, hit count, request priority, T-LRU branch high-water depth; the valid
+#: heap entry's push id; the creating request's tag (``F_TIME`` is the last access)
+F_CREATED, F_HITS, F_PRIO, F_HIST, F_VER, F_TAG = range(13, 19)
+NF = 19  # F_DOWN: scratch link to the next node of a path being walked down
 (S_CLOCK, S_PUSH, S_HLEN, S_NNODES, S_FREE, S_PRIV, S_EVTOK, S_PROT, S_EVTOT, S_EVN, S_NFREE,
  S_HW, S_GUSED, S_GGARB, S_QFREE, S_QHW, S_P, S_CHUNK, S_NCOMPACT, S_DEFER) = range(20)
 NS = 20  # S_DEFER ≠ 0: admit/extend leave the prefill checkpoint to ``commit``
 Q_OFF, Q_LEN, Q_REFS, Q_NEXT = range(4)
-R_NODE, R_OWNED, R_COMP, R_KVMAX, R_EVICTED, R_SEQ, R_PLEN = range(7)
-NR = 7
+#: R_INS: inserted length (SGLang ``req.kv.cache_inserted_len``), R_PRI: request
+#: priority (``req.priority or 0``), R_TAG: a tag the caller gives the request (its trace
+#: index), copied to the nodes it creates
+R_NODE, R_OWNED, R_COMP, R_KVMAX, R_EVICTED, R_SEQ, R_PLEN, R_INS, R_PRI, R_TAG = range(10)
+NR = 10
 #: bits of an LRU time stamp below the counter draw (room for the per-level steps)
 STAMP_SHIFT = 20
 
@@ -294,12 +312,65 @@ def _find_child(S, N, H1, G, Q, node, qid, qend, qref, pos):
     return -1
 
 
+
 @njit(cache=True)
 def _tick(S):
     t = S[S_CLOCK] << STAMP_SHIFT
     S[S_CLOCK] += 1
     return t
 
+
+# ---------------------------------------------------------------------------------------
+# Eviction orders
+# ---------------------------------------------------------------------------------------
+# The tree evicts whole evictable leaves (alive, unlocked, childless, not the root), the
+# smallest first in an order that is a plug-in: a tuple ``o`` that every tree kernel
+# passes through, and three operations on it below (``order_push``, ``order_victim``,
+# ``order_rebuild``), compiled per type of ``o`` (``numba.extending.overload``: one
+# machine code per order, no call through a pointer for LRU; the plain bodies are the
+# interpreted path, LRU only):
+#
+# - LRU (:func:`lru_order`), ``o = (HP,)``: HP int64 (cap, 3), a binary min-heap of
+#   (last access, push id, node), entries [0, S[S_HLEN]), lazily invalidated: an entry
+#   is stale when the node's last access changed since it was pushed (SGLang's
+#   ``LRUStrategy``; :class:`~radixkv.policies.radix.RadixCache`).
+# - keyed (:func:`keyed_order`), ``o = (HK, HI, fa, pp)``: HK float64 (cap, 3) and HI
+#   int64 (cap, 2), a min-heap of ((k1, k2, last access), (push id, node)) where
+#   ``(k1, k2) = priority(N, x, pp)`` is the priority function at addresses *fa*
+#   (:mod:`radixkv.policies._priority_fn`; SGLang's ``EvictionStrategy.get_priority``;
+#   ties fall to the older last access, as ``UnifiedTreeNode.__lt__`` breaks ``heapq``
+#   ties). A node's valid entry is the one whose push id equals ``N[x, F_VER]``. The
+#   tree keeps the node statistics (``F_CREATED`` … ``F_TAG``) for keyed orders only.
+#
+# Exactness of the lazy heaps: SGLang rebuilds its heap from all evictable leaves at each
+# eviction call (``components/full.py :: _evict_device_start``). Here every evictable leaf
+# has a valid heap entry with its current key: a node is (re)pushed whenever it becomes an
+# evictable leaf and whenever a field its key reads changes while it is one (a touch, a
+# hit count or priority update in an insert walk). So the minimum valid entry is SGLang's
+# heap minimum, provided a priority reads only the node's row and *pp* (not the clock or
+# other nodes), which is the contract of the hook. Ties between different nodes cannot
+# happen in LRU order (every node's last access is a distinct stamp), so push ids, heap
+# rebuilds and repeated pushes of one node never change which node is evicted.
+
+
+def lru_order(HP):
+    """The LRU order value ``(HP,)``: HP int64 (cap, 3), the heap (module layout)."""
+    return (HP,)
+
+
+def keyed_order(HK, HI, fa, pp):
+    """The keyed order value ``(HK, HI, fa, pp)``: heap keys float64 (cap, 3), heap ids
+    int64 (cap, 2), the priority function's addresses int64 (2,)
+    (:func:`radixkv.policies._priority_fn.function_addresses`), its parameters float64 (k,)."""
+    return (HK, HI, fa, pp)
+
+
+def _lru_type(o) -> bool:
+    """In an overload's typing function: whether *o* (a Numba type) is an LRU order."""
+    return isinstance(o, types.UniTuple) and o.count == 1
+
+
+# LRU heap ------------------------------------------------------------------------------
 
 @njit(cache=True)
 def _heap_less(HP, i, j):
@@ -330,8 +401,7 @@ def _sift_down(HP, i, n):
 
 
 @njit(cache=True)
-def heap_rebuild(S, N, HP):
-    """Replace the heap by one entry per evictable leaf (drops stale entries)."""
+def _lru_rebuild(S, N, HP):
     k = _Z
     for x in range(1, S[S_HW]):
         if N[x, F_ALIVE] == 1 and N[x, F_LOCK] == 0 and N[x, F_NCHILD] == 0:
@@ -346,10 +416,10 @@ def heap_rebuild(S, N, HP):
 
 
 @njit(cache=True)
-def _push_if_leaf(S, N, HP, x):
+def _lru_push(S, N, HP, x):
     if N[x, F_LOCK] == 0 and N[x, F_NCHILD] == 0 and N[x, F_PARENT] != -1:
         if S[S_HLEN] == HP.shape[0]:
-            heap_rebuild(S, N, HP)  # x is an evictable leaf: it is in the rebuilt heap
+            _lru_rebuild(S, N, HP)  # x is an evictable leaf: it is in the rebuilt heap
             return
         S[S_PUSH] += 1
         i = S[S_HLEN]
@@ -367,17 +437,196 @@ def _push_if_leaf(S, N, HP, x):
 
 
 @njit(cache=True)
-def _heap_pop(S, HP):
-    n = S[S_HLEN] - 1
-    t = HP[0, 0]
-    x = HP[0, 2]
-    if n > 0:
-        for f in range(3):
-            HP[0, f] = HP[n, f]
-        _sift_down(HP, _Z, n)
-    S[S_HLEN] = n
-    return t, x
+def _lru_victim(S, N, HP):
+    while S[S_HLEN] > 0:
+        n = S[S_HLEN] - 1
+        t = HP[0, 0]
+        x = HP[0, 2]
+        if n > 0:
+            for f in range(3):
+                HP[0, f] = HP[n, f]
+            _sift_down(HP, _Z, n)
+        S[S_HLEN] = n
+        if N[x, F_ALIVE] == 1 and N[x, F_LOCK] == 0 and N[x, F_NCHILD] == 0 and N[x, F_TIME] == t:
+            return x
+    return _M1
 
+
+# keyed heap ----------------------------------------------------------------------------
+
+@njit(cache=True)
+def _key_less(HK, HI, i, j):
+    for f in range(3):
+        if HK[i, f] != HK[j, f]:
+            return HK[i, f] < HK[j, f]
+    return HI[i, 0] < HI[j, 0]
+
+
+@njit(cache=True)
+def _key_swap(HK, HI, i, j):
+    for f in range(3):
+        v = HK[i, f]
+        HK[i, f] = HK[j, f]
+        HK[j, f] = v
+    for f in range(2):
+        w = HI[i, f]
+        HI[i, f] = HI[j, f]
+        HI[j, f] = w
+
+
+@njit(cache=True)
+def _key_sift_down(HK, HI, i, n):
+    while True:
+        a = 2 * i + 1
+        if a >= n:
+            return
+        b = a + 1
+        m = b if b < n and _key_less(HK, HI, b, a) else a
+        if _key_less(HK, HI, m, i):
+            _key_swap(HK, HI, i, m)
+            i = m
+        else:
+            return
+
+
+@njit(cache=True)
+def _evictable_leaf(N, x):
+    return N[x, F_ALIVE] == 1 and N[x, F_LOCK] == 0 and N[x, F_NCHILD] == 0 and N[x, F_PARENT] != -1
+
+
+@njit(cache=True)
+def _key_fill(S, N, HK, HI, i, x, pf, pp):
+    # full slices: plain arrays of the function's signature also when N, pp are borrowed
+    # views (radixkv.policies._borrowed; a slice of one holds no reference)
+    k1, k2 = pf(N[:], x, pp[:])
+    S[S_PUSH] += 1
+    HK[i, 0] = k1
+    HK[i, 1] = k2
+    HK[i, 2] = N[x, F_TIME]
+    HI[i, 0] = S[S_PUSH]
+    HI[i, 1] = x
+    N[x, F_VER] = S[S_PUSH]
+
+
+@njit(cache=True)
+def _key_rebuild(S, N, HK, HI, fa, pp):
+    pf = priority_at(fa)
+    k = _Z
+    for x in range(1, S[S_HW]):
+        if N[x, F_ALIVE] == 1:
+            N[x, F_VER] = 0
+            if N[x, F_LOCK] == 0 and N[x, F_NCHILD] == 0:
+                _key_fill(S, N, HK, HI, k, x, pf, pp)
+                k += 1
+    S[S_HLEN] = k
+    for i in range(k // 2 - 1, -1, -1):
+        _key_sift_down(HK, HI, i, k)
+
+
+@njit(cache=True)
+def _key_push(S, N, HK, HI, fa, pp, x):
+    if not _evictable_leaf(N, x):
+        return
+    if S[S_HLEN] == HK.shape[0]:
+        _key_rebuild(S, N, HK, HI, fa, pp)  # x is an evictable leaf: it is in the rebuilt heap
+        return
+    i = S[S_HLEN]
+    S[S_HLEN] = i + 1
+    _key_fill(S, N, HK, HI, i, x, priority_at(fa), pp)
+    while i > 0:
+        up = (i - 1) // 2
+        if _key_less(HK, HI, i, up):
+            _key_swap(HK, HI, i, up)
+            i = up
+        else:
+            break
+
+
+@njit(cache=True)
+def _key_victim(S, N, HK, HI):
+    while S[S_HLEN] > 0:
+        n = S[S_HLEN] - 1
+        ver = HI[0, 0]
+        x = HI[0, 1]
+        if n > 0:
+            for f in range(3):
+                HK[0, f] = HK[n, f]
+            for f in range(2):
+                HI[0, f] = HI[n, f]
+            _key_sift_down(HK, HI, _Z, n)
+        S[S_HLEN] = n
+        if N[x, F_VER] == ver and _evictable_leaf(N, x):
+            N[x, F_VER] = 0
+            return x
+    return _M1
+
+
+# the operations ------------------------------------------------------------------------
+
+def order_keyed(o):
+    """Whether *o* is a keyed order (the tree then keeps the node statistics)."""
+    return len(o) != 1
+
+
+def order_push(S, N, o, x):
+    """Push node *x* with its current key when it is an evictable leaf."""
+    if len(o) == 1:
+        _lru_push(S, N, o[0], x)
+    else:
+        _key_push(S, N, o[0], o[1], o[2], o[3], x)
+
+
+def order_victim(S, N, o):
+    """Pop the next evictable leaf (stale entries are dropped): its node, or −1 when none."""
+    if len(o) == 1:
+        return _lru_victim(S, N, o[0])
+    return _key_victim(S, N, o[0], o[1])
+
+
+def order_rebuild(S, N, o):
+    """Replace the heap by one entry per evictable leaf (drops stale entries)."""
+    if len(o) == 1:
+        _lru_rebuild(S, N, o[0])
+    else:
+        _key_rebuild(S, N, o[0], o[1], o[2], o[3])
+
+
+@overload(order_keyed)
+def _ov_keyed(o):
+    keyed = not _lru_type(o)
+    return lambda o: keyed
+
+
+@overload(order_push)
+def _ov_push(S, N, o, x):
+    if _lru_type(o):
+        return lambda S, N, o, x: _lru_push(S, N, o[0], x)
+    return lambda S, N, o, x: _key_push(S, N, o[0], o[1], o[2], o[3], x)
+
+
+@overload(order_victim)
+def _ov_victim(S, N, o):
+    if _lru_type(o):
+        return lambda S, N, o: _lru_victim(S, N, o[0])
+    return lambda S, N, o: _key_victim(S, N, o[0], o[1])
+
+
+@overload(order_rebuild)
+def _ov_rebuild(S, N, o):
+    if _lru_type(o):
+        return lambda S, N, o: _lru_rebuild(S, N, o[0])
+    return lambda S, N, o: _key_rebuild(S, N, o[0], o[1], o[2], o[3])
+
+
+@njit(cache=True)
+def heap_rebuild(S, N, o):
+    """:func:`order_rebuild` (a kernel: callable from Python)."""
+    order_rebuild(S, N, o)
+
+
+# ---------------------------------------------------------------------------------------
+# Tree operations
+# ---------------------------------------------------------------------------------------
 
 @njit(cache=True)
 def _set_keys(S, N, G, Q, x):
@@ -508,12 +757,18 @@ def rehash(S, N, H1, H2):
 
 
 @njit(cache=True)
-def _split(S, N, H1, H2, HP, G, Q, child, at):
+def _split(S, N, H1, H2, o, G, Q, child, at):
+    """``_split_node``: the upper half inherits the lock (and, for a keyed order, the hit
+    count, priority, creation time, T-LRU history and tag); fresh last access for the
+    upper node, then for the suffix."""
     parent = N[child, F_PARENT]
     upper = _new_node(S, N, Q, N[child, F_SEQ], N[child, F_START], at)
     N[upper, F_LOCK] = N[child, F_LOCK]
-    for f in (F_K1, F_K2, F_T1, F_T2):
+    for f in (F_K1, F_K2, F_T1, F_T2):  # the upper half keeps the child's keys
         N[upper, f] = N[child, f]
+    if order_keyed(o):
+        for f in (F_CREATED, F_HITS, F_PRIO, F_HIST, F_TAG):
+            N[upper, f] = N[child, f]
     _detach(S, N, H1, H2, parent, child)
     _attach(S, N, H1, H2, parent, upper)
     N[child, F_START] = at
@@ -521,7 +776,7 @@ def _split(S, N, H1, H2, HP, G, Q, child, at):
     _attach(S, N, H1, H2, upper, child)
     N[upper, F_TIME] = _tick(S)  # new node: fresh draw
     N[child, F_TIME] = _tick(S)  # the suffix half is "used now"
-    _push_if_leaf(S, N, HP, child)
+    order_push(S, N, o, child)
     S[S_NNODES] += 1
     return upper
 
@@ -597,11 +852,24 @@ def token_walk_seq(S, N, H1, H2, G, Q, s, node, pos, limit):
 
 
 @njit(cache=True)
-def _insert(S, N, H1, H2, HP, G, Q, s, L, known):
+def _walked(N, o, x, ins_len, prio):
+    """An insert walked node *x* (after its split), keyed orders: ``node.priority =
+    max(...)`` and ``_finish_insert_walk_node``'s hit count (only past what the request
+    had inserted)."""
+    if order_keyed(o):
+        if N[x, F_END] > ins_len:
+            N[x, F_HITS] += 1
+        if prio > N[x, F_PRIO]:
+            N[x, F_PRIO] = prio
+
+
+@njit(cache=True)
+def _insert(S, N, H1, H2, o, G, Q, s, L, known, ins_len, prio, tag):
     """Insert tokens ``[0, L)`` of stored sequence *s* (L page-aligned): (overlap, target).
 
     *known*: a node whose path from the root holds the sequence's tokens (the request's
-    locked node), or 0."""
+    locked node), or 0. *ins_len*, *prio*, *tag*: the request's inserted length,
+    priority and tag (node statistics of keyed orders)."""
     off = Q[s, Q_OFF]
     n = Q[s, Q_LEN]
     qid = G[0, off:off + n]
@@ -616,16 +884,18 @@ def _insert(S, N, H1, H2, HP, G, Q, s, L, known):
         while x != 0:
             N[N[x, F_PARENT], F_DOWN] = x
             x = N[x, F_PARENT]
-        c = 0
+        c = _Z
         while c != known:
             c = N[c, F_DOWN]
             N[c, F_TIME] = _tick(S)
             end = N[c, F_END]
             if L < end:
-                node = _split(S, N, H1, H2, HP, G, Q, c, L)
+                node = _split(S, N, H1, H2, o, G, Q, c, L)
+                _walked(N, o, node, ins_len, prio)
                 pos = L
                 break
-            _push_if_leaf(S, N, HP, c)
+            _walked(N, o, c, ins_len, prio)
+            order_push(S, N, o, c)
             node = c
             pos = end
             if pos >= L:
@@ -640,10 +910,12 @@ def _insert(S, N, H1, H2, HP, G, Q, s, L, known):
         if p > 1:
             m = pos + (m - pos) // p * p
         if m < end:
-            node = _split(S, N, H1, H2, HP, G, Q, c, m)
+            node = _split(S, N, H1, H2, o, G, Q, c, m)
+            _walked(N, o, node, ins_len, prio)
             pos = m
             break
-        _push_if_leaf(S, N, HP, c)
+        _walked(N, o, c, ins_len, prio)
+        order_push(S, N, o, c)
         node = c
         pos = end
     overlap = pos
@@ -652,9 +924,20 @@ def _insert(S, N, H1, H2, HP, G, Q, s, L, known):
         _set_keys(S, N, G, Q, leaf)
         _attach(S, N, H1, H2, node, leaf)
         N[leaf, F_TIME] = _tick(S)
+        if order_keyed(o):
+            N[leaf, F_CREATED] = _tick(S)  # ``UnifiedTreeNode.__init__``: a second draw
+            N[leaf, F_PRIO] = prio
+            N[leaf, F_TAG] = tag
+            N[leaf, F_HITS] = 1 if L > ins_len else 0
+            # ``_set_tlru_lens_and_raise_history``: the branch's high-water depth
+            N[leaf, F_HIST] = L
+            a = node
+            while a != 0 and N[a, F_HIST] < L:
+                N[a, F_HIST] = L
+                a = N[a, F_PARENT]
         S[S_EVTOK] += L - pos
         S[S_NNODES] += 1
-        _push_if_leaf(S, N, HP, leaf)
+        order_push(S, N, o, leaf)
         node = leaf
     return overlap, node
 
@@ -671,26 +954,26 @@ def _inc_lock(S, N, x):
 
 
 @njit(cache=True)
-def _dec_lock(S, N, HP, x):
+def _dec_lock(S, N, o, x):
     while x != 0:
         N[x, F_LOCK] -= 1
         if N[x, F_LOCK] == 0:
             n = N[x, F_END] - N[x, F_START]
             S[S_EVTOK] += n
             S[S_PROT] -= n
-            _push_if_leaf(S, N, HP, x)
+            order_push(S, N, o, x)
         x = N[x, F_PARENT]
 
 
 @njit(cache=True)
-def _evict(S, N, H1, H2, HP, Q, num_tokens):
-    """Evict whole LRU leaves until *num_tokens* tokens are freed."""
+def _evict(S, N, H1, H2, o, Q, num_tokens):
+    """Evict whole leaves, smallest in order *o* first, until *num_tokens* tokens are freed."""
     freed = 0
     p = S[S_P]
-    while freed < num_tokens and S[S_HLEN] > 0:
-        t, x = _heap_pop(S, HP)
-        if N[x, F_ALIVE] == 0 or N[x, F_LOCK] != 0 or N[x, F_NCHILD] != 0 or N[x, F_TIME] != t:
-            continue  # stale entry
+    while freed < num_tokens:
+        x = order_victim(S, N, o)
+        if x == -1:
+            break
         parent = N[x, F_PARENT]
         _detach(S, N, H1, H2, parent, x)
         N[x, F_ALIVE] = 0
@@ -703,16 +986,16 @@ def _evict(S, N, H1, H2, HP, Q, num_tokens):
         S[S_FREE] += n // p
         S[S_NNODES] -= 1
         S[S_EVN] += 1
-        _push_if_leaf(S, N, HP, parent)
+        order_push(S, N, o, parent)
     S[S_EVTOT] += freed
     return freed
 
 
 @njit(cache=True)
-def _evict_for(S, N, H1, H2, HP, Q, need):
+def _evict_for(S, N, H1, H2, o, Q, need):
     avail = S[S_FREE] * S[S_P]
     if need > avail:
-        return _evict(S, N, H1, H2, HP, Q, need - avail)
+        return _evict(S, N, H1, H2, o, Q, need - avail)
     return 0
 
 
@@ -726,8 +1009,10 @@ def _alloc(S, R, end):
 
 
 @njit(cache=True)
-def _checkpoint(S, N, H1, H2, HP, G, Q, R, L):
-    overlap, target = _insert(S, N, H1, H2, HP, G, Q, R[R_SEQ], L, R[R_NODE])
+def _checkpoint(S, N, H1, H2, o, G, Q, R, L):
+    overlap, target = _insert(S, N, H1, H2, o, G, Q, R[R_SEQ], L, R[R_NODE], R[R_INS], R[R_PRI], R[R_TAG])
+    if L > R[R_INS]:
+        R[R_INS] = L
     if L > R[R_OWNED]:
         p = S[S_P]
         dup = (overlap - R[R_OWNED]) // p
@@ -738,13 +1023,13 @@ def _checkpoint(S, N, H1, H2, HP, G, Q, R, L):
 
 
 @njit(cache=True)
-def _after_prefill(S, N, H1, H2, HP, G, Q, R):
+def _after_prefill(S, N, H1, H2, o, G, Q, R):
     if S[S_DEFER] == 0:
-        commit(S, N, H1, H2, HP, G, Q, R)
+        commit(S, N, H1, H2, o, G, Q, R)
 
 
 @njit(cache=True)
-def commit(S, N, H1, H2, HP, G, Q, R):
+def commit(S, N, H1, H2, o, G, Q, R):
     """Checkpoint a prefill: insert the computed prefix (page-aligned) unless the
     request is past its prompt or ends with it; move the lock to the new node."""
     P = R[R_PLEN]
@@ -752,19 +1037,20 @@ def commit(S, N, H1, H2, HP, G, Q, R):
     if c > P or (c == P and R[R_KVMAX] == P):
         return
     p = S[S_P]
-    target = _checkpoint(S, N, H1, H2, HP, G, Q, R, c // p * p)
+    target = _checkpoint(S, N, H1, H2, o, G, Q, R, c // p * p)
     if target != R[R_NODE]:
         _inc_lock(S, N, target)
-        _dec_lock(S, N, HP, R[R_NODE])
+        _dec_lock(S, N, o, R[R_NODE])
         R[R_NODE] = target
 
 
 @njit(cache=True)
-def admit(S, N, H1, H2, HP, G, Q, R, sid, send, P, n_tokens):
+def admit(S, N, H1, H2, o, G, Q, R, sid, send, P, n_tokens, prio, tag):
     """Lookup, room check, split, LRU stamp, lock, evict, allocate, checkpoint.
 
     *sid*, *send*: the request's KV content (stored on success). *n_tokens* < 0: the
-    default target. Returns (admitted, hit, held, evicted); R is filled on success.
+    default target. *prio*: the request's priority, *tag*: copied to the nodes it
+    creates (keyed orders). Returns (admitted, hit, held, evicted); R is filled on success.
     """
     p = S[S_P]
     chunk = S[S_CHUNK]
@@ -789,7 +1075,7 @@ def admit(S, N, H1, H2, HP, G, Q, R, sid, send, P, n_tokens):
         target = max(n_tokens, hit)
     new_slots = -(-target // p) - hit // p
     if new_slots > S[S_FREE] + (S[S_EVTOK] - gain) // p:
-        return False, hit, held, 0
+        return False, hit, held, _Z
     # the request's tokens before the hit are never read from the store (its inserts
     # walk its locked path without comparing): store from the segment before the one
     # holding position *hit*, whose end gives that segment's start
@@ -797,7 +1083,7 @@ def admit(S, N, H1, H2, HP, G, Q, R, sid, send, P, n_tokens):
     f = f - 1 if f > 0 else 0
     s = register_seq(S, G, Q, sid[f:], send[f:])
     if split != -1:
-        last = _split(S, N, H1, H2, HP, G, Q, split, hit)
+        last = _split(S, N, H1, H2, o, G, Q, split, hit)
     if K > 0:
         cur = _tick(S)
         x = last
@@ -806,29 +1092,32 @@ def admit(S, N, H1, H2, HP, G, Q, R, sid, send, P, n_tokens):
             N[x, F_TIME] = cur - k
             k += 1
             x = N[x, F_PARENT]
-        _push_if_leaf(S, N, HP, last)
+        order_push(S, N, o, last)
     _inc_lock(S, N, last)
     extra = p if p > 1 else 0
-    ev = _evict_for(S, N, H1, H2, HP, Q, target - hit + extra)
+    ev = _evict_for(S, N, H1, H2, o, Q, target - hit + extra)
     R[R_NODE] = last
     R[R_OWNED] = hit
     R[R_COMP] = hit
     R[R_KVMAX] = send[send.shape[0] - 1]
     R[R_SEQ] = s
     R[R_PLEN] = P
+    R[R_INS] = 0
+    R[R_PRI] = prio
+    R[R_TAG] = tag
     _alloc(S, R, target)
     R[R_EVICTED] = ev
-    _after_prefill(S, N, H1, H2, HP, G, Q, R)
+    _after_prefill(S, N, H1, H2, o, G, Q, R)
     return True, hit, held, ev
 
 
 @njit(cache=True)
-def _decode(S, N, H1, H2, HP, Q, R, end):
+def _decode(S, N, H1, H2, o, Q, R, end):
     p = S[S_P]
     q = R[R_COMP]
     while q < end:
         if S[S_FREE] == 0:
-            R[R_EVICTED] += _evict(S, N, H1, H2, HP, Q, p)
+            R[R_EVICTED] += _evict(S, N, H1, H2, o, Q, p)
         first_b = -(-q // p) * p
         nb = 0 if first_b >= end else (end - 1 - first_b) // p + 1
         if nb < S[S_FREE] or nb == 0:
@@ -847,7 +1136,7 @@ def _decode(S, N, H1, H2, HP, Q, R, end):
 
 
 @njit(cache=True)
-def extend(S, N, H1, H2, HP, G, Q, R, n_tokens):
+def extend(S, N, H1, H2, o, G, Q, R, n_tokens):
     """Compute *n_tokens* more tokens (end ≤ kv_max checked by the caller). Returns 1,
     0 (no room, state unchanged) or −1 (decode found no page: cannot happen)."""
     p = S[S_P]
@@ -862,52 +1151,61 @@ def extend(S, N, H1, H2, HP, G, Q, R, n_tokens):
         step = min(end, P) - R[R_COMP]
         if chunk > 0 and step > chunk:
             step = chunk
-        R[R_EVICTED] += _evict_for(S, N, H1, H2, HP, Q, step + extra)
+        R[R_EVICTED] += _evict_for(S, N, H1, H2, o, Q, step + extra)
         _alloc(S, R, R[R_COMP] + step)
-        _after_prefill(S, N, H1, H2, HP, G, Q, R)
+        _after_prefill(S, N, H1, H2, o, G, Q, R)
     if R[R_COMP] < end:
-        if not _decode(S, N, H1, H2, HP, Q, R, end):
+        if not _decode(S, N, H1, H2, o, Q, R, end):
             return -1
     return 1
 
 
 @njit(cache=True)
-def release(S, N, HP, Q, R):
+def release(S, N, o, Q, R):
     """Free the request's private slots, unlock its path, drop its sequence reference."""
     p = S[S_P]
     slots = -(-R[R_COMP] // p) - R[R_OWNED] // p
     S[S_FREE] += slots
     S[S_PRIV] -= slots
-    _dec_lock(S, N, HP, R[R_NODE])
+    _dec_lock(S, N, o, R[R_NODE])
     _seq_decref(S, Q, R[R_SEQ])
     if S[S_HLEN] > 4 * S[S_NNODES] + 1024:
-        heap_rebuild(S, N, HP)
+        order_rebuild(S, N, o)
 
 
 @njit(cache=True)
-def finish(S, N, H1, H2, HP, G, Q, R):
-    """Insert the KV computed, then the prompt; free the rest; unlock."""
+def finish(S, N, H1, H2, o, G, Q, R):
+    """Insert the KV computed, then the prompt (when it ends before that KV); free the
+    rest; unlock.
+
+    ``checkpoint_into_tree``: the prompt is inserted again, with priority + 1 and counted
+    as already inserted, only when it ends before the KV inserted (a prompt that does not
+    end before it would walk the path just inserted: for LRU a second touch of the same
+    nodes in the same order, which changes no eviction; for a keyed order SGLang skips it)."""
     p = S[S_P]
-    _checkpoint(S, N, H1, H2, HP, G, Q, R, R[R_COMP] // p * p)
-    _insert(S, N, H1, H2, HP, G, Q, R[R_SEQ], min(R[R_PLEN], R[R_COMP]) // p * p, R[R_NODE])
-    release(S, N, HP, Q, R)
+    L = R[R_COMP] // p * p
+    _checkpoint(S, N, H1, H2, o, G, Q, R, L)
+    Pal = R[R_PLEN] // p * p
+    if 0 < Pal < L:
+        _insert(S, N, H1, H2, o, G, Q, R[R_SEQ], Pal, R[R_NODE], Pal, R[R_PRI] + 1, R[R_TAG])
+    release(S, N, o, Q, R)
 
 
 @njit(cache=True)
-def run_request(S, N, H1, H2, HP, G, Q, R, sid, send, P):
+def run_request(S, N, H1, H2, o, G, Q, R, sid, send, P, prio, tag):
     """admit, extend to the KV extent, finish, in one call: (status, hit, held, evicted,
     evicted tokens in total, evictions in total);
     status 1 done, 0 refused at admission, 2 refused at extension (finished), −1 decode
     found no page."""
-    ok, hit, held, ev = admit(S, N, H1, H2, HP, G, Q, R, sid, send, P, -1)
+    ok, hit, held, ev = admit(S, N, H1, H2, o, G, Q, R, sid, send, P, _M1, prio, tag)
     if not ok:
-        return 0, hit, held, ev, S[S_EVTOT], S[S_EVN]
-    status = 1
+        return _Z, hit, held, ev, S[S_EVTOT], S[S_EVN]
+    status = np.int64(1)
     if R[R_COMP] < R[R_KVMAX]:
-        e = extend(S, N, H1, H2, HP, G, Q, R, R[R_KVMAX] - R[R_COMP])
+        e = extend(S, N, H1, H2, o, G, Q, R, R[R_KVMAX] - R[R_COMP])
         if e < 0:
-            return -1, hit, held, ev, S[S_EVTOT], S[S_EVN]
+            return _M1, hit, held, ev, S[S_EVTOT], S[S_EVN]
         if e == 0:
-            status = 2
-    finish(S, N, H1, H2, HP, G, Q, R)
+            status = np.int64(2)
+    finish(S, N, H1, H2, o, G, Q, R)
     return status, hit, held, ev, S[S_EVTOT], S[S_EVN]

@@ -1,5 +1,5 @@
-"""The sequential replay's request loop for :class:`radixkv.policies.radix.RadixCache`,
-inside one Numba call (:meth:`RadixCache.replay_span`).
+"""The sequential replay's request loop for :class:`radixkv.policies.radix.RadixCache`
+(any eviction order), inside one Numba call (:meth:`RadixCache.replay_span`).
 
 For each request of a span: build its segments (:mod:`radixkv.trace._seq_kernel`),
 run :func:`radixkv.policies._radix_kernels.run_request` (admit, decode, finish) and
@@ -20,12 +20,15 @@ import numba as nb
 import numpy as np
 
 from radixkv.policies import _radix_kernels as K
-from radixkv.policies._borrowed import borrow
+from radixkv.policies._borrowed import borrow, borrow_each
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len, prefetch_request
 
 # column order of the ``out`` array (a subset of radixkv.records.COLUMNS)
 C_PROMPT, C_HIT, C_HELD, C_EVICTED, C_USED, C_CACHED, C_FREE, C_VALID, C_CTOK, C_META = range(10)
 NC = 10
+
+
+_Z = np.int64(0)
 
 
 @nb.njit(cache=True)
@@ -58,7 +61,7 @@ def _token_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, P, kv, unit_
 
 
 @nb.njit(cache=True)
-def replay_span(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
+def replay_span(S, N, H1, H2, o, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
                 output_len, unit_tokens, i0, i1, num_slots, page, hi, node_bytes, token_bytes, out):
     """Replay requests ``i0 … i1−1``; returns ``(next request, status)``.
 
@@ -79,23 +82,23 @@ def replay_span(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets
         send[j] = j + 1
     # *sid* and *send* are passed as arguments and borrowed there: this call holds them
     # until ``_views`` returns (a local borrowed after its last use would be freed at once)
-    return _views(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
+    return _views(S, N, H1, H2, o, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
                   output_len, unit_tokens, i0, i1, num_slots, page, hi, node_bytes, token_bytes, out, sid, send)
 
 
 @nb.njit(cache=True)
-def _views(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
+def _views(S, N, H1, H2, o, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
            output_len, unit_tokens, i0, i1, num_slots, page, hi, node_bytes, token_bytes, out, sid, send):
     """:func:`_loop` on borrowed views of this call's array arguments (the caller keeps
     the arrays alive until it returns)."""
-    return _loop(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow(HP), borrow(G), borrow(Q), borrow(R),
+    return _loop(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow_each(o), borrow(G), borrow(Q), borrow(R),
                  borrow(ids), borrow(id_offsets), borrow(out_ids), borrow(out_offsets), has_out,
                  borrow(prompt_len), borrow(output_len), unit_tokens, i0, i1, num_slots, page, borrow(hi),
                  node_bytes, token_bytes, borrow(out), borrow(sid), borrow(send))
 
 
 @nb.njit(cache=True)
-def _loop(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
+def _loop(S, N, H1, H2, o, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
           output_len, unit_tokens, i0, i1, num_slots, page, hi, node_bytes, token_bytes, out, sid, send):
     """The loop of :func:`replay_span` on borrowed views; *sid*, *send*: scratch of
     length ≥ the longest request's segment count (+1 for *send*, which holds
@@ -128,7 +131,7 @@ def _loop(S, N, H1, H2, HP, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_
         if i + 1 < i1:
             prefetch_request(ids, id_offsets, out_ids, out_offsets, has_out, i + 1)
         before = S[K.S_EVTOT]
-        status, hit, held, ev, evtot, evn = K.run_request(S, N, H1, H2, HP, G, Q, R, sid[:m], send[:m], P)
+        status, hit, held, ev, evtot, evn = K.run_request(S, N, H1, H2, o, G, Q, R, sid[:m], send[:m], P, _Z, np.int64(i))
         if fix >= 0:
             send[fix] = fix + 1
         elif fix == -2:

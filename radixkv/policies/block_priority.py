@@ -45,7 +45,7 @@ from radixkv.errors import ConfigError
 from radixkv.policies import _hash_kernels as K
 from radixkv.policies import _hash_prio_kernels as HP
 from radixkv.policies._hash_prio_kernels import E_CACHED, E_DEPTH, E_HITS, E_TAG, E_TIME
-from radixkv.policies._radix_prio_kernels import function_addresses
+from radixkv.policies._priority_fn import function_addresses
 from radixkv.policies.base import Admission
 from radixkv.policies.block_hash import BlockHashCache, _aligned, _Running
 from radixkv.policies.radix_priority import EvictionPriority, _priority_of, priority_function

@@ -51,7 +51,10 @@ Rules (SGLang source in brackets)
   outputs up to the KV computed (``P + N − 1``), then the prompt again so that a node
   boundary sits at the prompt end; then the partial last page is freed and the lock
   released. Each insert is page-aligned down. (When the prompt was checkpointed after
-  prefill the boundary already exists and the second insert only re-touches the path.)
+  prefill the boundary already exists and the second insert only re-touches the path;
+  when the prompt does not end before the KV inserted, it would re-touch the nodes just
+  touched, in the same order, which changes no eviction, and is skipped, as SGLang's
+  ``checkpoint_into_tree`` skips it.)
 - **lock_ref** (``inc_lock_ref`` / ``dec_lock_ref``): the request's last tree node and its
   ancestors are locked while it runs ("protected"); the lock moves to the new node at
   every checkpoint.
@@ -255,6 +258,7 @@ class RadixCache(PrefixCache):
         self._Q = np.zeros((256, 4), dtype=np.int64)
         self._reqs: dict[int, _Req] = {}
         self._row = np.zeros(K.NR, dtype=np.int64)  # scratch request row (run_request)
+        self._tag = 0  # the last tag given to a request whose handle is not an int
         # upper bounds on the node count, store use and sequence rows (see ``_reserve``)
         self._nn_hi = 1
         self._g_hi = 0
@@ -310,8 +314,32 @@ class RadixCache(PrefixCache):
         return PriorityRadixCache, {"eviction_policy": value}
 
     # ------------------------------------------------------------------ array capacity
+    def _order(self):
+        """The eviction order passed to the tree kernels (:mod:`radixkv.policies._radix_kernels`,
+        "Eviction orders"): LRU over the heap ``_HP``."""
+        return (self._HP,)
+
+    def _grow_heap(self, size: int) -> None:
+        """Make the eviction heap hold at least *size* entries (existing ones kept)."""
+        if size > self._HP.shape[0]:
+            HP2 = np.zeros((size, 3), dtype=np.int64)
+            HP2[: self._HP.shape[0]] = self._HP
+            self._HP = HP2
+
+    def _next_tag(self, rid) -> int:
+        """The tag given to a request's nodes (read by keyed eviction orders): its handle
+        when an int, else a counter."""
+        if isinstance(rid, (int, np.integer)):
+            return int(rid)
+        self._tag += 1
+        return self._tag
+
+    def _before_request(self, rid, seq) -> None:
+        """Called before each admission (subclasses: e.g. advance a clock in an eviction
+        priority's parameters)."""
+
     def _state(self):
-        return self._S, self._N, self._H1, self._H2, self._HP, self._G, self._Q
+        return self._S, self._N, self._H1, self._H2, self._order(), self._G, self._Q
 
     def _reserve(self, new_nodes: int, new_segments: int) -> None:
         """Make the arrays hold *new_nodes* more nodes and a sequence of *new_segments*.
@@ -383,11 +411,7 @@ class RadixCache(PrefixCache):
         self._H1 = self._empty_table(4 * cap)
         self._H2 = self._empty_table(4 * cap if self._paged else 1)
         K.rehash(self._S, N2, self._H1, self._H2)
-        hp = max(4 * cap, self._HP.shape[0])
-        if hp > self._HP.shape[0]:
-            HP2 = np.zeros((hp, 3), dtype=np.int64)
-            HP2[: self._HP.shape[0]] = self._HP
-            self._HP = HP2
+        self._grow_heap(4 * cap)
 
     def _node_budget(self, P: int) -> int:
         """Upper bound on the nodes one request's calls can create (≤ 2 per checkpoint)."""
@@ -407,7 +431,7 @@ class RadixCache(PrefixCache):
 
     def _rebuild_heap(self) -> None:
         """Drop stale heap entries (done by the kernels when they outnumber the nodes)."""
-        K.heap_rebuild(self._S, self._N, self._HP)
+        K.heap_rebuild(self._S, self._N, self._order())
 
     # ------------------------------------------------------------------ public API
     def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
@@ -510,10 +534,11 @@ class RadixCache(PrefixCache):
         plen = P if fill_tokens is None else int(fill_tokens)
         if self.cache_last_token_on_stop and seq.kv_len > P:
             seq = _with_extra_token(seq)
+        self._before_request(rid, seq)
         self._reserve(self._node_budget(plen), len(seq.seg_id))
         r = _Req(seq)
         ok, hit, held, ev = K.admit(*self._state(), r.row, seq.seg_id, seq.seg_end, plen,
-                                    -1 if n_tokens is None else int(n_tokens))
+                                    -1 if n_tokens is None else int(n_tokens), 0, self._next_tag(rid))
         if not ok:
             return None
         self._reqs[rid] = r
@@ -623,7 +648,7 @@ class RadixCache(PrefixCache):
     def preempt(self, rid: int) -> None:
         """Retraction (``release_kv_cache(..., is_insert=False)``): free, unlock, insert nothing."""
         r = self._reqs.pop(rid)
-        K.release(self._S, self._N, self._HP, self._Q, r.row)
+        K.release(self._S, self._N, self._order(), self._Q, r.row)
 
     def fits_alone(self, seq: KVSeq) -> int:
         """Tokens by which *seq* overflows the empty pool (0 when it fits); counts the
@@ -641,6 +666,7 @@ class RadixCache(PrefixCache):
         P = seq.prompt_len
         if self.cache_last_token_on_stop and seq.kv_len > P:
             seq = _with_extra_token(seq)
+        self._before_request(rid, seq)
         sid = seq.seg_id
         # ``_reserve`` inlined (this is the sequential replay's hot path)
         self._nn_hi += (18 if self._chunk is None else self._node_budget(P) + 8)
@@ -648,9 +674,10 @@ class RadixCache(PrefixCache):
         self._q_hi += 1
         if self._nn_hi >= self._N.shape[0] or self._g_hi > self._G.shape[1] or self._q_hi >= self._Q.shape[0]:
             self._reserve_exact(self._node_budget(P) + 8, len(sid))
+        tag = rid if type(rid) is int else self._next_tag(rid)
         status, hit, held, ev, self.evicted_tokens_total, self.evictions = K.run_request(
-            self._S, self._N, self._H1, self._H2, self._HP, self._G, self._Q, self._row,
-            sid, seq.seg_end, P)
+            self._S, self._N, self._H1, self._H2, self._order(), self._G, self._Q, self._row,
+            sid, seq.seg_end, P, 0, tag)
         if status < 0:
             raise RuntimeError("decode needs a page but none is free or evictable")
         if status != 1:
@@ -676,6 +703,8 @@ class RadixCache(PrefixCache):
 
         if self._reqs or self._chunk is not None or self.cache_last_token_on_stop or i1 <= i0:
             return i0, 1
+        if type(self)._before_request is not RadixCache._before_request:
+            return i0, 1  # a hook the span does not call
         if not hasattr(K.run_request, "py_func"):
             return i0, 1  # the kernels run interpreted (radixkv.replay.jit): no compiled loop
         out = np.zeros((i1 - i0, KS.NC), dtype=np.int64)
@@ -689,7 +718,7 @@ class RadixCache(PrefixCache):
         grown = -1
         while True:
             nxt, status = KS.replay_span(
-                self._S, self._N, self._H1, self._H2, self._HP, self._G, self._Q, self._row,
+                self._S, self._N, self._H1, self._H2, self._order(), self._G, self._Q, self._row,
                 trace.ids, trace.id_offsets, oids, ooff, has_out, trace.prompt_len, trace.output_len,
                 unit, nxt, int(i1), self.num_slots, p, hi, NODE_OVERHEAD_BYTES, BYTES_PER_TOKEN, out[nxt - i0:])
             if status != 1 or nxt >= i1 or nxt == grown:

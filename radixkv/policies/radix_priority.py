@@ -28,8 +28,8 @@ the older last access. The row's fields (column constants exported here):
 =============== ========================================================================
 
 The function must depend on the row and *params* only (not on other nodes or a clock
-inside the call); the heap is then exactly SGLang's (see
-:mod:`radixkv.policies._radix_prio_kernels`). It is compiled with
+inside the call); the heap is then exactly SGLang's (see "Eviction orders" in
+:mod:`radixkv.policies._radix_kernels`). It is compiled with
 :func:`priority_function` and called through a function pointer, so the tree kernels are
 compiled once for all priorities (and cached on disk).
 
@@ -63,13 +63,12 @@ from numba import njit
 
 from radixkv.errors import ConfigError
 from radixkv.policies import _radix_kernels as K
-from radixkv.policies import _radix_prio_kernels as PK
-from radixkv.policies._radix_kernels import F_END, F_START, F_TIME, STAMP_SHIFT
-from radixkv.policies._radix_prio_kernels import (
-    F_CREATED, F_HIST, F_HITS, F_PRIO, F_TAG, PRIORITY_SIG,
+from radixkv.policies._priority_fn import PRIORITY_SIG, function_addresses
+from radixkv.policies._radix_kernels import (
+    F_CREATED, F_END, F_HIST, F_HITS, F_PRIO, F_START, F_TAG, F_TIME, STAMP_SHIFT,
 )
 from radixkv.policies.base import Admission
-from radixkv.policies.radix import RadixCache, _Req, _with_extra_token
+from radixkv.policies.radix import RadixCache
 from radixkv.trace.types import KVSeq
 
 __all__ = [
@@ -82,7 +81,7 @@ __all__ = [
 
 def priority_function(fn):
     """Compile *fn* ``(N, x, params) -> (k1, k2)`` as a priority (numba ``njit`` with
-    :data:`~radixkv.policies._radix_prio_kernels.PRIORITY_SIG`: N int64[:, ::1], x
+    :data:`~radixkv.policies._priority_fn.PRIORITY_SIG`: N int64[:, ::1], x
     int64, params float64[::1], returns two float64).
 
     The compiled code is cached on disk only when *fn*'s module can be imported again by
@@ -297,6 +296,10 @@ def _priority_of(ev):
 class PriorityRadixCache(RadixCache):
     """:class:`RadixCache` evicting the evictable leaf of smallest priority.
 
+    The same tree kernels as :class:`RadixCache` with a keyed eviction order
+    (:func:`radixkv.policies._radix_kernels.keyed_order`: the priority function by
+    address, its parameters, a heap of (k1, k2, last access)).
+
     Parameters
     ----------
     max_total_num_tokens, page_size, chunked_prefill_size, cache_last_token_on_stop
@@ -313,8 +316,12 @@ class PriorityRadixCache(RadixCache):
     """
 
     name = "radix-priority"
-    batch_visibility = False  # its kernels insert at admit/extend (no deferred commit yet)
-    kernel_family = "radix_priority"  # its own compiled kernels (warm-up)
+    #: the concurrent SGLang scheduler admits with ``admit`` at batch formation (its
+    #: inserts at admit/extend); the kernels could defer them (``match_and_lock`` /
+    #: ``commit``, inherited) as :class:`RadixCache` does, which would change this
+    #: class's concurrent results
+    batch_visibility = False
+    kernel_family = "radix_priority"  # compiled only (a priority is called by address)
     #: default priority of the class (a subclass of :class:`EvictionPriority`, or None)
     eviction = None
 
@@ -333,40 +340,25 @@ class PriorityRadixCache(RadixCache):
                               field="eviction_policy")
         self.eviction_priority = ev
         self._pfn = fn  # keeps the compiled function alive
-        self._pf = PK.function_addresses(fn)
+        self._pf = function_addresses(fn)
         self._pp = np.ascontiguousarray(ev.params(), dtype=np.float64)
         if self._pp.ndim != 1 or self._pp.size == 0:
             raise ConfigError(f"{ev!r}.params() must be a non-empty 1-d vector", field="eviction_policy")
-        N = np.zeros((self._N.shape[0], PK.NF_EXT), dtype=np.int64)
-        N[:, : K.NF] = self._N
-        self._N = N
         self._HK = np.zeros((1024, 3), dtype=np.float64)
         self._HI = np.zeros((1024, 2), dtype=np.int64)
         self._HP = np.zeros((1, 3), dtype=np.int64)  # the LRU heap is unused
-        self._row = np.zeros(PK.NR_EXT, dtype=np.int64)
-        self._tag = 0
 
     @property
     def label(self) -> str:
         return f"sglang:{self.page_size}@{self.eviction_priority.label}"
 
-    def _gstate(self):
-        return self._S, self._N, self._H1, self._H2, self._HK, self._HI, self._G, self._Q
+    def _order(self):
+        return K.keyed_order(self._HK, self._HI, self._pf, self._pp)
 
-    def _grow_nodes(self, need: int) -> None:
-        cap = self._N.shape[0]
-        while cap < need:
-            cap *= 2
-        N2 = np.zeros((cap, PK.NF_EXT), dtype=np.int64)
-        N2[: self._N.shape[0]] = self._N
-        self._N = N2
-        self._H1 = self._empty_table(4 * cap)
-        self._H2 = self._empty_table(4 * cap if self._paged else 1)
-        K.rehash(self._S, N2, self._H1, self._H2)
-        hp = 4 * cap
-        if hp > self._HK.shape[0]:
-            HK2 = np.zeros((hp, 3), dtype=np.float64)
-            HI2 = np.zeros((hp, 2), dtype=np.int64)
+    def _grow_heap(self, size: int) -> None:
+        if size > self._HK.shape[0]:
+            HK2 = np.zeros((size, 3), dtype=np.float64)
+            HI2 = np.zeros((size, 2), dtype=np.int64)
             HK2[: self._HK.shape[0]] = self._HK
             HI2[: self._HI.shape[0]] = self._HI
             self._HK, self._HI = HK2, HI2
@@ -375,88 +367,13 @@ class PriorityRadixCache(RadixCache):
         K.compact_store(self._S, self._G, self._Q)
         self._rebuild_heap()
 
-    def _rebuild_heap(self) -> None:
-        PK.heap_rebuild(self._S, self._N, self._HK, self._HI, self._pf, self._pp)
-
-    def _next_tag(self, rid) -> int:
-        """The tag given to a request's nodes: its handle when an int, else a counter."""
-        if isinstance(rid, (int, np.integer)):
-            return int(rid)
-        self._tag += 1
-        return self._tag
-
-    def _before_request(self, rid, seq) -> None:
-        """Called before each admission (subclasses: e.g. advance a clock in params)."""
-
-    # ------------------------------------------------------------------ public API
     def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
-        """As :meth:`RadixCache.admit`, evicting by priority."""
+        """As :meth:`RadixCache.admit`, for at most the prompt: *n_tokens* above P raises
+        ValueError (a retracted request is re-admitted on its prompt, recomputing its
+        generated tokens as more chunks)."""
         if rid in self._reqs:
             raise ValueError(f"request {rid} is already running")
         P = seq.prompt_len
         if n_tokens is not None and int(n_tokens) > P:
             raise ValueError(f"n_tokens={int(n_tokens)} exceeds the prompt ({P} tokens)")
-        if self.cache_last_token_on_stop and seq.kv_len > P:
-            seq = _with_extra_token(seq)
-        self._before_request(rid, seq)
-        self._reserve(self._node_budget(P), len(seq.seg_id))
-        r = _Req(seq)
-        r.row = np.zeros(PK.NR_EXT, dtype=np.int64)
-        ok, hit, held, ev = PK.admit(*self._gstate(), r.row, seq.seg_id, seq.seg_end, P,
-                                     -1 if n_tokens is None else int(n_tokens), 0, self._next_tag(rid),
-                                     self._pf, self._pp)
-        if not ok:
-            return None
-        self._reqs[rid] = r
-        self._sync()
-        return Admission(hit_tokens=int(hit), held_tokens=int(held), evicted_tokens=int(ev))
-
-    def extend(self, rid: int, n_tokens: int) -> bool:
-        """As :meth:`RadixCache.extend`, evicting by priority."""
-        r = self._reqs[rid]
-        end = r.computed + int(n_tokens)
-        if end > r.kv_max:
-            raise ValueError(f"request {rid}: {end} tokens exceed its KV extent {r.kv_max}")
-        self._reserve(self._node_budget(r.seq.prompt_len), 0)
-        e = PK.extend(*self._gstate(), r.row, int(n_tokens), self._pf, self._pp)
-        self._sync()
-        if e < 0:
-            raise RuntimeError("decode needs a page but none is free or evictable")
-        return e == 1
-
-    def finish(self, rid: int) -> None:
-        """As :meth:`RadixCache.finish`."""
-        r = self._reqs.pop(rid)
-        self._reserve(8, 0)
-        PK.finish(*self._gstate(), r.row, self._pf, self._pp)
-        self._sync()
-
-    def preempt(self, rid: int) -> None:
-        """As :meth:`RadixCache.preempt`."""
-        r = self._reqs.pop(rid)
-        PK.release(self._S, self._N, self._HK, self._HI, self._Q, r.row, self._pf, self._pp)
-
-    def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
-        """Admit, prefill, decode to the KV extent, finish (one kernel call)."""
-        if rid in self._reqs:
-            raise ValueError(f"request {rid} is already running")
-        P = seq.prompt_len
-        if self.cache_last_token_on_stop and seq.kv_len > P:
-            seq = _with_extra_token(seq)
-        self._before_request(rid, seq)
-        sid = seq.seg_id
-        # ``_reserve`` inlined, as in :meth:`RadixCache.run_request`
-        self._nn_hi += (18 if self._chunk is None else self._node_budget(P) + 8)
-        self._g_hi += len(sid)
-        self._q_hi += 1
-        if self._nn_hi >= self._N.shape[0] or self._g_hi > self._G.shape[1] or self._q_hi >= self._Q.shape[0]:
-            self._reserve_exact(self._node_budget(P) + 8, len(sid))
-        tag = rid if type(rid) is int else self._next_tag(rid)
-        status, hit, held, ev, self.evicted_tokens_total, self.evictions = PK.run_request(
-            self._S, self._N, self._H1, self._H2, self._HK, self._HI, self._G, self._Q, self._row,
-            sid, seq.seg_end, P, 0, tag, self._pf, self._pp)
-        if status < 0:
-            raise RuntimeError("decode needs a page but none is free or evictable")
-        if status != 1:
-            return None
-        return Admission(hit, held, ev)
+        return self._admit(rid, seq, n_tokens, None)

@@ -44,7 +44,7 @@ from numba.core import config as numba_config
 
 from radixkv.clock import _kernels as TK
 from radixkv.policies import _radix_kernels as K
-from radixkv.policies._borrowed import borrow, borrow_py
+from radixkv.policies._borrowed import borrow, borrow_each, borrow_py
 from radixkv.replay import _miss_rec_kernels as MR
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
 
@@ -314,7 +314,7 @@ def _tl_row(IV, TLI, TLF, step, t, running, waiting, tokens, used, cached, num_s
 
 
 @nb.njit(cache=True, inline="always")
-def _extend(S, N, H1, H2, HP, G, Q, R, r, n_tokens):
+def _extend(S, N, H1, H2, o, G, Q, R, r, n_tokens):
     """``RadixCache.extend_many`` of one item: a decode that takes only free slots (no
     eviction, no prompt left) is the slot arithmetic of the ``_decode`` kernel
     (``alloc_for_decode``: a new page when the position starts one, taken from the free
@@ -330,12 +330,12 @@ def _extend(S, N, H1, H2, HP, G, Q, R, r, n_tokens):
             S[K.S_PRIV] += nb
             R[r, K.R_COMP] = end
             return 1
-    return K.extend(S, N, H1, H2, HP, G, Q, R[r], n_tokens)
+    return K.extend(S, N, H1, H2, o, G, Q, R[r], n_tokens)
 
 
 # ----------------------------------------------------------------------------- scheduler
 @nb.njit(cache=True, inline="always")
-def _preempt(S, N, HP, Q, R, RQ, IV, RUN, WQ, v, PL, m):
+def _preempt(S, N, o, Q, R, RQ, IV, RUN, WQ, v, PL, m):
     """``Scheduler._preempt`` (SGLang: ``release_req``; the request is appended to the
     waiting queue, ``_add_request_to_queue``); returns the plan's new length."""
     for j in range(m):
@@ -347,7 +347,7 @@ def _preempt(S, N, HP, Q, R, RQ, IV, RUN, WQ, v, PL, m):
             break
     _run_remove(IV, RUN, v)
     RQ[v, Q_RUNNING] = 0
-    K.release(S, N, HP, Q, R[v])
+    K.release(S, N, o, Q, R[v])
     RQ[v, Q_CTX] = 0
     RQ[v, Q_KV] = 0
     RQ[v, Q_TARGET] = 0
@@ -374,18 +374,18 @@ def _victim(RQ, IV, RUN):
 
 
 @nb.njit(cache=True, inline="always")
-def _grow(S, N, H1, H2, HP, G, Q, R, RQ, IV, RUN, WQ, r, upto, PL, m, pre_cnt):
+def _grow(S, N, H1, H2, o, G, Q, R, RQ, IV, RUN, WQ, r, upto, PL, m, pre_cnt):
     """``Scheduler._grow``: returns (ok, r not preempted, plan length, preemptions)."""
     need = upto - RQ[r, Q_KV]
     while need > 0:
-        e = _extend(S, N, H1, H2, HP, G, Q, R, r, need)
+        e = _extend(S, N, H1, H2, o, G, Q, R, r, need)
         if e < 0:
             return -1, m, pre_cnt
         if e == 1:
             RQ[r, Q_KV] = upto
             return 1, m, pre_cnt
         v = _victim(RQ, IV, RUN)
-        m = _preempt(S, N, HP, Q, R, RQ, IV, RUN, WQ, v, PL, m)
+        m = _preempt(S, N, o, Q, R, RQ, IV, RUN, WQ, v, PL, m)
         pre_cnt += 1
         if v == r:
             return 0, m, pre_cnt
@@ -458,7 +458,7 @@ def _order_waiting_lpm(S, N, H1, G, Q, RQ, IV, WQ, SID, SEND, SOFF, KEYS):
 
 
 @nb.njit(cache=True, inline="always")
-def _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND, SOFF, PL, ALLOC, KEYS,
+def _schedule(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND, SOFF, PL, ALLOC, KEYS,
               HC, SNAP, ratio_min, ratio_decay, RA):
     """``SglangScheduler.schedule``: fills PL[:m] (request, tokens, ctx, prefill) and
     returns (m, n_running, preempted, blocked). SNAP: scratch, shape (≥ running,). With
@@ -514,7 +514,7 @@ def _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND,
             a, b = SOFF[i], SOFF[i + 1]
             fill = RQ[i, Q_P] + RQ[i, Q_GEN]
             R[i, :] = 0
-            ok_, h, held, ev = K.admit(S, N, H1, H2, HP, G, Q, R[i], SID[a:b], SEND[a:b], fill, _Z)
+            ok_, h, held, ev = K.admit(S, N, H1, H2, o, G, Q, R[i], SID[a:b], SEND[a:b], fill, _Z, _Z, i)
             extend = fill - h
             max_new = min(max(RQ[i, Q_N] - RQ[i, Q_GEN], 0), CLIP)
             lone = IV[I_NRUN] == 0 and m == 0
@@ -525,7 +525,7 @@ def _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND,
             ok = c > 0 and (fits or (lone and (-(-(h + c) // p) - h // p <= _room_slots(S, num_slots))))
             if not ok:
                 room_locked = _room_slots(S, num_slots) * p
-                K.release(S, N, HP, Q, R[i])  # drop the lock; nothing was allocated
+                K.release(S, N, o, Q, R[i])  # drop the lock; nothing was allocated
                 if not lone:
                     HC[0] = 1
                     HC[1] = i
@@ -570,7 +570,7 @@ def _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND,
     for u in range(na):
         r = ALLOC[u, 0]
         if RQ[r, Q_RUNNING] == 1:
-            st, m, pre_cnt = _grow(S, N, H1, H2, HP, G, Q, R, RQ, IV, RUN, WQ, r, RQ[r, Q_CTX] + ALLOC[u, 1],
+            st, m, pre_cnt = _grow(S, N, H1, H2, o, G, Q, R, RQ, IV, RUN, WQ, r, RQ[r, Q_CTX] + ALLOC[u, 1],
                                    PL, m, pre_cnt)
             if st < 0:
                 return -1, 0, pre_cnt, blocked
@@ -587,7 +587,7 @@ def _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND,
     done_ = 0  # RadixCache.extend_many(snap[:j], 1)
     while done_ < j:
         r = snap[done_]
-        e = _extend(S, N, H1, H2, HP, G, Q, R, r, _ONE)
+        e = _extend(S, N, H1, H2, o, G, Q, R, r, _ONE)
         if e < 0:
             return -1, 0, pre_cnt, blocked
         if e == 0:
@@ -603,7 +603,7 @@ def _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND,
             continue
         pre = RQ[r, Q_CTX] < RQ[r, Q_TARGET]
         c = min(RQ[r, Q_TARGET] - RQ[r, Q_CTX], 1) if pre else 1
-        st, m, pre_cnt = _grow(S, N, H1, H2, HP, G, Q, R, RQ, IV, RUN, WQ, r, RQ[r, Q_CTX] + c, PL, m, pre_cnt)
+        st, m, pre_cnt = _grow(S, N, H1, H2, o, G, Q, R, RQ, IV, RUN, WQ, r, RQ[r, Q_CTX] + c, PL, m, pre_cnt)
         if st < 0:
             return -1, 0, pre_cnt, blocked
         if st == 1:
@@ -782,7 +782,7 @@ def _compact_in_place(S, N, G, Q, IV):
 
 
 @nb.njit(cache=True)
-def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, SEND, SOFF, TLI, TLF,
+def run_loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, SEND, SOFF, TLI, TLF,
              ratio_min, ratio_decay, rec):
     """Run the replay loop from the state in the arrays until done or a hand-back
     (module docstring); returns the status (also in ``IV[I_STATUS]``). *rec*: the miss
@@ -791,14 +791,14 @@ def run_loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SI
     (:data:`ST_GROW_REC`: its logs must grow first). The loop runs on borrowed views of
     the arrays (:mod:`radixkv.policies._borrowed`: no reference counts where its inlined
     helpers bind them; valid for this call, the caller keeps the arrays)."""
-    return _loop(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow(HP), borrow(G), borrow(Q), borrow(R),
+    return _loop(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow_each(o), borrow(G), borrow(Q), borrow(R),
                  borrow(RQ), borrow(RF), borrow(IV), borrow(FV), borrow(CF), borrow(CP), borrow(arr), borrow(RUN),
                  borrow(WQ), borrow(SID), borrow(SEND), borrow(SOFF), borrow(TLI), borrow(TLF), ratio_min,
                  ratio_decay, rec)
 
 
 @nb.njit(cache=True)
-def _loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, SEND, SOFF, TLI, TLF,
+def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, SEND, SOFF, TLI, TLF,
           ratio_min, ratio_decay, rec):
     """:func:`run_loop`'s body, on borrowed views."""
     n = RQ.shape[0]
@@ -854,7 +854,7 @@ def _loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, 
             nsnap = IV[I_NRUN]
             RSNAP[:nsnap] = RUN[:nsnap]
             RA[0] = 0
-        m, n_running, pre_cnt, blocked = _schedule(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ,
+        m, n_running, pre_cnt, blocked = _schedule(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ,
                                                    SID, SEND, SOFF, PL, ALLOC, KEYS, HC, SNAP, ratio_min, ratio_decay,
                                                    RA)
         m_plan = m
@@ -1001,7 +1001,7 @@ def _loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, 
                     step_n = 1
                 for u in range(nrun):
                     r = run[u]
-                    e = _extend(S, N, H1, H2, HP, G, Q, R, r, np.int64(step_n))
+                    e = _extend(S, N, H1, H2, o, G, Q, R, r, np.int64(step_n))
                     if e != 1:
                         IV[I_ERR] = r
                         IV[I_STATUS] = ST_REFUSED
@@ -1025,7 +1025,7 @@ def _loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, 
             for u in range(nrun):
                 r = run[u]
                 if RQ[r, Q_GEN] >= RQ[r, Q_N]:
-                    K.finish(S, N, H1, H2, HP, G, Q, R[r])
+                    K.finish(S, N, H1, H2, o, G, Q, R[r])
                     RQ[r, Q_RUNNING] = 0
                     RF[r, F_FINISH] = t_end
                     RQ[r, Q_FINISH_STEP] = st0 + k
@@ -1074,7 +1074,7 @@ def _loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, 
                 if pre:
                     RQ[r, Q_CTX] += c
                     if RQ[r, Q_CTX] < RQ[r, Q_TARGET]:
-                        K.commit(S, N, H1, H2, HP, G, Q, R[r])  # cache_unfinished_req
+                        K.commit(S, N, H1, H2, o, G, Q, R[r])  # cache_unfinished_req
                         continue
                     if RQ[r, Q_N] > 0:
                         if RQ[r, Q_GEN] == 0 and np.isnan(RF[r, F_FIRST]):
@@ -1084,14 +1084,14 @@ def _loop(S, N, H1, H2, HP, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, 
                     RQ[r, Q_CTX] += 1
                     RQ[r, Q_GEN] += 1
                 if RQ[r, Q_GEN] >= RQ[r, Q_N]:
-                    K.finish(S, N, H1, H2, HP, G, Q, R[r])
+                    K.finish(S, N, H1, H2, o, G, Q, R[r])
                     RQ[r, Q_RUNNING] = 0
                     RF[r, F_FINISH] = t_end
                     RQ[r, Q_FINISH_STEP] = IV[I_STEPS]
                     IV[I_DONE] += 1
                     any_fin = True
                 elif pre:
-                    K.commit(S, N, H1, H2, HP, G, Q, R[r])
+                    K.commit(S, N, H1, H2, o, G, Q, R[r])
             if any_fin:
                 _drop_finished(RQ, IV, RUN)
             used, cached, valid = _sample(S, R, RUN, IV[I_NRUN], num_slots)

@@ -4,7 +4,10 @@
 byte for byte, with the step loop inside Numba
 (:mod:`radixkv.replay._conc_sglang_kernels`). ``replay_concurrent`` uses it when
 :func:`applicable` says the compiled loop models the run exactly: the policy's class is
-``RadixCache`` itself (a subclass may change a rule; ``cache_last_token_on_stop`` off),
+``RadixCache`` or ``PriorityRadixCache`` itself (a subclass may change a rule), with
+SGLang's batch visibility (``batch_visibility``: the scheduler defers a prefill's inserts
+to ``commit``; the loop runs any eviction order of the tree kernels, the policy's
+``_order()``) and ``cache_last_token_on_stop`` off,
 SGLang's rules (``--admission sglang``), a :class:`~radixkv.cost.CostModel` (its class
 itself), no ``on_step`` hook, and compiled tree kernels (``RADIXKV_JIT`` not
 interpreting them). Every other run takes the Python loop, which stays the reference
@@ -37,10 +40,11 @@ def applicable(policy, cost, config, on_step, rule: str) -> bool:
         return False
     from radixkv.policies import _radix_kernels as K
     from radixkv.policies.radix import RadixCache
+    from radixkv.policies.radix_priority import PriorityRadixCache
 
-    if type(policy) is not RadixCache or policy.cache_last_token_on_stop or not hasattr(K.run_request, "py_func"):
+    if type(policy) not in (RadixCache, PriorityRadixCache) or not policy.batch_visibility:
         return False
-    return True
+    return not policy.cache_last_token_on_stop and hasattr(K.run_request, "py_func")
 
 
 def _roofline_fields(CP, cost) -> None:
@@ -158,7 +162,7 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
 
     rec = MR.new_state(kv, recorder.deferred, on=True) if recorder is not None else MR.new_state(kv, False, on=False)
     while True:
-        st = C.run_loop(policy._S, policy._N, policy._H1, policy._H2, policy._HP, policy._G, policy._Q, R,
+        st = C.run_loop(policy._S, policy._N, policy._H1, policy._H2, policy._order(), policy._G, policy._Q, R,
                         RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, SEND, SOFF, TLI, TLF, ratio_min, ratio_decay, rec)
         if st == C.ST_DONE:
             break
