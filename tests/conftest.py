@@ -7,13 +7,21 @@ unset. The small token-level golden traces and their golden runs are copied into
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 #: the suite tests the compiled kernels unless a test asks otherwise (radixkv.replay.jit)
 os.environ.setdefault("RADIXKV_JIT", "compile")
+
+#: parsed traces are cached (radixkv.trace.cache) in a folder of this run, not the user's
+if "RADIXKV_CACHE_DIR" not in os.environ:
+    os.environ["RADIXKV_CACHE_DIR"] = tempfile.mkdtemp(prefix="radixkv-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["RADIXKV_CACHE_DIR"], True)
 
 DATA = Path(__file__).parent / "data"
 GOLDEN_LOCAL = DATA / "golden"
