@@ -57,12 +57,12 @@ def span_method(policy: PrefixCache):
     return f
 
 
-def _span_refused(t: Trace, j: int, policy: PrefixCache, label, trace: Trace) -> ConfigError:
+def _span_refused(t: Trace, j: int, policy: PrefixCache, label, name: str) -> ConfigError:
     """The error for request *j* refused inside a span (as the Python path words it)."""
     return ConfigError(
         f"request {str(t.req_id[j])!r} (#{j} in replay order) was refused by {label or policy.name} "
         f"although it fits the empty pool ({t.kv_len(j)} tokens of KV, pool {policy.capacity_tokens})",
-        path=trace.name or None,
+        path=name or None,
         field="capacity",
     )
 
@@ -133,17 +133,43 @@ def replay_sequential(
     cols = {c: np.zeros(n, dtype=np.int64) for c in COLUMNS}
     bar = _progress(n, quiet, label or policy.name)
     t0 = time.perf_counter()
-    prev_evicted = policy.evicted_tokens_total
     # detailed stats (O(pool) for some policies) at about DETAIL_SAMPLES evenly spaced
     # requests of the second half, and at the last request
     half = n // 2
     every = max(1, (n - half) // DETAIL_SAMPLES)
     if not detail:
         half, every = n - 1, 1
+    replay_rows(t, policy, cols, 0, n, n, half, every, bar=bar, label=label, name=trace.name)
+    elapsed = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    cols["alignment_loss_tokens"] = cols["held_tokens"] - cols["hit_tokens"]
+    return Records(
+        req_id=t.req_id,
+        columns=cols,
+        num_slots=policy.num_slots,
+        slot_tokens=policy.slot_tokens,
+        policy=label or policy.name,
+        meta={"replay_s": elapsed, "trace": trace.name, "requests": n,
+              # per KV cache group (hybrid models); None: the policy has one group
+              "kv_cache_groups": policy.group_metrics() if hasattr(policy, "group_metrics") else None},
+    )
+
+
+def replay_rows(t: Trace, policy: PrefixCache, cols: dict, i: int, end: int, n: int, half: int, every: int, *,
+                bar=None, label: str | None = None, name: str = "") -> None:
+    """Run requests ``i … end−1`` of a replay of *n* requests through *policy*, writing
+    their rows of *cols* (the loop of :func:`replay_sequential`, which calls it once for
+    the whole trace; the streaming replay, :mod:`radixkv.replay.stream`, once per chunk).
+
+    Rows ``r ≥ half`` with ``(r − half) % every == 0`` take detailed stats, and so does row
+    ``n − 1``. *t*'s columns and *cols* are indexed by the row in the whole replay; *name*
+    (the trace's) is the path in errors, which are :func:`replay_sequential`'s.
+    """
+    prev_evicted = policy.evicted_tokens_total
     # a policy may run spans of requests without detail rows inside one kernel call
     span = span_method(policy)
-    i = 0
-    while i < n:
+    while i < end:
         if span is not None:
             # run up to (not including) the next row that asks for detailed stats
             if i < half:
@@ -151,7 +177,7 @@ def replay_sequential(
             else:
                 k = (i - half) % every
                 nxt = i if k == 0 else min(n - 1, i + every - k)
-            nxt = min(nxt, i + SPAN_REQUESTS)
+            nxt = min(nxt, i + SPAN_REQUESTS, end)
             if nxt > i:
                 j, status = span(t, i, nxt, cols)
                 if bar is not None:
@@ -159,7 +185,7 @@ def replay_sequential(
                 if j > i:
                     prev_evicted = policy.evicted_tokens_total
                 if status != 1:
-                    raise _span_refused(t, j, policy, label, trace)
+                    raise _span_refused(t, j, policy, label, name)
                 if j > i:
                     i = j
                     continue
@@ -167,7 +193,7 @@ def replay_sequential(
                 # a detail row: the span runs the request, the stats come from the policy
                 j, status = span(t, i, i + 1, cols)
                 if status != 1:
-                    raise _span_refused(t, j, policy, label, trace)
+                    raise _span_refused(t, j, policy, label, name)
                 if j == i + 1:
                     _put_stats(cols, i, policy.stats(detail=True))
                     prev_evicted = policy.evicted_tokens_total
@@ -186,7 +212,7 @@ def replay_sequential(
                 f"request {str(t.req_id[i])!r} (#{i} in replay order) needs {seq.kv_len} tokens of KV "
                 f"(prompt {seq.prompt_len} + output {seq.kv_len - seq.prompt_len}) and cannot fit the empty "
                 f"pool under {label or policy.name}: {detail}; give a larger capacity or --limit",
-                path=trace.name or None,
+                path=name or None,
                 field="capacity",
             )
         adm = policy.run_request(i, seq)
@@ -194,7 +220,7 @@ def replay_sequential(
             raise ConfigError(
                 f"request {str(t.req_id[i])!r} (#{i} in replay order) was refused by {label or policy.name} "
                 f"although it fits the empty pool ({seq.kv_len} tokens of KV, pool {policy.capacity_tokens})",
-                path=trace.name or None,
+                path=name or None,
                 field="capacity",
             )
         st = policy.stats(detail=(i >= half and (i - half) % every == 0) or i == n - 1)
@@ -207,17 +233,3 @@ def replay_sequential(
         if bar is not None:
             bar.update(1)
         i += 1
-    elapsed = time.perf_counter() - t0
-    if bar is not None:
-        bar.close()
-    cols["alignment_loss_tokens"] = cols["held_tokens"] - cols["hit_tokens"]
-    return Records(
-        req_id=t.req_id,
-        columns=cols,
-        num_slots=policy.num_slots,
-        slot_tokens=policy.slot_tokens,
-        policy=label or policy.name,
-        meta={"replay_s": elapsed, "trace": trace.name, "requests": n,
-              # per KV cache group (hybrid models); None: the policy has one group
-              "kv_cache_groups": policy.group_metrics() if hasattr(policy, "group_metrics") else None},
-    )
