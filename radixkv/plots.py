@@ -6,6 +6,16 @@ import io
 from radixkv.util import atomic_write_bytes
 
 
+def _subplots(*args, figsize, dpi, **kwargs):
+    """``plt.subplots`` without pyplot: a :class:`matplotlib.figure.Figure` (Agg output on
+    ``savefig``) and its axes. pyplot's import costs ~0.1–0.3 s of CPU more and keeps a
+    figure manager to close; the PNG bytes are the same."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, dpi=dpi)
+    return fig, fig.subplots(*args, **kwargs)
+
+
 def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: dict | None = None,
                 x: str = "capacity_tokens") -> None:
     """Hit rate against capacity (log x), one line per policy, written atomically as PNG.
@@ -27,12 +37,7 @@ def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: d
         ``host_capacity_tokens`` (``radixkv curve --host-capacities``; linear, as it
         starts at 0).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    fig, ax = _subplots(figsize=(6.4, 4.0), dpi=120)
     for c in doc["curves"]:
         pts = [p for p in c["points"] if metric in p]
         if not pts:
@@ -55,7 +60,6 @@ def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: d
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
 
 
@@ -91,18 +95,13 @@ def plot_sweep(rows: list[dict], path, *, metric: str = "token_hit_rate") -> int
     int
         Lines drawn.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [r for r in rows if r.get("metrics", {}).get(metric) is not None and _capacity_tokens(r) is not None]
     traces = sorted({r["trace"]["path"] for r in rows})
     skip = {"policy", "capacity_tokens", "num_gpu_blocks", "max_total_num_tokens", "gpu_memory_utilization",
             "mem_fraction_static"}
     varying = sorted({k for r in rows for k in r["settings"] if k not in skip
                       and len({repr(x["settings"].get(k)) for x in rows}) > 1})
-    fig, axes = plt.subplots(1, max(1, len(traces)), figsize=(6.4 * max(1, len(traces)), 4.0), dpi=120,
+    fig, axes = _subplots(1, max(1, len(traces)), figsize=(6.4 * max(1, len(traces)), 4.0), dpi=120,
                              squeeze=False)
     lines = 0
     for ax, tr in zip(axes[0], traces or [""]):
@@ -128,7 +127,6 @@ def plot_sweep(rows: list[dict], path, *, metric: str = "token_hit_rate") -> int
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
     return lines
 
@@ -178,17 +176,11 @@ def draw_miss_causes(ax, rows) -> bool:
 
 def plot_miss_causes(rows, path, *, title: str = "") -> None:
     """:func:`draw_miss_causes` written atomically to the PNG *path*."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    fig, ax = _subplots(figsize=(6.4, 4.0), dpi=120)
     draw_miss_causes(ax, rows)
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())

@@ -445,7 +445,8 @@ def cmd_compare(args) -> int:
     from radixkv.replay.run import warmup_many
 
     concurrent = args.mode == "concurrent"
-    warmup_many(specs, work=None if concurrent else [(s, trace_tokens(trace, args.limit)) for s in specs])
+    warmup_many(specs, work=None if concurrent else [(s, trace_tokens(trace, args.limit)) for s in specs],
+                concurrent=concurrent)
     results = []
     tables: list = []
     remote = _executor(args) != "local"
@@ -522,7 +523,7 @@ def cmd_curve(args) -> int:
     from radixkv.replay.jit import trace_tokens
     from radixkv.replay.run import warmup_many
 
-    warmup_many(specs, work=[(s, trace_tokens(trace, args.limit) * len(caps)) for s in specs])
+    warmup_many(specs, work=[(s, trace_tokens(trace, args.limit) * len(caps)) for s in specs], concurrent=False)
     done = {}
     if _executor(args) != "local":
         cells = [(spec, cap) for spec in specs for cap in caps]

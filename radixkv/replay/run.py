@@ -17,6 +17,7 @@ from radixkv.replay.records import Records
 from radixkv.replay.sequential import replay_sequential
 from radixkv.trace.types import Trace
 
+#: (spec, concurrent) pairs warmed in this process (:func:`warmup`)
 _WARM: set = set()
 
 
@@ -33,9 +34,10 @@ def _tiny_trace() -> Trace:
     )
 
 
-def _tiny_run(spec: PolicySpec) -> None:
+def _tiny_run(spec: PolicySpec, concurrent: bool = True) -> None:
     """Run every kernel *spec*'s policy uses once, on the tiny trace (compiles them when
-    they are compiled and not yet loaded)."""
+    they are compiled and not yet loaded); with *concurrent* False only those of the
+    sequential replay."""
     from radixkv.errors import ConfigError
 
     # a small pool, so that the tiny trace evicts; a larger one when its requests do not fit
@@ -49,28 +51,36 @@ def _tiny_run(spec: PolicySpec) -> None:
                 raise
             continue
         break
+    if not concurrent:
+        return
     pol.warm_kernels()
 
 
-def warmup(spec: PolicySpec) -> float:
+def warmup(spec: PolicySpec, *, concurrent: bool = True) -> float:
     """Compile (or load from Numba's cache) the kernels *spec*'s policy uses, and use the
     compiled kernels for its family from now on (:mod:`radixkv.replay.jit`;
-    ``RADIXKV_JIT=interpret``: does nothing).
+    ``RADIXKV_JIT=interpret``: does nothing). *concurrent* False: only the sequential
+    replay's kernels (a process that replays sequentially skips loading the batched and
+    concurrent kernels from the cache: ~1–3 s of CPU per process on this machine).
 
     Returns the seconds it took (0 when already warm in this process).
     """
     if jit.mode() == "interpret":
         return 0.0
     jit.mark_compiled(spec)
-    if spec in _WARM:
+    if _is_warm(spec, concurrent):
         return 0.0
     t0 = time.perf_counter()
-    _tiny_run(spec)
-    _WARM.add(spec)
+    _tiny_run(spec, concurrent)
+    _WARM.add((spec, concurrent))
     return time.perf_counter() - t0
 
 
-def warmup_many(specs, work=None) -> float:
+def _is_warm(spec: PolicySpec, concurrent: bool) -> bool:
+    return (spec, True) in _WARM or (spec, concurrent) in _WARM
+
+
+def warmup_many(specs, work=None, *, concurrent: bool = True) -> float:
     """Compile the kernels of several policies, different kernel families in parallel.
 
     Numba compiles one function at a time, and a cold cache costs tens of seconds per
@@ -87,6 +97,8 @@ def warmup_many(specs, work=None) -> float:
         The replays planned (prompt + output tokens each). When given, families that
         :func:`radixkv.replay.jit.plan` sets to run interpreted (a cold cache and little
         work, under ``RADIXKV_JIT=auto``) are not compiled.
+    concurrent : bool
+        As :func:`warmup`'s (False: the sequential replay's kernels only).
 
     Returns the wall seconds spent.
     """
@@ -103,18 +115,20 @@ def warmup_many(specs, work=None) -> float:
     cold = {}  # one spec per kernel family (the class's ``kernel_family``), in order of first use
     for s in specs:
         fam = s.build_class.kernel_family
-        if s not in _WARM and fam is not None:
+        if not _is_warm(s, concurrent) and fam is not None:
             cold.setdefault(fam, s)
     fams = list(cold.values())
+    if len(fams) >= 2 and not concurrent:  # children pay off only for families that must compile
+        fams = [s for s in fams if not jit.is_warm(s)]
     procs = []
     if len(fams) >= 2:
         code = ("import sys; from radixkv.policies.registry import parse_policy; "
-                "from radixkv.replay.run import warmup; warmup(parse_policy(sys.argv[1]))")
-        procs = [subprocess.Popen([sys.executable, "-c", code, s.ref_text], stdout=subprocess.DEVNULL,
+                "from radixkv.replay.run import warmup; warmup(parse_policy(sys.argv[1]), concurrent=sys.argv[2] == '1')")
+        procs = [subprocess.Popen([sys.executable, "-c", code, s.ref_text, str(int(concurrent))], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL) for s in fams[1:]]
     try:
         if fams:
-            warmup(fams[0])
+            warmup(fams[0], concurrent=concurrent)
         for pr in procs:
             pr.wait()
     finally:
@@ -122,7 +136,7 @@ def warmup_many(specs, work=None) -> float:
             if pr.poll() is None:
                 pr.kill()
     for s in specs:
-        warmup(s)
+        warmup(s, concurrent=concurrent)
     return time.perf_counter() - t0
 
 
@@ -157,7 +171,7 @@ def run_replay(
         From the policy (pool too small) or the replay (a request larger than the pool).
     """
     kernels = jit.before_replay(spec, jit.trace_tokens(trace, limit))
-    compile_s = 0.0 if kernels == "interpreted" else warmup(spec)
+    compile_s = 0.0 if kernels == "interpreted" else warmup(spec, concurrent=False)
     policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **options)
     if kernels == "interpreted":
         with np.errstate(over="ignore"):  # numpy scalars wrap as the compiled kernels do

@@ -403,7 +403,7 @@ def replay_stream(path, spec, pool, *, format: str | None = None,  # noqa: A002 
         n = min(n, int(limit))
     if n == 0:
         raise ConfigError("no requests to replay (empty trace or --limit 0)", path=path, field="limit")
-    compile_s = warmup(spec)
+    compile_s = warmup(spec, concurrent=False)
     half = n // 2
     every = max(1, (n - half) // DETAIL_SAMPLES)
     agg = StreamAggregates(n)
