@@ -37,8 +37,8 @@ def commands(trace: str, out: str) -> dict[str, list[str]]:
     return {
         "help": ["--help"],
         "inspect": ["trace", "inspect", trace],
-        "replay": ["replay", trace, "--policy", "sglang:1", "--capacity", "1e7"],
-        "compare": ["compare", trace, "--policies", "vllm:16,sglang:1", "--capacity", "1e7"],
+        "replay": ["replay", trace, "--policy", "sglang:1", "--capacity-tokens", "1e7"],
+        "compare": ["compare", trace, "--policies", "vllm:16,sglang:1", "--capacity-tokens", "1e7"],
         "curve": ["curve", trace, "--policies", "unit-lru", "--capacities", CAPS],
         "curve_png": ["curve", trace, "--policies", "unit-lru", "--capacities", CAPS, "--out", out],
     }

@@ -57,7 +57,7 @@ def main() -> None:
             "radixkv curve (JSON + PNG)": [args.python, "-m", "radixkv", "curve", trace, "--policies", "unit-lru",
                                            "--capacities", CAPS, "--out", os.path.join(tmp, "curve")],
             "radixkv compare vllm:16,sglang:1": [args.python, "-m", "radixkv", "compare", trace,
-                                                 "--policies", "vllm:16,sglang:1", "--capacity", "1e7"],
+                                                 "--policies", "vllm:16,sglang:1", "--capacity-tokens", "1e7"],
             "kvcache-simulator run (8 LRU)": [args.kvcache_sim, "run", "--trace", trace, "--block-size", str(UNIT),
                                               "--model", "llama-3.1-8b", "--policies", "lru", "--budgets-gib", gib,
                                               "--no-progress", "--format", "json", "-o", os.path.join(tmp, "kvs.json")],
