@@ -2,7 +2,7 @@
 and the price of cache isolation.
 
 Pure functions of a trace's attribute columns and a replay's per-request columns
-(:class:`radixkv.replay.records.Records` or
+(:class:`radixkv.records.Records` or
 :class:`radixkv.replay.concurrent.ConcurrentResult`, rows in the trace's replay order).
 Per group: requests, prompt tokens, hit tokens, token hit rate (Σ hit / Σ prompt, as the
 run's own), the miss causes when the replay computed them (docs/miss-causes.md) and TTFT

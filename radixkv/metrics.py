@@ -65,12 +65,15 @@ def _ratio(a: float, b: float) -> float:
     return float(a) / float(b) if b else 0.0
 
 
-def hit_length_histogram(hit_tokens: np.ndarray) -> dict:
+def hit_length_histogram(hit_tokens: np.ndarray, counts: np.ndarray | None = None) -> dict:
     """Histogram of hit lengths with bin edges 0, 1, 16, 32, 64, … (tokens).
 
     Parameters
     ----------
     hit_tokens : np.ndarray, int64, shape (n,)
+    counts : np.ndarray, int64, shape (n,), optional
+        How many requests had each ``hit_tokens`` value (the streaming replay's distinct
+        values); None: one each.
 
     Returns
     -------
@@ -82,7 +85,7 @@ def hit_length_histogram(hit_tokens: np.ndarray) -> dict:
     while edges[-1] <= top:
         edges.append(edges[-1] * 2)
     idx = np.searchsorted(np.asarray(edges), hit_tokens, side="right") - 1
-    counts = np.bincount(idx, minlength=len(edges))[: len(edges)]
+    counts = np.bincount(idx, weights=counts, minlength=len(edges))[: len(edges)].astype(np.int64)
     # drop the empty open bin at the end
     while len(edges) > 1 and counts[-1] == 0:
         edges.pop()
@@ -112,72 +115,113 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
     dict of plain Python numbers and lists, ready for deterministic JSON.
     """
     c = rec.columns
-    n = len(rec)
+    agg = column_aggregates(c, len(rec))
+    mc = None
+    if "miss_compulsory_tokens" in c:  # the replay ran with miss causes (radixkv.replay.misses)
+        mc = summarize_causes(c, agg["prompt_tokens"], agg["hit_tokens"])
+        mc["unbounded_pool_tokens"] = rec.meta.get("miss_unbounded_pool_tokens")
+    return summary_of(agg, policy=rec.policy, num_slots=rec.num_slots, slot_tokens=rec.slot_tokens,
+                      capacity_tokens=rec.capacity_tokens, evictions=evictions, measures=measures,
+                      miss_causes=mc, kv_cache_groups=rec.meta.get("kv_cache_groups"),
+                      rejected_requests=rec.meta.get("rejected_requests"))
+
+
+def column_aggregates(c: dict, n: int) -> dict:
+    """What :func:`summary_of` needs from the record columns *c* (int64 arrays of *n*
+    rows): totals, the mean request hit ratio, hit-length percentiles and histogram, and
+    the sampled rows' pool columns. :class:`radixkv.replay.stream.StreamAggregates` builds
+    the same dict chunk by chunk."""
     prompt = c["prompt_tokens"]
     hit = c["hit_tokens"]
-    pool_tokens = rec.capacity_tokens
-    total_prompt = int(prompt.sum())
-    total_hit = int(hit.sum())
-    out: dict = {
-        "policy": rec.policy,
+    run, free = c["largest_free_run"], c["free_slots"]
+    ok = (run >= 0) & (free > 0)
+    half = c["cached_tokens"][n // 2:]
+    return {
         "requests": n,
-        "pool_slots": rec.num_slots,
-        "pool_slot_tokens": rec.slot_tokens,
+        "prompt_tokens": int(prompt.sum()),
+        "hit_tokens": int(hit.sum()),
+        "hit_requests": int((hit > 0).sum()),
+        "mean_request_hit_ratio": float(np.mean(hit / prompt)) if n else 0.0,
+        "hit_percentiles": {p: float(np.percentile(hit, p)) if n else 0.0 for p in _PCTS},
+        "hit_max": int(hit.max()) if n else 0,
+        "hit_length_histogram": hit_length_histogram(hit),
+        "alignment_loss_tokens": int(c["alignment_loss_tokens"].sum()),
+        "held_tokens": int(c["held_tokens"].sum()),
+        "evicted_tokens": int(c["evicted_tokens"].sum()),
+        "duplicate_sampled": c["duplicate_tokens"][c["duplicate_tokens"] >= 0],
+        "scatter_sampled": (run[ok], free[ok]),
+        "metadata_bytes_max": int(c["metadata_bytes"].max()) if n else None,
+        "cached_sampled_second_half": half[half >= 0],
+        "valid_second_half_mean": float(c["valid_tokens"][n // 2:].mean()) if n else 0.0,
+    }
+
+
+def summary_of(agg: dict, *, policy: str, num_slots: int, slot_tokens: int, capacity_tokens: int,
+               evictions: int | None = None, measures: dict | None = None, miss_causes: dict | None = None,
+               kv_cache_groups=None, rejected_requests: int | None = None) -> dict:
+    """The summary :func:`summarize` returns, from :func:`column_aggregates`' dict *agg*,
+    the pool's size, and the miss causes and per-group metrics when the replay has them;
+    ``rejected_requests`` (requests past the model's context, :mod:`radixkv.replay.context`)
+    only when a context length applied (None: the key is absent)."""
+    n = agg["requests"]
+    pool_tokens = capacity_tokens
+    total_prompt = agg["prompt_tokens"]
+    total_hit = agg["hit_tokens"]
+    out: dict = {
+        "policy": policy,
+        "requests": n,
+        "pool_slots": num_slots,
+        "pool_slot_tokens": slot_tokens,
         "pool_capacity_tokens": pool_tokens,
         "prompt_tokens": total_prompt,
         "hit_tokens": total_hit,
         "computed_prompt_tokens": total_prompt - total_hit,
         "token_hit_rate": _ratio(total_hit, total_prompt),
-        "request_hit_rate": _ratio(int((hit > 0).sum()), n),
-        "mean_request_hit_ratio": float(np.mean(hit / prompt)) if n else 0.0,
+        "request_hit_rate": _ratio(agg["hit_requests"], n),
+        "mean_request_hit_ratio": agg["mean_request_hit_ratio"],
     }
     for p in _PCTS:
-        out[f"hit_tokens_p{p}"] = float(np.percentile(hit, p)) if n else 0.0
-    out["hit_tokens_max"] = int(hit.max()) if n else 0
-    out["hit_length_histogram"] = hit_length_histogram(hit)
-    loss = c["alignment_loss_tokens"]
-    out["alignment_loss_tokens"] = int(loss.sum())
-    out["alignment_loss_share"] = _ratio(int(loss.sum()), total_prompt)
-    out["held_tokens"] = int(c["held_tokens"].sum())
-    out["evicted_tokens"] = int(c["evicted_tokens"].sum())
+        out[f"hit_tokens_p{p}"] = agg["hit_percentiles"][p]
+    out["hit_tokens_max"] = agg["hit_max"]
+    out["hit_length_histogram"] = agg["hit_length_histogram"]
+    loss = agg["alignment_loss_tokens"]
+    out["alignment_loss_tokens"] = loss
+    out["alignment_loss_share"] = _ratio(loss, total_prompt)
+    out["held_tokens"] = agg["held_tokens"]
+    out["evicted_tokens"] = agg["evicted_tokens"]
     if evictions is not None:
         out["evictions"] = int(evictions)
     has = {"duplication": True, "metadata": True, "slot_positions": True, **(measures or {})}
     # sampled with no request running: an idle pool's slack, not fragmentation (docstring)
     out["internal_fragmentation_share_mean"] = None
     out["internal_fragmentation_share_peak"] = None
-    dup = c["duplicate_tokens"][c["duplicate_tokens"] >= 0]
+    dup = agg["duplicate_sampled"]
     if has["duplication"] and dup.size:
         out["duplicate_share_mean"] = _ratio(float(dup.mean()), pool_tokens)
         out["duplicate_share_peak"] = _ratio(int(dup.max()), pool_tokens)
     else:
         out["duplicate_share_mean"] = out["duplicate_share_peak"] = None
-    run = c["largest_free_run"]
-    free = c["free_slots"]
-    ok = (run >= 0) & (free > 0)
-    out["free_space_scatter_mean"] = (float(np.mean(1.0 - run[ok] / free[ok]))
-                                      if has["slot_positions"] and ok.any() else None)
-    out["metadata_bytes_peak"] = int(c["metadata_bytes"].max()) if has["metadata"] and n else None
-    half = c["cached_tokens"][n // 2 :]
-    half = half[half >= 0]  # rows where the replay sampled it
+    run, free = agg["scatter_sampled"]
+    out["free_space_scatter_mean"] = (float(np.mean(1.0 - run / free))
+                                      if has["slot_positions"] and run.size else None)
+    out["metadata_bytes_peak"] = agg["metadata_bytes_max"] if has["metadata"] and n else None
+    half = agg["cached_sampled_second_half"]
     cap = float(half.mean()) if half.size else 0.0
     out["cached_tokens_second_half_mean"] = cap
-    out["cached_tokens_per_slot"] = _ratio(cap, rec.num_slots)
+    out["cached_tokens_per_slot"] = _ratio(cap, num_slots)
     out["cached_tokens_share_of_pool"] = _ratio(cap, pool_tokens)
-    out["valid_tokens_second_half_mean"] = float(c["valid_tokens"][n // 2 :].mean()) if n else 0.0
-    if "miss_compulsory_tokens" in c:  # the replay ran with miss causes (radixkv.replay.misses)
-        mc = summarize_causes(c, total_prompt, total_hit)
-        mc["unbounded_pool_tokens"] = rec.meta.get("miss_unbounded_pool_tokens")
-        out["miss_causes"] = mc
+    out["valid_tokens_second_half_mean"] = agg["valid_second_half_mean"]
+    if miss_causes is not None:
+        out["miss_causes"] = miss_causes
     # the host-memory tier's totals (radixkv.policies.host_tier.host_tier_summary): null
     # here; the sequential replay fills them for a policy that models a host tier
     out.update(dict.fromkeys(HOST_TIER_KEYS))
     out.update(dict.fromkeys(STORAGE_TIER_KEYS))
     # hybrid models: hits and memory per KV cache group, and the hit the full-attention
     # group alone held (HybridBlockHashCache.group_metrics); null for one-group policies
-    out["kv_cache_groups"] = rec.meta.get("kv_cache_groups")
-    if "rejected_requests" in rec.meta:  # only when a context length applies (radixkv.replay.context)
-        out["rejected_requests"] = rec.meta["rejected_requests"]
+    out["kv_cache_groups"] = kv_cache_groups
+    if rejected_requests is not None:  # only when a context length applies (radixkv.replay.context)
+        out["rejected_requests"] = rejected_requests
     return out
 
 

@@ -6,6 +6,16 @@ import io
 from radixkv.util import atomic_write_bytes
 
 
+def _subplots(*args, figsize, dpi, **kwargs):
+    """``plt.subplots`` without pyplot: a :class:`matplotlib.figure.Figure` (Agg output on
+    ``savefig``) and its axes. pyplot's import costs ~0.1–0.3 s of CPU more and keeps a
+    figure manager to close; the PNG bytes are the same."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, dpi=dpi)
+    return fig, fig.subplots(*args, **kwargs)
+
+
 def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: dict | None = None,
                 x: str = "capacity_tokens") -> None:
     """Hit rate against capacity (log x), one line per policy, written atomically as PNG.
@@ -27,12 +37,7 @@ def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: d
         ``host_capacity_tokens`` (``radixkv curve --host-capacities``; linear, as it
         starts at 0).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    fig, ax = _subplots(figsize=(6.4, 4.0), dpi=120)
     for c in doc["curves"]:
         pts = [p for p in c["points"] if metric in p]
         if not pts:
@@ -56,7 +61,6 @@ def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: d
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
 
 
@@ -198,16 +202,11 @@ def plot_sweep(rows: list[dict], path, *, metric: str = "token_hit_rate", x: str
     radixkv.errors.InputError
         Nothing to draw (:func:`sweep_lines`).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from radixkv.report import metric_label
 
     panels = sweep_lines(rows, x=x, metric=metric)
     traces = sorted(panels)
-    fig, axes = plt.subplots(1, len(traces), figsize=(6.4 * len(traces), 4.0), dpi=120, squeeze=False)
+    fig, axes = _subplots(1, len(traces), figsize=(6.4 * len(traces), 4.0), dpi=120, squeeze=False)
     lines = 0
     for ax, tr in zip(axes[0], traces):
         groups = panels[tr]
@@ -229,7 +228,6 @@ def plot_sweep(rows: list[dict], path, *, metric: str = "token_hit_rate", x: str
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
     return lines
 
@@ -279,17 +277,11 @@ def draw_miss_causes(ax, rows) -> bool:
 
 def plot_miss_causes(rows, path, *, title: str = "") -> None:
     """:func:`draw_miss_causes` written atomically to the PNG *path*."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    fig, ax = _subplots(figsize=(6.4, 4.0), dpi=120)
     draw_miss_causes(ax, rows)
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())

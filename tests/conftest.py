@@ -7,7 +7,10 @@ unset. The small token-level golden traces and their golden runs are copied into
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,11 @@ try:  # hypothesis: fewer examples in the default tier, hypothesis's 100 with RA
     _hyp_settings.load_profile("radixkv-slow" if os.environ.get("RADIXKV_SLOW") == "1" else "radixkv-fast")
 except ModuleNotFoundError:
     pass
+
+#: parsed traces are cached (radixkv.trace.cache) in a folder of this run, not the user's
+if "RADIXKV_CACHE_DIR" not in os.environ:
+    os.environ["RADIXKV_CACHE_DIR"] = tempfile.mkdtemp(prefix="radixkv-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["RADIXKV_CACHE_DIR"], True)
 
 DATA = Path(__file__).parent / "data"
 GOLDEN_LOCAL = DATA / "golden"

@@ -26,6 +26,23 @@ _VERB_MODULES = [
     "radixkv.cli.report_cmd",
 ]
 
+#: verb → the module that registers it. A command line naming one of these imports that
+#: module alone (the others pull in Numba, the policies, matplotlib's callers: ~0.5 s);
+#: ``--help``, no verb or a verb not listed here imports them all, so a verb missing from
+#: this table still works (``tests/test_cli_lazy.py`` checks the table against the modules).
+_VERB_MODULE = {
+    "trace": "radixkv.cli.trace_cmd",
+    "memory": "radixkv.cli.memory_cmd",
+    "replay": "radixkv.cli.replay_cmd",
+    "compare": "radixkv.cli.replay_cmd",
+    "curve": "radixkv.cli.replay_cmd",
+    "sweep": "radixkv.cli.sweep_cmd",
+    "sweep-plot": "radixkv.cli.sweep_cmd",
+    "check": "radixkv.cli.check_cmd",
+    "warmup": "radixkv.cli.check_cmd",
+    "report": "radixkv.cli.report_cmd",
+}
+
 
 class Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are two lines: the error, and where the
@@ -37,7 +54,10 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists the options)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``radixkv`` parser. With *argv* whose first word is a verb of
+    :data:`_VERB_MODULE`, only that verb's module is imported and registered;
+    otherwise (``None``, ``--help``, no or an unknown verb) every verb module is."""
     parser = Parser(
         prog="radixkv",
         description="Replay request traces through models of vLLM's and SGLang's prefix caches.",
@@ -47,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"radixkv {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
-    for name in _VERB_MODULES:
+    first = argv[0] if argv else None
+    for name in [_VERB_MODULE[first]] if first in _VERB_MODULE else _VERB_MODULES:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -92,7 +113,8 @@ def _show_input_warning(message, category, filename, lineno, file=None, line=Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     with warnings.catch_warnings():
         warnings.simplefilter("default", InputWarning)

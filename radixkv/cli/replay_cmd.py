@@ -500,7 +500,8 @@ def cmd_compare(args) -> int:
 
         for s, (pool, _) in zip(specs, pools):  # before any compile
             refuse_unfittable(trace, s, pool, limit=args.limit, max_model_len=_context(args))
-    warmup_many(specs, work=None if concurrent else [(s, trace_tokens(trace, args.limit)) for s in specs])
+    warmup_many(specs, work=None if concurrent else [(s, trace_tokens(trace, args.limit)) for s in specs],
+                concurrent=concurrent)
     results = []
     tables: list = []
     remote = _executor(args) != "local"
@@ -584,7 +585,7 @@ def cmd_curve(args) -> int:
     from radixkv.replay.jit import trace_tokens
     from radixkv.replay.run import warmup_many
 
-    warmup_many(specs, work=[(s, trace_tokens(trace, args.limit) * len(caps)) for s in specs])
+    warmup_many(specs, work=[(s, trace_tokens(trace, args.limit) * len(caps)) for s in specs], concurrent=False)
     done = {}
     if _executor(args) != "local":
         cells = [(spec, cap) for spec in specs for cap in caps]

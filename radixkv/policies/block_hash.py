@@ -49,6 +49,8 @@ Choices where the engine leaves the simulator a choice (stated, not hidden):
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from radixkv.errors import ConfigError
@@ -236,13 +238,16 @@ class BlockHashCache(PrefixCache):
     @classmethod
     def class_for_option(cls, value):
         """``lru`` (or none): this class (vLLM's free queue); another eviction policy:
-        :class:`~radixkv.policies.block_priority.PriorityBlockHashCache` with it."""
-        from radixkv.policies.block_priority import PriorityBlockHashCache
-
-        if issubclass(cls, PriorityBlockHashCache):
+        :class:`~radixkv.policies.block_priority.PriorityBlockHashCache` with it. (That
+        module compiles its priority functions on import, ~1 s of cache loads: it is
+        imported only when asked for, or already is when *cls* is one of its classes.)"""
+        prio = sys.modules.get("radixkv.policies.block_priority")
+        if prio is not None and issubclass(cls, prio.PriorityBlockHashCache):
             return cls, ({} if value is None else {"eviction_policy": value})
         if value in (None, "lru"):
             return cls, {}
+        from radixkv.policies.block_priority import PriorityBlockHashCache
+
         if cls is not BlockHashCache:
             raise ConfigError(f"{cls.__name__} has no eviction hook for {value!r}: subclass PriorityBlockHashCache",
                               field="policy")

@@ -96,6 +96,8 @@ Choices (docs/SEMANTICS.md "Choices the golden replays make")
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from radixkv.errors import ConfigError
@@ -301,13 +303,16 @@ class RadixCache(PrefixCache):
     @classmethod
     def class_for_option(cls, value):
         """``lru`` (or none): this class, whose kernels are LRU; another eviction policy:
-        :class:`~radixkv.policies.radix_priority.PriorityRadixCache` with it."""
-        from radixkv.policies.radix_priority import PriorityRadixCache
-
-        if issubclass(cls, PriorityRadixCache):
+        :class:`~radixkv.policies.radix_priority.PriorityRadixCache` with it. (That module
+        compiles its priority functions on import: it is imported only when asked for, or
+        already is when *cls* is one of its classes.)"""
+        prio = sys.modules.get("radixkv.policies.radix_priority")
+        if prio is not None and issubclass(cls, prio.PriorityRadixCache):
             return cls, ({} if value is None else {"eviction_policy": value})
         if value in (None, "lru"):
             return cls, {}
+        from radixkv.policies.radix_priority import PriorityRadixCache
+
         if cls is not RadixCache:
             raise ConfigError(f"{cls.__name__} has no eviction hook for {value!r}: subclass PriorityRadixCache",
                               field="policy")

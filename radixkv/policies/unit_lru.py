@@ -38,6 +38,13 @@ _HEAD, _TAIL, _SIZE, _VALID, _EVICTIONS, _EVICTED_TOK = range(6)
 
 
 @nb.njit(cache=True)
+def _new_index():
+    """An empty typed dict unit key (uint64) → slot (int64). Made in a cached kernel: Numba
+    compiles ``Dict.empty`` called from Python afresh in every process (~0.5–1 s)."""
+    return Dict.empty(key_type=types.uint64, value_type=types.int64)
+
+
+@nb.njit(cache=True)
 def _touch_request(seg_id, seg_end, prompt_len, index, slot_key, slot_tok, prev, nxt, state):
     """Hit then touch/insert one prompt's units; returns (hit_tokens, evicted_tokens)."""
     cap = slot_key.shape[0]
@@ -169,7 +176,7 @@ class UnitLRUCache(PrefixCache):
     def _alloc(self) -> None:
         """Allocate the unit store (a one-pass curve builds caches it never fills)."""
         cap = self.num_slots
-        self._index = Dict.empty(key_type=types.uint64, value_type=types.int64)
+        self._index = _new_index()
         self._slot_key = np.zeros(cap, dtype=np.uint64)
         self._slot_tok = np.zeros(cap, dtype=np.int64)
         self._prev = np.full(cap, -1, dtype=np.int64)

@@ -139,7 +139,8 @@ def use_compiled(family: str) -> None:
 
 
 def is_warm(spec) -> bool:
-    """True when Numba's cache holds every kernel *spec*'s policy needs (nothing compiles).
+    """True when Numba's cache holds every kernel *spec*'s sequential replay needs
+    (nothing compiles).
 
     Probes by running the warm-up's tiny replay with a listener that stops at the
     first ``numba:compile`` event: kernels found in the cache load, the first one that
@@ -155,9 +156,9 @@ def is_warm(spec) -> bool:
     was = is_interpreted(fam)
     use_compiled(fam)
     try:
-        without_compiling(_tiny_run, spec)
+        without_compiling(_tiny_run, spec, False)
         warm = True
-        _WARM.add(spec)
+        _WARM.add((spec, False))
     except ColdCache:
         warm = False
     finally:

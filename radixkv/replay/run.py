@@ -17,6 +17,7 @@ from radixkv.records import Records
 from radixkv.replay.sequential import replay_sequential
 from radixkv.trace.types import Trace
 
+#: (spec, concurrent) pairs warmed in this process (:func:`warmup`)
 _WARM: set = set()
 #: spec -> wall seconds its kernels took to compile or load in this process and not yet
 #: reported by a replay (a warm-up ahead of the replays: warmup_many)
@@ -36,9 +37,10 @@ def _tiny_trace() -> Trace:
     )
 
 
-def _tiny_run(spec: PolicySpec) -> None:
+def _tiny_run(spec: PolicySpec, concurrent: bool = True) -> None:
     """Run every kernel *spec*'s policy uses once, on the tiny trace (compiles them when
-    they are compiled and not yet loaded)."""
+    they are compiled and not yet loaded); with *concurrent* False only those of the
+    sequential replay."""
     from radixkv.errors import ConfigError
 
     # a small pool, so that the tiny trace evicts; a larger one when its requests do not fit
@@ -52,6 +54,8 @@ def _tiny_run(spec: PolicySpec) -> None:
                 raise
             continue
         break
+    if not concurrent:
+        return
     pol.warm_kernels()
     from radixkv.replay import conc_sglang, conc_vllm_fast
 
@@ -59,25 +63,31 @@ def _tiny_run(spec: PolicySpec) -> None:
         driver.warm_for(pol)
 
 
-def warmup(spec: PolicySpec) -> float:
+def warmup(spec: PolicySpec, *, concurrent: bool = True) -> float:
     """Compile (or load from Numba's cache) the kernels *spec*'s policy uses, and use the
     compiled kernels for its family from now on (:mod:`radixkv.replay.jit`;
-    ``RADIXKV_JIT=interpret``: does nothing).
+    ``RADIXKV_JIT=interpret``: does nothing). *concurrent* False: only the sequential
+    replay's kernels (a process that replays sequentially skips loading the batched and
+    concurrent kernels from the cache: ~1–3 s of CPU per process on this machine).
 
     Returns the seconds it took (0 when already warm in this process).
     """
     if jit.mode() == "interpret":
         return 0.0
     jit.mark_compiled(spec)
-    if spec in _WARM:
+    if _is_warm(spec, concurrent):
         return 0.0
     from radixkv.numba_cache import compile_notice
 
     t0 = time.perf_counter()
     with compile_notice(spec.label):
-        _tiny_run(spec)
-    _WARM.add(spec)
+        _tiny_run(spec, concurrent)
+    _WARM.add((spec, concurrent))
     return time.perf_counter() - t0
+
+
+def _is_warm(spec: PolicySpec, concurrent: bool) -> bool:
+    return (spec, True) in _WARM or (spec, concurrent) in _WARM
 
 
 def compile_seconds(spec: PolicySpec) -> float:
@@ -87,7 +97,7 @@ def compile_seconds(spec: PolicySpec) -> float:
     return _UNREPORTED.pop(spec, 0.0)
 
 
-def warmup_many(specs, work=None) -> float:
+def warmup_many(specs, work=None, *, concurrent: bool = True) -> float:
     """Compile the kernels of several policies, different kernel families in parallel.
 
     Numba compiles one function at a time, and a cold cache costs tens of seconds per
@@ -104,6 +114,8 @@ def warmup_many(specs, work=None) -> float:
         The replays planned (prompt + output tokens each). When given, families that
         :func:`radixkv.replay.jit.plan` sets to run interpreted (a cold cache and little
         work, under ``RADIXKV_JIT=auto``) are not compiled.
+    concurrent : bool
+        As :func:`warmup`'s (False: the sequential replay's kernels only).
 
     Returns the wall seconds spent.
     """
@@ -112,7 +124,7 @@ def warmup_many(specs, work=None) -> float:
 
     t0 = time.perf_counter()
     specs = list(specs)
-    cold_at_entry = {s for s in specs if s not in _WARM}
+    cold_at_entry = {s for s in specs if not _is_warm(s, concurrent)}
     if work is not None:
         jit.plan(work)
     if jit.mode() == "interpret":
@@ -121,18 +133,20 @@ def warmup_many(specs, work=None) -> float:
     cold = {}  # one spec per kernel family (the class's ``kernel_family``), in order of first use
     for s in specs:
         fam = s.build_class.kernel_family
-        if s not in _WARM and fam is not None:
+        if not _is_warm(s, concurrent) and fam is not None:
             cold.setdefault(fam, s)
     fams = list(cold.values())
+    if len(fams) >= 2 and not concurrent:  # children pay off only for families that must compile
+        fams = [s for s in fams if not jit.is_warm(s)]
     procs = []
     if len(fams) >= 2:
         code = ("import sys; from radixkv.policies.registry import parse_policy; "
-                "from radixkv.replay.run import warmup; warmup(parse_policy(sys.argv[1]))")
-        procs = [subprocess.Popen([sys.executable, "-c", code, s.ref_text], stdout=subprocess.DEVNULL,
+                "from radixkv.replay.run import warmup; warmup(parse_policy(sys.argv[1]), concurrent=sys.argv[2] == '1')")
+        procs = [subprocess.Popen([sys.executable, "-c", code, s.ref_text, str(int(concurrent))], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL) for s in fams[1:]]
     try:
         if fams:
-            warmup(fams[0])
+            warmup(fams[0], concurrent=concurrent)
         if procs and any(pr.poll() is None for pr in procs):
             print(f"radixkv: waiting for the kernels of {', '.join(s.label for s in fams[1:])}, compiling in "
                   f"{len(procs)} child process(es) ...", file=sys.stderr, flush=True)
@@ -143,7 +157,7 @@ def warmup_many(specs, work=None) -> float:
             if pr.poll() is None:
                 pr.kill()
     for s in specs:
-        warmup(s)
+        warmup(s, concurrent=concurrent)
         if s in cold_at_entry:  # wall seconds until its kernels were ready (children waited for)
             _UNREPORTED.setdefault(s, time.perf_counter() - t0)
     return time.perf_counter() - t0
@@ -226,7 +240,7 @@ def run_replay(
         limit = None
     refuse_unfittable(trace, spec, pool, limit=limit, **options)
     kernels = jit.before_replay(spec, jit.trace_tokens(trace, limit))
-    compile_s = 0.0 if kernels == "interpreted" else (warmup(spec) or compile_seconds(spec))
+    compile_s = 0.0 if kernels == "interpreted" else (warmup(spec, concurrent=False) or compile_seconds(spec))
     policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **options)
     if kernels == "interpreted":
         with np.errstate(over="ignore"):  # numpy scalars wrap as the compiled kernels do

@@ -57,12 +57,12 @@ def span_method(policy: PrefixCache):
     return f
 
 
-def _span_refused(t: Trace, j: int, policy: PrefixCache, label, trace: Trace) -> ConfigError:
+def _span_refused(t: Trace, j: int, policy: PrefixCache, label, name: str) -> ConfigError:
     """The error for request *j* refused inside a span (as the Python path words it)."""
     return ConfigError(
         f"request {str(t.req_id[j])!r} (#{j} in replay order) was refused by {label or policy.name} "
         f"although it fits the empty pool ({t.kv_len(j)} tokens of KV, pool {policy.capacity_tokens})",
-        path=trace.name or None,
+        path=name or None,
         field="capacity",
     )
 
@@ -133,72 +133,13 @@ def replay_sequential(
     cols = {c: np.zeros(n, dtype=np.int64) for c in COLUMNS}
     bar = _progress(n, quiet, label or policy.name)
     t0 = time.perf_counter()
-    prev_evicted = policy.evicted_tokens_total
     # detailed stats (O(pool) for some policies) at about DETAIL_SAMPLES evenly spaced
     # requests of the second half, and at the last request
     half = n // 2
     every = max(1, (n - half) // DETAIL_SAMPLES)
     if not detail:
         half, every = n - 1, 1
-    # a policy may run spans of requests without detail rows inside one kernel call
-    span = span_method(policy)
-    i = 0
-    while i < n:
-        if span is not None:
-            # run up to (not including) the next row that asks for detailed stats
-            if i < half:
-                nxt = min(half, n - 1)
-            else:
-                k = (i - half) % every
-                nxt = i if k == 0 else min(n - 1, i + every - k)
-            nxt = min(nxt, i + SPAN_REQUESTS)
-            if nxt > i:
-                j, status = span(t, i, nxt, cols)
-                if bar is not None:
-                    bar.update(j - i)
-                if j > i:
-                    prev_evicted = policy.evicted_tokens_total
-                if status != 1:
-                    raise _span_refused(t, j, policy, label, trace)
-                if j > i:
-                    i = j
-                    continue
-            else:
-                # a detail row: the span runs the request, the stats come from the policy
-                j, status = span(t, i, i + 1, cols)
-                if status != 1:
-                    raise _span_refused(t, j, policy, label, trace)
-                if j == i + 1:
-                    _put_stats(cols, i, policy.stats(detail=True))
-                    prev_evicted = policy.evicted_tokens_total
-                    if bar is not None:
-                        bar.update(1)
-                    i = j
-                    continue
-                # not run (arrays to grow, or it does not fit the pool: nothing changed):
-                # the Python path below runs it (and raises the same errors)
-        seq = t.kv_seq(i)
-        over = policy.fits_alone(seq)
-        if over > 0:
-            raise cannot_fit_error(policy, seq, over, t.req_id[i], i, label or policy.name, trace.name)
-        adm = policy.run_request(i, seq)
-        if adm is None:
-            raise ConfigError(
-                f"request {str(t.req_id[i])!r} (#{i} in replay order) was refused by {label or policy.name} "
-                f"although it fits the empty pool ({seq.kv_len} tokens of KV, pool {policy.capacity_tokens})",
-                path=trace.name or None,
-                field="capacity",
-            )
-        st = policy.stats(detail=(i >= half and (i - half) % every == 0) or i == n - 1)
-        cols["prompt_tokens"][i] = seq.prompt_len
-        cols["hit_tokens"][i] = adm.hit_tokens
-        cols["held_tokens"][i] = adm.held_tokens
-        cols["evicted_tokens"][i] = policy.evicted_tokens_total - prev_evicted
-        prev_evicted = policy.evicted_tokens_total
-        _put_stats(cols, i, st)
-        if bar is not None:
-            bar.update(1)
-        i += 1
+    replay_rows(t, policy, cols, 0, n, n, half, every, bar=bar, label=label, name=trace.name)
     elapsed = time.perf_counter() - t0
     if bar is not None:
         bar.close()
@@ -213,6 +154,77 @@ def replay_sequential(
               # per KV cache group (hybrid models); None: the policy has one group
               "kv_cache_groups": policy.group_metrics() if hasattr(policy, "group_metrics") else None},
     )
+
+
+def replay_rows(t: Trace, policy: PrefixCache, cols: dict, i: int, end: int, n: int, half: int, every: int, *,
+                bar=None, label: str | None = None, name: str = "") -> None:
+    """Run requests ``i … end−1`` of a replay of *n* requests through *policy*, writing
+    their rows of *cols* (the loop of :func:`replay_sequential`, which calls it once for
+    the whole trace; the streaming replay, :mod:`radixkv.replay.stream`, once per chunk).
+
+    Rows ``r ≥ half`` with ``(r − half) % every == 0`` take detailed stats, and so does row
+    ``n − 1``. *t*'s columns and *cols* are indexed by the row in the whole replay; *name*
+    (the trace's) is the path in errors, which are :func:`replay_sequential`'s.
+    """
+    prev_evicted = policy.evicted_tokens_total
+    # a policy may run spans of requests without detail rows inside one kernel call
+    span = span_method(policy)
+    while i < end:
+        if span is not None:
+            # run up to (not including) the next row that asks for detailed stats
+            if i < half:
+                nxt = min(half, n - 1)
+            else:
+                k = (i - half) % every
+                nxt = i if k == 0 else min(n - 1, i + every - k)
+            nxt = min(nxt, i + SPAN_REQUESTS, end)
+            if nxt > i:
+                j, status = span(t, i, nxt, cols)
+                if bar is not None:
+                    bar.update(j - i)
+                if j > i:
+                    prev_evicted = policy.evicted_tokens_total
+                if status != 1:
+                    raise _span_refused(t, j, policy, label, name)
+                if j > i:
+                    i = j
+                    continue
+            else:
+                # a detail row: the span runs the request, the stats come from the policy
+                j, status = span(t, i, i + 1, cols)
+                if status != 1:
+                    raise _span_refused(t, j, policy, label, name)
+                if j == i + 1:
+                    _put_stats(cols, i, policy.stats(detail=True))
+                    prev_evicted = policy.evicted_tokens_total
+                    if bar is not None:
+                        bar.update(1)
+                    i = j
+                    continue
+                # not run (arrays to grow, or it does not fit the pool: nothing changed):
+                # the Python path below runs it (and raises the same errors)
+        seq = t.kv_seq(i)
+        over = policy.fits_alone(seq)
+        if over > 0:
+            raise cannot_fit_error(policy, seq, over, t.req_id[i], i, label or policy.name, name)
+        adm = policy.run_request(i, seq)
+        if adm is None:
+            raise ConfigError(
+                f"request {str(t.req_id[i])!r} (#{i} in replay order) was refused by {label or policy.name} "
+                f"although it fits the empty pool ({seq.kv_len} tokens of KV, pool {policy.capacity_tokens})",
+                path=name or None,
+                field="capacity",
+            )
+        st = policy.stats(detail=(i >= half and (i - half) % every == 0) or i == n - 1)
+        cols["prompt_tokens"][i] = seq.prompt_len
+        cols["hit_tokens"][i] = adm.hit_tokens
+        cols["held_tokens"][i] = adm.held_tokens
+        cols["evicted_tokens"][i] = policy.evicted_tokens_total - prev_evicted
+        prev_evicted = policy.evicted_tokens_total
+        _put_stats(cols, i, st)
+        if bar is not None:
+            bar.update(1)
+        i += 1
 
 
 def cannot_fit_error(policy, seq, over: int, req_id, i: int, label: str, path) -> ConfigError:

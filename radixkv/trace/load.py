@@ -38,7 +38,9 @@ def load_trace(path, format: str | None = None, **options) -> Trace:  # noqa: A0
     Returns
     -------
     Trace
-        In replay order.
+        In replay order. A text trace file read before with the same bytes, format and
+        options comes from the binary cache of :mod:`radixkv.trace.cache` (the same
+        columns; ``RADIXKV_TRACE_CACHE=off`` parses every time).
 
     Raises
     ------
@@ -52,8 +54,10 @@ def load_trace(path, format: str | None = None, **options) -> Trace:  # noqa: A0
         raise TraceFormatError("no such file or directory", path=path)
     module, func = _READERS[fmt]
     reader = getattr(importlib.import_module(module), func)
+    from radixkv.trace.cache import cached_read
+
     try:
-        return reader(path, **options)
+        return cached_read(path, fmt, options, lambda: reader(path, **options))
     except TypeError as e:
         if options and "unexpected keyword" in str(e):
             raise TraceFormatError(f"option not understood by the {fmt} reader: {e}", path=path) from None
