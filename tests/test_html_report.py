@@ -268,7 +268,7 @@ def test_headline_table_first_with_the_policies_as_columns(demo_report):
     assert all(_same(v, cols[n % len(cols)].get(k)) for n, (k, v) in enumerate(head["cells"]))
     # the policies head the columns; the concurrent replay reads apart from the sequential one
     m = re.search(r'<table class="headline" id="headline"><thead><tr><th></th>(.*?)</tr>', page)
-    assert re.findall(r"<th>(.*?)</th>", m.group(1)) == ["vllm:16", "vllm:32", "sglang:1", "none:1",
+    assert re.findall(r"<th>(.*?)</th>", m.group(1)) == ["vllm:16", "vllm:32", "sglang:1", "none:16",
                                                           "vllm:16 (concurrent)"]
     # a sequential replay has no TTFT, a concurrent one counts no evictions: n/a, never 0
     assert dict(head["cells"][3 * len(cols):3 * len(cols) + 4]) == {"ttft_p50_s": "null"}

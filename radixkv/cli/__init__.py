@@ -38,9 +38,11 @@ _VERB_MODULE = {
     "curve": "radixkv.cli.replay_cmd",
     "sweep": "radixkv.cli.sweep_cmd",
     "sweep-plot": "radixkv.cli.sweep_cmd",
+    "sweep-show": "radixkv.cli.sweep_cmd",
     "check": "radixkv.cli.check_cmd",
     "warmup": "radixkv.cli.check_cmd",
     "report": "radixkv.cli.report_cmd",
+    "plan": "radixkv.cli.plan_cmd",
 }
 
 

@@ -132,7 +132,8 @@ def _check_row(row, p: Path) -> dict:
         if row.get(k) is not None:
             validate.table(row[k], path=p, line=1, field=k)
     for k, v in row["metrics"].items():
-        if not isinstance(v, (str, dict, list)):
+        # numbers (finite, or null: n/a); flags (``overloaded``) and structured values pass as they are
+        if not isinstance(v, (str, dict, list, bool)):
             validate.number(v, path=p, line=1, field=f"metrics.{k}", null=True)
     return row
 
