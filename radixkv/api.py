@@ -185,7 +185,7 @@ def replay(
     return res
 
 
-def summarize(result, *, evictions: int | None = None) -> dict:
+def summarize(result, *, evictions: int | None = None, measure_last: float | None = None) -> dict:
     """Summary metrics of a replay, as the CLI prints and writes them.
 
     Parameters
@@ -195,6 +195,11 @@ def summarize(result, *, evictions: int | None = None) -> dict:
         / :func:`~radixkv.replay.concurrent.replay_concurrent`).
     evictions : int or None
         Eviction events of the policy (sequential; default the count :func:`replay` kept).
+    measure_last : float or None
+        Sequential replays: also the hit metrics over the last share F in (0, 1] of the
+        requests, under ``measure_window`` (:func:`radixkv.metrics.window_summary`; 0.5 is
+        kvcache-simulator's convention, hit rate over the last 50 % of requests). None
+        (default): no window; the other keys never change with it.
 
     Returns
     -------
@@ -202,6 +207,13 @@ def summarize(result, *, evictions: int | None = None) -> dict:
         ``policy`` (the label) and the metrics of :func:`radixkv.metrics.summarize`
         (sequential) or :meth:`ConcurrentResult.summary` (concurrent); plain Python
         numbers, deterministic.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        A *measure_last* outside (0, 1], or given for a concurrent result.
+    TypeError
+        When *result* is not what :func:`replay` returns.
     """
     from radixkv.records import Records
 
@@ -209,7 +221,10 @@ def summarize(result, *, evictions: int | None = None) -> dict:
         from radixkv.metrics import summarize as _summarize
 
         ev = result.meta.get("evictions") if evictions is None else evictions
-        return _summarize(result, evictions=ev)
+        return _summarize(result, evictions=ev, measure_last=measure_last)
+    if measure_last is not None:
+        raise ConfigError("measure_last is a metric of the sequential replay (each request alone, in trace order); "
+                          "a concurrent result has none", field="measure_last")
     if hasattr(result, "summary"):
         return {"policy": result.meta.get("policy"), **result.summary()}
     raise TypeError(f"cannot summarise a {type(result).__name__}: give what radixkv.replay returned")

@@ -34,6 +34,10 @@ Definitions (docs/DESIGN.md, "Metrics"); every key carries its unit (``_tokens``
   (32 evenly spaced requests of the second half; −1 elsewhere; see
   :func:`radixkv.replay.sequential.replay_sequential`).
 - evictions = eviction events and tokens evicted.
+- measurement window (only when asked, ``measure_last=F``): ``measure_window`` with the
+  hit metrics above over the last share F of the replayed requests
+  (:func:`window_summary`; the convention of kvcache-simulator, which reports hit rate over
+  the last 50 % of requests); every whole-replay metric is unchanged by it.
 - miss causes (only when the records carry them, ``miss_causes=True``): ``miss_causes``
   with the tokens and shares of prompt tokens that were hits and misses by cause
   (:func:`radixkv.metrics.summarize_causes`; docs/DESIGN.md, "Miss causes").
@@ -42,6 +46,8 @@ Definitions (docs/DESIGN.md, "Metrics"); every key carries its unit (``_tokens``
 request (time is not modelled there: every request runs alone).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -93,7 +99,78 @@ def hit_length_histogram(hit_tokens: np.ndarray, counts: np.ndarray | None = Non
     return {"edges_tokens": [int(e) for e in edges], "counts": [int(c) for c in counts]}
 
 
-def summarize(rec: Records, *, evictions: int | None = None, measures: dict | None = None) -> dict:
+def window_start(n: int, measure_last: float) -> int:
+    """First request (0-based row) of the measurement window over the last share
+    *measure_last* of *n* requests: ``⌊n·(1 − F)⌋``, as kvcache-simulator counts its warm-up
+    (``warmup_requests = ⌊n·warmup_fraction⌋``, kvcache_sim/simulator.py
+    ``warmup_requests_for_trace``; its window is F = 1 − warmup_fraction = 0.5). F is read
+    as the decimal it prints as, so 0.3 of 10 requests is the last 3 exactly.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When *measure_last* is not a number in (0, 1] (``field="measure_last"``).
+    """
+    from fractions import Fraction
+
+    from radixkv.errors import ConfigError
+
+    try:
+        f = float(measure_last)
+    except (TypeError, ValueError):
+        raise ConfigError(f"measure_last must be a fraction of the requests in (0, 1], got {measure_last!r}",
+                          field="measure_last") from None
+    if isinstance(measure_last, bool) or not (0.0 < f <= 1.0):
+        raise ConfigError(f"measure_last must be a fraction of the requests in (0, 1] (0.5: the last half), "
+                          f"got {measure_last!r}", field="measure_last")
+    return math.floor(int(n) * (1 - Fraction(repr(f))))
+
+
+def window_summary(columns: dict, n: int, measure_last: float) -> dict:
+    """Hit metrics over the last share *measure_last* of the *n* replayed requests.
+
+    Parameters
+    ----------
+    columns : dict
+        The record columns ``prompt_tokens`` and ``hit_tokens`` (int64 arrays, shape (n,),
+        tokens, in replay order).
+    n : int
+        Rows of the replay.
+    measure_last : float
+        F in (0, 1]: the window is rows ``⌊n·(1 − F)⌋ … n − 1`` (:func:`window_start`).
+        The cache is warmed by every earlier request; only the window's requests are counted.
+
+    Returns
+    -------
+    dict: ``measure_last`` (F), ``first_request`` (0-based row), ``requests``,
+    ``prompt_tokens``, ``hit_tokens`` (tokens), and ``token_hit_rate``,
+    ``request_hit_rate``, ``mean_request_hit_ratio`` (the definitions of the whole
+    replay's keys, over the window; ``None`` when the window is empty).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When *measure_last* is not in (0, 1].
+    """
+    i0 = window_start(n, measure_last)
+    prompt = np.asarray(columns["prompt_tokens"][i0:n], dtype=np.int64)
+    hit = np.asarray(columns["hit_tokens"][i0:n], dtype=np.int64)
+    m = n - i0
+    tp, th = int(prompt.sum()), int(hit.sum())
+    return {
+        "measure_last": float(measure_last),
+        "first_request": int(i0),
+        "requests": int(m),
+        "prompt_tokens": tp,
+        "hit_tokens": th,
+        "token_hit_rate": th / tp if tp else None,
+        "request_hit_rate": float((hit > 0).sum()) / m if m else None,
+        "mean_request_hit_ratio": float(np.mean(hit / prompt)) if m else None,
+    }
+
+
+def summarize(rec: Records, *, evictions: int | None = None, measures: dict | None = None,
+              measure_last: float | None = None) -> dict:
     """Summary metrics of one sequential replay (see the module docstring for definitions).
 
     Parameters
@@ -120,10 +197,13 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
     if "miss_compulsory_tokens" in c:  # the replay ran with miss causes (radixkv.replay.misses)
         mc = summarize_causes(c, agg["prompt_tokens"], agg["hit_tokens"])
         mc["unbounded_pool_tokens"] = rec.meta.get("miss_unbounded_pool_tokens")
-    return summary_of(agg, policy=rec.policy, num_slots=rec.num_slots, slot_tokens=rec.slot_tokens,
-                      capacity_tokens=rec.capacity_tokens, evictions=evictions, measures=measures,
-                      miss_causes=mc, kv_cache_groups=rec.meta.get("kv_cache_groups"),
-                      rejected_requests=rec.meta.get("rejected_requests"))
+    out = summary_of(agg, policy=rec.policy, num_slots=rec.num_slots, slot_tokens=rec.slot_tokens,
+                     capacity_tokens=rec.capacity_tokens, evictions=evictions, measures=measures,
+                     miss_causes=mc, kv_cache_groups=rec.meta.get("kv_cache_groups"),
+                     rejected_requests=rec.meta.get("rejected_requests"))
+    if measure_last is not None:
+        out["measure_window"] = window_summary(c, len(rec), measure_last)
+    return out
 
 
 def column_aggregates(c: dict, n: int) -> dict:

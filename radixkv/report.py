@@ -6,7 +6,7 @@ rows (metric key, label, format) of the two replay modes.
 """
 from __future__ import annotations
 
-__all__ = ["format_table", "metric_label", "SEQUENTIAL_ROWS", "CONCURRENT_ROWS", "MISS_ROWS"]
+__all__ = ["format_table", "metric_label", "SEQUENTIAL_ROWS", "CONCURRENT_ROWS", "MISS_ROWS", "WINDOW_ROWS"]
 
 SEQUENTIAL_ROWS = [
     ("requests", "requests", "{:,}"),
@@ -52,6 +52,17 @@ MISS_ROWS = [
     ("miss_causes.fix.capacity_tokens_to_halve", "pool halving capacity misses (tokens)", "{:,}"),
     ("miss_causes.fix.smaller_size", "next smaller block/page size", "{:,}"),
     ("miss_causes.fix.hit_tokens_gained_at_smaller_size", "hit tokens gained at that size (< 0: lost)", "{:+,}"),
+]
+
+
+#: rows added when a summary has a measurement window (``--measure-last``,
+#: :func:`radixkv.metrics.window_summary`)
+WINDOW_ROWS = [
+    ("measure_window.measure_last", "window: last share of requests", "{:.4g}"),
+    ("measure_window.requests", "window: requests", "{:,}"),
+    ("measure_window.token_hit_rate", "window: token hit rate", "{:.4f}"),
+    ("measure_window.request_hit_rate", "window: request hit rate", "{:.4f}"),
+    ("measure_window.mean_request_hit_ratio", "window: mean per-request hit ratio", "{:.4f}"),
 ]
 
 
@@ -112,7 +123,7 @@ def metric_label(key: str, *, concurrent: bool = False) -> str:
     concurrent table's first when *concurrent*), else the key in words (``_`` as spaces, a
     ``_s`` suffix as ``(s)``, ``_tokens`` as ``(tokens)``)."""
     specs = ((CONCURRENT_ROWS, HOST_CONCURRENT_ROWS) if concurrent else ()) + (
-        SEQUENTIAL_ROWS, MISS_ROWS, CONCURRENT_ROWS, HOST_CONCURRENT_ROWS, STORAGE_ROWS)
+        SEQUENTIAL_ROWS, WINDOW_ROWS, MISS_ROWS, CONCURRENT_ROWS, HOST_CONCURRENT_ROWS, STORAGE_ROWS)
     for spec in specs:
         for k, label, _ in spec:
             if k == key:
@@ -147,7 +158,8 @@ def format_table(summaries: list[dict], timing: bool = True, rows_spec=None) -> 
     rows_spec : list of (key, label, format) or None
         The metric rows; default :data:`SEQUENTIAL_ROWS` (:data:`CONCURRENT_ROWS` for a
         concurrent replay's summary). A metric that is missing, None or NaN prints "n/a".
-        :data:`MISS_ROWS` follow when a summary has ``miss_causes``.
+        :data:`WINDOW_ROWS` follow when a summary has ``measure_window``, then
+        :data:`MISS_ROWS` when one has ``miss_causes``.
 
     Returns
     -------
@@ -157,6 +169,8 @@ def format_table(summaries: list[dict], timing: bool = True, rows_spec=None) -> 
     head = ["metric"] + [s["policy"] for s in summaries]
     rows = [head]
     spec = list(rows_spec or SEQUENTIAL_ROWS)
+    if any("measure_window" in s for s in summaries):
+        spec += WINDOW_ROWS
     if any("miss_causes" in s for s in summaries):
         spec += [r for r in MISS_ROWS if not r[0].startswith("miss_causes.fix.")
                  or any(_get(s, "miss_causes.fix") for s in summaries)]

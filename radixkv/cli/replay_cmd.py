@@ -311,6 +311,7 @@ def cmd_replay(args) -> int:
     from radixkv.replay.run import run_replay
 
     _check_miss_args(args)
+    _check_window_arg(args)
     _traffic.check_traffic_args(args)
     if getattr(args, "explain", None) is not None:
         return _explain(args, spec, pool)
@@ -333,7 +334,7 @@ def cmd_replay(args) -> int:
         _concurrent_fix(trace, spec, pool, args, summ)
     else:
         rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_verify_option(args),
-                               **_miss_options(args), max_model_len=_context(args))
+                               **_miss_options(args), max_model_len=_context(args), measure_last=args.measure_last)
     add_host_tier_bytes(summ, args)
     out = human(*outs)
     print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; {args.mode} replay; "
@@ -487,6 +488,7 @@ def cmd_compare(args) -> int:
     specs = _policies(args)
     refuse_moot_policy_flags(args, specs, per_engine_rule=args.per_engine_rule)
     _check_miss_args(args)
+    _check_window_arg(args)
     pools = [pool_for_policy(args, s, per_engine_rule=args.per_engine_rule) for s in specs]
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
@@ -523,7 +525,7 @@ def cmd_compare(args) -> int:
             _concurrent_fix(trace, spec, pool, args, summ)
         else:
             rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_miss_options(args),
-                                   max_model_len=_context(args))
+                                   max_model_len=_context(args), measure_last=args.measure_last)
         results.append((spec, summ))
         recs.append((spec, pool, rec))
         if args.report:
@@ -564,6 +566,7 @@ def cmd_curve(args) -> int:
     refuse_moot_policy_flags(args, specs)
     if args.miss_causes and _executor(args) != "local":
         raise ConfigError("--miss-causes runs on the local executor", field="miss_causes")
+    _check_window_arg(args)
     try:
         caps = [_int_tokens(c) for c in args.capacities.split(",") if c.strip()]
     except argparse.ArgumentTypeError as e:
@@ -577,6 +580,9 @@ def cmd_curve(args) -> int:
     if not caps:
         raise ConfigError("--capacities is empty", field="capacities")
     if args.host_capacities is not None:
+        if args.measure_last is not None:
+            raise ConfigError("--measure-last is not reported by the host-capacity curve (--host-capacities): drop one",
+                              field="measure_last")
         return _host_curve(args, specs, caps, outs)
     if args.single_tier is not None:
         raise ConfigError("--single-tier goes with --host-capacities", field="single_tier")
@@ -596,7 +602,8 @@ def cmd_curve(args) -> int:
     for spec in specs:
         pts = []
         results = ([done[spec, cap] for cap in caps] if done
-                   else run_curve(trace, spec, caps, limit=args.limit, quiet=args.quiet))
+                   else run_curve(trace, spec, caps, limit=args.limit, quiet=args.quiet,
+                                  measure_last=args.measure_last))
         for cap, res in zip(caps, results):
             if isinstance(res, Exception) and not isinstance(res, ConfigError):
                 raise res
@@ -616,6 +623,8 @@ def cmd_curve(args) -> int:
                 "evicted_tokens": s["evicted_tokens"],
                 **({} if args.no_timing else {"replay_s": s["timing_s"]["replay"]}),
             })
+            if args.measure_last is not None:
+                pts[-1]["measure_window"] = s["measure_window"]
             if args.miss_causes:
                 from radixkv.replay.misses import causes_at_capacity
 
@@ -818,6 +827,36 @@ def _miss_options(args) -> dict:
     return {"miss_causes": "fix" if fix else True}
 
 
+def _add_window_arg(p):
+    p.add_argument("--measure-last", type=float, default=None, metavar="FRACTION",
+                   help="also report the hit metrics over the last FRACTION (0 < F <= 1) of the replayed requests, "
+                        "the earlier ones only warming the cache (0.5: kvcache-simulator's 'last 50 %% of requests'; "
+                        "the window starts at request floor(n*(1-F))); sequential replay only; the whole-replay "
+                        "metrics are unchanged (default: no window)")
+
+
+def _check_window_arg(args) -> None:
+    """``--measure-last``: a share in (0, 1], on the sequential single-pool local replay
+    (the windowed metrics are of :func:`radixkv.metrics.window_summary`)."""
+    f = getattr(args, "measure_last", None)
+    if f is None:
+        return
+    from radixkv.metrics import window_start
+
+    window_start(0, f)
+    if getattr(args, "mode", "sequential") == "concurrent":
+        raise ConfigError("--measure-last is a metric of the sequential replay (each request alone, in trace order): "
+                          "drop it or --mode concurrent", field="measure_last")
+    if getattr(args, "replicas", None) is not None and _routing.routed(args):
+        raise ConfigError("--measure-last is a metric of the one-pool sequential replay: drop it or --replicas",
+                          field="measure_last")
+    if getattr(args, "explain", None) is not None:
+        raise ConfigError("--measure-last is a metric of the replay; --explain replaces the replay by one request's "
+                          "explanation: drop one", field="measure_last")
+    if (getattr(args, "executor", None) is not None or getattr(args, "scheduler", None)) and _executor(args) != "local":
+        raise ConfigError("--measure-last runs on the local executor", field="measure_last")
+
+
 def _add_policy_size_args(p):
     p.add_argument("--block-size", type=int, default=None, metavar="TOKENS",
                    help="vLLM block_size in tokens for vllm/none/static specs without :SIZE (default 16)")
@@ -844,6 +883,7 @@ def register(sub) -> None:
     p.add_argument("--verify", action="store_true",
                    help="vllm: compare the stored ids on every block-hash hit (slower; default off)")
     p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
+    _add_window_arg(p)
     _add_miss_args(p)
     _traffic.add_traffic_args(p)
     p.add_argument("--explain", metavar="REQUEST_ID", default=None,
@@ -865,6 +905,7 @@ def register(sub) -> None:
     add_json_arg(p, "every policy's summary")
     add_report_arg(p)
     p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
+    _add_window_arg(p)
     _add_miss_args(p)
     p.add_argument("--miss-plot", metavar="OUT.png", default=None,
                    help="write a stacked bar per policy of the miss causes to OUT.png (implies --miss-causes)")
@@ -897,6 +938,7 @@ def register(sub) -> None:
     add_json_arg(p, "the curves")
     add_report_arg(p)
     p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
+    _add_window_arg(p)
     p.add_argument("--miss-causes", action="store_true",
                    help="add the totals and shares of the miss causes to every point (one pair of shadow replays "
                         "per policy serves all capacities; docs/DESIGN.md)")

@@ -26,6 +26,7 @@ def run_curve(
     limit: int | None = None,
     quiet: bool = True,
     one_pass: bool = True,
+    measure_last: float | None = None,
 ) -> list:
     """Sequential replays of *trace* through *spec* at every capacity (tokens).
 
@@ -42,6 +43,9 @@ def run_curve(
     one_pass : bool
         Use the policy's one-pass ``replay_curve`` when it has one (default); False forces
         one replay per capacity.
+    measure_last : float or None
+        Add each summary's ``measure_window``: the hit metrics over the last share F in
+        (0, 1] of the requests (:func:`radixkv.metrics.window_summary`); None: off.
 
     Returns
     -------
@@ -51,6 +55,10 @@ def run_curve(
     summary's ``timing_s["replay"]`` is the pass's time divided by the number of
     capacities it served, and ``timing_s["one_pass"]`` is True.
     """
+    if measure_last is not None:
+        from radixkv.metrics import window_start
+
+        window_start(0, measure_last)  # a bad fraction fails before any work
     caps = [int(c) for c in capacities_tokens]
     out: list = [None] * len(caps)
     pols = {}
@@ -72,7 +80,8 @@ def run_curve(
         recs = cls.replay_curve(trace, [pols[i] for i in idx], limit=limit, label=spec.label)
         total = time.perf_counter() - t0
         for i, rec in zip(idx, recs):
-            s = summarize(rec, evictions=rec.meta.get("evictions"), measures=measured_metrics(cls))
+            s = summarize(rec, evictions=rec.meta.get("evictions"), measures=measured_metrics(cls),
+                          measure_last=measure_last)
             rs = total / len(idx)
             tokens = int(np.sum(rec["prompt_tokens"]))
             s["timing_s"] = {"compile": compile_s if i == idx[0] else 0.0, "replay": rs,
@@ -84,7 +93,8 @@ def run_curve(
         if out[i] is not None:
             continue
         try:
-            out[i] = run_replay(trace, spec, PoolSpec(capacity_tokens=cap), limit=limit, quiet=quiet)
+            out[i] = run_replay(trace, spec, PoolSpec(capacity_tokens=cap), limit=limit, quiet=quiet,
+                                measure_last=measure_last)
         except ConfigError as e:
             out[i] = e
     return out

@@ -205,6 +205,7 @@ def run_replay(
     quiet: bool = True,
     miss_causes: bool = False,
     max_model_len: int | None = None,
+    measure_last: float | None = None,
     **options,
 ) -> tuple[Records, dict]:
     """Replay *trace* sequentially through a fresh *spec* policy on *pool*.
@@ -212,7 +213,9 @@ def run_replay(
     *max_model_len* (tokens; None: no limit) removes the requests the policy's engine
     refuses for the context length and clips outputs first
     (:func:`radixkv.replay.context.apply_context_limit`); the summary then has
-    ``rejected_requests``.
+    ``rejected_requests``. *measure_last* (a share F in (0, 1]; None: off) adds
+    ``summary["measure_window"]``, the hit metrics over the last F of the replayed requests
+    (:func:`radixkv.metrics.window_summary`).
 
     Returns
     -------
@@ -230,8 +233,13 @@ def run_replay(
     Raises
     ------
     radixkv.errors.ConfigError
-        From the policy (pool too small) or the replay (a request larger than the pool).
+        From the policy (pool too small) or the replay (a request larger than the pool), or
+        a *measure_last* outside (0, 1] (checked before the replay).
     """
+    if measure_last is not None:
+        from radixkv.metrics import window_start
+
+        window_start(0, measure_last)  # a bad fraction fails before any work
     ctx = None
     if max_model_len is not None:
         from radixkv.replay.context import apply_context_limit, engine_of
@@ -256,7 +264,8 @@ def run_replay(
         from radixkv.replay.misses import attach_miss_causes, what_would_fix
 
         miss_s = attach_miss_causes(trace, spec, rec, limit=limit, **options)
-    summary = summarize(rec, evictions=policy.evictions, measures=measured_metrics(policy))
+    summary = summarize(rec, evictions=policy.evictions, measures=measured_metrics(policy),
+                        measure_last=measure_last)
     summary["timing_s"] = {"compile": compile_s, "replay": rec.meta["replay_s"], "kernels": kernels or "none"}
     if miss_causes:
         summary["timing_s"]["miss_causes"] = miss_s
