@@ -19,7 +19,8 @@ both conventions from one replay:
   ``vllm:512`` (block = the trace's hash unit);
 - kvcache-simulator's ``lru`` and ``optimal`` (Belady on the trie) and its ceiling at the
   same 8 capacities (``capacity_tokens // 512`` blocks, given as GiB of llama-3.1-8b bf16:
-  2^26 bytes per block, so ``blocks / 16`` GiB is exact).
+  2^26 bytes per block, so ``blocks / 16`` GiB is exact), and its ``lru`` once more on the
+  trace with the partial last block dropped (the same hypothesis under its eviction rule).
 
 Each configuration is replayed once (one curve); the engine policies only from 1 M tokens
 (below that a request does not fit). Without kvcache-simulator installed the script says so
@@ -27,7 +28,7 @@ and writes nothing (the committed result stays).
 
     python experiments/fig_mooncake_kvsim.py [--quick]   # writes results/mooncake_kvsim.{json,png}
 
-Full: ~5 min on 2 idle cores; --quick: first 4,000 requests, unit-lru and kvcache-simulator only.
+Full: ~0.2 min on 2 idle cores; --quick: first 4,000 requests, unit-lru and kvcache-simulator only.
 """
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ HYPOTHESES = [
      ("kvcache-simulator lru", "last_50"), CAPS),
     ("partial last block dropped (last 50 %)", ("unit-lru", "last_50"),
      ("unit-lru, partial block dropped", "last_50"), CAPS),
+    ("partial last block dropped, under kvcache-simulator's trie LRU", ("kvcache-simulator lru", "last_50"),
+     ("kvcache-simulator lru, partial block dropped", "last_50"), CAPS),
     ("partial last block counted as 512 tokens (last 50 %)", ("unit-lru", "last_50"),
      ("unit-lru, partial block as 512", "last_50"), CAPS),
     ("outputs cached -> not cached (vllm:16, last 50 %)", ("vllm:16", "last_50"), ("vllm:16, no outputs", "last_50"),
@@ -114,17 +117,32 @@ def _rates(d: dict) -> dict:
     return {k: d[k] for k in ("token_hit_rate", "mean_request_hit_ratio", "hit_tokens", "prompt_tokens")}
 
 
-def run_kvsim(path, limit):
-    """kvcache-simulator's lru and optimal at the 8 capacities (its C++ backend), or None."""
+def _kvs_lines(tr: Trace):
+    """*tr* as Mooncake JSON lines (what kvcache-simulator reads; ids as they are)."""
+    import json
+
+    off = np.asarray(tr.id_offsets, dtype=np.int64)
+    for i in range(len(tr)):
+        yield json.dumps({"timestamp": 0, "input_length": int(tr.prompt_len[i]), "output_length": 0,
+                          "hash_ids": tr.ids[off[i]:off[i + 1]].tolist()})
+
+
+def run_kvsim(path, limit, variant_trace=None):
+    """kvcache-simulator's lru and optimal at the 8 capacities (its C++ backend), or None
+    when it is not installed. *variant_trace*: replay that in-memory trace instead of the
+    file (the partial-block hypothesis under its trie LRU)."""
     try:
         from importlib.metadata import version
 
         from kvcache_sim.simulator import run_sweep
-        from kvcache_sim.trace import parse_trace_file
+        from kvcache_sim.trace import parse_trace_file, parse_trace_lines
     except ImportError:
         return None
     v = version("kvcache-simulator")
-    kt = parse_trace_file(path, block_size=UNIT, max_records=limit or 0)
+    if variant_trace is None:
+        kt = parse_trace_file(path, block_size=UNIT, max_records=limit or 0)
+    else:
+        kt = parse_trace_lines(_kvs_lines(variant_trace), block_size=UNIT)
     blocks = [c // UNIT for c in CAPS]
     res = run_sweep(kt, model_id=KVS_MODEL, budgets_gib=[b / BLOCKS_PER_GIB for b in blocks],
                     policies=["lru", "optimal"], backend="cpp", warmup_fraction=1 - LAST)
@@ -159,6 +177,7 @@ def main() -> None:
         print(f"kvcache-simulator is not installed (pip install kvcache-simulator=={KVS_PIN}): skipped, "
               f"results/mooncake_kvsim.json left as it is", file=sys.stderr)
         sys.exit(0)
+    kvs_drop = run_kvsim(path, limit, variant(tr, "drop_partial"))
     configs = [c for c in CONFIGS if not (C.QUICK and c[1] != "unit-lru")]
     warmup_many([parse_policy(p) for p in dict.fromkeys(c[1] for c in configs)], concurrent=False)
     hit = infinite_cache_hits(tr)
@@ -178,16 +197,17 @@ def main() -> None:
             print(f"{name:>32} {cap:>11,}: whole {s['token_hit_rate']:.4f}  last 50 % "
                   f"{s['measure_window']['token_hit_rate']:.4f}", flush=True)
         curves[name] = {"policy": pol, "trace_variant": kind, "what": what, "points": pts}
-    for pol in ("lru", "optimal"):
-        curves[f"kvcache-simulator {pol}"] = {
-            "policy": f"kvcache-simulator {kvs['version']} {pol}", "trace_variant": None,
-            "what": "the Mooncake team's simulator: trie of 512-token blocks, leaf eviction, last 50 % of requests",
+    for pol, src, kind in (("lru", kvs, None), ("optimal", kvs, None), ("lru", kvs_drop, "drop_partial")):
+        curves[f"kvcache-simulator {pol}" + (", partial block dropped" if kind else "")] = {
+            "policy": f"kvcache-simulator {kvs['version']} {pol}", "trace_variant": kind,
+            "what": "the Mooncake team's simulator: trie of 512-token blocks, leaf eviction, last 50 % of requests"
+                    + (" (trace with the partial last block dropped)" if kind else ""),
             "points": [{"capacity_tokens": p["capacity_tokens"], "whole": None,
                         "last_50": None if p[pol] is None else {"token_hit_rate": p[pol]["token_hit_rate"],
                                                                 "hit_tokens": p[pol]["hit_tokens"],
                                                                 "prompt_tokens": p[pol]["measured_tokens"],
                                                                 "mean_request_hit_ratio": None}}
-                       for p in kvs["points"]]}
+                       for p in src["points"]]}
 
     def rate(cfg, conv, cap):
         c = curves.get(cfg)

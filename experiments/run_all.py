@@ -30,7 +30,7 @@ SCRIPTS = [
     ("tab_memory_calibration", "memory_calibration.json: the memory model against published vLLM/SGLang start-up logs (error table), KV bytes per token and per request for MHA/GQA/MLA (C12, C16)", 0.1, 0.1),
     ("tab_e2e_clock", "e2e_clock.json: the concurrent replay's clock against 10 published vLLM benchmark_serving runs (TTFT, TPOT, throughput error per run and median/p90; roofline and a per-step-overhead what-if)", 0.5, 0.5),
     ("fig_mooncake_curve", "mooncake_curve.{json,png}: Mooncake FAST'25 Fig. 9, both hit-rate definitions, read-off bands, 41 %-of-max check", 2, 0.3),
-    ("fig_mooncake_kvsim", "mooncake_kvsim.{json,png}: Fig. 9 point by point against the Mooncake team's kvcache-simulator, whole trace vs last 50 % of requests, the gap's hypotheses tested (needs kvcache-simulator==0.1.3; skipped without it)", 5, 0.2),
+    ("fig_mooncake_kvsim", "mooncake_kvsim.{json,png}: Fig. 9 point by point against the Mooncake team's kvcache-simulator, whole trace vs last 50 % of requests, the gap's hypotheses tested (needs kvcache-simulator==0.1.3; skipped without it)", 0.2, 0.1),
     ("fig_capacity", "capacity.json, capacity_curves.png, hit_lengths.png, alignment.png: hit rate vs capacity per policy on each public trace; fp8 vs bf16 pools (C5, C13, C17)", 8, 1),
     ("tab_workloads", "workloads.{json,png}: hit-rate spread, concentration, cross-session share on real traces; 5-seed synthetic ablations (C3, C5, C7, C10, C13, C18)", 5, 2),
     ("tab_misses", "misses.json: why prompt tokens miss (compulsory / capacity / alignment / last-token cap) per trace, policy and pool (C3, C6, C10, C13)", 4, 0.5),
