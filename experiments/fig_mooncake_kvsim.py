@@ -56,35 +56,37 @@ CONVENTIONS = ("whole", "last_50")
 
 #: (name, policy, trace variant, capacities, what it tests)
 CONFIGS = [
-    ("unit-lru", "unit-lru", None, CAPS,
+    ("unit_lru", "unit-lru", None, CAPS,
      "cache-study model: flat LRU over 512-token prefix units, partial last unit counted by its tokens, "
      "outputs not cached"),
-    ("unit-lru, partial block dropped", "unit-lru", "drop_partial", CAPS,
+    ("unit_lru_drop_partial", "unit-lru", "drop_partial", CAPS,
      "partial last block neither cached nor counted (prompts cut to whole 512-token blocks)"),
-    ("unit-lru, partial block as 512", "unit-lru", "round_up", CAPS,
+    ("unit_lru_partial_as_512", "unit-lru", "round_up", CAPS,
      "partial last block cached and counted as a whole 512-token block"),
-    ("vllm:16", "vllm:16", None, ENGINE_CAPS, "vLLM block hash, block 16, outputs cached"),
-    ("vllm:16, no outputs", "vllm:16", "no_outputs", ENGINE_CAPS, "vLLM block 16 with outputs not cached"),
-    ("vllm:512", "vllm:512", None, ENGINE_CAPS, "vLLM block hash, block 512 = the trace's hash unit"),
-    ("sglang:1", "sglang:1", None, ENGINE_CAPS, "SGLang radix tree, page 1, outputs cached"),
+    ("vllm_16", "vllm:16", None, ENGINE_CAPS, "vLLM block hash, block 16, outputs cached"),
+    ("vllm_16_no_outputs", "vllm:16", "no_outputs", ENGINE_CAPS, "vLLM block 16 with outputs not cached"),
+    ("vllm_512", "vllm:512", None, ENGINE_CAPS, "vLLM block hash, block 512 = the trace's hash unit"),
+    ("sglang_1", "sglang:1", None, ENGINE_CAPS, "SGLang radix tree, page 1, outputs cached"),
 ]
 
-#: (hypothesis, from config/convention, to config/convention, capacities compared)
+#: (id, hypothesis, from config/convention, to config/convention, capacities compared)
 HYPOTHESES = [
-    ("measurement window: whole trace -> last 50 %", ("unit-lru", "whole"), ("unit-lru", "last_50"), CAPS),
-    ("eviction rule: flat unit LRU -> kvcache-simulator's trie LRU (last 50 %)", ("unit-lru", "last_50"),
-     ("kvcache-simulator lru", "last_50"), CAPS),
-    ("partial last block dropped (last 50 %)", ("unit-lru", "last_50"),
-     ("unit-lru, partial block dropped", "last_50"), CAPS),
-    ("partial last block dropped, under kvcache-simulator's trie LRU", ("kvcache-simulator lru", "last_50"),
-     ("kvcache-simulator lru, partial block dropped", "last_50"), CAPS),
-    ("partial last block counted as 512 tokens (last 50 %)", ("unit-lru", "last_50"),
-     ("unit-lru, partial block as 512", "last_50"), CAPS),
-    ("outputs cached -> not cached (vllm:16, last 50 %)", ("vllm:16", "last_50"), ("vllm:16, no outputs", "last_50"),
+    ("window", "measurement window: whole trace -> last 50 % of requests", ("unit_lru", "whole"),
+     ("unit_lru", "last_50"), CAPS),
+    ("eviction", "eviction rule: flat unit LRU -> kvcache-simulator's trie LRU (last 50 %)", ("unit_lru", "last_50"),
+     ("kvsim_lru", "last_50"), CAPS),
+    ("partial_dropped", "partial last block dropped (unit-lru, last 50 %)", ("unit_lru", "last_50"),
+     ("unit_lru_drop_partial", "last_50"), CAPS),
+    ("partial_dropped_trie", "partial last block dropped (kvcache-simulator LRU)", ("kvsim_lru", "last_50"),
+     ("kvsim_lru_drop_partial", "last_50"), CAPS),
+    ("partial_as_512", "partial last block counted as 512 tokens (unit-lru, last 50 %)", ("unit_lru", "last_50"),
+     ("unit_lru_partial_as_512", "last_50"), CAPS),
+    ("outputs", "outputs cached -> not cached (vllm:16, last 50 %)", ("vllm_16", "last_50"),
+     ("vllm_16_no_outputs", "last_50"), ENGINE_CAPS),
+    ("block_size", "block size 512 -> 16 (vLLM, last 50 %)", ("vllm_512", "last_50"), ("vllm_16", "last_50"),
      ENGINE_CAPS),
-    ("block size 512 -> 16 (vLLM, last 50 %)", ("vllm:512", "last_50"), ("vllm:16", "last_50"), ENGINE_CAPS),
-    ("unit model -> engine (unit-lru -> sglang:1, last 50 %)", ("unit-lru", "last_50"), ("sglang:1", "last_50"),
-     ENGINE_CAPS),
+    ("engine", "unit model -> engine (unit-lru -> sglang:1, last 50 %)", ("unit_lru", "last_50"),
+     ("sglang_1", "last_50"), ENGINE_CAPS),
 ]
 
 
@@ -178,7 +180,7 @@ def main() -> None:
               f"results/mooncake_kvsim.json left as it is", file=sys.stderr)
         sys.exit(0)
     kvs_drop = run_kvsim(path, limit, variant(tr, "drop_partial"))
-    configs = [c for c in CONFIGS if not (C.QUICK and c[1] != "unit-lru")]
+    configs = [c for c in CONFIGS if not (C.QUICK and c[1] != "unit-lru")]  # quick: no engine replays
     warmup_many([parse_policy(p) for p in dict.fromkeys(c[1] for c in configs)], concurrent=False)
     hit = infinite_cache_hits(tr)
     cols = {"prompt_tokens": np.asarray(tr.prompt_len, dtype=np.int64), "hit_tokens": hit}
@@ -198,7 +200,7 @@ def main() -> None:
                   f"{s['measure_window']['token_hit_rate']:.4f}", flush=True)
         curves[name] = {"policy": pol, "trace_variant": kind, "what": what, "points": pts}
     for pol, src, kind in (("lru", kvs, None), ("optimal", kvs, None), ("lru", kvs_drop, "drop_partial")):
-        curves[f"kvcache-simulator {pol}" + (", partial block dropped" if kind else "")] = {
+        curves[f"kvsim_{pol}" + ("_drop_partial" if kind else "")] = {
             "policy": f"kvcache-simulator {kvs['version']} {pol}", "trace_variant": kind,
             "what": "the Mooncake team's simulator: trie of 512-token blocks, leaf eviction, last 50 % of requests"
                     + (" (trace with the partial last block dropped)" if kind else ""),
@@ -223,7 +225,7 @@ def main() -> None:
             for conv in CONVENTIONS:
                 v = rate(cfg, conv, cap)
                 row.setdefault(cfg, {})[conv] = None if v is None else {"token_hit_rate": v, "gap": v - ref}
-        ul, kl = curves.get("unit-lru"), curves["kvcache-simulator lru"]
+        ul, kl = curves.get("unit_lru"), curves["kvsim_lru"]
         u = next(p for p in ul["points"] if p["capacity_tokens"] == cap)["last_50"]
         k = next(p for p in kl["points"] if p["capacity_tokens"] == cap)["last_50"]
         row["kvsim_minus_unit_lru_last_50"] = None if k is None else {
@@ -243,9 +245,9 @@ def main() -> None:
     summary = {cfg: {conv: {"all_caps": gaps(cfg, conv, CAPS), "engine_caps": gaps(cfg, conv, ENGINE_CAPS)}
                      for conv in CONVENTIONS} for cfg in curves}
     hyps = []
-    for name, (fa, ca), (fb, cb), caps in HYPOTHESES:
+    for hid, name, (fa, ca), (fb, cb), caps in HYPOTHESES:
         a, b = gaps(fa, ca, caps), gaps(fb, cb, caps)
-        hyps.append({"hypothesis": name, "from": f"{fa} ({ca})", "to": f"{fb} ({cb})",
+        hyps.append({"id": hid, "hypothesis": name, "from": f"{fa} ({ca})", "to": f"{fb} ({cb})",
                      "capacities": "all 8" if caps == CAPS else "1 M - 50 M",
                      "before": a, "after": b,
                      "mean_abs_gap_change": None if a is None or b is None else b["mean_abs_gap"] - a["mean_abs_gap"],
@@ -253,8 +255,8 @@ def main() -> None:
                      else b["mean_signed_gap"] - a["mean_signed_gap"]})
     at3 = {cfg: {conv: (None if rate(cfg, conv, 3_000_000) is None else
                         rate(cfg, conv, 3_000_000) / (infinite[conv]["token_hit_rate"]))
-                 for conv in CONVENTIONS} for cfg in ("unit-lru", "kvcache-simulator lru")}
-    at3["kvcache-simulator lru"]["whole"] = None
+                 for conv in CONVENTIONS} for cfg in ("unit_lru", "kvsim_lru")}
+    at3["kvsim_lru"]["whole"] = None
     doc = {"trace": {"name": "Mooncake conversation_trace.jsonl", "requests": len(tr),
                      "window_first_request": w["first_request"], "window_requests": w["requests"]},
            "measure_last": LAST, "paper_fig9": PAPER, "infinite": infinite, "kvcache_simulator": kvs,
@@ -274,11 +276,12 @@ def plot(doc: dict) -> None:
     y = np.asarray(P["values"])
     ax.fill_between(x, y - P["read_off_error"], y + P["read_off_error"], color="0.85", label="Fig. 9 read-off ±0.02")
     ax.plot(x, y, "k^", label=P["label"])
-    style = [("kvcache-simulator lru", "last_50", "C3", "-", "kvcache-simulator LRU, last 50 %"),
-             ("unit-lru", "last_50", "C0", "-", "radixkv unit-lru, last 50 %"),
-             ("unit-lru", "whole", "C0", ":", "radixkv unit-lru, whole trace"),
-             ("vllm:16", "last_50", "C2", "--", "radixkv vllm:16, last 50 %"),
-             ("kvcache-simulator optimal", "last_50", "C1", "-.", "kvcache-simulator optimal, last 50 %")]
+    style = [("kvsim_lru", "last_50", "C3", "-", "kvcache-simulator LRU, last 50 %"),
+             ("unit_lru", "last_50", "C0", "-", "radixkv unit-lru, last 50 %"),
+             ("unit_lru", "whole", "C0", ":", "radixkv unit-lru, whole trace"),
+             ("vllm_16", "last_50", "C2", "--", "radixkv vllm:16, last 50 %"),
+             ("kvsim_lru_drop_partial", "last_50", "C4", "--", "kvcache-simulator LRU, partial block dropped"),
+             ("kvsim_optimal", "last_50", "C1", "-.", "kvcache-simulator optimal, last 50 %")]
     for cfg, conv, col, ls, label in style:
         c = doc["curves"].get(cfg)
         if not c:
