@@ -239,10 +239,13 @@ def main() -> None:
         if not g:
             return None
         return {"points": len(g), "mean_abs_gap": float(np.mean(np.abs(g))), "mean_signed_gap": float(np.mean(g)),
-                "max_abs_gap": float(np.max(np.abs(g))),
+                "max_abs_gap": float(np.max(np.abs(g))), "min_signed_gap": float(np.min(g)),
+                "max_signed_gap": float(np.max(g)),
                 "within_band": int(sum(abs(x) <= PAPER["read_off_error"] for x in g))}
 
-    summary = {cfg: {conv: {"all_caps": gaps(cfg, conv, CAPS), "engine_caps": gaps(cfg, conv, ENGINE_CAPS)}
+    mid = [c for c in CAPS if 100_000 <= c <= 10_000_000]  # between the two ends of the curve
+    summary = {cfg: {conv: {"all_caps": gaps(cfg, conv, CAPS), "engine_caps": gaps(cfg, conv, ENGINE_CAPS),
+                            "mid_caps": gaps(cfg, conv, mid)}
                      for conv in CONVENTIONS} for cfg in curves}
     hyps = []
     for hid, name, (fa, ca), (fb, cb), caps in HYPOTHESES:
