@@ -224,7 +224,7 @@ def main() -> None:
         for cfg in curves:
             for conv in CONVENTIONS:
                 v = rate(cfg, conv, cap)
-                row.setdefault(cfg, {})[conv] = None if v is None else {"token_hit_rate": v, "gap": v - ref}
+                row.setdefault(cfg, {})[conv] = {"token_hit_rate": v, "gap": None if v is None else v - ref}
         ul, kl = curves.get("unit_lru"), curves["kvsim_lru"]
         u = next(p for p in ul["points"] if p["capacity_tokens"] == cap)["last_50"]
         k = next(p for p in kl["points"] if p["capacity_tokens"] == cap)["last_50"]
