@@ -244,14 +244,18 @@ def main() -> None:
                 "within_band": int(sum(abs(x) <= PAPER["read_off_error"] for x in g))}
 
     mid = [c for c in CAPS if 100_000 <= c <= 10_000_000]  # between the two ends of the curve
+    # (low: its lower half, 100 k - 2 M)
+    low = [c for c in CAPS if 100_000 <= c <= 2_000_000]
     summary = {cfg: {conv: {"all_caps": gaps(cfg, conv, CAPS), "engine_caps": gaps(cfg, conv, ENGINE_CAPS),
-                            "mid_caps": gaps(cfg, conv, mid)}
+                            "mid_caps": gaps(cfg, conv, mid), "low_caps": gaps(cfg, conv, low)}
                      for conv in CONVENTIONS} for cfg in curves}
     hyps = []
     for hid, name, (fa, ca), (fb, cb), caps in HYPOTHESES:
+        # compared on the capacities both sides have (kvcache-simulator omits an underfilled budget)
+        caps = [c for c in caps if rate(fa, ca, c) is not None and rate(fb, cb, c) is not None]
         a, b = gaps(fa, ca, caps), gaps(fb, cb, caps)
         hyps.append({"id": hid, "hypothesis": name, "from": f"{fa} ({ca})", "to": f"{fb} ({cb})",
-                     "capacities": "all 8" if caps == CAPS else "1 M - 50 M",
+                     "capacities_tokens": caps,
                      "before": a, "after": b,
                      "mean_abs_gap_change": None if a is None or b is None else b["mean_abs_gap"] - a["mean_abs_gap"],
                      "mean_signed_gap_change": None if a is None or b is None
@@ -260,10 +264,17 @@ def main() -> None:
                         rate(cfg, conv, 3_000_000) / (infinite[conv]["token_hit_rate"]))
                  for conv in CONVENTIONS} for cfg in ("unit_lru", "kvsim_lru")}
     at3["kvsim_lru"]["whole"] = None
+    d = [(r["capacity_tokens"], r["kvsim_minus_unit_lru_last_50"]) for r in table
+         if r["kvsim_minus_unit_lru_last_50"] is not None]
+    agree = {"equal_hit_tokens_at": [c for c, x in d if x["hit_tokens"] == 0],
+             "max_abs_hit_tokens_from_100k": max(abs(x["hit_tokens"]) for c, x in d if c >= 100_000),
+             "max_abs_token_hit_rate_from_100k": max(abs(x["token_hit_rate"]) for c, x in d if c >= 100_000),
+             "same_measured_tokens": all(x["same_measured_tokens"] for _, x in d)}
     doc = {"trace": {"name": "Mooncake conversation_trace.jsonl", "requests": len(tr),
                      "window_first_request": w["first_request"], "window_requests": w["requests"]},
            "measure_last": LAST, "paper_fig9": PAPER, "infinite": infinite, "kvcache_simulator": kvs,
            "curves": curves, "table": table, "summary": summary, "hypotheses": hyps,
+           "kvsim_vs_unit_lru_last_50": agree,
            "share_of_max_at_3m": at3}
     C.write_result("mooncake_kvsim.json", doc, {"capacities": CAPS, "engine_capacities": ENGINE_CAPS,
                                                  "configs": [c[0] for c in configs], "limit": limit,
