@@ -90,3 +90,27 @@ def test_a_full_run_and_plot_only_draw_from_the_same_document(common, tmp_path, 
     monkeypatch.setattr(sys, "argv", ["fig_t.py", "--plot-only"])
     common.main_or_plot(main, plot, "t.json")
     assert seen == [["alpha", "zeta"], ["alpha", "zeta"]]
+
+
+def test_mooncake_kvsim_trace_variants_by_hand(common):
+    # fig_mooncake_kvsim's hypotheses as traces, U = 512: r0 = 900 tokens over ids [1, 2]
+    # (a partial last block of 388), r1 = 1,024 tokens over [1, 3] (two whole blocks)
+    from radixkv.trace.types import Trace
+
+    import fig_mooncake_kvsim as K
+
+    t = Trace.from_requests(req_id=["a", "b"], arrival_s=[0, 1], prompt_len=[900, 1024], output_len=[7, 9],
+                            prompt_ids=[[1, 2], [1, 3]], unit_tokens=512, partial_last_unit=True)
+
+    def ids(tr, i):
+        return tr.ids[tr.id_offsets[i]:tr.id_offsets[i + 1]].tolist()
+
+    d = K.variant(t, "drop_partial")  # 900 -> 512 over [1]; 1,024 unchanged
+    assert d.prompt_len.tolist() == [512, 1024] and ids(d, 0) == [1] and ids(d, 1) == [1, 3]
+    u = K.variant(t, "round_up")  # the partial block counted whole: 900 -> 1,024
+    assert u.prompt_len.tolist() == [1024, 1024] and ids(u, 0) == [1, 2]
+    o = K.variant(t, "no_outputs")
+    assert o.output_len.tolist() == [0, 0] and o.prompt_len.tolist() == [900, 1024]
+    assert K.variant(t, None) is t
+    # 10,000 tokens -> 19 blocks -> 1.1875 GiB of Llama-3.1-8B bf16 (2^26 bytes per block) -> 19 blocks
+    assert (10_000 // K.UNIT) / K.BLOCKS_PER_GIB * 2 ** 30 / 2 ** 26 == 19
