@@ -5,7 +5,8 @@ absence) makes it moot, the command refuses with a :class:`~radixkv.errors.Confi
 naming both flags instead of replaying without it. The table below lists those
 combinations for ``replay``, ``compare`` and ``curve`` (the flags of the concurrent replay in
 the sequential mode are refused by
-:func:`radixkv.cli.concurrent_args.refuse_concurrent_only_flags`; the size, pool and
+:func:`radixkv.cli.concurrent_args.refuse_concurrent_only_flags`; ``--measure-last`` outside the
+one-pool sequential replay by :func:`radixkv.cli.replay_cmd._check_window_arg`; the size, pool and
 host-tier flags by their own checks in :mod:`radixkv.cli.replay_cmd` and
 :mod:`radixkv.cli.host_tier_args`; ``memory``'s ``--block-size`` / ``--page-size`` /
 ``--max-num-batched-tokens`` beside the other engine's pool, and ``trace synth --cv`` without
