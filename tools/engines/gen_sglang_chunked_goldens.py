@@ -56,7 +56,7 @@ RUNS = (
     ("weka_0001.jsonl", 1, 211200, 8192),
     ("weka_0001.jsonl", 64, 211200, 8192),
     ("weka_0002.jsonl", 1, 100000, 2048),
-    ("weka_0002.jsonl", 64, 100000, 3000),
+    ("weka_0002.jsonl", 64, 99968, 3000),
 )
 #: shared trace name -> (path under RADIXKV_SHARED, format, first K requests)
 SHARED = {
