@@ -41,7 +41,10 @@ sglang 0.5.23):
   3. KV slots for the un-hit prompt tokens are taken with the engine's own
      alloc_token_slots / alloc_paged_token_slots_extend, which evict through
      the cache when the pool is short;  with --chunked-prefill-size the
-     prompt is prefilled in chunks and checkpointed after each chunk;
+     prompt is prefilled in chunks and checkpointed after each chunk; the
+     chunk ends come from SGLang's own PrefillAdder (add_one_req for the
+     first pass, add_chunked_req for each later one; --chunk-rule adder,
+     the default; 'fixed' keeps the older every-end-page-rounded rule);
   4. after prefill, if the request is not finished, checkpoint_kv_cache
      publishes the prompt (what cache_unfinished_req used to do);
   5. each further output token takes one decode step: check_decode_capacity
