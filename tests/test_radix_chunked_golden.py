@@ -96,3 +96,19 @@ def test_local_manifest_totals_match_files():
         gold = _gold(run)
         assert sum(g["hit_tokens"] for g in gold) == run["hit_tokens"], run["name"]
         assert sum(g["evicted_tokens"] for g in gold) == run["evicted_tokens"], run["name"]
+
+
+def test_reference_model_reproduces_an_off_grid_chunked_golden():
+    """The brute-force reference (tests/reference_sglang.py, which the property tests
+    compare RadixCache with) also matches the engine with chunks off the page grid."""
+    from _golden_traces import native_trace
+    from reference_sglang import RefRadixCache, expand
+
+    run = next(r for r in _RUNS if r["name"] == "sglang_edge300_p16_c448_chunk40")
+    trace = native_trace(GOLDEN_LOCAL / "traces" / run["trace"])
+    ref = RefRadixCache(run["capacity_tokens"], run["page_size"], chunked_prefill_size=run["chunked_prefill_size"])
+    for i, g in enumerate(_gold(run)):
+        s = trace.kv_seq(i)
+        kv = expand(s)
+        hit, _, ev = ref.run(kv[: s.prompt_len], kv)
+        assert (hit, ev, ref.tree_tokens()) == (g["hit_tokens"], g["evicted_tokens"], g["cached_after"]), g["id"]
