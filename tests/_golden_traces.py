@@ -81,6 +81,9 @@ def weka_trace(path: Path) -> Trace:
 SHARED_TRACES = {
     "moon_conv_1500.jsonl": (("traces", "mooncake-fast25", "conversation_trace.jsonl"), "mooncake", 1500),
     "weka_0001.jsonl": (("traces", "weka-claude-code", "traces", "trace_0001.json"), "weka", None),
+    # the chunked-prefill goldens (tests/data/golden/sglang_chunked)
+    "moon_conv_300.jsonl": (("traces", "mooncake-fast25", "conversation_trace.jsonl"), "mooncake", 300),
+    "weka_0002.jsonl": (("traces", "weka-claude-code", "traces", "trace_0002.json"), "weka", None),
 }
 
 

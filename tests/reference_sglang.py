@@ -52,7 +52,10 @@ class RefRadixCache:
         self.p = page_size
         self.free_pages = capacity_tokens // page_size
         self.capacity_pages = self.free_pages
-        self.chunk = None if not chunked_prefill_size else chunked_prefill_size // page_size * page_size
+        # SGLang's PrefillAdder: the first chunk is the size rounded down to a page
+        # (add_one_req), every later one the size as given (add_chunked_req); the engine's
+        # chunk ends are in tests/data/golden/sglang_chunked
+        self.chunk = None if not chunked_prefill_size else int(chunked_prefill_size)
         self.counter = 0.0
         self.root = RefNode((), None)
         self.root.lock_ref = 1
@@ -203,8 +206,9 @@ class RefRadixCache:
         extra = p if p > 1 else 0
         while done < P:
             step = P - done
-            if self.chunk is not None and step > self.chunk:
-                step = self.chunk
+            size = self.chunk if done > hit or self.chunk is None else self.chunk // p * p
+            if self.chunk is not None and step > size:
+                step = size
             ev += self.ensure(step + extra)
             self.take(-(-(done + step) // p) - -(-done // p))
             done += step

@@ -1068,9 +1068,12 @@ def admit(S, N, H1, H2, o, G, Q, R, sid, send, P, n_tokens, prio, tag):
     else:
         held = token_walk(S, N, H1, H2, G, Q, sid, send, _M1, last, K, P)
     if n_tokens < 0:
+        # first chunk (``PrefillAdder._select_prefill_admission``): the chunk size rounded
+        # down to a page, the end on the page grid (*hit* is page-aligned)
         target = P
-        if chunk > 0 and P - hit > chunk:
-            target = hit + chunk
+        first = chunk // p * p
+        if chunk > 0 and P - hit > first:
+            target = hit + first
     else:
         target = max(n_tokens, hit)
     new_slots = -(-target // p) - hit // p
@@ -1149,6 +1152,9 @@ def extend(S, N, H1, H2, o, G, Q, R, n_tokens):
     extra = p if p > 1 else 0
     while R[R_COMP] < P and R[R_COMP] < end:
         step = min(end, P) - R[R_COMP]
+        # a continuing chunk (``PrefillAdder.add_chunked_req``) takes the chunk size as
+        # is, not rounded to a page: with a size that is not a multiple of p its end
+        # leaves the page grid (the checkpoint inserts the whole pages before it)
         if chunk > 0 and step > chunk:
             step = chunk
         R[R_EVICTED] += _evict_for(S, N, H1, H2, o, Q, step + extra)

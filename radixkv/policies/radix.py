@@ -87,8 +87,16 @@ Choices (docs/SEMANTICS.md "Choices the golden replays make")
   modelled as unique content.
 - No chunked prefill unless ``chunked_prefill_size`` is given (SGLang
   ``--chunked-prefill-size``; ≤ 0 disables, as -1 does in SGLang). A prompt whose
-  remaining part exceeds the chunk size is prefilled in chunks of
-  ``chunked_prefill_size // p * p`` tokens (``PrefillAdder.add_one_req``).
+  remaining part exceeds the chunk size is prefilled in chunks: the first one of
+  ``chunked_prefill_size // p * p`` tokens (``PrefillAdder.add_one_req`` →
+  ``_select_prefill_admission`` rounds its end down to a page), every later one of
+  ``chunked_prefill_size`` tokens as given (``add_chunked_req`` takes
+  ``min(rest, available_chunk_tokens)`` without rounding; for a lone request the memory
+  term never binds, since its admission checked that the whole prompt and its outputs
+  fit). With a size that is not a multiple of p the later chunk ends leave the page
+  grid; each checkpoint inserts the whole pages computed so far, and the next chunk's
+  allocation (chunk tokens + one page of headroom) continues the request's partial page.
+  Checked against SGLang's own ``PrefillAdder`` (tests/test_radix_chunked_golden.py).
 - A refused admission or extension (the pool cannot make room even by evicting all
   that is evictable) returns None / False and leaves the state untouched: no split, no
   LRU touch, no eviction. SGLang's scheduler would have run the lookup (and its touch)
@@ -245,7 +253,7 @@ class RadixCache(PrefixCache):
         S[K.S_QFREE] = -1
         S[K.S_HW] = 1
         S[K.S_P] = p
-        S[K.S_CHUNK] = 0 if self._chunk is None else self._chunk
+        S[K.S_CHUNK] = 0 if chunk is None else chunk  # as given: the kernels round the first chunk
         self._S = S
         N = np.zeros((256, K.NF), dtype=np.int64)
         N[0, K.F_PARENT] = -1

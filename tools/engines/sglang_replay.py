@@ -41,7 +41,10 @@ sglang 0.5.23):
   3. KV slots for the un-hit prompt tokens are taken with the engine's own
      alloc_token_slots / alloc_paged_token_slots_extend, which evict through
      the cache when the pool is short;  with --chunked-prefill-size the
-     prompt is prefilled in chunks and checkpointed after each chunk;
+     prompt is prefilled in chunks and checkpointed after each chunk; the
+     chunk ends come from SGLang's own PrefillAdder (add_one_req for the
+     first pass, add_chunked_req for each later one; --chunk-rule adder,
+     the default; 'fixed' keeps the older every-end-page-rounded rule);
   4. after prefill, if the request is not finished, checkpoint_kv_cache
      publishes the prompt (what cache_unfinished_req used to do);
   5. each further output token takes one decode step: check_decode_capacity
@@ -111,6 +114,21 @@ def parse_args(argv=None):
         help="prefill chunk size in tokens; -1 disables chunking (SGLang's default "
         "is 2048..16384 by GPU memory; it only changes node boundaries, not hits "
         "of a lone request)",
+    )
+    p.add_argument(
+        "--chunk-rule",
+        choices=["adder", "fixed"],
+        default="adder",
+        help="with --chunked-prefill-size: 'adder' (default) lets SGLang's own "
+        "PrefillAdder (add_one_req, then add_chunked_req each pass) admit the request and "
+        "pick every chunk end, as the scheduler does; 'fixed' is the older harness rule "
+        "(every chunk end rounded down to a page)",
+    )
+    p.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=16384,
+        help="SGLang --max-prefill-tokens (PrefillAdder's rem_input_tokens; default 16384)",
     )
     p.add_argument(
         "--extra-decode-step",
@@ -263,6 +281,7 @@ class SGLangReplayer:
         torch.set_num_threads(max(1, args.torch_threads))
 
         from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.managers.schedule_policy import PrefillAdder
         from sglang.srt.mem_cache import allocation as sgl_alloc
         from sglang.srt.mem_cache import common as sgl_common
         from sglang.srt.mem_cache.allocator import (
@@ -283,6 +302,7 @@ class SGLangReplayer:
         self.array = array
         self.torch = torch
         self.Req = Req
+        self.PrefillAdder = PrefillAdder
         self.SamplingParams = SamplingParams
         self.sgl_alloc = sgl_alloc
         self.sgl_common = sgl_common
@@ -296,6 +316,9 @@ class SGLangReplayer:
             raise SystemExit("--capacity-tokens must hold at least one page")
         self.extra_decode_step = args.extra_decode_step
         self.chunk = args.chunked_prefill_size
+        self.chunk_rule = args.chunk_rule
+        self.max_prefill_tokens = args.max_prefill_tokens
+        self.chunk_ends = []  # extend_end of every prefill pass of the current request
         self.refresh_interval = (
             args.waiting_prefix_refresh_interval
             if args.eviction_policy.lower() == "lru"
@@ -423,6 +446,46 @@ class SGLangReplayer:
         req.kv.kv_allocated_len = seq_len
         req.kv.kv_committed_len = seq_len
 
+    def _prefill_adder(self):
+        """A fresh ``PrefillAdder`` for one scheduling pass, built with the arguments
+        ``Scheduler.get_new_batch_prefill`` gives it for a lone request: no running
+        batch, no mixed decode tokens, ``rem_input_tokens = max_prefill_tokens``,
+        ``rem_chunk_tokens = chunked_prefill_size``."""
+        return self.PrefillAdder(
+            self.page_size, self.cache, self.allocator, None, 1.0,
+            self.max_prefill_tokens, self.chunk,
+        )
+
+    def _chunked_prefill(self, req):
+        """Prefill *req* in the chunks SGLang's own ``PrefillAdder`` picks.
+
+        Pass 1 (``Scheduler.get_new_batch_prefill``): ``add_one_req`` admits the request
+        (its memory check, lock of the matched node) and, when the un-hit prompt does not
+        fit in ``rem_chunk_tokens``, cuts it (``_select_prefill_admission``: the chunk
+        end rounded down to a page) and makes it the chunked request. Every later pass:
+        ``stash_chunked_request`` -> ``checkpoint_kv_cache`` (insert what is computed,
+        move the lock), then ``chunked_req.init_next_round_input()`` (no tree lookup) and
+        ``add_chunked_req`` (``min(rest, available_chunk_tokens)``, *not* page-rounded),
+        until a pass takes the rest. Each pass allocates ``[prefix_len, extend_end)`` as
+        ``alloc_for_extend`` does (evicting through the tree when short)."""
+        adder = self._prefill_adder()
+        res = adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+        if not adder.can_run_list or adder.can_run_list[-1] is not req:
+            raise RuntimeError(f"request {req.rid}: PrefillAdder.add_one_req refused it alone ({res})")
+        chunked = adder.new_chunked_req is req
+        self.chunk_ends.append(int(req.extend_end))
+        self._alloc_extend(req, req.prefix_len, req.extend_end)
+        while chunked:
+            self.sgl_common.checkpoint_kv_cache(req, self.cache)  # stash_chunked_request
+            req.init_next_round_input()
+            adder = self._prefill_adder()
+            chunked = adder.add_chunked_req(req) is req
+            if not adder.can_run_list or adder.can_run_list[-1] is not req:
+                raise RuntimeError(f"request {req.rid}: add_chunked_req made no progress")
+            self.chunk_ends.append(int(req.extend_end))
+            self._alloc_extend(req, req.prefix_len, req.extend_end)
+        assert req.extend_end == len(req.full_untruncated_fill_ids), (req.rid, req.extend_end)
+
     def _decode_step(self, req):
         """One decode step for a lone request (check_decode_mem + alloc_for_decode)."""
         torch = self.torch
@@ -545,7 +608,11 @@ class SGLangReplayer:
         self.req_to_token_pool.alloc([req])
         prefix_idx = self.cache.prefix_device_indices(req)
         self.req_to_token_pool.write((req.kv.req_pool_idx, slice(0, hit)), prefix_idx)
-        while True:
+        self.chunk_ends = []
+        if self.chunk > 0 and self.chunk_rule == "adder":
+            self._chunked_prefill(req)
+            rec["chunk_ends"] = self.chunk_ends
+        while self.chunk <= 0 or self.chunk_rule == "fixed":
             start = req.prefix_len
             end = P
             if self.chunk > 0 and P - start > self.chunk:
