@@ -49,6 +49,78 @@ def test_priority_goldens_cover_the_rules():
     assert any(x["watermark"] > 0 for x in c)
 
 
+_REAL_SCHEDULE = VllmPriorityScheduler.schedule
+
+
+def _fcfs_victim(self):
+    return self.running[-1]
+
+
+def _tie_last_victim(self):
+    return max(reversed(self.running), key=self._vkey.__getitem__)
+
+
+def _grow_without_refund(self, r, upto, plan):
+    while upto > self.kv[r]:
+        if self.policy.extend(r, upto - self.kv[r]):
+            self.kv[r] = upto
+            return True
+        v = self._victim()
+        if self.running.index(v) < self._k:
+            self._k -= 1
+        self._preempt(v, plan)
+        plan.preempted += 1
+        if v == r:
+            return False
+    return True
+
+
+def _schedule_break_after_self(self):
+    real = self._serve_running
+
+    def serve(r, plan, budget):  # a self-preemption ends the loop, as FCFS's break
+        c = real(r, plan, budget)
+        if c < 0:
+            self._k = len(self.running)
+        return c
+
+    self._serve_running = serve
+    try:
+        return _REAL_SCHEDULE(self)
+    finally:
+        del self._serve_running
+
+
+def _rank_by_row(real_init):
+    def init(self, trace, policy, config, arrivals=None):
+        real_init(self, trace, policy, config, arrivals)
+        pr, at = trace.priority.tolist(), np.asarray(arrivals, dtype=np.float64).tolist()
+        for k, i in enumerate(sorted(range(len(trace)), key=lambda i: (pr[i], at[i], i))):
+            self._rank[i] = k
+    return init
+
+
+@pytest.mark.parametrize("variant", ["fcfs_victim", "tie_last", "no_refund", "break_after_self", "ties_by_row"])
+def test_each_rule_is_seen_by_the_goldens(variant, monkeypatch):
+    """Each rule of the module docstring, changed alone, makes some priority golden
+    mismatch: the goldens exercise it (and the 0-mismatch test means something)."""
+    from _vllm_sched_golden import compare
+
+    S = VllmPriorityScheduler
+    if variant == "fcfs_victim":
+        monkeypatch.setattr(S, "_victim", _fcfs_victim)
+    elif variant == "tie_last":
+        monkeypatch.setattr(S, "_victim", _tie_last_victim)
+    elif variant == "no_refund":
+        monkeypatch.setattr(S, "_grow", _grow_without_refund)
+    elif variant == "break_after_self":
+        monkeypatch.setattr(S, "schedule", _schedule_break_after_self)
+    else:
+        monkeypatch.setattr(S, "__init__", _rank_by_row(S.__init__))
+    bad = sum(len(compare(load_golden(p)).steps) for p in PRIO_GOLDENS)
+    assert bad > 0
+
+
 # ---------------------------------------------------------------------------- (2) by hand
 def _trace(specs):
     """specs: (id, arrival s, prompt tokens, outputs, priority); every prompt's ids unique."""
