@@ -639,6 +639,9 @@ def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, fini
         "watermark": config.watermark,
         # only when set: the FCFS meta keeps its bytes
         **({"scheduling_policy": config.scheduling_policy} if config.scheduling_policy != "fcfs" else {}),
+        **({"enable_priority_scheduling": True,
+            "schedule_low_priority_values_first": config.schedule_low_priority_values_first,
+            "retraction_policy": config.retraction_policy} if config.enable_priority_scheduling else {}),
         "cost": {k: getattr(cost, k) for k in cost.__dataclass_fields__},
         "kv_cache_groups": policy.group_metrics() if hasattr(policy, "group_metrics") else None,
     }

@@ -59,6 +59,8 @@ from radixkv.errors import ConfigError
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 #: vLLM's ``--scheduling-policy`` (``SchedulerConfig.policy``)
 SCHEDULING_POLICIES = ("fcfs", "priority")
+#: SGLang's ``--retraction-policy``
+RETRACTION_POLICIES = ("length", "priority")
 ADMISSIONS = ("vllm", "sglang")
 
 #: ``lpm`` falls back to FCFS above this many waiting requests (SGLang
@@ -104,6 +106,20 @@ class SchedulerConfig:
         ``priority``: waiting queue by (priority, arrival), preemption of the running
         request with the largest (priority, arrival), from the trace's ``priority``
         column (vLLM rules only; :mod:`radixkv.replay.sched_vllm_priority`).
+    enable_priority_scheduling : bool
+        SGLang ``--enable-priority-scheduling`` (default False): the waiting queue sorted
+        by (priority, queue entry) before each admission pass, **higher** values first
+        unless ``schedule_low_priority_values_first`` (SGLang rules only;
+        :mod:`radixkv.replay.sched_sglang_priority`). SGLang's priority preemption of
+        running requests is not modelled: ``disable_priority_preemption`` must be set.
+    schedule_low_priority_values_first : bool
+        SGLang ``--schedule-low-priority-values-first`` (default False).
+    disable_priority_preemption : bool
+        SGLang ``--disable-priority-preemption`` (default False).
+    retraction_policy : {'length', 'priority'}
+        SGLang ``--retraction-policy`` (default ``length``): ``priority`` retracts the
+        least preferred priority first when a decode does not fit (needs
+        ``enable_priority_scheduling``).
 
     Raises
     ------
@@ -119,6 +135,10 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     watermark: float = 0.0
     scheduling_policy: str = "fcfs"
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False
+    disable_priority_preemption: bool = False
+    retraction_policy: str = "length"
 
     def __post_init__(self):
         if int(self.max_num_seqs) < 1:
@@ -140,6 +160,18 @@ class SchedulerConfig:
         if self.scheduling_policy == "priority" and self.schedule_policy != "fcfs":
             raise ConfigError(f"--scheduling-policy priority orders the waiting queue itself: drop "
                               f"--schedule-policy {self.schedule_policy}", field="scheduling_policy")
+        if self.retraction_policy not in RETRACTION_POLICIES:
+            raise ConfigError(f"unknown --retraction-policy {self.retraction_policy!r}; choose length or priority",
+                              field="retraction_policy")
+        if not self.enable_priority_scheduling:
+            # SGLang: "--retraction-policy priority requires --enable-priority-scheduling"
+            # (arg_groups/validation_hook.py); the other two do nothing without it
+            for name, on in (("retraction_policy", self.retraction_policy == "priority"),
+                             ("schedule_low_priority_values_first", self.schedule_low_priority_values_first),
+                             ("disable_priority_preemption", self.disable_priority_preemption)):
+                if on:
+                    flag = "--" + name.replace("_", "-") + (" priority" if name == "retraction_policy" else "")
+                    raise ConfigError(f"{flag} needs --enable-priority-scheduling", field=name)
         if self.admission is not None and self.admission not in ADMISSIONS:
             raise ConfigError(f"unknown admission rule {self.admission!r}; choose vllm or sglang", field="admission")
 
@@ -215,8 +247,15 @@ def rule_of(policy, config: "SchedulerConfig") -> str:
         raise ConfigError("--no-enable-chunked-prefill, --long-prefill-token-threshold and --watermark are "
                           "vLLM knobs; SGLang's rules (--admission sglang) do not use them", field="admission")
     if rule == "sglang" and config.scheduling_policy != "fcfs":
-        raise ConfigError("--scheduling-policy priority is vLLM's priority scheduler; SGLang's rules "
-                          "(--admission sglang) do not model priority scheduling", field="scheduling_policy")
+        raise ConfigError("--scheduling-policy priority is vLLM's priority scheduler; under SGLang's rules "
+                          "(--admission sglang) use --enable-priority-scheduling", field="scheduling_policy")
+    if rule == "vllm" and config.enable_priority_scheduling:
+        raise ConfigError("--enable-priority-scheduling is SGLang's; under vLLM's rules use "
+                          "--scheduling-policy priority", field="enable_priority_scheduling")
+    if rule == "sglang" and config.enable_priority_scheduling and not config.disable_priority_preemption:
+        raise ConfigError("SGLang preempts running requests for a waiting one of higher priority "
+                          "(PrefillAdder.preempt_to_schedule, --priority-scheduling-preemption-threshold), which "
+                          "radixkv does not model: add --disable-priority-preemption", field="disable_priority_preemption")
     return rule
 
 
@@ -238,11 +277,15 @@ def make_scheduler(trace, policy, config: "SchedulerConfig", arrivals=None):
     radixkv.errors.ConfigError
         When vLLM-only knobs (``enable_chunked_prefill=False``,
         ``long_prefill_token_threshold``, ``watermark``, ``scheduling_policy="priority"``)
-        are set for SGLang's rules, or priority scheduling is asked of a policy with
-        asynchronous host loads (``vllm-offload``: its scheduler models FCFS only).
+        are set for SGLang's rules, ``enable_priority_scheduling`` for vLLM's, SGLang's
+        priority scheduling without ``disable_priority_preemption``, or priority
+        scheduling is asked of a policy with asynchronous host loads (``vllm-offload``:
+        its scheduler models FCFS only).
     """
     rule = rule_of(policy, config)
-    if rule == "sglang":
+    if rule == "sglang" and config.enable_priority_scheduling:
+        from radixkv.replay.sched_sglang_priority import SglangPriorityScheduler as cls
+    elif rule == "sglang":
         from radixkv.replay.sched_sglang import SglangScheduler as cls
     elif getattr(type(policy), "async_host_loads", False):  # vLLM CPU offloading (vllm-offload)
         if config.scheduling_policy != "fcfs":
