@@ -1,13 +1,18 @@
 """SGLang's priority scheduling (``--enable-priority-scheduling``), rule by rule.
 
 SGLang's scheduler loop needs a model worker and is not driven for goldens
-(tools/engines/README.md), so each rule of :mod:`radixkv.replay.sched_sglang_priority`
-has a hand-worked case; expected values are worked out in the docstrings from SGLang
+(tools/engines/README.md). SGLang's own ordering and retraction functions are
+(tools/engines/sglang_priority_rules.py → tests/data/concurrent/sglang/priority_rules.json,
+replayed at the end of this file); every rule of
+:mod:`radixkv.replay.sched_sglang_priority` also has a hand-worked case; expected values are worked out in the docstrings from SGLang
 0.5.23's code (``schedule_policy.py :: SchedulePolicy.calc_priority`` /
 ``_sort_by_priority_and_fcfs``, ``scheduler.py :: _add_request_to_queue``,
 ``schedule_batch.py :: _get_decode_retraction_order``), not taken from a run.
 """
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +164,62 @@ def test_scheduler_class_and_compiled_path_follow_the_knob():
     assert conc_sglang.applicable(pol, COST, _cfg(), None, "sglang") is False
     # the same run without priorities may take the compiled loop (when its kernels are compiled)
     assert conc_sglang.applicable(pol, COST, SchedulerConfig(max_num_seqs=1), None, "sglang") in (True, False)
+
+
+# ---------------------------------------------------------------------------- SGLang's functions
+RULES = Path(__file__).parent / "data" / "concurrent" / "sglang" / "priority_rules.json"
+
+
+def _rules():
+    return json.loads(RULES.read_text())
+
+
+@pytest.mark.parametrize("k", range(5))
+def test_waiting_order_equals_sglangs_calc_priority(k):
+    """tools/engines/sglang_priority_rules.py ran SGLang 0.5.23's ``calc_priority`` (with
+    ``_set_or_validate_priority`` and the entry stamps) on these requests: request "a"
+    entered the queue first and again last (retracted and put back)."""
+    doc = _rules()
+    case = doc["order"][k]
+    assert doc["sglang"] == "0.5.23"
+    w = doc["waiting"]
+    specs = [(rid, 0.0, len(p), 4, prio) for rid, prio, p in w]
+    t = _trace(specs)
+    if not case["with_priorities"]:
+        t.priority = None  # no request carries one: SGLang gives all the same default
+    cfg = _cfg(schedule_low_priority_values_first=case["low_first"], schedule_policy=case["policy"],
+               max_num_seqs=8)
+    sch = make_scheduler(t, RadixCache(4096, 1), cfg)
+    row = {rid: i for i, (rid, _, _) in enumerate(w)}
+    seen = set()
+    for rid in doc["entries"]:
+        if rid in seen:
+            if case["policy"] == "lpm":  # lpm keeps the queue's order, in which "a" stayed first
+                continue
+            sch.waiting.remove(row[rid])
+            sch._requeue(row[rid])
+        else:
+            sch.enqueue(row[rid])
+            seen.add(rid)
+    sch._order_waiting()
+    assert [w[i][0] for i in sch.waiting] == case["order"]
+
+
+@pytest.mark.parametrize("k", range(2))
+def test_retraction_order_equals_sglangs(k):
+    """SGLang's ``_get_decode_retraction_order`` with ``--retraction-policy priority``,
+    popped from the end as ``retract_decode`` does."""
+    doc = _rules()
+    case = doc["retraction"][k]
+    run = doc["running"]
+    t = _trace([(rid, 0.0, plen, max_new, prio) for rid, prio, plen, gen, max_new in run])
+    sch = make_scheduler(t, RadixCache(4096, 1), _cfg(retraction_policy="priority", max_num_seqs=8,
+                                                       schedule_low_priority_values_first=case["low_first"]))
+    sch.running = list(range(len(run)))
+    sch.gen = [gen for _, _, _, gen, _ in run]
+    order = []
+    while sch.running:
+        v = sch._victim()
+        order.append(run[v][0])
+        sch.running.remove(v)
+    assert order == case["retraction_order"]

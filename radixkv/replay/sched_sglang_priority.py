@@ -39,8 +39,12 @@ them), so a replay needs ``--disable-priority-preemption``. Also not modelled: a
 a full queue (``--max-queued-requests``), ``--default-priority-value``.
 
 Runs on the Python loop (the compiled SGLang loop, :mod:`radixkv.replay.conc_sglang`,
-models FCFS and lpm). No golden of SGLang's scheduler loop exists (it needs a model
-worker); the rules have hand-worked tests (tests/test_sched_sglang_priority.py).
+models FCFS and lpm). SGLang's scheduler loop needs a model worker and has no step
+golden; its ordering (``_set_or_validate_priority``, entry stamps, ``calc_priority``, both
+directions, lpm, no priorities) and retraction (``_get_decode_retraction_order``, both
+directions) functions were run on CPU by tools/engines/sglang_priority_rules.py
+(tests/data/concurrent/sglang/priority_rules.json), and radixkv gives the same orders;
+the step-level consequences have hand-worked tests (tests/test_sched_sglang_priority.py).
 """
 from __future__ import annotations
 
