@@ -5,7 +5,8 @@ The goldens (tests/data/concurrent/vllm/*.jsonl) come from
 CPU; their format is in that file's docstring. Here the same trace is replayed by
 :func:`radixkv.replay.concurrent.replay_concurrent` on a step clock
 (:class:`radixkv.cost.UnitStepCost`, one second per step, arrival step a = arrival time a
-s), with ``BlockHashCache`` (prefix caching on) or ``NoCache`` (off) on the same pool, and
+s; a ``scheduling_policy="priority"`` golden with the priorities of its request lines),
+with ``BlockHashCache`` (prefix caching on) or ``NoCache`` (off) on the same pool, and
 every request (first-admission hit, admission step, finish step, preemptions) and every
 step (scheduled requests with their token counts, preempted requests) is compared.
 
@@ -97,6 +98,9 @@ def replay_golden(g: Golden, fast_forward: bool = True):
     tr = load_trace(trace_path(c["trace"]), format="native")
     if c.get("limit"):
         tr = tr.head(int(c["limit"]))
+    policy = c.get("scheduling_policy", "fcfs")
+    if policy == "priority":  # the priorities vLLM's requests were given (request lines' "prio")
+        tr.priority = np.asarray([r["prio"] for r in g.requests], dtype=np.int64)
     B, nb = int(c["block_size"]), int(c["num_gpu_blocks"])
     pol = BlockHashCache(nb, B) if c["prefix_caching"] else NoCache(nb - 1, B)
     cfg = SchedulerConfig(max_num_seqs=int(c["max_num_seqs"]),
@@ -104,7 +108,7 @@ def replay_golden(g: Golden, fast_forward: bool = True):
                           enable_chunked_prefill=bool(c["chunked_prefill"]),
                           long_prefill_token_threshold=int(c.get("long_prefill_token_threshold", 0)),
                           watermark=float(c.get("watermark", 0.0)),
-                          admission="vllm")
+                          scheduling_policy=policy, admission="vllm")
     arrivals = np.asarray([r["arrive"] for r in g.requests], dtype=np.float64)
     steps: dict = {}
 

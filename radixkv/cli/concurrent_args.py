@@ -31,6 +31,16 @@ flag                                            meaning (default)
 ``--timeline PATH``                              write one CSV row per engine step (``replay``)
 ``--watermark F``                               vLLM rules: share of the pool's blocks an
                                                 admission leaves free (0.0)
+``--scheduling-policy {fcfs,priority}``         vLLM rules: waiting order and preemption
+                                                victim by the trace's ``priority`` column
+                                                (vLLM's flag; fcfs)
+``--enable-priority-scheduling``                SGLang rules: waiting queue by the trace's
+                                                ``priority`` (higher first), then queue
+                                                entry (off); needs
+                                                ``--disable-priority-preemption``
+``--schedule-low-priority-values-first``        SGLang rules: lower values first (off)
+``--disable-priority-preemption``               SGLang rules: no priority preemption (off)
+``--retraction-policy {length,priority}``       SGLang rules: decode retraction order (length)
 ``--cost-model {roofline,fitted,profiled,PATH}`` step-time model (roofline): the assumed
                                                 roofline, the roofline fitted on measured
                                                 GPU timings, the measured profiles, or a
@@ -106,6 +116,19 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
         help="write one CSV row per engine step: running, waiting, batch tokens, pool running/cached/free slots")
     add("--watermark", type=float, default=0.0, metavar="F",
         help="vLLM rules: share of the pool's blocks an admission must leave free while others run (0.0)")
+    add("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
+        help="vLLM rules: fcfs, or priority (waiting queue by the trace's priority then arrival, lower first; "
+             "preempt the running request with the largest (priority, arrival)); vLLM's --scheduling-policy")
+    add("--enable-priority-scheduling", action="store_true", default=False,
+        help="SGLang rules: sort the waiting queue by the trace's priority (higher values first), then queue entry; "
+             "needs --disable-priority-preemption (SGLang's priority preemption is not modelled)")
+    add("--schedule-low-priority-values-first", action="store_true", default=False,
+        help="SGLang rules, with --enable-priority-scheduling: lower priority values first")
+    add("--disable-priority-preemption", action="store_true", default=False,
+        help="SGLang rules, with --enable-priority-scheduling: no preemption of running requests by priority")
+    add("--retraction-policy", choices=["length", "priority"], default="length",
+        help="SGLang rules: decode retraction order (priority: least preferred priority first; "
+             "needs --enable-priority-scheduling)")
     add("--cost-model", default="roofline", metavar="{roofline,fitted,profiled,PATH}",
         help="step-time model: roofline (assumed MFU/MBU, the default), fitted (MFU/MBU/per-layer time fitted "
              "on Vidur's measured GPU timings), profiled (the measured per-layer tables), or a profile JSON "
@@ -168,6 +191,11 @@ def concurrent_config_from_args(args, policy=None):
         enable_chunked_prefill=bool(getattr(args, "enable_chunked_prefill", True)),
         long_prefill_token_threshold=int(getattr(args, "long_prefill_token_threshold", 0) or 0),
         watermark=float(getattr(args, "watermark", 0.0) or 0.0),
+        scheduling_policy=getattr(args, "scheduling_policy", "fcfs") or "fcfs",
+        enable_priority_scheduling=bool(getattr(args, "enable_priority_scheduling", False)),
+        schedule_low_priority_values_first=bool(getattr(args, "schedule_low_priority_values_first", False)),
+        disable_priority_preemption=bool(getattr(args, "disable_priority_preemption", False)),
+        retraction_policy=getattr(args, "retraction_policy", "length") or "length",
     )
 
 

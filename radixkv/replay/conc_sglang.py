@@ -8,8 +8,9 @@ byte for byte, with the step loop inside Numba
 SGLang's batch visibility (``batch_visibility``: the scheduler defers a prefill's inserts
 to ``commit``; the loop runs any eviction order of the tree kernels, the policy's
 ``_order()``) and ``cache_last_token_on_stop`` off,
-SGLang's rules (``--admission sglang``), a :class:`~radixkv.cost.CostModel` (its class
-itself), no ``on_step`` hook, and compiled tree kernels (``RADIXKV_JIT`` not
+SGLang's rules (``--admission sglang``) without priority scheduling
+(``--enable-priority-scheduling`` runs :mod:`radixkv.replay.sched_sglang_priority` on the
+Python loop), a :class:`~radixkv.cost.CostModel` (its class itself), no ``on_step`` hook, and compiled tree kernels (``RADIXKV_JIT`` not
 interpreting them). Every other run takes the Python loop, which stays the reference
 (``tests/test_conc_sglang.py`` compares the two).
 
@@ -37,6 +38,8 @@ def applicable(policy, cost, config, on_step, rule: str) -> bool:
     from radixkv.clock.calibrated import CalibratedCostModel
 
     if not ENABLED or on_step is not None or rule != "sglang" or type(cost) not in (CostModel, CalibratedCostModel):
+        return False
+    if config.enable_priority_scheduling:  # SglangPriorityScheduler: the Python loop
         return False
     from radixkv.policies import _radix_kernels as K
     from radixkv.policies.radix import RadixCache

@@ -4,7 +4,9 @@
 as one Numba kernel (:func:`radixkv.replay._conc_vllm_kernels.run_loop`) when the
 replay is one it reproduces bit for bit: the policy is exactly
 :class:`~radixkv.policies.block_hash.BlockHashCache` (no subclass, ``verify`` off), the
-scheduler is :class:`~radixkv.replay.sched_vllm.VllmScheduler` with FCFS order, the cost
+scheduler is :class:`~radixkv.replay.sched_vllm.VllmScheduler` with FCFS order (not
+:class:`~radixkv.replay.sched_vllm_priority.VllmPriorityScheduler`, which runs on the Python
+loop), the cost
 model is :class:`~radixkv.cost.CostModel` or :class:`~radixkv.cost.UnitStepCost`, no
 per-step hook is asked for, and the kernels are compiled. Otherwise it
 returns None and the Python loop runs. Both paths give the same
@@ -51,7 +53,7 @@ def _eligible(trace, policy, cost, config, sch) -> bool:
 
     if type(policy) is not BlockHashCache or policy.verify or policy._running or policy._partial:
         return False
-    if type(sch) is not VllmScheduler or config.schedule_policy != "fcfs":
+    if type(sch) is not VllmScheduler or config.schedule_policy != "fcfs" or config.scheduling_policy != "fcfs":
         return False
     from radixkv.clock.calibrated import CalibratedCostModel
 

@@ -366,7 +366,7 @@ def replay_concurrent(
                                           recorder=recorder)
         if res is not None:
             return res
-    sch = make_scheduler(trace, policy, config)
+    sch = make_scheduler(trace, policy, config, arrivals)
     timed = getattr(sch, "step_window", None)  # async host loads (vllm-offload) land by the clock
     if timed is not None:
         sch.attach_link(cost, host_link)
@@ -441,7 +441,7 @@ def replay_concurrent(
             k = sch.max_fast_forward()
             batch = len(plan.req)
             dts = cost.decode_steps_time(batch, int(sum(plan.ctx)), k)
-            if not sch.waiting and nxt < n:
+            if nxt < n and sch.run_ends_at_arrival():
                 ends = now + np.cumsum(dts)
                 j = int(np.searchsorted(ends, arr[nxt], side="left"))
                 if j + 1 < k:
@@ -637,6 +637,11 @@ def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, fini
         "enable_chunked_prefill": config.enable_chunked_prefill,
         "long_prefill_token_threshold": config.long_prefill_token_threshold,
         "watermark": config.watermark,
+        # only when set: the FCFS meta keeps its bytes
+        **({"scheduling_policy": config.scheduling_policy} if config.scheduling_policy != "fcfs" else {}),
+        **({"enable_priority_scheduling": True,
+            "schedule_low_priority_values_first": config.schedule_low_priority_values_first,
+            "retraction_policy": config.retraction_policy} if config.enable_priority_scheduling else {}),
         "cost": {k: getattr(cost, k) for k in cost.__dataclass_fields__},
         "kv_cache_groups": policy.group_metrics() if hasattr(policy, "group_metrics") else None,
     }

@@ -104,7 +104,7 @@ class ReplicaEngine:
 
     def __init__(self, trace, policy, cost, config, arrivals, index, out, *, fast_forward=True):
         self.trace, self.policy, self.cost, self.config = trace, policy, cost, config
-        self.sch = make_scheduler(trace, policy, config)
+        self.sch = make_scheduler(trace, policy, config, arrivals)
         if hasattr(self.sch, "step_window"):  # asynchronous host loads need the single-engine loop's clock hooks
             raise ConfigError(f"{type(policy).__name__} loads KV from host memory asynchronously, which the "
                               "multi-replica concurrent replay does not model: use one replica", field="replicas")
@@ -175,7 +175,7 @@ class ReplicaEngine:
         if self.fast_forward and sch.can_fast_forward(plan):
             k = sch.max_fast_forward()
             dts = cost.decode_steps_time(len(plan.req), int(sum(plan.ctx)), k)
-            if not sch.waiting and next_arrival != math.inf:
+            if next_arrival != math.inf and sch.run_ends_at_arrival():
                 ends = now + np.cumsum(dts)
                 j = int(np.searchsorted(ends, next_arrival, side="left"))
                 if j + 1 < k:

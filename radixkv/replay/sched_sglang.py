@@ -7,7 +7,8 @@ a change to a rule here must be mirrored in :mod:`radixkv.replay._conc_sglang_ke
 (``tests/test_conc_sglang.py`` compares the two).
 
 :class:`SglangScheduler` builds each step as SGLang's default scheduler (not mixed-chunk,
-no overlap, no priorities, page-1 or paged full-attention KV) does. Each rule names the
+no overlap, no priorities — those are :mod:`radixkv.replay.sched_sglang_priority` —, page-1
+or paged full-attention KV) does. Each rule names the
 function it follows:
 
 - **Prefill first** (``scheduler.py :: Scheduler.get_next_batch_to_run``): a step is a

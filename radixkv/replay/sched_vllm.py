@@ -57,9 +57,10 @@ rule and the vLLM code it follows:
   never see it.
 
 Not modelled (vLLM defaults that leave them inert):
-``long_prefill_token_threshold_adaptive`` (default False), the priority policy, async
+``long_prefill_token_threshold_adaptive`` (default False), async
 scheduling, speculative decoding, KV connectors, encoder inputs and ``max_model_len``
-truncation.
+truncation. The priority policy (``--scheduling-policy priority``) is
+:mod:`radixkv.replay.sched_vllm_priority`.
 """
 from __future__ import annotations
 

@@ -57,6 +57,10 @@ import numpy as np
 from radixkv.errors import ConfigError
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")
+#: vLLM's ``--scheduling-policy`` (``SchedulerConfig.policy``)
+SCHEDULING_POLICIES = ("fcfs", "priority")
+#: SGLang's ``--retraction-policy``
+RETRACTION_POLICIES = ("length", "priority")
 ADMISSIONS = ("vllm", "sglang")
 
 #: ``lpm`` falls back to FCFS above this many waiting requests (SGLang
@@ -97,6 +101,25 @@ class SchedulerConfig:
     watermark : float
         vLLM ``--watermark`` (default 0.0, in [0, 1)): share of the pool's blocks an
         admission must leave free while other requests run (vLLM rules only).
+    scheduling_policy : {'fcfs', 'priority'}
+        vLLM ``--scheduling-policy`` (``SchedulerConfig.policy``, default ``fcfs``).
+        ``priority``: waiting queue by (priority, arrival), preemption of the running
+        request with the largest (priority, arrival), from the trace's ``priority``
+        column (vLLM rules only; :mod:`radixkv.replay.sched_vllm_priority`).
+    enable_priority_scheduling : bool
+        SGLang ``--enable-priority-scheduling`` (default False): the waiting queue sorted
+        by (priority, queue entry) before each admission pass, **higher** values first
+        unless ``schedule_low_priority_values_first`` (SGLang rules only;
+        :mod:`radixkv.replay.sched_sglang_priority`). SGLang's priority preemption of
+        running requests is not modelled: ``disable_priority_preemption`` must be set.
+    schedule_low_priority_values_first : bool
+        SGLang ``--schedule-low-priority-values-first`` (default False).
+    disable_priority_preemption : bool
+        SGLang ``--disable-priority-preemption`` (default False).
+    retraction_policy : {'length', 'priority'}
+        SGLang ``--retraction-policy`` (default ``length``): ``priority`` retracts the
+        least preferred priority first when a decode does not fit (needs
+        ``enable_priority_scheduling``).
 
     Raises
     ------
@@ -111,6 +134,11 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     watermark: float = 0.0
+    scheduling_policy: str = "fcfs"
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False
+    disable_priority_preemption: bool = False
+    retraction_policy: str = "length"
 
     def __post_init__(self):
         if int(self.max_num_seqs) < 1:
@@ -126,6 +154,24 @@ class SchedulerConfig:
                               field="long_prefill_token_threshold")
         if not 0.0 <= float(self.watermark) < 1.0:
             raise ConfigError(f"--watermark must be in [0, 1), got {self.watermark}", field="watermark")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"unknown --scheduling-policy {self.scheduling_policy!r}; choose fcfs or priority",
+                              field="scheduling_policy")
+        if self.scheduling_policy == "priority" and self.schedule_policy != "fcfs":
+            raise ConfigError(f"--scheduling-policy priority orders the waiting queue itself: drop "
+                              f"--schedule-policy {self.schedule_policy}", field="scheduling_policy")
+        if self.retraction_policy not in RETRACTION_POLICIES:
+            raise ConfigError(f"unknown --retraction-policy {self.retraction_policy!r}; choose length or priority",
+                              field="retraction_policy")
+        if not self.enable_priority_scheduling:
+            # SGLang: "--retraction-policy priority requires --enable-priority-scheduling"
+            # (arg_groups/validation_hook.py); the other two do nothing without it
+            for name, on in (("retraction_policy", self.retraction_policy == "priority"),
+                             ("schedule_low_priority_values_first", self.schedule_low_priority_values_first),
+                             ("disable_priority_preemption", self.disable_priority_preemption)):
+                if on:
+                    flag = "--" + name.replace("_", "-") + (" priority" if name == "retraction_policy" else "")
+                    raise ConfigError(f"{flag} needs --enable-priority-scheduling", field=name)
         if self.admission is not None and self.admission not in ADMISSIONS:
             raise ConfigError(f"unknown admission rule {self.admission!r}; choose vllm or sglang", field="admission")
 
@@ -200,13 +246,27 @@ def rule_of(policy, config: "SchedulerConfig") -> str:
                              or config.watermark):
         raise ConfigError("--no-enable-chunked-prefill, --long-prefill-token-threshold and --watermark are "
                           "vLLM knobs; SGLang's rules (--admission sglang) do not use them", field="admission")
+    if rule == "sglang" and config.scheduling_policy != "fcfs":
+        raise ConfigError("--scheduling-policy priority is vLLM's priority scheduler; under SGLang's rules "
+                          "(--admission sglang) use --enable-priority-scheduling", field="scheduling_policy")
+    if rule == "vllm" and config.enable_priority_scheduling:
+        raise ConfigError("--enable-priority-scheduling is SGLang's; under vLLM's rules use "
+                          "--scheduling-policy priority", field="enable_priority_scheduling")
+    if rule == "sglang" and config.enable_priority_scheduling and not config.disable_priority_preemption:
+        raise ConfigError("SGLang preempts running requests for a waiting one of higher priority "
+                          "(PrefillAdder.preempt_to_schedule, --priority-scheduling-preemption-threshold), which "
+                          "radixkv does not model: add --disable-priority-preemption", field="disable_priority_preemption")
     return rule
 
 
-def make_scheduler(trace, policy, config: "SchedulerConfig"):
+def make_scheduler(trace, policy, config: "SchedulerConfig", arrivals=None):
     """The scheduler of one replay: vLLM's or SGLang's step rules.
 
-    ``config.admission`` when set, else the policy class's rule (:func:`admission_rule_of`).
+    ``config.admission`` when set, else the policy class's rule (:func:`admission_rule_of`);
+    under vLLM's rules, ``config.scheduling_policy == "priority"`` gives vLLM's priority
+    scheduler (:mod:`radixkv.replay.sched_vllm_priority`), which reads *arrivals*
+    (np.ndarray of float64, shape (n,), seconds; None: the trace's) as vLLM's
+    ``arrival_time``; the other schedulers ignore them.
 
     Returns
     -------
@@ -216,13 +276,26 @@ def make_scheduler(trace, policy, config: "SchedulerConfig"):
     ------
     radixkv.errors.ConfigError
         When vLLM-only knobs (``enable_chunked_prefill=False``,
-        ``long_prefill_token_threshold``, ``watermark``) are set for SGLang's rules.
+        ``long_prefill_token_threshold``, ``watermark``, ``scheduling_policy="priority"``)
+        are set for SGLang's rules, ``enable_priority_scheduling`` for vLLM's, SGLang's
+        priority scheduling without ``disable_priority_preemption``, or priority
+        scheduling is asked of a policy with asynchronous host loads (``vllm-offload``:
+        its scheduler models FCFS only).
     """
     rule = rule_of(policy, config)
-    if rule == "sglang":
+    if rule == "sglang" and config.enable_priority_scheduling:
+        from radixkv.replay.sched_sglang_priority import SglangPriorityScheduler as cls
+    elif rule == "sglang":
         from radixkv.replay.sched_sglang import SglangScheduler as cls
     elif getattr(type(policy), "async_host_loads", False):  # vLLM CPU offloading (vllm-offload)
+        if config.scheduling_policy != "fcfs":
+            raise ConfigError(f"{type(policy).__name__} in --mode concurrent models vLLM's FCFS scheduler only: "
+                              "drop --scheduling-policy priority", field="scheduling_policy")
         from radixkv.replay.sched_vllm_offload import VllmOffloadScheduler as cls
+    elif config.scheduling_policy == "priority":
+        from radixkv.replay.sched_vllm_priority import VllmPriorityScheduler
+
+        return VllmPriorityScheduler(trace, policy, config, arrivals)
     else:
         from radixkv.replay.sched_vllm import VllmScheduler as cls
     return cls(trace, policy, config)
@@ -508,6 +581,13 @@ class Scheduler:
     def can_fast_forward(self, plan: StepPlan) -> bool:
         """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival."""
         raise NotImplementedError
+
+    def run_ends_at_arrival(self) -> bool:
+        """Whether a fast-forwarded run must stop at the next arrival: when the waiting queue
+        is empty (the arrival would be admitted). A queue that is not empty was refused
+        and FCFS puts the arrival behind it, so the run goes on to the next finish;
+        vLLM's priority queue overrides this (an arrival may become the head)."""
+        return not self.waiting
 
     def max_fast_forward(self) -> int:
         """Most decode steps (this one included) all running requests can make together.

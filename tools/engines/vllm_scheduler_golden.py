@@ -114,6 +114,31 @@ CONFIGS = {
                                                     max_num_batched_tokens=1024, max_num_seqs=8,
                                                     chunked_prefill=False, max_model_len=1024,
                                                     arrival_every=3),
+    # vLLM's priority scheduler (SchedulerConfig.policy = "priority"): each request gets
+    # priority random.Random(seed).randrange(levels) in file order (``priorities``) and
+    # arrival_time = its arrival step; the request lines then carry "prio"
+    "stress150_b16_n80_t64_s32_prio3": dict(trace="stress150.jsonl", block_size=16, num_gpu_blocks=80,
+                                            max_num_batched_tokens=64, max_num_seqs=32,
+                                            scheduling_policy="priority", priorities=(1, 3)),
+    "mixed150_b32_n62_t64_s8_arr1_prio3": dict(trace="mixed200.jsonl", limit=150, block_size=32, num_gpu_blocks=62,
+                                               max_num_batched_tokens=64, max_num_seqs=8, arrival_every=1,
+                                               scheduling_policy="priority", priorities=(2, 3)),
+    "edge300_b16_n48_t64_s4_arr2_prio4": dict(trace="edge300.jsonl", block_size=16, num_gpu_blocks=48,
+                                              max_num_batched_tokens=64, max_num_seqs=4, arrival_every=2,
+                                              scheduling_policy="priority", priorities=(3, 4)),
+    "stress150_b32_n40_t128_s16_thr48_prio2": dict(trace="stress150.jsonl", block_size=32, num_gpu_blocks=40,
+                                                   max_num_batched_tokens=128, max_num_seqs=16,
+                                                   long_prefill_token_threshold=48,
+                                                   scheduling_policy="priority", priorities=(4, 2)),
+    "mixed200_b32_n90_t512_s16_wm0.05_arr2_prio3": dict(trace="mixed200.jsonl", block_size=32, num_gpu_blocks=90,
+                                                        max_num_batched_tokens=512, max_num_seqs=16, watermark=0.05,
+                                                        arrival_every=2, scheduling_policy="priority",
+                                                        priorities=(5, 3)),
+    "stress150_b16_n90_t1024_s8_nochunk_arr3_prio3": dict(trace="stress150.jsonl", block_size=16,
+                                                          num_gpu_blocks=90, max_num_batched_tokens=1024,
+                                                          max_num_seqs=8, chunked_prefill=False, max_model_len=1024,
+                                                          arrival_every=3, scheduling_policy="priority",
+                                                          priorities=(6, 3)),
 }
 
 DEFAULTS = dict(chunked_prefill=True, prefix_caching=True, max_model_len=4096, arrival_every=0,
@@ -152,7 +177,8 @@ def make_scheduler(model_dir: str, cfg: dict):
     sc = SchedulerConfig(max_num_batched_tokens=cfg["max_num_batched_tokens"], max_num_seqs=cfg["max_num_seqs"],
                          max_model_len=mml, enable_chunked_prefill=cfg["chunked_prefill"],
                          long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
-                         watermark=cfg["watermark"], is_encoder_decoder=False)
+                         watermark=cfg["watermark"], is_encoder_decoder=False,
+                         policy=cfg.get("scheduling_policy", "fcfs"))
     cc = CacheConfig(block_size=B, cache_dtype="auto", enable_prefix_caching=cfg["prefix_caching"])
     vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc)
     spec = FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=64, dtype=torch.float16)
@@ -164,7 +190,7 @@ def make_scheduler(model_dir: str, cfg: dict):
     want = {"max_num_batched_tokens": cfg["max_num_batched_tokens"], "max_num_seqs": cfg["max_num_seqs"],
             "enable_chunked_prefill": cfg["chunked_prefill"],
             "long_prefill_token_threshold": cfg["long_prefill_token_threshold"], "watermark": cfg["watermark"],
-            "async_scheduling": False}
+            "async_scheduling": False, "policy": cfg.get("scheduling_policy", "fcfs")}
     for k, v in want.items():
         if getattr(got, k, v) != v:
             raise RuntimeError(f"vLLM changed scheduler_config.{k} to {getattr(got, k)!r} (wanted {v!r})")
@@ -207,6 +233,17 @@ def run(name: str, model_dir: str, cfg: dict | None = None) -> tuple[dict, list[
         if len(r["tokens"]) + max(int(r.get("output_length", len(r.get("output_tokens", [])))), 1) > cfg["max_model_len"]:
             raise ValueError(f"{cfg['trace']}: request {r['id']} is longer than max_model_len")
     sched, hasher = make_scheduler(model_dir, cfg)
+    prio = priorities(cfg, n)
+    # the order of preemptions, as _preempt_request makes them (FCFS: also the head of the
+    # waiting queue, reversed; a priority queue has no such order)
+    pre_order: list = []
+    real_preempt = sched._preempt_request
+
+    def preempt_and_record(request, *a, **k):
+        pre_order.append(request.request_id)
+        return real_preempt(request, *a, **k)
+
+    sched._preempt_request = preempt_and_record
     row = {r["id"]: i for i, r in enumerate(reqs)}
     outs = [r.get("output_tokens", []) for r in reqs]
     # output lengths: output_length when given (then the outputs are unique tokens unless
@@ -221,15 +258,17 @@ def run(name: str, model_dir: str, cfg: dict | None = None) -> tuple[dict, list[
         while nxt < n and arrive[nxt] <= step:
             r = reqs[nxt]
             N = nout[nxt]
+            extra = {} if prio is None else dict(priority=prio[nxt], arrival_time=float(arrive[nxt]))
             obj = Request(request_id=r["id"], prompt_token_ids=list(r["tokens"]),
                           sampling_params=SamplingParams(max_tokens=max(1, N), ignore_eos=True),
-                          pooling_params=None, block_hasher=hasher)
+                          pooling_params=None, block_hasher=hasher, **extra)
             objs[r["id"]] = obj
             sched.add_request(obj)
             nxt += 1
         waiting_before = {rid for rid, o in objs.items()
                           if o.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)}
         computed_before = {rid: objs[rid].num_computed_tokens for rid in objs}
+        pre_order.clear()
         out = sched.schedule()
         nsched = dict(out.num_scheduled_tokens)
         rec = {"s": step}
@@ -248,11 +287,15 @@ def run(name: str, model_dir: str, cfg: dict | None = None) -> tuple[dict, list[
             elif computed_before[rid] == 0:
                 raise RuntimeError(f"step {step}: {rid} scheduled from nowhere")
         pre_ids = set(out.preempted_req_ids or ())
-        # preempted requests are prepended one by one (``_preempt_request``) and nothing
-        # else is queued after a preemption: the queue's head, reversed, is their order
-        order = [q.request_id for q in list(sched.waiting)[: len(pre_ids)]][::-1]
-        if set(order) != pre_ids:
+        order = list(pre_order)
+        if set(order) != pre_ids or len(order) != len(pre_ids):
             raise RuntimeError(f"step {step}: cannot order the preempted requests {sorted(pre_ids)}")
+        if prio is None:
+            # FCFS: preempted requests are prepended one by one and nothing else is queued
+            # after a preemption, so the queue's head, reversed, is their order too
+            head = [q.request_id for q in list(sched.waiting)[: len(pre_ids)]][::-1]
+            if head != order:
+                raise RuntimeError(f"step {step}: preemption order {order} is not the queue's head {head}")
         pre = [row[rid] for rid in order]
         for i in pre:
             preempt[i] += 1
@@ -285,10 +328,24 @@ def run(name: str, model_dir: str, cfg: dict | None = None) -> tuple[dict, list[
         if step > 10_000_000:
             raise RuntimeError("no progress")
     req_lines = [{"i": i, "id": reqs[i]["id"], "arrive": arrive[i], "hit": first_hit[i], "admit": admit[i],
-                  "finish": finish[i], "preempt": preempt[i]} for i in range(n)]
+                  "finish": finish[i], "preempt": preempt[i], **({} if prio is None else {"prio": prio[i]})}
+                 for i in range(n)]
     header = {"config": {"name": name, **cfg}, "engine": f"vllm {vllm.__version__}", "requests": n,
               "steps": step, "trace": cfg["trace"]}
     return header, req_lines, steps
+
+
+def priorities(cfg: dict, n: int) -> list | None:
+    """The requests' priorities of a ``scheduling_policy="priority"`` configuration: with
+    ``priorities = (seed, levels)``, ``random.Random(seed).randrange(levels)`` for each
+    request in file order; None under FCFS."""
+    if cfg.get("scheduling_policy", "fcfs") != "priority":
+        return None
+    import random
+
+    seed, levels = cfg["priorities"]
+    rng = random.Random(seed)
+    return [rng.randrange(levels) for _ in range(n)]
 
 
 def run_length(steps: list) -> list:
