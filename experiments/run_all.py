@@ -3,6 +3,7 @@
     python -m experiments            # full sizes: results in experiments/results/, ~25 min on 2 idle cores
     python -m experiments --quick    # reduced sizes: experiments/results/quick/, < 10 min
     python -m experiments --only fig_capacity,tab_memory   # a subset
+    python -m experiments --check-fresh  # is every result as new as its code? (experiments/freshness.py)
 
 Each script runs in its own process (``nice``-d), with ``RADIXKV_SHARED`` pointing at the
 folder that holds the public traces (default ``../shared`` beside the repository). In full
@@ -47,7 +48,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="reduced sizes, results in experiments/results/quick/")
     ap.add_argument("--only", default="", help="comma-separated script names to run (default: all)")
     ap.add_argument("--no-render", action="store_true", help="do not render the paper afterwards")
+    ap.add_argument("--check-fresh", action="store_true",
+                    help="run nothing: exit 1 if a result file (with --quick: a quick one) was produced before the "
+                         "last change to the code it depends on (experiments/freshness.py)")
     args = ap.parse_args(argv)
+    if args.check_fresh:
+        from experiments.freshness import main as check_fresh
+
+        return check_fresh(HERE / "results" / ("quick" if args.quick else ""), REPO)
     only = {s for s in args.only.split(",") if s}
     unknown = only - {s for s, *_ in SCRIPTS}
     if unknown:
