@@ -34,6 +34,7 @@ SCRIPTS = [
     ("fig_mooncake_kvsim", "mooncake_kvsim.{json,png}: Fig. 9 point by point against the Mooncake team's kvcache-simulator, whole trace vs last 50 % of requests, the gap's hypotheses tested (needs kvcache-simulator==0.1.3; skipped without it)", 0.2, 0.1),
     ("fig_capacity", "capacity.json, capacity_curves.png, hit_lengths.png, alignment.png: hit rate vs capacity per policy on each public trace; fp8 vs bf16 pools (C5, C13, C17)", 8, 1),
     ("tab_workloads", "workloads.{json,png}: hit-rate spread, concentration, cross-session share on real traces; 5-seed synthetic ablations (C3, C5, C7, C10, C13, C18)", 5, 2),
+    ("tab_traces", "traces.json: the public traces' artifacts: WEKA ids per file (no cross-file sharing), requests beyond Llama-3.1-8B's context per engine rule, RAGPulse hit rate under each component order (paper §3)", 0.5, 0.3),
     ("tab_misses", "misses.json: why prompt tokens miss (compulsory / capacity / alignment / last-token cap) per trace, policy and pool (C3, C6, C10, C13)", 4, 0.5),
     ("tab_fragmentation", "fragmentation.{json,png}: cached tokens, fragmentation over a pool sweep, whole-leaf vs granularity ablation (C6)", 4, 1),
     ("fig_concurrent", "concurrent.json, concurrent_pressure.png, pool_split.png: cache on/off/static × memory pressure × load, MFU/MBU, max_num_batched_tokens (C1, C2, C4, C8, C9, C14)", 2, 1),
