@@ -78,11 +78,11 @@ def main(argv=None) -> int:
         if rc != 0:
             return rc
     if not args.no_render:
-        from experiments.render_paper import render_to
+        from experiments.render_paper import QUICK_NOTE, render_to
 
         res = HERE / "results" / ("quick" if args.quick else "")
         out = (HERE / "results" / "quick" / "paper.md") if args.quick else (REPO / "paper" / "paper.md")
-        render_to(res, out, strict=not args.quick)
+        render_to(res, out, strict=not args.quick, note=QUICK_NOTE if args.quick else "")
         print(f"rendered {out.relative_to(REPO)}")
     print(f"all done in {time.perf_counter() - t_all:.0f} s")
     return 0
