@@ -14,7 +14,7 @@ numbers). FMT is a Python format spec (``.3f``, ``,.0f``, ``+.3f``) or one of ``
 separators), ``x1`` / ``x2`` (a ratio with 1/2 decimals), or ``dir:POS/NEG[/ZERO]``, which
 renders a word chosen by the value's sign (``{{ $a/x - $b/x | dir:higher/lower/the same }}``),
 so a sentence's direction comes from the data as its numbers do. A missing value (JSON null)
-renders as ``n/a``. Two placeholders joined by an en dash (``{{ A }}–{{ B }}``) are a range:
+renders as ``n/a``, and so does a reference that walks through a null. Two placeholders joined by an en dash (``{{ A }}–{{ B }}``) are a range:
 when both ends render the same text it is printed once (``67 %``, not ``67–67 %``).
 
     python experiments/render_paper.py            # results/ → paper/paper.md
@@ -85,6 +85,8 @@ def resolve(results: Path, file: str, path: str, cache: dict):
         cache[file] = json.loads(p.read_text())
     node = cache[file]
     for seg in path.split("/"):
+        if node is None:  # a null on the way (a value not computed): the whole reference is n/a
+            return None
         if isinstance(node, list):
             if re.fullmatch(r"-?\d+", seg):
                 node = node[int(seg)]

@@ -60,10 +60,12 @@ def test_renderer_arithmetic_selectors_and_formats(rp, tmp_path):
     # hand-worked values: a list selector, arithmetic over two references, each format
     (tmp_path / "r.json").write_text(json.dumps({
         "rows": [{"engine": "vllm", "tp": 1, "x": 0.25}, {"engine": "sglang", "tp": 2, "x": 0.5}],
-        "n": 1234567, "none": None}))
+        "n": 1234567, "none": None, "row": {"cell": None}}))
     t = ("{{ $r/rows/engine=sglang&tp=2/x | pct1 }} {{ $r/rows/0/x / $r/rows/1/x | .2f }} "
          "{{ $r/n | int }} {{ $r/none | .3f }} {{ $r/rows/-1/x | +.0% }}")
     assert rp.render(t, tmp_path) == "50.0 0.50 1,234,567 n/a +50%"
+    # a null on the way (a cell not computed) is n/a too, alone or in arithmetic
+    assert rp.render("{{ $r/row/cell/x | .3f }} {{ $r/row/cell/x + 1 }}", tmp_path) == "n/a n/a"
 
 
 def test_renderer_direction_words_follow_the_sign(rp, tmp_path):
