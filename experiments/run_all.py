@@ -3,6 +3,7 @@
     python -m experiments            # full sizes: results in experiments/results/, ~25 min on 2 idle cores
     python -m experiments --quick    # reduced sizes: experiments/results/quick/, < 10 min
     python -m experiments --only fig_capacity,tab_memory   # a subset
+    python -m experiments --check-fresh  # is every result as new as its code? (experiments/freshness.py)
 
 Each script runs in its own process (``nice``-d), with ``RADIXKV_SHARED`` pointing at the
 folder that holds the public traces (default ``../shared`` beside the repository). In full
@@ -33,6 +34,7 @@ SCRIPTS = [
     ("fig_mooncake_kvsim", "mooncake_kvsim.{json,png}: Fig. 9 point by point against the Mooncake team's kvcache-simulator, whole trace vs last 50 % of requests, the gap's hypotheses tested (needs kvcache-simulator==0.1.3; skipped without it)", 0.2, 0.1),
     ("fig_capacity", "capacity.json, capacity_curves.png, hit_lengths.png, alignment.png: hit rate vs capacity per policy on each public trace; fp8 vs bf16 pools (C5, C13, C17)", 8, 1),
     ("tab_workloads", "workloads.{json,png}: hit-rate spread, concentration, cross-session share on real traces; 5-seed synthetic ablations (C3, C5, C7, C10, C13, C18)", 5, 2),
+    ("tab_traces", "traces.json: the public traces' artifacts: WEKA ids per file (no cross-file sharing), requests beyond Llama-3.1-8B's context per engine rule, RAGPulse hit rate under each component order (paper §3)", 0.5, 0.3),
     ("tab_misses", "misses.json: why prompt tokens miss (compulsory / capacity / alignment / last-token cap) per trace, policy and pool (C3, C6, C10, C13)", 4, 0.5),
     ("tab_fragmentation", "fragmentation.{json,png}: cached tokens, fragmentation over a pool sweep, whole-leaf vs granularity ablation (C6)", 4, 1),
     ("fig_concurrent", "concurrent.json, concurrent_pressure.png, pool_split.png: cache on/off/static × memory pressure × load, MFU/MBU, max_num_batched_tokens (C1, C2, C4, C8, C9, C14)", 2, 1),
@@ -47,7 +49,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="reduced sizes, results in experiments/results/quick/")
     ap.add_argument("--only", default="", help="comma-separated script names to run (default: all)")
     ap.add_argument("--no-render", action="store_true", help="do not render the paper afterwards")
+    ap.add_argument("--check-fresh", action="store_true",
+                    help="run nothing: exit 1 if a result file (with --quick: a quick one) was produced before the "
+                         "last change to the code it depends on (experiments/freshness.py)")
     args = ap.parse_args(argv)
+    if args.check_fresh:
+        from experiments.freshness import main as check_fresh
+
+        return check_fresh(HERE / "results" / ("quick" if args.quick else ""), REPO)
     only = {s for s in args.only.split(",") if s}
     unknown = only - {s for s, *_ in SCRIPTS}
     if unknown:
@@ -69,11 +78,11 @@ def main(argv=None) -> int:
         if rc != 0:
             return rc
     if not args.no_render:
-        from experiments.render_paper import render_to
+        from experiments.render_paper import QUICK_NOTE, render_to
 
         res = HERE / "results" / ("quick" if args.quick else "")
         out = (HERE / "results" / "quick" / "paper.md") if args.quick else (REPO / "paper" / "paper.md")
-        render_to(res, out, strict=not args.quick)
+        render_to(res, out, strict=not args.quick, note=QUICK_NOTE if args.quick else "")
         print(f"rendered {out.relative_to(REPO)}")
     print(f"all done in {time.perf_counter() - t_all:.0f} s")
     return 0

@@ -60,10 +60,12 @@ def test_renderer_arithmetic_selectors_and_formats(rp, tmp_path):
     # hand-worked values: a list selector, arithmetic over two references, each format
     (tmp_path / "r.json").write_text(json.dumps({
         "rows": [{"engine": "vllm", "tp": 1, "x": 0.25}, {"engine": "sglang", "tp": 2, "x": 0.5}],
-        "n": 1234567, "none": None}))
+        "n": 1234567, "none": None, "row": {"cell": None}}))
     t = ("{{ $r/rows/engine=sglang&tp=2/x | pct1 }} {{ $r/rows/0/x / $r/rows/1/x | .2f }} "
          "{{ $r/n | int }} {{ $r/none | .3f }} {{ $r/rows/-1/x | +.0% }}")
     assert rp.render(t, tmp_path) == "50.0 0.50 1,234,567 n/a +50%"
+    # a null on the way (a cell not computed) is n/a too, alone or in arithmetic
+    assert rp.render("{{ $r/row/cell/x | .3f }} {{ $r/row/cell/x + 1 }}", tmp_path) == "n/a n/a"
 
 
 def test_renderer_direction_words_follow_the_sign(rp, tmp_path):
@@ -84,3 +86,21 @@ def test_renderer_errors_name_the_line(rp, tmp_path):
         rp.render("{{ $r/a + __import__ }}", tmp_path)
     with pytest.raises(rp.RenderError, match="not found"):
         rp.render("{{ $missing/a }}", tmp_path)
+
+
+def test_a_range_whose_ends_print_alike_prints_once(rp, tmp_path):
+    # {{ A }}–{{ B }}: 0.674 and 0.668 both print 67 at pct0 -> "67 %", not "67–67 %";
+    # 0.5 and 0.75 -> "50–75"; a dash between a placeholder and text is left alone
+    (tmp_path / "r.json").write_text(json.dumps({"lo": 0.668, "hi": 0.674, "a": 0.5, "b": 0.75}))
+    t = ("{{ $r/lo | pct0 }}–{{ $r/hi | pct0 }} % | {{ $r/a | pct0 }}–{{ $r/b | pct0 }} % | "
+         "{{ $r/lo | .3f }}–{{ $r/hi | .3f }} | {{ $r/a | pct0 }}–x")
+    assert rp.render(t, tmp_path) == "67 % | 50–75 % | 0.668–0.674 | 50–x"
+
+
+def test_the_quick_rendering_says_it_is_the_reduced_run(rp, tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps({"a": 1}))
+    tmpl = tmp_path / "t.md"
+    tmpl.write_text("x {{ $r/a }} {{ $r/missing }}\n")
+    text = rp.render_to(tmp_path, tmp_path / "out.md", tmpl, strict=False, note=rp.QUICK_NOTE)
+    assert text == rp.HEADER + rp.QUICK_NOTE + "x 1 —\n"
+    assert "Reduced run" in rp.QUICK_NOTE and "--quick" in rp.QUICK_NOTE

@@ -126,6 +126,34 @@ def test_ragpulse_units_hand_worked(tmp_path):
     assert t.turn.tolist() == [0, 1, 2]
 
 
+def test_ragpulse_component_order_hand_worked(tmp_path):
+    # two prompts, U = 4: sys S (8) + passage p0 (4) + history h1 / h2 (4) + user u1 / u2 (4)
+    # = 20 tokens = 5 units each. Keys' order (S, p0, h, u): the second shares S and p0 =
+    # 3 units = 12 tokens with an infinite cache. History before passages (S, h, p0, u): it
+    # shares S only = 2 units = 8 tokens.
+    from radixkv.errors import TraceFormatError
+    from radixkv.trace.ragpulse import read_ragpulse
+    from radixkv.trace.stats import infinite_cache_hits
+
+    d = tmp_path / "rp"
+    d.mkdir()
+    (d / "1_sys_prompt.jsonl").write_text('{"sys_prompt_id": 1, "token_length": 8}\n')
+    (d / "2_passages.jsonl").write_text('{"passage_id": 0, "token_length": 4}\n')
+    (d / "3_history.jsonl").write_text('{"history_id": 1, "token_length": 4}\n{"history_id": 2, "token_length": 4}\n')
+    (d / "4_user_input.jsonl").write_text('{"user_input_id": 1, "token_length": 4}\n'
+                                          '{"user_input_id": 2, "token_length": 4}\n')
+    (d / "5_web_search.jsonl").write_text("")
+    (d / "0_trace.jsonl").write_text("".join(
+        json.dumps({"timestamp": str(k), "input_length": 20, "output_length": 1, "session_id": f"s{k}",
+                    "hash_ids": {"sys_prompt": [1], "passages_ids": [0], "history": [k], "web_search": [],
+                                 "user_input": [k]}}) + "\n" for k in (1, 2)))
+    assert infinite_cache_hits(read_ragpulse(d, unit_tokens=4)).tolist() == [0, 12]
+    hist_first = ("sys_prompt", "history", "passages_ids", "web_search", "user_input")
+    assert infinite_cache_hits(read_ragpulse(d, unit_tokens=4, order=hist_first)).tolist() == [0, 8]
+    with pytest.raises(TraceFormatError, match="order"):
+        read_ragpulse(d, unit_tokens=4, order=("sys_prompt", "history"))
+
+
 # ----------------------------------------------------------------- Azure representation
 def test_azure_hand_worked(tmp_path):
     p = tmp_path / "a.csv"

@@ -19,7 +19,7 @@ a :class:`~radixkv.trace.types.Trace` has one fixed unit size. This reader:
 
 1. lays a prompt out as its chunks in the order ``sys_prompt, passages_ids, history,
    web_search, user_input`` (the order of the keys; the real prompt order is not
-   documented), followed by the ``T = input_length − Σ chunk lengths`` tokens (6–12 in the
+   documented; ``order=`` picks another), followed by the ``T = input_length − Σ chunk lengths`` tokens (6–12 in the
    public file) that belong to no chunk — chat-template tokens. They are put **at the end
    as unique content**: their true place is unknown, and a unique tail never invents
    sharing the data do not show;
@@ -95,7 +95,7 @@ def _parse_timestamp(v, path, ln) -> float:
     return F.as_float(v, path, ln, "timestamp")
 
 
-def read_ragpulse(path, *, unit_tokens: int = DEFAULT_UNIT_TOKENS) -> Trace:
+def read_ragpulse(path, *, unit_tokens: int = DEFAULT_UNIT_TOKENS, order=None) -> Trace:
     """Read RAGPulse's ``data`` folder (or its ``0_trace.jsonl``, siblings beside it).
 
     Parameters
@@ -105,6 +105,11 @@ def read_ragpulse(path, *, unit_tokens: int = DEFAULT_UNIT_TOKENS) -> Trace:
     unit_tokens : int ≥ 2
         U, tokens per id (default 16). Sharing is kept at U granularity (module
         docstring); smaller U is finer but costs more ids (about ``Σ P / U``).
+    order : sequence of str, optional
+        The prompt order of the five components, as their ``hash_ids`` keys (a permutation
+        of ``sys_prompt, passages_ids, history, web_search, user_input``). Default: that
+        order, the order of the keys; the real prompt's order is not documented, so the
+        hits depend on this assumption (``experiments/tab_traces.py`` measures how much).
 
     Returns
     -------
@@ -117,7 +122,8 @@ def read_ragpulse(path, *, unit_tokens: int = DEFAULT_UNIT_TOKENS) -> Trace:
         Naming the file, the 1-based line and the field (``hash_ids.<component>`` for
         chunk lists): invalid JSON, missing component file, missing / mistyped fields,
         negative or boolean lengths or ids, a chunk id missing from its component file,
-        chunks longer than ``input_length``, an empty prompt.
+        chunks longer than ``input_length``, an empty prompt; *order* not a permutation of
+        the five component keys (field ``order``).
     """
     path = Path(path)
     folder = path if path.is_dir() else path.parent
@@ -126,8 +132,15 @@ def read_ragpulse(path, *, unit_tokens: int = DEFAULT_UNIT_TOKENS) -> Trace:
     if U < 2:
         raise TraceFormatError(f"unit_tokens must be ≥ 2 (ids are never expanded to tokens), got {unit_tokens}",
                                field="unit_tokens")
+    comps = COMPONENTS
+    if order is not None:
+        by_key = {c[0]: c for c in COMPONENTS}
+        if isinstance(order, str) or sorted(order) != sorted(by_key):
+            raise TraceFormatError(f"order must be a permutation of {', '.join(by_key)}, got {order!r}",
+                                   field="order")
+        comps = tuple(by_key[k] for k in order)
     lengths = []
-    for _key, fname, id_field in COMPONENTS:
+    for _key, fname, id_field in comps:
         cpath = folder / fname
         if not cpath.is_file():
             raise TraceFormatError(f"component file {fname} is missing beside the trace", path=cpath)
@@ -155,14 +168,14 @@ def read_ragpulse(path, *, unit_tokens: int = DEFAULT_UNIT_TOKENS) -> Trace:
             raise TraceFormatError("expected an object of component id lists", path=trace_file, line=ln, field="hash_ids")
         node = -1
         nodes, lens = [], []
-        for c, (key, _fname, _idf) in enumerate(COMPONENTS):
+        for c, (key, _fname, _idf) in enumerate(comps):
             field = f"hash_ids.{key}"
             ids = F.as_id_array(F.get(hid, key, trace_file, ln, field=field), trace_file, ln, field).tolist()
             table = lengths[c]
             for j, cid in enumerate(ids):
                 L = table.get(cid)
                 if L is None:
-                    raise TraceFormatError(f"element {j}: id {cid} is not in {COMPONENTS[c][1]}",
+                    raise TraceFormatError(f"element {j}: id {cid} is not in {comps[c][1]}",
                                            path=trace_file, line=ln, field=field)
                 k = (node, (c << _ID_BITS) | cid)
                 nxt = trie.get(k)
