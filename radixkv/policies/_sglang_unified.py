@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from radixkv.errors import ConfigError
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.types import KVSeq
 
@@ -874,6 +875,12 @@ class UnifiedHybridCache(PrefixCache):
         super().__init__(tree.full_cap // tree.ps, tree.ps)
         chunk = None if chunked_prefill_size is None or int(chunked_prefill_size) <= 0 else int(chunked_prefill_size)
         #: SGLang's ``--chunked-prefill-size`` for :meth:`run_request` (None: one extend)
+        if chunk is not None and chunk < tree.ps:
+            # PrefillAdder._select_prefill_admission rounds the first chunk down to a
+            # page: 0 tokens, AddReqResult.OTHER, the request never runs
+            raise ConfigError(f"chunked_prefill_size={chunk} is smaller than page_size={tree.ps}: SGLang's "
+                              "PrefillAdder cuts a first chunk of 0 tokens and never admits a longer prompt",
+                              field="chunked_prefill_size")
         self.chunked_prefill_size = chunk
         self.tree = tree
         self.page_size = tree.ps
@@ -954,7 +961,7 @@ class UnifiedHybridCache(PrefixCache):
         if t.has_swa:
             fa = full_hit // t.ps * t.ps
             r.swa_branch = fa if fa > hit else None
-        end = self._chunk_end(hit, P) if first_chunk else max(first, hit)
+        end = self._chunk_end(hit, P, first=True) if first_chunk else max(first, hit)
         if not self._fits(r, best, end - hit, mamba_slots=1 + (end < P or seq.kv_len > P)):
             # refused (SGLang's PrefillAdder would not admit it): nothing allocated
             return None
@@ -1011,8 +1018,9 @@ class UnifiedHybridCache(PrefixCache):
             t.checkpoint(r, r.committed, finished=False)
 
     def extend(self, rid: int, n_tokens: int) -> bool:
-        """*n_tokens* more tokens: the rest of a chunked prefill (chunks end on pages, as
-        the harness's ``--chunked-prefill-size``), then decode steps (step 5), one token each."""
+        """*n_tokens* more tokens: the rest of a chunked prefill (:meth:`run_request` passes
+        one ``add_chunked_req`` chunk at a time, see :meth:`_chunk_end`), then decode
+        steps (step 5), one token each."""
         r = self._reqs[rid]
         t = self.tree
         n_tokens = int(n_tokens)
@@ -1050,15 +1058,28 @@ class UnifiedHybridCache(PrefixCache):
         effect: SGLang's scheduler uses the same match for ``lpm`` and its budget."""
         return self.tree.peek(token_codes(seq), seq.prompt_len - 1)
 
-    def _chunk_end(self, start: int, P: int) -> int:
-        """End of the prefill chunk starting at *start* (the scheduler's
-        ``PrefillAdder``: ``chunked_prefill_size`` tokens, the end rounded down to a page
-        unless that leaves nothing)."""
+    def _chunk_end(self, start: int, P: int, first: bool = False) -> int:
+        """End of the prefill pass starting at *start* (SGLang's ``PrefillAdder``).
+
+        The first pass (``add_one_req`` → ``_select_prefill_admission``) chunks when the
+        un-hit prompt, rounded up to a page, exceeds ``chunked_prefill_size``; its chunk
+        is ``chunked_prefill_size`` rounded down to a page and its end is rounded down
+        to a page (*start*, the hit, is page-aligned). Every later pass
+        (``add_chunked_req``) takes ``min(rest, chunked_prefill_size)`` as is, without
+        page rounding: with a chunk size that is not a multiple of the page size the
+        ends leave the page grid (each checkpoint inserts the whole pages before it).
+        The memory terms of both (``SWAPrefillBudget.check_prefill``'s chunk cap,
+        ``available_chunk_tokens``) are not modelled: a lone request that fits (see
+        :meth:`fits_alone`) is not capped by them on the goldens (tools/engines/
+        sglang_hybrid_replay.py drives the real ``PrefillAdder`` and records
+        ``chunk_ends``)."""
         c, ps = self.chunked_prefill_size, self.tree.ps
-        if c is None or P - start <= c:
+        if c is None:
             return P
-        end = (start + c) // ps * ps
-        return end if end > start else min(P, start + c)
+        if first:
+            f = c // ps * ps
+            return P if P - start <= f else (start + f) // ps * ps
+        return min(P, start + c)
 
     def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
         """Admit, prefill (in chunks of ``chunked_prefill_size``, each middle chunk
