@@ -13,6 +13,16 @@ Runs ``sglang_hybrid_replay.py`` (this folder: SGLang's own ``UnifiedRadixCache`
 Pools are tight enough that both the full-attention pool and the SWA pool / Mamba
 slots evict. ``--check`` (free + cached == capacity in every pool, nothing locked)
 runs after every request. About 30 s.
+
+Chunked runs use the harness's default ``--chunk-rule adder``: SGLang's own
+``PrefillAdder`` admits each request and picks every chunk end (``add_one_req``: the
+first chunk rounded down to a page; ``add_chunked_req``: each later one as given, so
+with 300 at page 16 the later ends leave the page grid), with the allocator's own
+prefill budget (``SWAPrefillBudget`` for SWA). Each record of a chunked run carries
+``chunk_ends`` (the ``extend_end`` of every prefill pass). Before this, the harness
+rounded every chunk end to a page; of the three chunked runs only
+``..._p16_..._chunk300`` changed (29776 -> 30032 hit tokens, 1 request's hit, 112
+requests' pool state); the two page-1 runs are unchanged but for ``chunk_ends``.
 """
 from __future__ import annotations
 
@@ -80,6 +90,7 @@ def main(argv=None):
         m = {"name": name, "engine": "sglang 0.5.23", "impl": "UnifiedRadixCache",
              "tree_core": rep.tree_core_name, "mode": mode, "trace": trace, "page_size": ps,
              "capacity_tokens": full, "chunked_prefill_size": chunk if chunk > 0 else None,
+             "chunk_rule": "PrefillAdder" if chunk > 0 else None,
              "hit_tokens": sum(r["hit_tokens"] for r in recs),
              "evicted_tokens": sum(r.get("evicted_tokens", 0) for r in recs)}
         if mode == "swa":
