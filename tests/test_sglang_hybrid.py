@@ -52,7 +52,7 @@ def test_golden_runs_match_sglang(run):
     assert bad == []
 
 
-@pytest.mark.parametrize("run", [m for m in MANIFEST if m["trace"] == "mixed200.jsonl"],
+@pytest.mark.parametrize("run", [m for m in MANIFEST if m["trace"] == "mixed200.jsonl" or m["chunked_prefill_size"]],
                          ids=lambda m: m["name"])
 def test_golden_pool_state_after_every_request(run):
     # beyond the hits: the tree's Full tokens, SWA tokens / Mamba states and the free
@@ -209,6 +209,20 @@ def test_chunk_ends_off_the_page_grid_by_hand():
     assert ends == [4, 10, 16, 21, 4, 6, 24]
     with pytest.raises(ConfigError):
         SGLangSWACache(1000, 16, 4, chunked_prefill_size=8)  # first chunk 8 // 16 * 16 = 0
+
+
+def test_chunked_swa_fit_uses_sglangs_admission_estimate_by_hand():
+    # page 16, window 48, chunk 100: a 239-token prompt with 40 outputs (edge300's e4).
+    # SWAPrefillBudget.check_prefill → estimate_swa_kv_tokens on empty pools: extend
+    # ceil16(239) = 240, allocated min(240, 100) = 100, tail 100 − 48 = 52, plus
+    # min(240 + 40, 48) = 48, plus a page 16 → 116; admitted iff 116 < the SWA pool.
+    # SWA pool 256: fits (SGLang ran it: golden ..._s256_chunk100, e4 hits 48).
+    # SWA pool 112: 116 + 1 − 112 = 5 over (SGLang would cap its chunks: not modelled).
+    seq = _trace([(list(range(1, 240)), list(range(40)))]).kv_seq(0)
+    assert SGLangSWACache(800, 16, 48, swa_max_total_num_tokens=256, chunked_prefill_size=100).fits_alone(seq) == 0
+    assert SGLangSWACache(800, 16, 48, swa_max_total_num_tokens=112, chunked_prefill_size=100).fits_alone(seq) == 5
+    # unchunked the SWA pool must hold the KV extent + a page: 278 → 288 + 16 − 256
+    assert SGLangSWACache(800, 16, 48, swa_max_total_num_tokens=256).fits_alone(seq) == 48
 
 
 # ---------------------------------------------------------------------- contract, registry

@@ -26,6 +26,9 @@ from radixkv.trace.types import KVSeq
 #: ``environ.py :: SGLANG_SWA_EVICTION_INTERVAL`` default (decode steps between the
 #: out-of-window frees of a running request)
 SWA_EVICTION_INTERVAL = 128
+#: ``managers/schedule_policy.py :: CLIP_MAX_NEW_TOKENS`` (``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``,
+#: default 4096): the decode tokens an admission estimate counts at most
+CLIP_MAX_NEW_TOKENS = 4096
 _OFF_BITS = 24
 
 
@@ -1118,18 +1121,27 @@ class UnifiedHybridCache(PrefixCache):
 
     def fits_alone(self, seq: KVSeq) -> int:
         """Tokens by which *seq* overflows the empty pools: its KV extent plus one page
-        of headroom (the paged extend's estimate) against each token pool."""
+        of headroom (the paged extend's estimate) against each token pool.
+
+        With chunked prefill the SWA term is SGLang's own admission estimate instead
+        (``mem_cache/prefill_budget.py :: estimate_swa_kv_tokens`` as
+        ``SWAPrefillBudget.check_prefill`` calls it, the cached prefix 0 on empty pools):
+        ``max(min(ceil_p(P), C) − W, 0) + min(ceil_p(P) + max_new, W) + page`` must stay
+        below the SWA pool, ``max_new`` = the request's outputs capped at
+        ``CLIP_MAX_NEW_TOKENS`` (4096). A request past it is refused here: SGLang would
+        run it with chunks capped by the SWA pool (``_chunk_cap``), which is not
+        modelled. Its own out-of-window SWA is freed behind each chunk, so the KV
+        extent does not bound it."""
         t = self.tree
         need = -(-seq.kv_len // t.ps) * t.ps + (t.ps if t.ps > 1 else 0)
         over = max(0, need - t.full_cap)
         if t.has_swa:
             swa_need = need
             if self.chunked_prefill_size is not None:
-                # chunked: its own SWA is freed behind each chunk, so it needs at most a
-                # chunk, the tree's locked window, its own window and the decode
-                # interval between frees (a bound, pages rounded up)
-                w = -(-t.W // t.ps) * t.ps
-                swa_need = min(need, self.chunked_prefill_size + 2 * w + t.swa_interval + 4 * t.ps)
+                ext = -(-seq.prompt_len // t.ps) * t.ps
+                max_new = min(seq.kv_len - seq.prompt_len + 1, CLIP_MAX_NEW_TOKENS)
+                swa_need = (max(min(ext, self.chunked_prefill_size) - t.W, 0) + min(ext + max_new, t.W)
+                            + t.ps + 1)  # + 1: check_prefill wants needed < remaining_swa
             over = max(over, swa_need - t.swa_cap)
         return over
 

@@ -45,6 +45,7 @@ RUNS = (
     ("swa", "edge300.jsonl", 16, 800, 48, 512, -1),
     ("swa", "mixed200.jsonl", 1, 6400, 64, 1200, 256),
     ("swa", "mixed200.jsonl", 16, 4000, 128, 1024, 300),
+    ("swa", "edge300.jsonl", 16, 800, 48, 256, 100),
     ("mamba", "mixed200.jsonl", 1, 6400, 16, None, -1),
     ("mamba", "mixed200.jsonl", 1, 3000, 8, None, -1),
     ("mamba", "edge300.jsonl", 1, 640, 6, None, -1),
