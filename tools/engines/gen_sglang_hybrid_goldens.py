@@ -23,6 +23,8 @@ prefill budget (``SWAPrefillBudget`` for SWA). Each record of a chunked run carr
 rounded every chunk end to a page; of the three chunked runs only
 ``..._p16_..._chunk300`` changed (29776 -> 30032 hit tokens, 1 request's hit, 112
 requests' pool state); the two page-1 runs are unchanged but for ``chunk_ends``.
+``..._edge300_p16_c800_w48_s256_chunk100`` (off the grid, a 256-token SWA pool) was added
+with the adder: it checks the model's SWA admission estimate for chunked requests.
 """
 from __future__ import annotations
 
