@@ -877,13 +877,13 @@ class UnifiedHybridCache(PrefixCache):
                  chunked_prefill_size: int | None = None):
         super().__init__(tree.full_cap // tree.ps, tree.ps)
         chunk = None if chunked_prefill_size is None or int(chunked_prefill_size) <= 0 else int(chunked_prefill_size)
-        #: SGLang's ``--chunked-prefill-size`` for :meth:`run_request` (None: one extend)
         if chunk is not None and chunk < tree.ps:
             # PrefillAdder._select_prefill_admission rounds the first chunk down to a
             # page: 0 tokens, AddReqResult.OTHER, the request never runs
             raise ConfigError(f"chunked_prefill_size={chunk} is smaller than page_size={tree.ps}: SGLang's "
                               "PrefillAdder cuts a first chunk of 0 tokens and never admits a longer prompt",
                               field="chunked_prefill_size")
+        #: SGLang's ``--chunked-prefill-size`` for :meth:`run_request` (None: one extend)
         self.chunked_prefill_size = chunk
         self.tree = tree
         self.page_size = tree.ps
