@@ -52,7 +52,7 @@ def test_golden_runs_match_sglang(run):
     assert bad == []
 
 
-@pytest.mark.parametrize("run", [m for m in MANIFEST if m["trace"] == "mixed200.jsonl"],
+@pytest.mark.parametrize("run", [m for m in MANIFEST if m["trace"] == "mixed200.jsonl" or m["chunked_prefill_size"]],
                          ids=lambda m: m["name"])
 def test_golden_pool_state_after_every_request(run):
     # beyond the hits: the tree's Full tokens, SWA tokens / Mamba states and the free
@@ -85,6 +85,34 @@ def test_goldens_are_not_full_attention_in_disguise():
     # at chunk ends): the chunked runs differ from their unchunked twins
     assert by["sglang_mamba_mixed200_p1_c6400_m16_chunk256"]["hit_tokens"] != \
         by["sglang_mamba_mixed200_p1_c6400_m16"]["hit_tokens"]
+
+
+def _adder_chunk_ends(hit, P, C, ps):
+    # SGLang's PrefillAdder, worked from schedule_policy.py: the first pass chunks when
+    # the un-hit prompt rounded up to a page exceeds C and cuts C // ps * ps tokens
+    # (_select_prefill_admission); each later pass takes min(rest, C) (add_chunked_req)
+    if -(-(P - hit) // ps) * ps <= C:
+        return [P]
+    ends = [hit + C // ps * ps]
+    while ends[-1] < P:
+        ends.append(min(P, ends[-1] + C))
+    return ends
+
+
+@pytest.mark.parametrize("run", [m for m in MANIFEST if m["chunked_prefill_size"]], ids=lambda m: m["name"])
+def test_golden_chunk_ends_are_prefill_adders(run):
+    # the chunk ends SGLang's own PrefillAdder picked (recorded by the harness) follow the
+    # rule above on every request: no SWA / memory cap bound a lone request's chunk here
+    gold = _gold(run["name"])
+    C, ps = run["chunked_prefill_size"], run["page_size"]
+    assert run["chunk_rule"] == "PrefillAdder"
+    assert [g["chunk_ends"] for g in gold] == [_adder_chunk_ends(g["hit_tokens"], g["prompt_len"], C, ps)
+                                               for g in gold]
+    if C % ps:
+        # the run sees both rules that differ from "every end on a page": later ends off
+        # the page grid, and a first pass chunked though the rest is ≤ C
+        assert sum(e % ps != 0 for g in gold for e in g["chunk_ends"][:-1]) > 0
+        assert sum(len(g["chunk_ends"]) == 2 and g["prompt_len"] - g["hit_tokens"] <= C for g in gold) > 0
 
 
 # ---------------------------------------------------------------------- hand-worked rules
@@ -157,6 +185,44 @@ def test_mamba_pool_eviction_by_hand():
     hits = _hits(pol, [(X, [1]), (Y, [1]), (Z, [1]), (Y + [1], [1]), (Z + [1], [1])])
     assert hits == [0, 0, 0, 10, 0]
     assert pol.tree.evicted_full == 20 and pol.tree.evicted_mamba == 3
+
+
+def test_chunk_ends_off_the_page_grid_by_hand():
+    # page 4, chunk 6 (not a multiple of 4), roomy pools, window 4.
+    # r0: 21 tokens, nothing cached: ceil4(21) = 24 > 6, so the first pass cuts 6 // 4 * 4
+    #   = 4 (end 4); later passes take min(rest, 6): ends 10, 16, 21 (off the grid).
+    # r1: 6 new tokens: 6 ≤ 6 but ceil4(6) = 8 > 6 → chunked too: 4, then 2.
+    # r2: r0's prompt + 3 → hit 20 (P − 1 = 23, pages), 4 left → one pass.
+    # SGLang 0.5.23's PrefillAdder (sglang_hybrid_replay.py, same pools) records the same
+    # chunk_ends [4, 10, 16, 21], [4, 6], [24] and hits 0, 0, 20.
+    pol = SGLangSWACache(1000, 4, 4, swa_max_total_num_tokens=1000, chunked_prefill_size=6)
+    ends, prefill = [], pol._prefill
+
+    def spy(r, n):
+        prefill(r, n)
+        ends.append(r.committed)
+
+    pol._prefill = spy
+    P0 = list(range(1, 22))
+    hits = _hits(pol, [(P0, [900]), (list(range(101, 107)), [901]), (P0 + [50, 51, 52], [902])])
+    assert hits == [0, 0, 20]
+    assert ends == [4, 10, 16, 21, 4, 6, 24]
+    with pytest.raises(ConfigError):
+        SGLangSWACache(1000, 16, 4, chunked_prefill_size=8)  # first chunk 8 // 16 * 16 = 0
+
+
+def test_chunked_swa_fit_uses_sglangs_admission_estimate_by_hand():
+    # page 16, window 48, chunk 100: a 239-token prompt with 40 outputs (edge300's e4).
+    # SWAPrefillBudget.check_prefill → estimate_swa_kv_tokens on empty pools: extend
+    # ceil16(239) = 240, allocated min(240, 100) = 100, tail 100 − 48 = 52, plus
+    # min(240 + 40, 48) = 48, plus a page 16 → 116; admitted iff 116 < the SWA pool.
+    # SWA pool 256: fits (SGLang ran it: golden ..._s256_chunk100, e4 hits 48).
+    # SWA pool 112: 116 + 1 − 112 = 5 over (SGLang would cap its chunks: not modelled).
+    seq = _trace([(list(range(1, 240)), list(range(40)))]).kv_seq(0)
+    assert SGLangSWACache(800, 16, 48, swa_max_total_num_tokens=256, chunked_prefill_size=100).fits_alone(seq) == 0
+    assert SGLangSWACache(800, 16, 48, swa_max_total_num_tokens=112, chunked_prefill_size=100).fits_alone(seq) == 5
+    # unchunked the SWA pool must hold the KV extent + a page: 278 → 288 + 16 − 256
+    assert SGLangSWACache(800, 16, 48, swa_max_total_num_tokens=256).fits_alone(seq) == 48
 
 
 # ---------------------------------------------------------------------- contract, registry

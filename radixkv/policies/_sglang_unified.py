@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from radixkv.errors import ConfigError
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.types import KVSeq
 
 #: ``environ.py :: SGLANG_SWA_EVICTION_INTERVAL`` default (decode steps between the
 #: out-of-window frees of a running request)
 SWA_EVICTION_INTERVAL = 128
+#: ``managers/schedule_policy.py :: CLIP_MAX_NEW_TOKENS`` (``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``,
+#: default 4096): the decode tokens an admission estimate counts at most
+CLIP_MAX_NEW_TOKENS = 4096
 _OFF_BITS = 24
 
 
@@ -873,6 +877,12 @@ class UnifiedHybridCache(PrefixCache):
                  chunked_prefill_size: int | None = None):
         super().__init__(tree.full_cap // tree.ps, tree.ps)
         chunk = None if chunked_prefill_size is None or int(chunked_prefill_size) <= 0 else int(chunked_prefill_size)
+        if chunk is not None and chunk < tree.ps:
+            # PrefillAdder._select_prefill_admission rounds the first chunk down to a
+            # page: 0 tokens, AddReqResult.OTHER, the request never runs
+            raise ConfigError(f"chunked_prefill_size={chunk} is smaller than page_size={tree.ps}: SGLang's "
+                              "PrefillAdder cuts a first chunk of 0 tokens and never admits a longer prompt",
+                              field="chunked_prefill_size")
         #: SGLang's ``--chunked-prefill-size`` for :meth:`run_request` (None: one extend)
         self.chunked_prefill_size = chunk
         self.tree = tree
@@ -954,7 +964,7 @@ class UnifiedHybridCache(PrefixCache):
         if t.has_swa:
             fa = full_hit // t.ps * t.ps
             r.swa_branch = fa if fa > hit else None
-        end = self._chunk_end(hit, P) if first_chunk else max(first, hit)
+        end = self._chunk_end(hit, P, first=True) if first_chunk else max(first, hit)
         if not self._fits(r, best, end - hit, mamba_slots=1 + (end < P or seq.kv_len > P)):
             # refused (SGLang's PrefillAdder would not admit it): nothing allocated
             return None
@@ -1011,8 +1021,9 @@ class UnifiedHybridCache(PrefixCache):
             t.checkpoint(r, r.committed, finished=False)
 
     def extend(self, rid: int, n_tokens: int) -> bool:
-        """*n_tokens* more tokens: the rest of a chunked prefill (chunks end on pages, as
-        the harness's ``--chunked-prefill-size``), then decode steps (step 5), one token each."""
+        """*n_tokens* more tokens: the rest of a chunked prefill (:meth:`run_request` passes
+        one ``add_chunked_req`` chunk at a time, see :meth:`_chunk_end`), then decode
+        steps (step 5), one token each."""
         r = self._reqs[rid]
         t = self.tree
         n_tokens = int(n_tokens)
@@ -1050,15 +1061,28 @@ class UnifiedHybridCache(PrefixCache):
         effect: SGLang's scheduler uses the same match for ``lpm`` and its budget."""
         return self.tree.peek(token_codes(seq), seq.prompt_len - 1)
 
-    def _chunk_end(self, start: int, P: int) -> int:
-        """End of the prefill chunk starting at *start* (the scheduler's
-        ``PrefillAdder``: ``chunked_prefill_size`` tokens, the end rounded down to a page
-        unless that leaves nothing)."""
+    def _chunk_end(self, start: int, P: int, first: bool = False) -> int:
+        """End of the prefill pass starting at *start* (SGLang's ``PrefillAdder``).
+
+        The first pass (``add_one_req`` → ``_select_prefill_admission``) chunks when the
+        un-hit prompt, rounded up to a page, exceeds ``chunked_prefill_size``; its chunk
+        is ``chunked_prefill_size`` rounded down to a page and its end is rounded down
+        to a page (*start*, the hit, is page-aligned). Every later pass
+        (``add_chunked_req``) takes ``min(rest, chunked_prefill_size)`` as is, without
+        page rounding: with a chunk size that is not a multiple of the page size the
+        ends leave the page grid (each checkpoint inserts the whole pages before it).
+        The memory terms of both (``SWAPrefillBudget.check_prefill``'s chunk cap,
+        ``available_chunk_tokens``) are not modelled: a lone request that fits (see
+        :meth:`fits_alone`) is not capped by them on the goldens (tools/engines/
+        sglang_hybrid_replay.py drives the real ``PrefillAdder`` and records
+        ``chunk_ends``)."""
         c, ps = self.chunked_prefill_size, self.tree.ps
-        if c is None or P - start <= c:
+        if c is None:
             return P
-        end = (start + c) // ps * ps
-        return end if end > start else min(P, start + c)
+        if first:
+            f = c // ps * ps
+            return P if P - start <= f else (start + f) // ps * ps
+        return min(P, start + c)
 
     def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
         """Admit, prefill (in chunks of ``chunked_prefill_size``, each middle chunk
@@ -1097,18 +1121,27 @@ class UnifiedHybridCache(PrefixCache):
 
     def fits_alone(self, seq: KVSeq) -> int:
         """Tokens by which *seq* overflows the empty pools: its KV extent plus one page
-        of headroom (the paged extend's estimate) against each token pool."""
+        of headroom (the paged extend's estimate) against each token pool.
+
+        With chunked prefill the SWA term is SGLang's own admission estimate instead
+        (``mem_cache/prefill_budget.py :: estimate_swa_kv_tokens`` as
+        ``SWAPrefillBudget.check_prefill`` calls it, the cached prefix 0 on empty pools):
+        ``max(min(ceil_p(P), C) − W, 0) + min(ceil_p(P) + max_new, W) + page`` must stay
+        below the SWA pool, ``max_new`` = the request's outputs capped at
+        ``CLIP_MAX_NEW_TOKENS`` (4096). A request past it is refused here: SGLang would
+        run it with chunks capped by the SWA pool (``_chunk_cap``), which is not
+        modelled. Its own out-of-window SWA is freed behind each chunk, so the KV
+        extent does not bound it."""
         t = self.tree
         need = -(-seq.kv_len // t.ps) * t.ps + (t.ps if t.ps > 1 else 0)
         over = max(0, need - t.full_cap)
         if t.has_swa:
             swa_need = need
             if self.chunked_prefill_size is not None:
-                # chunked: its own SWA is freed behind each chunk, so it needs at most a
-                # chunk, the tree's locked window, its own window and the decode
-                # interval between frees (a bound, pages rounded up)
-                w = -(-t.W // t.ps) * t.ps
-                swa_need = min(need, self.chunked_prefill_size + 2 * w + t.swa_interval + 4 * t.ps)
+                ext = -(-seq.prompt_len // t.ps) * t.ps
+                max_new = min(seq.kv_len - seq.prompt_len + 1, CLIP_MAX_NEW_TOKENS)
+                swa_need = (max(min(ext, self.chunked_prefill_size) - t.W, 0) + min(ext + max_new, t.W)
+                            + t.ps + 1)  # + 1: check_prefill wants needed < remaining_swa
             over = max(over, swa_need - t.swa_cap)
         return over
 

@@ -34,9 +34,16 @@ position) takes one slot of ``memory_pool.py :: HybridReqToTokenPool``'s Mamba p
 
 ``mamba_max_states_per_path`` (default −1, unlimited) is not modelled, nor the
 ``extra_buffer`` strategy (states tracked every ``mamba_track_interval`` tokens with
-ping-pong buffers; the server's default when the overlap scheduler is on), HiCache and
-chunked prefill. Exact against SGLang 0.5.23's own classes on the goldens of
-``tests/data/golden/sglang_hybrid/`` (``tools/engines/sglang_hybrid_replay.py``).
+ping-pong buffers; the server's default when the overlap scheduler is on) and HiCache.
+Chunked prefill (``chunked_prefill_size``) follows ``PrefillAdder`` as for
+:class:`~radixkv.policies.sglang_swa.SGLangSWACache`; at page 1 (the only page size
+here) every chunk is ``min(rest, size)`` tokens. Mamba brings no chunk rule of its own
+in this configuration: ``PrefillAdder.floor_chunked_tokens`` rounds a cut to the Mamba
+kernel chunk only with the extra buffer and DCP (``mamba_prefill_chunk_grid``), and the
+per-slot budget terms (``_mamba_gap_budget_for_req``, ``rem_mamba_slots``) only apply to
+the unified Mamba allocators. Exact against SGLang 0.5.23's own classes on the goldens
+of ``tests/data/golden/sglang_hybrid/`` (``tools/engines/sglang_hybrid_replay.py``,
+SGLang's own ``PrefillAdder`` for chunked runs).
 """
 from __future__ import annotations
 

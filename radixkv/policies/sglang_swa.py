@@ -40,10 +40,24 @@ A token's KV takes one slot in each pool while both halves are live. The model i
   then SWA walks its LRU from the oldest unlocked node: a leaf is deleted whole, an
   internal node is tombstoned (SWA-only eviction).
 
+- **Chunked prefill** (``chunked_prefill_size``, sequential :meth:`run_request`): chunk
+  ends as ``managers/schedule_policy.py :: PrefillAdder`` picks them — the first pass
+  (``add_one_req`` → ``_select_prefill_admission``) chunks when the un-hit prompt rounded
+  up to a page exceeds the size, cutting ``size // page × page`` tokens; every later pass
+  (``add_chunked_req``) takes ``min(rest, size)`` unrounded, so a size that is not a
+  multiple of the page puts the later ends off the page grid. Each middle chunk is
+  checkpointed (``stash_chunked_request`` → ``checkpoint_kv_cache``: its whole pages
+  inserted, out-of-window SWA freed). SWA brings no other chunk rule here: its prefill
+  budget (``mem_cache/prefill_budget.py :: SWAPrefillBudget``) caps a chunk only when
+  the SWA pool is short (``check_prefill`` when the request could never fit,
+  ``available_chunk_tokens``' ``remaining_swa − page``), which the goldens' lone
+  requests never hit; those caps are not modelled.
+
 Exact against SGLang 0.5.23's own classes on the goldens of
-``tests/data/golden/sglang_hybrid/`` (``tools/engines/sglang_hybrid_replay.py``).
-Not modelled: chunked prefill, HiCache, ``SGLANG_OPT_RELEASE_PREFILL_SWA``, the unified
-memory pool (``--enable-unified-memory``).
+``tests/data/golden/sglang_hybrid/`` (``tools/engines/sglang_hybrid_replay.py``, which
+drives SGLang's own ``PrefillAdder`` for chunked runs).
+Not modelled: SWAPrefillBudget's chunk caps (above), HiCache,
+``SGLANG_OPT_RELEASE_PREFILL_SWA``, the unified memory pool (``--enable-unified-memory``).
 """
 from __future__ import annotations
 
@@ -116,14 +130,16 @@ class SGLangSWACache(UnifiedHybridCache):
         Every k-th admission touches its whole prompt first (the FCFS scheduler's
         waiting-prefix refresh with one request per pass); 0 turns it off.
     chunked_prefill_size : int or None
-        SGLang's ``--chunked-prefill-size`` for :meth:`run_request`: prefill chunks of
-        this many tokens, each middle chunk checkpointed (its out-of-window SWA freed);
+        SGLang's ``--chunked-prefill-size`` for :meth:`run_request`: prefill chunks
+        (first one page-rounded, later ones of this many tokens as given: see the module
+        docstring), each middle chunk checkpointed (its out-of-window SWA freed);
         None or ≤ 0: the prompt in one extend.
 
     Raises
     ------
     radixkv.errors.ConfigError
-        Page < 1, a pool without a whole page, window < 1.
+        Page < 1, a pool without a whole page, window < 1, a chunk size below the page
+        size (SGLang's first chunk would be 0 tokens: never admitted).
     """
 
     name = "sglang-swa"

@@ -13,6 +13,18 @@ Runs ``sglang_hybrid_replay.py`` (this folder: SGLang's own ``UnifiedRadixCache`
 Pools are tight enough that both the full-attention pool and the SWA pool / Mamba
 slots evict. ``--check`` (free + cached == capacity in every pool, nothing locked)
 runs after every request. About 30 s.
+
+Chunked runs use the harness's default ``--chunk-rule adder``: SGLang's own
+``PrefillAdder`` admits each request and picks every chunk end (``add_one_req``: the
+first chunk rounded down to a page; ``add_chunked_req``: each later one as given, so
+with 300 at page 16 the later ends leave the page grid), with the allocator's own
+prefill budget (``SWAPrefillBudget`` for SWA). Each record of a chunked run carries
+``chunk_ends`` (the ``extend_end`` of every prefill pass). Before this, the harness
+rounded every chunk end to a page; of the three chunked runs only
+``..._p16_..._chunk300`` changed (29776 -> 30032 hit tokens, 1 request's hit, 112
+requests' pool state); the two page-1 runs are unchanged but for ``chunk_ends``.
+``..._edge300_p16_c800_w48_s256_chunk100`` (off the grid, a 256-token SWA pool) was added
+with the adder: it checks the model's SWA admission estimate for chunked requests.
 """
 from __future__ import annotations
 
@@ -35,6 +47,7 @@ RUNS = (
     ("swa", "edge300.jsonl", 16, 800, 48, 512, -1),
     ("swa", "mixed200.jsonl", 1, 6400, 64, 1200, 256),
     ("swa", "mixed200.jsonl", 16, 4000, 128, 1024, 300),
+    ("swa", "edge300.jsonl", 16, 800, 48, 256, 100),
     ("mamba", "mixed200.jsonl", 1, 6400, 16, None, -1),
     ("mamba", "mixed200.jsonl", 1, 3000, 8, None, -1),
     ("mamba", "edge300.jsonl", 1, 640, 6, None, -1),
@@ -80,6 +93,7 @@ def main(argv=None):
         m = {"name": name, "engine": "sglang 0.5.23", "impl": "UnifiedRadixCache",
              "tree_core": rep.tree_core_name, "mode": mode, "trace": trace, "page_size": ps,
              "capacity_tokens": full, "chunked_prefill_size": chunk if chunk > 0 else None,
+             "chunk_rule": "PrefillAdder" if chunk > 0 else None,
              "hit_tokens": sum(r["hit_tokens"] for r in recs),
              "evicted_tokens": sum(r.get("evicted_tokens", 0) for r in recs)}
         if mode == "swa":

@@ -61,6 +61,14 @@ def parse_args(argv=None):
     p.add_argument("--chunked-prefill-size", type=int, default=-1,
                    help="prefill chunk size in tokens (-1: whole prompt in one extend); each "
                    "middle chunk is checkpointed (checkpoint_kv_cache), as the scheduler does")
+    p.add_argument("--chunk-rule", choices=["adder", "fixed"], default="adder",
+                   help="with --chunked-prefill-size: 'adder' (default) lets SGLang's own "
+                   "PrefillAdder (add_one_req, then add_chunked_req each pass; the hybrid "
+                   "allocator's own prefill budget, SWAPrefillBudget for swa) admit the request "
+                   "and pick every chunk end, as the scheduler does; 'fixed' is the older "
+                   "harness rule (every chunk end rounded down to a page)")
+    p.add_argument("--max-prefill-tokens", type=int, default=16384,
+                   help="SGLang --max-prefill-tokens (PrefillAdder's rem_input_tokens; default 16384)")
     p.add_argument("--tree-core", choices=["rust", "python"], default=None)
     p.add_argument("--waiting-prefix-refresh-interval", type=int, default=32)
     p.add_argument("--limit", type=int, default=None)
@@ -124,6 +132,7 @@ class HybridReplayer:
 
         torch.set_num_threads(1)
         from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.managers.schedule_policy import PrefillAdder
         from sglang.srt.mem_cache import allocation as sgl_alloc
         from sglang.srt.mem_cache import common as sgl_common
         from sglang.srt.mem_cache.allocator import (
@@ -139,6 +148,7 @@ class HybridReplayer:
         from sglang.srt.environ import envs
 
         self.array, self.torch, self.Req = array, torch, Req
+        self.PrefillAdder = PrefillAdder
         self.SamplingParams = SamplingParams
         self.sgl_alloc, self.sgl_common = sgl_alloc, sgl_common
         self.CT = ComponentType
@@ -147,6 +157,9 @@ class HybridReplayer:
         self.capacity = args.capacity_tokens // ps * ps
         self.refresh_interval = args.waiting_prefix_refresh_interval
         self.chunk = args.chunked_prefill_size
+        self.chunk_rule = args.chunk_rule
+        self.max_prefill_tokens = args.max_prefill_tokens
+        self.chunk_ends = []  # extend_end of every prefill pass of the current request
         self._sched_passes = 0
         self.max_req_len = self.capacity - 1
         self.max_req_input_len = self.max_req_len - 5
@@ -263,6 +276,16 @@ class HybridReplayer:
         req.kv.kv_allocated_len = seq_len
         req.kv.kv_committed_len = seq_len
 
+    # Chunked prefill through SGLang's own PrefillAdder: the same two methods as the
+    # full-attention harness (sglang_replay.py). The adder builds its memory budget
+    # from the allocator (``create_prefill_budget``): SWAPrefillBudget for the SWA
+    # allocator (chunks also capped by the SWA pool: check_prefill's chunk cap,
+    # available_chunk_tokens' ``remaining_swa - page_size``), the plain PrefillBudget
+    # for the Mamba run (full_evictable_size); mamba_prefill_chunk_grid is 1 here (no
+    # DCP, no extra buffer), so no mamba-grid rounding (floor_chunked_tokens).
+    _prefill_adder = base.SGLangReplayer._prefill_adder
+    _chunked_prefill = base.SGLangReplayer._chunked_prefill
+
     def _maybe_evict_swa(self, req):
         """ScheduleBatch.maybe_evict_swa for a decode batch of one request."""
         if self.mode != "swa" or req.decode_batch_idx < 1:
@@ -326,7 +349,11 @@ class HybridReplayer:
         self.sgl_alloc.alloc_req_slots(self.req_to_token_pool, [req], c)
         prefix_idx = c.prefix_device_indices(req)
         self.req_to_token_pool.write((req.kv.req_pool_idx, slice(0, hit)), prefix_idx)
-        while True:
+        self.chunk_ends = []
+        if self.chunk > 0 and self.chunk_rule == "adder":
+            self._chunked_prefill(req)
+            rec["chunk_ends"] = self.chunk_ends
+        while self.chunk <= 0 or self.chunk_rule == "fixed":
             start, end = req.prefix_len, P
             if self.chunk > 0 and P - start > self.chunk:
                 end = (start + self.chunk) // ps * ps
