@@ -127,26 +127,6 @@ def pytest_configure(config):
         config.option.benchmark_disable = True
     else:
         config.pluginmanager.register(_OnceBenchmark(), "radixkv-once-benchmark")
-    _fill_numba_cache_before_workers(config)
-
-
-def _fill_numba_cache_before_workers(config) -> None:
-    """Under pytest-xdist (``-n N``), compile the built-in policies' kernels into Numba's
-    cache once, in the controller, before the workers start (``radixkv warmup``: kernel
-    families in parallel processes). Without it every worker compiles the same kernels on
-    a cold cache (measured: two workers spent ~240 s and ~100 s compiling, much of it the
-    same kernels). Skipped in a worker, without xdist, with ``RADIXKV_JIT=interpret``, and
-    with ``RADIXKV_TEST_PREWARM=0``; a failed warm-up changes nothing (the tests compile
-    what they need)."""
-    import subprocess
-    import sys
-
-    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
-        return
-    if os.environ.get("RADIXKV_JIT") == "interpret" or os.environ.get("RADIXKV_TEST_PREWARM") == "0":
-        return
-    subprocess.run([sys.executable, "-m", "radixkv", "warmup"], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, check=False)
 
 
 def pytest_collection_modifyitems(config, items):
