@@ -7,6 +7,11 @@ from its source (``ast``: top-level and function-level imports, relative ones re
   :mod:`radixkv.sweep.grid` reads a grid's schema (keys, types, choices, defaults) from the
   ``radixkv replay`` parser, since a grid's keys are that verb's flags.
 - :mod:`radixkv.policies` never imports :mod:`radixkv.replay` (a policy never imports a driver).
+- module-level imports form no cycle. A base class may look up a subclass module late, in
+  a function (``BlockHashCache.class_for_option`` imports :mod:`radixkv.policies.block_priority`
+  only when an eviction option asks for it, since that module compiles its priority
+  functions on import; ``RadixCache`` and :mod:`radixkv.policies.radix_priority` alike);
+  the subclass module imports the base at the top, never the reverse.
 """
 from __future__ import annotations
 
@@ -34,13 +39,33 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 
 
-def _imports(name: str, path: Path, known: set) -> set[str]:
+def _top_level(tree: ast.Module):
+    """The statements run when the module is imported (function and class bodies left out,
+    ``if TYPE_CHECKING:`` blocks too)."""
+    todo = list(tree.body)
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.If):
+            t = n.test
+            if getattr(t, "id", None) == "TYPE_CHECKING" or getattr(t, "attr", None) == "TYPE_CHECKING":
+                todo.extend(n.orelse)
+            else:
+                todo.extend(n.body + n.orelse)
+        elif isinstance(n, ast.Try):
+            todo.extend(n.body + n.orelse + n.finalbody + [s for h in n.handlers for s in h.body])
+        elif isinstance(n, (ast.With,)):
+            todo.extend(n.body)
+        else:
+            yield n
+
+
+def _imports(name: str, path: Path, known: set, *, top_level: bool = False) -> set[str]:
     """Every radixkv module *name* imports (``from a import b`` counts ``a.b`` when that is a
-    module, else ``a``)."""
+    module, else ``a``); with *top_level*, only those its import runs."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(tree):
+    for node in (_top_level(tree) if top_level else ast.walk(tree)):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -62,10 +87,10 @@ def _imports(name: str, path: Path, known: set) -> set[str]:
     return {m for m in out if m == "radixkv" or m.startswith("radixkv.")}
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(top_level: bool = False) -> dict[str, set[str]]:
     mods = _modules()
     known = set(mods)
-    return {name: _imports(name, path, known) for name, path in mods.items()}
+    return {name: _imports(name, path, known, top_level=top_level) for name, path in mods.items()}
 
 
 def _under(mod: str, pkg: str) -> bool:
@@ -84,8 +109,10 @@ def test_the_import_reader_sees_imports_of_every_kind():
         p = Path(d) / "x.py"
         p.write_text(src, encoding="utf-8")
         got = _imports("radixkv.policies.x", p, {"radixkv.policies.registry", "radixkv.replay.run", "radixkv.cli"})
-    assert got == {"radixkv.trace.types", "radixkv.policies.registry", "radixkv.replay.run", "radixkv.cli",
-                   "radixkv.cli.replay_cmd"}
+        assert got == {"radixkv.trace.types", "radixkv.policies.registry", "radixkv.replay.run", "radixkv.cli",
+                       "radixkv.cli.replay_cmd"}
+        top = _imports("radixkv.policies.x", p, {"radixkv.policies.registry", "radixkv.replay.run"}, top_level=True)
+        assert top == {"radixkv.trace.types", "radixkv.policies.registry", "radixkv.replay.run"}
 
 
 def test_nothing_outside_the_cli_imports_the_cli():
@@ -110,3 +137,24 @@ def test_policies_never_import_replay():
     bad = [f"{mod} imports {dep}" for mod, deps in sorted(graph.items()) if _under(mod, "radixkv.policies")
            for dep in sorted(deps) if _under(dep, "radixkv.replay")]
     assert not bad, "\n".join(bad)
+
+
+def test_module_level_imports_form_no_cycle():
+    graph = {m: {d for d in deps if d != m} for m, deps in _graph(top_level=True).items()}
+    # depth-first search for a back edge; the cycle found is named in full
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                raise AssertionError("import cycle at module level: " + " -> ".join(stack[stack.index(d):] + [d]))
+            if d in graph and d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
