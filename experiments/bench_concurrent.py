@@ -24,7 +24,7 @@ import time
 
 from _common import shared
 
-from radixkv.cli.replay_cmd import pool_for_policy
+from radixkv.replay.pool_settings import pool_for_policy
 from radixkv.cost import CostModel
 from radixkv.policies.registry import build_policy, parse_policy
 from radixkv.replay.arrivals import arrival_times

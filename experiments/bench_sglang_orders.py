@@ -23,7 +23,7 @@ import os
 from _common import REPO
 from bench_concurrent import GPU, MODEL, _best
 
-from radixkv.cli.replay_cmd import pool_for_policy
+from radixkv.replay.pool_settings import pool_for_policy
 from radixkv.cost import CostModel
 from radixkv.policies.registry import build_policy, parse_policy
 from radixkv.replay import conc_sglang

@@ -1,7 +1,8 @@
 """Command-line flags of the concurrent replay, shared by ``radixkv replay`` and ``compare``.
 
 ``add_concurrent_args(parser)`` adds the flags (engine names where the engines have one);
-``run_concurrent_from_args(trace, policy, args)`` runs the replay they describe. A flag
+``run_concurrent_from_args(trace, policy, args)`` (:mod:`radixkv.replay.settings`, imported
+here) runs the replay they describe. A flag
 the verb already defines (``--max-num-batched-tokens``, which also sizes vLLM's profiling
 pass; ``--model``, ``--gpu``, ``--tp``, ``--kv-cache-dtype`` of the pool) is not added
 again: the concurrent replay reads the verb's value, so one knob means one thing.
@@ -59,6 +60,10 @@ from __future__ import annotations
 import argparse
 
 from radixkv.errors import ConfigError
+# the replay these flags describe is the library's (radixkv.replay.settings); importable from here
+from radixkv.replay.settings import (  # noqa: F401
+    concurrent_config_from_args, cost_model_from_args, policy_from_args, run_concurrent_from_args,
+)
 
 
 def _nonneg_int(text: str) -> int:
@@ -170,154 +175,3 @@ def refuse_concurrent_only_flags(args) -> None:
             raise ConfigError(f"{flag} applies to the concurrent replay only: add --mode concurrent or drop it",
                               field=dest)
 
-
-def concurrent_config_from_args(args, policy=None):
-    """The :class:`~radixkv.replay.scheduler.SchedulerConfig` the flags describe.
-
-    Without ``--admission``, the policy class's ``admission_rule`` decides
-    (:func:`radixkv.replay.scheduler.admission_rule_of`): SGLang's rules for
-    ``RadixCache``, whose admission leaves the whole-prompt check to SGLang's budget,
-    vLLM's for every other policy.
-    """
-    from radixkv.replay.scheduler import SchedulerConfig
-
-    mnbt = getattr(args, "max_num_batched_tokens", None)
-    admission = getattr(args, "admission", None)
-    return SchedulerConfig(
-        max_num_seqs=int(getattr(args, "max_num_seqs", 256)),
-        max_num_batched_tokens=8192 if mnbt is None else int(mnbt),
-        schedule_policy=getattr(args, "schedule_policy", "fcfs"),
-        admission=admission,
-        enable_chunked_prefill=bool(getattr(args, "enable_chunked_prefill", True)),
-        long_prefill_token_threshold=int(getattr(args, "long_prefill_token_threshold", 0) or 0),
-        watermark=float(getattr(args, "watermark", 0.0) or 0.0),
-        scheduling_policy=getattr(args, "scheduling_policy", "fcfs") or "fcfs",
-        enable_priority_scheduling=bool(getattr(args, "enable_priority_scheduling", False)),
-        schedule_low_priority_values_first=bool(getattr(args, "schedule_low_priority_values_first", False)),
-        disable_priority_preemption=bool(getattr(args, "disable_priority_preemption", False)),
-        retraction_policy=getattr(args, "retraction_policy", "length") or "length",
-    )
-
-
-def cost_model_from_args(args):
-    """The step-time model of ``--cost-model`` (:func:`radixkv.clock.calibrated.cost_model`;
-    default the roofline :class:`~radixkv.cost.CostModel`) on
-    ``--model``/``--gpu``/``--tp``/``--kv-cache-dtype``.
-
-    Raises
-    ------
-    radixkv.errors.ConfigError
-        When ``--model`` or ``--gpu`` is missing.
-    """
-    from radixkv.clock.calibrated import cost_model
-
-    model, gpu = getattr(args, "model", None), getattr(args, "gpu", None)
-    if not model or not gpu:
-        raise ConfigError("--mode concurrent prices each step on a model and a GPU: give --model and --gpu",
-                          field="model" if not model else "gpu")
-    return cost_model(
-        getattr(args, "cost_model", None) or "roofline", model, gpu, tp=int(getattr(args, "tp", 1) or 1),
-        kv_cache_dtype=getattr(args, "kv_cache_dtype", None),
-        mfu=float(getattr(args, "mfu", 0.6)), mbu=float(getattr(args, "mbu", 0.8)),
-        step_overhead_s=float(getattr(args, "step_overhead_s", 0.0)),
-    )
-
-
-def policy_from_args(policy, args):
-    """*policy*, or the policy the caching flags ask for on the same pool.
-
-    ``--no-enable-prefix-caching`` gives ``NoCache(policy.num_slots, policy.slot_tokens)``;
-    ``--static-reserved-fraction F`` gives ``StaticReservedCache(policy.num_slots,
-    policy.slot_tokens, F)``. Both at once is a :class:`ConfigError`.
-    """
-    if getattr(policy, "sequential_only", False):
-        raise ConfigError(f"policy {policy.name!r} is modelled for the sequential replay only: "
-                          f"drop --mode concurrent", field="mode")
-    frac = getattr(args, "static_reserved_fraction", None)
-    on = getattr(args, "enable_prefix_caching", True)
-    if frac is not None and not on:
-        raise ConfigError("--static-reserved-fraction caches prefixes: drop --no-enable-prefix-caching",
-                          field="static_reserved_fraction")
-    if not on:
-        from radixkv.policies.no_cache import NoCache
-
-        return NoCache(policy.num_slots, policy.slot_tokens)
-    if frac is not None:
-        from radixkv.policies.static_reserved import StaticReservedCache
-
-        return StaticReservedCache(policy.num_slots, policy.slot_tokens, frac)
-    return policy
-
-
-def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None, recorder_factory=None):
-    """Run the concurrent replay the flags describe.
-
-    Parameters
-    ----------
-    trace : radixkv.trace.Trace
-    policy : radixkv.policies.base.PrefixCache
-        A fresh policy on the pool to replay (replaced per :func:`policy_from_args`).
-    args : argparse.Namespace
-        Parsed flags of :func:`add_concurrent_args` plus ``--model``/``--gpu``.
-    progress : callable or None
-        ``progress(done, total)``.
-    miss_spec : radixkv.policies.registry.PolicySpec or None
-        ``--miss-causes``: the policy's spec; the result then carries the concurrent miss
-        causes (:func:`radixkv.replay.conc_misses.attach_concurrent_causes`).
-    recorder_factory : callable or None
-        With *miss_spec*: ``recorder_factory(trace, policy, config)`` builds the recorder
-        instead of :class:`~radixkv.replay.conc_misses.MissRecorder` (``--explain``:
-        :class:`~radixkv.replay.conc_explain.ExplainRecorder`).
-
-    Returns
-    -------
-    radixkv.replay.concurrent.ConcurrentResult
-
-    Raises
-    ------
-    radixkv.errors.ConfigError
-        On a bad flag combination or a request that can never fit.
-    """
-    from radixkv.replay.arrivals import arrival_times
-    from radixkv.replay.concurrent import replay_concurrent
-
-    from radixkv.replay.context import engine_of, record, resolve_max_model_len, serve_with_arrivals
-
-    cost = cost_model_from_args(args)
-    pol = policy_from_args(policy, args)
-    cfg = concurrent_config_from_args(args, pol)
-    arr = arrival_times(
-        trace,
-        arrival=getattr(args, "arrival", "trace"),
-        time_scale=float(getattr(args, "time_scale", 1.0)),
-        request_rate=getattr(args, "request_rate", None),
-        burstiness=float(getattr(args, "burstiness", 1.0)),
-        seed=int(getattr(args, "seed", 0)),
-    )
-    # the engine refuses prompts past the model's context and caps outputs: a step before
-    # the replay, after the arrivals are drawn for every request (so the others keep
-    # theirs); nothing changes without --model or --max-model-len
-    trace, arr, ctx = serve_with_arrivals(trace, arr, resolve_max_model_len(getattr(args, "model", None),
-                                                                          getattr(args, "max_model_len", None)),
-                                          engine_of(policy))
-    link = getattr(args, "host_link", None)
-    if link is not None:
-        from radixkv.cost import HostLink
-
-        link = HostLink.parse(link)
-    rec = None
-    if miss_spec is not None:
-        from radixkv.replay.conc_misses import MissRecorder, check_policy
-
-        check_policy(pol, policy)
-        rec = (recorder_factory or MissRecorder)(trace, pol, cfg)
-    res = replay_concurrent(trace, pol, cost, arrivals=arr, config=cfg, progress=progress,
-                            timeline=bool(getattr(args, "timeline", None) or getattr(args, "report", None)),
-                            host_link=link, recorder=rec,
-                            request_intake_s=float(getattr(args, "request_intake_s", 0.0) or 0.0))
-    if rec is not None:
-        from radixkv.replay.conc_misses import attach_concurrent_causes
-
-        attach_concurrent_causes(trace, miss_spec, res, [rec])
-    record(res.meta, ctx)
-    return res

@@ -33,7 +33,7 @@ flag                              takes effect only with
 ``--tp``                          ``--model`` (it divides the model's KV heads)
 ``--model`` beside an explicit    a policy with a host tier (the bytes of its traffic) or
 pool, sequential                  ``--mode concurrent`` (the cost model); ``--gpu`` there is refused
-                                  by :func:`radixkv.cli.replay_cmd._check_pool_args`
+                                  by :func:`radixkv.replay.pool_settings.check_pool_args`
 ``--per-engine-rule``             the pool sized by ``--model``/``--gpu`` (no explicit size)
 ``--mem-fraction-static``         a pool sized by SGLang's rule: ``compare --per-engine-rule``
                                   with an SGLang policy (``replay`` sizes by vLLM's rule)

@@ -25,7 +25,9 @@ from radixkv.cli.sweep_cmd import add_executor_args
 from radixkv.cli import traffic_args as _traffic
 from radixkv.errors import ConfigError
 from radixkv.cli.host_tier_args import add_host_tier_args, add_host_tier_bytes, host_tier_spec
-from radixkv.policies.registry import PolicySpec, PoolSpec, parse_policy
+from radixkv.policies.registry import PolicySpec, parse_policy
+from radixkv.replay.pool_settings import check_pool_args as _check_pool_args
+from radixkv.replay.pool_settings import pool_for_policy
 from radixkv.report import CONCURRENT_ROWS as _CONCURRENT_ROWS
 from radixkv.report import format_table
 from radixkv.util import atomic_write_text, check_output_paths, dumps_json
@@ -69,125 +71,6 @@ def _add_pool_args(p):
                    help="context length: a prompt the engine refuses (vLLM: ≥ L tokens; SGLang: ≥ L − 6) is not "
                         "served and is counted in rejected_requests, outputs are capped to the context "
                         "(radixkv/replay/context.py; default: the --model's context, no limit without --model)")
-
-
-def _check_pool_args(args):
-    """One explicit pool size, or ``--model`` and ``--gpu`` (which the concurrent mode's
-    cost model needs anyway; an explicit size then overrides the memory model's pool)."""
-    k = sum(x is not None for x in (args.capacity_tokens, args.num_gpu_blocks, args.max_total_num_tokens,
-                                    getattr(args, "pool_from_log", None)))
-    if k > 1:
-        raise ConfigError("give only one of --capacity-tokens, --num-gpu-blocks, --max-total-num-tokens, "
-                          "--pool-from-log",
-                          field="capacity")
-    if (args.model is None) != (args.gpu is None) and not (k and args.gpu is None):
-        # --model alone is fine beside an explicit pool: it gives the KV bytes per token of
-        # the host-tier traffic (flag_rules.refuse_moot_policy_flags refuses it where unread)
-        raise ConfigError("--model and --gpu go together (with an explicit pool size, --model alone gives the "
-                          "KV bytes per token of the host-tier traffic)",
-                          field="model" if args.model is None else "gpu")
-    if k == 0 and args.model is None:
-        raise ConfigError(
-            "give a pool size: --capacity-tokens N, --num-gpu-blocks N, --max-total-num-tokens N, or --model M --gpu G",
-            field="capacity",
-        )
-    sized_by_model = k == 0
-    for flag in ("gpu_memory_utilization", "mem_fraction_static", "kv_cache_dtype"):
-        if flag == "kv_cache_dtype" and args.model is not None:
-            continue  # with --model it also sets the KV bytes per token (host-tier bytes, cost model)
-        if getattr(args, flag, None) is not None and not sized_by_model:
-            raise ConfigError(f"--{flag.replace('_', '-')} sizes the pool through the memory model, "
-                              f"but an explicit pool size is given: drop one", field=flag)
-    if k and args.gpu is not None and getattr(args, "mode", "sequential") == "sequential":
-        raise ConfigError("--model/--gpu size the pool (and price steps in --mode concurrent); "
-                          "with an explicit pool size in a sequential replay --gpu would be ignored: drop --gpu "
-                          "(--model alone gives the host tier's KV bytes per token)",
-                          field="gpu")
-    if args.gpu_memory_utilization is not None and args.mem_fraction_static is not None:
-        raise ConfigError("--gpu-memory-utilization is vLLM's knob and --mem-fraction-static SGLang's: give one",
-                          field="gpu_memory_utilization")
-
-
-#: the engines' default slot size, when the memory model prices a policy of another engine
-_ENGINE_SIZE = {"vllm": ("block_size", 16), "sglang": ("page_size", 1)}
-#: the pool knob each engine states its pool in
-_ENGINE_KNOB = {"vllm": "num_gpu_blocks", "sglang": "max_total_num_tokens"}
-
-
-def _memory_pool(args, engine: str, spec: PolicySpec):
-    """The pool the memory model gives *engine* on ``--model``/``--gpu`` (the policy's
-    own size when it is that engine's policy, else the engine's default size)."""
-    from radixkv.memory import pool_for
-
-    kw = {"tp": args.tp, "kv_cache_dtype": args.kv_cache_dtype}
-    knob, default = _ENGINE_SIZE[engine]
-    kw[knob] = spec.size if (spec.cls.engine == engine and spec.cls.size_name == knob and spec.size) else default
-    if engine == "vllm":
-        kw["gpu_memory_utilization"] = args.gpu_memory_utilization
-        if args.max_num_batched_tokens is not None:
-            kw["max_num_batched_tokens"] = args.max_num_batched_tokens
-    else:
-        kw["mem_fraction_static"] = args.mem_fraction_static
-    kw = {k: v for k, v in kw.items() if v is not None}
-    return pool_for(engine, args.model, args.gpu, **kw)
-
-
-def _pool_from_log(path, spec: PolicySpec) -> tuple[PoolSpec, dict]:
-    """The pool a start-up log shows (:mod:`radixkv.memory.startup_log`): the engine's own
-    unit when the policy is that engine's with the logged block/page size, else the logged
-    capacity in tokens."""
-    from radixkv.memory.startup_log import read_startup_log
-
-    lp = read_startup_log(path)
-    desc = {"pool_from_log": str(path), "log_engine": lp.engine, "log_line": lp.line}
-    own = spec.cls.engine
-    if lp.engine == "vllm" and own == "vllm" and spec.size == lp.unit_tokens:
-        desc["num_gpu_blocks"] = lp.num_gpu_blocks
-        return PoolSpec(num_gpu_blocks=lp.num_gpu_blocks), desc
-    if lp.engine == "sglang" and own == "sglang":
-        desc["max_total_num_tokens"] = lp.max_total_num_tokens
-        return PoolSpec(max_total_num_tokens=lp.max_total_num_tokens), desc
-    desc["capacity_tokens"] = lp.capacity_tokens
-    return PoolSpec(capacity_tokens=lp.capacity_tokens), desc
-
-
-def pool_for_policy(args, spec: PolicySpec, *, per_engine_rule: bool = False) -> tuple[PoolSpec, dict]:
-    """The :class:`PoolSpec` a policy runs on, and a description of where it came from.
-
-    A pool in an engine's terms (``--num-gpu-blocks``, ``--max-total-num-tokens``, or the
-    memory model) stays in those terms for a policy whose class declares that ``engine``;
-    other policies get the usable tokens (:meth:`PoolSpec.usable_tokens`). The memory
-    model uses vLLM's rule for every policy unless *per_engine_rule*, when each policy
-    gets its class's engine's rule."""
-    own = spec.cls.engine
-    if args.capacity_tokens is not None:
-        return PoolSpec(capacity_tokens=args.capacity_tokens), {"capacity_tokens": args.capacity_tokens}
-    if getattr(args, "pool_from_log", None) is not None:
-        return _pool_from_log(args.pool_from_log, spec)
-    for knob in ("num_gpu_blocks", "max_total_num_tokens"):
-        v = getattr(args, knob)
-        if v is None:
-            continue
-        ps = PoolSpec(**{knob: v})
-        if _ENGINE_KNOB.get(own) == knob:
-            return ps, {knob: v}
-        tokens = ps.usable_tokens()
-        return PoolSpec(capacity_tokens=tokens), ({knob: v, "capacity_tokens": tokens} if knob == "num_gpu_blocks"
-                                                  else {"capacity_tokens": tokens})
-    engine = own if (per_engine_rule and own in _ENGINE_KNOB) else "vllm"
-    ps = _memory_pool(args, engine, spec)
-    desc = {"engine_rule": engine, "model": args.model, "gpu": args.gpu, "tp": args.tp}
-    knob = _ENGINE_KNOB[engine]
-    if own == engine:
-        n = int(getattr(ps, knob))
-        per_model = getattr(spec.cls, "engine_pool_for_model", None)  # several KV cache groups (vllm-hybrid)
-        if per_model is not None:
-            n = per_model(args.model, ps.budget_bytes, spec.size, spec.option, tp=args.tp,
-                          kv_cache_dtype=args.kv_cache_dtype)
-        desc[knob] = n
-        return PoolSpec(**{knob: n}), desc
-    desc["capacity_tokens"] = int(ps.capacity_tokens)
-    return PoolSpec(capacity_tokens=int(ps.capacity_tokens)), desc
 
 
 def _context(args) -> int | None:

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import time
 
-from radixkv.errors import ConfigError
 from radixkv.replay import routing as R
+# the library's (radixkv.replay.settings); the verbs call them from here
+from radixkv.replay.settings import routed, run_routed_concurrent_result  # noqa: F401
 
 
 def add_routing_args(parser) -> None:
@@ -56,27 +57,9 @@ def add_routing_args(parser) -> None:
                    help="prefix-aware's approximate tree per replica (default: the replica's pool)")
 
 
-def routed(args) -> bool:
-    """True when the flags ask for the multi-replica replay; refuses combinations it does not model."""
-    if args.replicas is None:
-        if args.router is not None or args.kv_pool != "local":
-            raise ConfigError("--router and --kv-pool need --replicas N", field="replicas")
-        return False
-    if args.replicas < 1:
-        raise ConfigError(f"--replicas must be ≥ 1, got {args.replicas}", field="replicas")
-    if getattr(args, "mode", "sequential") == "concurrent" and args.router_load_window is not None:
-        raise ConfigError("--router-load-window applies to the sequential replicas only: with --mode concurrent a "
-                          "replica's load is its requests in flight at the arrival", field="router_load_window")
-    if getattr(args, "mode", "sequential") == "concurrent" and args.kv_pool == "global":
-        from radixkv.replay.multi_concurrent import GLOBAL_POOL_REFUSAL
-
-        raise ConfigError(GLOBAL_POOL_REFUSAL, field="kv_pool")
-    return True
-
-
 def _run_routed_concurrent(trace, spec, pool, args, keep=None) -> dict:
     """``--mode concurrent --replicas N``: N fresh policies (the registry's, then the
-    caching flags', :func:`radixkv.cli.concurrent_args.policy_from_args`) on one clock.
+    caching flags', :func:`radixkv.replay.settings.policy_from_args`) on one clock.
     *keep*, a list, receives the :class:`~radixkv.replay.multi_concurrent.MultiConcurrentResult`."""
     res, _, compile_s, el = run_routed_concurrent_result(trace, spec, pool, args)
     if keep is not None:
@@ -85,53 +68,6 @@ def _run_routed_concurrent(trace, spec, pool, args, keep=None) -> dict:
     summ["timing_s"] = {"compile": compile_s, "replay": el,
                         "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
     return summ
-
-
-def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None):
-    """The replay of :func:`_run_routed_concurrent`: returns ``(MultiConcurrentResult,
-    recorders or None, compile seconds, replay seconds)``. *recorder_factory*
-    (``factory(trace, policy, config, replica)``; with ``--miss-causes``) builds each
-    replica's recorder instead of :class:`~radixkv.replay.conc_misses.MissRecorder`."""
-    from radixkv.cli.concurrent_args import concurrent_config_from_args, cost_model_from_args, policy_from_args
-    from radixkv.policies.registry import build_policy
-    from radixkv.replay.arrivals import arrival_times
-    from radixkv.replay.multi_concurrent import replay_multi_concurrent
-    from radixkv.replay.run import warmup
-
-    t = trace.head(args.limit)
-    if len(t) == 0:
-        raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
-    compile_s = warmup(spec)
-    cost = cost_model_from_args(args)
-    pols = [policy_from_args(build_policy(spec, pool, unit_tokens=t.unit_tokens), args) for _ in range(args.replicas)]
-    arr = arrival_times(t, arrival=getattr(args, "arrival", "trace"), time_scale=float(getattr(args, "time_scale", 1.0)),
-                        request_rate=getattr(args, "request_rate", None),
-                        burstiness=float(getattr(args, "burstiness", 1.0)), seed=int(getattr(args, "seed", 0)))
-    from radixkv.replay.context import engine_of, record, resolve_max_model_len, serve_with_arrivals
-
-    # requests past the model's context: refused before routing (radixkv/replay/context.py)
-    t, arr, ctx = serve_with_arrivals(t, arr, resolve_max_model_len(getattr(args, "model", None),
-                                                                    getattr(args, "max_model_len", None)),
-                                      engine_of(spec))
-    cfg = concurrent_config_from_args(args, pols[0])
-    recs = None
-    if getattr(args, "miss_causes", False):
-        from radixkv.replay.conc_misses import MissRecorder, check_policy
-
-        check_policy(pols[0], build_policy(spec, pool, unit_tokens=t.unit_tokens))
-        make = recorder_factory or (lambda tr, p, c, r: MissRecorder(tr, p, c, replica=r))
-        recs = [make(t, p, cfg, r) for r, p in enumerate(pols)]
-    t0 = time.perf_counter()
-    res = replay_multi_concurrent(
-        t, pols, cost, args.router or "round-robin", arrivals=arr, config=cfg,
-        seed=args.router_seed, cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
-        balance_rel_threshold=args.balance_rel_threshold, max_tree_tokens=args.max_tree_tokens, recorders=recs)
-    if recs is not None:
-        from radixkv.replay.conc_misses import attach_concurrent_causes
-
-        attach_concurrent_causes(t, spec, res.aggregate, recs, replica=res.replica)
-    record(res.aggregate.meta, ctx)
-    return res, recs, compile_s, time.perf_counter() - t0
 
 
 def run_routed(trace, spec, pool, args, keep=None) -> dict:

@@ -291,7 +291,7 @@ class HiCacheRadixCache(PrefixCache):
         self.prefetch_policy = prefetch_policy
         self._storage = on
         # the concurrent replay does not model prefetch timing (the prefetch policy): an
-        # L3 tier is refused there (radixkv.cli.concurrent_args.policy_from_args)
+        # L3 tier is refused there (radixkv.replay.settings.policy_from_args)
         self.sequential_only = on
         self.storage_capacity = (None if storage_tokens is None else int(storage_tokens)) if on else 0
         self.prefetch_threshold = max(int(prefetch_threshold), self.page_size)

@@ -252,7 +252,7 @@ class HybridBlockHashCache(PrefixCache):
         self.has_mamba = any(self._mamba)
         #: the concurrent replay's scheduler does not clip prefill chunks to block
         #: boundaries as vLLM's does in Mamba align mode (mamba_chunk), so a Mamba model is
-        #: refused there (radixkv.cli.concurrent_args.policy_from_args)
+        #: refused there (radixkv.replay.settings.policy_from_args)
         self.sequential_only = self.has_mamba
         if max_num_batched_tokens is not None and int(max_num_batched_tokens) < 1:
             raise ConfigError(f"max_num_batched_tokens must be ≥ 1, got {max_num_batched_tokens}",

@@ -132,7 +132,7 @@ def replay_cell(trace, settings: dict) -> dict:
     values; ``policy`` required; missing flags take the command line's defaults).
 
     A concurrent cell with ``replicas`` runs them behind ``router`` on one clock
-    (:func:`radixkv.cli.routing_args.run_routed_concurrent_result`); a concurrent cell's
+    (:func:`radixkv.replay.settings.run_routed_concurrent_result`); a concurrent cell's
     metrics add ``overloaded``, ``queue_growth_s_per_s`` and ``queue_tail_mean_s``
     (:func:`radixkv.replay.overload.overload_metrics`).
 
@@ -147,8 +147,8 @@ def replay_cell(trace, settings: dict) -> dict:
     radixkv.errors.ConfigError
         Whatever ``radixkv replay`` would refuse (pool too small, a request that never fits).
     """
-    from radixkv.cli.replay_cmd import pool_for_policy
     from radixkv.policies.registry import build_policy, parse_policy
+    from radixkv.replay.pool_settings import pool_for_policy
     from radixkv.replay.run import run_replay, warmup
     from radixkv.sweep.grid import replay_defaults
 
@@ -156,8 +156,8 @@ def replay_cell(trace, settings: dict) -> dict:
     spec = parse_policy(ns.policy)
     pool, desc = pool_for_policy(ns, spec, per_engine_rule=bool(ns.per_engine_rule))
     if ns.mode == "concurrent":
-        from radixkv.cli.concurrent_args import run_concurrent_from_args
         from radixkv.errors import ConfigError
+        from radixkv.replay.settings import run_concurrent_from_args
 
         tr = trace.head(ns.limit)
         if len(tr) == 0:
@@ -165,7 +165,7 @@ def replay_cell(trace, settings: dict) -> dict:
         from radixkv.replay.overload import overload_of
 
         if ns.replicas is not None:  # several replicas behind a router, on one clock
-            from radixkv.cli.routing_args import routed, run_routed_concurrent_result
+            from radixkv.replay.settings import routed, run_routed_concurrent_result
 
             routed(ns)
             res, _, compile_s, elapsed = run_routed_concurrent_result(tr, spec, pool, ns)

@@ -43,30 +43,38 @@ _NOT_GRID = ("trace", "policy", "json", "per_request", "quiet", "no_timing", "fu
 
 
 @functools.lru_cache(maxsize=1)
-def _replay_actions() -> dict[str, argparse.Action]:
-    """The ``radixkv replay`` parser's actions by destination (one parser is the source of
-    truth for every knob's name, type, choices and default)."""
+def _replay_parser() -> argparse.ArgumentParser:
+    """The ``radixkv replay`` parser: the one source of truth for every knob's name, type,
+    choices and default. A grid's keys *are* that verb's flags, so the grid reads its
+    schema from the parser the command line builds; this is the one import of
+    :mod:`radixkv.cli` outside it (the flags are argparse definitions beside the verb's
+    output flags; the logic they feed lives in the library, :mod:`radixkv.replay.settings`
+    and :mod:`radixkv.replay.pool_settings`). ``tests/test_layers.py`` allows exactly this."""
     from radixkv.cli.replay_cmd import register
 
     top = argparse.ArgumentParser(add_help=False)
     register(top.add_subparsers(dest="verb"))
     sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
-    parser = sub.choices["replay"]
+    return sub.choices["replay"]
+
+
+@functools.lru_cache(maxsize=1)
+def _replay_actions() -> dict[str, argparse.Action]:
+    """The ``radixkv replay`` parser's actions by destination (:func:`_replay_parser`)."""
     acts = {}
-    for a in parser._actions:
+    for a in _replay_parser()._actions:
         if a.dest not in _NOT_GRID and a.dest != argparse.SUPPRESS:
             acts.setdefault(a.dest, a)
     return acts
 
 
 def _concurrent_only(acts) -> set[str]:
-    """Flags that only a concurrent replay reads (``--max-num-batched-tokens`` also sizes
-    vLLM's profiling pass, so it stays)."""
-    from radixkv.cli.concurrent_args import add_concurrent_args
-
-    p = argparse.ArgumentParser(add_help=False)
-    add_concurrent_args(p)
-    return {a.dest for a in p._actions} - {"mode", "max_num_batched_tokens", "help"}
+    """Flags that only a concurrent replay reads: the replay parser's concurrent-replay
+    group (:func:`radixkv.cli.concurrent_args.add_concurrent_args`, the group that holds
+    ``--mode``) but ``--mode``; ``--max-num-batched-tokens`` also sizes vLLM's profiling
+    pass, so it stays (it is defined with the pool flags)."""
+    group = next(g for g in _replay_parser()._action_groups if any(a.dest == "mode" for a in g._group_actions))
+    return {a.dest for a in group._group_actions} - {"mode", "max_num_batched_tokens", "help"}
 
 
 def replay_defaults() -> dict:
@@ -274,8 +282,8 @@ def load_grid(path, *, hash_traces: bool = True) -> Grid:
 def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
     """One cell's settings: the policy's spec with its size, concurrent knobs only in
     concurrent cells, defaults dropped; checked as ``radixkv replay`` checks its flags."""
-    from radixkv.cli.replay_cmd import _check_pool_args
     from radixkv.policies.registry import parse_policy
+    from radixkv.replay.pool_settings import check_pool_args
 
     s = dict(s)
     explicit_pool = any(s.get(k) is not None for k in ("capacity_tokens", "num_gpu_blocks", "max_total_num_tokens"))
@@ -288,7 +296,7 @@ def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
     except ConfigError as e:
         raise ConfigError(e.reason, path=where, field="policies") from None
     try:
-        _check_pool_args(ns)
+        check_pool_args(ns)
     except ConfigError as e:
         raise ConfigError(e.reason, path=where, field=e.field) from None
     concurrent = ns.mode == "concurrent"

@@ -1,0 +1,245 @@
+"""The concurrent replay a settings object describes (the library side of ``radixkv replay
+--mode concurrent`` and ``--replicas``).
+
+A *settings* object is anything with the destinations of ``radixkv replay``'s flags as
+attributes: an :class:`argparse.Namespace` the command line parsed
+(:mod:`radixkv.cli.concurrent_args` and :mod:`radixkv.cli.routing_args` define the flags),
+or one a sweep cell builds from its settings dict (:func:`radixkv.sweep.cell.replay_cell`).
+A missing attribute takes the flag's default, except the routing ones that
+:func:`routed` and :func:`run_routed_concurrent_result` read (``replicas``, ``router``,
+``kv_pool``, ``router_load_window``, ``router_seed``, ``cache_threshold``,
+``balance_abs_threshold``, ``balance_rel_threshold``, ``max_tree_tokens``, ``limit``).
+Messages name the command-line flags (a sweep grid names its key, from the error's
+``field``).
+
+- :func:`concurrent_config_from_args`  the scheduler's knobs
+  (:class:`~radixkv.replay.scheduler.SchedulerConfig`).
+- :func:`cost_model_from_args`  the step-time model (:mod:`radixkv.clock.calibrated`).
+- :func:`policy_from_args`  the policy, or ``NoCache`` / ``StaticReservedCache`` on its pool.
+- :func:`run_concurrent_from_args`  one engine's concurrent replay.
+- :func:`routed`, :func:`run_routed_concurrent_result`  several replicas on one clock.
+"""
+from __future__ import annotations
+
+import time
+
+from radixkv.errors import ConfigError
+
+
+def concurrent_config_from_args(args, policy=None):
+    """The :class:`~radixkv.replay.scheduler.SchedulerConfig` the flags describe.
+
+    Without ``--admission``, the policy class's ``admission_rule`` decides
+    (:func:`radixkv.replay.scheduler.admission_rule_of`): SGLang's rules for
+    ``RadixCache``, whose admission leaves the whole-prompt check to SGLang's budget,
+    vLLM's for every other policy.
+    """
+    from radixkv.replay.scheduler import SchedulerConfig
+
+    mnbt = getattr(args, "max_num_batched_tokens", None)
+    admission = getattr(args, "admission", None)
+    return SchedulerConfig(
+        max_num_seqs=int(getattr(args, "max_num_seqs", 256)),
+        max_num_batched_tokens=8192 if mnbt is None else int(mnbt),
+        schedule_policy=getattr(args, "schedule_policy", "fcfs"),
+        admission=admission,
+        enable_chunked_prefill=bool(getattr(args, "enable_chunked_prefill", True)),
+        long_prefill_token_threshold=int(getattr(args, "long_prefill_token_threshold", 0) or 0),
+        watermark=float(getattr(args, "watermark", 0.0) or 0.0),
+        scheduling_policy=getattr(args, "scheduling_policy", "fcfs") or "fcfs",
+        enable_priority_scheduling=bool(getattr(args, "enable_priority_scheduling", False)),
+        schedule_low_priority_values_first=bool(getattr(args, "schedule_low_priority_values_first", False)),
+        disable_priority_preemption=bool(getattr(args, "disable_priority_preemption", False)),
+        retraction_policy=getattr(args, "retraction_policy", "length") or "length",
+    )
+
+
+def cost_model_from_args(args):
+    """The step-time model of ``--cost-model`` (:func:`radixkv.clock.calibrated.cost_model`;
+    default the roofline :class:`~radixkv.cost.CostModel`) on
+    ``--model``/``--gpu``/``--tp``/``--kv-cache-dtype``.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        When ``--model`` or ``--gpu`` is missing.
+    """
+    from radixkv.clock.calibrated import cost_model
+
+    model, gpu = getattr(args, "model", None), getattr(args, "gpu", None)
+    if not model or not gpu:
+        raise ConfigError("--mode concurrent prices each step on a model and a GPU: give --model and --gpu",
+                          field="model" if not model else "gpu")
+    return cost_model(
+        getattr(args, "cost_model", None) or "roofline", model, gpu, tp=int(getattr(args, "tp", 1) or 1),
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", None),
+        mfu=float(getattr(args, "mfu", 0.6)), mbu=float(getattr(args, "mbu", 0.8)),
+        step_overhead_s=float(getattr(args, "step_overhead_s", 0.0)),
+    )
+
+
+def policy_from_args(policy, args):
+    """*policy*, or the policy the caching flags ask for on the same pool.
+
+    ``--no-enable-prefix-caching`` gives ``NoCache(policy.num_slots, policy.slot_tokens)``;
+    ``--static-reserved-fraction F`` gives ``StaticReservedCache(policy.num_slots,
+    policy.slot_tokens, F)``. Both at once is a :class:`ConfigError`.
+    """
+    if getattr(policy, "sequential_only", False):
+        raise ConfigError(f"policy {policy.name!r} is modelled for the sequential replay only: "
+                          f"drop --mode concurrent", field="mode")
+    frac = getattr(args, "static_reserved_fraction", None)
+    on = getattr(args, "enable_prefix_caching", True)
+    if frac is not None and not on:
+        raise ConfigError("--static-reserved-fraction caches prefixes: drop --no-enable-prefix-caching",
+                          field="static_reserved_fraction")
+    if not on:
+        from radixkv.policies.no_cache import NoCache
+
+        return NoCache(policy.num_slots, policy.slot_tokens)
+    if frac is not None:
+        from radixkv.policies.static_reserved import StaticReservedCache
+
+        return StaticReservedCache(policy.num_slots, policy.slot_tokens, frac)
+    return policy
+
+
+def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None, recorder_factory=None):
+    """Run the concurrent replay the flags describe.
+
+    Parameters
+    ----------
+    trace : radixkv.trace.Trace
+    policy : radixkv.policies.base.PrefixCache
+        A fresh policy on the pool to replay (replaced per :func:`policy_from_args`).
+    args : argparse.Namespace
+        Settings (see the module docstring): the flags of
+        :func:`radixkv.cli.concurrent_args.add_concurrent_args` plus ``--model``/``--gpu``.
+    progress : callable or None
+        ``progress(done, total)``.
+    miss_spec : radixkv.policies.registry.PolicySpec or None
+        ``--miss-causes``: the policy's spec; the result then carries the concurrent miss
+        causes (:func:`radixkv.replay.conc_misses.attach_concurrent_causes`).
+    recorder_factory : callable or None
+        With *miss_spec*: ``recorder_factory(trace, policy, config)`` builds the recorder
+        instead of :class:`~radixkv.replay.conc_misses.MissRecorder` (``--explain``:
+        :class:`~radixkv.replay.conc_explain.ExplainRecorder`).
+
+    Returns
+    -------
+    radixkv.replay.concurrent.ConcurrentResult
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        On a bad flag combination or a request that can never fit.
+    """
+    from radixkv.replay.arrivals import arrival_times
+    from radixkv.replay.concurrent import replay_concurrent
+
+    from radixkv.replay.context import engine_of, record, resolve_max_model_len, serve_with_arrivals
+
+    cost = cost_model_from_args(args)
+    pol = policy_from_args(policy, args)
+    cfg = concurrent_config_from_args(args, pol)
+    arr = arrival_times(
+        trace,
+        arrival=getattr(args, "arrival", "trace"),
+        time_scale=float(getattr(args, "time_scale", 1.0)),
+        request_rate=getattr(args, "request_rate", None),
+        burstiness=float(getattr(args, "burstiness", 1.0)),
+        seed=int(getattr(args, "seed", 0)),
+    )
+    # the engine refuses prompts past the model's context and caps outputs: a step before
+    # the replay, after the arrivals are drawn for every request (so the others keep
+    # theirs); nothing changes without --model or --max-model-len
+    trace, arr, ctx = serve_with_arrivals(trace, arr, resolve_max_model_len(getattr(args, "model", None),
+                                                                          getattr(args, "max_model_len", None)),
+                                          engine_of(policy))
+    link = getattr(args, "host_link", None)
+    if link is not None:
+        from radixkv.cost import HostLink
+
+        link = HostLink.parse(link)
+    rec = None
+    if miss_spec is not None:
+        from radixkv.replay.conc_misses import MissRecorder, check_policy
+
+        check_policy(pol, policy)
+        rec = (recorder_factory or MissRecorder)(trace, pol, cfg)
+    res = replay_concurrent(trace, pol, cost, arrivals=arr, config=cfg, progress=progress,
+                            timeline=bool(getattr(args, "timeline", None) or getattr(args, "report", None)),
+                            host_link=link, recorder=rec,
+                            request_intake_s=float(getattr(args, "request_intake_s", 0.0) or 0.0))
+    if rec is not None:
+        from radixkv.replay.conc_misses import attach_concurrent_causes
+
+        attach_concurrent_causes(trace, miss_spec, res, [rec])
+    record(res.meta, ctx)
+    return res
+
+
+def routed(args) -> bool:
+    """True when the flags ask for the multi-replica replay; refuses combinations it does not model."""
+    if args.replicas is None:
+        if args.router is not None or args.kv_pool != "local":
+            raise ConfigError("--router and --kv-pool need --replicas N", field="replicas")
+        return False
+    if args.replicas < 1:
+        raise ConfigError(f"--replicas must be ≥ 1, got {args.replicas}", field="replicas")
+    if getattr(args, "mode", "sequential") == "concurrent" and args.router_load_window is not None:
+        raise ConfigError("--router-load-window applies to the sequential replicas only: with --mode concurrent a "
+                          "replica's load is its requests in flight at the arrival", field="router_load_window")
+    if getattr(args, "mode", "sequential") == "concurrent" and args.kv_pool == "global":
+        from radixkv.replay.multi_concurrent import GLOBAL_POOL_REFUSAL
+
+        raise ConfigError(GLOBAL_POOL_REFUSAL, field="kv_pool")
+    return True
+
+
+def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None):
+    """The concurrent replay of ``replicas`` replicas behind ``router`` on one clock
+    (:func:`radixkv.replay.multi_concurrent.replay_multi_concurrent`), each a fresh policy
+    of *spec* on *pool* (then :func:`policy_from_args`): returns ``(MultiConcurrentResult,
+    recorders or None, compile seconds, replay seconds)``. *recorder_factory*
+    (``factory(trace, policy, config, replica)``; with ``--miss-causes``) builds each
+    replica's recorder instead of :class:`~radixkv.replay.conc_misses.MissRecorder`."""
+    from radixkv.policies.registry import build_policy
+    from radixkv.replay.arrivals import arrival_times
+    from radixkv.replay.multi_concurrent import replay_multi_concurrent
+    from radixkv.replay.run import warmup
+
+    t = trace.head(args.limit)
+    if len(t) == 0:
+        raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
+    compile_s = warmup(spec)
+    cost = cost_model_from_args(args)
+    pols = [policy_from_args(build_policy(spec, pool, unit_tokens=t.unit_tokens), args) for _ in range(args.replicas)]
+    arr = arrival_times(t, arrival=getattr(args, "arrival", "trace"), time_scale=float(getattr(args, "time_scale", 1.0)),
+                        request_rate=getattr(args, "request_rate", None),
+                        burstiness=float(getattr(args, "burstiness", 1.0)), seed=int(getattr(args, "seed", 0)))
+    from radixkv.replay.context import engine_of, record, resolve_max_model_len, serve_with_arrivals
+
+    # requests past the model's context: refused before routing (radixkv/replay/context.py)
+    t, arr, ctx = serve_with_arrivals(t, arr, resolve_max_model_len(getattr(args, "model", None),
+                                                                    getattr(args, "max_model_len", None)),
+                                      engine_of(spec))
+    cfg = concurrent_config_from_args(args, pols[0])
+    recs = None
+    if getattr(args, "miss_causes", False):
+        from radixkv.replay.conc_misses import MissRecorder, check_policy
+
+        check_policy(pols[0], build_policy(spec, pool, unit_tokens=t.unit_tokens))
+        make = recorder_factory or (lambda tr, p, c, r: MissRecorder(tr, p, c, replica=r))
+        recs = [make(t, p, cfg, r) for r, p in enumerate(pols)]
+    t0 = time.perf_counter()
+    res = replay_multi_concurrent(
+        t, pols, cost, args.router or "round-robin", arrivals=arr, config=cfg,
+        seed=args.router_seed, cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
+        balance_rel_threshold=args.balance_rel_threshold, max_tree_tokens=args.max_tree_tokens, recorders=recs)
+    if recs is not None:
+        from radixkv.replay.conc_misses import attach_concurrent_causes
+
+        attach_concurrent_causes(t, spec, res.aggregate, recs, replica=res.replica)
+    record(res.aggregate.meta, ctx)
+    return res, recs, compile_s, time.perf_counter() - t0

@@ -1,0 +1,160 @@
+"""The package's layers (docs/DESIGN.md, "The flow of data"): read every module's imports
+from its source (``ast``: top-level and function-level imports, relative ones resolved,
+``importlib.import_module`` / ``__import__`` with a literal name) and check the rules.
+
+- nothing outside :mod:`radixkv.cli` imports :mod:`radixkv.cli` (the CLI is the top layer;
+  ``radixkv/__main__.py`` is its entry point). One use is allowed and stated:
+  :mod:`radixkv.sweep.grid` reads a grid's schema (keys, types, choices, defaults) from the
+  ``radixkv replay`` parser, since a grid's keys are that verb's flags.
+- :mod:`radixkv.policies` never imports :mod:`radixkv.replay` (a policy never imports a driver).
+- module-level imports form no cycle. A base class may look up a subclass module late, in
+  a function (``BlockHashCache.class_for_option`` imports :mod:`radixkv.policies.block_priority`
+  only when an eviction option asks for it, since that module compiles its priority
+  functions on import; ``RadixCache`` and :mod:`radixkv.policies.radix_priority` alike);
+  the subclass module imports the base at the top, never the reverse.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import radixkv
+
+ROOT = Path(radixkv.__file__).resolve().parent
+
+#: (importer, imported) pairs allowed across the CLI line, each with its reason in the
+#: importer's docstring (radixkv.sweep.grid._replay_parser)
+ALLOWED_CLI_IMPORTS = {("radixkv.sweep.grid", "radixkv.cli.replay_cmd")}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _top_level(tree: ast.Module):
+    """The statements run when the module is imported (function and class bodies left out,
+    ``if TYPE_CHECKING:`` blocks too)."""
+    todo = list(tree.body)
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.If):
+            t = n.test
+            if getattr(t, "id", None) == "TYPE_CHECKING" or getattr(t, "attr", None) == "TYPE_CHECKING":
+                todo.extend(n.orelse)
+            else:
+                todo.extend(n.body + n.orelse)
+        elif isinstance(n, ast.Try):
+            todo.extend(n.body + n.orelse + n.finalbody + [s for h in n.handlers for s in h.body])
+        elif isinstance(n, (ast.With,)):
+            todo.extend(n.body)
+        else:
+            yield n
+
+
+def _imports(name: str, path: Path, known: set, *, top_level: bool = False) -> set[str]:
+    """Every radixkv module *name* imports (``from a import b`` counts ``a.b`` when that is a
+    module, else ``a``); with *top_level*, only those its import runs."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in (_top_level(tree) if top_level else ast.walk(tree)):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module
+            for a in node.names:
+                sub = f"{mod}.{a.name}"
+                out.add(sub if sub in known else mod)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            f = node.func
+            fname = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+            if fname in ("import_module", "__import__"):
+                out.add(node.args[0].value)
+    return {m for m in out if m == "radixkv" or m.startswith("radixkv.")}
+
+
+def _graph(top_level: bool = False) -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    return {name: _imports(name, path, known, top_level=top_level) for name, path in mods.items()}
+
+
+def _under(mod: str, pkg: str) -> bool:
+    return mod == pkg or mod.startswith(pkg + ".")
+
+
+def test_the_import_reader_sees_imports_of_every_kind():
+    """The reader itself, on code written for the purpose: absolute, relative (both
+    levels), ``from package import module``, function-level and ``import_module``."""
+    import tempfile
+
+    src = ("import radixkv.trace.types\nfrom . import registry\nfrom ..replay import run\n"
+           "def f():\n    from radixkv import cli\n    import importlib\n"
+           "    importlib.import_module('radixkv.cli.replay_cmd')\n")
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "x.py"
+        p.write_text(src, encoding="utf-8")
+        got = _imports("radixkv.policies.x", p, {"radixkv.policies.registry", "radixkv.replay.run", "radixkv.cli"})
+        assert got == {"radixkv.trace.types", "radixkv.policies.registry", "radixkv.replay.run", "radixkv.cli",
+                       "radixkv.cli.replay_cmd"}
+        top = _imports("radixkv.policies.x", p, {"radixkv.policies.registry", "radixkv.replay.run"}, top_level=True)
+        assert top == {"radixkv.trace.types", "radixkv.policies.registry", "radixkv.replay.run"}
+
+
+def test_nothing_outside_the_cli_imports_the_cli():
+    graph = _graph()
+    bad, seen_allowed = [], set()
+    for mod, deps in sorted(graph.items()):
+        if _under(mod, "radixkv.cli") or mod == "radixkv.__main__":
+            continue
+        for dep in sorted(deps):
+            if _under(dep, "radixkv.cli"):
+                if (mod, dep) in ALLOWED_CLI_IMPORTS:
+                    seen_allowed.add((mod, dep))
+                else:
+                    bad.append(f"{mod} imports {dep}")
+    assert not bad, "library modules import the CLI (move the logic into the library):\n" + "\n".join(bad)
+    # an allowance no longer used is dropped from the list, so the list stays true
+    assert seen_allowed == ALLOWED_CLI_IMPORTS
+
+
+def test_policies_never_import_replay():
+    graph = _graph()
+    bad = [f"{mod} imports {dep}" for mod, deps in sorted(graph.items()) if _under(mod, "radixkv.policies")
+           for dep in sorted(deps) if _under(dep, "radixkv.replay")]
+    assert not bad, "\n".join(bad)
+
+
+def test_module_level_imports_form_no_cycle():
+    graph = {m: {d for d in deps if d != m} for m, deps in _graph(top_level=True).items()}
+    # depth-first search for a back edge; the cycle found is named in full
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                raise AssertionError("import cycle at module level: " + " -> ".join(stack[stack.index(d):] + [d]))
+            if d in graph and d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
