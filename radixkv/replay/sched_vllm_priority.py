@@ -136,28 +136,14 @@ class VllmPriorityScheduler(VllmScheduler):
         key = self._vkey
         return max(self.running, key=key.__getitem__)
 
-    def _grow(self, r: int, upto: int, plan) -> bool:
-        """Make *r*'s KV cover *upto* tokens, preempting the priority victim until it fits.
-
-        A victim already scheduled in this step gives its tokens back to the budget; one
-        standing before *r* in running order moves the loop index back (module docstring).
-        Returns False when *r* itself was preempted.
-        """
-        need = upto - self.kv[r]
-        while need > 0:
-            if self.policy.extend(r, need):
-                self.kv[r] = upto
-                return True
-            v = self._victim()
-            if self.running.index(v) < self._k:
-                self._k -= 1
-            if v in plan.req:
-                self._budget += plan.new[plan.req.index(v)]
-            self._preempt(v, plan)
-            plan.preempted += 1
-            if v == r:
-                return False
-        return True
+    def _before_preempt(self, v: int, plan) -> None:
+        """A victim already scheduled in this step gives its tokens back to the budget; one
+        standing before the request being grown in running order moves the loop index back
+        (module docstring)."""
+        if self.running.index(v) < self._k:
+            self._k -= 1
+        if v in plan.req:
+            self._budget += plan.new[plan.req.index(v)]
 
     def run_ends_at_arrival(self) -> bool:
         """Always: an arrival of higher priority becomes the queue's head and may be

@@ -448,11 +448,16 @@ class Scheduler:
                 self.kv[r] = upto
                 return True
             v = self._victim()
+            self._before_preempt(v, plan)
             self._preempt(v, plan)
             plan.preempted += 1
             if v == r:
                 return False
         return True
+
+    def _before_preempt(self, v: int, plan: StepPlan) -> None:
+        """Called by :meth:`_grow` just before *v* is preempted; default: nothing (vLLM's
+        priority scheduler gives back *v*'s budget and moves its running-loop index)."""
 
     def _serve_running(self, r: int, plan: StepPlan, budget: int) -> int:
         """Schedule *r*'s next chunk or decode; returns tokens used, or −1 if *r* was preempted."""
