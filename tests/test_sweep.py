@@ -291,6 +291,9 @@ def test_failed_cell_is_recorded_others_go_on_exit_1(tmp_path, capsys):
     ('traces = ["{demo}"]\npolicies = "vllm"\ncapacity_tokens = 100\nschedule_policy = "lifo"\n',
      "schedule_policy"),
     ('traces = ["{demo}"]\npolicies = "vllm"\n', "capacity"),
+    # flags a cell would accept and never act on (it keeps only the summary metrics)
+    ('traces = ["{demo}"]\npolicies = "vllm"\ncapacity_tokens = 100\nmeasure_last = 0.5\n', "measure_last"),
+    ('traces = ["{demo}"]\npolicies = "vllm"\ncapacity_tokens = 100\nby = "tenant"\n', "by"),
     ('traces = ["{demo}"\n', None),
 ])
 def test_bad_grid_exits_2_naming_the_key(tmp_path, capsys, text, key):

@@ -40,6 +40,10 @@ from radixkv.errors import ConfigError
 _OWN_KEYS = ("traces", "policies", "format", "per_engine_rule")
 #: replay flags a grid may not set (outputs, progress, the positional trace/policy)
 _NOT_GRID = ("trace", "policy", "json", "per_request", "quiet", "no_timing", "func", "help")
+#: replay flags a sweep cell would accept and then not act on (its result is the summary
+#: metrics alone): refused by name rather than ignored without a word
+_NOT_IN_CELL = ("report", "timeline", "explain", "by", "isolation", "isolation_price", "miss_fix",
+                "measure_last", "host_cache_tokens", "storage_cache_tokens")
 
 
 @functools.lru_cache(maxsize=1)
@@ -222,6 +226,11 @@ def load_grid(path, *, hash_traces: bool = True) -> Grid:
             raise ConfigError(f"unknown key {key!r}{hint}; grid keys are 'traces', 'policies', 'format', "
                               f"'per_engine_rule' and the flags of `radixkv replay` with underscores",
                               path=where, field=key)
+    for key in raw:
+        if key in _NOT_IN_CELL:
+            raise ConfigError(f"{key!r} is an output or analysis flag of `radixkv replay` that a sweep cell does "
+                              "not run (a cell keeps the summary metrics only); run `radixkv replay` on the cell "
+                              "you want it for", path=where, field=key)
     for key in ("traces", "policies"):
         if key not in raw:
             raise ConfigError(f"missing key {key!r}", path=where, field=key)
