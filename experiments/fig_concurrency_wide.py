@@ -34,8 +34,10 @@ held-out Vidur operator timings):
         # writes results/concurrency_wide.json, concurrency_wide.png
 
 Full: 4 traces × 4 hardware × 2 engines × 5 slices × (2 saturation bursts + 6 loads × 2
-modes) = 2,240 replays of 480–1,000 requests, about 15 CPU-minutes once the compiled loops
-are cached; --quick: Mooncake and RAGPulse, Llama-3.1-8B on the A100, 3 slices of 300.
+modes) = 2,240 replays of 480–1,000 requests: 11 minutes on one core of a shared 2-core
+machine (127 s of saturation bursts, 509 s of loads) once the compiled loops are cached
+(their first compilation takes a few minutes); --quick: Mooncake and RAGPulse,
+Llama-3.1-8B on the A100, 3 slices of 300 (168 replays, 25 s warm).
 """
 from __future__ import annotations
 
