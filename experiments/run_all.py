@@ -38,6 +38,7 @@ SCRIPTS = [
     ("tab_misses", "misses.json: why prompt tokens miss (compulsory / capacity / alignment / last-token cap) per trace, policy and pool (C3, C6, C10, C13)", 4, 0.5),
     ("tab_fragmentation", "fragmentation.{json,png}: cached tokens, fragmentation over a pool sweep, whole-leaf vs granularity ablation (C6)", 4, 1),
     ("fig_concurrent", "concurrent.json, concurrent_pressure.png, pool_split.png: cache on/off/static × memory pressure × load, MFU/MBU, max_num_batched_tokens (C1, C2, C4, C8, C9, C14)", 2, 1),
+    ("fig_concurrency_wide", "concurrency_wide.{json,png}: cache on vs off on the fitted clock, offered load 0.25-1.5 x saturation, Mooncake/WEKA/RAGPulse (+ Azure zero-hit control), Llama-3.1-8B and 70B (TP 4) on A100 and H100, both engines, 5 disjoint slices with 95 % t-intervals (issue 29)", 11, 0.5),
     ("fig_routing", "routing.{json,png}: replicas behind a router vs a global pool, Mooncake Fig. 10 Conversation bars, hit rate vs replicas on Mooncake and WEKA", 2, 0.5),
     ("fig_hicache", "hicache.{json,png}: SGLang HiCache hit rate (GPU + host) vs host pool 0-50 M tokens at a 1 M-token GPU pool, three write policies, beside one GPU pool of the same total (issue 18)", 3, 0.5),
     ("fig_routing_concurrent", "routing_concurrent.{json,png}: routers x 2-8 replicas in the concurrent replay, Mooncake at time scale 10: hit rate, TTFT, throughput, load imbalance", 10, 1),
