@@ -41,6 +41,7 @@ ALLOWED = [
     r"below 20 %", r"< 20 %",                          # C9's own threshold
     r"FAST'25", r"\b512-token hash blocks", r"sha256",
     r"vLLM 0\.33(?:\.0)?(?:'s v1)?", r"SGLang 0\.5\.23",  # engine versions
+    r"\bV[01]\b",                                      # vLLM's engine generations (V0, V1)
 ]
 _PLACEHOLDER = re.compile(r"\{\{.+?\}\}")
 
