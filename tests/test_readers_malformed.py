@@ -61,6 +61,20 @@ CASES = [
     ("native-tokens-with-units", "t.jsonl", HDR4 + OK, "native", 2, "tokens"),
     ("native-string-arrival", "t.jsonl", '{"tokens": [1], "output_length": 1, "arrival_s": "3"}\n', "native", 1, "arrival_s"),
     ("native-id-not-string", "t.jsonl", '{"id": 5, "tokens": [1], "output_length": 1}\n', "native", 1, "id"),
+    # integers beyond int64 (every integer column is int64): an error, not an OverflowError
+    ("native-huge-priority", "t.jsonl", OK + '{"tokens": [1], "output_length": 1, "priority": 9223372036854775808}\n',
+     "native", 2, "priority"),  # 2**63
+    ("native-huge-negative-priority", "t.jsonl",
+     '{"tokens": [1], "output_length": 1, "priority": -9223372036854775809}\n', "native", 1, "priority"),  # -2**63 - 1
+    ("native-huge-output-length", "t.jsonl", '{"tokens": [1], "output_length": 99999999999999999999999}\n',
+     "native", 1, "output_length"),
+    ("native-huge-turn", "t.jsonl", '{"tokens": [1], "output_length": 1, "turn": 99999999999999999999999}\n',
+     "native", 1, "turn"),
+    ("native-arrival-beyond-float", "t.jsonl", '{"tokens": [1], "output_length": 1, "arrival_s": 1' + "0" * 400 + '}\n',
+     "native", 1, "arrival_s"),
+    ("mooncake-huge-output", "m.jsonl",
+     '{"timestamp": 0, "input_length": 6, "output_length": 99999999999999999999999, "hash_ids": [0]}\n',
+     "mooncake", 1, "output_length"),
     # ---- Mooncake
     ("mooncake-hash-count", "m.jsonl", MC + '{"timestamp": 5, "input_length": 1025, "output_length": 5, "hash_ids": [0, 1]}\n',
      "mooncake", 2, "hash_ids"),  # ceil(1025/512) = 3

@@ -141,14 +141,23 @@ def as_int(value, path, line, field: str, *, minimum: int | None = 0) -> int:
         )
     if minimum is not None and value < minimum:
         raise TraceFormatError(f"must be ≥ {minimum}, got {value}", path=path, line=line, field=field)
+    if not _INT64_MIN <= value <= _INT64_MAX:  # every integer column is int64
+        raise TraceFormatError(f"{value} does not fit in a signed 64-bit integer", path=path, line=line, field=field)
     return value
+
+
+#: the range of the int64 columns a trace's integers land in
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
 def as_float(value, path, line, field: str, *, minimum: float | None = 0.0) -> float:
     """A finite JSON number (int or float, not a bool) ≥ *minimum*."""
     if type(value) not in (int, float):
         raise TraceFormatError(f"expected a number, got {_describe(value)}", path=path, line=line, field=field)
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an integer beyond any float
+        v = math.inf
     if not math.isfinite(v):
         raise TraceFormatError(f"must be finite, got {value}", path=path, line=line, field=field)
     if minimum is not None and v < minimum:
