@@ -178,3 +178,23 @@ def test_same_bytes_on_dask(small, tmp_path):
     assert main(["plan", str(trace), "--slo", SLO, *BASE, "--executor", "dask", "--workers", "2",
                  "--json", str(out)]) == 0
     assert out.read_bytes() == (d / "plan.json").read_bytes()
+
+
+def test_requests_longer_than_the_context_are_reported_as_refused(tmp_path, capsys):
+    # Mistral-7B's context is 32,768 tokens: of five prompts (1,008 ×3 and 40,000 ×2
+    # tokens, 16-token units) vLLM refuses the two long ones; the plan must say so, and its
+    # JSON carries the count (worked out by hand from the lengths, not read from a replay)
+    lines = ['{"radixkv_trace": 1, "unit_tokens": 16}']
+    base = 0
+    for k, P in enumerate([1008, 40000, 1008, 40000, 1008]):
+        ids = list(range(base, base + P // 16))
+        base += len(ids)
+        lines.append(json.dumps({"hash_ids": ids, "input_length": P, "output_length": 4, "arrival_s": float(k)}))
+    trace = tmp_path / "long.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(trace), "--model", "Mistral-7B", "--slo", "ttft_p99=60s,tpot_p99=1s",
+                 "--gpus", "A100-80GB", "--tp", "1", "--budget", "6", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "REFUSED: 2 of 5 requests" in text and "the other 3 only" in text
+    assert json.loads(out.read_text())["recommendation"]["rejected_requests"] == 2

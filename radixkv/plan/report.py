@@ -17,9 +17,13 @@ import math
 
 from radixkv.plan.spec import SLO_TERMS, format_seconds, format_slo
 
-#: what the predictions' uncertainty band is, until the clock's measured error is available
-BAND_UNMEASURED = ("unmeasured: the roofline clock's error against measured engines is not available in this "
-                   "tree, so the predictions carry no band")
+#: the predictions' uncertainty: no interval is drawn, but the clock's end-to-end error is
+#: measured (docs/clock-e2e.md; experiments/results/e2e_clock.json, median |error| of TTFT p99
+#: and TPOT p99 over 10 published vLLM benchmark_serving runs)
+BAND_UNMEASURED = ("no interval: the clock's measured end-to-end error (docs/clock-e2e.md, 10 published vLLM "
+                   "runs, median |error|) is TTFT p99 27 % / TPOT p99 52 % for the roofline, 29 % / 40 % for "
+                   "fitted, 6 % / 11 % for fitted with the request-intake term; read a prediction near its SLO "
+                   "with that margin")
 
 
 def _num(v):
@@ -33,7 +37,8 @@ def outcome_doc(o) -> dict:
          "meets_slo": o.meets, "overloaded": bool(o.overloaded) if o.replayed else None,
          "misses": {t: _num(r) for t, r in o.misses().items()} if o.replayed else None}
     for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "throughput_output_tokens_per_s",
-                "throughput_total_tokens_per_s", "token_hit_rate", "preemptions", "queue_growth_s_per_s"):
+                "throughput_total_tokens_per_s", "token_hit_rate", "preemptions", "queue_growth_s_per_s",
+                "rejected_requests"):
         d[key] = _num(m.get(key)) if o.replayed and not (o.overloaded and key.startswith(("ttft", "tpot"))) else None
     return d
 
@@ -148,6 +153,11 @@ def format_plan(res) -> str:
     out = [f"plan for {s.trace}: {w.requests:,} requests over {w.span_s:,.1f} s at {s.rate_scale:g}x the recorded "
            f"rate ({w.offered_tokens_per_s:,.0f} tokens/s offered); model {s.model}; SLO {format_slo(s.slo)}; "
            f"cost in {s.cost_unit}; cost model {s.cost_model}"]
+    refused = (b.metrics or {}).get("rejected_requests") if b.replayed else None
+    if refused:
+        out.append(f"REFUSED: {refused:,} of {w.requests:,} requests are longer than {s.model}'s context "
+                   f"(max_model_len) and are refused by the engine (radixkv.replay.context); every latency "
+                   f"and SLO below covers the other {w.requests - refused:,} only")
     header = ["configuration", s.cost_unit, *terms, "out tok/s", "hit", "SLO"]
     rows = [["* " + _row(b, terms)[0], *_row(b, terms)[1:]]] + [["  " + r[0], *r[1:]] for r in
                                                                  (_row(o, terms) for o in res.runner_ups)]
