@@ -259,3 +259,17 @@ def test_per_request_csv_writes_unmeasured_values_as_empty_cells(tmp_path, capsy
             assert {r["largest_free_run"] for r in rows} == {""}
         else:
             assert [r["largest_free_run"] != "" for r in rows] == filled
+
+
+def test_an_overloaded_concurrent_replay_says_so(capsys):
+    # the demo's 300 requests compressed 100× into about 3 s cannot be served by one A100:
+    # the queue grows (radixkv.replay.overload, by-hand tests in test_plan.py); at the
+    # recorded rate it drains, and nothing is said
+    demo = str(Path(__file__).resolve().parents[1] / "traces" / "demo.jsonl")
+    base = ["replay", demo, "--policy", "vllm:16", "--mode", "concurrent", "--model", "Llama-3.1-8B",
+            "--gpu", "A100-80GB", "--quiet"]
+    assert main([*base, "--time-scale", "0.01"]) == 0
+    err = capsys.readouterr().err
+    assert "vllm:16: overloaded" in err and "queueing time" in err
+    assert main(base) == 0
+    assert "overloaded" not in capsys.readouterr().err

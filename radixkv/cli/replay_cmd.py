@@ -170,7 +170,22 @@ def _run_concurrent(trace, spec, pool, args):
     summ = {"policy": spec.label, **res.summary()}
     summ["timing_s"] = {"compile": compile_s, "replay": elapsed,
                         "prompt_tokens_per_s": summ["prompt_tokens"] / elapsed if elapsed > 0 else None}
+    _warn_if_overloaded(spec.label, res)
     return res, summ
+
+
+def _warn_if_overloaded(label: str, res) -> None:
+    """A replay whose queue never drained (:func:`radixkv.replay.overload.overload_of`, the
+    test ``plan`` and sweep cells apply) says so on stderr: its TTFT percentiles measure the
+    trace's length, not the engine's latency."""
+    from radixkv.replay.overload import overload_of
+
+    ov = overload_of(res)
+    if ov.get("overloaded"):
+        print(f"radixkv: warning: {label}: overloaded — the queue grows {ov['queue_growth_s_per_s']:.2f} s per s "
+              f"of traffic and the last quarter of arrivals waited {ov['queue_tail_mean_s']:,.1f} s on average; "
+              "the offered load exceeds this deployment, so TTFT here is queueing time (spread the arrivals with "
+              "--time-scale > 1, or add GPUs or replicas)", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------- verbs
