@@ -273,3 +273,22 @@ def test_an_overloaded_concurrent_replay_says_so(capsys):
     assert "vllm:16: overloaded" in err and "queueing time" in err
     assert main(base) == 0
     assert "overloaded" not in capsys.readouterr().err
+
+
+def test_replay_sizes_an_sglang_pool_by_sglangs_rule_with_per_engine_rule(tmp_path, capsys):
+    # without the flag every policy's pool comes from vLLM's rule; with it, sglang:1 gets the
+    # max_total_num_tokens that `radixkv memory --engine sglang` reports for the same GPU
+    demo = str(Path(__file__).resolve().parents[1] / "traces" / "demo.jsonl")
+    base = ["replay", demo, "--policy", "sglang:1", "--model", "Llama-3.1-8B", "--gpu", "A100-80GB", "--quiet"]
+    assert main(["memory", "--model", "Llama-3.1-8B", "--gpu", "A100-80GB", "--engine", "sglang", "--json",
+                 str(tmp_path / "m.json")]) == 0
+    want = json.loads((tmp_path / "m.json").read_text())["pools"]["sglang"]["max_total_num_tokens"]
+    assert main([*base, "--per-engine-rule", "--json", str(tmp_path / "r.json")]) == 0
+    pool = json.loads((tmp_path / "r.json").read_text())["results"][0]["pool"]
+    assert pool["engine_rule"] == "sglang" and pool["max_total_num_tokens"] == want
+    assert main([*base, "--json", str(tmp_path / "v.json")]) == 0
+    assert json.loads((tmp_path / "v.json").read_text())["results"][0]["pool"]["engine_rule"] == "vllm"
+    capsys.readouterr()
+    # SGLang's knob without the flag is refused, and the message now says how to use it
+    assert main([*base, "--mem-fraction-static", "0.7"]) == 2
+    assert "--per-engine-rule" in capsys.readouterr().err

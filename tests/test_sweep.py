@@ -294,6 +294,9 @@ def test_failed_cell_is_recorded_others_go_on_exit_1(tmp_path, capsys):
     # flags a cell would accept and never act on (it keeps only the summary metrics)
     ('traces = ["{demo}"]\npolicies = "vllm"\ncapacity_tokens = 100\nmeasure_last = 0.5\n', "measure_last"),
     ('traces = ["{demo}"]\npolicies = "vllm"\ncapacity_tokens = 100\nby = "tenant"\n', "by"),
+    # an engine's memory knob where no cell's pool is sized by that engine's rule: same pool every value
+    ('traces = ["{demo}"]\npolicies = ["vllm:16", "sglang:1"]\nmodel = "Llama-3.1-8B"\ngpu = "A100-80GB"\n'
+     'mem_fraction_static = [0.5, 0.8]\n', "mem_fraction_static"),
     ('traces = ["{demo}"\n', None),
 ])
 def test_bad_grid_exits_2_naming_the_key(tmp_path, capsys, text, key):
@@ -360,3 +363,15 @@ def test_curve_on_processes_matches_local(tmp_path, capsys):
     assert a == b
     assert any("skipped" in p for c in a["curves"] for p in c["points"])
     capsys.readouterr()
+
+
+def test_an_sglang_memory_axis_with_per_engine_rule_is_a_real_axis(tmp_path):
+    # with per_engine_rule the sglang:1 cells are sized by mem_fraction_static: two values,
+    # two SGLang cells (the grid is accepted, not refused as an axis that changes nothing)
+    from radixkv.sweep.grid import load_grid
+
+    g = _grid(tmp_path, 'traces = ["{demo}"]\npolicies = ["vllm:16", "sglang:1"]\nmodel = "Llama-3.1-8B"\n'
+                        'gpu = "A100-80GB"\nper_engine_rule = true\nmem_fraction_static = [0.5, 0.8]\n')
+    cells = load_grid(g).cells
+    sg = sorted(c.settings.get("mem_fraction_static") for c in cells if c.settings["policy"] == "sglang:1")
+    assert sg == [0.5, 0.8]

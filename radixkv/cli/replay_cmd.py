@@ -203,8 +203,8 @@ def cmd_replay(args) -> int:
     refuse_moot_flags(args)
     spec = host_tier_spec(parse_policy(args.policy, block_size=args.block_size, page_size=args.page_size), args)
     _refuse_unused_size_flags(args, [spec])
-    refuse_moot_policy_flags(args, [spec])
-    pool, desc = pool_for_policy(args, spec)
+    refuse_moot_policy_flags(args, [spec], per_engine_rule=args.per_engine_rule)
+    pool, desc = pool_for_policy(args, spec, per_engine_rule=args.per_engine_rule)
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
 
@@ -789,6 +789,9 @@ def register(sub) -> None:
                         "reusable span of its prompt, and which requests (with --mode concurrent: which engine steps "
                         "and their batches; in-flight and other-replica spans marked) inserted and evicted what it "
                         "could hit")
+    p.add_argument("--per-engine-rule", action="store_true",
+                   help="with --model/--gpu: size the pool by the policy's own engine's rule (SGLang's "
+                        "mem_fraction_static for sglang:p; default: vLLM's rule for every policy)")
     add_concurrent_args(p)
     _routing.add_routing_args(p)
     p.set_defaults(func=cmd_replay)

@@ -285,6 +285,7 @@ def load_grid(path, *, hash_traces: bool = True) -> Grid:
     if unused:
         raise ConfigError(f"key {unused[0]!r} is a concurrent-mode knob but no cell has mode = \"concurrent\"",
                           path=where, field=unused[0])
+    _refuse_unused_memory_knobs(keys, cells.values(), where)
     return Grid(path, traces, list(cells.values()), {k: axes[k] for k in keys})
 
 
@@ -322,6 +323,34 @@ def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
             continue
         out[k] = v
     return out
+
+
+#: the memory model's knob of each engine's pool rule (radixkv.replay.pool_settings)
+_MEMORY_KNOB = {"gpu_memory_utilization": "vllm", "mem_fraction_static": "sglang"}
+
+
+def _refuse_unused_memory_knobs(keys, cells, where: str) -> None:
+    """A grid axis of one engine's memory knob where no cell sizes a pool by that engine's
+    rule (the memory model uses vLLM's rule for every policy unless ``per_engine_rule``):
+    every value would give the same pool, so the axis is refused naming the key, as
+    ``radixkv replay``/``compare`` refuse the flag."""
+    from radixkv.policies.registry import parse_policy
+
+    used = set()
+    for c in cells:
+        st = c.settings
+        if any(st.get(k) is not None for k in ("capacity_tokens", "num_gpu_blocks", "max_total_num_tokens",
+                                                "pool_from_log")) or not (st.get("model") and st.get("gpu")):
+            continue
+        own = parse_policy(st["policy"]).cls.engine
+        used.add(own if st.get("per_engine_rule") and own in ("vllm", "sglang") else "vllm")
+    for key in keys:
+        engine = _MEMORY_KNOB.get(key)
+        if engine is not None and engine not in used:
+            how = ("set per_engine_rule = true with an SGLang policy" if engine == "sglang"
+                   else "a vLLM policy, or per_engine_rule = false, sized by model and gpu")
+            raise ConfigError(f"key {key!r} sizes a pool by {engine}'s memory rule, but no cell's pool is sized by "
+                              f"that rule, so every value gives the same pool ({how})", path=where, field=key)
 
 
 def cell_key(trace_sha256: str, settings: dict) -> str:
