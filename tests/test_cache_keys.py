@@ -157,8 +157,15 @@ def test_by_turn_concurrent_has_ttft(tmp_path):
     assert all(x["ttft_mean_s"] is not None and x["ttft_mean_s"] > 0 for x in g)
 
 
-def test_by_needs_the_column():
+def test_by_needs_the_column(capsys, monkeypatch):
     from radixkv.cli import main
+    from radixkv.replay import run as run_mod
 
+    def no_replay(*a, **k):
+        raise AssertionError("the replay ran before the missing column was refused")
+
+    monkeypatch.setattr(run_mod, "run_replay", no_replay)
     assert main(["replay", str(Path(__file__).parent / "data" / "bailian" / "hand.jsonl"), "--policy", "vllm:16",
                  "--capacity-tokens", "100000", "--by", "tenant", "--quiet"]) == 2
+    out = capsys.readouterr()
+    assert "gives no tenant" in out.err and out.out == ""  # refused before any table is printed

@@ -106,6 +106,10 @@ def _load(args):
                               "no token can be shown to be a reuse", path=args.trace, field="miss_causes")
         print(f"radixkv: warning: {args.trace} gives lengths only (no prefix/hash ids): no two requests can be "
               f"shown to share a prefix, so every hit rate is 0 by construction", file=sys.stderr)
+    if getattr(args, "by", None):  # a trace without the attribute is refused before any replay
+        from radixkv.breakdown import group_labels
+
+        group_labels(trace, args.by, 0)
     return trace, time.perf_counter() - t0
 
 
