@@ -17,7 +17,7 @@ def _subplots(*args, figsize, dpi, **kwargs):
 
 
 def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: dict | None = None,
-                x: str = "capacity_tokens") -> None:
+                x: str = "capacity_tokens", window: bool = False) -> None:
     """Hit rate against capacity (log x), one line per policy, written atomically as PNG.
 
     Parameters
@@ -36,14 +36,23 @@ def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: d
         The point field on the x axis: ``capacity_tokens`` (log scale) or
         ``host_capacity_tokens`` (``radixkv curve --host-capacities``; linear, as it
         starts at 0).
+    window : bool
+        Plot each point's ``measure_window`` value of *metric* (``radixkv curve
+        --measure-last F``: the last share F of the requests) instead of the whole replay's.
     """
     fig, ax = _subplots(figsize=(6.4, 4.0), dpi=120)
+    def value(p):
+        return p["measure_window"].get(metric) if window else p[metric]
+
+    share = None
     for c in doc["curves"]:
-        pts = [p for p in c["points"] if metric in p]
+        pts = [p for p in c["points"] if (("measure_window" in p) if window else (metric in p))]
+        pts = [p for p in pts if value(p) is not None]
         if not pts:
             continue
+        share = pts[0]["measure_window"]["measure_last"] if window else None
         label = c["policy"] + (" (GPU + host as one pool)" if c.get("tiers") == 1 else "")
-        ax.plot([p[x] for p in pts], [p[metric] for p in pts], marker="o", label=label)
+        ax.plot([p[x] for p in pts], [value(p) for p in pts], marker="o", label=label)
     if reference:
         ax.plot(reference["capacity_tokens"], reference["values"], "k^", linestyle="none", label=reference["label"])
     if x == "capacity_tokens":
@@ -53,7 +62,7 @@ def plot_curves(doc: dict, path, *, metric: str = "token_hit_rate", reference: d
     else:
         gpu = next((c.get("gpu_capacity_tokens") for c in doc["curves"]), None)
         ax.set_xlabel(f"host KV pool (tokens), GPU pool {gpu:,} tokens" if gpu else "host KV pool (tokens)")
-    ax.set_ylabel(metric.replace("_", " "))
+    ax.set_ylabel(metric.replace("_", " ") + (f", last {share:.0%} of requests" if share is not None else ""))
     ax.set_ylim(bottom=0)
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(doc["trace"].get("name") or doc["trace"].get("path", ""), fontsize=9)

@@ -128,3 +128,28 @@ def test_cli_refuses_where_the_window_is_not_measured(tmp_path, capsys, extra, n
     err = capsys.readouterr().err
     assert "--measure-last" in err or "measure_last" in err
     assert needle in err
+
+
+def test_curve_log_line_and_png_show_the_window(tmp_path, capsys, monkeypatch):
+    # the window of the hand-worked case at 1,536 tokens is 512 / 2,048 = 0.25 (whole replay
+    # 1,536 / 4,608): the per-point line says both, the PNG plots the window's value
+    import radixkv.plots as plots
+
+    drawn = []
+    real = plots._subplots
+
+    def spy(*a, **k):
+        fig, ax = real(*a, **k)
+        drawn.append(ax)
+        return fig, ax
+
+    monkeypatch.setattr(plots, "_subplots", spy)
+    p = _jsonl(tmp_path)
+    assert main(["curve", str(p), "--policies", "unit-lru", "--capacities", "1536", "--measure-last", "0.5",
+                 "--out", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr()
+    assert "token hit rate 0.3333" in out.out + out.err
+    assert "last 50% of requests: token hit rate 0.2500" in out.out + out.err
+    ax, = drawn
+    assert list(ax.lines[0].get_ydata()) == [0.25]
+    assert "last 50% of requests" in ax.get_ylabel()

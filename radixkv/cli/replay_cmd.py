@@ -531,8 +531,11 @@ def cmd_curve(args) -> int:
                 from radixkv.replay.misses import causes_at_capacity
 
                 pts[-1]["miss_causes"] = causes_at_capacity(trace, spec, s["hit_tokens"], limit=args.limit)
+            win = s.get("measure_window") if args.measure_last is not None else None
+            last = (f"; last {args.measure_last:.0%} of requests: token hit rate "
+                    f"{win['token_hit_rate']:.4f}" if win and win.get("token_hit_rate") is not None else "")
             print(f"{spec.label:>10} @ {cap:>12,} tokens: token hit rate {s['token_hit_rate']:.4f}, "
-                  f"mean per-request {s['mean_request_hit_ratio']:.4f} ({s['timing_s']['replay']:.2f} s)",
+                  f"mean per-request {s['mean_request_hit_ratio']:.4f}{last} ({s['timing_s']['replay']:.2f} s)",
                   file=human(*outs))
         curves.append({"policy": spec.label, "points": pts})
     doc = {
@@ -549,7 +552,7 @@ def cmd_curve(args) -> int:
         atomic_write_text(out_json, dumps_json(doc))
         from radixkv.plots import plot_curves
 
-        plot_curves(doc, out_png, metric=args.metric)
+        plot_curves(doc, out_png, metric=args.metric, window=args.measure_last is not None)
         print(f"wrote {out_json} and {out_png}", file=human(*outs))
     return 0
 
