@@ -121,3 +121,30 @@ def test_zero_hit_trace_cache_on_equals_cache_off(seed, page):
     assert on.steps == off.steps
     for col in ("admit_s", "first_token_s", "finish_s"):
         assert on[col].tolist() == off[col].tolist()
+
+
+def test_admission_matches_sglang_prefill_adder_with_the_tree_disabled():
+    """tests/data/concurrent/sglang/rules.json ``disabled``, written by
+    tools/engines/sglang_sched_rules.py: SGLang 0.5.23's own ``PrefillAdder.add_one_req``
+    over a disabled ``UnifiedRadixCache`` (70-token pool, chunk 64, ratio 0.7) admits A
+    and B and refuses C (NO_TOKEN); with A's KV allocated before B is checked (radixkv's
+    old rule) it refuses B. And ``SchedulePolicy("lpm", disabled tree)`` is FCFS.
+    radixkv's first step over the same queue admits what SGLang's adder admits."""
+    import json
+    from pathlib import Path
+
+    g = json.loads((Path(__file__).parent / "data" / "concurrent" / "sglang" / "rules.json").read_text())["disabled"]
+    assert g["evictable"] == 0 and g["formed"]["available"] == g["pool"]  # nothing allocated while forming
+    assert g["allocated_while_forming"]["admitted"] == [g["queue"][0][0]]  # the old rule's refusal, in SGLang
+    q = g["queue"]
+    tr = request_trace([list(range(1000 * k, 1000 * k + p)) for k, (_, p, _) in enumerate(q)], [n for *_, n in q],
+                       [0.0] * len(q))
+    cfg = SchedulerConfig(max_num_batched_tokens=g["chunk"], admission="sglang", schedule_policy="lpm")
+    sch = make_scheduler(tr, NoCache(g["pool"], 1), cfg)
+    assert sch.ratio == g["ratio"]
+    for i in range(len(q)):
+        sch.enqueue(i)
+    plan = sch.schedule()
+    assert [q[i][0] for i in plan.req] == g["formed"]["admitted"]
+    assert plan.blocked == ("NO_TOKEN" in g["formed"]["results"])
+    assert (not sch.shares_prefixes) == (g["lpm_policy"] == "FCFS")

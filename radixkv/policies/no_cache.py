@@ -29,6 +29,13 @@ cache off:
   :meth:`NoCache.admit` is not applied there. It also declares ``shares_prefixes =
   False``: SGLang turns ``--schedule-policy lpm`` into FCFS when the tree is disabled
   (``managers/schedule_policy.py :: SchedulePolicy._validate_and_adjust_policy``).
+  Checked against SGLang's own ``PrefillAdder`` over a disabled tree
+  (tools/engines/sglang_sched_rules.py, ``disabled``; tests/test_no_cache_sglang.py).
+  Requests are taken as radixkv's SGLang rules take them everywhere, without
+  ``ignore_eos`` (running requests' decodes estimated with ``new_token_ratio``). Not
+  modelled: SGLang's separate admission for ``ignore_eos`` requests on a disabled tree
+  (``PrefillAdder.add_one_req`` → ``add_one_req_ignore_eos``, a peak-memory simulation
+  of the running decodes).
 """
 from __future__ import annotations
 
