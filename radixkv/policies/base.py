@@ -146,6 +146,10 @@ class PrefixCache(ABC):
     #: decode that stays inside the request's last slot changes no slot count.
     decode_free_first: bool = False
     decode_slot_local: bool = False
+    #: False for a policy that never matches a prefix (caching off): SGLang's rules then
+    #: run ``--schedule-policy lpm`` as FCFS, as SGLang does with its tree disabled
+    #: (``schedule_policy.py :: SchedulePolicy._validate_and_adjust_policy``)
+    shares_prefixes: bool = True
     #: the engine whose memory rule and pool knob (``num_gpu_blocks`` /
     #: ``max_total_num_tokens``) size this policy's pool: ``"vllm"`` or ``"sglang"``
     engine: str = "vllm"

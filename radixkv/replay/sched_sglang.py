@@ -24,8 +24,12 @@ function it follows:
   prefill batch never hit each other**, and a request admitted next to a chunked request
   hits only the chunks inserted by earlier steps. This needs a policy class declaring
   ``batch_visibility`` (``match_and_lock`` / ``commit`` / ``defer_insert``:
-  :class:`radixkv.policies.radix.RadixCache`); any other policy is admitted with
-  ``admit`` at formation time and makes its KV visible by its own rules.
+  :class:`radixkv.policies.radix.RadixCache`, and
+  :class:`radixkv.policies.no_cache.NoCache`: SGLang's ``--disable-radix-cache`` is the
+  same tree with matching off, run through the same formation-then-allocation flow, so
+  cache off is admitted on the budget alone and allocated one chunk at a time); any
+  other policy is admitted with ``admit`` at formation time and makes its KV visible by
+  its own rules.
 - **Admission budget** (``schedule_policy.py :: PrefillAdder``, ``mem_cache/prefill_budget.py
   :: PrefillBudget``): ``rem_total = free + evictable tokens (live, after the candidate's
   match is locked) − offset``; the offset starts at ``Σ_running min(N_r − g_r, 4096) ·
@@ -59,7 +63,9 @@ function it follows:
   recomputes the rest, and its next prefill inserts all of ``fill_ids``.
 - ``schedule_policy='lpm'`` (``SchedulePolicy.calc_priority``): before each admission
   pass the waiting queue is sorted by longest cached prefix (stable), falling back to FCFS
-  when more than 128 requests wait (``_determine_active_policy``). **In-batch prefix
+  when more than 128 requests wait (``_determine_active_policy``), and always FCFS for a
+  policy class with ``shares_prefixes = False`` (caching off: SGLang makes lpm FCFS when
+  the tree is disabled, ``_validate_and_adjust_policy``). **In-batch prefix
   deprioritisation** (``_compute_prefix_matches``): walking the queue in its current
   order, a request whose cached prefix is ≤ 32 tokens is checked against the fills of
   the earlier such requests (SGLang's simulated waiting-queue tree); if it shares ≥ 32
@@ -133,6 +139,9 @@ class SglangScheduler(Scheduler):
         Whether the policy class declares ``batch_visibility`` (it provides
         ``match_and_lock``, ``commit`` and ``defer_insert``); ``defer_insert`` is then
         switched on.
+    shares_prefixes : bool
+        The policy class's ``shares_prefixes`` (default True); False (caching off:
+        :class:`radixkv.policies.no_cache.NoCache`) runs ``lpm`` as FCFS.
     """
 
     def __init__(self, trace, policy, config):
@@ -141,6 +150,8 @@ class SglangScheduler(Scheduler):
         self.ratio_min = SGLANG_INIT_NEW_TOKEN_RATIO * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
         self.ratio_decay = (self.ratio - self.ratio_min) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
         self.deferred = bool(getattr(policy, "batch_visibility", False))
+        # a tree disabled (caching off) turns lpm into FCFS (_validate_and_adjust_policy)
+        self.shares_prefixes = bool(getattr(policy, "shares_prefixes", True))
         # the budget and lpm see the device-resident prefix (len(req.prefix_indices)); a
         # policy that can also load from a host tier gives it as device_hit (HiCache)
         if getattr(policy, "device_hit", None) is not None:
@@ -183,7 +194,8 @@ class SglangScheduler(Scheduler):
     def _order_waiting(self) -> None:
         """``SchedulePolicy.calc_priority`` for ``lpm``: longest cached prefix first, the
         in-batch-deprioritised requests last (module docstring)."""
-        if self.cfg.schedule_policy != "lpm" or len(self.waiting) > LPM_MAX_WAITING or not self.waiting:
+        if (self.cfg.schedule_policy != "lpm" or not self.shares_prefixes or len(self.waiting) > LPM_MAX_WAITING
+                or not self.waiting):
             return
         tr = self.trace
         seen = set()

@@ -17,6 +17,15 @@ through radixkv's :mod:`radixkv.replay.sched_sglang`):
   retracted first) and ``NewTokenRatioTracker.estimate_new_token_ratio_after_retract``
   over the requests left after each retraction.
 - ``ratio``: ``NewTokenRatioTracker.from_config()`` (init, min, decay per step).
+- ``disabled``: ``--disable-radix-cache`` (``UnifiedRadixCache`` built with
+  ``CacheInitParams(disable=True)``, as ``registry.py :: default_radix_cache_factory``
+  does): a ``PrefillAdder`` over a 70-token pool (page 1, ``rem_chunk_tokens`` 64,
+  ``new_token_ratio`` 0.7, nothing running) is offered :data:`DISABLED_QUEUE` in order
+  (requests with ``ignore_eos`` False: radixkv's convention, the ``new_token_ratio``
+  estimate); the golden is each ``add_one_req`` result, the admitted requests and the
+  remaining total. The same queue is offered again with the first request's KV allocated
+  before the second is checked (the rule radixkv applied before: KV taken as the batch
+  forms), and ``SchedulePolicy("lpm", disabled tree).policy`` (FCFS).
 
 SGLang's scheduler loop itself (``Scheduler.event_loop_normal`` with a model runner) is
 not driven: it needs a model worker, so the step-level rules are covered by the
@@ -45,6 +54,10 @@ WAITING = [
 RUNNING = [  # (rid, prompt length, outputs generated, max_new_tokens)
     ("a", 10, 5, 40), ("b", 30, 2, 40), ("c", 20, 2, 60), ("d", 30, 2, 50), ("e", 5, 9, 20),
 ]
+
+#: (rid, prompt length, max_new_tokens) offered to the disabled-cache PrefillAdder
+DISABLED_QUEUE = [("A", 20, 5), ("B", 20, 5), ("C", 20, 5)]
+DISABLED_POOL, DISABLED_CHUNK, DISABLED_RATIO = 70, 64, 0.7
 
 
 def _lpm_case():
@@ -93,6 +106,50 @@ def _retraction_case():
     return {"running": [list(x) for x in RUNNING], "retraction_order": order, "ratio_after": ratios}
 
 
+def _disabled_case():
+    from sglang_replay import SGLangReplayer, parse_args
+
+    rp = SGLangReplayer(parse_args(["--trace", "-", "--out", "-", "--capacity-tokens", str(DISABLED_POOL)]))
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    params = CacheInitParams(disable=True, req_to_token_pool=rp.req_to_token_pool,
+                             token_to_kv_pool_allocator=rp.allocator, page_size=1,
+                             tree_components=(ComponentType.FULL,))
+    cache = UnifiedRadixCache(params)
+
+    def offer(alloc_first):
+        reqs = []
+        for k, (rid, plen, max_new) in enumerate(DISABLED_QUEUE):
+            sp = rp.SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=False)
+            sp.normalize(None)
+            r = rp.Req(rid=rid, origin_input_text="", origin_input_ids=rp.array("q", range(1000 * k, 1000 * k + plen)),
+                       sampling_params=sp)
+            r.init_next_round_input(cache)
+            reqs.append(r)
+        adder = rp.PrefillAdder(1, cache, rp.allocator, None, DISABLED_RATIO, 1 << 30, DISABLED_CHUNK)
+        results, taken = [], None
+        for k, r in enumerate(reqs):
+            if alloc_first and k == 1:
+                taken = rp.allocator.alloc(DISABLED_QUEUE[0][1])  # the first request's KV, taken early
+            res = adder.add_one_req(r, has_chunked_req=False, truncation_align_size=None)
+            results.append(res.name)
+            if res.name != "CONTINUE":
+                break
+        out = {"results": results, "admitted": [r.rid for r in adder.can_run_list],
+               "rem_total_tokens": float(adder.rem_total_tokens), "available": int(rp.allocator.available_size())}
+        if taken is not None:
+            rp.allocator.free(taken)
+        return out
+
+    return {"pool": DISABLED_POOL, "chunk": DISABLED_CHUNK, "ratio": DISABLED_RATIO,
+            "queue": [list(x) for x in DISABLED_QUEUE], "evictable": int(cache.evictable_size()),
+            "formed": offer(False), "allocated_while_forming": offer(True),
+            "lpm_policy": SchedulePolicy("lpm", cache, False, False, True).policy.name}
+
+
 def _ratio_case():
     from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
 
@@ -106,7 +163,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import sglang
 
-    doc = {"sglang": sglang.__version__, "lpm": _lpm_case(), "retraction": _retraction_case(), "ratio": _ratio_case()}
+    doc = {"sglang": sglang.__version__, "lpm": _lpm_case(), "retraction": _retraction_case(), "ratio": _ratio_case(),
+           "disabled": _disabled_case()}
     tmp = a.out + ".tmp"
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(tmp, "w") as f:
