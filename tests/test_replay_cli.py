@@ -292,3 +292,22 @@ def test_replay_sizes_an_sglang_pool_by_sglangs_rule_with_per_engine_rule(tmp_pa
     # SGLang's knob without the flag is refused, and the message now says how to use it
     assert main([*base, "--mem-fraction-static", "0.7"]) == 2
     assert "--per-engine-rule" in capsys.readouterr().err
+
+
+def test_priority_scheduling_without_distinct_priorities_says_so(tmp_path, capsys):
+    # the demo gives no priority column: priority scheduling is FCFS there and says so; a
+    # trace with two priorities is not warned about
+    demo = str(Path(__file__).resolve().parents[1] / "traces" / "demo.jsonl")
+    base = ["--policy", "vllm:16", "--mode", "concurrent", "--model", "Llama-3.1-8B", "--gpu", "A100-80GB",
+            "--scheduling-policy", "priority", "--quiet"]
+    assert main(["replay", demo, *base]) == 0
+    assert "gives no priority: priority scheduling orders it as FCFS" in capsys.readouterr().err
+    t = tmp_path / "p.jsonl"
+    t.write_text("".join(json.dumps({"tokens": [k, k + 1, k + 2], "output_length": 2, "arrival_s": 0.0,
+                                     "priority": k % 2}) + "\n" for k in range(4)))
+    assert main(["replay", str(t), *base]) == 0
+    assert "priority scheduling orders" not in capsys.readouterr().err
+    t.write_text("".join(json.dumps({"tokens": [k, k + 1, k + 2], "output_length": 2, "arrival_s": 0.0,
+                                     "priority": 3}) + "\n" for k in range(4)))
+    assert main(["replay", str(t), *base]) == 0
+    assert "gives every request the same priority" in capsys.readouterr().err

@@ -153,6 +153,7 @@ def _run_concurrent(trace, spec, pool, args):
     if len(trace) == 0:
         raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
     compile_s = warmup(spec) or compile_seconds(spec)
+    _warn_if_nothing_to_prioritise(trace, args)
     policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **_verify_option(args))
     bar = None
     if not args.quiet and sys.stderr.isatty():
@@ -176,6 +177,21 @@ def _run_concurrent(trace, spec, pool, args):
                         "prompt_tokens_per_s": summ["prompt_tokens"] / elapsed if elapsed > 0 else None}
     _warn_if_overloaded(spec.label, res)
     return res, summ
+
+
+def _warn_if_nothing_to_prioritise(trace, args) -> None:
+    """Priority scheduling on a trace whose requests all have one priority (or none: every
+    request counts as 0) orders exactly as FCFS does: said on stderr, so that a trace whose
+    reader dropped the field (e.g. Mooncake's format has none) is not read as a result."""
+    on = (getattr(args, "scheduling_policy", "fcfs") == "priority"
+          or getattr(args, "enable_priority_scheduling", False))
+    if not on:
+        return
+    pr = trace.priority
+    if pr is None or len(set(pr.tolist() if hasattr(pr, "tolist") else pr)) <= 1:
+        what = "gives no priority" if pr is None else "gives every request the same priority"
+        print(f"radixkv: warning: {trace.name or args.trace} {what}: priority scheduling orders it as FCFS does",
+              file=sys.stderr)
 
 
 def _warn_if_overloaded(label: str, res) -> None:
