@@ -187,8 +187,10 @@ def _warn_if_nothing_to_prioritise(trace, args) -> None:
           or getattr(args, "enable_priority_scheduling", False))
     if not on:
         return
+    import numpy as np
+
     pr = trace.priority
-    if pr is None or len(set(pr.tolist() if hasattr(pr, "tolist") else pr)) <= 1:
+    if pr is None or np.unique(np.asarray(pr)).size <= 1:
         what = "gives no priority" if pr is None else "gives every request the same priority"
         print(f"radixkv: warning: {trace.name or args.trace} {what}: priority scheduling orders it as FCFS does",
               file=sys.stderr)

@@ -50,9 +50,8 @@ from __future__ import annotations
 
 from collections import deque
 
-import numpy as np
-
 from radixkv.replay.sched_sglang import SglangScheduler
+from radixkv.replay.scheduler import priorities
 
 
 class SglangPriorityScheduler(SglangScheduler):
@@ -76,7 +75,7 @@ class SglangPriorityScheduler(SglangScheduler):
     def __init__(self, trace, policy, config):
         super().__init__(trace, policy, config)
         n = len(trace)
-        pr = np.zeros(n, dtype=np.int64) if trace.priority is None else np.asarray(trace.priority, dtype=np.int64)
+        pr = priorities(trace)
         sign = 1 if config.schedule_low_priority_values_first else -1
         self._pkey = (pr * sign).tolist()  # smaller = served first
         self._entry = [0] * n  # wait_queue_entry_time, as a counter of queue entries
@@ -115,7 +114,8 @@ class SglangPriorityScheduler(SglangScheduler):
         run = self.running
         # retraction_key = (priority × (−sign), outputs, −prompt), sorted in reverse and
         # popped from the end: the smallest key goes first, the latest in the batch on a tie
-        return min(run, key=lambda r: (-self._pkey[r], self.gen[r], -self.P[r], -run.index(r)))
+        k = min(range(len(run)), key=lambda j: (-self._pkey[run[j]], self.gen[run[j]], -self.P[run[j]], -j))
+        return run[k]
 
     def run_ends_at_arrival(self) -> bool:
         """Always: an arrival of a preferred priority becomes the head at the next pass and

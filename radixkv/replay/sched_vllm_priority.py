@@ -51,6 +51,7 @@ import numpy as np
 
 from radixkv.errors import ConfigError
 from radixkv.replay.sched_vllm import VllmScheduler
+from radixkv.replay.scheduler import priorities
 
 
 class _PriorityQueue:
@@ -114,7 +115,7 @@ class VllmPriorityScheduler(VllmScheduler):
     def __init__(self, trace, policy, config, arrivals=None):
         super().__init__(trace, policy, config)
         n = len(trace)
-        pr = np.zeros(n, dtype=np.int64) if trace.priority is None else np.asarray(trace.priority, dtype=np.int64)
+        pr = priorities(trace)
         arr = np.asarray(trace.arrival_s if arrivals is None else arrivals, dtype=np.float64)
         if arr.shape != (n,):
             raise ConfigError(f"{arr.size} arrival times for {n} requests", field="arrivals")

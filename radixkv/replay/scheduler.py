@@ -259,6 +259,13 @@ def rule_of(policy, config: "SchedulerConfig") -> str:
     return rule
 
 
+def priorities(trace) -> np.ndarray:
+    """The trace's ``priority`` column as int64, shape (n,); 0 everywhere when the trace
+    has none (vLLM's default priority; under SGLang's rules all requests equal)."""
+    n = len(trace)
+    return np.zeros(n, dtype=np.int64) if trace.priority is None else np.asarray(trace.priority, dtype=np.int64)
+
+
 def make_scheduler(trace, policy, config: "SchedulerConfig", arrivals=None):
     """The scheduler of one replay: vLLM's or SGLang's step rules.
 
