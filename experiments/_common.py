@@ -119,8 +119,53 @@ def _git(*args: str) -> str | None:
         return None
 
 
+#: repository paths of radixkv modules worker processes of :func:`map_jobs` loaded
+_WORKER_MODULES: set = set()
+
+
+def loaded_radixkv_modules() -> list:
+    """The repository-relative paths (``radixkv/...py``, sorted) of every radixkv module loaded
+    in this process, plus those loaded by :func:`map_jobs`' workers: the Python code a result
+    can depend on (policies, kernels and cost models picked by name are imported when used,
+    so they are here once they ran). :mod:`experiments.freshness` reads it from provenance."""
+    root = (REPO / "radixkv").resolve()
+    out = set(_WORKER_MODULES)
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if not f or not (name == "radixkv" or name.startswith("radixkv.")):
+            continue
+        try:
+            out.add(Path(f).resolve().relative_to(REPO.resolve()).as_posix())
+        except ValueError:  # a radixkv imported from elsewhere (an installed copy)
+            return []
+    return sorted(m for m in out if m.startswith(root.name + "/"))
+
+
+def _call_recording(arg: tuple):
+    fn, job = arg
+    return fn(job), loaded_radixkv_modules()
+
+
+def map_jobs(fn, jobs: list, k: int = 1) -> list:
+    """``[fn(j) for j in jobs]``, on *k* forked worker processes when ``k > 1`` (results in
+    order). The radixkv modules the workers load are added to the provenance's
+    ``radixkv_modules`` (a worker can import a policy the parent never did)."""
+    if k <= 1:
+        return [fn(j) for j in jobs]
+    import multiprocessing as mp
+
+    with mp.get_context("fork").Pool(k) as pool:
+        pairs = pool.map(_call_recording, [(fn, j) for j in jobs], chunksize=1)
+    for _, mods in pairs:
+        _WORKER_MODULES.update(mods)
+    return [r for r, _ in pairs]
+
+
 def provenance(settings: dict) -> dict:
-    """What produced a result: versions, commit, script, settings, traces read."""
+    """What produced a result: versions, commit, script, settings, traces read, and the
+    radixkv modules loaded (``radixkv_modules``: :func:`loaded_radixkv_modules`, the
+    dependencies :mod:`experiments.freshness` checks; empty when radixkv was not imported
+    from this repository, and the check then takes the whole package)."""
     import matplotlib
     import numba
     import numpy
@@ -141,6 +186,7 @@ def provenance(settings: dict) -> dict:
         "quick": QUICK,
         "settings": settings,
         "traces": dict(sorted(_READ.items())),
+        "radixkv_modules": loaded_radixkv_modules(),
     }
 
 

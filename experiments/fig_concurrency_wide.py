@@ -276,12 +276,7 @@ def slice_size(name: str, quick: bool) -> int:
 
 
 def _run(jobs: list, k: int) -> list:
-    if k > 1:
-        import multiprocessing as mp
-
-        with mp.get_context("fork").Pool(k) as pool:
-            return pool.map(_job, jobs, chunksize=1)
-    return [_job(j) for j in jobs]
+    return C.map_jobs(_job, jobs, k)
 
 
 def jobs_arg() -> int:

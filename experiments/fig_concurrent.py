@@ -167,14 +167,7 @@ def main() -> None:
         for engine in ENGINES:
             for mode in ("on", "off"):
                 jobs.append(("azure", {"pressure": label}, "azure_conv", n, (engine, mode, cap, gpu), {"scale": 1.0}))
-    k = jobs_arg()
-    if k > 1:
-        import multiprocessing as mp
-
-        with mp.get_context("fork").Pool(k) as pool:
-            rows = pool.map(_cell, jobs, chunksize=1)
-    else:
-        rows = [_cell(j) for j in jobs]
+    rows = C.map_jobs(_cell, jobs, jobs_arg())
     out: dict = {"grid": [], "sensitivity": [], "max_num_batched_tokens": [], "timeline": [], "azure": []}
     for job, r in zip(jobs, rows):
         out[job[0]].append(r)

@@ -7,11 +7,18 @@ code it depends on is the same now as at that commit.
 
 **What a result depends on** (:func:`dependencies`), as paths of the repository:
 
-* ``radixkv/`` — the whole package. A script imports a few modules by name, but those import
-  others, and policies, kernels and cost models are picked at run time from strings (the
-  policy registry, ``--cost-model``), so an import graph read from the source would miss
-  some. The whole package is a superset: a change to an unrelated module can call a result
-  stale, a change to a module it used can never leave it called fresh;
+* the radixkv modules the script loaded, recorded in the provenance (``radixkv_modules``:
+  every ``radixkv/...py`` in ``sys.modules`` when the result was written, plus those its
+  worker processes loaded). Policies, kernels and cost models picked by name at run time
+  are imported when used, so they are in the list; a module the script never loaded cannot
+  have changed its numbers, and a newly added module it would load now can only be reached
+  through a change to one it loaded. With the list, a change to e.g. the CLI or ``plan``
+  leaves a paper result fresh;
+* every file of ``radixkv/`` that is not Python (the clock's measured tables under
+  ``radixkv/clock/data``), at the recorded commit and now;
+* ``radixkv/`` as a whole when the provenance has no module list (results written before
+  it was recorded, or by a radixkv imported from outside the repository): the safe
+  superset;
 * ``experiments/_common.py`` (trace loading, provenance, result writing);
 * the script named in the provenance (``experiments/NAME.py``) and every experiment module
   it imports, transitively (read from its ``import`` statements: ``fig_mooncake_kvsim``
@@ -48,7 +55,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
-#: paths every result depends on (see the module docstring for why all of ``radixkv/``)
+#: paths every result depends on; ``radixkv`` stands for the whole package only when the
+#: provenance does not list the modules loaded (module docstring)
 COMMON = ("radixkv", "experiments/_common.py")
 
 #: repository files a script reads besides code (script name → paths)
@@ -97,11 +105,22 @@ def _imported_experiments(script: Path, exp_dir: Path, seen: set) -> None:
                 _imported_experiments(exp_dir / f"{stem}.py", exp_dir, seen)
 
 
-def dependencies(script: str, repo: Path = REPO) -> list:
+def _package_data(repo: Path, commit: str | None) -> set:
+    """The non-Python files under ``radixkv/`` now (tracked) and at *commit*."""
+    names = set(_git(repo, "ls-files", "--", "radixkv", check=False).stdout.split())
+    if commit:
+        names |= set(_git(repo, "ls-tree", "-r", "--name-only", commit, "--", "radixkv", check=False).stdout.split())
+    return {n for n in names if not n.endswith(".py")}
+
+
+def dependencies(script: str, repo: Path = REPO, modules: list | None = None, commit: str | None = None) -> list:
     """The repository paths (relative, ``/``-separated, sorted) a result of *script* depends on.
 
-    *script* is the provenance's ``script`` (``experiments/NAME.py``) or a bare ``NAME``.
-    Raises ``ValueError`` when the script is not a file under ``experiments/``."""
+    *script* is the provenance's ``script`` (``experiments/NAME.py``) or a bare ``NAME``;
+    *modules* the provenance's ``radixkv_modules`` (``radixkv/...py`` paths; ``None`` or empty:
+    the whole ``radixkv/``); *commit* the recorded commit, whose non-Python package files are
+    added to today's. Raises ``ValueError`` when the script is not a file under
+    ``experiments/`` or a module path is not under ``radixkv/``."""
     stem = Path(script).stem
     exp_dir = repo / "experiments"
     path = exp_dir / f"{stem}.py"
@@ -110,6 +129,14 @@ def dependencies(script: str, repo: Path = REPO) -> list:
     stems = {stem}
     _imported_experiments(path, exp_dir, stems)
     deps = set(COMMON) | {f"experiments/{s}.py" for s in stems}
+    if modules:
+        bad = [m for m in modules if not (isinstance(m, str) and m.startswith("radixkv/") and m.endswith(".py")
+                                          and ".." not in m.split("/"))]
+        if bad:
+            raise ValueError(f"{script}: provenance radixkv_modules entry {bad[0]!r} is not a radixkv/...py path")
+        deps.discard("radixkv")
+        deps.update(modules)
+        deps.update(_package_data(repo, commit))
     for s in stems:
         deps.update(DATA.get(s, ()))
     return sorted(deps)
@@ -137,7 +164,7 @@ def check_result(path: Path, repo: Path = REPO) -> dict:
     commit, script = prov["git_commit"], prov["script"]
     out.update(commit=commit, script=script)
     try:
-        deps = dependencies(script, repo)
+        deps = dependencies(script, repo, prov.get("radixkv_modules") or None, commit)
     except ValueError as e:
         return {**out, "state": "unknown", "reason": str(e)}
     out["deps"] = deps

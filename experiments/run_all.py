@@ -3,6 +3,7 @@
     python -m experiments            # full sizes: results in experiments/results/, ~25 min on 2 idle cores
     python -m experiments --quick    # reduced sizes: experiments/results/quick/, < 10 min
     python -m experiments --only fig_capacity,tab_memory   # a subset
+    python -m experiments --parallel 2   # two scripts at a time, longest first (one per core)
     python -m experiments --check-fresh  # is every result as new as its code? (experiments/freshness.py)
 
 Each script runs in its own process (``nice``-d), with ``RADIXKV_SHARED`` pointing at the
@@ -42,7 +43,54 @@ SCRIPTS = [
     ("fig_routing", "routing.{json,png}: replicas behind a router vs a global pool, Mooncake Fig. 10 Conversation bars, hit rate vs replicas on Mooncake and WEKA", 2, 0.5),
     ("fig_hicache", "hicache.{json,png}: SGLang HiCache hit rate (GPU + host) vs host pool 0-50 M tokens at a 1 M-token GPU pool, three write policies, beside one GPU pool of the same total (issue 18)", 3, 0.5),
     ("fig_routing_concurrent", "routing_concurrent.{json,png}: routers x 2-8 replicas in the concurrent replay, Mooncake at time scale 10: hit rate, TTFT, throughput, load imbalance", 10, 1),
+    ("hybrid_weka", "hybrid_weka.json: a sliding-window hybrid model (vllm-hybrid) on every WEKA file beside full attention at equal GPU memory (docs/hybrid-models.md)", 10, 1),
+    ("hybrid_ssm_weka", "hybrid_ssm_weka.json: a Mamba/attention hybrid (vllm-hybrid, mamba cache modes) on WEKA (docs/hybrid-models.md)", 2, 0.5),
+    ("hybrid_weka_sglang", "hybrid_weka_sglang.json: SGLang's SWA and Mamba hybrids (sglang-hybrid) on WEKA at equal GPU memory under SGLang's memory rule (docs/hybrid-models.md)", 3, 0.5),
 ]
+
+
+def _command(name: str, quick: bool) -> list:
+    cmd = [sys.executable, str(HERE / f"{name}.py")] + (["--quick"] if quick else [])
+    return (["nice", "-n", "10"] + cmd) if hasattr(os, "nice") else cmd
+
+
+def _run_scripts(todo: list, quick: bool, env: dict, parallel: int) -> int:
+    """Run each ``(name, what, minutes)`` of *todo*, *parallel* at a time; the first non-zero
+    exit status (after the running ones end), else 0."""
+    if parallel == 1:
+        for name, what, minutes in todo:
+            print(f"== {name} (expected ~{minutes:g} min): {what}", flush=True)
+            t0 = time.perf_counter()
+            rc = subprocess.call(_command(name, quick), env=env, cwd=str(REPO))
+            print(f"   {name}: exit {rc}, {time.perf_counter() - t0:.0f} s", flush=True)
+            if rc != 0:
+                return rc
+        return 0
+    import tempfile
+
+    # longest first (the expected minutes), so the last to start are the short ones
+    queue, running, first_bad = sorted(todo, key=lambda t: -t[2]), [], 0
+    with tempfile.TemporaryDirectory(prefix="radixkv-experiments-") as tmp:
+        while queue or running:
+            while queue and len(running) < parallel and not first_bad:
+                name, what, minutes = queue.pop(0)
+                print(f"== {name} started (expected ~{minutes:g} min): {what}", flush=True)
+                log = open(Path(tmp) / f"{name}.log", "w+")
+                proc = subprocess.Popen(_command(name, quick), env=env, cwd=str(REPO), stdout=log,
+                                        stderr=subprocess.STDOUT)
+                running.append((name, proc, log, time.perf_counter()))
+            if not running:
+                break
+            time.sleep(0.5)
+            for item in [r for r in running if r[1].poll() is not None]:
+                running.remove(item)
+                name, proc, log, t0 = item
+                log.seek(0)
+                print(f"== {name} output:\n{log.read()}", end="", flush=True)
+                log.close()
+                print(f"   {name}: exit {proc.returncode}, {time.perf_counter() - t0:.0f} s", flush=True)
+                first_bad = first_bad or proc.returncode
+    return first_bad
 
 
 def main(argv=None) -> int:
@@ -50,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="reduced sizes, results in experiments/results/quick/")
     ap.add_argument("--only", default="", help="comma-separated script names to run (default: all)")
     ap.add_argument("--no-render", action="store_true", help="do not render the paper afterwards")
+    ap.add_argument("--parallel", type=int, default=1, metavar="N",
+                    help="run N scripts at a time (each is one process; their output is printed as each ends)")
     ap.add_argument("--check-fresh", action="store_true",
                     help="run nothing: exit 1 if a result file (with --quick: a quick one) was produced before the "
                          "last change to the code it depends on (experiments/freshness.py)")
@@ -65,19 +115,14 @@ def main(argv=None) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("RADIXKV_SHARED", str(REPO.parent / "shared"))
+    if args.parallel < 1:
+        ap.error(f"--parallel: {args.parallel} is not a positive number of scripts")
     t_all = time.perf_counter()
-    for name, what, full_min, quick_min in SCRIPTS:
-        if only and name not in only:
-            continue
-        cmd = [sys.executable, str(HERE / f"{name}.py")] + (["--quick"] if args.quick else [])
-        if hasattr(os, "nice"):
-            cmd = ["nice", "-n", "10"] + cmd
-        print(f"== {name} (expected ~{quick_min if args.quick else full_min:g} min): {what}", flush=True)
-        t0 = time.perf_counter()
-        rc = subprocess.call(cmd, env=env, cwd=str(REPO))
-        print(f"   {name}: exit {rc}, {time.perf_counter() - t0:.0f} s", flush=True)
-        if rc != 0:
-            return rc
+    todo = [(name, what, quick_min if args.quick else full_min) for name, what, full_min, quick_min in SCRIPTS
+            if not only or name in only]
+    rc = _run_scripts(todo, args.quick, env, args.parallel)
+    if rc != 0:
+        return rc
     if not args.no_render:
         from experiments.render_paper import QUICK_NOTE, render_to
 

@@ -168,3 +168,58 @@ def test_the_repository_results_are_classified():
     assert out.returncode in (0, 1), out.stderr
     for r in rows:
         assert f"{r['file']}" in out.stdout
+
+
+def test_a_recorded_module_list_narrows_the_package_dependency(tmp_path):
+    """With ``radixkv_modules`` in the provenance, only the modules loaded and the package's
+    non-Python files count. m1: a.py, b.py, data/t.json; m2 edits b.py (not loaded: fresh);
+    m3 edits data/t.json (stale); m4 edits a.py (stale). Worked out by hand."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    m = {1: _commit(repo, {"radixkv/__init__.py": "", "radixkv/a.py": "A = 1\n", "radixkv/b.py": "B = 1\n",
+                           "radixkv/data/t.json": "{}\n", "experiments/_common.py": "#\n",
+                           "experiments/fig_a.py": "import _common\n"}, "m1")}
+    m[2] = _commit(repo, {"radixkv/b.py": "B = 2\n"}, "m2")
+    mods = ["radixkv/__init__.py", "radixkv/a.py"]
+    assert F.dependencies("fig_a", repo, mods, m[1]) == [
+        "experiments/_common.py", "experiments/fig_a.py", "radixkv/__init__.py", "radixkv/a.py", "radixkv/data/t.json"]
+    res = tmp_path / "res"
+    res.mkdir()
+
+    def result(name, commit, modules):
+        doc = {"provenance": {"git_commit": commit, "git_dirty": False, "script": "experiments/fig_a.py",
+                              "radixkv_modules": modules}}
+        (res / f"{name}.json").write_text(json.dumps(doc))
+        return res / f"{name}.json"
+
+    narrow, whole = result("narrow", m[1], mods), result("whole", m[1], [])
+    assert F.check_result(narrow, repo)["state"] == "fresh"   # b.py was never loaded
+    assert F.check_result(whole, repo)["state"] == "stale"    # no list: all of radixkv/
+    m[3] = _commit(repo, {"radixkv/data/t.json": "{\"x\": 1}\n"}, "m3")
+    r = F.check_result(narrow, repo)
+    assert r["state"] == "stale" and [ln.split()[1] for ln in r["changed_by"]] == ["m3"]
+    fresh_at_3 = result("at3", m[3], mods)
+    m[4] = _commit(repo, {"radixkv/a.py": "A = 4\n"}, "m4")
+    assert F.check_result(fresh_at_3, repo)["state"] == "stale"
+    bad = result("bad", m[4], ["radixkv/../setup.py"])
+    assert F.check_result(bad, repo)["state"] == "unknown"
+
+
+def test_provenance_lists_the_modules_workers_loaded():
+    """A module imported only inside a forked worker of ``map_jobs`` is in the list; the
+    parent process (a fresh interpreter) never imported it."""
+    code = (
+        "import sys, json\n"
+        f"sys.path[:0] = [{str(REPO)!r}, {str(REPO / 'experiments')!r}]\n"
+        "import _common as C\n"
+        "def job(j):\n"
+        "    import radixkv.trace.stats\n"
+        "    return j * 2\n"
+        "out = C.map_jobs(job, [1, 2], 2)\n"
+        "print(json.dumps([out, 'radixkv.trace.stats' in sys.modules, C.loaded_radixkv_modules()]))\n")
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert cp.returncode == 0, cp.stderr
+    out, in_parent, mods = json.loads(cp.stdout.splitlines()[-1])
+    assert out == [2, 4] and not in_parent
+    assert "radixkv/trace/stats.py" in mods and "radixkv/__init__.py" in mods
