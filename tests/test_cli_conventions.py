@@ -92,3 +92,34 @@ def test_warmup_without_policies_warms_every_built_in_with_compiled_kernels(monk
     assert {"vllm", "sglang", "static", "unit-lru"} <= names
     assert not names & {"none", "vllm-hybrid", "sglang-hicache"}
     assert "compiled or loaded the kernels of" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, first, second", [
+    (["--no-enable-prefix-caching", "--enable-prefix-caching"], "--no-enable-prefix-caching", "--enable-prefix-caching"),
+    (["--capacity-tokens", "5000", "--capacity-tokens", "6000"], "--capacity-tokens 5000", "--capacity-tokens 6000"),
+])
+def test_contradictory_flags_are_a_usage_error_naming_both(extra, first, second, capsys):
+    # the trial's finding: the last of two contradictory flags silently won
+    argv = ["replay", DEMO, "--policy", "vllm:16"] + extra + ([] if "--capacity-tokens" in extra
+                                                             else ["--capacity-tokens", "5000"])
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[0]
+    assert err.startswith("radixkv replay: error: ") and f"{second} contradicts {first} given before it" in err
+
+
+def test_the_same_flag_twice_with_the_same_value_is_accepted(capsys):
+    argv = ["replay", DEMO, "--policy", "vllm:16", "--capacity-tokens", "5000", "--capacity-tokens", "5000",
+            "--json", "-", "--no-timing"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["policy"] == "vllm:16"
+
+
+def test_an_error_about_a_flag_names_the_flag_not_its_destination(capsys):
+    # --disable-priority-preemption outside the concurrent mode: a ConfigError whose field is
+    # the destination; the command line shows the flag (the trial saw field 'disable_priority_preemption')
+    assert main(["replay", DEMO, "--policy", "sglang:1", "--capacity-tokens", "5000",
+                 "--disable-priority-preemption"]) == 2
+    err = capsys.readouterr().err
+    assert "--disable-priority-preemption" in err and "disable_priority_preemption" not in err

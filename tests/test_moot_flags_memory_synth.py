@@ -29,7 +29,7 @@ def test_memory_refuses_a_flag_the_shown_pool_does_not_read(argv, flag, capsys):
     assert main(argv + ["--json", "-"]) == 2
     cap = capsys.readouterr()
     assert cap.out == ""
-    assert f"field '{flag}'" in cap.err and f"--{flag.replace('_', '-')}" in cap.err
+    assert f"field '{flag}'" not in cap.err and f"--{flag.replace('_', '-')}" in cap.err
 
 
 def test_memory_size_flags_still_reach_the_pool_that_reads_them(capsys):
@@ -49,7 +49,7 @@ def test_synth_refuses_cv_without_gamma_arrivals(tmp_path, capsys, arrival):
     assert main(["trace", "synth", "customer_service", "--requests", "4", "--seed", "1", "--cv", "3",
                  *arrival, "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "field 'cv'" in err and "--arrival gamma" in err
+    assert "--cv" in err and "field 'cv'" not in err and "--arrival gamma" in err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -12,6 +12,7 @@ import functools
 import importlib
 import sys
 import warnings
+import weakref
 
 from radixkv.errors import InputError, InputWarning
 
@@ -80,7 +81,59 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         mod.register(sub)
     for p in walk_parsers(parser):
         p.formatter_class = DefaultsHelpFormatter
+        for a in p._actions:
+            if a.option_strings and type(a) in _ONCE:
+                a.__class__ = _ONCE[type(a)]
     return parser
+
+
+#: the flags each parsed namespace was given: ``{id(namespace): (weak reference, {dest:
+#: (option string, value)})}`` (argparse's namespaces are unhashable, so not weak keys)
+_GIVEN: dict = {}
+
+
+class _Once:
+    """Mixed into a flag's argparse action: the same destination set twice by different
+    flags, or by one flag to different values (``--no-enable-prefix-caching
+    --enable-prefix-caching``, ``--capacity-tokens 1000 --capacity-tokens 2000``), is a
+    usage error naming both, instead of the last one silently winning. The same flag
+    repeated with the same value is harmless and accepted."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        ref, given = _GIVEN.get(id(namespace), (None, None))
+        if ref is None or ref() is not namespace:  # a new namespace (argparse's are unhashable)
+            given = {}
+            _GIVEN[id(namespace)] = (weakref.ref(namespace), given)
+            weakref.finalize(namespace, _GIVEN.pop, id(namespace), None)
+        seen = given.get(self.dest)
+        value = values if self.nargs != 0 else self.const
+        if seen is not None and (seen[0] != option_string or seen[1] != value):
+            def show(flag, v):
+                return flag if self.nargs == 0 else f"{flag} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            parser.error(f"{show(option_string, value)} contradicts {show(*seen)} given before it "
+                         f"(both set {self.dest}): give it once")
+        given[self.dest] = (option_string, value)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _once_classes() -> dict:
+    kinds = (argparse._StoreAction, argparse._StoreConstAction, argparse._StoreTrueAction,
+             argparse._StoreFalseAction, argparse.BooleanOptionalAction)
+    return {k: type("Once" + k.__name__.lstrip("_"), (_Once, k), {}) for k in kinds}
+
+
+_ONCE = _once_classes()
+
+
+def flag_of(parser: argparse.ArgumentParser, dest: str) -> str | None:
+    """The first long option string of *parser*'s (or a sub-parser's) flag stored in *dest*,
+    or None."""
+    for p in walk_parsers(parser):
+        for a in p._actions:
+            if a.dest == dest and a.option_strings:
+                longs = [o for o in a.option_strings if o.startswith("--")]
+                return (longs or a.option_strings)[0]
+    return None
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -121,14 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("default", InputWarning)
         warnings.showwarning = functools.partial(_show_input_warning, _default=warnings.showwarning)
-        return _run(args)
+        return _run(args, parser)
 
 
-def _run(args) -> int:
+def _run(args, parser=None) -> int:
     try:
         rc = args.func(args)
     except InputError as e:
-        print(f"radixkv: error: {e}", file=sys.stderr)
+        print(f"radixkv: error: {_cli_message(e, parser)}", file=sys.stderr)
         return 2
     except OSError as e:
         if isinstance(e, BrokenPipeError):
@@ -143,6 +196,20 @@ def _run(args) -> int:
         print("radixkv: interrupted; no output was replaced", file=sys.stderr)
         return 130
     return 0 if rc is None else int(rc)
+
+
+def _cli_message(e: InputError, parser) -> str:
+    """*e* as the command line shows it: an error about a flag (``field`` a destination of
+    the parser, no file or line) names the flag (``--disable-priority-preemption``), not the
+    destination (``field 'disable_priority_preemption'``)."""
+    field = getattr(e, "field", None)
+    if parser is None or not field or getattr(e, "path", None) is not None or getattr(e, "line", None) is not None:
+        return str(e)
+    flag = flag_of(parser, field)
+    if flag is None:
+        return str(e)
+    reason = getattr(e, "reason", str(e))
+    return reason if flag in reason else f"{flag}: {reason}"
 
 
 if __name__ == "__main__":
