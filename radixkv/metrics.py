@@ -178,10 +178,17 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
     rec : Records
     evictions : int or None
         The policy's count of eviction events (blocks, nodes or units), when known.
+        Default: ``rec.meta["evictions"]`` (recorded by the replay), else unknown.
     measures : dict or None
         The policy's capability flags, :func:`radixkv.policies.registry.measured_metrics`;
         a metric the policy does not model (False) is ``None`` (``n/a``, JSON ``null``),
-        never 0. None: every metric is taken as measured.
+        never 0. Default: ``rec.meta["measures"]`` (recorded by
+        :func:`radixkv.replay.sequential.replay_sequential`); without either, every metric
+        is taken as measured.
+
+    The host-tier keys (``rec.meta["host_tier"]``,
+    :func:`radixkv.policies.host_tier.host_tier_summary`) are added when the replay
+    recorded them, so the summary is the same from :func:`radixkv.summarize` and the CLI.
 
     Internal fragmentation is ``None`` here: the sequential replay samples the pool after
     each request finishes, when no request holds KV, so it would measure only an idle pool;
@@ -192,6 +199,10 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
     dict of plain Python numbers and lists, ready for deterministic JSON.
     """
     c = rec.columns
+    if evictions is None:
+        evictions = rec.meta.get("evictions")
+    if measures is None:
+        measures = rec.meta.get("measures")
     agg = column_aggregates(c, len(rec))
     mc = None
     if "miss_compulsory_tokens" in c:  # the replay ran with miss causes (radixkv.replay.misses)
@@ -201,6 +212,8 @@ def summarize(rec: Records, *, evictions: int | None = None, measures: dict | No
                      capacity_tokens=rec.capacity_tokens, evictions=evictions, measures=measures,
                      miss_causes=mc, kv_cache_groups=rec.meta.get("kv_cache_groups"),
                      rejected_requests=rec.meta.get("rejected_requests"))
+    if rec.meta.get("host_tier") is not None:
+        out.update(rec.meta["host_tier"])
     if measure_last is not None:
         out["measure_window"] = window_summary(c, len(rec), measure_last)
     return out

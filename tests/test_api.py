@@ -97,3 +97,30 @@ def test_format_table_prints_na_for_unmodelled_metrics():
         "hit tokens  1,234  n/a",
         "rate         0.50  n/a",
     ]
+
+
+_ALL_KINDS = ["vllm:16", "vllm:16@lfu", "sglang:1", "sglang:16@lfu", "unit-lru", "none:16", "static:16",
+              "sglang-hicache:1@host_tokens=20000", "vllm-offload:16@host_tokens=20000", "vllm-hybrid:16",
+              "sglang-swa:1", "sglang-mamba:1"]
+
+
+@pytest.mark.parametrize("policy", _ALL_KINDS)
+def test_api_summary_is_the_cli_summary_for_every_kind_of_policy(policy, tmp_path):
+    # issue 28: radixkv.summarize(radixkv.replay(...)) gave duplicate_share_mean 0.0 for
+    # unit-lru / none where the CLI gives null (not modelled), and no host-tier keys for the
+    # host-tier policies; the two are one summary now. Every key must agree, not a chosen few.
+    from radixkv.cli import main
+
+    api = radixkv.summarize(radixkv.replay(MIXED, policy, capacity_tokens=20_000, limit=80))
+    out = tmp_path / "r.json"
+    assert main(["replay", str(MIXED), "--policy", policy, "--capacity-tokens", "20000", "--limit", "80",
+                 "--quiet", "--no-timing", "--json", str(out)]) == 0
+    cli = json.loads(out.read_text())["results"][0]["summary"]
+    api = json.loads(json.dumps(api))  # tuples and numpy scalars as JSON has them
+    api.pop("timing_s", None)
+    assert sorted(api) == sorted(cli)
+    assert {k: api[k] for k in api if api[k] != cli[k]} == {}
+    if policy in ("unit-lru", "none:16"):
+        assert api["duplicate_share_mean"] is None  # not modelled: null, never 0
+    if "host_tokens" in policy:
+        assert api["host_capacity_tokens"] is not None and api["device_hit_tokens"] is not None

@@ -10,7 +10,6 @@ import time
 import numpy as np
 
 from radixkv.metrics import summarize
-from radixkv.policies.host_tier import host_tier_summary
 from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, measured_metrics
 from radixkv.replay import jit
 from radixkv.records import Records
@@ -274,6 +273,5 @@ def run_replay(
             summary["miss_causes"]["fix"] = what_would_fix(trace, spec, pool, rec, summary, limit=limit, **options)
             summary["timing_s"]["miss_fix"] = time.perf_counter() - t0
     tokens = int(np.sum(rec["prompt_tokens"]))
-    summary.update(host_tier_summary(policy, tokens))  # n/a without a host tier
     summary["timing_s"]["prompt_tokens_per_s"] = tokens / rec.meta["replay_s"] if rec.meta["replay_s"] > 0 else None
     return rec, summary

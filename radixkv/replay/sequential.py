@@ -152,8 +152,25 @@ def replay_sequential(
         policy=label or policy.name,
         meta={"replay_s": elapsed, "trace": trace.name, "requests": n,
               # per KV cache group (hybrid models); None: the policy has one group
-              "kv_cache_groups": policy.group_metrics() if hasattr(policy, "group_metrics") else None},
+              "kv_cache_groups": policy.group_metrics() if hasattr(policy, "group_metrics") else None,
+              # what radixkv.metrics.summarize reads of the policy, so that a summary of these
+              # records is the same whoever made it (radixkv.replay, the CLI, a sweep cell)
+              **policy_facts(policy, int(np.sum(cols["prompt_tokens"])))},
     )
+
+
+def policy_facts(policy: PrefixCache, prompt_tokens: int) -> dict:
+    """What a summary of a finished sequential replay needs from *policy* beyond the
+    per-request columns: ``evictions`` (int, the policy's eviction events), ``measures``
+    (:func:`radixkv.policies.registry.measured_metrics`: metrics the policy does not model
+    are reported null, never 0) and ``host_tier``
+    (:func:`radixkv.policies.host_tier.host_tier_summary` over *prompt_tokens*; every key
+    None without a host tier). Stored in ``Records.meta`` by :func:`replay_sequential`."""
+    from radixkv.policies.host_tier import host_tier_summary
+    from radixkv.policies.registry import measured_metrics
+
+    return {"evictions": int(policy.evictions), "measures": measured_metrics(policy),
+            "host_tier": host_tier_summary(policy, prompt_tokens)}
 
 
 def replay_rows(t: Trace, policy: PrefixCache, cols: dict, i: int, end: int, n: int, half: int, every: int, *,
