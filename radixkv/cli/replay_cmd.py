@@ -436,13 +436,17 @@ def cmd_compare(args) -> int:
             results.append((spec, summ))
     if _routing.routed(args) and (remote or args.report):
         raise ConfigError("--replicas runs on the local executor, without --report", field="replicas")
-    for spec, (pool, _) in zip(specs, [] if remote else pools):
+    from radixkv.replay.settings import args_for_rule
+
+    rules = [args.admission or getattr(s.build_class, "admission_rule", "vllm") for s in specs] if concurrent else []
+    for i, (spec, (pool, _)) in enumerate(zip(specs, [] if remote else pools)):
         if _routing.routed(args):
             rec, summ = None, _routing.run_routed(trace, spec, pool, args)
             _concurrent_fix(trace, spec, pool, args, summ)
         elif concurrent:
-            rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
-            _concurrent_fix(trace, spec, pool, args, summ)
+            own = args_for_rule(args, rules[i], rules)  # each engine's scheduler knobs to its own policies
+            rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, own)
+            _concurrent_fix(trace, spec, pool, own, summ)
         else:
             rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_miss_options(args),
                                    max_model_len=_context(args), measure_last=args.measure_last)

@@ -54,6 +54,37 @@ def concurrent_config_from_args(args, policy=None):
     )
 
 
+#: scheduler knobs (flag destinations and defaults) that only vLLM's rules read; SGLang's
+#: refuse them (:func:`radixkv.replay.scheduler.rule_of`)
+VLLM_ONLY_KNOBS = {"scheduling_policy": "fcfs", "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
+                   "watermark": 0.0}
+#: scheduler knobs that only SGLang's rules read (``--enable-priority-scheduling`` and the
+#: flags that need it, :class:`radixkv.replay.scheduler.SchedulerConfig`)
+SGLANG_ONLY_KNOBS = {"enable_priority_scheduling": False, "schedule_low_priority_values_first": False,
+                     "disable_priority_preemption": False, "retraction_policy": "length"}
+
+
+def args_for_rule(args, rule: str, rules) -> object:
+    """The flags as one policy of a comparison reads them.
+
+    *rule* is the policy's scheduler rule (``"vllm"`` or ``"sglang"``), *rules* those of
+    every policy compared. When *rules* holds both, each engine's own scheduler knobs
+    (:data:`VLLM_ONLY_KNOBS`, :data:`SGLANG_ONLY_KNOBS`) apply to its policies only: a copy
+    of *args* with the other engine's knobs at their defaults is returned, so ``compare
+    --policies vllm:16,sglang:1 --scheduling-policy priority --enable-priority-scheduling``
+    runs each engine's priority scheduler. Otherwise *args* itself (a knob the policies'
+    engine does not read is then refused by :func:`radixkv.replay.scheduler.rule_of`)."""
+    if len(set(rules)) < 2:
+        return args
+    import copy
+
+    view = copy.copy(args)
+    for dest, default in (SGLANG_ONLY_KNOBS if rule == "vllm" else VLLM_ONLY_KNOBS).items():
+        if hasattr(view, dest):
+            setattr(view, dest, default)
+    return view
+
+
 def cost_model_from_args(args):
     """The step-time model of ``--cost-model`` (:func:`radixkv.clock.calibrated.cost_model`;
     default the roofline :class:`~radixkv.cost.CostModel`) on
