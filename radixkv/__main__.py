@@ -1,5 +1,3 @@
-import sys
+from radixkv.cli import entry
 
-from radixkv.cli import main
-
-sys.exit(main())
+entry()

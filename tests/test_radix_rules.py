@@ -274,6 +274,26 @@ def test_fits_alone():
     assert RadixCache(5).fits_alone(s) == 0
 
 
+def test_fits_alone_all_is_one_array_operation_with_the_same_rule():
+    # prompts of 3, 5 and 8 tokens with outputs of 3, 0 and 1: KV extents 3 + 2 = 5, 5 and
+    # 8 (the last output token gets no KV); the extra token of cache_last_token_on_stop only
+    # where the request decodes into KV (the first): 6, 5, 8
+    t = Trace.from_requests(req_id=["a", "b", "c"], arrival_s=[0.0, 1.0, 2.0], prompt_len=[3, 5, 8],
+                            output_len=[3, 0, 1], prompt_ids=[[1, 2, 3], [1, 2, 3, 4, 5], list(range(8))])
+    # 2 pages of 2 tokens: 3, 3 and 4 pages needed -> 1, 1, 2 pages short = 2, 2, 4 tokens
+    assert RadixCache(4, 2).fits_alone_all(t).tolist() == [2, 2, 4]
+    # a 5-token pool of 1-token pages: 0, 0, 3 short; with the extra token 1, 0, 3
+    assert RadixCache(5).fits_alone_all(t).tolist() == [0, 0, 3]
+    assert RadixCache(5, cache_last_token_on_stop=True).fits_alone_all(t).tolist() == [1, 0, 3]
+    assert RadixCache(5).fits_alone_all(t).dtype == np.int64
+
+    class Roomier(RadixCache):  # a subclass with its own rule is asked request by request
+        def fits_alone(self, seq):
+            return 0
+
+    assert Roomier(4, 2).fits_alone_all(t).tolist() == [0, 0, 0]
+
+
 def test_heap_rebuild_keeps_eviction_order():
     # dropping stale heap entries must not change any result: a cache that rebuilds its
     # heap after every request agrees with one that never does

@@ -70,7 +70,7 @@ def run_curve(
                 out[i] = e
     cls = type(next(iter(pols.values()))) if pols else None
     if cls is not None and getattr(cls, "replay_curve", None) is not None:
-        compile_s = warmup(spec)
+        compile_s = warmup(spec, concurrent=False)  # a sequential pass: not the concurrent loops' kernels
         t0 = time.perf_counter()
         tiny = _tiny_trace()
         cls.replay_curve(tiny, [build_policy(spec, PoolSpec(capacity_tokens=64), unit_tokens=tiny.unit_tokens)])
