@@ -82,8 +82,14 @@ def _admit(pool, ps, ls, tr, i, sl, m, n_tok, asked):
 @njit(cache=True)
 def _extend(pool, ps, ls, sl, n0, n):
     """``PriorityBlockHashCache.extend`` of slot *sl* by *n* tokens (``pool_extend``)."""
-    blk, b32, kt, k32, pcid, pcs, st, stk = pool.arrays
     keys2d, tbl2d, s_nblk, s_tag = ps
+    B = pool.block_size
+    t = n0 + n
+    if (t + B - 1) // B == s_nblk[sl] and t // B == n0 // B:
+        # no block taken, none filled (most decode tokens): the kernel would change nothing
+        # (as BlockHashCache.extend_many skips such steps)
+        return True, 0
+    blk, b32, kt, k32, pcid, pcs, st, stk = pool.arrays
     m = ls[2][sl]
     ok, nb, ev = HP.extend(blk, b32, kt, k32, pcid, pcs, st, stk, pool.E, pool.H, pool.BK, pool.pst, keys2d[sl],
                            ls[0][sl, :m], ls[1][sl, :m], pool.block_size, tbl2d[sl], s_nblk[sl], n0, n, s_tag[sl],
