@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from _vllm_sched_golden import golden_files, load_golden, trace_path
 from radixkv.cost import UnitStepCost
 from radixkv.policies.block_hash import BlockHashCache
-from radixkv.policies.block_priority import PriorityBlockHashCache
+from radixkv.policies.block_priority import BlockLFU, PriorityBlockHashCache
 from radixkv.replay import conc_vllm_fast as F
 from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.scheduler import SchedulerConfig
@@ -129,14 +129,22 @@ def test_compiled_loop_equals_python_loop(monkeypatch, case, ff, timeline):
 
 
 # ------------------------------------------------- (2b) the priority pool (vllm:B@lfu), same loop
+class _HeapLFU(BlockLFU):
+    """LFU in heap mode (a priority that does not promise buckets)."""
+
+    buckets = False
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
-@given(cases(), st.booleans(), st.sampled_from(["lru", "lfu"]))
+@given(cases(), st.booleans(), st.sampled_from(["lru", "lfu", "heap-lfu"]))
 def test_priority_pool_compiled_loop_equals_python_loop(monkeypatch, case, ff, order):
     """``PriorityBlockHashCache`` (``vllm:B@lfu``) runs on the compiled loop (the pool of
-    radixkv.replay._conc_vllm_prio_kernels) with the Python loop's bytes."""
+    radixkv.replay._conc_vllm_prio_kernels) with the Python loop's bytes, in bucket mode
+    (the built-ins) and heap mode (any priority)."""
     tr, nb, size, cfg, cost = case
-    make = lambda: PriorityBlockHashCache(nb, size, eviction_policy=order)  # noqa: E731
+    ev = _HeapLFU() if order == "heap-lfu" else order
+    make = lambda: PriorityBlockHashCache(nb, size, eviction_policy=ev)  # noqa: E731
     runs = [_replay(tr, make, cost, cfg, ff, compiled, monkeypatch, timeline=True) for compiled in (True, False)]
     _assert_identical(*runs)
 
