@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from radixkv.cost import CostModel, UnitStepCost
 from radixkv.policies.radix import RadixCache
-from radixkv.policies.radix_priority import PriorityRadixCache
+from radixkv.policies.radix_priority import EVICTION_POLICIES, PriorityRadixCache
 from radixkv.replay import conc_sglang
 from radixkv.replay._conc_sglang_kernels import _np_pairwise_sum
 from radixkv.replay.concurrent import replay_concurrent
@@ -62,25 +62,55 @@ def test_compiled_loop_equals_python_loop(monkeypatch, case):
     _assert_identical(py, kern)
 
 
-def _visible(order, cap, size):
-    """``sglang:<size>@<order>`` with SGLang's batch visibility switched on: the Python
-    scheduler then drives the inherited ``match_and_lock`` / ``commit``, and the compiled
-    loop applies (:func:`radixkv.replay.conc_sglang.applicable`)."""
-    pol = PriorityRadixCache(cap, size, eviction_policy=order)
-    pol.batch_visibility = True
-    return pol
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(cases(), st.sampled_from(sorted(EVICTION_POLICIES)))
+def test_compiled_loop_equals_python_loop_for_every_eviction_order(monkeypatch, case, order):
+    # every eviction order of the one tree (PriorityRadixCache, sglang:P@ORDER) runs on the
+    # compiled loop, the Python scheduler over the same policy being the reference
+    tr, cap, size, cfg, ff = case
+    assert conc_sglang.applicable(PriorityRadixCache(cap, size, eviction_policy=order), COST, cfg, None, "sglang")
+    py, kern = _both(monkeypatch, tr, lambda: PriorityRadixCache(cap, size, eviction_policy=order), config=cfg,
+                     fast_forward=ff)
+    _assert_identical(py, kern)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
-@given(cases(), st.sampled_from(["lfu", "priority", "fifo", "mru"]))
-def test_compiled_loop_equals_python_loop_for_every_eviction_order(monkeypatch, case, order):
-    # the keyed orders of the one tree (PriorityRadixCache) on the compiled loop: the
-    # Python scheduler over the same policy is the reference
+@given(cases())
+def test_lru_priority_is_radix_cache(monkeypatch, case):
+    """SGLang's ``LRUStrategy`` is ``RadixCache``'s default order, and the scheduler forms
+    batches the same way whatever ``--radix-eviction-policy`` is: ``PriorityRadixCache``
+    with the LRU priority replays concurrently exactly as ``RadixCache`` (whose Python loop
+    is checked rule by rule in test_sched_sglang.py)."""
     tr, cap, size, cfg, ff = case
-    assert conc_sglang.applicable(_visible(order, cap, size), COST, cfg, None, "sglang")
-    py, kern = _both(monkeypatch, tr, lambda: _visible(order, cap, size), config=cfg, fast_forward=ff)
-    _assert_identical(py, kern)
+    monkeypatch.setattr(conc_sglang, "ENABLED", True)
+    a = replay_concurrent(tr, PriorityRadixCache(cap, size, eviction_policy="lru"), COST, timeline=True, config=cfg,
+                          fast_forward=ff)
+    b = replay_concurrent(tr, RadixCache(cap, size), COST, timeline=True, config=cfg, fast_forward=ff)
+    for c, v in b.columns.items():
+        assert np.array_equal(a.columns[c], v, equal_nan=True), c
+    for c, v in b.timeline.items():
+        assert np.array_equal(a.timeline[c], v), c
+
+
+@pytest.mark.parametrize("order", sorted(EVICTION_POLICIES))
+def test_members_of_one_prefill_batch_never_hit_each_other(monkeypatch, order):
+    """SGLang's batch visibility for every eviction order (``schedule_batch.py``: the batch
+    is matched when it forms, inserted after the forward): two 40-token prompts sharing 32
+    tokens arrive together and are admitted in one prefill batch, so the second hits
+    nothing; a third with the same 32 tokens, arriving after both finished, hits all 32.
+    A roomy pool (nothing evicted) makes the values independent of the order."""
+    stem = list(range(32))
+    prompts = [stem + [base + j for j in range(8)] for base in (100, 200, 300)]
+    tr = Trace.from_requests(req_id=["a", "b", "c"], arrival_s=[0.0, 0.0, 50.0], prompt_len=[40, 40, 40],
+                             output_len=[3, 3, 3], prompt_ids=prompts)
+    for enabled in (True, False):
+        monkeypatch.setattr(conc_sglang, "ENABLED", enabled)
+        res = replay_concurrent(tr, PriorityRadixCache(10_000, 1, eviction_policy=order), COST,
+                                config=SchedulerConfig(schedule_policy="fcfs"))
+        assert res.columns["hit_tokens"].tolist() == [0, 0, 32]
+        assert res.columns["admit_step"].tolist()[:2] == [1, 1]
 
 
 def test_compiled_loop_is_used_and_retracts(monkeypatch):
@@ -113,7 +143,10 @@ def test_python_loop_for_what_the_kernel_does_not_model(monkeypatch):
     tr = Trace.from_requests(req_id=["a", "b"], arrival_s=[0.0, 0.01], prompt_len=[30, 32], output_len=[5, 4],
                              prompt_ids=prompts)
     steps = []
-    for make, kw in ((lambda: PriorityRadixCache(1000, 1, eviction_policy="lfu"), {}),
+    class _Sub(PriorityRadixCache):  # a subclass may change a rule
+        pass
+
+    for make, kw in ((lambda: _Sub(1000, 1, eviction_policy="lfu"), {}),
                      (lambda: RadixCache(1000, 1, cache_last_token_on_stop=True), {}),
                      (lambda: RadixCache(1000, 1), {"cost": UnitStepCost()}),
                      (lambda: RadixCache(1000, 1), {"on_step": lambda *a: steps.append(a)})):

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from _vllm_sched_golden import golden_files, load_golden, trace_path
 from radixkv.cost import UnitStepCost
 from radixkv.policies.block_hash import BlockHashCache
-from radixkv.policies.block_priority import PriorityBlockHashCache
+from radixkv.policies.block_priority import BlockLFU, PriorityBlockHashCache
 from radixkv.replay import conc_vllm_fast as F
 from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.scheduler import SchedulerConfig
@@ -128,6 +128,69 @@ def test_compiled_loop_equals_python_loop(monkeypatch, case, ff, timeline):
     _assert_identical(*runs)
 
 
+# ------------------------------------------------- (2b) the priority pool (vllm:B@lfu), same loop
+class _HeapLFU(BlockLFU):
+    """LFU in heap mode (a priority that does not promise buckets)."""
+
+    buckets = False
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(cases(), st.booleans(), st.sampled_from(["lru", "lfu", "heap-lfu"]))
+def test_priority_pool_compiled_loop_equals_python_loop(monkeypatch, case, ff, order):
+    """``PriorityBlockHashCache`` (``vllm:B@lfu``) runs on the compiled loop (the pool of
+    radixkv.replay._conc_vllm_prio_kernels) with the Python loop's bytes, in bucket mode
+    (the built-ins) and heap mode (any priority)."""
+    tr, nb, size, cfg, cost = case
+    ev = _HeapLFU() if order == "heap-lfu" else order
+    make = lambda: PriorityBlockHashCache(nb, size, eviction_policy=ev)  # noqa: E731
+    runs = [_replay(tr, make, cost, cfg, ff, compiled, monkeypatch, timeline=True) for compiled in (True, False)]
+    _assert_identical(*runs)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(cases(), st.booleans())
+def test_priority_pool_with_lru_priority_is_vllm(monkeypatch, case, ff):
+    """With the priority (release time, 0) the priority pool evicts in vLLM's free-queue
+    order (radixkv.policies._hash_prio_kernels), so its compiled concurrent replay gives
+    exactly ``BlockHashCache``'s (whose loop matches vLLM's scheduler goldens, (1))."""
+    tr, nb, size, cfg, cost = case
+    a = _replay(tr, lambda: PriorityBlockHashCache(nb, size, eviction_policy="lru"), cost, cfg, ff, True,
+                monkeypatch, timeline=True)
+    b = _replay(tr, lambda: BlockHashCache(nb, size), cost, cfg, ff, True, monkeypatch, timeline=True)
+    for c in a.columns:
+        assert a.columns[c].tobytes() == b.columns[c].tobytes(), c
+    for c in a.timeline:
+        assert a.timeline[c].tobytes() == b.timeline[c].tobytes(), c
+
+
+def test_lfu_keeps_the_block_hit_most_often(monkeypatch):
+    """Worked by hand: block 4, 4 usable blocks, each request alone (8 prompt tokens, 1
+    output: 2 full blocks), A A B C A. r0 caches a0 a1, released tail first (a1, then
+    a0). r1 hits a0 only (cap (P − 1) // B = 1 block; a0 now has 1 hit), takes a
+    keyless block x for its second block (a duplicate of a1), releases x then a0. r2 (B)
+    takes the last keyless block and evicts one: a1 under both orders (oldest; 0 hits).
+    r3 (C) evicts two of x (0 hits), a0 (1 hit), B's blocks (0 hits, released later):
+    LRU x and a0, LFU x and B's tail block. So r4 (A) hits a0 under LFU only."""
+    pa = list(range(8))
+    pb = list(range(100, 108))
+    pc = list(range(200, 208))
+    prompts = [pa, pa, pb, pc, pa]
+    tr = Trace.from_requests(req_id=[f"r{i}" for i in range(5)], arrival_s=[10.0 * i for i in range(5)],
+                             prompt_len=[8] * 5, output_len=[1] * 5, prompt_ids=prompts)
+    hits = {}
+    for order in ("lru", "lfu"):
+        spy = _Spy(monkeypatch)
+        res = replay_concurrent(tr, PriorityBlockHashCache(5, 4, eviction_policy=order), UnitStepCost())
+        assert spy.n == 1
+        hits[order] = res.columns["hit_tokens"].tolist()
+        monkeypatch.undo()
+    assert hits["lru"] == [0, 4, 0, 0, 0]
+    assert hits["lfu"] == [0, 4, 0, 0, 4]
+
+
 # ---------------------------------------------------------------------------- (3) stops, paths
 def _shared_prefix_trace(n=60):
     rng = np.random.default_rng(7)
@@ -166,7 +229,6 @@ def test_growing_slots_and_log_and_progress_change_nothing(monkeypatch):
 def test_other_policies_options_take_the_python_loop(monkeypatch):
     tr = _shared_prefix_trace(12)
     spy = _Spy(monkeypatch)
-    replay_concurrent(tr, PriorityBlockHashCache(200, 4, eviction_policy="lfu"), COST)
     replay_concurrent(tr, BlockHashCache(200, 4, verify=True), COST)
     replay_concurrent(tr, BlockHashCache(200, 4), COST, config=SchedulerConfig(schedule_policy="lpm"))
     replay_concurrent(tr, BlockHashCache(200, 4), COST, on_step=lambda *a: None)

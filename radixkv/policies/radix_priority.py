@@ -316,11 +316,13 @@ class PriorityRadixCache(RadixCache):
     """
 
     name = "radix-priority"
-    #: the concurrent SGLang scheduler admits with ``admit`` at batch formation (its
-    #: inserts at admit/extend); the kernels could defer them (``match_and_lock`` /
-    #: ``commit``, inherited) as :class:`RadixCache` does, which would change this
-    #: class's concurrent results
-    batch_visibility = False
+    #: SGLang's batch visibility, as :class:`RadixCache` (``match_and_lock`` / ``commit`` /
+    #: ``defer_insert``, inherited): SGLang's scheduler matches when the batch forms and
+    #: inserts after the forward pass whatever ``--radix-eviction-policy`` is (the policy
+    #: only picks ``RadixCache.eviction_strategy``, ``mem_cache/radix_cache.py ::
+    #: RadixCache.__init__``), so the concurrent replay of every eviction order runs
+    #: :mod:`radixkv.replay.sched_sglang`'s rules, compiled (:mod:`radixkv.replay.conc_sglang`)
+    batch_visibility = True
     kernel_family = "radix_priority"  # compiled only (a priority is called by address)
     #: default priority of the class (a subclass of :class:`EvictionPriority`, or None)
     eviction = None

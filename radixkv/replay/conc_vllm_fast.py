@@ -3,7 +3,9 @@
 :func:`replay_compiled` runs :func:`radixkv.replay.concurrent.replay_concurrent`'s loop
 as one Numba kernel (:func:`radixkv.replay._conc_vllm_kernels.run_loop`) when the
 replay is one it reproduces bit for bit: the policy is exactly
-:class:`~radixkv.policies.block_hash.BlockHashCache` (no subclass, ``verify`` off), the
+:class:`~radixkv.policies.block_hash.BlockHashCache` or
+:class:`~radixkv.policies.block_priority.PriorityBlockHashCache` (``vllm:B@lfu``; no other
+subclass, ``verify`` off), the
 scheduler is :class:`~radixkv.replay.sched_vllm.VllmScheduler` with FCFS order (not
 :class:`~radixkv.replay.sched_vllm_priority.VllmPriorityScheduler`, which runs on the Python
 loop), the cost
@@ -15,9 +17,11 @@ returns None and the Python loop runs. Both paths give the same
 
 The loop runs on a pool value whose type selects the pool operations it compiles with
 (:mod:`radixkv.replay._conc_vllm_kernels`, "Pools and their operations"): by default the
-policy's own per-block pool (:mod:`radixkv.replay._conc_vllm_block_kernels`). On a
+policy's own per-block pool (:mod:`radixkv.replay._conc_vllm_block_kernels`; for a
+``PriorityBlockHashCache`` the same pool evicting by its priority,
+:mod:`radixkv.replay._conc_vllm_prio_kernels`). On a
 hash-id trace whose unit is a multiple of ``block_size`` (≥ 2), without output ids,
-on a fresh pool with ``unit_granular`` on (:func:`_unit_eligible`), the loop runs on the
+on a fresh ``BlockHashCache`` with ``unit_granular`` on (:func:`_unit_eligible`), the loop runs on the
 piece pool of :mod:`radixkv.replay._conc_vllm_piece_kernels` instead (no block ids: the
 free queue as ranges of the requests' blocks, cached blocks found per unit, reference
 counts from the running requests' hit ranges): the same bytes again
@@ -28,6 +32,8 @@ policy keeps no per-block state: its per-block hooks and ``stats`` raise
 ``RuntimeError``. ``unit_granular = False`` keeps the per-block loop (the reference).
 """
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -51,7 +57,9 @@ def _eligible(trace, policy, cost, config, sch) -> bool:
     from radixkv.policies.block_hash import BlockHashCache
     from radixkv.replay.sched_vllm import VllmScheduler
 
-    if type(policy) is not BlockHashCache or policy.verify or policy._running or policy._partial:
+    if type(policy) is not BlockHashCache and _prio_class(policy) is None:
+        return False
+    if policy.verify or policy._running or policy._partial:
         return False
     if type(sch) is not VllmScheduler or config.schedule_policy != "fcfs" or config.scheduling_policy != "fcfs":
         return False
@@ -71,14 +79,27 @@ def _eligible(trace, policy, cost, config, sch) -> bool:
     return True
 
 
+def _prio_class(policy):
+    """``PriorityBlockHashCache`` when *policy* is exactly one (its loop runs on the pool of
+    :mod:`radixkv.replay._conc_vllm_prio_kernels`), else None. The class's module is looked
+    up only when loaded (it compiles its priority functions on import)."""
+    mod = sys.modules.get("radixkv.policies.block_priority")
+    if mod is not None and type(policy) is mod.PriorityBlockHashCache:
+        return mod.PriorityBlockHashCache
+    return None
+
+
 def _unit_eligible(trace, policy) -> bool:
     """True when the loop may run on the piece pool (:mod:`radixkv.replay._conc_vllm_piece_kernels`):
     ``policy.unit_granular`` (the switch the sequential replay uses too), a fresh pool with
     64-bit keys, ``block_size`` ≥ 2, a hash-id trace whose unit is a multiple of it with
     every id ≥ 0 and no output ids, compiled kernels."""
+    from radixkv.policies.block_hash import BlockHashCache
+
     U = int(trace.unit_tokens)
     B = int(policy.block_size)
-    if not (getattr(policy, "unit_granular", False) and B >= 2 and U >= B and U % B == 0
+    if not (type(policy) is BlockHashCache and getattr(policy, "unit_granular", False)
+            and B >= 2 and U >= B and U % B == 0
             and trace.out_ids is None and int(policy._key_mask) == 0xFFFFFFFFFFFFFFFF
             and getattr(policy, "_unit", None) is None and hasattr(PK.unit_keys_all, "py_func")):
         return False
@@ -174,9 +195,11 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
         mp = int(BPK.max_block_pieces(ids, id_off, oids, ooff, has_out, P, N, U, B, G))
         if mp - 1 > policy._pcid.shape[1]:
             policy._grow_pieces(mp)
-        pool = BPK.new_pool(policy)
-        new_ps = lambda n_sl: BPK.new_slots(n_sl, W)  # noqa: E731
-        hs = BPK.new_scratch(W)
+        # the policy's per-block pool; evicting by a priority: its heap too
+        PM = BPK if _prio_class(policy) is None else _prio_kernels()
+        pool = PM.new_pool(policy)
+        new_ps = lambda n_sl: PM.new_slots(n_sl, W)  # noqa: E731
+        hs = PM.new_scratch(W)
     cap_run = int(min(int(config.max_num_seqs), n))
     rq = np.zeros((16, n), dtype=np.int64)
     rq[0] = P
@@ -349,12 +372,32 @@ def warm(block_size: int = 16) -> None:
 
 def warm_for(policy) -> None:
     """Warm the compiled loop for *policy* when it runs on it (a :class:`BlockHashCache`
-    itself, not a subclass: :func:`_eligible`); called by :func:`radixkv.replay.run.warmup`
-    after the policy's own :meth:`~radixkv.policies.base.PrefixCache.warm_kernels`."""
+    or :class:`~radixkv.policies.block_priority.PriorityBlockHashCache` itself, not a
+    subclass: :func:`_eligible`); called by :func:`radixkv.replay.run.warmup` after the
+    policy's own :meth:`~radixkv.policies.base.PrefixCache.warm_kernels`."""
     from radixkv.policies.block_hash import BlockHashCache
 
     if type(policy) is BlockHashCache:
         warm(policy.block_size)
+    elif _prio_class(policy) is not None and hasattr(CK.run_loop, "py_func"):
+        # one loop for every priority (the function travels as its addresses)
+        from radixkv.cost import UnitStepCost
+        from radixkv.replay.concurrent import replay_concurrent
+        from radixkv.trace.types import Trace
+
+        B = int(policy.block_size)
+        tr = Trace.from_requests(req_id=["w0", "w1"], arrival_s=[0.0, 0.0], prompt_len=[2 * B, B + 1],
+                                 output_len=[3, 2], prompt_ids=[list(range(2 * B)), list(range(B + 1))],
+                                 name="warmup")
+        replay_concurrent(tr, type(policy)(8, B, eviction_policy=policy.eviction_priority), UnitStepCost())
+
+
+def _prio_kernels():
+    """:mod:`radixkv.replay._conc_vllm_prio_kernels` (imported on first use: it registers
+    its pool operations, which the loop compiles with only for a priority pool)."""
+    from radixkv.replay import _conc_vllm_prio_kernels as PPK
+
+    return PPK
 
 
 def _loop_slots(n_sl, G):
