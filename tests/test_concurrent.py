@@ -211,7 +211,7 @@ def test_victim_choice_vllm_vs_sglang():
     # running A, B, C (admitted in that order) with 3, 1, 1 outputs; prompts 2, 5, 4.
     # vLLM preempts running[-1] = C; SGLang's retract_decode takes the fewest outputs
     # (B, C), then the longest prompt: B.
-    from radixkv.replay.scheduler import make_scheduler
+    from radixkv.replay.schedulers import make_scheduler
 
     tr = _trace([[1, 2], [3, 4, 5, 6, 7], [8, 9, 10, 11]], [8, 3, 8], [0.0, 0.0, 0.0])
     for admission, victim in (("vllm", 2), ("sglang", 1)):
@@ -317,7 +317,7 @@ def test_cli_admission_follows_the_policy_engine():
     add_concurrent_args(p)
     from radixkv.replay.sched_sglang import SglangScheduler
     from radixkv.replay.sched_vllm import VllmScheduler
-    from radixkv.replay.scheduler import make_scheduler
+    from radixkv.replay.schedulers import make_scheduler
 
     args = p.parse_args([])
     tr = _trace([[1, 2]], [1], [0.0])

@@ -22,7 +22,8 @@ from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.no_cache import NoCache
 from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.sched_vllm import VllmScheduler, shared_prefix_tokens
-from radixkv.replay.scheduler import SchedulerConfig, make_scheduler
+from radixkv.replay.scheduler import SchedulerConfig
+from radixkv.replay.schedulers import make_scheduler
 from radixkv.trace.types import Trace
 
 GOLDENS = golden_files()

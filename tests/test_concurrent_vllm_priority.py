@@ -24,7 +24,8 @@ from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.multi_concurrent import replay_multi_concurrent
 from radixkv.replay.sched_vllm import VllmScheduler
 from radixkv.replay.sched_vllm_priority import VllmPriorityScheduler
-from radixkv.replay.scheduler import SchedulerConfig, make_scheduler
+from radixkv.replay.scheduler import SchedulerConfig
+from radixkv.replay.schedulers import make_scheduler
 from radixkv.trace.types import Trace
 from radixkv.util import dumps_json
 

@@ -17,7 +17,8 @@ from radixkv.policies.no_cache import NoCache
 from radixkv.policies.radix import RadixCache
 from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.sched_sglang import SglangScheduler
-from radixkv.replay.scheduler import SchedulerConfig, make_scheduler
+from radixkv.replay.scheduler import SchedulerConfig
+from radixkv.replay.schedulers import make_scheduler
 
 from _conc_cases import COST, request_trace
 

@@ -17,7 +17,8 @@ from radixkv.replay.sched_sglang import (
     ratio_after_retract,
 )
 from radixkv.replay.sched_vllm import VllmScheduler
-from radixkv.replay.scheduler import SchedulerConfig, StepPlan, make_scheduler
+from radixkv.replay.scheduler import SchedulerConfig, StepPlan
+from radixkv.replay.schedulers import make_scheduler
 from radixkv.trace.types import Trace
 
 from _conc_cases import COST, request_trace

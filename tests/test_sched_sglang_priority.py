@@ -24,7 +24,8 @@ from radixkv.replay import conc_sglang
 from radixkv.replay.concurrent import replay_concurrent
 from radixkv.replay.sched_sglang import SglangScheduler
 from radixkv.replay.sched_sglang_priority import SglangPriorityScheduler
-from radixkv.replay.scheduler import SchedulerConfig, make_scheduler
+from radixkv.replay.scheduler import SchedulerConfig
+from radixkv.replay.schedulers import make_scheduler
 from radixkv.trace.types import Trace
 
 

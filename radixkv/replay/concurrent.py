@@ -4,7 +4,7 @@ The loop is a discrete-step simulation of a continuous-batching engine:
 
 1. requests whose arrival time has come join the waiting queue
    (:mod:`radixkv.replay.arrivals` gives the times);
-2. the scheduler (:func:`~radixkv.replay.scheduler.make_scheduler`: vLLM's or SGLang's
+2. the scheduler (:func:`~radixkv.replay.schedulers.make_scheduler`: vLLM's or SGLang's
    step rules, from the policy class) builds one step's batch (prefill
    chunks and decodes), making the policy calls the step implies;
 3. the :class:`~radixkv.cost.CostModel` prices the step; the clock advances by its time;
@@ -41,7 +41,8 @@ import numpy as np
 
 from radixkv.cost import CostModel
 from radixkv.errors import ConfigError
-from radixkv.replay.scheduler import SchedulerConfig, admission_rule_of, make_scheduler, rule_of
+from radixkv.replay.scheduler import SchedulerConfig, admission_rule_of, rule_of
+from radixkv.replay.schedulers import make_scheduler
 
 #: per-request columns of :class:`ConcurrentResult` (shape (n,) each) and their units
 COLUMNS = {

@@ -1,7 +1,7 @@
 """Concurrent replay on several replicas behind a request router, on one global clock.
 
 N replicas (data parallelism), each a continuous-batching engine with its own scheduler
-(vLLM's or SGLang's step rules, :func:`~radixkv.replay.scheduler.make_scheduler`) and its
+(vLLM's or SGLang's step rules, :func:`~radixkv.replay.schedulers.make_scheduler`) and its
 own policy instance on its own pool. One clock drives them all:
 
 1. Requests arrive in time order (:mod:`radixkv.replay.arrivals`).
@@ -57,7 +57,8 @@ import numpy as np
 from radixkv.errors import ConfigError
 from radixkv.replay.concurrent import ConcurrentResult, _Integrals, _result
 from radixkv.replay.routing import Router
-from radixkv.replay.scheduler import SchedulerConfig, make_scheduler
+from radixkv.replay.scheduler import SchedulerConfig
+from radixkv.replay.schedulers import make_scheduler
 
 #: why ``--kv-pool global`` is refused in the concurrent mode (CLI and API)
 GLOBAL_POOL_REFUSAL = (

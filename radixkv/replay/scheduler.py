@@ -16,7 +16,7 @@ in one module each:
 
 Which one a replay uses comes from the policy **class**: its ``admission_rule``
 attribute (``"vllm"`` or ``"sglang"``, read by :func:`admission_rule_of`);
-``SchedulerConfig.admission`` overrides it. :func:`make_scheduler` builds it.
+``SchedulerConfig.admission`` overrides it. :func:`radixkv.replay.schedulers.make_scheduler` builds it.
 
 Request life (tokens)
 ---------------------
@@ -240,7 +240,7 @@ def admission_rule_of(policy) -> str:
 
 def rule_of(policy, config: "SchedulerConfig") -> str:
     """The rule of a replay (``config.admission``, else the policy class's), checked
-    against the knobs: see :func:`make_scheduler` (same errors)."""
+    against the knobs: see :func:`radixkv.replay.schedulers.make_scheduler` (same errors)."""
     rule = config.admission if config.admission is not None else admission_rule_of(policy)
     if rule == "sglang" and (not config.enable_chunked_prefill or config.long_prefill_token_threshold
                              or config.watermark):
@@ -266,54 +266,12 @@ def priorities(trace) -> np.ndarray:
     return np.zeros(n, dtype=np.int64) if trace.priority is None else np.asarray(trace.priority, dtype=np.int64)
 
 
-def make_scheduler(trace, policy, config: "SchedulerConfig", arrivals=None):
-    """The scheduler of one replay: vLLM's or SGLang's step rules.
-
-    ``config.admission`` when set, else the policy class's rule (:func:`admission_rule_of`);
-    under vLLM's rules, ``config.scheduling_policy == "priority"`` gives vLLM's priority
-    scheduler (:mod:`radixkv.replay.sched_vllm_priority`), which reads *arrivals*
-    (np.ndarray of float64, shape (n,), seconds; None: the trace's) as vLLM's
-    ``arrival_time``; the other schedulers ignore them.
-
-    Returns
-    -------
-    radixkv.replay.sched_vllm.VllmScheduler or radixkv.replay.sched_sglang.SglangScheduler
-
-    Raises
-    ------
-    radixkv.errors.ConfigError
-        When vLLM-only knobs (``enable_chunked_prefill=False``,
-        ``long_prefill_token_threshold``, ``watermark``, ``scheduling_policy="priority"``)
-        are set for SGLang's rules, ``enable_priority_scheduling`` for vLLM's, SGLang's
-        priority scheduling without ``disable_priority_preemption``, or priority
-        scheduling is asked of a policy with asynchronous host loads (``vllm-offload``:
-        its scheduler models FCFS only).
-    """
-    rule = rule_of(policy, config)
-    if rule == "sglang" and config.enable_priority_scheduling:
-        from radixkv.replay.sched_sglang_priority import SglangPriorityScheduler as cls
-    elif rule == "sglang":
-        from radixkv.replay.sched_sglang import SglangScheduler as cls
-    elif getattr(type(policy), "async_host_loads", False):  # vLLM CPU offloading (vllm-offload)
-        if config.scheduling_policy != "fcfs":
-            raise ConfigError(f"{type(policy).__name__} in --mode concurrent models vLLM's FCFS scheduler only: "
-                              "drop --scheduling-policy priority", field="scheduling_policy")
-        from radixkv.replay.sched_vllm_offload import VllmOffloadScheduler as cls
-    elif config.scheduling_policy == "priority":
-        from radixkv.replay.sched_vllm_priority import VllmPriorityScheduler
-
-        return VllmPriorityScheduler(trace, policy, config, arrivals)
-    else:
-        from radixkv.replay.sched_vllm import VllmScheduler as cls
-    return cls(trace, policy, config)
-
-
 class Scheduler:
     """State of every request and the waiting/running queues of one replay (engine-neutral).
 
     Subclasses give the engine's step: :meth:`schedule`, :meth:`_victim`,
     :meth:`can_fast_forward`, and the admission-budget hooks :meth:`_begin_admit_pass`,
-    :meth:`_may_admit`, :meth:`_admitted`. Build one with :func:`make_scheduler`.
+    :meth:`_may_admit`, :meth:`_admitted`. Build one with :func:`radixkv.replay.schedulers.make_scheduler`.
 
     Parameters
     ----------
