@@ -110,9 +110,10 @@ def plan_section(doc: dict, idx: int = 0) -> str:
                    f"are shown as <code>overload</code>, never as a latency, and miss every SLO term.</p>")
     refused = rec.get("rejected_requests")
     if refused:
-        out.append(f'<p class="overload"><strong>Refused:</strong> {refused:,} of {t.get("requests", "?"):,} '
-                   f"requests are longer than the model's context and are refused by the engine; every latency "
-                   f"below covers the others only.</p>")
+        of = f" of {t['requests']:,}" if isinstance(t.get("requests"), int) else ""
+        out.append(f'<p class="overload"><strong>Refused:</strong> {refused:,}{of} requests are longer than the '
+                   f"model's context and are refused by the engine; every latency below covers the others "
+                   f"only.</p>")
     head = ["", "configuration", unit, *terms, "out tok/s", "hit rate", "SLO"]
     rows = [_row("recommended", rec, terms)] + [_row(f"runner-up {i + 1}", p, terms)
                                                for i, p in enumerate(doc["runner_ups"])]
