@@ -23,7 +23,13 @@ evictions over time            per-request ``evicted_tokens`` (``--per-request``
 hit vs prompt length           per-request ``prompt_tokens`` and ``hit_tokens``
 =============================  ==========================================================
 
-Inputs are plain data: JSON documents as ``replay``/``compare``/``curve`` write them, and
+A plan's JSON (``radixkv plan --json``, or ``radixkv plan --report`` directly) gets a
+section of its own first (:mod:`radixkv.plan.html`): the recommendation, the runner-ups
+and the next cheaper point, the engine's command line, the prefix-caching verdict, the
+sensitivity, the search's counts and the Pareto plot (cost vs TTFT p99), with overloaded
+points flagged and never shown as a latency. A page of plans alone has no replay figures.
+
+Inputs are plain data: JSON documents as ``replay``/``compare``/``curve``/``plan`` write them, and
 named column tables (``{"label": str, "columns": {name: 1-D array}}``) for timelines and
 per-request rows. Same inputs, same bytes out (PNG metadata without software or date).
 """
@@ -59,6 +65,8 @@ figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}
 p.missing{color:#777;font-style:italic}code{background:#f5f5f5;padding:0 .2em}
 table.headline{font-size:1em}table.headline td{min-width:6em}
 th.metric{text-align:left;font-weight:normal}details{margin:.5em 0 1em}summary{cursor:pointer;color:#555}
+p.overload,td.overload{color:#a00}td.overload{text-align:right}p.verdict{font-size:1.05em}
+pre{background:#f5f5f5;padding:.4em;white-space:pre-wrap}
 """
 
 
@@ -117,9 +125,14 @@ def read_input(path) -> dict:
     from radixkv import validate
 
     doc = validate.loads(text, path=p)
+    from radixkv.plan.html import is_plan_doc
+
+    if is_plan_doc(doc):
+        _check_plan_doc(doc, text, p)
+        return {"kind": "plan", "doc": doc, "label": p.name}
     if not isinstance(doc, dict) or not ("results" in doc or "curves" in doc):
-        raise InputError("not a radixkv result: a JSON object with 'results' (replay/compare) or "
-                         "'curves' (curve)", path=p)
+        raise InputError("not a radixkv result: a JSON object with 'results' (replay/compare), "
+                         "'curves' (curve) or 'recommendation' (plan)", path=p)
     _check_doc(doc, text, p)
     return {"kind": "json", "doc": doc, "label": p.name}
 
@@ -181,6 +194,41 @@ def _check_doc(doc: dict, text: str, p) -> None:
             if "token_hit_rate" in pt:
                 validate.number(pt["token_hit_rate"], null=True,
                                 **where("curves", "points", "token_hit_rate", field=f"{pf}.token_hit_rate"))
+
+
+def _check_plan_doc(doc: dict, text: str, p) -> None:
+    """The fields of a plan's document (``radixkv plan --json``) the report reads, checked:
+    ``recommendation`` a table with a ``point`` table, ``cost_per_hour`` and the command
+    strings; ``runner_ups``, ``sensitivity`` and ``points`` lists of such tables;
+    ``slo``, ``search`` and ``prefix_caching`` tables."""
+    from radixkv import validate
+    from radixkv.errors import InputError
+
+    def where(*keys, field):
+        return dict(path=p, line=validate.line_of(text, *keys), field=field)
+
+    def outcome(o, key, field):
+        validate.table(o, what="a plan point (a JSON object with point and cost_per_hour)", **where(key, field=field))
+        validate.table(o.get("point"), **where(key, "point", field=f"{field}.point"))
+        validate.number(o.get("cost_per_hour"), **where(key, "cost_per_hour", field=f"{field}.cost_per_hour"))
+        for k in ("replayed", "meets_slo"):
+            if not isinstance(o.get(k), bool):
+                raise InputError("missing or not true/false", **where(key, k, field=f"{field}.{k}"))
+
+    for k in ("slo", "search", "prefix_caching"):
+        validate.table(doc[k], **where(k, field=k))
+    outcome(doc["recommendation"], "recommendation", "recommendation")
+    for k in ("engine_command", "replay_command"):
+        if not isinstance(doc["recommendation"].get(k), str):
+            raise InputError("missing or not a string", **where("recommendation", k, field=f"recommendation.{k}"))
+    for key in ("runner_ups", "sensitivity", "points"):
+        v = doc.get(key) or []
+        if not isinstance(v, list):
+            raise InputError(f"must be a list, got {type(v).__name__}", **where(key, field=key))
+        for i, o in enumerate(v):
+            outcome(o, key, f"{key}[{i}]")
+    if doc.get("next_cheaper") is not None:
+        outcome(doc["next_cheaper"], "next_cheaper", "next_cheaper")
 
 
 # ---------------------------------------------------------------------- figures
@@ -541,7 +589,14 @@ def _provenance(inputs, command) -> str:
     if command:
         rows.append(("command", command))
     for i, item in enumerate(inputs):
-        if item["kind"] == "json":
+        if item["kind"] == "plan":
+            d = item["doc"]
+            t = d.get("trace", {})
+            rows.append((f"input {i + 1}", f"{item['label']} (radixkv plan)"))
+            rows.append(("  written by", f"radixkv {d['radixkv']}" if d.get("radixkv") else "not recorded"))
+            rows.append(("  trace", str(t.get("path") or "not recorded")
+                         + (f" ({t['requests']:,} requests)" if isinstance(t.get("requests"), int) else "")))
+        elif item["kind"] == "json":
             d = item["doc"]
             t = d.get("trace", {})
             rows.append((f"input {i + 1}", item["label"]))
@@ -606,12 +661,24 @@ def render_report(inputs: list[dict], *, title: str = "radixkv report", command:
     if not inputs:
         raise InputError("nothing to report: give at least one result", field="inputs")
     docs = [i["doc"] for i in inputs if i["kind"] == "json"]
-    tables = name_tables(docs, [i for i in inputs if i["kind"] != "json"])
+    plans = [i["doc"] for i in inputs if i["kind"] == "plan"]
+    tables = name_tables(docs, [i for i in inputs if i["kind"] not in ("json", "plan")])
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>",
              "<p>Metrics as defined in radixkv's docs/DESIGN.md (Metrics). <code>n/a</code>: the policy or "
              "mode does not model the metric (JSON <code>null</code>).</p>"]
+    if plans:
+        from radixkv.plan.html import plan_section
+
+        for i, d in enumerate(plans):
+            parts.append("<h2>Deployment plan" + (f" {i + 1}" if len(plans) > 1 else "") + "</h2>")
+            parts.append(plan_section(d, i))
+        if not docs and not tables:  # a plan alone: no replay results to tabulate or draw
+            parts.append("<h2>Provenance</h2>")
+            parts.append(_provenance(inputs, command))
+            parts.append("</body></html>\n")
+            return "\n".join(parts)
     if docs:
         parts += ["<h2>At a glance</h2>", _headline_table(docs)]
     parts.append("<h2>All metrics</h2>")

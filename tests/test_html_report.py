@@ -333,3 +333,118 @@ def test_docs_report_demo_png_is_the_readme_report_today(tmp_path):
     new, old = mpimg.imread(str(shot))[..., :3], mpimg.imread(str(report_demo.ROOT / "docs" / "report-demo.png"))[..., :3]
     assert new.shape == old.shape, "docs/report-demo.png is stale: python tools/report_demo.py"
     assert float((abs(new - old) > 0.1).mean()) < 0.01, "docs/report-demo.png is stale: python tools/report_demo.py"
+
+
+# ---------------------------------------------------------------------- issue 30: the plan's section
+def _pt(replicas, *, cache=True, gpu="A100-80GB"):
+    return {"engine": "vllm", "gpu": gpu, "tp": 1, "replicas": replicas, "gpus": replicas,
+            "gpu_memory_utilization": 0.9, "max_num_batched_tokens": 8192, "max_num_seqs": 256, "block_size": 16,
+            "prefix_caching": cache, "kv_cache_dtype": None, "router": None if replicas == 1 else "prefix-aware"}
+
+
+def _outcome(point, cost, ttft, tpot, meets, overloaded=False):
+    return {"point": point, "cost_per_hour": cost, "replayed": True, "pruned": None, "meets_slo": meets,
+            "overloaded": overloaded, "misses": {} if meets else {"ttft_p99": 2.0},
+            "ttft_p50_s": None if overloaded else ttft / 2, "ttft_p99_s": None if overloaded else ttft,
+            "tpot_p50_s": None if overloaded else tpot / 2, "tpot_p99_s": None if overloaded else tpot,
+            "throughput_output_tokens_per_s": 900.0, "throughput_total_tokens_per_s": 9000.0,
+            "token_hit_rate": 0.25, "preemptions": 0, "queue_growth_s_per_s": 0.9 if overloaded else 0.0,
+            "rejected_requests": 0}
+
+
+def _plan_doc():
+    """A plan's document written by hand (the shape ``radixkv plan --json`` writes): 2 A100s
+    recommended; 1 A100 is the next cheaper point and is overloaded; caching off is a
+    runner-up at the same cost."""
+    rec = _outcome(_pt(2), 3.2, 0.080, 0.030, True)
+    off = _outcome(_pt(2, cache=False), 3.2, 0.095, 0.031, True)
+    one = _outcome(_pt(1), 1.6, None, None, False, overloaded=True)
+    rec.update(engine_command="vllm serve Llama-3.1-8B --tensor-parallel-size 1", replicas_note="2 replicas of this "
+               "command behind a prefix-aware router", replay_command="radixkv replay t.jsonl --replicas 2",
+               replay_argv=["replay", "t.jsonl", "--replicas", "2"])
+    return {"radixkv": "0.0", "trace": {"path": "t.jsonl", "requests": 40, "prompt_tokens": 4000, "output_tokens": 400,
+                                        "span_s": 10.0, "rate_scale": 1.0, "offered_tokens_per_s": 440.0,
+                                        "hit_rate_bound": 0.3},
+            "model": "Llama-3.1-8B", "slo": {"ttft_p99": 0.1, "tpot_p99": 0.04}, "cost_unit": "$/h",
+            "prices": {"A100-80GB": 1.6}, "cost_model": "roofline", "uncertainty": "no interval",
+            "recommendation": rec, "runner_ups": [off], "next_cheaper": dict(one, replay_argv=[]),
+            "prefix_caching": {"verdict": "on", "on": rec, "off": off,
+                               "text": "prefix caching: turn it ON — hit rate 25.0% (both meet the SLO)"},
+            "sensitivity": [{"knob": "prefix_caching", **off}],
+            "search": {"replayed": 3, "pruned": {"cost bound": 1}, "budget": 40, "budget_exhausted": False,
+                       "min_replicas_by_throughput": {"vllm/A100-80GB/tp1": 1}},
+            "points": [one, rec, off]}
+
+
+def test_plan_section_holds_the_plan_and_flags_overload(tmp_path):
+    from radixkv.html_report import render_report
+
+    doc = _plan_doc()
+    page = render_report([{"kind": "plan", "doc": doc, "label": "plan.json"}])
+    p = _Cells()
+    p.feed(page)
+    assert p.scripts == 0 and not [u for u in p.links if re.match(r"(https?:)?//", u)]
+    assert len(p.imgs) == 1 and p.imgs[0].startswith("data:image/png;base64,")  # the Pareto plot only
+    assert 'id="fig-plan-pareto-0"' in page and "Cost vs TTFT p99" in page
+    assert "At a glance" not in page and "Not in these inputs" not in page  # a plan alone: no replay figures
+    tables = {t["id"]: t["cells"] for t in p.tables}
+    rows = tables["plan-0"]
+    # recommended, runner-up (caching off), next cheaper: each row's cost and latencies are the document's
+    assert [float(v) for k, v in rows if k == "cost_per_hour"] == [3.2, 3.2, 1.6]
+    assert [v for k, v in rows if k == "ttft_p99_s"] == ["0.08", "0.095", "overload"]
+    assert [v for k, v in rows if k == "tpot_p99_s"] == ["0.03", "0.031", "overload"]
+    assert [v for k, v in rows if k == "meets_slo"] == ["yes", "yes", "no"]
+    # overload is flagged, never shown as a latency
+    assert re.search(r'id="plan-0-overload">.*1 of 3 replayed points never catch up', page)
+    assert "vllm A100-80GB tp1 x2 gmu=0.9 mnbt=8192 seqs=256 block=16 cache=off" in page
+    assert 'id="plan-0-verdict"' in page and "turn it ON" in page
+    assert [v for k, v in tables["plan-0-sensitivity"] if k == "ttft_p99_s"] == ["0.095"]
+    assert "vllm serve Llama-3.1-8B" in page and "radixkv replay t.jsonl --replicas 2" in page
+    assert "Search: 3 points replayed (budget 40); pruned: 1 by cost bound." in page
+    # same document, same bytes
+    assert render_report([{"kind": "plan", "doc": doc, "label": "plan.json"}]) == page
+
+
+def test_plan_report_from_the_cli_and_from_its_json(tmp_path, capsys):
+    """``radixkv plan --report`` and ``radixkv report plan.json`` give the same plan section;
+    a plan next to a replay result gets both; a plan document missing a field exits 2 naming it."""
+    trace = tmp_path / "t.jsonl"
+    assert main(["trace", "synth", "multi_turn", "--requests", "12", "--seed", "1", "--rate", "2",
+                 "--out", str(trace)]) == 0
+    js, page = tmp_path / "plan.json", tmp_path / "plan.html"
+    assert main(["plan", str(trace), "--model", "Llama-3.1-8B", "--slo", "ttft_p99=2s,tpot_p99=100ms",
+                 "--gpus", "A100-80GB", "--tp", "1", "--budget", "4", "--json", str(js), "--report", str(page)]) == 0
+    doc = json.loads(js.read_text())
+    again = tmp_path / "again.html"
+    assert main(["report", str(js), "--out", str(again)]) == 0
+
+    def section(text):
+        return text[text.index('<section class="plan"'):text.index("<h2>Provenance</h2>")]
+
+    assert section(page.read_text()) == section(again.read_text())
+    p = _Cells()
+    p.feed(page.read_text())
+    rows = dict(next(t for t in p.tables if t["id"] == "plan-0")["cells"][:6])
+    assert float(rows["cost_per_hour"]) == doc["recommendation"]["cost_per_hour"]
+    assert float(rows["ttft_p99_s"]) == doc["recommendation"]["ttft_p99_s"]
+    assert doc["prefix_caching"]["text"] in html_unescape(page.read_text())
+    # with a replay result: the plan's section and the replay's tables on one page
+    rj = tmp_path / "replay.json"
+    assert main(["replay", DEMO, "--policy", "vllm:16", "--capacity-tokens", "8000", "--limit", "60", "--quiet",
+                 "--json", str(rj)]) == 0
+    both = tmp_path / "both.html"
+    assert main(["report", str(js), str(rj), "--out", str(both)]) == 0
+    text = both.read_text()
+    assert 'id="plan-0"' in text and 'id="summary-0"' in text
+    # a plan document without its recommendation's point: named
+    bad = dict(doc, recommendation={k: v for k, v in doc["recommendation"].items() if k != "point"})
+    (tmp_path / "bad.json").write_text(json.dumps(bad, indent=1))
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "bad.json"), "--out", str(tmp_path / "bad.html")]) == 2
+    assert "recommendation.point" in capsys.readouterr().err
+
+
+def html_unescape(s: str) -> str:
+    import html
+
+    return html.unescape(s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -70,13 +71,17 @@ def test_stricter_slo_never_cheaper_and_looser_never_dearer(small, tmp_path):
         assert (c >= cost) if rel == "ge" else (c <= cost), (slo, c, cost)
 
 
-def test_same_inputs_same_bytes(small, tmp_path):
-    """A fresh plan (no work dir, worker processes) writes the bytes the first one wrote."""
+def test_same_inputs_same_bytes(small, tmp_path, capsys):
+    """A fresh plan (no work dir, worker processes) writes the bytes the first one wrote,
+    although its idle worker replayed points ahead of the search (some never asked for)."""
     d, trace, _ = small
     out = tmp_path / "again.json"
+    capsys.readouterr()
     assert main(["plan", str(trace), "--slo", SLO, *BASE, "--executor", "processes", "--workers", "2",
                  "--json", str(out)]) == 0
     assert out.read_bytes() == (d / "plan.json").read_bytes()
+    m = re.search(r"; (\d+) started ahead on idle workers, (\d+) of them used\)", capsys.readouterr().out)
+    assert m and int(m.group(1)) >= 1, "the search's sequential steps left the second worker idle"
 
 
 def test_plan_counts_and_verdict(small):
@@ -134,6 +139,35 @@ def test_overload_metrics_by_hand():
     m = overload_metrics(a, np.full(100, 0.2))
     assert m["overloaded"] is False and m["queue_growth_s_per_s"] == pytest.approx(0.0)
     assert overload_metrics(a[:3], a[:3])["overloaded"] is None
+
+
+def test_overload_slope_does_not_depend_on_blas_threads(tmp_path):
+    """The queue-growth slope is the same bits with 1 and 2 BLAS threads (a Dask worker runs
+    with 1): np.dot over 12,031 requests, as it was computed, differs in its last bits between
+    the two (OpenBLAS splits the sum over its threads), which made the Mooncake plan on Dask
+    differ from the local one."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numpy as np; from radixkv.replay.overload import overload_metrics as m; "
+            "r = np.random.default_rng(0); a = np.sort(r.uniform(0, 3600, 12031)); q = r.exponential(2.0, 12031); "
+            "print(repr(m(a, q)['queue_growth_s_per_s']))")
+    out = []
+    for n in ("1", "2"):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=n, OMP_NUM_THREADS=n, MKL_NUM_THREADS=n)
+        out.append(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                  check=True).stdout)
+    assert out[0] == out[1], out
+    # and it is the least-squares slope, to the last bits (an independent computation in exact rationals)
+    from fractions import Fraction
+
+    r = np.random.default_rng(0)
+    a, q = np.sort(r.uniform(0, 3600, 12031)), r.exponential(2.0, 12031)
+    A, Q = [Fraction(float(x)) for x in a], [Fraction(float(x)) for x in q]
+    ma, mq = sum(A) / len(A), sum(Q) / len(Q)
+    exact = sum((x - ma) * (y - mq) for x, y in zip(A, Q)) / sum((x - ma) ** 2 for x in A)
+    assert float(out[0]) == pytest.approx(float(exact), rel=1e-9)
 
 
 def test_throughput_bound_by_hand():

@@ -3,7 +3,8 @@ that meets the SLO on the trace (:mod:`radixkv.plan`).
 
 Prints the recommendation and runner-ups, the engine's command line, the prefix-caching
 verdict, each knob's sensitivity and the search's counts; ``--json`` writes the plan's
-document, ``--plot`` the Pareto plot (cost vs TTFT p99). Exit 2 for bad input, and when no
+document, ``--plot`` the Pareto plot (cost vs TTFT p99), ``--report`` an HTML page of it
+(:mod:`radixkv.plan.html`). Exit 2 for bad input, and when no
 configuration meets the SLO (the message names the closest and the SLO terms it misses).
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ def cmd_plan(args) -> int:
     from radixkv.plan.spec import PlanSpec, load_spec, parse_engines, parse_prices, parse_slo
     from radixkv.util import check_output_paths, dumps_json
 
-    check_output_paths(*files(args.json, args.plot), inputs=[p for p in (args.trace, args.spec) if p])
+    check_output_paths(*files(args.json, args.plot, args.report), inputs=[p for p in (args.trace, args.spec) if p])
     over = dict(model=args.model, rate_scale=args.rate_scale, budget=args.budget, executor=args.executor,
                 workers=args.workers, work_dir=args.work_dir, max_replicas=args.max_replicas,
                 cost_model=args.cost_model)
@@ -59,7 +60,14 @@ def cmd_plan(args) -> int:
     if args.plot:
         pareto_plot(res, args.plot)
         print(f"wrote {args.plot}", file=out)
-    emit(args.json, dumps_json(plan_doc(res)), args.json, args.plot)
+    doc = plan_doc(res)
+    if args.report:
+        from radixkv.cli.report_cmd import _command
+        from radixkv.html_report import write_report
+
+        write_report([{"kind": "plan", "doc": doc, "label": "this plan"}], args.report, command=_command())
+        print(f"wrote {args.report}", file=out)
+    emit(args.json, dumps_json(doc), args.json, args.plot, args.report)
     return 0
 
 
@@ -94,5 +102,8 @@ def register(sub) -> None:
                    help="keep the replays in DIR as a sweep results store; a rerun reads them back "
                         "(default: a temporary folder)")
     p.add_argument("--plot", default=None, metavar="PATH.png", help="write the Pareto plot (cost vs TTFT p99)")
+    p.add_argument("--report", default=None, metavar="PATH.html",
+                   help="also write a self-contained HTML report of the plan (recommendation, runner-ups, caching "
+                        "verdict, sensitivity, Pareto plot; overload flagged)")
     add_json_arg(p, "the plan")
     p.set_defaults(func=cmd_plan)

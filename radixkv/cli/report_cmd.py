@@ -10,7 +10,8 @@ from pathlib import Path
 
 def cmd_report(args) -> int:
     """Write one self-contained static HTML page (no network, no script) from result files:
-    JSON written by replay/compare/curve --json, --timeline CSVs and --per-request CSVs.
+    JSON written by replay/compare/curve/plan --json, --timeline CSVs and --per-request CSVs
+    (a plan's JSON gets its own section: recommendation, runner-ups, caching verdict, Pareto plot).
     It holds the summary tables, the figures as inline PNG (hit rate vs capacity, hit-length
     histogram, alignment loss by block/page size, pool split over time, evictions over time,
     per-request hit vs prompt length) and the run's provenance."""

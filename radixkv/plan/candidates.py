@@ -110,6 +110,22 @@ class Point:
                 self.unit_knob: self.unit, "prefix_caching": self.prefix_caching,
                 "kv_cache_dtype": self.kv_cache_dtype, "router": self.router}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Point":
+        """The point of :meth:`to_dict`'s output *d* (a plan JSON's ``point``).
+
+        Raises
+        ------
+        KeyError
+            A field missing from *d*.
+        """
+        vllm = d["engine"] == "vllm"
+        return cls(d["engine"], d["gpu"], int(d["tp"]), int(d["replicas"]),
+                   float(d["gpu_memory_utilization" if vllm else "mem_fraction_static"]),
+                   int(d["max_num_batched_tokens"]), int(d["max_num_seqs"]),
+                   int(d["block_size" if vllm else "page_size"]), bool(d["prefix_caching"]),
+                   d["kv_cache_dtype"], d["router"])
+
     @property
     def fraction_knob(self) -> str:
         return "gpu_memory_utilization" if self.engine == "vllm" else "mem_fraction_static"

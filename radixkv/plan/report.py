@@ -5,8 +5,9 @@
 * :func:`format_plan`: the table of the recommendation and runner-ups, the engine's
   command line, the ``radixkv replay`` command that replays it, the prefix-caching
   verdict, the knob sensitivity and the search's counts.
-* :func:`pareto_plot`: cost vs TTFT p99 of every replayed point, the Pareto front joined,
-  overloaded points marked apart.
+* :func:`pareto_plot` / :func:`pareto_figure`: cost vs TTFT p99 of every replayed point, the
+  Pareto front joined, overloaded points marked apart (drawn from the JSON document, so the
+  HTML report's plan section, :mod:`radixkv.plan.html`, draws the same figure).
 
 Overload: a replay that never caught up (:mod:`radixkv.replay.overload`) is shown as
 ``overload``, never as a latency.
@@ -193,51 +194,73 @@ def format_plan(res) -> str:
         out.append(_table(hdr, srows))
     pr = ", ".join(f"{n} by {k}" for k, n in sorted(res.pruned.items()) if n) or "none"
     out.append("")
-    out.append(f"search: {res.replayed} points replayed ({res.resumed} read back from the work dir); pruned: {pr}"
+    ahead = (f"; {res.prefetched} started ahead on idle workers, {res.prefetch_used} of them used"
+             if res.prefetched else "")
+    out.append(f"search: {res.replayed} points replayed ({res.resumed} read back from the work dir{ahead}); pruned: {pr}"
                + ("; the budget was spent (raise --budget to search further)" if res.budget_exhausted else ""))
     return "\n".join(out)
 
 
 def pareto_plot(res, path) -> None:
-    """Cost vs TTFT p99 of every replayed point (PNG at *path*, atomically): meeting points,
-    missing points, overloaded points (drawn at the top edge), the Pareto front of the
-    non-overloaded points, the recommendation circled, the SLO's TTFT p99 bound dashed."""
+    """Cost vs TTFT p99 of every replayed point (PNG at *path*, atomically), as
+    :func:`pareto_figure` draws it from the plan's document (:func:`plan_doc`)."""
+    import matplotlib.pyplot as plt
+
+    from radixkv.util import atomic_output
+
+    fig = pareto_figure(plan_doc(res))
+    with atomic_output(path, binary=True) as f:
+        fig.savefig(f, format="png", metadata={"Software": None})
+    plt.close(fig)
+
+
+def pareto_figure(doc: dict):
+    """The Pareto plot of a plan's JSON document *doc* (:func:`plan_doc`; a matplotlib
+    figure, Agg): cost vs TTFT p99 of every replayed point — meeting points, missing points,
+    overloaded points (drawn at the top edge: they have no latency), the Pareto front of the
+    non-overloaded points, the recommendation circled, the SLO's TTFT p99 bound dashed.
+
+    The same document gives the same figure: ``--plot`` and the HTML report's plan section
+    (:mod:`radixkv.plan.html`) both draw it from here. Raises ``KeyError`` for a document
+    without ``points``, ``recommendation``, ``slo``, ``cost_unit`` or ``model``.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from radixkv.util import atomic_output
+    def ttft(p) -> float:
+        v = p.get("ttft_p99_s")
+        return float("nan") if v is None else float(v)
 
-    pts = [o for o in res.outcomes if o.replayed]
-    ok = [o for o in pts if not o.overloaded and math.isfinite(o.value("ttft_p99"))]
-    top = max([o.value("ttft_p99") for o in ok] + [1e-3]) * 2
+    pts = [p for p in doc["points"] if p["replayed"]]
+    ok = [p for p in pts if not p["overloaded"] and math.isfinite(ttft(p))]
+    top = max([ttft(p) for p in ok] + [1e-3]) * 2
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
-    for group, style, lab in (([o for o in ok if o.meets], dict(marker="o", color="tab:green"), "meets SLO"),
-                              ([o for o in ok if not o.meets], dict(marker="x", color="tab:red"), "misses SLO"),
-                              ([o for o in pts if o.overloaded], dict(marker="^", color="tab:gray"),
+    for group, style, lab in (([p for p in ok if p["meets_slo"]], dict(marker="o", color="tab:green"), "meets SLO"),
+                              ([p for p in ok if not p["meets_slo"]], dict(marker="x", color="tab:red"),
+                               "misses SLO"),
+                              ([p for p in pts if p["overloaded"]], dict(marker="^", color="tab:gray"),
                                "overloaded (never catches up)")):
         if group:
-            ax.scatter([o.cost for o in group], [top if o.overloaded else o.value("ttft_p99") for o in group],
+            ax.scatter([p["cost_per_hour"] for p in group], [top if p["overloaded"] else ttft(p) for p in group],
                        label=lab, **style)
     front, best_y = [], math.inf
-    for o in sorted(ok, key=lambda o: (o.cost, o.value("ttft_p99"))):
-        if o.value("ttft_p99") < best_y:
-            front.append(o)
-            best_y = o.value("ttft_p99")
+    for p in sorted(ok, key=lambda p: (p["cost_per_hour"], ttft(p))):
+        if ttft(p) < best_y:
+            front.append(p)
+            best_y = ttft(p)
     if len(front) > 1:
-        ax.plot([o.cost for o in front], [o.value("ttft_p99") for o in front], color="tab:blue", lw=1,
+        ax.plot([p["cost_per_hour"] for p in front], [ttft(p) for p in front], color="tab:blue", lw=1,
                 label="Pareto front")
-    b = res.best
-    ax.scatter([b.cost], [b.value("ttft_p99")], s=160, facecolors="none", edgecolors="black", label="recommended")
-    if "ttft_p99" in res.spec.slo:
-        ax.axhline(res.spec.slo["ttft_p99"], ls="--", color="black", lw=0.8, label="SLO ttft_p99")
+    b = doc["recommendation"]
+    ax.scatter([b["cost_per_hour"]], [ttft(b)], s=160, facecolors="none", edgecolors="black", label="recommended")
+    if "ttft_p99" in doc["slo"]:
+        ax.axhline(doc["slo"]["ttft_p99"], ls="--", color="black", lw=0.8, label="SLO ttft_p99")
     ax.set_yscale("log")
-    ax.set_xlabel(f"cost ({res.spec.cost_unit})")
+    ax.set_xlabel(f"cost ({doc['cost_unit']})")
     ax.set_ylabel("TTFT p99 (s)")
-    ax.set_title(f"radixkv plan: {res.spec.model}")
+    ax.set_title(f"radixkv plan: {doc['model']}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    with atomic_output(path, binary=True) as f:
-        fig.savefig(f, format="png", metadata={"Software": None})
-    plt.close(fig)
+    return fig

@@ -35,6 +35,10 @@ from radixkv.errors import InputError
 #: doubling the replicas stops when the worst SLO ratio improved by less than this factor
 #: (an assumed threshold: the miss is then one request's own latency, not queueing)
 FLOOR_GAIN = 0.9
+#: replaying the next doubling ahead of the search is skipped when the last doubling improved
+#: the worst SLO ratio by less than 25 % (the latency floor is near: that replay would likely
+#: be wasted, and hold the idle worker); a speed heuristic only, no output depends on it
+AHEAD_FLOOR_GAIN = 0.75
 #: the roofline cost model's replay flags at its defaults (radixkv.cost.CostModel: mfu 0.6, mbu 0.8)
 ROOFLINE_FLAGS: dict = {}
 
@@ -72,6 +76,11 @@ class PlanResult:
     resumed : int
         Of the replayed, read back from the work dir.
     budget_exhausted : bool
+    min_replicas : dict
+        ``(engine, gpu, tp)`` → least replica count the throughput bound allows.
+    prefetched, prefetch_used : int
+        Replays started ahead of the search on idle workers, and how many of them the
+        search then asked for (the rest were wasted work; neither is in the JSON).
     """
 
     spec: object
@@ -86,6 +95,8 @@ class PlanResult:
     resumed: int
     budget_exhausted: bool
     min_replicas: dict = field(default_factory=dict)
+    prefetched: int = 0
+    prefetch_used: int = 0
 
 
 def make_plan(spec, trace=None) -> PlanResult:
@@ -117,8 +128,15 @@ def make_plan(spec, trace=None) -> PlanResult:
     cost_kw = dict(ROOFLINE_FLAGS) if spec.cost_model == "roofline" else {"cost_model": spec.cost_model}
     if spec.work_dir is None:
         with tempfile.TemporaryDirectory(prefix="radixkv-plan-") as d:
-            return _search(spec, trace, workload, Evaluator(spec, workload, cost_kw, d))
-    return _search(spec, trace, workload, Evaluator(spec, workload, cost_kw, spec.work_dir))
+            return _search_closing(spec, trace, workload, Evaluator(spec, workload, cost_kw, d, trace=trace))
+    return _search_closing(spec, trace, workload, Evaluator(spec, workload, cost_kw, spec.work_dir, trace=trace))
+
+
+def _search_closing(spec, trace, workload, ev) -> PlanResult:
+    try:
+        return _search(spec, trace, workload, ev)
+    finally:
+        ev.close()
 
 
 def _search(spec, trace, workload, ev) -> PlanResult:
@@ -150,6 +168,18 @@ def _search(spec, trace, workload, ev) -> PlanResult:
             pruned["throughput"] += 1
             return False
         return True
+
+    def ahead(b, replicas, bases, best_cost):
+        """Points the search will likely ask for next, started on idle workers (only with a
+        pool of workers: :meth:`~radixkv.plan.evaluate.Evaluator.prefetch`): *b* at the next
+        replica counts *replicas* of its doubling or bisection, then the structures after
+        *b* that the cost bound does not rule out yet, at their least replica count."""
+        if not ev.pooled:
+            return
+        nxt = [b.with_replicas(r) for r in replicas]
+        later = bases[bases.index(b) + 1:] if b in bases else []
+        nxt += [c for c in later if ev.cost(c) < best_cost and c not in ev.outcomes]
+        ev.prefetch(nxt)
 
     # 1. structures
     bases, rmin = [], {}
@@ -191,8 +221,10 @@ def _search(spec, trace, workload, ev) -> PlanResult:
         unit = ev.cost(b.with_replicas(1))
         r_hi = spec.max_replicas if math.isinf(best_cost) else min(spec.max_replicas,
                                                                     math.ceil(best_cost / unit) - 1)
-        lo, hi, r, prev = None, None, b.replicas, None
+        lo, hi, r, prev, gain = None, None, b.replicas, None, None
         while True:  # doubling
+            near_floor = gain is not None and gain >= AHEAD_FLOOR_GAIN
+            ahead(b, [min(2 * r, r_hi)] if r < r_hi and not near_floor else [], bases, best_cost)
             o = run([b.with_replicas(r)])[b.with_replicas(r)]
             if o.meets:
                 hi = r
@@ -203,12 +235,14 @@ def _search(spec, trace, workload, ev) -> PlanResult:
             if prev is not None and not o.overloaded and o.worst_ratio() >= FLOOR_GAIN * prev.worst_ratio():
                 pruned["latency floor"] += 1  # doubling again would not help (module docstring)
                 break
+            gain = o.worst_ratio() / prev.worst_ratio() if prev is not None and not o.overloaded else None
             prev = o
             r = min(2 * r, r_hi)
         if hi is None:
             continue
         while lo is not None and hi - lo > 1:  # bisection
             mid = (lo + hi) // 2
+            ahead(b, [m for m in ((mid + hi) // 2, (lo + mid) // 2) if lo < m < hi and m != mid], bases, best_cost)
             o = run([b.with_replicas(mid)])[b.with_replicas(mid)]
             if o.meets:
                 hi = mid
@@ -228,6 +262,11 @@ def _search(spec, trace, workload, ev) -> PlanResult:
         if ev.cost(down) >= best_cost:
             continue
         cand = [p for _, p in neighbours(down) if throughput_ok(p)]
+        if ev.pooled:  # the recommendation's sensitivity, should no knob change beat it (started on idle workers)
+            met_now = [o for o in ev.outcomes.values() if o.meets]
+            if met_now:
+                cur = min(met_now, key=lambda o: (o.cost, o.worst_ratio(), o.point)).point
+                ev.prefetch([p for _, p in neighbours(cur)])
         outs = run(cand)
         ok = [outs[p] for p in cand if outs[p].meets]
         if ok:
@@ -257,7 +296,7 @@ def _search(spec, trace, workload, ev) -> PlanResult:
     next_cheaper = max(cheaper, key=lambda o: (o.cost, o.point.structure == best.point.structure,
                                                -o.worst_ratio()), default=None)
     return PlanResult(spec, workload, best, order[1:4], next_cheaper, sensitivity, list(ev.outcomes.values()),
-                      pruned, ev.replayed, ev.resumed, state["exhausted"], rmin)
+                      pruned, ev.replayed, ev.resumed, state["exhausted"], rmin, ev.prefetched, ev.prefetch_used)
 
 
 def describe_miss(o, spec) -> str:

@@ -11,7 +11,8 @@ The test is on the queueing delay ``q_i`` (first admission − arrival, seconds)
 the arrival time ``a_i`` of every request:
 
 * ``queue_growth_s_per_s``: the least-squares slope of ``q`` on ``a`` (seconds of
-  queueing gained per second of traffic). A stable engine's queue delay is stationary
+  queueing gained per second of traffic; its sums exactly rounded, so the same in every
+  process whatever its BLAS threads). A stable engine's queue delay is stationary
   (slope ≈ 0); an engine at load ρ > 1 gains ``1 − 1/ρ`` s per s (a request arriving at
   time t waits for the work of ``ρ·t`` seconds, done in t).
 * ``queue_tail_mean_s``: the mean queueing delay of the last quarter of the arrivals.
@@ -23,6 +24,8 @@ drained within a second). A run with fewer than :data:`MIN_REQUESTS` requests is
 judged (None).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -62,8 +65,11 @@ def overload_metrics(arrival_s, queue_s) -> dict:
     order = np.argsort(a, kind="stable")
     a, q = a[order], q[order]
     da = a - a.mean()
-    var = float(np.dot(da, da))
-    slope = float(np.dot(da, q - q.mean()) / var) if var > 0 else 0.0
+    # exactly rounded sums (math.fsum), not np.dot: OpenBLAS splits a long dot product over its
+    # threads, so np.dot's last bits depend on OPENBLAS_NUM_THREADS (a Dask worker runs with 1, this
+    # process with the cores), and the same replay gave another slope on another executor
+    var = math.fsum((da * da).tolist())
+    slope = math.fsum((da * (q - q.mean())).tolist()) / var if var > 0 else 0.0
     tail = float(q[(3 * a.size) // 4:].mean())
     return {"overloaded": bool(slope > GROWTH_S_PER_S and tail > TAIL_QUEUE_S),
             "queue_growth_s_per_s": slope, "queue_tail_mean_s": tail}
