@@ -21,9 +21,11 @@ from radixkv.errors import ConfigError
 __all__ = ["replay", "summarize"]
 
 
-def _policy(policy, trace, pool_kw: dict):
+def _policy(policy, trace, pool_kw: dict, concurrent: bool = True):
     """(a fresh policy, its label, its PolicySpec or None for a given instance) from an
-    instance, a class, a spec text or a PolicySpec."""
+    instance, a class, a spec text or a PolicySpec; its kernels warmed
+    (:func:`radixkv.replay.run.warmup`), those of the concurrent replay only when
+    *concurrent* (a sequential replay compiles none of the batched and concurrent loops)."""
     from radixkv.policies.base import PrefixCache
     from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, parse_policy
 
@@ -47,7 +49,7 @@ def _policy(policy, trace, pool_kw: dict):
         raise TypeError(f"policy must be a PrefixCache, its class, a spec text or a PolicySpec, got {policy!r}")
     from radixkv.replay.run import warmup
 
-    warmup(spec)
+    warmup(spec, concurrent=concurrent, lean=trace.unit_tokens == 1)
     return build_policy(spec, PoolSpec(**given), unit_tokens=trace.unit_tokens), spec.label, spec
 
 
@@ -136,7 +138,8 @@ def replay(
     if mode not in ("sequential", "concurrent"):
         raise ConfigError(f"mode must be 'sequential' or 'concurrent', got {mode!r}", field="mode")
     pol, label, spec = _policy(policy, trace, {"capacity_tokens": capacity_tokens, "num_gpu_blocks": num_gpu_blocks,
-                                               "max_total_num_tokens": max_total_num_tokens})
+                                               "max_total_num_tokens": max_total_num_tokens},
+                                 concurrent=mode == "concurrent")
     if miss_causes and (mode != "sequential" or spec is None):
         raise ConfigError("miss_causes needs the sequential mode and the policy as a class, spec text or PolicySpec "
                           "(not a built instance)", field="miss_causes")

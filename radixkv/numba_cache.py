@@ -58,6 +58,7 @@ def keyed_cache_dir() -> str:
     nb = sys.modules.get("numba")
     if nb is not None:
         nb.config.CACHE_DIR = target
+    _install_when_numba_loads()
     return target
 
 
@@ -100,9 +101,11 @@ def without_compiling(fn, *args, **kwargs):
 
     listener = _Stop()
     event.register("numba:compile", listener)
+    _no_wait[0] += 1
     try:
         return fn(*args, **kwargs)
     finally:
+        _no_wait[0] -= 1
         event.unregister("numba:compile", listener)
 
 
@@ -181,3 +184,138 @@ class compile_notice:
             print(f"radixkv: compiled {self.n} kernels of {self.what} in {time.perf_counter() - self.t0:.1f} s",
                   file=sys.stderr, flush=True)
         return False
+
+
+# ---------------------------------------------------------------- one compile per kernel at a time
+
+#: seconds a process waits for another's compile of the same kernel before compiling it
+#: itself (a safety net: a compile takes seconds to a minute; a holder that dies frees its lock)
+LOCK_WAIT_S = 900.0
+
+_held: dict = {}  # lock path -> open file, in this process (re-entrant: a kernel compiled inside its own compile)
+_no_wait = [0]  # > 0 inside without_compiling: a kernel another process is compiling counts as cold
+
+
+def _lock_path(dispatcher) -> str | None:
+    """The lock file of *dispatcher*'s kernel under Numba's cache folder, or None when it is
+    not a radixkv kernel cached on disk (only those are locked)."""
+    fn = getattr(dispatcher, "py_func", None)
+    mod = getattr(fn, "__module__", None) or ""
+    if not mod.startswith("radixkv.") or type(getattr(dispatcher, "_cache", None)).__name__ == "NullCache":
+        return None
+    from numba.core import config
+
+    base = config.CACHE_DIR or os.environ.get("NUMBA_CACHE_DIR")
+    if not base:
+        return None
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{mod}.{fn.__qualname__}")
+    return os.path.join(base, "locks", name + ".lock")
+
+
+def _locked_compile(orig):
+    """Wrap ``Dispatcher.compile`` (*orig*) so that two processes on one Numba cache never
+    compile the same radixkv kernel at once: the second waits (under an exclusive
+    ``flock`` of the kernel's lock file) and then loads the first's result from the cache.
+
+    Why: a cold cache is paid by every process that needs a kernel at the same time — the
+    test suite's two pytest-xdist workers and the CLI processes its tests start,
+    ``warmup_many``'s children, a sweep's workers — each compiling the same kernels side by
+    side on the same cores. Waiting costs no more wall time than compiling, and the CPU
+    goes to other work. Deadlock-free: a process holds the locks of the kernels on its
+    compile stack (callers, then callees), and the call graph has no cycle; the wait is
+    bounded by :data:`LOCK_WAIT_S` all the same. Inside :func:`without_compiling` a kernel
+    being compiled elsewhere is not waited for (it counts as not cached)."""
+    import fcntl
+    import time
+
+    from numba.core import sigutils
+    from numba.core.compiler_lock import global_compiler_lock
+
+    def compile(self, sig):
+        path = _lock_path(self)
+        if path is None or path in _held:
+            return orig(self, sig)
+        args, _ = sigutils.normalize_signature(sig)
+        if tuple(args) in self.overloads:
+            return orig(self, sig)
+        with global_compiler_lock:  # Numba's own (re-entrant): one thread of this process compiles
+            if path in _held:
+                return orig(self, sig)
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                f = open(path, "a+b")
+            except OSError:
+                return orig(self, sig)
+            try:
+                t_end = time.monotonic() + LOCK_WAIT_S
+                while True:
+                    try:
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if _no_wait[0]:
+                            raise ColdCache() from None
+                        if time.monotonic() > t_end:
+                            return orig(self, sig)  # compile unlocked rather than wait longer
+                        time.sleep(0.05)
+                _held[path] = f
+                try:
+                    return orig(self, sig)  # loads from the cache what the other process compiled
+                finally:
+                    del _held[path]
+                    fcntl.flock(f, fcntl.LOCK_UN)
+            finally:
+                f.close()
+
+    compile.__wrapped__ = orig
+    return compile
+
+
+def install_compile_lock() -> None:
+    """Install :func:`_locked_compile` on Numba's CPU dispatcher (once; idempotent). Done
+    when radixkv is imported (:func:`keyed_cache_dir`: at once when Numba is loaded, else
+    as soon as it is); ``RADIXKV_COMPILE_LOCK=0`` leaves Numba as it is, and so does a
+    platform without ``fcntl`` (Windows)."""
+    if os.environ.get("RADIXKV_COMPILE_LOCK", "1").strip() == "0":
+        return
+    try:
+        import fcntl  # noqa: F401
+    except ImportError:
+        return
+    from numba.core.dispatcher import Dispatcher
+
+    if getattr(Dispatcher.compile, "__wrapped__", None) is None:
+        Dispatcher.compile = _locked_compile(Dispatcher.compile)
+
+
+class _PatchOnImport:
+    """A ``sys.meta_path`` finder that installs the compile lock right after
+    ``numba.core.dispatcher`` is executed (so importing radixkv does not import Numba)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "numba.core.dispatcher":
+            return None
+        import importlib.machinery
+
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            install_compile_lock()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _install_when_numba_loads() -> None:
+    """:func:`install_compile_lock` now when Numba's dispatcher is loaded, else when it is."""
+    if "numba.core.dispatcher" in sys.modules:
+        install_compile_lock()
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())

@@ -76,7 +76,7 @@ def test_bench_load(benchmark, trace_case):
 def test_bench_replay(benchmark, trace_case, policy):
     name, _, trace = trace_case
     spec = parse_policy(policy)
-    warmup(spec)
+    warmup(spec, concurrent=False)  # the sequential kernels: what run_replay and run_curve use
     _, s = benchmark.pedantic(run_replay, args=(trace, spec, PoolSpec(capacity_tokens=POOL[name])),
                               rounds=3, iterations=1, warmup_rounds=1)
     assert 0 <= s["hit_tokens"] <= s["prompt_tokens"]
@@ -88,7 +88,7 @@ def test_bench_replay(benchmark, trace_case, policy):
 def test_bench_curve(benchmark, trace_case, policy):
     name, _, trace = trace_case
     spec = parse_policy(policy)
-    warmup(spec)
+    warmup(spec, concurrent=False)  # the sequential kernels: what run_replay and run_curve use
     pts = benchmark.pedantic(run_curve, args=(trace, spec, CURVE[name]), rounds=3, iterations=1, warmup_rounds=1)
     rates = [p[1]["token_hit_rate"] for p in pts if isinstance(p, tuple)]  # a pool too small is skipped
     assert rates

@@ -85,7 +85,7 @@ def test_warmup_without_policies_warms_every_built_in_with_compiled_kernels(monk
     import radixkv.replay.run as run
 
     got = []
-    monkeypatch.setattr(run, "warmup_many", lambda specs: got.extend(specs) or 0.0)
+    monkeypatch.setattr(run, "warmup_many", lambda specs, **kw: got.extend(specs) or 0.0)
     assert main(["warmup"]) == 0
     names = {s.name for s in got}
     # the engines' models and the other compiled families; pure-Python policies have nothing to compile

@@ -152,7 +152,7 @@ def _run_concurrent(trace, spec, pool, args):
 
     if len(trace) == 0:
         raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
-    compile_s = warmup(spec) or compile_seconds(spec)
+    compile_s = warmup(spec, lean=trace.unit_tokens == 1) or compile_seconds(spec)
     _warn_if_nothing_to_prioritise(trace, args)
     policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **_verify_option(args))
     bar = None
@@ -301,7 +301,7 @@ def _explain(args, spec, pool) -> int:
         raise ConfigError("--explain with --replicas needs --mode concurrent (the sequential replicas' causes are "
                           "not modelled)", field="explain")
     trace = _served(_load(args)[0], spec, args)
-    warmup(spec)
+    warmup(spec, concurrent=False)
     ex = explain(trace, spec, pool, args.explain, limit=args.limit, **_verify_option(args))
     out = human(args.json)
     print(format_explain(ex), file=out)
@@ -339,7 +339,7 @@ def _explain_concurrent(args, spec, pool) -> int:
         if len(t) == 0:
             raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None,
                               field="limit")
-        warmup(spec)
+        warmup(spec, lean=t.unit_tokens == 1)
         agg = run_concurrent_from_args(t, build_policy(spec, pool, unit_tokens=t.unit_tokens, **_verify_option(args)),
                                        args, miss_spec=spec,
                                        recorder_factory=make)
@@ -423,7 +423,7 @@ def cmd_compare(args) -> int:
         for s, (pool, _) in zip(specs, pools):  # before any compile
             refuse_unfittable(trace, s, pool, limit=args.limit, max_model_len=_context(args))
     warmup_many(specs, work=None if concurrent else [(s, trace_tokens(trace, args.limit)) for s in specs],
-                concurrent=concurrent)
+                concurrent=concurrent, lean=trace.unit_tokens == 1)
     results = []
     tables: list = []
     remote = _executor(args) != "local"

@@ -624,6 +624,15 @@ class BlockHashCache(PrefixCache):
 
             warm_units(self.block_size)
 
+    def _warm_kernels_lean(self) -> None:
+        """The lean warm-up's part of :meth:`warm_kernels` (:func:`radixkv.replay.run.warmup`
+        with ``lean=True``): nothing for this class itself — on a token-id trace with the
+        default settings the compiled concurrent loop runs, which calls neither the batched
+        decode (the Python loop's) nor the unit-keyed pool (hash-id traces'); a subclass
+        runs on the Python loop, so it warms both as before."""
+        if type(self) is not BlockHashCache:
+            self.warm_kernels()
+
     def finish(self, rid: int) -> None:
         """Release *rid*'s blocks tail first (hashed ones stay cached, evictable).
 

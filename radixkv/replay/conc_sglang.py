@@ -229,11 +229,13 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
     return res
 
 
-def warm_for(policy) -> None:
+def warm_for(policy, lean: bool = False) -> None:
     """Warm the compiled loop for *policy* when it runs on it (a :class:`RadixCache` or
     :class:`~radixkv.policies.radix_priority.PriorityRadixCache` itself, not a subclass:
     :func:`applicable`); called by :func:`radixkv.replay.run.warmup` after the policy's
-    own :meth:`~radixkv.policies.base.PrefixCache.warm_kernels`."""
+    own :meth:`~radixkv.policies.base.PrefixCache.warm_kernels`. *lean* (as
+    :func:`radixkv.replay.conc_vllm_fast.warm_for`'s) changes nothing here: the loop is the
+    same on token-id and hash-id traces."""
     from radixkv.policies.radix import RadixCache
 
     if type(policy) is RadixCache:

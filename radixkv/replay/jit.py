@@ -158,7 +158,7 @@ def is_warm(spec) -> bool:
     try:
         without_compiling(_tiny_run, spec, False)
         warm = True
-        _WARM.add((spec, False))
+        _WARM.add((spec, 0))
     except ColdCache:
         warm = False
     finally:

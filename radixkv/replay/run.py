@@ -16,7 +16,8 @@ from radixkv.records import Records
 from radixkv.replay.sequential import replay_sequential
 from radixkv.trace.types import Trace
 
-#: (spec, concurrent) pairs warmed in this process (:func:`warmup`)
+#: (spec, scope) pairs warmed in this process (:func:`warmup`); scope 0: the sequential
+#: replay's kernels, 1: also the concurrent loop's on token-id traces (``lean``), 2: all
 _WARM: set = set()
 #: spec -> wall seconds its kernels took to compile or load in this process and not yet
 #: reported by a replay (a warm-up ahead of the replays: warmup_many)
@@ -36,10 +37,11 @@ def _tiny_trace() -> Trace:
     )
 
 
-def _tiny_run(spec: PolicySpec, concurrent: bool = True) -> None:
+def _tiny_run(spec: PolicySpec, concurrent: bool = True, lean: bool = False) -> None:
     """Run every kernel *spec*'s policy uses once, on the tiny trace (compiles them when
     they are compiled and not yet loaded); with *concurrent* False only those of the
-    sequential replay."""
+    sequential replay; with *lean* only those of the concurrent replay of a token-id trace
+    under the default settings (:func:`warmup`)."""
     from radixkv.errors import ConfigError
 
     # a small pool, so that the tiny trace evicts; a larger one when its requests do not fit
@@ -55,38 +57,52 @@ def _tiny_run(spec: PolicySpec, concurrent: bool = True) -> None:
         break
     if not concurrent:
         return
-    pol.warm_kernels()
+    if lean and hasattr(pol, "_warm_kernels_lean"):
+        pol._warm_kernels_lean()
+    else:
+        pol.warm_kernels()
     from radixkv.replay import conc_sglang, conc_vllm_fast
 
     for driver in (conc_vllm_fast, conc_sglang):  # the compiled concurrent loops
-        driver.warm_for(pol)
+        driver.warm_for(pol, lean=lean)
 
 
-def warmup(spec: PolicySpec, *, concurrent: bool = True) -> float:
+def warmup(spec: PolicySpec, *, concurrent: bool = True, lean: bool = False) -> float:
     """Compile (or load from Numba's cache) the kernels *spec*'s policy uses, and use the
     compiled kernels for its family from now on (:mod:`radixkv.replay.jit`;
     ``RADIXKV_JIT=interpret``: does nothing). *concurrent* False: only the sequential
     replay's kernels (a process that replays sequentially skips loading the batched and
     concurrent kernels from the cache: ~1–3 s of CPU per process on this machine).
+    *lean* (with *concurrent*): the concurrent replay's kernels only for a token-id trace
+    under the default settings — ``vllm``'s compiled loop on its per-block pool, not the
+    piece pool's loop and unit-keyed pool (hash-id traces) nor the batched decode (the
+    Python loop: priority scheduling, subclasses); about half of ``vllm:16``'s compile
+    (docs/performance.md, "Compile time"). A kernel left out compiles when first used.
 
     Returns the seconds it took (0 when already warm in this process).
     """
     if jit.mode() == "interpret":
         return 0.0
     jit.mark_compiled(spec)
-    if _is_warm(spec, concurrent):
+    scope = _scope(concurrent, lean)
+    if _is_warm(spec, scope):
         return 0.0
     from radixkv.numba_cache import compile_notice
 
     t0 = time.perf_counter()
     with compile_notice(spec.label):
-        _tiny_run(spec, concurrent)
-    _WARM.add((spec, concurrent))
+        _tiny_run(spec, concurrent, lean)
+    _WARM.add((spec, scope))
     return time.perf_counter() - t0
 
 
-def _is_warm(spec: PolicySpec, concurrent: bool) -> bool:
-    return (spec, True) in _WARM or (spec, concurrent) in _WARM
+def _scope(concurrent: bool, lean: bool = False) -> int:
+    """The warm-up scope of :data:`_WARM`: 0 sequential, 1 lean concurrent, 2 all."""
+    return 0 if not concurrent else 1 if lean else 2
+
+
+def _is_warm(spec: PolicySpec, scope: int) -> bool:
+    return any((spec, k) in _WARM for k in range(scope, 3))
 
 
 def compile_seconds(spec: PolicySpec) -> float:
@@ -96,7 +112,7 @@ def compile_seconds(spec: PolicySpec) -> float:
     return _UNREPORTED.pop(spec, 0.0)
 
 
-def warmup_many(specs, work=None, *, concurrent: bool = True) -> float:
+def warmup_many(specs, work=None, *, concurrent: bool = True, lean: bool = False) -> float:
     """Compile the kernels of several policies, different kernel families in parallel.
 
     Numba compiles one function at a time, and a cold cache costs tens of seconds per
@@ -115,6 +131,8 @@ def warmup_many(specs, work=None, *, concurrent: bool = True) -> float:
         work, under ``RADIXKV_JIT=auto``) are not compiled.
     concurrent : bool
         As :func:`warmup`'s (False: the sequential replay's kernels only).
+    lean : bool
+        As :func:`warmup`'s (the concurrent loop's kernels for token-id traces only).
 
     Returns the wall seconds spent.
     """
@@ -123,7 +141,8 @@ def warmup_many(specs, work=None, *, concurrent: bool = True) -> float:
 
     t0 = time.perf_counter()
     specs = list(specs)
-    cold_at_entry = {s for s in specs if not _is_warm(s, concurrent)}
+    scope = _scope(concurrent, lean)
+    cold_at_entry = {s for s in specs if not _is_warm(s, scope)}
     if work is not None:
         jit.plan(work)
     if jit.mode() == "interpret":
@@ -132,7 +151,7 @@ def warmup_many(specs, work=None, *, concurrent: bool = True) -> float:
     cold = {}  # one spec per kernel family (the class's ``kernel_family``), in order of first use
     for s in specs:
         fam = s.build_class.kernel_family
-        if not _is_warm(s, concurrent) and fam is not None:
+        if not _is_warm(s, scope) and fam is not None:
             cold.setdefault(fam, s)
     fams = list(cold.values())
     if len(fams) >= 2 and not concurrent:  # children pay off only for families that must compile
@@ -140,12 +159,13 @@ def warmup_many(specs, work=None, *, concurrent: bool = True) -> float:
     procs = []
     if len(fams) >= 2:
         code = ("import sys; from radixkv.policies.registry import parse_policy; "
-                "from radixkv.replay.run import warmup; warmup(parse_policy(sys.argv[1]), concurrent=sys.argv[2] == '1')")
-        procs = [subprocess.Popen([sys.executable, "-c", code, s.ref_text, str(int(concurrent))], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL) for s in fams[1:]]
+                "from radixkv.replay.run import warmup; "
+                "warmup(parse_policy(sys.argv[1]), concurrent=sys.argv[2] == '1', lean=sys.argv[3] == '1')")
+        procs = [subprocess.Popen([sys.executable, "-c", code, s.ref_text, str(int(concurrent)), str(int(lean))],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for s in fams[1:]]
     try:
         if fams:
-            warmup(fams[0], concurrent=concurrent)
+            warmup(fams[0], concurrent=concurrent, lean=lean)
         if procs and any(pr.poll() is None for pr in procs):
             print(f"radixkv: waiting for the kernels of {', '.join(s.label for s in fams[1:])}, compiling in "
                   f"{len(procs)} child process(es) ...", file=sys.stderr, flush=True)
@@ -156,7 +176,7 @@ def warmup_many(specs, work=None, *, concurrent: bool = True) -> float:
             if pr.poll() is None:
                 pr.kill()
     for s in specs:
-        warmup(s, concurrent=concurrent)
+        warmup(s, concurrent=concurrent, lean=lean)
         if s in cold_at_entry:  # wall seconds until its kernels were ready (children waited for)
             _UNREPORTED.setdefault(s, time.perf_counter() - t0)
     return time.perf_counter() - t0

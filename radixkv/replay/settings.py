@@ -243,7 +243,7 @@ def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None)
     t = trace.head(args.limit)
     if len(t) == 0:
         raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
-    compile_s = warmup(spec)
+    compile_s = warmup(spec, lean=t.unit_tokens == 1)
     cost = cost_model_from_args(args)
     pols = [policy_from_args(build_policy(spec, pool, unit_tokens=t.unit_tokens), args) for _ in range(args.replicas)]
     arr = arrival_times(t, arrival=getattr(args, "arrival", "trace"), time_scale=float(getattr(args, "time_scale", 1.0)),

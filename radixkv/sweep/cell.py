@@ -171,7 +171,7 @@ def replay_cell(trace, settings: dict) -> dict:
             res, _, compile_s, elapsed = run_routed_concurrent_result(tr, spec, pool, ns)
             agg = res.aggregate
         else:
-            compile_s = warmup(spec)
+            compile_s = warmup(spec, lean=tr.unit_tokens == 1)
             policy = build_policy(spec, pool, unit_tokens=tr.unit_tokens)
             t0 = time.perf_counter()
             res = agg = run_concurrent_from_args(tr, policy, ns)

@@ -1,0 +1,83 @@
+"""Two processes on one Numba cache never compile the same radixkv kernel at once
+(radixkv.numba_cache.install_compile_lock): the second waits for the first's compile and
+loads it from the cache instead of compiling it again."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytest.importorskip("fcntl")
+
+# holds the kernel's lock (as a process compiling it would), then, told to, compiles the
+# kernel with the lock left off in itself (Numba saves it to the cache) and lets go
+_HOLDER = """
+import fcntl, os, sys
+import radixkv.numba_cache as NC
+from radixkv.trace import _jsonl_fast as J
+path = NC._lock_path(J._parse_uints)
+os.makedirs(os.path.dirname(path), exist_ok=True)
+f = open(path, "a+b")
+fcntl.flock(f, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.readline()
+J.warmup()
+print("compiled", flush=True)
+fcntl.flock(f, fcntl.LOCK_UN)
+"""
+
+# compiles (or loads) the same kernel and says whether Numba compiled it here
+_WAITER = """
+import time
+from numba.core import event
+from radixkv.trace import _jsonl_fast as J
+compiled = []
+class L(event.Listener):
+    def on_start(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__name__)
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", L())
+print("ready", flush=True)
+J.warmup()
+print("compiled here:", sorted(set(compiled) & {"_parse_uints"}), flush=True)
+"""
+
+
+def _env(tmp_path, **extra):
+    return dict(os.environ, PYTHONPATH=str(REPO), NUMBA_CACHE_DIR=str(tmp_path / "nc"), RADIXKV_JIT="compile",
+                **extra)
+
+
+def test_a_kernel_compiling_in_another_process_is_waited_for_and_loaded(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER], env=_env(tmp_path, RADIXKV_COMPILE_LOCK="0"),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        waiter = subprocess.Popen([sys.executable, "-c", _WAITER], env=_env(tmp_path), stdout=subprocess.PIPE,
+                                  text=True)
+        assert waiter.stdout.readline().strip() == "ready"  # Numba imported, the kernel called next
+        time.sleep(1.0)
+        assert waiter.poll() is None  # waiting for the lock (without it: compiling, seen below)
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "compiled"
+        out, _ = waiter.communicate(timeout=300)
+        assert waiter.returncode == 0
+        assert out.strip() == "compiled here: []"  # loaded from the cache the holder filled (after "ready")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_without_the_lock_the_waiting_process_compiles_itself(tmp_path):
+    # the check above can fail: with RADIXKV_COMPILE_LOCK=0 the second process compiles
+    out = subprocess.run([sys.executable, "-c", _WAITER], env=_env(tmp_path, RADIXKV_COMPILE_LOCK="0"),
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    assert out.strip().splitlines() == ["ready", "compiled here: ['_parse_uints']"]

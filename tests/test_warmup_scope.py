@@ -1,0 +1,77 @@
+"""What a warm-up compiles (radixkv.replay.run.warmup): the lean scope of ``radixkv warmup``
+(token-id traces, default settings) leaves out vLLM's piece-pool loop, unit-keyed pool and
+batched decode; ``--full`` and a plain ``warmup(spec)`` keep them. Checked on the calls the
+tiny warm-up run makes (the kernels themselves are not run here)."""
+from __future__ import annotations
+
+import pytest
+
+import radixkv.replay.run as run
+from radixkv.policies import block_hash as BH
+from radixkv.policies.registry import parse_policy
+from radixkv.replay import conc_sglang, conc_vllm_fast
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    got = []
+    monkeypatch.setattr(conc_vllm_fast, "warm", lambda *a, **k: got.append(("vllm loop", a, k)))
+    monkeypatch.setattr(conc_sglang, "warm", lambda *a, **k: got.append(("sglang loop", a, k)))
+    monkeypatch.setattr(BH.BlockHashCache, "warm_kernels", lambda self: got.append(("warm_kernels", type(self).__name__)))
+    monkeypatch.setattr(run, "replay_sequential", lambda *a, **k: None)
+    return got
+
+
+def test_lean_scope_skips_the_piece_pool_and_the_python_loop_kernels(calls):
+    run._tiny_run(parse_policy("vllm:16"), True, True)
+    assert calls == [("vllm loop", (16,), {"pieces": False})]
+
+
+def test_full_scope_warms_everything(calls):
+    run._tiny_run(parse_policy("vllm:16"), True, False)
+    assert calls == [("warm_kernels", "BlockHashCache"), ("vllm loop", (16,), {"pieces": True})]
+
+
+def test_sglang_loop_is_warmed_in_either_scope(calls):
+    for lean in (True, False):
+        run._tiny_run(parse_policy("sglang:1"), True, lean)
+    assert calls == [("sglang loop", (1,), {})] * 2
+
+
+def test_sequential_scope_warms_no_loop(calls):
+    run._tiny_run(parse_policy("vllm:16"), False, False)
+    assert calls == []
+
+
+def test_scopes_nest(monkeypatch):
+    monkeypatch.setattr(run, "_WARM", set())
+    spec = parse_policy("vllm:16")
+    run._WARM.add((spec, run._scope(True, lean=True)))
+    assert run._is_warm(spec, run._scope(False)) and run._is_warm(spec, run._scope(True, True))
+    assert not run._is_warm(spec, run._scope(True, False))
+    run._WARM.add((spec, run._scope(True, False)))
+    assert run._is_warm(spec, run._scope(True, False))
+
+
+def test_warmup_many_passes_the_scope_to_the_compile_children(monkeypatch):
+    seen, argv = [], []
+    monkeypatch.setattr(run, "warmup", lambda s, **k: seen.append((s.label, k)) or 0.0)
+    monkeypatch.setattr(run, "_WARM", set())
+
+    class _P:
+        def __init__(self, args, **kw):
+            argv.append(args[-3:])
+
+        def poll(self):
+            return 0
+
+        def wait(self):
+            return 0
+
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "Popen", _P)
+    monkeypatch.setattr(run.jit, "mode", lambda: "compile")
+    run.warmup_many([parse_policy("vllm:16"), parse_policy("sglang:1")], lean=True)
+    assert argv == [["sglang:1", "1", "1"]]  # spec, concurrent, lean
+    assert all(k == {"concurrent": True, "lean": True} for _, k in seen) and seen[0][0] == "vllm:16"
