@@ -1,6 +1,6 @@
 """Reproduce every result of the paper, then render paper/paper.md.
 
-    python -m experiments            # full sizes: results in experiments/results/, ~25 min on 2 idle cores
+    python -m experiments            # full sizes: results in experiments/results/ (~10 min with --parallel 2)
     python -m experiments --quick    # reduced sizes: experiments/results/quick/, < 10 min
     python -m experiments --only fig_capacity,tab_memory   # a subset
     python -m experiments --parallel 2   # two scripts at a time, longest first (one per core)
@@ -24,28 +24,28 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
-#: (script, what it makes, expected minutes full / quick on 2 idle cores)
+#: (script, what it makes, expected minutes full (measured, one core each) / quick on 2 idle cores)
 SCRIPTS = [
-    ("tab_fidelity", "fidelity.json: every golden run of the real engines replayed, mismatching requests", 0.3, 0.3),
+    ("tab_fidelity", "fidelity.json: every golden run of the real engines replayed, mismatching requests", 0.1, 0.3),
     ("tab_memory", "memory.json: KV bytes/token and per request, TP, fp8 pools, gpu_memory_utilization pools, prefill cost (C4, C11, C12, C15, C16, C17)", 0.1, 0.1),
-    ("tab_clock", "clock.{json,md,png}: the step-time models (roofline, fitted, profiled) against Vidur's measured GPU operator timings on held-out models, per GPU and regime (issue 35)", 0.3, 0.3),
+    ("tab_clock", "clock.{json,md,png}: the step-time models (roofline, fitted, profiled) against Vidur's measured GPU operator timings on held-out models, per GPU and regime (issue 35)", 0.1, 0.3),
     ("tab_memory_calibration", "memory_calibration.json: the memory model against published vLLM/SGLang start-up logs (error table), KV bytes per token and per request for MHA/GQA/MLA (C12, C16)", 0.1, 0.1),
-    ("tab_e2e_clock", "e2e_clock.json: the concurrent replay's clock against 10 published vLLM benchmark_serving runs (TTFT, TPOT, throughput error per run and median/p90; roofline and a per-step-overhead what-if)", 0.5, 0.5),
-    ("fig_mooncake_curve", "mooncake_curve.{json,png}: Mooncake FAST'25 Fig. 9, both hit-rate definitions, read-off bands, 41 %-of-max check", 2, 0.3),
-    ("fig_mooncake_kvsim", "mooncake_kvsim.{json,png}: Fig. 9 point by point against the Mooncake team's kvcache-simulator, whole trace vs last 50 % of requests, the gap's hypotheses tested (needs kvcache-simulator==0.1.3; skipped without it)", 0.2, 0.1),
-    ("fig_capacity", "capacity.json, capacity_curves.png, hit_lengths.png, alignment.png: hit rate vs capacity per policy on each public trace; fp8 vs bf16 pools (C5, C13, C17)", 8, 1),
-    ("tab_workloads", "workloads.{json,png}: hit-rate spread, concentration, cross-session share on real traces; 5-seed synthetic ablations (C3, C5, C7, C10, C13, C18)", 5, 2),
-    ("tab_traces", "traces.json: the public traces' artifacts: WEKA ids per file (no cross-file sharing), requests beyond Llama-3.1-8B's context per engine rule, RAGPulse hit rate under each component order (paper §3)", 0.5, 0.3),
-    ("tab_misses", "misses.json: why prompt tokens miss (compulsory / capacity / alignment / last-token cap) per trace, policy and pool (C3, C6, C10, C13)", 4, 0.5),
-    ("tab_fragmentation", "fragmentation.{json,png}: cached tokens, fragmentation over a pool sweep, whole-leaf vs granularity ablation (C6)", 4, 1),
-    ("fig_concurrent", "concurrent.json, concurrent_pressure.png, pool_split.png: cache on/off/static × memory pressure × load, MFU/MBU, max_num_batched_tokens (C1, C2, C4, C8, C9, C14)", 2, 1),
-    ("fig_concurrency_wide", "concurrency_wide.{json,png}: cache on vs off on the fitted clock, offered load 0.25-1.5 x saturation, Mooncake/WEKA/RAGPulse (+ Azure zero-hit control), Llama-3.1-8B and 70B (TP 4) on A100 and H100, both engines, 5 disjoint slices with 95 % t-intervals (issue 29)", 11, 0.5),
-    ("fig_routing", "routing.{json,png}: replicas behind a router vs a global pool, Mooncake Fig. 10 Conversation bars, hit rate vs replicas on Mooncake and WEKA", 2, 0.5),
-    ("fig_hicache", "hicache.{json,png}: SGLang HiCache hit rate (GPU + host) vs host pool 0-50 M tokens at a 1 M-token GPU pool, three write policies, beside one GPU pool of the same total (issue 18)", 3, 0.5),
-    ("fig_routing_concurrent", "routing_concurrent.{json,png}: routers x 2-8 replicas in the concurrent replay, Mooncake at time scale 10: hit rate, TTFT, throughput, load imbalance", 10, 1),
-    ("hybrid_weka", "hybrid_weka.json: a sliding-window hybrid model (vllm-hybrid) on every WEKA file beside full attention at equal GPU memory (docs/hybrid-models.md)", 10, 1),
-    ("hybrid_ssm_weka", "hybrid_ssm_weka.json: a Mamba/attention hybrid (vllm-hybrid, mamba cache modes) on WEKA (docs/hybrid-models.md)", 2, 0.5),
-    ("hybrid_weka_sglang", "hybrid_weka_sglang.json: SGLang's SWA and Mamba hybrids (sglang-hybrid) on WEKA at equal GPU memory under SGLang's memory rule (docs/hybrid-models.md)", 3, 0.5),
+    ("tab_e2e_clock", "e2e_clock.json: the concurrent replay's clock against 10 published vLLM benchmark_serving runs (TTFT, TPOT, throughput error per run and median/p90; roofline and a per-step-overhead what-if)", 0.1, 0.5),
+    ("fig_mooncake_curve", "mooncake_curve.{json,png}: Mooncake FAST'25 Fig. 9, both hit-rate definitions, read-off bands, 41 %-of-max check", 0.1, 0.3),
+    ("fig_mooncake_kvsim", "mooncake_kvsim.{json,png}: Fig. 9 point by point against the Mooncake team's kvcache-simulator, whole trace vs last 50 % of requests, the gap's hypotheses tested (needs kvcache-simulator==0.1.3; skipped without it)", 0.1, 0.1),
+    ("fig_capacity", "capacity.json, capacity_curves.png, hit_lengths.png, alignment.png: hit rate vs capacity per policy on each public trace; fp8 vs bf16 pools (C5, C13, C17)", 0.3, 1),
+    ("tab_workloads", "workloads.{json,png}: hit-rate spread, concentration, cross-session share on real traces; 5-seed synthetic ablations (C3, C5, C7, C10, C13, C18)", 1.2, 2),
+    ("tab_traces", "traces.json: the public traces' artifacts: WEKA ids per file (no cross-file sharing), requests beyond Llama-3.1-8B's context per engine rule, RAGPulse hit rate under each component order (paper §3)", 0.2, 0.3),
+    ("tab_misses", "misses.json: why prompt tokens miss (compulsory / capacity / alignment / last-token cap) per trace, policy and pool (C3, C6, C10, C13)", 0.1, 0.5),
+    ("tab_fragmentation", "fragmentation.{json,png}: cached tokens, fragmentation over a pool sweep, whole-leaf vs granularity ablation (C6)", 0.3, 1),
+    ("fig_concurrent", "concurrent.json, concurrent_pressure.png, pool_split.png: cache on/off/static × memory pressure × load, MFU/MBU, max_num_batched_tokens (C1, C2, C4, C8, C9, C14)", 0.6, 1),
+    ("fig_concurrency_wide", "concurrency_wide.{json,png}: cache on vs off on the fitted clock, offered load 0.25-1.5 x saturation, Mooncake/WEKA/RAGPulse (+ Azure zero-hit control), Llama-3.1-8B and 70B (TP 4) on A100 and H100, both engines, 5 disjoint slices with 95 % t-intervals (issue 29)", 9.4, 0.5),
+    ("fig_routing", "routing.{json,png}: replicas behind a router vs a global pool, Mooncake Fig. 10 Conversation bars, hit rate vs replicas on Mooncake and WEKA", 0.5, 0.5),
+    ("fig_hicache", "hicache.{json,png}: SGLang HiCache hit rate (GPU + host) vs host pool 0-50 M tokens at a 1 M-token GPU pool, three write policies, beside one GPU pool of the same total (issue 18)", 1.8, 0.5),
+    ("fig_routing_concurrent", "routing_concurrent.{json,png}: routers x 2-8 replicas in the concurrent replay, Mooncake at time scale 10: hit rate, TTFT, throughput, load imbalance", 2.4, 1),
+    ("hybrid_weka", "hybrid_weka.json: a sliding-window hybrid model (vllm-hybrid) on every WEKA file beside full attention at equal GPU memory (docs/hybrid-models.md)", 0.4, 1),
+    ("hybrid_ssm_weka", "hybrid_ssm_weka.json: a Mamba/attention hybrid (vllm-hybrid, mamba cache modes) on WEKA (docs/hybrid-models.md)", 1.2, 0.5),
+    ("hybrid_weka_sglang", "hybrid_weka_sglang.json: SGLang's SWA and Mamba hybrids (sglang-hybrid) on WEKA at equal GPU memory under SGLang's memory rule (docs/hybrid-models.md)", 0.3, 0.5),
 ]
 
 
