@@ -1,15 +1,15 @@
 """GPU-memory model: how many bytes of KV cache a token takes and how large a KV pool
 vLLM and SGLang build on a given model, GPU and tensor-parallel size.
 
-* :mod:`radixkv.memory.specs`     ``ModelSpec``, ``GPUSpec``, KV bytes per token
-* :mod:`radixkv.memory.hf_config` ``ModelSpec`` from a Hugging Face ``config.json``
+* :mod:`radixkv.memory.hf_config` a Hugging Face ``config.json`` read into ``ModelSpec``'s fields
+* :mod:`radixkv.memory.specs`     ``ModelSpec`` (``from_hf_config``), ``GPUSpec``, KV bytes per token
 * :mod:`radixkv.memory.presets`   the preset models and GPUs, lookup by name
 * :mod:`radixkv.memory.pool`      the engines' pool-size rules, ``PoolSize``, ``pool_for``
 * :mod:`radixkv.memory.hybrid`    vLLM's KV cache groups of a hybrid model, block ids per budget
 * :mod:`radixkv.memory.startup_log` the pool an engine logged at start-up (``--pool-from-log``)
 * :mod:`radixkv.memory.calibration` radixkv's model against published start-up logs
 """
-from radixkv.memory.hf_config import estimate_num_params, load_hf_config
+from radixkv.memory.hf_config import estimate_num_params
 from radixkv.memory.pool import (
     AccountingRow,
     PoolSize,
@@ -24,7 +24,7 @@ from radixkv.memory.pool import (
 )
 from radixkv.memory.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
 from radixkv.memory.startup_log import LoggedPool, parse_startup_log, read_startup_log
-from radixkv.memory.specs import DTYPE_BYTES, GPUSpec, ModelSpec, dtype_bytes
+from radixkv.memory.specs import DTYPE_BYTES, GPUSpec, ModelSpec, dtype_bytes, load_hf_config
 
 __all__ = [
     "AccountingRow", "DTYPE_BYTES", "LoggedPool", "parse_startup_log", "read_startup_log", "GPUSpec", "GPU_PRESETS", "MODEL_PRESETS", "ModelSpec",

@@ -1,4 +1,10 @@
-"""Build a :class:`~radixkv.memory.specs.ModelSpec` from a Hugging Face ``config.json``.
+"""Read a Hugging Face ``config.json`` into the fields of a :class:`~radixkv.memory.specs.ModelSpec`.
+
+:func:`read_hf_config` returns the fields as keywords;
+:meth:`ModelSpec.from_hf_config <radixkv.memory.specs.ModelSpec.from_hf_config>` (and
+:func:`radixkv.memory.specs.load_hf_config`, its function form) builds the spec from them.
+This module imports nothing of :mod:`radixkv.memory`, so :mod:`radixkv.memory.specs` can
+import it (the layer kinds, :data:`LAYER_KINDS`, are Hugging Face's spelling and live here).
 
 Fields read (Hugging Face ``LlamaConfig`` / ``MistralConfig`` / ``Qwen2Config`` /
 DeepSeek-V3's ``DeepseekV3Config``):
@@ -46,7 +52,10 @@ import json
 from pathlib import Path
 
 from radixkv.errors import InputError
-from radixkv.memory.specs import ModelSpec
+
+#: the per-layer attention kinds a :class:`~radixkv.memory.specs.ModelSpec` knows, in Hugging
+#: Face's ``layer_types`` spelling (``Gemma3TextConfig``, ``GptOssConfig``, ``Qwen3NextConfig``)
+LAYER_KINDS = ("full_attention", "sliding_attention", "linear_attention")
 
 
 def _get_int(cfg: dict, field: str, path, default=None, *, required=True, allow_zero=False):
@@ -152,9 +161,8 @@ def _dtype_name(cfg: dict, path) -> str:
 
 
 def _layer_types(cfg: dict, path, n_layers: int):
-    """Per-layer kinds (tuple) or None (all full), and the SSM spec (or None)."""
-    from radixkv.memory.specs import LAYER_KINDS, SSMSpec
-
+    """Per-layer kinds (tuple) or None (all full), and the keywords of the
+    :class:`~radixkv.memory.specs.SSMSpec` (a dict) or None."""
     lt = cfg.get("layer_types")
     mt = str(cfg.get("model_type", ""))
     if lt is not None:
@@ -180,7 +188,7 @@ def _layer_types(cfg: dict, path, n_layers: int):
         return None, None
     ssm = None
     if "linear_attention" in kinds:
-        ssm = SSMSpec(
+        ssm = dict(
             conv_kernel=_get_int(cfg, "linear_conv_kernel_dim", path),
             num_k_heads=_get_int(cfg, "linear_num_key_heads", path),
             num_v_heads=_get_int(cfg, "linear_num_value_heads", path),
@@ -190,8 +198,10 @@ def _layer_types(cfg: dict, path, n_layers: int):
     return kinds, ssm
 
 
-def load_hf_config(path, *, name: str | None = None, num_params: int | None = None) -> ModelSpec:
-    """Read a Hugging Face ``config.json`` into a :class:`ModelSpec`.
+def read_hf_config(path, *, name: str | None = None, num_params: int | None = None) -> dict:
+    """Read a Hugging Face ``config.json`` into the keywords of a
+    :class:`~radixkv.memory.specs.ModelSpec` (:meth:`ModelSpec.from_hf_config
+    <radixkv.memory.specs.ModelSpec.from_hf_config>` builds the spec from them).
 
     Parameters
     ----------
@@ -205,7 +215,10 @@ def load_hf_config(path, *, name: str | None = None, num_params: int | None = No
 
     Returns
     -------
-    ModelSpec
+    dict
+        ``ModelSpec``'s fields by name (``name``, ``num_layers``, … ``q_lora_rank``);
+        ``ssm`` is the keywords of its :class:`~radixkv.memory.specs.SSMSpec` (a dict) or
+        None.
 
     Raises
     ------
@@ -265,7 +278,7 @@ def load_hf_config(path, *, name: str | None = None, num_params: int | None = No
         nm = cfg.get("_name_or_path")
         name = nm.rstrip("/").split("/")[-1] if isinstance(nm, str) and nm else (
             p.parent.name or p.stem)
-    return ModelSpec(
+    return dict(
         name=name,
         num_layers=_get_int(cfg, "num_hidden_layers", p),
         num_attention_heads=H,

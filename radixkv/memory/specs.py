@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from radixkv.errors import ConfigError, InputError
+from radixkv.memory.hf_config import LAYER_KINDS, read_hf_config
 
 #: bytes per element of the dtype names vLLM (``--kv-cache-dtype``, ``--dtype``),
 #: SGLang and Hugging Face ``torch_dtype`` use. fp8 variants store one byte per element
@@ -80,11 +81,6 @@ def dtype_bytes(name: str, *, field: str = "dtype") -> int:
             f"unknown dtype {name!r}; known: {', '.join(sorted(DTYPE_BYTES))}", field=field
         )
     return DTYPE_BYTES[key]
-
-
-#: the per-layer attention kinds a :class:`ModelSpec` knows, in Hugging Face's
-#: ``layer_types`` spelling (``Gemma3TextConfig``, ``GptOssConfig``, ``Qwen3NextConfig``)
-LAYER_KINDS = ("full_attention", "sliding_attention", "linear_attention")
 
 
 @dataclass(frozen=True)
@@ -455,10 +451,32 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, path, *, name: str | None = None,
                        num_params: int | None = None) -> "ModelSpec":
-        """Read a Hugging Face ``config.json``; see :func:`radixkv.memory.hf_config.load_hf_config`."""
-        from radixkv.memory.hf_config import load_hf_config
+        """Read a Hugging Face ``config.json`` into a :class:`ModelSpec` (the fields read:
+        :mod:`radixkv.memory.hf_config`).
 
-        return load_hf_config(path, name=name, num_params=num_params)
+        Parameters
+        ----------
+        path : str or Path
+            The ``config.json`` file (or a directory holding one).
+        name : str, optional
+            Display name; default: the ``_name_or_path`` field, else the file's parent
+            directory name.
+        num_params : int, optional
+            Parameter count; default: :func:`radixkv.memory.hf_config.estimate_num_params`.
+
+        Returns
+        -------
+        ModelSpec
+
+        Raises
+        ------
+        InputError
+            The file is missing or not a JSON object (with the JSON error's line), or a
+            field is missing or malformed (naming the file and field).
+        """
+        fields = read_hf_config(path, name=name, num_params=num_params)
+        ssm = fields.pop("ssm")
+        return cls(**fields, ssm=None if ssm is None else SSMSpec(**ssm))
 
 
 @dataclass(frozen=True)
@@ -499,3 +517,8 @@ class GPUSpec:
     def total_mib(self) -> float:
         """``total_bytes`` in MiB (the unit nvidia-smi and SGLang use)."""
         return self.total_bytes / 2**20
+
+
+def load_hf_config(path, *, name: str | None = None, num_params: int | None = None) -> ModelSpec:
+    """:meth:`ModelSpec.from_hf_config` as a function (``radixkv.memory.load_hf_config``)."""
+    return ModelSpec.from_hf_config(path, name=name, num_params=num_params)
