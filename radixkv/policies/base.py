@@ -312,7 +312,8 @@ class PrefixCache(ABC):
         """The value of ``NAME:SIZE@TEXT`` for the constructor keyword ``option_name``.
 
         Default: the text itself. Raises :class:`~radixkv.errors.ConfigError` when the
-        policy takes no option or the text is not a valid value.
+        policy takes no option or the text is not a valid value. (``vllm``'s and
+        ``sglang``'s eviction options: :func:`radixkv.policies.eviction.parse_option`.)
         """
         from radixkv.errors import ConfigError
 
@@ -325,8 +326,11 @@ class PrefixCache(ABC):
         """The class to build for an option value and the constructor keywords it sets.
 
         Default: ``(cls, {option_name: value})``, or ``(cls, {})`` when *value* is None.
-        A class may answer with a subclass (``sglang:1@lfu`` builds
-        :class:`~radixkv.policies.radix_priority.PriorityRadixCache`).
+        A class may answer with a subclass. (The eviction options of ``vllm`` and
+        ``sglang`` — ``sglang:1@lfu`` builds
+        :class:`~radixkv.policies.radix_priority.PriorityRadixCache` — are answered by
+        :mod:`radixkv.policies.eviction`, above the subclass's module; the registry asks
+        it first.)
         """
         return cls, ({} if value is None or cls.option_name is None else {cls.option_name: value})
 

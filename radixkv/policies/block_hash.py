@@ -49,8 +49,6 @@ Choices where the engine leaves the simulator a choice (stated, not hidden):
 """
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from radixkv.errors import ConfigError
@@ -156,7 +154,10 @@ class BlockHashCache(PrefixCache):
     admission_rule = "vllm"
     engine = "vllm"
     kernel_family = "hash"
-    option_name = "eviction_policy"  # vllm:16@lfu, through the block-pool eviction hook
+    #: vllm:16@lfu, through the block-pool eviction hook: :mod:`radixkv.policies.eviction`
+    #: parses it and builds :class:`~radixkv.policies.block_priority.PriorityBlockHashCache`
+    #: for an order other than ``lru`` (that module imports this one)
+    option_name = "eviction_policy"
 
     def __init__(self, num_gpu_blocks: int, block_size: int = 16, *, verify: bool = False,
                  _key_bits: int = 64):
@@ -222,36 +223,6 @@ class BlockHashCache(PrefixCache):
         if pool.num_gpu_blocks is None:
             return None
         return cls(int(pool.num_gpu_blocks), cls.default_size if size is None else int(size), **kw)
-
-    @classmethod
-    def parse_option(cls, text: str) -> str:
-        """A block eviction policy name of
-        :data:`radixkv.policies.block_priority.BLOCK_EVICTION_POLICIES`."""
-        from radixkv.policies.block_priority import BLOCK_EVICTION_POLICIES
-
-        ev = text.strip().lower()
-        if ev not in BLOCK_EVICTION_POLICIES:
-            raise ConfigError(f"policy {cls.name!r}: unknown eviction policy {text!r}; known: "
-                              f"{', '.join(BLOCK_EVICTION_POLICIES)}", field="policy")
-        return ev
-
-    @classmethod
-    def class_for_option(cls, value):
-        """``lru`` (or none): this class (vLLM's free queue); another eviction policy:
-        :class:`~radixkv.policies.block_priority.PriorityBlockHashCache` with it. (That
-        module compiles its priority functions on import, ~1 s of cache loads: it is
-        imported only when asked for, or already is when *cls* is one of its classes.)"""
-        prio = sys.modules.get("radixkv.policies.block_priority")
-        if prio is not None and issubclass(cls, prio.PriorityBlockHashCache):
-            return cls, ({} if value is None else {"eviction_policy": value})
-        if value in (None, "lru"):
-            return cls, {}
-        from radixkv.policies.block_priority import PriorityBlockHashCache
-
-        if cls is not BlockHashCache:
-            raise ConfigError(f"{cls.__name__} has no eviction hook for {value!r}: subclass PriorityBlockHashCache",
-                              field="policy")
-        return PriorityBlockHashCache, {"eviction_policy": value}
 
     # ------------------------------------------------------------------ per-block arrays
     def _pool_arrays(self):

@@ -104,8 +104,6 @@ Choices (docs/SEMANTICS.md "Choices the golden replays make")
 """
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from radixkv.errors import ConfigError
@@ -216,7 +214,10 @@ class RadixCache(PrefixCache):
     batch_visibility = True
     engine = "sglang"
     kernel_family = "radix"
-    option_name = "eviction_policy"  # sglang:1@lfu (SGLang --radix-eviction-policy)
+    #: sglang:1@lfu (SGLang --radix-eviction-policy): :mod:`radixkv.policies.eviction` parses
+    #: it and builds :class:`~radixkv.policies.radix_priority.PriorityRadixCache` for an order
+    #: other than ``lru`` (that module imports this one, so this class cannot name it)
+    option_name = "eviction_policy"
 
     def __init__(
         self,
@@ -296,35 +297,6 @@ class RadixCache(PrefixCache):
             return None
         p = cls.default_size if size is None else int(size)
         return cls(int(pool.max_total_num_tokens) // p * p, p, **kwargs)
-
-    @classmethod
-    def parse_option(cls, text: str) -> str:
-        """An eviction policy name of :data:`radixkv.policies.radix_priority.EVICTION_POLICIES`."""
-        from radixkv.policies.radix_priority import EVICTION_POLICIES
-
-        ev = text.strip().lower()
-        if ev not in EVICTION_POLICIES:
-            raise ConfigError(f"policy {cls.name!r}: unknown eviction policy {text!r}; known: "
-                              f"{', '.join(EVICTION_POLICIES)}", field="policy")
-        return ev
-
-    @classmethod
-    def class_for_option(cls, value):
-        """``lru`` (or none): this class, whose kernels are LRU; another eviction policy:
-        :class:`~radixkv.policies.radix_priority.PriorityRadixCache` with it. (That module
-        compiles its priority functions on import: it is imported only when asked for, or
-        already is when *cls* is one of its classes.)"""
-        prio = sys.modules.get("radixkv.policies.radix_priority")
-        if prio is not None and issubclass(cls, prio.PriorityRadixCache):
-            return cls, ({} if value is None else {"eviction_policy": value})
-        if value in (None, "lru"):
-            return cls, {}
-        from radixkv.policies.radix_priority import PriorityRadixCache
-
-        if cls is not RadixCache:
-            raise ConfigError(f"{cls.__name__} has no eviction hook for {value!r}: subclass PriorityRadixCache",
-                              field="policy")
-        return PriorityRadixCache, {"eviction_policy": value}
 
     # ------------------------------------------------------------------ array capacity
     def _order(self):

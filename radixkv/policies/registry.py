@@ -31,7 +31,8 @@ Where policies come from, in lookup order:
    :class:`~radixkv.policies.radix_priority.PriorityRadixCache`; ``vllm`` takes ``@lru``
    (the built-in free queue) or ``@lfu``
    (:class:`~radixkv.policies.block_priority.PriorityBlockHashCache`). A class decides
-   what its option builds (``class_for_option``);
+   what its option builds (``class_for_option``); those two eviction options are decided
+   by :mod:`radixkv.policies.eviction` (:func:`option_class`);
 2. classes registered in this process with :func:`register_policy`;
 3. the entry-point group ``radixkv.policies`` of installed packages: in a package's
    ``pyproject.toml``::
@@ -57,6 +58,7 @@ import importlib
 from dataclasses import dataclass, field
 
 from radixkv.errors import ConfigError
+from radixkv.policies import eviction
 from radixkv.policies.base import PrefixCache
 
 #: entry-point group outside packages register policy classes under
@@ -209,7 +211,7 @@ class PolicySpec:
     @property
     def build_class(self) -> type:
         """The class :func:`build_policy` builds (the option may pick a subclass)."""
-        return self.cls.class_for_option(self.option)[0] if self.cls.option_name else self.cls
+        return option_class(self.cls, self.option)[0] if self.cls.option_name else self.cls
 
     @property
     def label(self) -> str:
@@ -253,6 +255,20 @@ class PoolSpec:
         if self.num_gpu_blocks is not None:
             return (int(self.num_gpu_blocks) - 1) * 16
         return None
+
+
+def option_class(cls: type, value) -> tuple:
+    """The class to build for policy class *cls* with ``@option`` *value* and the constructor
+    keywords the option sets: :func:`radixkv.policies.eviction.class_for_option` (the
+    eviction options of ``vllm`` and ``sglang``, which may build a priority subclass; any
+    other class's own :meth:`~radixkv.policies.base.PrefixCache.class_for_option`).
+
+    Raises
+    ------
+    ConfigError
+        As the class's hook (an option it cannot build).
+    """
+    return eviction.class_for_option(cls, value)
 
 
 def native_pool_knob(cls: type) -> str | None:
@@ -306,7 +322,7 @@ def parse_policy(text: str, *, block_size: int | None = None, page_size: int | N
     size = rest[0] if rest else ""
     option = None
     if at:
-        option = cls.parse_option(opt.strip())
+        option = eviction.parse_option(cls, opt.strip())
     elif cls.option_name is not None:
         option = cls.default_option
     for flag, v in (("--block-size", block_size), ("--page-size", page_size)):
@@ -373,7 +389,7 @@ def _build(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **options)
         When the pool has no usable slot or is given in terms the policy cannot use.
     """
     size = int(unit_tokens) if spec.cls.size_name == "unit_tokens" else spec.size
-    cls, extra = spec.cls.class_for_option(spec.option) if spec.cls.option_name else (spec.cls, {})
+    cls, extra = option_class(spec.cls, spec.option) if spec.cls.option_name else (spec.cls, {})
     check_complete(cls, f"policy {spec.label}")
     options = {**extra, **options}
     if pool.num_gpu_blocks is not None or pool.max_total_num_tokens is not None:
