@@ -1,62 +1,63 @@
-"""What a warm-up compiles (radixkv.replay.run.warmup): the lean scope of ``radixkv warmup``
-(token-id traces, default settings) leaves out vLLM's piece-pool loop, unit-keyed pool and
-batched decode; ``--full`` and a plain ``warmup(spec)`` keep them. Checked on the calls the
-tiny warm-up run makes (the kernels themselves are not run here)."""
+"""What a warm-up compiles (radixkv.replay.run.warmup; its tiny runs in radixkv.replay.warm):
+the lean scope of ``radixkv warmup`` (token-id traces, default settings) leaves out vLLM's
+piece-pool loop, unit-keyed pool and batched decode; ``--full`` and a plain ``warmup(spec)``
+keep them. Checked on the calls the tiny warm-up run makes (the kernels themselves are not
+run here)."""
 from __future__ import annotations
 
 import pytest
 
 import radixkv.replay.run as run
+import radixkv.replay.warm as warm
 from radixkv.policies import block_hash as BH
 from radixkv.policies.registry import parse_policy
-from radixkv.replay import conc_sglang, conc_vllm_fast
 
 
 @pytest.fixture
 def calls(monkeypatch):
     got = []
-    monkeypatch.setattr(conc_vllm_fast, "warm", lambda *a, **k: got.append(("vllm loop", a, k)))
-    monkeypatch.setattr(conc_sglang, "warm", lambda *a, **k: got.append(("sglang loop", a, k)))
+    monkeypatch.setattr(warm, "vllm_loop", lambda *a, **k: got.append(("vllm loop", a, k)))
+    monkeypatch.setattr(warm, "sglang_loop", lambda *a, **k: got.append(("sglang loop", a, k)))
     monkeypatch.setattr(BH.BlockHashCache, "warm_kernels", lambda self: got.append(("warm_kernels", type(self).__name__)))
-    monkeypatch.setattr(run, "replay_sequential", lambda *a, **k: None)
+    monkeypatch.setattr(warm, "replay_sequential", lambda *a, **k: None)
     return got
 
 
 def test_lean_scope_skips_the_piece_pool_and_the_python_loop_kernels(calls):
-    run._tiny_run(parse_policy("vllm:16"), True, True)
+    warm._tiny_run(parse_policy("vllm:16"), True, True)
     assert calls == [("vllm loop", (16,), {"pieces": False})]
 
 
 def test_full_scope_warms_everything(calls):
-    run._tiny_run(parse_policy("vllm:16"), True, False)
+    warm._tiny_run(parse_policy("vllm:16"), True, False)
     assert calls == [("warm_kernels", "BlockHashCache"), ("vllm loop", (16,), {"pieces": True})]
 
 
 def test_sglang_loop_is_warmed_in_either_scope(calls):
     for lean in (True, False):
-        run._tiny_run(parse_policy("sglang:1"), True, lean)
+        warm._tiny_run(parse_policy("sglang:1"), True, lean)
     assert calls == [("sglang loop", (1,), {})] * 2
 
 
 def test_sequential_scope_warms_no_loop(calls):
-    run._tiny_run(parse_policy("vllm:16"), False, False)
+    warm._tiny_run(parse_policy("vllm:16"), False, False)
     assert calls == []
 
 
 def test_scopes_nest(monkeypatch):
-    monkeypatch.setattr(run, "_WARM", set())
+    monkeypatch.setattr(warm, "_WARM", set())
     spec = parse_policy("vllm:16")
-    run._WARM.add((spec, run._scope(True, lean=True)))
+    warm._WARM.add((spec, run._scope(True, lean=True)))
     assert run._is_warm(spec, run._scope(False)) and run._is_warm(spec, run._scope(True, True))
     assert not run._is_warm(spec, run._scope(True, False))
-    run._WARM.add((spec, run._scope(True, False)))
+    warm._WARM.add((spec, run._scope(True, False)))
     assert run._is_warm(spec, run._scope(True, False))
 
 
 def test_warmup_many_passes_the_scope_to_the_compile_children(monkeypatch):
     seen, argv = [], []
     monkeypatch.setattr(run, "warmup", lambda s, **k: seen.append((s.label, k)) or 0.0)
-    monkeypatch.setattr(run, "_WARM", set())
+    monkeypatch.setattr(warm, "_WARM", set())
 
     class _P:
         def __init__(self, args, **kw):

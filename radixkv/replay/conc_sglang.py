@@ -19,7 +19,6 @@ step that finishes requests).
 """
 from __future__ import annotations
 
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -85,7 +84,7 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
     """
     from radixkv.policies import _radix_kernels as K
     from radixkv.replay import _conc_sglang_kernels as C
-    from radixkv.replay.concurrent import TIMELINE_COLUMNS, _result
+    from radixkv.replay.conc_result import TIMELINE_COLUMNS, _result
     from radixkv.replay.sched_sglang import (SGLANG_INIT_NEW_TOKEN_RATIO, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR,
                                              SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS)
 
@@ -227,48 +226,3 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
                 "pool_free_slots": TLI[:k, C.TL_FREE]}
         res.timeline = {c: cols[c].copy() for c in TIMELINE_COLUMNS}
     return res
-
-
-def warm_for(policy, lean: bool = False) -> None:
-    """Warm the compiled loop for *policy* when it runs on it (a :class:`RadixCache` or
-    :class:`~radixkv.policies.radix_priority.PriorityRadixCache` itself, not a subclass:
-    :func:`applicable`); called by :func:`radixkv.replay.run.warmup` after the policy's
-    own :meth:`~radixkv.policies.base.PrefixCache.warm_kernels`. *lean* (as
-    :func:`radixkv.replay.conc_vllm_fast.warm_for`'s) changes nothing here: the loop is the
-    same on token-id and hash-id traces."""
-    from radixkv.policies.radix import RadixCache
-
-    if type(policy) is RadixCache:
-        warm(policy.page_size)
-        return
-    prio = sys.modules.get("radixkv.policies.radix_priority")
-    if prio is not None and type(policy) is prio.PriorityRadixCache and policy.batch_visibility:
-        # the loop is compiled per eviction-order type (LRU heap / keyed), not per priority
-        warm(policy.page_size, eviction_policy=policy.eviction_priority)
-
-
-def warm(page_size: int = 1, eviction_policy=None) -> None:
-    """Compile (or load from Numba's cache) the compiled loop: a tiny replay through it
-    (:func:`warm_for` calls it, so ``radixkv warmup`` fills the cache and a
-    first concurrent replay does not spend tens of seconds compiling). *eviction_policy*:
-    None, :class:`RadixCache`'s loop; a priority, ``PriorityRadixCache``'s (keyed order)."""
-    from radixkv.policies import _radix_kernels as K
-    from radixkv.policies.radix import RadixCache
-    from radixkv.replay.concurrent import replay_concurrent
-    from radixkv.trace.types import Trace
-
-    from radixkv.replay import _conc_sglang_kernels as CK
-
-    if not hasattr(CK.run_loop, "py_func") or not hasattr(K.run_request, "py_func"):
-        return
-    P = int(page_size)
-    tr = Trace.from_requests(req_id=["w0", "w1"], arrival_s=[0.0, 0.0], prompt_len=[2 * P + 1, P + 1],
-                             output_len=[3, 2], prompt_ids=[list(range(2 * P + 1)), list(range(P + 1))],
-                             name="warmup")
-    if eviction_policy is None:
-        pol = RadixCache(16 * P, P)
-    else:
-        from radixkv.policies.radix_priority import PriorityRadixCache
-
-        pol = PriorityRadixCache(16 * P, P, eviction_policy=eviction_policy)
-    replay_concurrent(tr, pol, CostModel.from_specs("Llama-3.1-8B", "A100-80GB"))

@@ -154,7 +154,7 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
         When the pool refuses decode tokens its reported room should hold.
     """
     from radixkv.cost import UnitStepCost
-    from radixkv.replay.concurrent import _Integrals, _accumulate, _result
+    from radixkv.replay.conc_result import _Integrals, _accumulate, _result
 
     if not _eligible(trace, policy, cost, config, sch):
         return None
@@ -347,51 +347,6 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
                         "pool_running_slots": tl_i[4, :m].copy(), "pool_cached_slots": tl_i[5, :m].copy(),
                         "pool_free_slots": tl_i[6, :m].copy()}
     return res
-
-
-def warm(block_size: int = 16, pieces: bool = True) -> None:
-    """Compile (or load from Numba's cache) the compiled loop: a tiny replay through it
-    (:func:`warm_for` calls it, so ``radixkv warmup`` fills the cache); on the per-block
-    pool, and with *pieces* also on the piece pool (hash-id traces only)."""
-    from radixkv.cost import UnitStepCost
-    from radixkv.policies.block_hash import BlockHashCache
-    from radixkv.replay.concurrent import replay_concurrent
-    from radixkv.trace.types import Trace
-
-    if not hasattr(CK.run_loop, "py_func") or not hasattr(K.extend, "py_func"):
-        return
-    B = int(block_size)
-    tr = Trace.from_requests(req_id=["w0", "w1"], arrival_s=[0.0, 0.0], prompt_len=[2 * B, B + 1],
-                             output_len=[3, 2], prompt_ids=[list(range(2 * B)), list(range(B + 1))], name="warmup")
-    replay_concurrent(tr, BlockHashCache(8, B), UnitStepCost())
-    if B >= 2 and pieces:  # the piece pool's loop: a hash-id trace of 2-block units
-        tu = Trace.from_requests(req_id=["u0", "u1"], arrival_s=[0.0, 0.0], prompt_len=[4 * B - 1, 3 * B],
-                                 output_len=[3, 1], prompt_ids=[[1, 2], [1, 3]], unit_tokens=2 * B,
-                                 partial_last_unit=True, name="warmup")
-        replay_concurrent(tu, BlockHashCache(16, B), UnitStepCost())
-
-
-def warm_for(policy, lean: bool = False) -> None:
-    """Warm the compiled loop for *policy* when it runs on it (a :class:`BlockHashCache`
-    or :class:`~radixkv.policies.block_priority.PriorityBlockHashCache` itself, not a
-    subclass: :func:`_eligible`); called by :func:`radixkv.replay.run.warmup` after the
-    policy's own :meth:`~radixkv.policies.base.PrefixCache.warm_kernels`.
-    *lean*: the per-block pool's loop only (token-id traces), not the piece pool's."""
-    from radixkv.policies.block_hash import BlockHashCache
-
-    if type(policy) is BlockHashCache:
-        warm(policy.block_size, pieces=not lean)
-    elif _prio_class(policy) is not None and hasattr(CK.run_loop, "py_func"):
-        # one loop for every priority (the function travels as its addresses)
-        from radixkv.cost import UnitStepCost
-        from radixkv.replay.concurrent import replay_concurrent
-        from radixkv.trace.types import Trace
-
-        B = int(policy.block_size)
-        tr = Trace.from_requests(req_id=["w0", "w1"], arrival_s=[0.0, 0.0], prompt_len=[2 * B, B + 1],
-                                 output_len=[3, 2], prompt_ids=[list(range(2 * B)), list(range(B + 1))],
-                                 name="warmup")
-        replay_concurrent(tr, type(policy)(8, B, eviction_policy=policy.eviction_priority), UnitStepCost())
 
 
 def _prio_kernels():

@@ -14,7 +14,8 @@ import numpy as np
 from radixkv.errors import ConfigError
 from radixkv.metrics import summarize
 from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, measured_metrics
-from radixkv.replay.run import _tiny_trace, run_replay, warmup
+from radixkv.replay.run import run_replay, warmup
+from radixkv.replay.warm import _tiny_trace
 from radixkv.trace.types import Trace
 
 

@@ -151,7 +151,7 @@ def is_warm(spec) -> bool:
         return True
     if fam in _warm:
         return _warm[fam]
-    from radixkv.replay.run import _WARM, _tiny_run
+    from radixkv.replay.warm import _WARM, _tiny_run
 
     was = is_interpreted(fam)
     use_compiled(fam)

@@ -628,7 +628,7 @@ def what_would_fix_concurrent(spec, capacity_tokens: int, summary: dict, run_at)
             "smaller_size": size, "hit_tokens_gained_at_smaller_size": gained}
 
 
-def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=None, **options) -> dict:
+def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, replay, limit=None, **options) -> dict:
     """What would remove the misses of a replay with miss causes (``--miss-fix``).
 
     - ``capacity_tokens_to_halve``: the smallest pool (usable tokens) on a curve at which
@@ -654,6 +654,10 @@ def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=No
     records, summary :
         The replay's records (with the miss-cause columns) and summary (with
         ``miss_causes``).
+    replay : callable
+        ``replay(trace, spec, pool, limit=limit, **options) -> (records, summary)``: the
+        sequential replay of one cell, :func:`radixkv.replay.run.run_replay` (its caller
+        passes it: that module sits above this one).
 
     Returns
     -------
@@ -664,7 +668,6 @@ def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=No
     import dataclasses
 
     from radixkv.policies.registry import PoolSpec
-    from radixkv.replay.run import run_replay
 
     m0 = int(np.sum(records["miss_capacity_tokens"]))
     hit_unb = m0 + int(summary["hit_tokens"])  # Σ H∞
@@ -672,7 +675,7 @@ def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=No
     top = int(summary["miss_causes"]["unbounded_pool_tokens"])
 
     def misses_at(c: int) -> int:
-        _, s = run_replay(trace, spec, PoolSpec(capacity_tokens=int(c)), limit=limit, **options)
+        _, s = replay(trace, spec, PoolSpec(capacity_tokens=int(c)), limit=limit, **options)
         return hit_unb - int(s["hit_tokens"])
 
     halve, curve = halving_pool(c0, m0, top, misses_at)
@@ -685,7 +688,7 @@ def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, limit=No
         # num_gpu_blocks kept at half the block size would hold half the tokens (at block 8
         # -> 4 on the demo's 2,501 blocks: -9,724 hit tokens, where the same 20,000 tokens
         # gain 756)
-        _, s = run_replay(trace, small, PoolSpec(capacity_tokens=c0), limit=limit, **options)
+        _, s = replay(trace, small, PoolSpec(capacity_tokens=c0), limit=limit, **options)
         gained = int(s["hit_tokens"]) - int(summary["hit_tokens"])
     return {"capacity_tokens_to_halve": halve, "capacity_curve": [[int(k), int(v)] for k, v in sorted(curve.items())],
             "smaller_size": size, "hit_tokens_gained_at_smaller_size": gained}

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.replay.concurrent import ConcurrentResult, _Integrals, _result
+from radixkv.replay.conc_result import ConcurrentResult, _Integrals, _result
 from radixkv.replay.routing import Router
 from radixkv.replay.scheduler import SchedulerConfig
 from radixkv.replay.schedulers import make_scheduler
@@ -244,7 +244,7 @@ class MultiConcurrentResult:
         columns (:meth:`ConcurrentResult.write_csv`) and ``replica``, the replica (0-based)
         that served the request."""
         from radixkv.replay.conc_misses import csv_columns
-        from radixkv.replay.concurrent import COLUMNS
+        from radixkv.replay.conc_result import COLUMNS
         from radixkv.util import write_columns_csv
 
         agg = self.aggregate

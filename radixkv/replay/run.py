@@ -11,60 +11,14 @@ import numpy as np
 
 from radixkv.metrics import summarize
 from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, measured_metrics
-from radixkv.replay import jit
+from radixkv.replay import jit, warm
 from radixkv.records import Records
 from radixkv.replay.sequential import replay_sequential
 from radixkv.trace.types import Trace
 
-#: (spec, scope) pairs warmed in this process (:func:`warmup`); scope 0: the sequential
-#: replay's kernels, 1: also the concurrent loop's on token-id traces (``lean``), 2: all
-_WARM: set = set()
 #: spec -> wall seconds its kernels took to compile or load in this process and not yet
 #: reported by a replay (a warm-up ahead of the replays: warmup_many)
 _UNREPORTED: dict = {}
-
-
-def _tiny_trace() -> Trace:
-    """Three overlapping token prompts: enough to run every code path of a policy once."""
-    base = list(range(40))
-    return Trace.from_requests(
-        req_id=["w0", "w1", "w2"],
-        arrival_s=[0.0, 0.0, 0.0],
-        prompt_len=[40, 37, 45],
-        output_len=[3, 0, 2],
-        prompt_ids=[base, base[:37], base + [7, 7, 7, 7, 7]],
-        name="warmup",
-    )
-
-
-def _tiny_run(spec: PolicySpec, concurrent: bool = True, lean: bool = False) -> None:
-    """Run every kernel *spec*'s policy uses once, on the tiny trace (compiles them when
-    they are compiled and not yet loaded); with *concurrent* False only those of the
-    sequential replay; with *lean* only those of the concurrent replay of a token-id trace
-    under the default settings (:func:`warmup`)."""
-    from radixkv.errors import ConfigError
-
-    # a small pool, so that the tiny trace evicts; a larger one when its requests do not fit
-    # it (a policy that reserves most of the pool, static:B@0.9)
-    for cap in (max(64, 8 * (spec.size or 1)), max(4096, 64 * (spec.size or 1))):
-        pol = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=1)
-        try:
-            replay_sequential(_tiny_trace(), pol, quiet=True)
-        except ConfigError:
-            if cap >= 4096:
-                raise
-            continue
-        break
-    if not concurrent:
-        return
-    if lean and hasattr(pol, "_warm_kernels_lean"):
-        pol._warm_kernels_lean()
-    else:
-        pol.warm_kernels()
-    from radixkv.replay import conc_sglang, conc_vllm_fast
-
-    for driver in (conc_vllm_fast, conc_sglang):  # the compiled concurrent loops
-        driver.warm_for(pol, lean=lean)
 
 
 def warmup(spec: PolicySpec, *, concurrent: bool = True, lean: bool = False) -> float:
@@ -91,18 +45,19 @@ def warmup(spec: PolicySpec, *, concurrent: bool = True, lean: bool = False) -> 
 
     t0 = time.perf_counter()
     with compile_notice(spec.label):
-        _tiny_run(spec, concurrent, lean)
-    _WARM.add((spec, scope))
+        warm._tiny_run(spec, concurrent, lean)
+    warm._WARM.add((spec, scope))
     return time.perf_counter() - t0
 
 
 def _scope(concurrent: bool, lean: bool = False) -> int:
-    """The warm-up scope of :data:`_WARM`: 0 sequential, 1 lean concurrent, 2 all."""
+    """The warm-up scope of :data:`radixkv.replay.warm._WARM`: 0 sequential, 1 lean
+    concurrent, 2 all."""
     return 0 if not concurrent else 1 if lean else 2
 
 
 def _is_warm(spec: PolicySpec, scope: int) -> bool:
-    return any((spec, k) in _WARM for k in range(scope, 3))
+    return any((spec, k) in warm._WARM for k in range(scope, 3))
 
 
 def compile_seconds(spec: PolicySpec) -> float:
@@ -290,7 +245,8 @@ def run_replay(
         summary["timing_s"]["miss_causes"] = miss_s
         if miss_causes == "fix":
             t0 = time.perf_counter()
-            summary["miss_causes"]["fix"] = what_would_fix(trace, spec, pool, rec, summary, limit=limit, **options)
+            summary["miss_causes"]["fix"] = what_would_fix(trace, spec, pool, rec, summary, replay=run_replay,
+                                                           limit=limit, **options)
             summary["timing_s"]["miss_fix"] = time.perf_counter() - t0
     tokens = int(np.sum(rec["prompt_tokens"]))
     summary["timing_s"]["prompt_tokens_per_s"] = tokens / rec.meta["replay_s"] if rec.meta["replay_s"] > 0 else None
