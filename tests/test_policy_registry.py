@@ -80,6 +80,52 @@ def test_builtins_are_declared_by_their_classes():
         parse_policy("unit-lru:4")
 
 
+def test_eviction_options_build_the_priority_subclasses_and_import_them_only_when_asked():
+    """``lru`` or no option builds the class itself; another order its priority subclass;
+    a subclass of the base that is not a priority class cannot take another order; a
+    priority subclass keeps itself. A fresh interpreter: the priority modules compile on
+    import, so a spec without an eviction option must not load them
+    (radixkv.policies.eviction decides, above both)."""
+    import subprocess
+    import sys
+
+    code = textwrap.dedent("""
+        import json, sys
+        from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, parse_policy
+        from radixkv.policies.radix import RadixCache
+        out = []
+        def loaded():
+            return [m for m in ("radixkv.policies.block_priority", "radixkv.policies.radix_priority") if m in sys.modules]
+        for text in ("vllm:16", "sglang:1", "sglang:1@fifo", "vllm:16@lru", "vllm:16@lfu"):
+            spec = parse_policy(text)
+            pol = build_policy(spec, PoolSpec(capacity_tokens=4096))
+            out.append([text, spec.build_class.__name__, type(pol).__name__, getattr(pol, "eviction_priority", None).__class__.__name__, loaded()])
+        class Mine(RadixCache):
+            name = "mine"
+        try:
+            PolicySpec("mine", 1, "lfu", Mine).build_class
+        except Exception as e:
+            out.append([type(e).__name__, str(e)])
+        from radixkv.policies.radix_belady import BeladyRadixCache
+        out.append([PolicySpec("b", 1, "lfu", BeladyRadixCache).build_class.__name__])
+        print(json.dumps(out))
+    """)
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    got = json.loads(cp.stdout.splitlines()[-1])
+    bp, rp = "radixkv.policies.block_priority", "radixkv.policies.radix_priority"
+    assert got == [
+        ["vllm:16", "BlockHashCache", "BlockHashCache", "NoneType", []],
+        ["sglang:1", "RadixCache", "RadixCache", "NoneType", []],
+        ["sglang:1@fifo", "PriorityRadixCache", "PriorityRadixCache", "FIFO", [rp]],
+        # naming the order reads the block module's list of orders; lru stays the base class
+        ["vllm:16@lru", "BlockHashCache", "BlockHashCache", "NoneType", [bp, rp]],
+        ["vllm:16@lfu", "PriorityBlockHashCache", "PriorityBlockHashCache", "BlockLFU", [bp, rp]],
+        ["ConfigError", "field 'policy': Mine has no eviction hook for 'lfu': subclass PriorityRadixCache"],
+        ["BeladyRadixCache"],
+    ]
+
+
 def test_entry_point_policy_is_found_and_built(outside_package):
     assert "myvllm" in available_policies()
     spec = parse_policy("myvllm:16")
