@@ -165,7 +165,6 @@ def add_host_tier_bytes(summary: dict, args) -> dict:
 
         bpt = get_model(model).kv_bytes_per_token(int(getattr(args, "tp", 1) or 1),
                                                   getattr(args, "kv_cache_dtype", None))
-    for way in ("gpu_to_host", "host_to_gpu", "host_to_storage", "storage_to_host"):
-        tokens = summary.get(f"{way}_tokens")
-        summary[f"{way}_bytes"] = None if tokens is None or bpt is None else int(tokens) * int(bpt)
-    return summary
+    from radixkv.metrics import fill_tier_bytes
+
+    return fill_tier_bytes(summary, bpt)
