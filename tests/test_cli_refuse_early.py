@@ -70,3 +70,37 @@ def test_scheduler_flag_conflicts_are_refused_before_any_work(argv, flags, no_wo
 def test_valid_scheduler_flags_pass_the_early_check(argv, no_work):
     with pytest.raises(Reached):  # the command went on to load the trace
         main([*argv, *CONC])
+
+
+def _tiny_trace(tmp_path) -> Path:
+    lines = ['{"radixkv_trace": 1, "unit_tokens": 1, "partial_last_unit": false}',
+             json.dumps({"id": "a", "tokens": list(range(1, 11)), "output_tokens": [1, 2], "arrival_s": 0}),
+             json.dumps({"id": "big", "tokens": list(range(1, 41)), "output_tokens": [1, 2], "arrival_s": 1})]
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+@pytest.mark.parametrize("pool_line, why", [
+    # request 'big': 40 prompt + 2 output tokens = 41 tokens of KV (the last sampled token has
+    # none); a pool of 32 tokens is two 16-token blocks
+    ("capacity_tokens = 32", "request 'big'"),
+    ("capacity_tokens = 9", "holds no 16-token block"),  # less than one block
+    ("capacity_tokens = 100_000_000_000", "slots radixkv models"),
+])
+def test_check_refuses_a_bad_pool_before_compiling_naming_its_line(tmp_path, monkeypatch, capsys, pool_line, why):
+    _tiny_trace(tmp_path)
+    cfg = tmp_path / "ci.toml"
+    cfg.write_text('[[trace]]\npath = "t.jsonl"\n\n[[policy]]\npolicy = "vllm:16"\n'
+                   f'{pool_line}\n\n[[assert]]\nmin_token_hit_rate = 0.1\n')  # the pool is on line 6
+
+    def stop(*a, **k):
+        raise Reached
+
+    monkeypatch.setattr(run_mod, "warmup_many", stop)
+    junit = tmp_path / "out.xml"
+    assert main(["check", str(cfg), "--junit-xml", str(junit)]) == 2
+    err = capsys.readouterr().err
+    assert f"{cfg}, line 6, field 'policy[1].capacity_tokens': trace 't': " in err, err
+    assert why in err, err
+    assert not junit.exists()
