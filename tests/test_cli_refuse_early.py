@@ -104,3 +104,22 @@ def test_check_refuses_a_bad_pool_before_compiling_naming_its_line(tmp_path, mon
     assert f"{cfg}, line 6, field 'policy[1].capacity_tokens': trace 't': " in err, err
     assert why in err, err
     assert not junit.exists()
+
+
+@pytest.mark.parametrize("body, line, field", [
+    ('traces = ["t.jsonl"]\npolicies = ["vllm:16"]\ncapacity_tokens = [5000, "x"]\n', 3, "capacity_tokens"),
+    ('traces = ["t.jsonl"]\npolicies = ["vllm:16"]\n\ncapacty_tokens = [5000]\n', 4, "capacty_tokens"),
+    ('traces = ["t.jsonl"]\npolicies = ["vllm:16"]\ncapacity_tokens = []\n', 3, "capacity_tokens"),
+    ('# a grid\ntraces = ["nosuch.jsonl"]\npolicies = ["vllm:16"]\ncapacity_tokens = [5000]\n', 2, "traces"),
+    ('traces = ["t.jsonl"]\npolicies = ["nosuch:16"]\ncapacity_tokens = [5000]\n', 2, "policies"),
+    ('[grid]\ntraces = ["t.jsonl"]\npolicies = ["vllm:16"]\ncapacity_tokens = [5000]\nreport = ["x.html"]\n', 5,
+     "report"),
+])
+def test_sweep_grid_errors_name_the_line_of_the_key(tmp_path, capsys, body, line, field):
+    _tiny_trace(tmp_path)
+    grid = tmp_path / "g.toml"
+    grid.write_text(body)
+    assert main(["sweep", str(grid), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{grid}, line {line}, field '{field}': " in err, err
+    assert not (tmp_path / "out").exists()
