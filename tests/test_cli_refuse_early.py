@@ -123,3 +123,35 @@ def test_sweep_grid_errors_name_the_line_of_the_key(tmp_path, capsys, body, line
     err = capsys.readouterr().err
     assert f"{grid}, line {line}, field '{field}': " in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["replay", DEMO, "--policy", "vllm:16", "--capacity-tokens", "20000", "--per-request", "-"], "--per-request"),
+    (["replay", DEMO, "--policy", "vllm:16", "--capacity-tokens", "20000", "--report", "-"], "--report"),
+    (["replay", DEMO, "--policy", "vllm:16", "--capacity-tokens", "20000", "--mode", "concurrent", "--model",
+      "Llama-3.1-8B", "--gpu", "A100-80GB", "--timeline", "-"], "--timeline"),
+    (["compare", DEMO, "--policies", "vllm:16", "--capacity-tokens", "20000", "--miss-plot", "-"], "--miss-plot"),
+    (["curve", DEMO, "--policies", "vllm:16", "--capacities", "20000", "--out", "-"], "--out"),
+    (["trace", "convert", DEMO, "-"], "OUT"),
+    (["trace", "synth", "mix", "--requests", "5", "--seed", "1", "--out", "-"], "--out"),
+    # two outputs on stdout at once
+    (["replay", DEMO, "--policy", "vllm:16", "--capacity-tokens", "20000", "--json", "-", "--per-request", "-"],
+     "--per-request"),
+])
+def test_dash_is_stdout_or_refused_never_a_file_named_dash(tmp_path, monkeypatch, capsys, argv, flag):
+    """``--json -`` prints on stdout; ``-`` for a CSV, HTML or PNG output wrote a file named
+    ``-`` into the current folder (the trial's ``--per-request -``). Refused before any work."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} - would write a file named '-'" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_two_stdout_outputs_are_refused_naming_both(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    cfg = Path(__file__).parent.parent / "examples" / "check" / "demo.toml"
+    assert main(["check", str(cfg), "--junit-xml", "-", "--markdown", "-"]) == 2
+    err = capsys.readouterr().err
+    assert "--markdown - and --junit-xml - would both print on stdout" in err, err
+    assert list(tmp_path.iterdir()) == []
