@@ -175,3 +175,41 @@ def refuse_concurrent_only_flags(args) -> None:
             raise ConfigError(f"{flag} applies to the concurrent replay only: add --mode concurrent or drop it",
                               field=dest)
 
+
+
+def refuse_scheduler_conflicts(args, specs, *, routed: bool = False) -> None:
+    """Refuse, before the trace is loaded or any kernel compiled, the scheduler flags that
+    the concurrent replay of each of *specs* would refuse (an engine's knob under the other
+    engine's rules, ``--enable-priority-scheduling`` without ``--disable-priority-preemption``,
+    ...): the same check, :func:`radixkv.replay.scheduler.rule_of`, on the flags as each
+    policy reads them (:func:`radixkv.replay.settings.args_for_rule` in a comparison of both
+    engines; *routed*: the flags as given, as the replicas read them). Without
+    ``--mode concurrent`` nothing is checked here (:func:`refuse_concurrent_only_flags`).
+
+    The rule is the one the replay uses: ``--admission``, else the admission rule of the
+    class that runs (``NoCache`` under ``--no-enable-prefix-caching``,
+    ``StaticReservedCache`` under ``--static-reserved-fraction``, else the policy's).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        The replay's own message, naming the flags (field = the flag's dest).
+    """
+    if getattr(args, "mode", "sequential") != "concurrent":
+        return
+    import dataclasses
+
+    from radixkv.replay.scheduler import rule_of
+    from radixkv.replay.settings import args_for_rule, concurrent_config_from_args
+
+    admission = getattr(args, "admission", None)
+    rules = [admission or getattr(s.build_class, "admission_rule", "vllm") for s in specs]
+    for spec, rule in zip(specs, rules):
+        own = args if routed else args_for_rule(args, rule, rules)
+        cls = spec.build_class
+        if not getattr(own, "enable_prefix_caching", True):
+            from radixkv.policies.no_cache import NoCache as cls
+        elif getattr(own, "static_reserved_fraction", None) is not None:
+            from radixkv.policies.static_reserved import StaticReservedCache as cls
+        runs = admission or getattr(cls, "admission_rule", "vllm")
+        rule_of(None, dataclasses.replace(concurrent_config_from_args(own), admission=runs))

@@ -18,7 +18,7 @@ import time
 
 from radixkv.cli import routing_args as _routing
 from radixkv.cli._output import add_json_arg, emit, files, human, inputs
-from radixkv.cli.concurrent_args import add_concurrent_args, refuse_concurrent_only_flags
+from radixkv.cli.concurrent_args import add_concurrent_args, refuse_concurrent_only_flags, refuse_scheduler_conflicts
 from radixkv.cli.flag_rules import refuse_moot_flags, refuse_moot_policy_flags
 from radixkv.cli.report_cmd import add_report_arg, run_tables, write_run_report
 from radixkv.cli.sweep_cmd import add_executor_args
@@ -226,6 +226,7 @@ def cmd_replay(args) -> int:
     spec = host_tier_spec(parse_policy(args.policy, block_size=args.block_size, page_size=args.page_size), args)
     _refuse_unused_size_flags(args, [spec])
     refuse_moot_policy_flags(args, [spec], per_engine_rule=args.per_engine_rule)
+    refuse_scheduler_conflicts(args, [spec], routed=_routing.routed(args))
     pool, desc = pool_for_policy(args, spec, per_engine_rule=args.per_engine_rule)
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
@@ -407,6 +408,7 @@ def cmd_compare(args) -> int:
     refuse_moot_flags(args)
     specs = _policies(args)
     refuse_moot_policy_flags(args, specs, per_engine_rule=args.per_engine_rule)
+    refuse_scheduler_conflicts(args, specs, routed=_routing.routed(args))
     _check_miss_args(args)
     _check_window_arg(args)
     pools = [pool_for_policy(args, s, per_engine_rule=args.per_engine_rule) for s in specs]

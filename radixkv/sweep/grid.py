@@ -31,6 +31,7 @@ import itertools
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,6 +183,36 @@ def _convert(key: str, value, action: argparse.Action, where: str):
 
 
 def load_grid(path, *, hash_traces: bool = True) -> Grid:
+    """Read and expand ``GRID.toml``: :func:`_load_grid`, with the line of the key at fault
+    added to its errors (the first line that sets the key; none when the key is not on a
+    line of its own, e.g. a pool rule that two keys break together).
+
+    Parameters and errors as :func:`_load_grid`'s.
+    """
+    try:
+        return _load_grid(path, hash_traces=hash_traces)
+    except ConfigError as e:
+        line = None if e.line is not None or e.path != str(Path(path)) else _key_line(Path(path), e.field)
+        if line is None:
+            raise
+        raise ConfigError(e.reason, path=e.path, line=line, field=e.field) from None
+
+
+def _key_line(path: Path, key) -> int | None:
+    """1-based line of the first ``KEY =`` of the grid file (top level or ``[grid]``), or None."""
+    if not key:
+        return None
+    from radixkv.validate import read_text
+
+    try:
+        lines = read_text(path).splitlines()
+    except (OSError, ValueError):
+        return None
+    pat = re.compile(rf"""^\s*(?:{re.escape(key)}|"{re.escape(key)}"|'{re.escape(key)}')\s*=""")
+    return next((i + 1 for i, s in enumerate(lines) if pat.match(s)), None)
+
+
+def _load_grid(path, *, hash_traces: bool = True) -> Grid:
     """Read and expand ``GRID.toml``.
 
     Parameters
