@@ -12,6 +12,8 @@ from its source (``ast``: top-level and function-level imports, relative ones re
   only when an eviction option asks for it, since that module compiles its priority
   functions on import; ``RadixCache`` and :mod:`radixkv.policies.radix_priority` alike);
   the subclass module imports the base at the top, never the reverse.
+- counting function-level imports too, no import circle joins the layers above the replay
+  (cli, flags, sweep, plan, html_report, plots, ...): every import there points one way.
 """
 from __future__ import annotations
 
@@ -145,3 +147,65 @@ def test_module_level_imports_form_no_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of *graph*: its strongly connected components of more than one
+    module (Tarjan's algorithm, iterative), each sorted, in sorted order."""
+    index, low, on, stack, out = {}, {}, set(), [], []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in graph:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return sorted(out)
+
+
+def test_the_circle_finder_finds_circles():
+    """On a graph written for the purpose: a -> b -> c -> a is one circle, d -> a and the
+    self-import e -> e are none, f <-> g is another."""
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": {"g"}, "g": {"f", "x"}}
+    assert _circles(g) == [["a", "b", "c"], ["f", "g"]]
+
+
+#: packages whose internal circles issue 28 breaks on its own branch (cyclelib): until that
+#: lands, a circle wholly inside one of them is not this test's failure
+_CIRCLES_LEFT = ("radixkv.memory", "radixkv.policies", "radixkv.replay")
+
+
+def test_no_import_circle_above_the_replay():
+    """Function-level imports counted (a late import still makes two modules depend on each
+    other): no circle has a module outside :data:`_CIRCLES_LEFT`. The CLI verbs, the flags,
+    sweeps, plans, the HTML report and the figures import one way, apps -> analysis -> replay."""
+    graph = {m: {d for d in deps if d != m} for m, deps in _graph().items()}
+    bad = [c for c in _circles(graph) if not any(all(_under(m, pkg) for m in c) for pkg in _CIRCLES_LEFT)]
+    assert not bad, "import circles (late imports counted):\n" + "\n".join(" <-> ".join(c) for c in bad)
