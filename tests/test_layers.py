@@ -3,15 +3,17 @@ from its source (``ast``: top-level and function-level imports, relative ones re
 ``importlib.import_module`` / ``__import__`` with a literal name) and check the rules.
 
 - nothing outside :mod:`radixkv.cli` imports :mod:`radixkv.cli` (the CLI is the top layer;
-  ``radixkv/__main__.py`` is its entry point). One use is allowed and stated:
-  :mod:`radixkv.sweep.grid` reads a grid's schema (keys, types, choices, defaults) from the
-  ``radixkv replay`` parser, since a grid's keys are that verb's flags.
+  ``radixkv/__main__.py`` is its entry point). A sweep grid's keys are ``radixkv replay``'s
+  flags: their definitions live below both, in :mod:`radixkv.flags`, which the verbs and
+  :mod:`radixkv.sweep.grid` import.
 - :mod:`radixkv.policies` never imports :mod:`radixkv.replay` (a policy never imports a driver).
 - module-level imports form no cycle. A base class may look up a subclass module late, in
   a function (``BlockHashCache.class_for_option`` imports :mod:`radixkv.policies.block_priority`
   only when an eviction option asks for it, since that module compiles its priority
   functions on import; ``RadixCache`` and :mod:`radixkv.policies.radix_priority` alike);
   the subclass module imports the base at the top, never the reverse.
+- counting function-level imports too, no import circle joins the layers above the replay
+  (cli, flags, sweep, plan, html_report, plots, ...): every import there points one way.
 """
 from __future__ import annotations
 
@@ -21,11 +23,6 @@ from pathlib import Path
 import radixkv
 
 ROOT = Path(radixkv.__file__).resolve().parent
-
-#: (importer, imported) pairs allowed across the CLI line, each with its reason in the
-#: importer's docstring (radixkv.sweep.grid._replay_parser)
-ALLOWED_CLI_IMPORTS = {("radixkv.sweep.grid", "radixkv.cli.replay_cmd")}
-
 
 def _module_name(path: Path) -> str:
     rel = path.relative_to(ROOT.parent).with_suffix("")
@@ -117,19 +114,11 @@ def test_the_import_reader_sees_imports_of_every_kind():
 
 def test_nothing_outside_the_cli_imports_the_cli():
     graph = _graph()
-    bad, seen_allowed = [], set()
-    for mod, deps in sorted(graph.items()):
-        if _under(mod, "radixkv.cli") or mod == "radixkv.__main__":
-            continue
-        for dep in sorted(deps):
-            if _under(dep, "radixkv.cli"):
-                if (mod, dep) in ALLOWED_CLI_IMPORTS:
-                    seen_allowed.add((mod, dep))
-                else:
-                    bad.append(f"{mod} imports {dep}")
-    assert not bad, "library modules import the CLI (move the logic into the library):\n" + "\n".join(bad)
-    # an allowance no longer used is dropped from the list, so the list stays true
-    assert seen_allowed == ALLOWED_CLI_IMPORTS
+    bad = [f"{mod} imports {dep}" for mod, deps in sorted(graph.items())
+           if not (_under(mod, "radixkv.cli") or mod == "radixkv.__main__")
+           for dep in sorted(deps) if _under(dep, "radixkv.cli")]
+    assert not bad, ("library modules import the CLI (move the logic into the library, a flag's definition "
+                     "into radixkv.flags):\n" + "\n".join(bad))
 
 
 def test_policies_never_import_replay():
@@ -158,3 +147,65 @@ def test_module_level_imports_form_no_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of *graph*: its strongly connected components of more than one
+    module (Tarjan's algorithm, iterative), each sorted, in sorted order."""
+    index, low, on, stack, out = {}, {}, set(), [], []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in graph:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return sorted(out)
+
+
+def test_the_circle_finder_finds_circles():
+    """On a graph written for the purpose: a -> b -> c -> a is one circle, d -> a and the
+    self-import e -> e are none, f <-> g is another."""
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": {"g"}, "g": {"f", "x"}}
+    assert _circles(g) == [["a", "b", "c"], ["f", "g"]]
+
+
+#: packages whose internal circles issue 28 breaks on its own branch (cyclelib): until that
+#: lands, a circle wholly inside one of them is not this test's failure
+_CIRCLES_LEFT = ("radixkv.memory", "radixkv.policies", "radixkv.replay")
+
+
+def test_no_import_circle_above_the_replay():
+    """Function-level imports counted (a late import still makes two modules depend on each
+    other): no circle has a module outside :data:`_CIRCLES_LEFT`. The CLI verbs, the flags,
+    sweeps, plans, the HTML report and the figures import one way, apps -> analysis -> replay."""
+    graph = {m: {d for d in deps if d != m} for m, deps in _graph().items()}
+    bad = [c for c in _circles(graph) if not any(all(_under(m, pkg) for m in c) for pkg in _CIRCLES_LEFT)]
+    assert not bad, "import circles (late imports counted):\n" + "\n".join(" <-> ".join(c) for c in bad)
