@@ -14,7 +14,7 @@ held-out Vidur operator timings):
 - hardware: Llama-3.1-8B on one A100-80GB and on one H100-80GB, Llama-3.1-70B at TP 4 on
   A100-80GB and on H100-80GB;
 - pools from radixkv's memory model with the engines' defaults
-  (:func:`engine_knobs`): vLLM ``gpu_memory_utilization`` 0.9 and its OpenAI server's
+  (:func:`engine_knobs`): vLLM's default ``gpu_memory_utilization`` (0.92) and its OpenAI server's
   batch defaults for the GPU, SGLang's default ``mem_fraction_static`` and
   ``chunked_prefill_size``;
 - slices: :data:`SLICES` disjoint windows of each trace (:func:`slice_starts`), requests
@@ -49,6 +49,8 @@ import time
 
 import numpy as np
 
+from radixkv.memory.pool import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+
 #: (label, model preset, GPU preset, tensor-parallel degree)
 HARDWARE = [("8B-A100", "Llama-3.1-8B", "A100-80GB", 1), ("8B-H100", "Llama-3.1-8B", "H100-80GB", 1),
             ("70B-A100x4", "Llama-3.1-70B", "A100-80GB", 4), ("70B-H100x4", "Llama-3.1-70B", "H100-80GB", 4)]
@@ -66,6 +68,8 @@ CLOCK = "fitted"
 #: sizes from the pool (at least 2,048 rows; ``model_runner`` — recalled, not re-read in
 #: this task). **Assumed** 2,048; it never binds here (at most a few hundred run at once).
 SGLANG_MAX_RUNNING = 2048
+#: vLLM 0.33's default ``gpu_memory_utilization`` (the memory model's constant)
+VLLM_GMU = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 #: what each cell keeps of a replay's summary
 METRICS = ("token_hit_rate", "ttft_p50_s", "ttft_p99_s", "throughput_total_tokens_per_s", "concurrency_mean",
            "e2e_p50_s", "preemptions", "duration_s")
@@ -78,7 +82,9 @@ def engine_knobs(engine: str, gpu: str) -> dict:
     """The engine's default serving knobs on *gpu* (an A100 or H100 preset name).
 
     vLLM (``vllm/engine/arg_utils.py :: EngineArgs.get_batch_defaults``, OpenAI server;
-    docs/engines/vllm.md §4): ``gpu_memory_utilization`` 0.9; on an A100 (and any GPU
+    docs/engines/vllm.md §4): ``gpu_memory_utilization`` vLLM 0.33's default
+    (:data:`radixkv.memory.pool.VLLM_DEFAULT_GPU_MEMORY_UTILIZATION`, 0.92: ``CacheConfig``,
+    raised from 0.9 by vLLM PR #38284); on an A100 (and any GPU
     under 70 GiB) ``max_num_batched_tokens`` 2048 and ``max_num_seqs`` 256, on an H100
     8192 and 1024. SGLang (``arg_groups/memory_hook.py :: handle_gpu_memory_settings``;
     docs/engines/sglang.md §2): ``chunked_prefill_size`` 8192 on 60–90 GiB GPUs,
@@ -100,8 +106,8 @@ def engine_knobs(engine: str, gpu: str) -> dict:
         raise ValueError(f"engine_knobs: GPU {gpu!r} is not an A100 or H100 preset (the fitted clock covers those)")
     if engine == "vllm":
         if gpu.startswith("A100"):
-            return {"max_num_batched_tokens": 2048, "max_num_seqs": 256, "memory_fraction": 0.9}
-        return {"max_num_batched_tokens": 8192, "max_num_seqs": 1024, "memory_fraction": 0.9}
+            return {"max_num_batched_tokens": 2048, "max_num_seqs": 256, "memory_fraction": VLLM_GMU}
+        return {"max_num_batched_tokens": 8192, "max_num_seqs": 1024, "memory_fraction": VLLM_GMU}
     if engine == "sglang":
         return {"max_num_batched_tokens": 8192, "max_num_seqs": SGLANG_MAX_RUNNING, "memory_fraction": None}
     raise ValueError(f"engine_knobs: unknown engine {engine!r}; one of vllm, sglang")

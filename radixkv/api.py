@@ -160,6 +160,7 @@ def replay(
 
         rec = replay_sequential(trace, pol, limit=limit, quiet=quiet, label=label)
         rec.meta["evictions"] = int(pol.evictions)
+        rec.meta["kv_bytes_per_token"] = _kv_bytes_per_token(model, cost)
         record(rec.meta, ctx)
         if miss_causes:
             from radixkv.replay.misses import attach_miss_causes
@@ -184,8 +185,21 @@ def replay(
         cost = CostModel.from_specs(model, gpu)
     res = replay_concurrent(trace.head(limit), pol, cost, arrivals=arrivals, config=config)
     res.meta["policy"] = label
+    res.meta["kv_bytes_per_token"] = _kv_bytes_per_token(model, cost)
     record(res.meta, ctx)
     return res
+
+
+def _kv_bytes_per_token(model, cost) -> int | None:
+    """KV bytes per token per TP rank of *model* (a preset name or a ModelSpec; None: no
+    model given, None) at the cost model's ``tp`` and KV dtype when it has them: what the
+    host-tier byte counts of :func:`summarize` are priced at, as the CLI's ``--model``."""
+    if model is None:
+        return None
+    from radixkv.memory.presets import get_model
+
+    spec = get_model(model) if isinstance(model, str) else model
+    return int(spec.kv_bytes_per_token(int(getattr(cost, "tp", 1) or 1), getattr(cost, "kv_cache_dtype", None)))
 
 
 def summarize(result, *, evictions: int | None = None, measure_last: float | None = None) -> dict:
@@ -220,14 +234,18 @@ def summarize(result, *, evictions: int | None = None, measure_last: float | Non
     """
     from radixkv.records import Records
 
+    from radixkv.metrics import fill_tier_bytes
+
     if isinstance(result, Records):
         from radixkv.metrics import summarize as _summarize
 
         ev = result.meta.get("evictions") if evictions is None else evictions
-        return _summarize(result, evictions=ev, measure_last=measure_last)
+        out = _summarize(result, evictions=ev, measure_last=measure_last)
+        return fill_tier_bytes(out, result.meta.get("kv_bytes_per_token"))
     if measure_last is not None:
         raise ConfigError("measure_last is a metric of the sequential replay (each request alone, in trace order); "
                           "a concurrent result has none", field="measure_last")
     if hasattr(result, "summary"):
-        return {"policy": result.meta.get("policy"), **result.summary()}
+        out = {"policy": result.meta.get("policy"), **result.summary()}
+        return fill_tier_bytes(out, result.meta.get("kv_bytes_per_token"))
     raise TypeError(f"cannot summarise a {type(result).__name__}: give what radixkv.replay returned")

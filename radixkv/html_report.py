@@ -35,13 +35,16 @@ per-request rows. Same inputs, same bytes out (PNG metadata without software or 
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import html
 import io
 from pathlib import Path
 
 import numpy as np
+
+from radixkv.html_parts import cell as _cell
+from radixkv.html_parts import format_value  # noqa: F401  (importable from here, as before)
+from radixkv.html_parts import png as _png
 
 #: the figures in page order: (id, title)
 FIGURES = (
@@ -232,15 +235,6 @@ def _check_plan_doc(doc: dict, text: str, p) -> None:
 
 
 # ---------------------------------------------------------------------- figures
-def _png(fig) -> str:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
 def _fig(w=6.4, h=3.6):
     import matplotlib
 
@@ -456,28 +450,6 @@ _DRAW = {
 
 
 # ---------------------------------------------------------------------- tables
-def format_value(v) -> str:
-    """How a table cell shows a JSON value: ``n/a`` for null/NaN, integers with thousands
-    separators, other numbers to 6 significant digits."""
-    if v is None or (isinstance(v, float) and v != v):
-        return "n/a"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
-
-
-def _cell(key, v) -> str:
-    if v is None or (isinstance(v, float) and v != v):
-        return f'<td class="na" data-key="{html.escape(key)}" data-value="null">n/a</td>'
-    num = isinstance(v, (int, float)) and not isinstance(v, bool)
-    return (f'<td class="{"num" if num else "txt"}" data-key="{html.escape(key)}" '
-            f'data-value="{html.escape(repr(v) if num else str(v))}">{html.escape(format_value(v))}</td>')
-
-
 #: the headline table's rows (metric key), in order; TTFT only when a result is concurrent
 HEADLINE = ("token_hit_rate", "hit_tokens", "evictions", "ttft_p50_s", "ttft_p99_s")
 
@@ -627,7 +599,7 @@ def sweep_doc(rows: list[dict]) -> dict:
     """A report document from a sweep's rows (:func:`radixkv.sweep.store.read_rows`): every
     cell as a result column (``policy @ capacity``, its metrics) and, per trace and
     policy, ``token_hit_rate`` against the pool's capacity in tokens as a curve."""
-    from radixkv.plots import _capacity_tokens
+    from radixkv.sweep.show import capacity_tokens as _capacity_tokens
 
     results, curves = [], {}
     for r in rows:

@@ -67,6 +67,22 @@ STORAGE_TIER_KEYS = ("storage_backend", "storage_capacity_tokens", "storage_hit_
                      "host_to_storage_bytes", "storage_to_host_bytes")
 
 
+def fill_tier_bytes(summary: dict, bytes_per_token) -> dict:
+    """Set a summary's ``gpu_to_host_bytes``, ``host_to_gpu_bytes``,
+    ``host_to_storage_bytes`` and ``storage_to_host_bytes`` in place from its ``*_tokens``
+    counts: tokens copied × *bytes_per_token* (the model's KV bytes per token per TP rank,
+    :meth:`radixkv.memory.specs.ModelSpec.kv_bytes_per_token`; SGLang sizes its host pool
+    with the same per-token size, ``pool_host/base.py :: HostKVCache.__init__``). A value is
+    None (``n/a``) when its token count is None (no such tier) or *bytes_per_token* is None
+    (no model given). The one rule behind :func:`radixkv.summarize` and the CLI. Returns
+    *summary*."""
+    for way in ("gpu_to_host", "host_to_gpu", "host_to_storage", "storage_to_host"):
+        tokens = summary.get(f"{way}_tokens")
+        summary[f"{way}_bytes"] = None if tokens is None or bytes_per_token is None else \
+            int(tokens) * int(bytes_per_token)
+    return summary
+
+
 def _ratio(a: float, b: float) -> float:
     return float(a) / float(b) if b else 0.0
 

@@ -107,27 +107,6 @@ def log_ticks(ax, values, *, max_ticks: int = 8) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _capacity_tokens(row: dict):
-    """The pool's usable tokens of a sweep row (the replay's, else the pool rule's); None
-    when the row does not say."""
-    m, pool = row.get("metrics", {}), row.get("pool", {})
-    for v in (m.get("pool_capacity_tokens"), pool.get("capacity_tokens"), row.get("settings", {}).get("capacity_tokens")):
-        if v is not None:
-            return v
-    if pool.get("max_total_num_tokens") is not None:
-        return pool["max_total_num_tokens"]
-    if pool.get("num_gpu_blocks") is not None:
-        # a vLLM-engine policy sized in its own terms (a concurrent summary has no
-        # pool_capacity_tokens): block 0 is the null block, each other block holds block_size
-        # tokens (vllm/v1/core/block_pool.py, BlockPool.__init__)
-        from radixkv.policies.registry import parse_policy
-
-        size = parse_policy(row["settings"]["policy"]).size
-        if size:
-            return (int(pool["num_gpu_blocks"]) - 1) * int(size)
-    return None
-
-
 def sweep_lines(rows: list[dict], *, x: str = "capacity_tokens", metric: str = "token_hit_rate") -> dict:
     """The lines :func:`plot_sweep` draws: ``{trace path: {label: [(x, y), ...]}}``, points
     sorted by x. A line is a policy and a value of every other knob the sweep varies (the

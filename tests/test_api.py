@@ -124,3 +124,37 @@ def test_api_summary_is_the_cli_summary_for_every_kind_of_policy(policy, tmp_pat
         assert api["duplicate_share_mean"] is None  # not modelled: null, never 0
     if "host_tokens" in policy:
         assert api["host_capacity_tokens"] is not None and api["device_hit_tokens"] is not None
+
+
+@pytest.mark.parametrize("policy", ["vllm:16", "sglang:1", "vllm:16@lfu", "sglang:1@lfu", "none:16"])
+def test_api_concurrent_summary_is_the_cli_summary(policy, tmp_path):
+    # the trial: the concurrent API summary lacked the four host-tier byte keys the CLI
+    # writes (null without a host tier); every key must agree
+    from radixkv.cli import main
+
+    api = radixkv.summarize(radixkv.replay(MIXED, policy, capacity_tokens=20_000, limit=60, mode="concurrent",
+                                           model="Llama-3.1-8B", gpu="A100-80GB"))
+    out = tmp_path / "r.json"
+    assert main(["replay", str(MIXED), "--policy", policy, "--capacity-tokens", "20000", "--limit", "60",
+                 "--mode", "concurrent", "--model", "Llama-3.1-8B", "--gpu", "A100-80GB",
+                 "--quiet", "--no-timing", "--json", str(out)]) == 0
+    cli = json.loads(out.read_text())["results"][0]["summary"]
+    api = json.loads(json.dumps(api))
+    api.pop("timing_s", None)
+    assert sorted(api) == sorted(cli)
+    assert {k: (api[k], cli[k]) for k in api if api[k] != cli[k]} == {}
+    assert api["gpu_to_host_bytes"] is None  # no host tier: null, never 0
+
+
+def test_api_host_tier_bytes_are_priced_at_the_model_as_the_cli_does(tmp_path):
+    # Llama-3.1-8B bf16: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 131,072 B per token
+    from radixkv.cli import main
+
+    pol = "sglang-hicache:1@host_tokens=20000"
+    api = radixkv.summarize(radixkv.replay(MIXED, pol, capacity_tokens=2_000, limit=80, model="Llama-3.1-8B"))
+    out = tmp_path / "r.json"
+    assert main(["replay", str(MIXED), "--policy", pol, "--capacity-tokens", "2000", "--limit", "80",
+                 "--model", "Llama-3.1-8B", "--quiet", "--no-timing", "--json", str(out)]) == 0
+    cli = json.loads(out.read_text())["results"][0]["summary"]
+    assert api["gpu_to_host_tokens"] > 0
+    assert api["gpu_to_host_bytes"] == cli["gpu_to_host_bytes"] == api["gpu_to_host_tokens"] * 131_072

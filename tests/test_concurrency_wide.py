@@ -77,11 +77,12 @@ def test_on_worse_needs_the_whole_interval_on_the_worse_side(W):
 
 
 def test_engine_defaults_by_gpu(W):
-    # vLLM OpenAI server (EngineArgs.get_batch_defaults): A100 2048 tokens / 256 seqs, H100 8192 / 1024
+    # vLLM OpenAI server (EngineArgs.get_batch_defaults): A100 2048 tokens / 256 seqs, H100 8192 / 1024;
+    # gpu_memory_utilization 0.92, vLLM 0.33's CacheConfig default (0.9 before PR #38284)
     assert W.engine_knobs("vllm", "A100-80GB") == {"max_num_batched_tokens": 2048, "max_num_seqs": 256,
-                                                   "memory_fraction": 0.9}
+                                                   "memory_fraction": 0.92}
     assert W.engine_knobs("vllm", "H100-80GB") == {"max_num_batched_tokens": 8192, "max_num_seqs": 1024,
-                                                   "memory_fraction": 0.9}
+                                                   "memory_fraction": 0.92}
     # SGLang: chunked_prefill_size 8192 on 60–90 GiB GPUs, mem_fraction_static computed by the memory model
     for gpu in ("A100-80GB", "H100-80GB"):
         k = W.engine_knobs("sglang", gpu)

@@ -219,3 +219,21 @@ def test_a_compile_is_announced_on_stderr(capsys):
     with compile_notice("probe:1", "a test"):
         assert kern(4) == 8  # compiled already: silent
     assert capsys.readouterr().err == ""
+
+
+def test_a_priority_policy_keeps_the_kernels_it_calls_compiled(monkeypatch, restore_jit):
+    # the trial's crash: on a cold cache, compare --policies vllm:16,vllm:16@lfu interpreted the
+    # small vllm:16 replay, which rebound _hash_kernels' names to plain Python functions, and the
+    # priority kernels (compiled only) then failed to type them ("Untyped global name")
+    monkeypatch.setenv("RADIXKV_JIT", "interpret")
+    for base, prio in (("vllm:16", "vllm:16@lfu"), ("sglang:1", "sglang:1@lfu")):
+        fam = jit.family_of(parse_policy(base))
+        jit._decided.clear()
+        assert jit.plan([(parse_policy(base), 100)]) == {fam: "interpreted"} and jit.is_interpreted(fam)
+        jit.before_replay(parse_policy(prio), 100)  # a priority replay after it: the family goes compiled
+        assert not jit.is_interpreted(fam)
+        jit.use_compiled(fam)
+        jit._decided.clear()
+        # planned together, the family is compiled from the start, whatever the mode says
+        assert jit.plan([(parse_policy(base), 100), (parse_policy(prio), 100)]) == {fam: "compiled"}
+        assert not jit.is_interpreted(fam)

@@ -3,9 +3,9 @@ from its source (``ast``: top-level and function-level imports, relative ones re
 ``importlib.import_module`` / ``__import__`` with a literal name) and check the rules.
 
 - nothing outside :mod:`radixkv.cli` imports :mod:`radixkv.cli` (the CLI is the top layer;
-  ``radixkv/__main__.py`` is its entry point). One use is allowed and stated:
-  :mod:`radixkv.sweep.grid` reads a grid's schema (keys, types, choices, defaults) from the
-  ``radixkv replay`` parser, since a grid's keys are that verb's flags.
+  ``radixkv/__main__.py`` is its entry point). A sweep grid's keys are ``radixkv replay``'s
+  flags: their definitions live below both, in :mod:`radixkv.flags`, which the verbs and
+  :mod:`radixkv.sweep.grid` import.
 - :mod:`radixkv.policies` never imports :mod:`radixkv.replay` (a policy never imports a driver).
 - module-level imports form no cycle;
 - no import circle at all, function-level (late) imports included: every import points one
@@ -17,8 +17,9 @@ from its source (``ast``: top-level and function-level imports, relative ones re
   import); a compiled concurrent loop returns its result through
   :mod:`radixkv.replay.conc_result`, below the driver that picks the loop; the warm-up
   replays (:mod:`radixkv.replay.warm`) sit above the drivers they run;
-  :func:`radixkv.replay.misses.what_would_fix` is handed the replay function. A failure
-  names the circle, each import with its line.
+  :func:`radixkv.replay.misses.what_would_fix` is handed the replay function; above the
+  replay, the CLI verbs, flags, sweeps, plans, the HTML report and the figures import one
+  way too. A failure names the circle, each import with its line.
 """
 from __future__ import annotations
 
@@ -28,11 +29,6 @@ from pathlib import Path
 import radixkv
 
 ROOT = Path(radixkv.__file__).resolve().parent
-
-#: (importer, imported) pairs allowed across the CLI line, each with its reason in the
-#: importer's docstring (radixkv.sweep.grid._replay_parser)
-ALLOWED_CLI_IMPORTS = {("radixkv.sweep.grid", "radixkv.cli.replay_cmd")}
-
 
 def _module_name(path: Path) -> str:
     rel = path.relative_to(ROOT.parent).with_suffix("")
@@ -136,19 +132,11 @@ def test_the_import_reader_sees_imports_of_every_kind():
 
 def test_nothing_outside_the_cli_imports_the_cli():
     graph = _graph()
-    bad, seen_allowed = [], set()
-    for mod, deps in sorted(graph.items()):
-        if _under(mod, "radixkv.cli") or mod == "radixkv.__main__":
-            continue
-        for dep in sorted(deps):
-            if _under(dep, "radixkv.cli"):
-                if (mod, dep) in ALLOWED_CLI_IMPORTS:
-                    seen_allowed.add((mod, dep))
-                else:
-                    bad.append(f"{mod} imports {dep}")
-    assert not bad, "library modules import the CLI (move the logic into the library):\n" + "\n".join(bad)
-    # an allowance no longer used is dropped from the list, so the list stays true
-    assert seen_allowed == ALLOWED_CLI_IMPORTS
+    bad = [f"{mod} imports {dep}" for mod, deps in sorted(graph.items())
+           if not (_under(mod, "radixkv.cli") or mod == "radixkv.__main__")
+           for dep in sorted(deps) if _under(dep, "radixkv.cli")]
+    assert not bad, ("library modules import the CLI (move the logic into the library, a flag's definition "
+                     "into radixkv.flags):\n" + "\n".join(bad))
 
 
 def test_policies_never_import_replay():
@@ -177,19 +165,6 @@ def test_module_level_imports_form_no_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m)
-
-
-#: members of the one import circle left to another change: the CLI, the sweep and the
-#: report modules (``radixkv.sweep.grid`` reads ``radixkv replay``'s parser, which imports
-#: the sweep) — removed by cycleapp. A circle among these modules only is tolerated; one
-#: that reaches any other module fails, and a member no longer in a circle must be dropped
-#: from this set (the last assertion of test_no_import_circle_at_all), so that it stays true.
-ALLOWED_CIRCLE_MEMBERS = {
-    "radixkv.cli.replay_cmd", "radixkv.cli.report_cmd", "radixkv.cli.routing_args", "radixkv.cli.sweep_cmd",
-    "radixkv.html_report", "radixkv.plan.candidates", "radixkv.plan.html", "radixkv.plan.report",
-    "radixkv.plots", "radixkv.sweep.cell", "radixkv.sweep.executors", "radixkv.sweep.grid",
-    "radixkv.sweep.run", "radixkv.sweep.show", "radixkv.sweep.store",
-}
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -270,22 +245,17 @@ def test_the_circle_finder_on_a_graph_drawn_by_hand():
 
 
 def test_no_import_circle_at_all():
-    """The whole import graph inside radixkv/, function-level imports included, has no
-    circle (beyond :data:`ALLOWED_CIRCLE_MEMBERS`); a failure names each circle and one
-    path around it, each import as ``module:line imports module``."""
+    """The whole import graph inside radixkv/, function-level imports included (a late
+    import still makes two modules depend on each other), has no circle; a failure names
+    each circle and one path around it, each import as ``module:line imports module``."""
     mods = _modules()
     known = set(mods)
     lines = {name: _import_lines(name, path, known) for name, path in mods.items()}
     graph = {m: {d for d in deps if d != m and d in known} for m, deps in lines.items()}
-    bad, seen_allowed = [], set()
+    bad = []
     for comp in _circles(graph):
-        if set(comp) <= ALLOWED_CIRCLE_MEMBERS:
-            seen_allowed |= set(comp)
-            continue
         path = _circle_through(comp[0], set(comp), graph)
         steps = "\n".join(f"    {a}:{lines[a][b]} imports {b}" for a, b in zip(path, path[1:]))
         bad.append(f"circle of {len(comp)} modules: {', '.join(comp)}; e.g.\n{steps}")
     assert not bad, ("import circles (move code so that imports point one way; a lower module "
                      "never imports a higher one, not even inside a function):\n" + "\n".join(bad))
-    gone = sorted(ALLOWED_CIRCLE_MEMBERS - seen_allowed)
-    assert not gone, "no longer in an import circle, drop from ALLOWED_CIRCLE_MEMBERS: " + ", ".join(gone)

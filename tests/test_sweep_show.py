@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from radixkv.cli import main
-from radixkv.plots import _capacity_tokens, log_ticks, short_number, sweep_lines
+from radixkv.plots import log_ticks, short_number, sweep_lines
+from radixkv.sweep.show import capacity_tokens as _capacity_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "sweep-grid.toml"

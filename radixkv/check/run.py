@@ -377,6 +377,7 @@ def run_check(config: CheckConfig, *, update_baseline: bool = False, quiet: bool
         if t not in loaded:
             loaded[t] = load_trace(tr.path, format=tr.format)
         work.append((pols[p].spec, trace_tokens(loaded[t], tr.limit)))
+        _refuse_unfittable_pair(config, pols[p], t, loaded[t], tr.limit)  # before any kernel is compiled
     warmup_many(list(dict.fromkeys(p.spec for p in used)), work=work)
     need_hits = {(a.trace, a.policy) for a in config.assertions if a.kind == "golden"}
     summaries, hits = {}, {}
@@ -405,6 +406,34 @@ def run_check(config: CheckConfig, *, update_baseline: bool = False, quiet: bool
         key = (a.trace, a.policy)
         result.outcomes.append(evaluate(a, summaries[key], hits.get(key), baseline, goldens.get(a.golden), pools))
     return result
+
+
+def _refuse_unfittable_pair(config: CheckConfig, entry, trace_name: str, trace, limit) -> None:
+    """Build *entry*'s pool and check every request of *trace* (its first *limit*) fits it,
+    before any kernel is compiled (:func:`radixkv.replay.run.refuse_unfittable`).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        Naming the configuration file, the line of the policy's pool key and the field
+        (``policy[N].capacity_tokens``, ...), with the trace and the pool's problem: a pool
+        the policy cannot be built on (no whole block, more slots than modelled) or a
+        request larger than the whole pool.
+    """
+    from radixkv.check.config import _Ctx
+    from radixkv.replay.run import refuse_unfittable
+
+    try:
+        refuse_unfittable(trace, entry.spec, entry.pool, limit=limit, **entry.options)
+    except ConfigError as e:
+        index = config.policies.index(entry)
+        key = next(k for k in ("capacity_tokens", "num_gpu_blocks", "max_total_num_tokens")
+                   if getattr(entry.pool, k) is not None)
+        try:
+            ctx = _Ctx(config.path, Path(config.path).read_text(encoding="utf-8-sig"))
+        except OSError:  # the configuration went away since it was read: no line to give
+            ctx = _Ctx(config.path, "")
+        raise ctx.error(f"trace {trace_name!r}: {e.reason}", table="policy", index=index, key=key) from None
 
 
 def check(config_path, *, update_baseline: bool = False, quiet: bool = True) -> CheckResult:

@@ -179,9 +179,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args, parser=None) -> int:
     try:
+        from radixkv.cli._output import refuse_dash_outputs
+
+        refuse_dash_outputs(args, _own_flag(parser, args))
         rc = args.func(args)
     except InputError as e:
-        print(f"radixkv: error: {_cli_message(e, parser)}", file=sys.stderr)
+        print(f"radixkv: error: {_cli_message(e, parser, args)}", file=sys.stderr)
         return 2
     except OSError as e:
         if isinstance(e, BrokenPipeError):
@@ -198,15 +201,36 @@ def _run(args, parser=None) -> int:
     return 0 if rc is None else int(rc)
 
 
-def _cli_message(e: InputError, parser) -> str:
+def _own_flag(parser, args):
+    """``dest -> flag`` on the sub-parser that parsed *args* (``radixkv trace convert``'s
+    positional ``OUT`` is ``OUT``, not another verb's ``--out``); None when not found."""
+    p = parser
+    while p is not None:
+        sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or getattr(args, sub.dest, None) not in sub.choices:
+            break
+        p = sub.choices[getattr(args, sub.dest)]
+
+    def flag(dest):
+        for a in (p._actions if p is not None else ()):
+            if a.dest == dest:
+                longs = [o for o in a.option_strings if o.startswith("--")]
+                return (longs or a.option_strings or [a.metavar or dest.upper()])[0]
+        return None
+
+    return flag
+
+
+def _cli_message(e: InputError, parser, args=None) -> str:
     """*e* as the command line shows it: an error about a flag (``field`` a destination of
     the parser, no file or line) names the flag (``--disable-priority-preemption``), not the
     destination (``field 'disable_priority_preemption'``)."""
     field = getattr(e, "field", None)
     if parser is None or not field or getattr(e, "path", None) is not None or getattr(e, "line", None) is not None:
         return str(e)
-    flag = flag_of(parser, field)
-    if flag is None:
+    own = _own_flag(parser, args)(field) if args is not None else None  # the verb's own flag first
+    flag = own if own is not None else flag_of(parser, field)
+    if flag is None or not flag.startswith("-"):  # a positional argument: the message names it
         return str(e)
     reason = getattr(e, "reason", str(e))
     return reason if flag in reason else f"{flag}: {reason}"

@@ -10,15 +10,9 @@ from __future__ import annotations
 
 import sys
 
-#: the path meaning "standard output"
-STDOUT = "-"
-
-
-def add_json_arg(p, what: str) -> None:
-    """``--json [PATH]`` on parser *p*: write *what* as JSON to PATH, or print it (``-``)."""
-    p.add_argument("--json", metavar="PATH", nargs="?", const=STDOUT, default=None,
-                   help=f"write {what} as JSON (sorted keys) to PATH, atomically; '-' or no PATH prints it "
-                        f"on stdout (the table then goes to stderr). Default: no JSON")
+# the path meaning "standard output" and --json are defined below the CLI (a sweep grid refuses
+# replay's --json by name); importable from here
+from radixkv.flags.output import STDOUT, add_json_arg  # noqa: F401
 
 
 def human(*paths):
@@ -66,3 +60,39 @@ def inputs(args, *more) -> list:
             if x is not None and x != STDOUT and (dest != "model" or os.path.exists(x)):
                 out.append(str(x))
     return out + [str(x) for x in more if x is not None]
+
+
+#: output destinations that are written to a file only: ``-`` there named a file called
+#: ``-`` in the current folder (the fresh-user trial found ``--per-request -`` did that)
+FILE_ONLY_OUTPUTS = ("per_request", "timeline", "report", "miss_plot", "plot", "out")
+#: output destinations that ``-`` prints on stdout (:func:`emit`)
+STDOUT_OUTPUTS = ("json", "junit_xml", "markdown")
+
+
+def refuse_dash_outputs(args, flag_of=lambda dest: None) -> None:
+    """Refuse ``-`` where it cannot mean stdout, and two outputs on stdout at once.
+
+    ``--json -`` (and ``check``'s ``--junit-xml -`` / ``--markdown -``) print on stdout; every
+    other output (:data:`FILE_ONLY_OUTPUTS`: CSVs, HTML, PNGs, ``--out``) needs a file path.
+    Two of :data:`STDOUT_OUTPUTS` given ``-`` would interleave on stdout.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        Naming the flag (``field`` = its destination); for two stdout outputs, both flags.
+    """
+    from radixkv.errors import ConfigError
+
+    def name(dest):
+        return flag_of(dest) or dest.upper()
+
+    for dest in FILE_ONLY_OUTPUTS:
+        if getattr(args, dest, None) == STDOUT:
+            printers = [flag_of(d) or d for d in STDOUT_OUTPUTS if hasattr(args, d)]
+            where = f"'-' (stdout) is for {' and '.join(printers)} only" if printers else "'-' is not stdout here"
+            raise ConfigError(f"{name(dest)} - would write a file named '-' in the current folder: {where}; "
+                              f"give {name(dest)} a file path", field=dest)
+    on_stdout = [d for d in STDOUT_OUTPUTS if getattr(args, d, None) == STDOUT]
+    if len(on_stdout) > 1:
+        raise ConfigError(f"{name(on_stdout[1])} - and {name(on_stdout[0])} - would both print on stdout, one "
+                          f"after the other: give one of them a file path", field=on_stdout[1])

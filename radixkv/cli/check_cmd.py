@@ -80,7 +80,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("warmup", help="compile the Numba kernels of policies into the cache (for CI images)",
                        description="Compile (or load from NUMBA_CACHE_DIR) the kernels the given policies use; "
-                                   "default: every policy.")
+                                   "default: every built-in policy at its default option (an eviction order such as "
+                                   "vllm:16@lfu has kernels of its own: name it to warm them).")
     p.add_argument("policies", nargs="*", metavar="POLICY", help="policy specs, e.g. vllm:16 sglang:1")
     p.add_argument("--full", action="store_true",
                    help="also the kernels only hash-id traces (Mooncake-style units: vLLM's unit and piece pools) "

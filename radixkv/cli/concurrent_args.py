@@ -1,177 +1,52 @@
-"""Command-line flags of the concurrent replay, shared by ``radixkv replay`` and ``compare``.
+"""The concurrent replay's flags and the replay they describe, as the verbs use them.
 
-``add_concurrent_args(parser)`` adds the flags (engine names where the engines have one);
-``run_concurrent_from_args(trace, policy, args)`` (:mod:`radixkv.replay.settings`, imported
-here) runs the replay they describe. A flag
-the verb already defines (``--max-num-batched-tokens``, which also sizes vLLM's profiling
-pass; ``--model``, ``--gpu``, ``--tp``, ``--kv-cache-dtype`` of the pool) is not added
-again: the concurrent replay reads the verb's value, so one knob means one thing.
-
-=============================================== =========================================
-flag                                            meaning (default)
-=============================================== =========================================
-``--mode {sequential,concurrent}``              replay mode (sequential)
-``--max-num-seqs N``                            most running requests (256)
-``--max-num-batched-tokens N``                  tokens per step, chunked prefill (8192)
-``--enable-prefix-caching`` /                   off: replace the policy by ``NoCache`` on
-``--no-enable-prefix-caching``                  the same pool (on)
-``--static-reserved-fraction F``                replace the policy by ``StaticReservedCache``
-                                                reserving F of the same pool (unset)
-``--arrival {trace,poisson,gamma}``             arrival process (trace)
-``--time-scale X``                              multiply the trace's times (1.0)
-``--request-rate R``                            req/s for poisson/gamma
-``--burstiness K``                              gamma shape, vLLM's benchmark flag (1.0)
-``--seed S``                                    arrival seed (0)
-``--schedule-policy {fcfs,lpm}``                waiting-queue order (fcfs)
-``--admission {vllm,sglang}``                   admission/preemption rules (the policy
-                                                class's ``admission_rule``)
-``--enable-chunked-prefill`` /                   vLLM rules: off admits a request only when
-``--no-enable-chunked-prefill``                 its un-hit tokens fit the step (on)
-``--long-prefill-token-threshold N``            vLLM rules: cap on one prefill chunk when
-                                                more than one request is eligible (0 = off)
-``--timeline PATH``                              write one CSV row per engine step (``replay``)
-``--watermark F``                               vLLM rules: share of the pool's blocks an
-                                                admission leaves free (0.0)
-``--scheduling-policy {fcfs,priority}``         vLLM rules: waiting order and preemption
-                                                victim by the trace's ``priority`` column
-                                                (vLLM's flag; fcfs)
-``--enable-priority-scheduling``                SGLang rules: waiting queue by the trace's
-                                                ``priority`` (higher first), then queue
-                                                entry (off); needs
-                                                ``--disable-priority-preemption``
-``--schedule-low-priority-values-first``        SGLang rules: lower values first (off)
-``--disable-priority-preemption``               SGLang rules: no priority preemption (off)
-``--retraction-policy {length,priority}``       SGLang rules: decode retraction order (length)
-``--cost-model {roofline,fitted,profiled,PATH}`` step-time model (roofline): the assumed
-                                                roofline, the roofline fitted on measured
-                                                GPU timings, the measured profiles, or a
-                                                profile JSON (radixkv.clock, docs/clock.md)
-``--mfu F``, ``--mbu F``                        cost-model efficiencies (0.6, 0.8); with a
-                                                calibrated model, of its attention term
-``--step-overhead-s T``                         fixed seconds per step (0)
-``--request-intake-s T``                        seconds a single-threaded server front end
-                                                spends per request before the engine sees
-                                                it (0; radixkv.cost.intake_arrivals, a
-                                                fitted value in docs/clock-e2e.md)
-=============================================== =========================================
+The flags (``--mode``, ``--max-num-seqs``, the arrival process, the engines' scheduling and
+cost-model knobs; their table is :mod:`radixkv.flags.concurrent`'s docstring) are defined
+in :mod:`radixkv.flags.concurrent`, below the CLI, since a sweep grid reads them as its keys
+(:mod:`radixkv.sweep.grid`); the replay they describe is the library's
+(:mod:`radixkv.replay.settings`). Both are importable from here.
 """
 from __future__ import annotations
 
-import argparse
-
-from radixkv.errors import ConfigError
-# the replay these flags describe is the library's (radixkv.replay.settings); importable from here
+from radixkv.flags.concurrent import add_concurrent_args, refuse_concurrent_only_flags  # noqa: F401
 from radixkv.replay.settings import (  # noqa: F401
     concurrent_config_from_args, cost_model_from_args, policy_from_args, run_concurrent_from_args,
 )
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {v}")
-    return v
+def refuse_scheduler_conflicts(args, specs, *, routed: bool = False) -> None:
+    """Refuse, before the trace is loaded or any kernel compiled, the scheduler flags that
+    the concurrent replay of each of *specs* would refuse (an engine's knob under the other
+    engine's rules, ``--enable-priority-scheduling`` without ``--disable-priority-preemption``,
+    ...): the same check, :func:`radixkv.replay.scheduler.rule_of`, on the flags as each
+    policy reads them (:func:`radixkv.replay.settings.args_for_rule` in a comparison of both
+    engines; *routed*: the flags as given, as the replicas read them). Without
+    ``--mode concurrent`` nothing is checked here (:func:`refuse_concurrent_only_flags`).
 
-
-def _has(parser: argparse.ArgumentParser, flag: str) -> bool:
-    return flag in parser._option_string_actions  # argparse keeps every option string here
-
-
-def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
-    """Add the concurrent-replay flags to *parser* (skipping flags it already has)."""
-    g = parser.add_argument_group("concurrent replay (--mode concurrent)")
-
-    def add(flag, *more, **kw):
-        if not _has(parser, flag):
-            g.add_argument(flag, *more, **kw)
-
-    add("--mode", choices=["sequential", "concurrent"], default="sequential",
-        help="sequential: one request at a time (cache study); concurrent: arrivals, batching, preemption")
-    add("--max-num-seqs", type=int, default=256, help="most running requests (vLLM --max-num-seqs; default 256)")
-    add("--max-num-batched-tokens", type=int, default=None,
-        help="tokens per engine step, chunked prefill (vLLM's knob; default 8192)")
-    if not _has(parser, "--enable-prefix-caching"):
-        g.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", default=True,
-                       help="replay the given policy (default)")
-        g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                       help="replay with caching off (NoCache) on the same pool")
-    add("--static-reserved-fraction", type=float, default=None, metavar="F",
-        help="replay a statically partitioned pool reserving F of it for cached prefixes")
-    add("--arrival", choices=["trace", "poisson", "gamma"], default="trace",
-        help="trace timestamps, or re-timing at --request-rate")
-    add("--time-scale", type=float, default=1.0, help="multiply the trace's arrival times (<1 compresses)")
-    add("--request-rate", type=float, default=None, help="requests per second for --arrival poisson/gamma")
-    add("--burstiness", type=float, default=1.0, help="gamma shape (1 = Poisson; <1 burstier)")
-    add("--seed", type=_nonneg_int, default=0, help="seed of the arrival process (≥ 0)")
-    add("--schedule-policy", choices=["fcfs", "lpm"], default="fcfs",
-        help="waiting-queue order (SGLang --schedule-policy; lpm needs a policy with peek_hit)")
-    add("--admission", choices=["vllm", "sglang"], default=None,
-        help="admission and preemption rules (default: the policy class's admission_rule)")
-    if not _has(parser, "--enable-chunked-prefill"):
-        g.add_argument("--enable-chunked-prefill", dest="enable_chunked_prefill", action="store_true", default=True,
-                       help="split long prefills over steps (vLLM's default)")
-        g.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
-                       help="vLLM rules: admit a request only when its un-hit tokens fit the step's budget")
-    add("--long-prefill-token-threshold", type=_nonneg_int, default=0, metavar="N",
-        help="vLLM rules: most tokens of one prefill chunk when more than one request is eligible (0 = off)")
-    add("--timeline", metavar="OUT.csv", default=None,
-        help="write one CSV row per engine step: running, waiting, batch tokens, pool running/cached/free slots")
-    add("--watermark", type=float, default=0.0, metavar="F",
-        help="vLLM rules: share of the pool's blocks an admission must leave free while others run (0.0)")
-    add("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
-        help="vLLM rules: fcfs, or priority (waiting queue by the trace's priority then arrival, lower first; "
-             "preempt the running request with the largest (priority, arrival)); vLLM's --scheduling-policy")
-    add("--enable-priority-scheduling", action="store_true", default=False,
-        help="SGLang rules: sort the waiting queue by the trace's priority (higher values first), then queue entry; "
-             "needs --disable-priority-preemption (SGLang's priority preemption is not modelled)")
-    add("--schedule-low-priority-values-first", action="store_true", default=False,
-        help="SGLang rules, with --enable-priority-scheduling: lower priority values first")
-    add("--disable-priority-preemption", action="store_true", default=False,
-        help="SGLang rules, with --enable-priority-scheduling: no preemption of running requests by priority")
-    add("--retraction-policy", choices=["length", "priority"], default="length",
-        help="SGLang rules: decode retraction order (priority: least preferred priority first; "
-             "needs --enable-priority-scheduling)")
-    add("--cost-model", default="roofline", metavar="{roofline,fitted,profiled,PATH}",
-        help="step-time model: roofline (assumed MFU/MBU, the default), fitted (MFU/MBU/per-layer time fitted "
-             "on Vidur's measured GPU timings), profiled (the measured per-layer tables), or a profile JSON "
-             "(docs/clock.md)")
-    add("--mfu", type=float, default=0.6, help="achieved fraction of peak FLOP/s (cost model)")
-    add("--mbu", type=float, default=0.8, help="achieved fraction of HBM bandwidth (cost model)")
-    add("--step-overhead-s", type=float, default=0.0, help="fixed seconds added to every step")
-    add("--request-intake-s", type=float, default=0.0, metavar="T",
-        help="seconds a single-threaded server front end (HTTP, tokenisation) spends per request before the "
-             "engine sees it; TTFT counts it (0 = none; ~0.003 fitted on vLLM 0.6 runs, docs/clock-e2e.md)")
-    for a in g._group_actions:  # argparse keeps a group's actions here
-        if a.dest not in _READ_BY_SEQUENTIAL:
-            _CONCURRENT_ONLY.setdefault(a.dest, (a.default, []))[1].append(a)
-
-
-#: flags of the group that the sequential replay reads too (--timeline has its own message)
-_READ_BY_SEQUENTIAL = {"mode", "max_num_batched_tokens", "timeline"}
-#: dest -> (default, actions) of the flags only the concurrent replay reads
-_CONCURRENT_ONLY: dict = {}
-
-
-def refuse_concurrent_only_flags(args) -> None:
-    """Refuse a concurrent-replay flag set away from its default when ``--mode`` is not
-    ``concurrent`` (the sequential replay would ignore it silently).
+    The rule is the one the replay uses: ``--admission``, else the admission rule of the
+    class that runs (``NoCache`` under ``--no-enable-prefix-caching``,
+    ``StaticReservedCache`` under ``--static-reserved-fraction``, else the policy's).
 
     Raises
     ------
     radixkv.errors.ConfigError
-        Naming the first such flag (field = its dest).
+        The replay's own message, naming the flags (field = the flag's dest).
     """
-    if getattr(args, "mode", "sequential") == "concurrent":
+    if getattr(args, "mode", "sequential") != "concurrent":
         return
-    for dest, (default, actions) in _CONCURRENT_ONLY.items():
-        value = getattr(args, dest, default)
-        if value != default:
-            # the flag that sets this value: --no-X of a store_false pair, else the first
-            flag = next((a.option_strings[0] for a in actions if a.nargs == 0 and a.const == value),
-                        actions[0].option_strings[0])
-            raise ConfigError(f"{flag} applies to the concurrent replay only: add --mode concurrent or drop it",
-                              field=dest)
+    import dataclasses
 
+    from radixkv.replay.scheduler import rule_of
+    from radixkv.replay.settings import args_for_rule, concurrent_config_from_args
+
+    admission = getattr(args, "admission", None)
+    rules = [admission or getattr(s.build_class, "admission_rule", "vllm") for s in specs]
+    for spec, rule in zip(specs, rules):
+        own = args if routed else args_for_rule(args, rule, rules)
+        cls = spec.build_class
+        if not getattr(own, "enable_prefix_caching", True):
+            from radixkv.policies.no_cache import NoCache as cls
+        elif getattr(own, "static_reserved_fraction", None) is not None:
+            from radixkv.policies.static_reserved import StaticReservedCache as cls
+        runs = admission or getattr(cls, "admission_rule", "vllm")
+        rule_of(None, dataclasses.replace(concurrent_config_from_args(own), admission=runs))

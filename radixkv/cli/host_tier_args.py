@@ -1,4 +1,5 @@
-"""CLI flags of a host-memory (L2) KV tier, SGLang HiCache's names.
+"""CLI flags of a host-memory (L2) KV tier, SGLang HiCache's names (defined in
+:mod:`radixkv.flags.host_tier`), and the policy options they set.
 
 ``--hicache-ratio R``          host pool = R × the device pool (SGLang ``--hicache-ratio``)
 ``--hicache-size GB``          host pool in GB at the model's KV bytes per token (SGLang
@@ -26,43 +27,13 @@ import math
 from dataclasses import replace
 
 from radixkv.errors import ConfigError
+from radixkv.flags.host_tier import add_host_tier_args  # noqa: F401  (importable from here, as before)
 
 _FLAGS = ("hicache_ratio", "hicache_size", "host_cache_tokens", "hicache_write_policy", "kv_offloading_size",
           "hicache_storage_backend", "hicache_storage_prefetch_policy", "storage_cache_tokens")
 #: the flags a host-tier class takes unless it says otherwise (``host_tier_flags``)
 _SGLANG_FLAGS = ("hicache_ratio", "hicache_size", "host_cache_tokens", "hicache_write_policy",
                  "hicache_storage_backend", "hicache_storage_prefetch_policy", "storage_cache_tokens")
-
-
-def add_host_tier_args(p) -> None:
-    """Add the host-tier flags to parser *p*."""
-    g = p.add_argument_group("host-memory KV tier (sglang-hicache, vllm-offload)")
-    g.add_argument("--hicache-ratio", type=float, default=None, metavar="R",
-                   help="host KV pool = R x the device pool (SGLang --hicache-ratio; the policy's default 2.0)")
-    g.add_argument("--hicache-size", type=float, default=None, metavar="GB",
-                   help="host KV pool in GB (1e9 bytes) at the model's KV bytes per token (SGLang --hicache-size; "
-                        "needs --model)")
-    g.add_argument("--host-cache-tokens", type=int, default=None, metavar="N",
-                   help="host KV pool in tokens (0: no host tier)")
-    g.add_argument("--hicache-write-policy", default=None,
-                   choices=("write_through", "write_through_selective", "write_back"),
-                   help="SGLang --hicache-write-policy (default write_through)")
-    g.add_argument("--host-link", default=None, metavar="LINK",
-                   help="host-to-GPU link that prices load backs in --mode concurrent: pcie4-x16, pcie5-x16, "
-                        "nvlink-c2c (radixkv.cost.HOST_LINKS) or bytes/s per direction")
-    g.add_argument("--hicache-storage-backend", default=None, choices=("file",),
-                   help="SGLang --hicache-storage-backend: an L3 store behind the host pool (sglang-hicache; "
-                        "sequential replay)")
-    g.add_argument("--hicache-storage-prefetch-policy", default=None,
-                   choices=("best_effort", "wait_complete", "timeout"),
-                   help="SGLang --hicache-storage-prefetch-policy (the sequential replay completes every "
-                        "prefetch before admission, so all three give the same hits)")
-    g.add_argument("--storage-cache-tokens", type=int, default=None, metavar="N",
-                   help="L3 capacity in tokens, page LRU as SGLang's capped file backend (default: unbounded, "
-                        "SGLang's file default; 0: no L3 tier)")
-    g.add_argument("--kv-offloading-size", type=float, default=None, metavar="GiB",
-                   help="vLLM CPU KV offloading buffer in GiB (2**30 bytes), all TP ranks together "
-                        "(vLLM --kv-offloading-size; policy vllm-offload; needs --model)")
 
 
 def host_tier_spec(spec, args):
@@ -165,7 +136,6 @@ def add_host_tier_bytes(summary: dict, args) -> dict:
 
         bpt = get_model(model).kv_bytes_per_token(int(getattr(args, "tp", 1) or 1),
                                                   getattr(args, "kv_cache_dtype", None))
-    for way in ("gpu_to_host", "host_to_gpu", "host_to_storage", "storage_to_host"):
-        tokens = summary.get(f"{way}_tokens")
-        summary[f"{way}_bytes"] = None if tokens is None or bpt is None else int(tokens) * int(bpt)
-    return summary
+    from radixkv.metrics import fill_tier_bytes
+
+    return fill_tier_bytes(summary, bpt)

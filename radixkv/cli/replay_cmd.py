@@ -12,19 +12,24 @@ the memory model (``--model M --gpu G`` with ``--gpu-memory-utilization``,
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 
 from radixkv.cli import routing_args as _routing
-from radixkv.cli._output import add_json_arg, emit, files, human, inputs
-from radixkv.cli.concurrent_args import add_concurrent_args, refuse_concurrent_only_flags
+from radixkv.cli._output import emit, files, human, inputs
+from radixkv.cli.concurrent_args import refuse_scheduler_conflicts
 from radixkv.cli.flag_rules import refuse_moot_flags, refuse_moot_policy_flags
-from radixkv.cli.report_cmd import add_report_arg, run_tables, write_run_report
-from radixkv.cli.sweep_cmd import add_executor_args
+from radixkv.cli.report_cmd import run_tables, write_run_report
 from radixkv.cli import traffic_args as _traffic
 from radixkv.errors import ConfigError
-from radixkv.cli.host_tier_args import add_host_tier_args, add_host_tier_bytes, host_tier_spec
+from radixkv.cli.host_tier_args import add_host_tier_bytes, host_tier_spec
+from radixkv.flags.concurrent import add_concurrent_args, refuse_concurrent_only_flags
+from radixkv.flags.executor import add_executor_args
+from radixkv.flags.output import add_json_arg, add_report_arg
+from radixkv.flags.replay import (TIMING_HELP, add_miss_args, add_policy_size_args, add_pool_args, add_replay_flags,
+                                  add_trace_args, add_window_arg, int_tokens)
+from radixkv.flags.routing import add_routing_args
+from radixkv.flags.traffic import add_traffic_args
 from radixkv.policies.registry import PolicySpec, parse_policy
 from radixkv.replay.pool_settings import check_pool_args as _check_pool_args
 from radixkv.replay.pool_settings import pool_for_policy
@@ -33,46 +38,7 @@ from radixkv.report import format_table
 from radixkv.util import atomic_write_text, check_output_paths, dumps_json
 
 
-# ---------------------------------------------------------------------- arguments
-def _int_tokens(text: str) -> int:
-    """Parse a token count such as ``32768``, ``1e6`` or ``2_000_000``."""
-    try:
-        v = float(text.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(v) or v != int(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole non-negative number")
-    return int(v)
-
-
-def _add_trace_args(p):
-    p.add_argument("trace", metavar="TRACE", help="trace file or directory")
-    p.add_argument("--format", default=None, help="trace format (default: detected from content)")
-    p.add_argument("--limit", type=int, default=None, metavar="K", help="replay only the first K requests")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-def _add_pool_args(p):
-    g = p.add_argument_group("pool size (one of)")
-    g.add_argument("--capacity-tokens", type=_int_tokens, metavar="N", help="usable KV pool size in tokens")
-    g.add_argument("--num-gpu-blocks", type=_int_tokens, metavar="N", help="vLLM num_gpu_blocks (block 0 reserved)")
-    g.add_argument("--max-total-num-tokens", type=_int_tokens, metavar="N", help="SGLang max_total_num_tokens")
-    g.add_argument("--pool-from-log", metavar="LOG", default=None,
-                   help="the pool a vLLM or SGLang server logged at start-up (its log file)")
-    m = p.add_argument_group("pool from the memory model")
-    m.add_argument("--model", help="model preset or path to a Hugging Face config.json")
-    m.add_argument("--gpu", help="GPU preset (`radixkv memory --help` lists them; H100 = H100-80GB)")
-    m.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's knob")
-    m.add_argument("--mem-fraction-static", type=float, default=None, help="SGLang's knob")
-    m.add_argument("--kv-cache-dtype", default=None, help="e.g. fp8")
-    m.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    m.add_argument("--max-num-batched-tokens", type=int, default=None, help="vLLM profiling pass size")
-    m.add_argument("--max-model-len", type=_int_tokens, default=None, metavar="TOKENS",
-                   help="context length: a prompt the engine refuses (vLLM: ≥ L tokens; SGLang: ≥ L − 6) is not "
-                        "served and is counted in rejected_requests, outputs are capped to the context "
-                        "(radixkv/replay/context.py; default: the --model's context, no limit without --model)")
-
-
+# ---------------------------------------------------------------------- arguments (the flags: radixkv.flags)
 def _context(args) -> int | None:
     """The context length the flags give (``--max-model-len``, else ``--model``'s), or None."""
     from radixkv.replay.context import resolve_max_model_len
@@ -226,6 +192,7 @@ def cmd_replay(args) -> int:
     spec = host_tier_spec(parse_policy(args.policy, block_size=args.block_size, page_size=args.page_size), args)
     _refuse_unused_size_flags(args, [spec])
     refuse_moot_policy_flags(args, [spec], per_engine_rule=args.per_engine_rule)
+    refuse_scheduler_conflicts(args, [spec], routed=_routing.routed(args))
     pool, desc = pool_for_policy(args, spec, per_engine_rule=args.per_engine_rule)
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
@@ -351,13 +318,6 @@ def _explain_concurrent(args, spec, pool) -> int:
     return 0
 
 
-def _policy_names() -> str:
-    """The policy names ``--policy`` accepts, from the one registry (for help texts)."""
-    from radixkv.policies.registry import available_policies
-
-    return " | ".join(available_policies())
-
-
 def _policies(args) -> list[PolicySpec]:
     """The ``--policies`` list, parsed; an empty entry (``a,,b``, a trailing comma) or a policy
     named twice (``vllm,vllm:16``) is a :class:`ConfigError` naming the entry."""
@@ -407,6 +367,7 @@ def cmd_compare(args) -> int:
     refuse_moot_flags(args)
     specs = _policies(args)
     refuse_moot_policy_flags(args, specs, per_engine_rule=args.per_engine_rule)
+    refuse_scheduler_conflicts(args, specs, routed=_routing.routed(args))
     _check_miss_args(args)
     _check_window_arg(args)
     pools = [pool_for_policy(args, s, per_engine_rule=args.per_engine_rule) for s in specs]
@@ -492,7 +453,7 @@ def cmd_curve(args) -> int:
         raise ConfigError("--miss-causes runs on the local executor", field="miss_causes")
     _check_window_arg(args)
     try:
-        caps = [_int_tokens(c) for c in args.capacities.split(",") if c.strip()]
+        caps = [int_tokens(c) for c in args.capacities.split(",") if c.strip()]
     except argparse.ArgumentTypeError as e:
         raise ConfigError(str(e), field="capacities") from None
     if getattr(args, "pool_from_log", None) is not None:
@@ -597,7 +558,7 @@ def _host_curve(args, specs, caps, outs) -> int:
         raise ConfigError("--host-capacities runs on the local executor, without --miss-causes",
                           field="host_capacities")
     try:
-        hosts = [_int_tokens(c) for c in args.host_capacities.split(",") if c.strip()]
+        hosts = [int_tokens(c) for c in args.host_capacities.split(",") if c.strip()]
     except argparse.ArgumentTypeError as e:
         raise ConfigError(str(e), field="host_capacities") from None
     if not hosts:
@@ -696,18 +657,6 @@ def _on_executor(args, trace, settings_list):
     return out
 
 
-def _add_miss_args(p):
-    p.add_argument("--miss-causes", action="store_true",
-                   help="split every request's missed prompt tokens by cause (compulsory, capacity, alignment, "
-                        "last-token cap; with --mode concurrent also in-flight, routing with --replicas, and "
-                        "preemption: prompt tokens recomputed after a preemption/retraction; docs/miss-causes.md) against "
-                        "shadow replays (default off)")
-    p.add_argument("--miss-fix", action="store_true",
-                   help="with the miss causes (implied), what would fix them: the pool at which capacity misses "
-                        "halve (a few more replays; with --mode concurrent each a whole concurrent replay, per "
-                        "replica with --replicas) and the hit gained at the next smaller block/page size")
-
-
 def _check_miss_args(args):
     """``--miss-causes`` and ``--miss-fix`` (which implies it) run with the sequential
     single-pool replay and the concurrent one (one engine or ``--replicas``)."""
@@ -754,14 +703,6 @@ def _miss_options(args) -> dict:
     return {"miss_causes": "fix" if fix else True}
 
 
-def _add_window_arg(p):
-    p.add_argument("--measure-last", type=float, default=None, metavar="FRACTION",
-                   help="also report the hit metrics over the last FRACTION (0 < F <= 1) of the replayed requests, "
-                        "the earlier ones only warming the cache (0.5: kvcache-simulator's 'last 50 %% of requests'; "
-                        "the window starts at request floor(n*(1-F))); sequential replay only; the whole-replay "
-                        "metrics are unchanged (default: no window)")
-
-
 def _check_window_arg(args) -> None:
     """``--measure-last``: a share in (0, 1], on the sequential single-pool local replay
     (the windowed metrics are of :func:`radixkv.metrics.window_summary`)."""
@@ -784,71 +725,35 @@ def _check_window_arg(args) -> None:
         raise ConfigError("--measure-last runs on the local executor", field="measure_last")
 
 
-def _add_policy_size_args(p):
-    p.add_argument("--block-size", type=int, default=None, metavar="TOKENS",
-                   help="vLLM block_size in tokens for vllm/none/static specs without :SIZE (default 16)")
-    p.add_argument("--page-size", type=int, default=None, metavar="TOKENS",
-                   help="SGLang page_size in tokens for sglang specs without :SIZE (default 1)")
-    add_host_tier_args(p)
-
-
-_TIMING_HELP = "leave wall-clock times out of the JSON, so two runs give byte-identical files (default: kept)"
-
-
 def register(sub) -> None:
     p = sub.add_parser("replay", help="replay a trace through one policy", description=cmd_replay.__doc__)
-    _add_trace_args(p)
-    p.add_argument("--policy", required=True,
-                   help="policy spec NAME[:SIZE][@OPTION], NAME one of " + _policy_names() + ", a plug-in NAME "
-                        "(entry point radixkv.policies) or package.module:Class[:SIZE]; e.g. vllm:16, sglang:1, "
-                        "static:16@0.3")
-    _add_policy_size_args(p)
-    _add_pool_args(p)
-    add_json_arg(p, "the summary")
-    add_report_arg(p)
-    p.add_argument("--per-request", metavar="OUT.csv", help="write one CSV row per request to OUT.csv (default: not written)")
-    p.add_argument("--verify", action="store_true",
-                   help="vllm: compare the stored ids on every block-hash hit (slower; default off)")
-    p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
-    _add_window_arg(p)
-    _add_miss_args(p)
-    _traffic.add_traffic_args(p)
-    p.add_argument("--explain", metavar="REQUEST_ID", default=None,
-                   help="instead of the summary, explain one request: which earlier request first computed each "
-                        "reusable span of its prompt, and which requests (with --mode concurrent: which engine steps "
-                        "and their batches; in-flight and other-replica spans marked) inserted and evicted what it "
-                        "could hit")
-    p.add_argument("--per-engine-rule", action="store_true",
-                   help="with --model/--gpu: size the pool by the policy's own engine's rule (SGLang's "
-                        "mem_fraction_static for sglang:p; default: vLLM's rule for every policy)")
-    add_concurrent_args(p)
-    _routing.add_routing_args(p)
+    add_replay_flags(p)
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("compare", help="several policies on one pool, side by side", description=cmd_compare.__doc__)
-    _add_trace_args(p)
+    add_trace_args(p)
     p.add_argument("--policies", required=True, help="comma-separated policy specs, e.g. vllm:16,vllm:32,sglang:1,none")
-    _add_policy_size_args(p)
-    _add_pool_args(p)
+    add_policy_size_args(p)
+    add_pool_args(p)
     p.add_argument("--per-engine-rule", action="store_true",
                    help="with --model/--gpu: size each engine's pool by its own rule (default: vLLM's rule for all)")
     add_json_arg(p, "every policy's summary")
     add_report_arg(p)
-    p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
-    _add_window_arg(p)
-    _add_miss_args(p)
+    p.add_argument("--no-timing", action="store_true", help=TIMING_HELP)
+    add_window_arg(p)
+    add_miss_args(p)
     p.add_argument("--miss-plot", metavar="OUT.png", default=None,
                    help="write a stacked bar per policy of the miss causes to OUT.png (implies --miss-causes)")
-    _traffic.add_traffic_args(p)
+    add_traffic_args(p)
     add_concurrent_args(p)
     add_executor_args(p)
-    _routing.add_routing_args(p)
+    add_routing_args(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("curve", help="hit rate against pool capacity (JSON + PNG)", description=cmd_curve.__doc__)
-    _add_trace_args(p)
+    add_trace_args(p)
     p.add_argument("--policies", required=True, help="comma-separated policy specs, e.g. vllm:16,sglang:1,unit-lru")
-    _add_policy_size_args(p)
+    add_policy_size_args(p)
     p.add_argument("--capacities", default="1e4,1e5,1e6,2e6,3e6,5e6,1e7,5e7",
                    help="comma-separated pool sizes in tokens")
     p.add_argument("--pool-from-log", metavar="LOG", default=None,
@@ -867,8 +772,8 @@ def register(sub) -> None:
                    help="write PREFIX.json and PREFIX.png (default: nothing written)")
     add_json_arg(p, "the curves")
     add_report_arg(p)
-    p.add_argument("--no-timing", action="store_true", help=_TIMING_HELP)
-    _add_window_arg(p)
+    p.add_argument("--no-timing", action="store_true", help=TIMING_HELP)
+    add_window_arg(p)
     p.add_argument("--miss-causes", action="store_true",
                    help="add the totals and shares of the miss causes to every point (one pair of shadow replays "
                         "per policy serves all capacities; docs/DESIGN.md)")

@@ -7,6 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from radixkv.flags.output import add_report_arg  # noqa: F401  (importable from here, as before)
+
 
 def cmd_report(args) -> int:
     """Write one self-contained static HTML page (no network, no script) from result files:
@@ -36,13 +38,6 @@ def cmd_report(args) -> int:
 
 def _command() -> str:
     return "radixkv " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv and sys.argv[0] else ""
-
-
-def add_report_arg(p) -> None:
-    """``--report PATH`` on a replay verb: also write the HTML report of this run."""
-    p.add_argument("--report", metavar="PATH.html", default=None,
-                   help="also write a self-contained HTML report of this run (tables, figures, provenance) to "
-                        "PATH.html (default: not written)")
 
 
 def write_run_report(path, doc: dict, tables=(), *, stream=None) -> None:

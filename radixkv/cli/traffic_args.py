@@ -1,25 +1,11 @@
 """``--by ATTR``, ``--isolation MODE`` and ``--isolation-price`` of ``radixkv replay`` and
 ``compare``: results per request attribute (tenant, type, turn, LoRA, ...) and what cache
-isolation costs (:mod:`radixkv.breakdown`; the cache keys: :mod:`radixkv.trace.cache_keys`)."""
+isolation costs (:mod:`radixkv.breakdown`; the cache keys: :mod:`radixkv.trace.cache_keys`; the flags are
+defined in :mod:`radixkv.flags.traffic`)."""
 from __future__ import annotations
 
-from radixkv.breakdown import BY_ATTRIBUTES
 from radixkv.errors import ConfigError
-from radixkv.trace.cache_keys import ISOLATION_MODES
-
-
-def add_traffic_args(p) -> None:
-    """Add the three flags to a ``replay`` / ``compare`` parser."""
-    g = p.add_argument_group("traffic attributes")
-    g.add_argument("--by", choices=list(BY_ATTRIBUTES), default=None,
-                   help="also break hit rate, miss causes (with --miss-causes) and TTFT (concurrent mode) down by "
-                        "this request attribute (default: not broken down)")
-    g.add_argument("--isolation", choices=list(ISOLATION_MODES), default="cache_salt",
-                   help="what salts the cache keys: the trace's cache_salt, every tenant its own salt (tenant), "
-                        "or nothing (none: tenants share). LoRA adapters and images are keys in every mode")
-    g.add_argument("--isolation-price", action="store_true",
-                   help="replay the trace again without salts and report the hit tokens isolation loses "
-                        "(per group with --by)")
+from radixkv.flags.traffic import add_traffic_args  # noqa: F401  (importable from here, as before)
 
 
 def apply_isolation(trace, args):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, replace
 
-#: the replay's defaults for the knobs the plan varies (radixkv.cli.concurrent_args)
+#: the replay's defaults for the knobs the plan varies (radixkv.flags.concurrent)
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_MAX_NUM_SEQS = 256
 #: vLLM's default gpu_memory_utilization (vllm/engine/arg_utils.py :: EngineArgs)

@@ -46,7 +46,7 @@ def _label(p) -> str:
 def _latency_cell(key, p) -> str:
     """A latency cell: ``overload`` for an overloaded point (never its number), ``-`` for a
     point not replayed, else the JSON value."""
-    from radixkv.html_report import _cell
+    from radixkv.html_parts import cell as _cell
 
     if not p.get("replayed"):
         return f'<td class="na" data-key="{key}" data-value="not replayed">-</td>'
@@ -56,7 +56,7 @@ def _latency_cell(key, p) -> str:
 
 
 def _row(role, p, terms) -> str:
-    from radixkv.html_report import _cell
+    from radixkv.html_parts import cell as _cell
 
     slo = "yes" if p["meets_slo"] else ("no" if p["replayed"] else "-")
     if p.get("pruned") and not p["replayed"]:
@@ -83,7 +83,7 @@ def plan_section(doc: dict, idx: int = 0) -> str:
     KeyError
         *doc* is not a plan's document (:func:`is_plan_doc` says which are).
     """
-    from radixkv.html_report import _png
+    from radixkv.html_parts import png as _png
     from radixkv.plan.report import pareto_figure
     from radixkv.plan.spec import format_slo
 

@@ -48,6 +48,11 @@ FAMILY_MODULES = {
     "radix": ("radixkv.policies._radix_kernels",),
 }
 
+#: compiled-only kernel families (priority functions called by address) → the switchable
+#: family whose kernels they call: while one of them runs, that family stays compiled (its
+#: interpreted twins would be globals the compiled kernels cannot type)
+BASE_FAMILY = {"block_priority": "hash", "radix_priority": "radix"}
+
 #: on a cold cache, ``auto`` interprets a family whose planned replays total at most
 #: this many prompt + output tokens (about 3–7 s interpreted on one 2020s core, against
 #: 8–13 s of compiling)
@@ -198,6 +203,8 @@ def plan(work) -> dict:
     m = mode()
     tokens: dict = {}
     spec_of: dict = {}
+    work = list(work)
+    pinned = {_pin_base(spec) for spec, _ in work} - {None}
     for spec, n in work:
         fam = family_of(spec)
         if fam is None:
@@ -206,7 +213,9 @@ def plan(work) -> dict:
         spec_of.setdefault(fam, spec)
     out = {}
     for fam, n in tokens.items():
-        if m != "auto":
+        if fam in pinned:
+            interp = False
+        elif m != "auto":
             interp = m == "interpret"
         elif _decided.get(fam) == "compiled":
             interp = False
@@ -230,6 +239,7 @@ def before_replay(spec, tokens: int) -> str | None:
 
     Returns ``"compiled"``, ``"interpreted"`` or None (a policy without a family).
     """
+    _pin_base(spec)
     fam = family_of(spec)
     if fam is None:
         return None
@@ -244,6 +254,20 @@ def before_replay(spec, tokens: int) -> str | None:
                 use_compiled(fam)
                 _decided[fam] = "compiled"
     return _decided[fam]
+
+
+def _pin_base(spec) -> str | None:
+    """For a policy of a compiled-only family (:data:`BASE_FAMILY`: ``vllm:16@lfu``,
+    ``sglang:1@lfu``), switch the family whose kernels it calls to compiled, now and for
+    the rest of the process, and return that family; None for any other policy. (Run
+    interpreted, those kernels are plain Python functions that the priority kernels,
+    compiled on a cold cache, cannot call: ``compare --policies vllm:16,vllm:16@lfu`` on a
+    cold cache failed with Numba's "Untyped global name".)"""
+    base = BASE_FAMILY.get(getattr(getattr(spec, "build_class", None), "kernel_family", None))
+    if base is not None and _decided.get(base) != "compiled":
+        use_compiled(base)
+        _decided[base] = "compiled"
+    return base
 
 
 def mark_compiled(spec) -> None:

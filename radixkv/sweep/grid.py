@@ -31,6 +31,7 @@ import itertools
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,17 +50,16 @@ _NOT_IN_CELL = ("report", "timeline", "explain", "by", "isolation", "isolation_p
 @functools.lru_cache(maxsize=1)
 def _replay_parser() -> argparse.ArgumentParser:
     """The ``radixkv replay`` parser: the one source of truth for every knob's name, type,
-    choices and default. A grid's keys *are* that verb's flags, so the grid reads its
-    schema from the parser the command line builds; this is the one import of
-    :mod:`radixkv.cli` outside it (the flags are argparse definitions beside the verb's
-    output flags; the logic they feed lives in the library, :mod:`radixkv.replay.settings`
-    and :mod:`radixkv.replay.pool_settings`). ``tests/test_layers.py`` allows exactly this."""
-    from radixkv.cli.replay_cmd import register
+    choices and default. A grid's keys *are* that verb's flags, so the grid builds the
+    verb's parser from the same definitions the command line does
+    (:func:`radixkv.flags.replay.add_replay_flags`, below the CLI: the grid imports nothing
+    of :mod:`radixkv.cli`); the logic the flags feed lives in the library,
+    :mod:`radixkv.replay.settings` and :mod:`radixkv.replay.pool_settings`."""
+    from radixkv.flags.replay import add_replay_flags
 
-    top = argparse.ArgumentParser(add_help=False)
-    register(top.add_subparsers(dest="verb"))
-    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices["replay"]
+    p = argparse.ArgumentParser(prog="radixkv replay")
+    add_replay_flags(p)
+    return p
 
 
 @functools.lru_cache(maxsize=1)
@@ -74,7 +74,7 @@ def _replay_actions() -> dict[str, argparse.Action]:
 
 def _concurrent_only(acts) -> set[str]:
     """Flags that only a concurrent replay reads: the replay parser's concurrent-replay
-    group (:func:`radixkv.cli.concurrent_args.add_concurrent_args`, the group that holds
+    group (:func:`radixkv.flags.concurrent.add_concurrent_args`, the group that holds
     ``--mode``) but ``--mode``; ``--max-num-batched-tokens`` also sizes vLLM's profiling
     pass, so it stays (it is defined with the pool flags)."""
     group = next(g for g in _replay_parser()._action_groups if any(a.dest == "mode" for a in g._group_actions))
@@ -182,6 +182,36 @@ def _convert(key: str, value, action: argparse.Action, where: str):
 
 
 def load_grid(path, *, hash_traces: bool = True) -> Grid:
+    """Read and expand ``GRID.toml``: :func:`_load_grid`, with the line of the key at fault
+    added to its errors (the first line that sets the key; none when the key is not on a
+    line of its own, e.g. a pool rule that two keys break together).
+
+    Parameters and errors as :func:`_load_grid`'s.
+    """
+    try:
+        return _load_grid(path, hash_traces=hash_traces)
+    except ConfigError as e:
+        line = None if e.line is not None or e.path != str(Path(path)) else _key_line(Path(path), e.field)
+        if line is None:
+            raise
+        raise ConfigError(e.reason, path=e.path, line=line, field=e.field) from None
+
+
+def _key_line(path: Path, key) -> int | None:
+    """1-based line of the first ``KEY =`` of the grid file (top level or ``[grid]``), or None."""
+    if not key:
+        return None
+    from radixkv.validate import read_text
+
+    try:
+        lines = read_text(path).splitlines()
+    except (OSError, ValueError):
+        return None
+    pat = re.compile(rf"""^\s*(?:{re.escape(key)}|"{re.escape(key)}"|'{re.escape(key)}')\s*=""")
+    return next((i + 1 for i, s in enumerate(lines) if pat.match(s)), None)
+
+
+def _load_grid(path, *, hash_traces: bool = True) -> Grid:
     """Read and expand ``GRID.toml``.
 
     Parameters

@@ -21,13 +21,34 @@ DEFAULT_METRICS = ("token_hit_rate", "hit_tokens", "evictions")
 CONCURRENT_METRICS = ("ttft_p50_s", "ttft_p99_s")
 
 
+def capacity_tokens(row: dict):
+    """The pool's usable tokens of a sweep row (the replay's, else the pool rule's); None
+    when the row does not say (the grid knob ``capacity_tokens`` of :func:`setting`, the
+    x axis of :func:`radixkv.plots.plot_sweep`, the capacity of
+    :func:`radixkv.html_report.sweep_doc`)."""
+    m, pool = row.get("metrics", {}), row.get("pool", {})
+    for v in (m.get("pool_capacity_tokens"), pool.get("capacity_tokens"), row.get("settings", {}).get("capacity_tokens")):
+        if v is not None:
+            return v
+    if pool.get("max_total_num_tokens") is not None:
+        return pool["max_total_num_tokens"]
+    if pool.get("num_gpu_blocks") is not None:
+        # a vLLM-engine policy sized in its own terms (a concurrent summary has no
+        # pool_capacity_tokens): block 0 is the null block, each other block holds block_size
+        # tokens (vllm/v1/core/block_pool.py, BlockPool.__init__)
+        from radixkv.policies.registry import parse_policy
+
+        size = parse_policy(row["settings"]["policy"]).size
+        if size:
+            return (int(pool["num_gpu_blocks"]) - 1) * int(size)
+    return None
+
+
 def setting(row: dict, key: str):
     """*row*'s value of the grid knob *key* (``radixkv replay``'s default when the store
     omitted it); ``capacity_tokens`` is the pool's usable tokens as the replay sized it."""
     if key == "capacity_tokens":
-        from radixkv.plots import _capacity_tokens
-
-        return _capacity_tokens(row)
+        return capacity_tokens(row)
     s = row.get("settings", {})
     if key in s:
         return s[key]
@@ -106,8 +127,8 @@ def table_rows(rows: list[dict], metrics=None) -> tuple[list[str], list[dict]]:
 
 def _fmt(v) -> str:
     """A metric's cell: floats to 4 decimals (no decimals from 1,000 up), else as
-    :func:`radixkv.html_report.format_value` shows it (``n/a``, thousands separators)."""
-    from radixkv.html_report import format_value
+    :func:`radixkv.html_parts.format_value` shows it (``n/a``, thousands separators)."""
+    from radixkv.html_parts import format_value
 
     if isinstance(v, float) and v == v:
         return f"{v:.4f}" if abs(v) < 1000 else f"{v:,.0f}"
