@@ -19,7 +19,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from radixkv.policies import _radix_kernels as K
+import radixkv.policies._radix_kernels as K
 from radixkv.policies._borrowed import borrow, borrow_each
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len, prefetch_request
 

@@ -107,7 +107,7 @@ from __future__ import annotations
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.policies import _radix_kernels as K
+import radixkv.policies._radix_kernels as K
 from radixkv.policies._radix_kernels import child_key, token_key
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.types import KVSeq
@@ -700,7 +700,7 @@ class RadixCache(PrefixCache):
         ``(i0, 1)`` when the fast path does not apply (requests running, chunked
         prefill, ``cache_last_token_on_stop``, kernels interpreted).
         """
-        from radixkv.policies import _radix_span as KS
+        import radixkv.policies._radix_span as KS
         from radixkv.trace._seq_kernel import kv_seq_len
 
         if self._reqs or self._chunk is not None or self.cache_last_token_on_stop or i1 <= i0:

@@ -58,7 +58,7 @@ import importlib
 from dataclasses import dataclass, field
 
 from radixkv.errors import ConfigError
-from radixkv.policies import eviction
+import radixkv.policies.eviction as eviction
 from radixkv.policies.base import PrefixCache
 
 #: entry-point group outside packages register policy classes under

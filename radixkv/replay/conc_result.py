@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from radixkv.records import RequestColumns
 from radixkv.replay.scheduler import admission_rule_of
 
 #: per-request columns of :class:`ConcurrentResult` (shape (n,) each) and their units
@@ -53,14 +54,13 @@ TIMELINE_COLUMNS = {
 
 
 @dataclass
-class ConcurrentResult:
-    """What a concurrent replay saw.
+class ConcurrentResult(RequestColumns):
+    """What a concurrent replay saw: ``req_id`` and ``columns`` of
+    :class:`~radixkv.records.RequestColumns` (every key of :data:`COLUMNS`, shape (n,), in
+    replay order), and
 
     Attributes
     ----------
-    req_id : np.ndarray of str, shape (n,)
-    columns : dict[str, np.ndarray]
-        Every key of :data:`COLUMNS`, shape (n,), in replay order.
     duration_s : float
         From the first arrival to the last finish.
     busy_s : float
@@ -87,8 +87,6 @@ class ConcurrentResult:
         every key of :data:`TIMELINE_COLUMNS`, shape (steps,).
     """
 
-    req_id: np.ndarray
-    columns: dict
     duration_s: float
     busy_s: float
     running_area: float
@@ -99,12 +97,6 @@ class ConcurrentResult:
     pool: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
     timeline: dict | None = None
-
-    def __len__(self) -> int:
-        return len(self.req_id)
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.columns[name]
 
     def write_csv(self, path) -> None:
         """Write one row per request (``id``, then every column of :data:`COLUMNS`) to

@@ -41,7 +41,7 @@ def applicable(policy, cost, config, on_step, rule: str) -> bool:
         return False
     if config.enable_priority_scheduling:  # SglangPriorityScheduler: the Python loop
         return False
-    from radixkv.policies import _radix_kernels as K
+    import radixkv.policies._radix_kernels as K
     from radixkv.policies.radix import RadixCache
     from radixkv.policies.radix_priority import PriorityRadixCache
 
@@ -52,7 +52,7 @@ def applicable(policy, cost, config, on_step, rule: str) -> bool:
 
 def _roofline_fields(CP, cost) -> None:
     """The roofline fields of :class:`~radixkv.cost.CostModel` *cost* into *CP*."""
-    from radixkv.replay import _conc_sglang_kernels as C
+    import radixkv.replay._conc_sglang_kernels as C
 
     CP[C.C_KVB] = cost.kv_bytes_per_token
     CP[C.C_PEAK] = cost.peak_flops
@@ -82,8 +82,8 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
     RuntimeError
         As the Python loop, when the pool refuses a decode its room promised.
     """
-    from radixkv.policies import _radix_kernels as K
-    from radixkv.replay import _conc_sglang_kernels as C
+    import radixkv.policies._radix_kernels as K
+    import radixkv.replay._conc_sglang_kernels as C
     from radixkv.replay.conc_result import TIMELINE_COLUMNS, _result
     from radixkv.replay.sched_sglang import (SGLANG_INIT_NEW_TOKEN_RATIO, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR,
                                              SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS)
@@ -161,7 +161,7 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
     if progress is not None:
         IV[C.I_PROGRESS_AT] = step_pct
     arr = np.ascontiguousarray(arrivals, dtype=np.float64)
-    from radixkv.replay import _miss_rec_kernels as MR
+    import radixkv.replay._miss_rec_kernels as MR
 
     rec = MR.new_state(kv, recorder.deferred, on=True) if recorder is not None else MR.new_state(kv, False, on=False)
     while True:

@@ -38,10 +38,10 @@ import sys
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.policies import _hash_kernels as K
-from radixkv.replay import _conc_vllm_block_kernels as BPK
-from radixkv.replay import _conc_vllm_kernels as CK
-from radixkv.replay import _conc_vllm_piece_kernels as PK
+import radixkv.policies._hash_kernels as K
+import radixkv.replay._conc_vllm_block_kernels as BPK
+import radixkv.replay._conc_vllm_kernels as CK
+import radixkv.replay._conc_vllm_piece_kernels as PK
 
 _EXACT = 2**53
 #: requests finished between two progress reports of the compiled loop
@@ -242,7 +242,7 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     rows = _TL0 if timeline else 0
     tl_i = np.zeros((7, rows), dtype=np.int64)
     tl_t = np.zeros(rows, dtype=np.float64)
-    from radixkv.replay import _miss_rec_kernels as MR
+    import radixkv.replay._miss_rec_kernels as MR
 
     if recorder is not None:
         rec = MR.new_state(kvlen, recorder.deferred, preempt_rows=int(config.max_num_batched_tokens) + 1)
@@ -352,7 +352,7 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
 def _prio_kernels():
     """:mod:`radixkv.replay._conc_vllm_prio_kernels` (imported on first use: it registers
     its pool operations, which the loop compiles with only for a priority pool)."""
-    from radixkv.replay import _conc_vllm_prio_kernels as PPK
+    import radixkv.replay._conc_vllm_prio_kernels as PPK
 
     return PPK
 

@@ -64,7 +64,7 @@ import numpy as np
 
 from radixkv.errors import ConfigError
 from radixkv.records import CONCURRENT_CAUSES, MISS_COLUMNS
-from radixkv.replay import _miss_kernels as _MK
+import radixkv.replay._miss_kernels as _MK
 from radixkv.trace.types import Trace
 
 _ROOT = 0

@@ -11,7 +11,8 @@ import numpy as np
 
 from radixkv.metrics import summarize
 from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, measured_metrics
-from radixkv.replay import jit, warm
+import radixkv.replay.jit as jit
+import radixkv.replay.warm as warm
 from radixkv.records import Records
 from radixkv.replay.sequential import replay_sequential
 from radixkv.trace.types import Trace

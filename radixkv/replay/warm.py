@@ -71,9 +71,9 @@ def vllm_loop(block_size: int = 16, pieces: bool = True) -> None:
     calls it, so ``radixkv warmup`` fills the cache); on the per-block pool, and with
     *pieces* also on the piece pool (hash-id traces only)."""
     from radixkv.cost import UnitStepCost
-    from radixkv.policies import _hash_kernels as K
+    import radixkv.policies._hash_kernels as K
     from radixkv.policies.block_hash import BlockHashCache
-    from radixkv.replay import _conc_vllm_kernels as CK
+    import radixkv.replay._conc_vllm_kernels as CK
     from radixkv.replay.concurrent import replay_concurrent
 
     if not hasattr(CK.run_loop, "py_func") or not hasattr(K.extend, "py_func"):
@@ -98,7 +98,7 @@ def vllm_loop_for(policy, lean: bool = False) -> None:
     :meth:`~radixkv.policies.base.PrefixCache.warm_kernels`. *lean*: the per-block pool's
     loop only (token-id traces), not the piece pool's."""
     from radixkv.policies.block_hash import BlockHashCache
-    from radixkv.replay import _conc_vllm_kernels as CK
+    import radixkv.replay._conc_vllm_kernels as CK
     from radixkv.replay.conc_vllm_fast import _prio_class
 
     if type(policy) is BlockHashCache:
@@ -123,9 +123,9 @@ def sglang_loop(page_size: int = 1, eviction_policy=None) -> None:
     :class:`~radixkv.policies.radix.RadixCache`'s loop; a priority,
     ``PriorityRadixCache``'s (keyed order)."""
     from radixkv.cost import CostModel
-    from radixkv.policies import _radix_kernels as K
+    import radixkv.policies._radix_kernels as K
     from radixkv.policies.radix import RadixCache
-    from radixkv.replay import _conc_sglang_kernels as CK
+    import radixkv.replay._conc_sglang_kernels as CK
     from radixkv.replay.concurrent import replay_concurrent
 
     if not hasattr(CK.run_loop, "py_func") or not hasattr(K.run_request, "py_func"):
