@@ -397,7 +397,9 @@ def _per_request(tables):
 
 
 def _fig_evictions(docs, tables):
-    prs = [t for t in _per_request(tables) if "evicted_tokens" in t["columns"]]
+    # a column of n/a (SGLang's concurrent replay does not charge evictions to requests) draws nothing
+    prs = [t for t in _per_request(tables)
+           if "evicted_tokens" in t["columns"] and not np.isnan(t["columns"]["evicted_tokens"]).all()]
     if not prs:
         return None
     fig, ax = _fig()
