@@ -20,6 +20,11 @@ from its source (``ast``: top-level and function-level imports, relative ones re
   :func:`radixkv.replay.misses.what_would_fix` is handed the replay function; above the
   replay, the CLI verbs, flags, sweeps, plans, the HTML report and the figures import one
   way too. A failure names the circle, each import with its line.
+- package ``__init__``s count (:func:`_import_lines`): ``from radixkv.policies import X``
+  depends on the package ``radixkv.policies`` as well as on the module ``X``, so a module
+  inside a package whose ``__init__`` imports it takes its siblings by full name
+  (``import radixkv.policies._hash_kernels as K``), and an import entering a package from
+  outside runs that package's ``__init__`` first (its import-time imports only).
 """
 from __future__ import annotations
 
