@@ -104,3 +104,15 @@ def test_a_key_given_twice_in_a_record_exits_2_naming_file_line_and_key(tmp_path
         assert main(["trace", "inspect", str(p), "--format", fmt]) == 2
         err = capsys.readouterr().err
         assert f"{p}, line {line}, field '{field}': the key is given twice" in err and "Traceback" not in err
+
+
+def test_a_header_only_trace_exits_2_saying_no_requests_in_the_file(tmp_path, capsys, monkeypatch):
+    # before the fix: loaded as an empty trace, then refused by `replay` naming field 'limit'
+    monkeypatch.setenv("RADIXKV_TRACE_CACHE", "off")
+    p = tmp_path / "header_only.jsonl"
+    p.write_text('\n{"radixkv_trace": 1, "unit_tokens": 1, "partial_last_unit": false}\n\n')
+    for argv in (["trace", "inspect", str(p)], ["replay", str(p), "--policy", "vllm:16", "--capacity-tokens", "1000"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{p}: no requests in the file: it holds only the header (line 2)" in err
+        assert "limit" not in err and "Traceback" not in err
