@@ -176,7 +176,7 @@ def refuse_unfittable(trace: Trace, spec: PolicySpec, pool: PoolSpec, *, limit: 
     t = trace.head(limit)
     if max_model_len is not None:
         t, _ = apply_context_limit(t, max_model_len, engine_of(spec))
-    policy = build_policy(spec, pool, unit_tokens=t.unit_tokens, **options)
+    policy = build_policy(spec, pool, unit_tokens=t.unit_tokens, trace=t, **options)
     over = np.asarray(policy.fits_alone_all(t))
     bad = np.flatnonzero(over > 0)
     if bad.size == 0:
@@ -240,7 +240,7 @@ def run_replay(
     refuse_unfittable(trace, spec, pool, limit=limit, **options)
     kernels = jit.before_replay(spec, jit.trace_tokens(trace, limit))
     compile_s = 0.0 if kernels == "interpreted" else (warmup(spec, concurrent=False) or compile_seconds(spec))
-    policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **options)
+    policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, trace=trace.head(limit), **options)
     if kernels == "interpreted":
         with np.errstate(over="ignore"):  # numpy scalars wrap as the compiled kernels do
             rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)

@@ -344,6 +344,10 @@ def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
     except ConfigError as e:
         raise ConfigError(e.reason, path=where, field=e.field) from None
     concurrent = ns.mode == "concurrent"
+    if (concurrent or ns.replicas is not None) and getattr(spec.build_class, "needs_trace", False):
+        from radixkv.policies.registry import sequential_only_message
+
+        raise ConfigError(sequential_only_message(spec), path=where, field="policies")
     if concurrent and not (ns.model and ns.gpu):
         raise ConfigError("mode = \"concurrent\" prices each step on a model and a GPU: set 'model' and 'gpu'",
                           path=where, field="model" if not ns.model else "gpu")
