@@ -8,8 +8,8 @@ priority subclass, :class:`~radixkv.policies.radix_priority.PriorityRadixCache` 
 :class:`~radixkv.policies.block_priority.PriorityBlockHashCache`, with
 ``eviction_policy=NAME``; ``belady`` (SGLang's tree only) builds
 :class:`~radixkv.policies.radix_belady.BeladyRadixCache`, the offline reference that
-reads the trace ahead (sequential replay only). Those subclasses' modules import the base classes' modules and
-compile their priority functions on import (about a second of cache loads), so they are
+reads the trace ahead (sequential replay only). Those subclasses' modules import the
+base classes' modules and compile their priority functions on import (about a second of cache loads), so they are
 imported here, above both, and only when an option asks for them
 (:mod:`radixkv.policies.registry` calls :func:`parse_option` and
 :func:`class_for_option`).
@@ -84,8 +84,9 @@ def class_for_option(cls: type, value) -> tuple:
     For an eviction option: ``lru`` (or None) builds *cls* itself (vLLM's free queue,
     SGLang's LRU kernels); another name builds the priority subclass with
     ``eviction_policy=value``; a class that already is one (a priority subclass, or one
-    of its subclasses) keeps itself and takes the value. Otherwise the class's own
-    ``class_for_option``.
+    of its subclasses) keeps itself and takes the value; ``belady`` builds
+    :class:`~radixkv.policies.radix_belady.BeladyRadixCache` (SGLang's tree only).
+    Otherwise the class's own ``class_for_option``.
 
     Raises
     ------

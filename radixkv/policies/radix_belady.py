@@ -29,8 +29,8 @@ Use: a sequential replay in trace order with ``rid`` = the request's trace index
 (``run_request(i, trace.kv_seq(i))``, what :func:`~radixkv.replay.sequential.replay_sequential`
 does); on the command line ``sglang:P@belady`` (sequential ``replay``, ``compare``,
 ``curve``; a concurrent replay is refused: requests there overlap, and the compiled loop
-does not tell the tree which request is being served). Building the next-use tables walks every token of the trace in Python: meant for
-small traces (≈10⁵–10⁶ tokens).
+does not tell the tree which request is being served). Building the next-use tables
+walks every token of the trace in Python: meant for small traces (≈10⁵–10⁶ tokens).
 """
 from __future__ import annotations
 

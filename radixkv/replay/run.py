@@ -91,8 +91,8 @@ def warmup_many(specs, work=None, *, concurrent: bool = True, lean: bool = False
     needed, each family after the first is compiled by a child process (which fills
     Numba's on-disk cache) while this process compiles the first; this process then
     loads the others from the cache. A family whose kernels are all in the cache already
-    is loaded here first and gets no child (a warm cache starts no process). A child that fails changes nothing: the
-    in-process :func:`warmup` compiles what is missing.
+    is loaded here first and gets no child (a warm cache starts no process). A child that
+    fails changes nothing: the in-process :func:`warmup` compiles what is missing.
 
     Parameters
     ----------
