@@ -50,7 +50,8 @@ def _policy(policy, trace, pool_kw: dict, concurrent: bool = True):
     from radixkv.replay.run import warmup
 
     warmup(spec, concurrent=concurrent, lean=trace.unit_tokens == 1)
-    return build_policy(spec, PoolSpec(**given), unit_tokens=trace.unit_tokens), spec.label, spec
+    return (build_policy(spec, PoolSpec(**given), unit_tokens=trace.unit_tokens, trace=None if concurrent else trace),
+            spec.label, spec)
 
 
 def replay(

@@ -17,7 +17,7 @@ import time
 
 from radixkv.cli import routing_args as _routing
 from radixkv.cli._output import emit, files, human, inputs
-from radixkv.cli.concurrent_args import refuse_scheduler_conflicts
+from radixkv.cli.concurrent_args import refuse_scheduler_conflicts, refuse_sequential_only
 from radixkv.cli.flag_rules import refuse_moot_flags, refuse_moot_policy_flags
 from radixkv.cli.report_cmd import run_tables, write_run_report
 from radixkv.cli import traffic_args as _traffic
@@ -449,6 +449,7 @@ def cmd_curve(args) -> int:
     refuse_moot_flags(args)
     specs = _policies(args)
     refuse_moot_policy_flags(args, specs)
+    refuse_sequential_only(args, specs)
     if args.miss_causes and _executor(args) != "local":
         raise ConfigError("--miss-causes runs on the local executor", field="miss_causes")
     _check_window_arg(args)

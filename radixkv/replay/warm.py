@@ -46,15 +46,16 @@ def _tiny_run(spec: PolicySpec, concurrent: bool = True, lean: bool = False) -> 
     # a small pool, so that the tiny trace evicts; a larger one when its requests do not fit
     # it (a policy that reserves most of the pool, static:B@0.9)
     for cap in (max(64, 8 * (spec.size or 1)), max(4096, 64 * (spec.size or 1))):
-        pol = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=1)
+        tiny = _tiny_trace()
+        pol = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=1, trace=tiny)
         try:
-            replay_sequential(_tiny_trace(), pol, quiet=True)
+            replay_sequential(tiny, pol, quiet=True)
         except ConfigError:
             if cap >= 4096:
                 raise
             continue
         break
-    if not concurrent:
+    if not concurrent or pol.needs_trace:  # an offline reference runs sequentially only
         return
     if lean and hasattr(pol, "_warm_kernels_lean"):
         pol._warm_kernels_lean()
