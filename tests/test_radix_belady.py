@@ -109,3 +109,22 @@ def test_belady_is_sglangs_tree_only():
     assert parse_policy("sglang:16@belady").build_class is BeladyRadixCache
     with pytest.raises(ConfigError, match="unknown eviction policy 'belady'; known: lru, lfu"):
         parse_policy("vllm:16@belady")
+
+
+def test_api_builds_belady_on_the_requests_left_after_the_context_cut(tmp_path):
+    # the hand-worked trace with a 40-token request inserted after W: max_model_len 20 drops
+    # it, so the replayed trace is the hand-worked one again and its hits are the hand-worked
+    # [0, 0, 0, 0, 10, 10] (the next-use tables must be those of the replayed rows, not of
+    # the file's: built on the file, row 4 would be read as the dropped request)
+    import json
+
+    import radixkv
+
+    X, Y, Z, W = (list(range(b, b + 10)) for b in (100, 200, 300, 400))
+    long = list(range(700, 740))
+    p = tmp_path / "cut.jsonl"
+    p.write_text("".join(json.dumps({"id": f"r{i}", "tokens": t, "output_length": 1, "arrival_s": float(i)}) + "\n"
+                         for i, t in enumerate([X, Y, Z, W, long, X + [500], Y + [600]])))
+    rec = radixkv.replay(str(p), "sglang:1@belady", capacity_tokens=30, max_model_len=20, quiet=True)
+    assert list(rec.req_id) == ["r0", "r1", "r2", "r3", "r5", "r6"]
+    assert [int(h) for h in rec["hit_tokens"]] == [0, 0, 0, 0, 10, 10]
