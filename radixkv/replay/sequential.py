@@ -109,7 +109,8 @@ def replay_sequential(
     A policy with a ``replay_span(trace, i0, i1, cols)`` method (the built-ins) runs the
     rows that need no detailed stats inside its kernels, up to :data:`SPAN_REQUESTS` per
     call, with the same records; a row with detailed stats runs as a span of one request
-    followed by ``stats(detail=True)``. Any other policy goes through ``run_request`` and
+    followed by ``stats(detail=True)``, or inside the span when the policy's
+    ``span_detail_rows`` says its span fills it the same way. Any other policy goes through ``run_request`` and
     ``stats`` request by request.
 
     Returns
@@ -180,14 +181,31 @@ def replay_rows(t: Trace, policy: PrefixCache, cols: dict, i: int, end: int, n: 
     the whole trace; the streaming replay, :mod:`radixkv.replay.stream`, once per chunk).
 
     Rows ``r ≥ half`` with ``(r − half) % every == 0`` take detailed stats, and so does row
-    ``n − 1``. *t*'s columns and *cols* are indexed by the row in the whole replay; *name*
+    ``n − 1``. A policy whose ``span_detail_rows`` is True runs them inside its span too
+    (``replay_span(t, i0, i1, cols, detail=(half, every, n))`` fills those rows as
+    ``stats(detail=True)`` would); any other span stops before each of them. *t*'s columns and *cols* are indexed by the row in the whole replay; *name*
     (the trace's) is the path in errors, which are :func:`replay_sequential`'s.
     """
     prev_evicted = policy.evicted_tokens_total
     # a policy may run spans of requests without detail rows inside one kernel call
     span = span_method(policy)
+    # ... or with them, when its span fills a detail row as ``stats(detail=True)`` would
+    whole = span is not None and getattr(policy, "span_detail_rows", False)
     while i < end:
-        if span is not None:
+        if whole:
+            j, status = span(t, i, min(end, i + SPAN_REQUESTS), cols, detail=(half, every, n))
+            if bar is not None:
+                bar.update(j - i)
+            if j > i:
+                prev_evicted = policy.evicted_tokens_total
+            if status != 1:
+                raise _span_refused(t, j, policy, label, name)
+            if j > i:
+                i = j
+                continue
+            # request i did not run (arrays to grow, or it does not fit the pool): the
+            # Python path below runs it (and raises the same errors)
+        elif span is not None:
             # run up to (not including) the next row that asks for detailed stats
             if i < half:
                 nxt = min(half, n - 1)
