@@ -697,14 +697,13 @@ class RadixCache(PrefixCache):
         then ``stats(detail=False)`` would — ``stats(detail=True)`` for the detail rows
         that *detail* ``(half, every, n)`` names (rows ``r ≥ half`` with
         ``(r − half) % every == 0``, and row ``n − 1``; see :attr:`span_detail_rows`) —
-        and returns ``(next, status)``: ``next == i1``
-        when the span is done; otherwise request *next* must go through the Python
-        path (status 1: it does not fit the pool), or was refused with ``run_request``
-        status *status* (0, 2 or −1; nothing else ran). Arrays that must grow (or the
-        store be compacted) first are grown here, as ``run_request`` would, and the
-        kernel goes on. Returns
-        ``(i0, 1)`` when the fast path does not apply (requests running, chunked
-        prefill, ``cache_last_token_on_stop``, kernels interpreted).
+        and returns ``(next, status)``: ``next == i1`` when the span is done; otherwise
+        request *next* must go through the Python path (status 1: it does not fit the
+        pool), or was refused with ``run_request`` status *status* (0, 2 or −1; nothing
+        else ran). Arrays that must grow (or the store be compacted, when the kernel
+        loop did not) first are grown here, as ``run_request`` would, and the kernel
+        goes on. Returns ``(i0, 1)`` when the fast path does not apply (requests
+        running, chunked prefill, ``cache_last_token_on_stop``, kernels interpreted).
         """
         from radixkv.policies import _radix_span as KS
         from radixkv.trace._seq_kernel import kv_seq_len

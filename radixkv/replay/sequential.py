@@ -110,8 +110,8 @@ def replay_sequential(
     rows that need no detailed stats inside its kernels, up to :data:`SPAN_REQUESTS` per
     call, with the same records; a row with detailed stats runs as a span of one request
     followed by ``stats(detail=True)``, or inside the span when the policy's
-    ``span_detail_rows`` says its span fills it the same way. Any other policy goes through ``run_request`` and
-    ``stats`` request by request.
+    ``span_detail_rows`` says its span fills it the same way. Any other policy goes
+    through ``run_request`` and ``stats`` request by request.
 
     Returns
     -------
@@ -183,8 +183,9 @@ def replay_rows(t: Trace, policy: PrefixCache, cols: dict, i: int, end: int, n: 
     Rows ``r ≥ half`` with ``(r − half) % every == 0`` take detailed stats, and so does row
     ``n − 1``. A policy whose ``span_detail_rows`` is True runs them inside its span too
     (``replay_span(t, i0, i1, cols, detail=(half, every, n))`` fills those rows as
-    ``stats(detail=True)`` would); any other span stops before each of them. *t*'s columns and *cols* are indexed by the row in the whole replay; *name*
-    (the trace's) is the path in errors, which are :func:`replay_sequential`'s.
+    ``stats(detail=True)`` would); any other span stops before each of them. *t*'s
+    columns and *cols* are indexed by the row in the whole replay; *name* (the trace's)
+    is the path in errors, which are :func:`replay_sequential`'s.
     """
     prev_evicted = policy.evicted_tokens_total
     # a policy may run spans of requests without detail rows inside one kernel call
