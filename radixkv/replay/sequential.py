@@ -193,29 +193,20 @@ def replay_rows(t: Trace, policy: PrefixCache, cols: dict, i: int, end: int, n: 
     # ... or with them, when its span fills a detail row as ``stats(detail=True)`` would
     whole = span is not None and getattr(policy, "span_detail_rows", False)
     while i < end:
-        if whole:
-            j, status = span(t, i, min(end, i + SPAN_REQUESTS), cols, detail=(half, every, n))
-            if bar is not None:
-                bar.update(j - i)
-            if j > i:
-                prev_evicted = policy.evicted_tokens_total
-            if status != 1:
-                raise _span_refused(t, j, policy, label, name)
-            if j > i:
-                i = j
-                continue
-            # request i did not run (arrays to grow, or it does not fit the pool): the
-            # Python path below runs it (and raises the same errors)
-        elif span is not None:
-            # run up to (not including) the next row that asks for detailed stats
-            if i < half:
+        if span is not None:
+            more = {}
+            if whole:
+                nxt = min(end, i + SPAN_REQUESTS)
+                more["detail"] = (half, every, n)
+            # otherwise up to (not including) the next row that asks for detailed stats
+            elif i < half:
                 nxt = min(half, n - 1)
             else:
                 k = (i - half) % every
                 nxt = i if k == 0 else min(n - 1, i + every - k)
             nxt = min(nxt, i + SPAN_REQUESTS, end)
             if nxt > i:
-                j, status = span(t, i, nxt, cols)
+                j, status = span(t, i, nxt, cols, **more)
                 if bar is not None:
                     bar.update(j - i)
                 if j > i:
