@@ -471,6 +471,16 @@ def cmd_curve(args) -> int:
         return _host_curve(args, specs, caps, outs)
     if args.single_tier is not None:
         raise ConfigError("--single-tier goes with --host-capacities", field="single_tier")
+    from radixkv.plots import png_writer
+
+    # the PNG's drawing process (where forking helps) imports matplotlib during the replay
+    with png_writer(background=bool(args.out)) as png:
+        return _curve(args, specs, caps, outs, png)
+
+
+def _curve(args, specs, caps, outs, png) -> int:
+    """``curve`` without ``--host-capacities``, its flags checked; *png* a
+    :func:`radixkv.plots.png_writer` (used with ``--out``)."""
     trace, load_s = _load(args)
     from radixkv.replay.curve import run_curve
     from radixkv.replay.jit import trace_tokens
@@ -527,15 +537,17 @@ def cmd_curve(args) -> int:
         "limit": args.limit,
         "curves": curves,
     }
+    if args.out:
+        from radixkv.plots import curves_png
+
+        png.submit(curves_png, doc, metric=args.metric, window=args.measure_last is not None)
     emit(args.json, dumps_json(doc), *outs)
     write_run_report(args.report, doc, stream=human(*outs))
     if args.out:
         out_json = args.out + ".json"
         out_png = args.out + ".png"
         atomic_write_text(out_json, dumps_json(doc))
-        from radixkv.plots import plot_curves
-
-        plot_curves(doc, out_png, metric=args.metric, window=args.measure_last is not None)
+        png.write(out_png)
         print(f"wrote {out_json} and {out_png}", file=human(*outs))
     return 0
 
