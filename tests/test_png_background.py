@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import radixkv.plots as plots
 from radixkv.plots import PngInBackground, PngInProcess, curves_png, plot_curves, png_writer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,3 +127,24 @@ def test_the_program_draws_in_a_forked_process_with_the_same_bytes(tmp_path):
     plot_curves(doc, tmp_path / "here.png")
     assert (tmp_path / "c.png").read_bytes() == (tmp_path / "here.png").read_bytes()
     assert sorted(os.listdir(tmp_path)) == ["c.json", "c.png", "here.png"]
+
+
+def _savefig_png(fig) -> bytes:
+    """matplotlib's own ``savefig`` of a laid-out figure (its placeholder layout engine kept:
+    drawn twice), the reference for radixkv.plots._png (one draw)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def test_one_draw_writes_the_bytes_of_savefig_s_two(tmp_path, monkeypatch):
+    causes = [("vllm:16", {"share": {"hit": 0.5, "compulsory": 0.3, "capacity": 0.2, "alignment": None}}),
+              ("sglang:1", {"share": {"hit": 0.6, "compulsory": 0.3, "capacity": 0.1, "alignment": 0.0}})]
+    ours = [curves_png(DOC), curves_png({**DOC, "curves": DOC["curves"][:1]}, metric="token_hit_rate")]
+    plots.plot_miss_causes(causes, tmp_path / "a.png", title="t")
+    monkeypatch.setattr(plots, "_png", _savefig_png)
+    assert ours == [curves_png(DOC), curves_png({**DOC, "curves": DOC["curves"][:1]}, metric="token_hit_rate")]
+    plots.plot_miss_causes(causes, tmp_path / "b.png", title="t")
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
