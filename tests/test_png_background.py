@@ -122,6 +122,7 @@ def test_the_program_draws_in_a_forked_process_with_the_same_bytes(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stderr
+    assert "Axes3D" not in p.stderr  # the drawing process's import left the 3-D toolkit out, silently
     assert p.stdout.splitlines()[-1].split() == ["0", "1", "False"]  # drawn there: this process never imported matplotlib
     doc = json.loads((tmp_path / "c.json").read_text())
     plot_curves(doc, tmp_path / "here.png")
