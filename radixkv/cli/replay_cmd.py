@@ -561,8 +561,6 @@ def _host_curve(args, specs, caps, outs) -> int:
     """``curve --host-capacities``: each host-tier policy at one GPU pool (the single
     ``--capacities`` value) and every host pool; ``--single-tier SPEC`` adds SPEC at one
     pool of GPU + host tokens per point. Points are keyed by ``host_capacity_tokens``."""
-    from radixkv.replay.curve import run_curve, run_host_curve
-
     if len(caps) != 1:
         raise ConfigError(f"--host-capacities sweeps the host pool at one GPU pool: give one --capacities value "
                           f"(got {len(caps)})", field="capacities")
@@ -587,6 +585,18 @@ def _host_curve(args, specs, caps, outs) -> int:
     if args.single_tier:
         singles = [parse_policy(t, block_size=args.block_size, page_size=args.page_size)
                    for t in args.single_tier.split(",") if t.strip()]
+    from radixkv.plots import png_writer
+
+    with png_writer(background=bool(args.out)) as png:  # as in cmd_curve
+        return _host_curve_points(args, specs, singles, gpu, hosts, outs, png)
+
+
+def _host_curve_points(args, specs, singles, gpu, hosts, outs, png) -> int:
+    """:func:`_host_curve` after its flags are checked: *singles* the ``--single-tier``
+    specs, *gpu* the GPU pool, *hosts* the host pools; *png* a
+    :func:`radixkv.plots.png_writer` (used with ``--out``)."""
+    from radixkv.replay.curve import run_curve, run_host_curve
+
     trace, load_s = _load(args)
     curves = []
     out = human(*outs)
@@ -624,13 +634,15 @@ def _host_curve(args, specs, caps, outs) -> int:
         "x": "host_capacity_tokens",
         "curves": curves,
     }
+    if args.out:
+        from radixkv.plots import curves_png
+
+        png.submit(curves_png, doc, metric=args.metric, x="host_capacity_tokens")
     emit(args.json, dumps_json(doc), *outs)
     write_run_report(args.report, doc, stream=out)
     if args.out:
         atomic_write_text(args.out + ".json", dumps_json(doc))
-        from radixkv.plots import plot_curves
-
-        plot_curves(doc, args.out + ".png", metric=args.metric, x="host_capacity_tokens")
+        png.write(args.out + ".png")
         print(f"wrote {args.out}.json and {args.out}.png", file=out)
     return 0
 
