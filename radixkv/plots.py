@@ -334,9 +334,10 @@ class PngInBackground:
     """One PNG drawn by a forked process while this one computes what it shows.
 
     A ``radixkv curve --out`` process spends ~0.5 s of CPU in matplotlib (importing it
-    ~0.35 s, drawing and encoding the figure ~0.17 s) after a replay of ~0.3 s; with a
-    second core, the import runs beside the trace load and the replay, and the drawing
-    beside the JSON output. :meth:`fork` starts a process that imports
+    ~0.35 s, ~0.22 s in this process's way, :func:`_import_for_drawing`; drawing and
+    encoding the figure ~0.15 s) after ~0.25 s of trace load and replay; with a second
+    core, the import runs beside the trace load and the replay, and the drawing beside the
+    JSON output. :meth:`fork` starts a process that imports
     :data:`_WARM_MODULES` at once; :meth:`submit` sends it a call (a module-level function
     returning PNG bytes, and its arguments, pickled), which it makes on arrival;
     :meth:`write` sends it the path, where it writes the bytes atomically
@@ -355,13 +356,19 @@ class PngInBackground:
 
     def __init__(self, pid: int, jobs: int, results: int):
         self._pid, self._jobs, self._results = pid, jobs, results
-        self._committed = False
+        self._submitted = self._committed = False
 
     @classmethod
     def fork(cls) -> "PngInBackground":
         """Fork the drawing process (unconditionally; :func:`png_writer` decides when)."""
         job_r, job_w = os.pipe()
         res_r, res_w = os.pipe()
+        try:  # room for the call (a curve's document: kilobytes) while the process still imports
+            import fcntl
+
+            fcntl.fcntl(job_w, fcntl.F_SETPIPE_SZ, 1 << 20)
+        except (ImportError, AttributeError, OSError):  # not Linux, or over pipe-max-size: sends wait
+            pass
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child; its outcome is what the tests check
             os.close(job_w)
@@ -373,12 +380,17 @@ class PngInBackground:
 
     def submit(self, fn, /, *args, **kwargs) -> None:
         """Send ``fn(*args, **kwargs)``; the process makes the call at once. *fn* must be
-        importable by name (pickled by reference)."""
+        importable by name (pickled by reference). Once."""
+        if self._submitted:
+            raise RuntimeError("PngInBackground draws one PNG: submit() was called already")
         self._send(pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
+        self._submitted = True
 
     def write(self, path) -> None:
         """Have the process write the bytes of the submitted call to *path* (atomically),
-        wait for it, and raise its error, if any (see the class)."""
+        wait for it, and raise its error, if any (see the class). After :meth:`submit`, once."""
+        if not self._submitted or self._committed:
+            raise RuntimeError("PngInBackground.write() goes once after submit()")
         self._send(pickle.dumps(os.fspath(path), protocol=pickle.HIGHEST_PROTOCOL))
         self._committed = True
         os.close(self._jobs)

@@ -99,6 +99,16 @@ def test_an_abandoned_drawing_writes_nothing_and_is_reaped(tmp_path, submitted):
     assert _gone(pid) and os.listdir(tmp_path) == []
 
 
+def test_write_goes_once_after_submit(tmp_path):
+    with PngInBackground.fork() as bg:
+        with pytest.raises(RuntimeError, match="after submit"):
+            bg.write(tmp_path / "a.png")  # nothing to draw: refused, not an empty success
+        bg.submit(curves_png, DOC)
+        with pytest.raises(RuntimeError, match="called already"):
+            bg.submit(curves_png, DOC)
+    assert os.listdir(tmp_path) == []
+
+
 def test_png_writer_forks_only_where_it_can_help():
     import matplotlib  # noqa: F401 - already imported: nothing to overlap
 
