@@ -305,10 +305,13 @@ _FRAME = struct.Struct("<Q")
 class PngInProcess:
     """One PNG drawn in this process: :meth:`submit` records the call, :meth:`write` makes
     it and writes its bytes atomically. The fallback of :class:`PngInBackground`, with the
-    same methods; errors are raised by :meth:`write`, where the drawing happens."""
+    same methods; errors are raised by :meth:`write`, where the drawing happens.
+    *trimmed_import*: :meth:`write` imports matplotlib first as the drawing process does
+    (:func:`_import_for_drawing`; only for a process that ends after drawing)."""
 
-    def __init__(self):
+    def __init__(self, *, trimmed_import: bool = False):
         self._call = None
+        self._trimmed_import = trimmed_import
 
     def submit(self, fn, /, *args, **kwargs) -> None:
         """Record ``fn(*args, **kwargs)`` (a function returning PNG bytes) for :meth:`write`."""
@@ -318,6 +321,8 @@ class PngInProcess:
         """Draw the submitted call and write its bytes to *path* atomically
         (:func:`radixkv.util.atomic_write_bytes`); its errors and the write's are raised."""
         fn, args, kwargs = self._call
+        if self._trimmed_import:
+            _import_for_drawing()
         atomic_write_bytes(path, fn(*args, **kwargs))
 
     def close(self) -> None:
@@ -447,21 +452,36 @@ class PngInBackground:
         return status
 
 
-def png_writer(background: bool):
-    """A :class:`PngInBackground` when *background* and forking can help, else a
+def png_writer(background: bool, *, ends_process: bool = False):
+    """A :class:`PngInBackground` when *background* and a second process can help, else a
     :class:`PngInProcess` (same methods, same bytes).
 
     Forks only where the platform has ``os.fork``, this process runs one thread (forking a
     threaded process is unsafe), matplotlib is not imported yet (else the drawing alone is
-    left, ~0.17 s, against the fork's cost) and at least two CPUs are available to it
-    (``os.sched_getaffinity``; on one the two processes would take turns)."""
+    left, ~0.15 s, against the fork's cost) and a CPU is free (:func:`_cpu_free`; where
+    every CPU is busy the two processes only take turns, and measured on a shared 2-core
+    machine, load average 16-19, the pair cost ~0.05-0.09 s of CPU more than one process).
+    *ends_process*: this process ends after the drawing (the ``radixkv`` program, not a
+    caller of :func:`radixkv.cli.main` that lives on), so when it draws in this process,
+    matplotlib is imported as the drawing process imports it (:func:`_import_for_drawing`)."""
     if background and hasattr(os, "fork") and "matplotlib" not in sys.modules:
         import threading
 
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        if threading.active_count() == 1 and cpus >= 2:
+        if threading.active_count() == 1 and _cpu_free():
             return PngInBackground.fork()
-    return PngInProcess()
+    return PngInProcess(trimmed_import=ends_process and "matplotlib" not in sys.modules)
+
+
+def _cpu_free() -> bool:
+    """Whether a CPU is likely idle for a second process: at least two CPUs available to this
+    one (``os.sched_getaffinity``) and the run queue's average over the last minute
+    (``os.getloadavg``, this process included) below their number."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not reported here: assume a free CPU
+        load = 0.0
+    return cpus >= 2 and load < cpus
 
 
 def _serve(jobs: int, results: int):  # pragma: no cover - runs in the forked process
@@ -511,9 +531,10 @@ def _serve(jobs: int, results: int):  # pragma: no cover - runs in the forked pr
         os._exit(code)
 
 
-def _import_for_drawing() -> None:  # pragma: no cover - runs in the forked process
-    """Import :data:`_WARM_MODULES` in the drawing process, without the two parts of
-    matplotlib's import that a drawing never uses (~0.1 s of its ~0.35 s of CPU):
+def _import_for_drawing() -> None:
+    """Import :data:`_WARM_MODULES` in the drawing process (or a process that ends after
+    drawing, :func:`png_writer`), without the two parts of matplotlib's import that a
+    drawing never uses (~0.1 s of its ~0.33 s of CPU):
 
     - the property lists of the ``set`` docstrings, which every ``Artist`` subclass builds
       when it is defined (``matplotlib.artist.kwdoc``, given an empty text while the

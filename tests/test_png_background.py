@@ -116,28 +116,44 @@ def test_png_writer_forks_only_where_it_can_help():
     assert type(png_writer(False)) is PngInProcess
 
 
-@pytest.mark.skipif(not hasattr(os, "fork") or len(os.sched_getaffinity(0)) < 2,
-                    reason="the drawing process is forked only with os.fork and two CPUs")
-def test_the_program_draws_in_a_forked_process_with_the_same_bytes(tmp_path):
-    # `radixkv curve --out` in a fresh process (matplotlib not imported: the PNG is drawn by
-    # the forked process; counted by wrapping PngInBackground.fork) writes the PNG that
-    # plot_curves draws here from its JSON
+def _curve_in_a_fresh_process(tmp_path, cpu_free: bool, program: bool) -> list[str]:
+    """Run ``radixkv curve --out`` through main() in a fresh process (matplotlib not imported)
+    with radixkv.plots._cpu_free answering *cpu_free* and radixkv.cli.PROGRAM = *program*;
+    check the PNG is the one plot_curves draws here from its JSON, and no other file is left.
+    Returns what the process printed last: main's status, the forks (counted by wrapping
+    PngInBackground.fork), whether it imported matplotlib, and what sys.modules holds for the
+    3-D toolkit."""
     out = tmp_path / "c"
-    code = ("import sys, radixkv.plots as p; n = []; f = p.PngInBackground.fork\n"
+    code = ("import sys, radixkv.cli, radixkv.plots as p; n = []; f = p.PngInBackground.fork\n"
             "p.PngInBackground.fork = classmethod(lambda cls: n.append(1) or f())\n"
-            "from radixkv.cli import main\n"
-            f"rc = main(['curve', {DEMO!r}, '--policies', 'unit-lru,sglang:1', '--capacities', '2e3,2e4,2e5',"
-            f" '--out', {str(out)!r}, '--no-timing', '--quiet'])\n"
-            "print(rc, len(n), 'matplotlib' in sys.modules)")
+            f"p._cpu_free = lambda: {cpu_free}; radixkv.cli.PROGRAM = {program}\n"
+            f"rc = radixkv.cli.main(['curve', {DEMO!r}, '--policies', 'unit-lru,sglang:1', '--capacities',"
+            f" '2e3,2e4,2e5', '--out', {str(out)!r}, '--no-timing', '--quiet'])\n"
+            "m = sys.modules.get('mpl_toolkits.mplot3d', 'absent')\n"
+            "print(rc, len(n), 'matplotlib' in sys.modules, m if m in (None, 'absent') else 'module')")
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stderr
-    assert "Axes3D" not in p.stderr  # the drawing process's import left the 3-D toolkit out, silently
-    assert p.stdout.splitlines()[-1].split() == ["0", "1", "False"]  # drawn there: this process never imported matplotlib
+    assert "Axes3D" not in p.stderr  # where the import left the 3-D toolkit out, it did so silently
     doc = json.loads((tmp_path / "c.json").read_text())
     plot_curves(doc, tmp_path / "here.png")
     assert (tmp_path / "c.png").read_bytes() == (tmp_path / "here.png").read_bytes()
     assert sorted(os.listdir(tmp_path)) == ["c.json", "c.png", "here.png"]
+    return p.stdout.splitlines()[-1].split()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the drawing process is forked only with os.fork")
+def test_with_a_free_cpu_the_program_draws_in_a_forked_process_with_the_same_bytes(tmp_path):
+    # drawn there: this process never imported matplotlib
+    assert _curve_in_a_fresh_process(tmp_path, cpu_free=True, program=False) == ["0", "1", "False", "absent"]
+
+
+@pytest.mark.parametrize("program", [False, True])
+def test_without_a_free_cpu_the_png_is_drawn_here_with_the_same_bytes(tmp_path, program):
+    # drawn in the process; the program (which ends after it) imports matplotlib without the
+    # 3-D toolkit, a caller of main() that lives on with it
+    assert _curve_in_a_fresh_process(tmp_path, cpu_free=False, program=program) == [
+        "0", "0", "True", "None" if program else "module"]
 
 
 def _savefig_png(fig) -> bytes:

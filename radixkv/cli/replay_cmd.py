@@ -471,10 +471,11 @@ def cmd_curve(args) -> int:
         return _host_curve(args, specs, caps, outs)
     if args.single_tier is not None:
         raise ConfigError("--single-tier goes with --host-capacities", field="single_tier")
+    from radixkv import cli
     from radixkv.plots import png_writer
 
     # the PNG's drawing process (where forking helps) imports matplotlib during the replay
-    with png_writer(background=bool(args.out)) as png:
+    with png_writer(background=bool(args.out), ends_process=cli.PROGRAM) as png:
         return _curve(args, specs, caps, outs, png)
 
 
@@ -585,9 +586,10 @@ def _host_curve(args, specs, caps, outs) -> int:
     if args.single_tier:
         singles = [parse_policy(t, block_size=args.block_size, page_size=args.page_size)
                    for t in args.single_tier.split(",") if t.strip()]
+    from radixkv import cli
     from radixkv.plots import png_writer
 
-    with png_writer(background=bool(args.out)) as png:  # as in cmd_curve
+    with png_writer(background=bool(args.out), ends_process=cli.PROGRAM) as png:  # as in cmd_curve
         return _host_curve_points(args, specs, singles, gpu, hosts, outs, png)
 
 
