@@ -549,8 +549,9 @@ def _import_for_drawing() -> None:
 
     import matplotlib.artist
 
-    kwdoc = matplotlib.artist.kwdoc
-    matplotlib.artist.kwdoc = lambda artist: ""
+    kwdoc = getattr(matplotlib.artist, "kwdoc", None)
+    if kwdoc is not None:  # a matplotlib without it (other versions) is imported whole
+        matplotlib.artist.kwdoc = lambda artist: ""
     try:
         sys.modules.setdefault("mpl_toolkits.mplot3d", None)
         with warnings.catch_warnings():
@@ -558,7 +559,8 @@ def _import_for_drawing() -> None:
             for m in _WARM_MODULES:
                 importlib.import_module(m)
     finally:
-        matplotlib.artist.kwdoc = kwdoc
+        if kwdoc is not None:
+            matplotlib.artist.kwdoc = kwdoc
 
 
 def _read_frame(fd: int) -> bytes | None:
