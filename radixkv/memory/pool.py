@@ -372,6 +372,35 @@ def _prefill_graph_sizes(max_bs: int) -> int:
     return n
 
 
+def _sglang_memory_tier(m_mib: float, tp: int) -> tuple[int, int]:
+    """SGLang's ``(chunked_prefill_size, decode CUDA-graph max_bs)`` for a GPU of *m_mib*
+    MiB at *tp* (``arg_groups/memory_hook.py :: handle_gpu_memory_settings``)."""
+    if m_mib < 20 * 1024:
+        return 2048, 8
+    if m_mib < 35 * 1024:
+        return 4096, (48 if tp < 4 else 160)
+    if m_mib < 60 * 1024:
+        return 4096, (32 if tp < 4 else 160)
+    if m_mib < 160 * 1024:
+        return 8192, (256 if tp < 4 else 512)
+    return 16384, 512
+
+
+def sglang_default_chunked_prefill_size(gpu: GPUSpec) -> int:
+    """SGLang's default ``chunked_prefill_size`` (tokens per prefill chunk) on *gpu*.
+
+    SGLang ``arg_groups/memory_hook.py :: handle_gpu_memory_settings`` picks it by the
+    GPU's memory ``M`` (MiB, as nvidia-smi reports it): < 20 GiB 2048; < 60 GiB 4096;
+    < 160 GiB 8192; larger 16384. The tensor-parallel degree does not change it.
+
+    Returns
+    -------
+    int
+        Tokens.
+    """
+    return _sglang_memory_tier(gpu.total_mib, 1)[0]
+
+
 def sglang_default_mem_fraction_static(gpu: GPUSpec, tp: int = 1, *, is_mla: bool = False,
                                        model_name: str = "",
                                        chunked_prefill_size: int | None = None) -> float:
@@ -400,16 +429,7 @@ def sglang_default_mem_fraction_static(gpu: GPUSpec, tp: int = 1, *, is_mla: boo
     """
     _pos_int(tp, "tp")
     m = gpu.total_mib
-    if m < 20 * 1024:
-        chunk, max_bs = 2048, 8
-    elif m < 35 * 1024:
-        chunk, max_bs = 4096, (48 if tp < 4 else 160)
-    elif m < 60 * 1024:
-        chunk, max_bs = 4096, (32 if tp < 4 else 160)
-    elif m < 160 * 1024:
-        chunk, max_bs = 8192, (256 if tp < 4 else 512)
-    else:
-        chunk, max_bs = 16384, 512
+    chunk, max_bs = _sglang_memory_tier(m, tp)
     if chunked_prefill_size is not None:
         chunk = _pos_int(chunked_prefill_size, "chunked_prefill_size")
     reserved = 512 + 1.5 * max(chunk, 2048) + tp / 8 * 1024 + 2 * max_bs
