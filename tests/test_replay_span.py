@@ -14,13 +14,14 @@ from hypothesis import strategies as st
 from radixkv.errors import ConfigError
 from radixkv.policies.registry import PoolSpec, build_policy, parse_policy
 from radixkv.replay.sequential import replay_sequential
-from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_is_prompt_ids, kv_seq_len
+from radixkv.trace._seq_kernel import (kv_seq_ids_then_output_into, kv_seq_into, kv_seq_is_ids_then_output,
+                                       kv_seq_is_prompt_ids, kv_seq_len)
 from radixkv.trace.types import Trace
 from conftest import draw_prompt_len
 
 EXAMPLES = int(os.environ.get("RADIXKV_HYPOTHESIS_EXAMPLES", 2000)) // 10
 TRACES = Path(__file__).resolve().parent.parent / "traces"
-SPAN_POLICIES = ["sglang:1", "sglang:4", "vllm:16", "vllm:4", "unit-lru"]
+SPAN_POLICIES = ["sglang:1", "sglang:4", "vllm:16", "vllm:8", "vllm:4", "unit-lru"]
 
 
 @st.composite
@@ -87,6 +88,14 @@ def test_kv_seq_kernel_equals_trace_kv_seq(t):
             # the span's views: the prompt ids, ending at 1 … P
             assert want.seg_id.tolist() == t.prompt_ids(i).tolist()
             assert want.seg_end.tolist() == list(range(1, int(t.prompt_len[i]) + 1))
+        if kv_seq_is_ids_then_output(t.id_offsets, t.prompt_len, t.output_len, t.unit_tokens, has_out, i):
+            # the span's copy of the ids then the output id, its ends 1 … P then the KV extent
+            P = int(t.prompt_len[i])
+            assert want.seg_id[:P].tolist() == t.prompt_ids(i).tolist() and len(want.seg_id) == P + 1
+            assert want.seg_end.tolist() == list(range(1, P + 1)) + [t.kv_len(i)] and t.kv_len(i) > P
+            sid2 = np.full(m + 3, 99, dtype=np.int64)
+            assert kv_seq_ids_then_output_into(t.ids, t.id_offsets, t.prompt_len, i, sid2) == P + 1
+            assert sid2[:P + 1].tolist() == want.seg_id.tolist()
 
 
 @settings(max_examples=EXAMPLES, deadline=None)

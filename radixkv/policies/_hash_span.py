@@ -18,7 +18,8 @@ import numpy as np
 # change to _hash_kernels is a cold cache here too: nothing to touch in this file.
 import radixkv.policies._hash_kernels as K
 from radixkv.policies._borrowed import borrow
-from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_is_prompt_ids, kv_seq_len, prefetch_request
+from radixkv.trace._seq_kernel import (kv_seq_ids_then_output_into, kv_seq_into, kv_seq_is_ids_then_output,
+                                       kv_seq_is_prompt_ids, kv_seq_len)
 
 C_PROMPT, C_HIT, C_HELD, C_EVICTED, C_USED, C_CACHED, C_FREE, C_VALID, C_DUP, C_META = range(10)
 NC = 10
@@ -61,7 +62,8 @@ def _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_
     """The loop of :func:`replay_span`, on borrowed views of its arguments; *sid*,
     *send*: scratch of length ≥ the longest request's segment count; *scratch*: int64
     (2, ≥ the most blocks of a request's KV); *one_to_n*: ``1 … n`` (n ≥ the longest
-    prompt of a request whose segments are its prompt ids)."""
+    prompt of a request whose segments are its prompt ids, and > the prompt of one whose
+    segments are its prompt ids then an output: its entry P holds kv while it runs)."""
     st = state[: K.NST]
     # borrowed views of this call's arguments (no reference counts per request;
     # radixkv.policies._borrowed): the caller keeps the arrays alive until we return
@@ -70,6 +72,7 @@ def _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_
     bone, bids = borrow(one_to_n), borrow(ids)
     for i in range(i0, i1):
         P = prompt_len[i]
+        patched = False
         kv = P + max(output_len[i] - 1, 0)
         if (kv + B - 1) // B > num_slots:
             return i, 1
@@ -78,16 +81,27 @@ def _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_
             a = id_offsets[i]
             vsid = bids[a:a + P]
             vsend = bone[:P]
+        elif kv_seq_is_ids_then_output(id_offsets, prompt_len, output_len, unit_tokens, has_out, i):
+            # the prompt ids then one output segment: the ids are copied, the ends are
+            # one_to_n's 1 … P with its entry P set to kv for this request (restored below)
+            m = kv_seq_ids_then_output_into(ids, id_offsets, prompt_len, i, sid)
+            bone[P] = kv
+            patched = True
+            vsid = bsid[:m]
+            vsend = bone[:m]
         else:
             m = kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
                             sid, send)
             vsid = bsid[:m]
             vsend = bsend[:m]
-        if i + 1 < i1:
-            prefetch_request(ids, id_offsets, out_ids, out_offsets, has_out, i + 1)
+        # (no prefetch of the next request's ids here: asking for all of them at once,
+        # ~560 lines, made the bench trace's replay 16 % slower; the block hash asks for
+        # its ids a few pages ahead, _hash_kernels._IDS_AHEAD)
         before = st[K.ST_EVICTIONS]
         code, hit_blocks, held, ev, decoded, total_ev = K.run_seq(
             bblk, bkt, bpcid, bpcs, bstate, bscratch, vsid, vsend, B, P, kv, False, key_mask)
+        if patched:
+            bone[P] = P + 1
         if code == K.NEED_PIECES:
             return i, 1
         if code == K.REFUSED:

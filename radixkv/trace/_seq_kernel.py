@@ -62,6 +62,33 @@ def kv_seq_is_prompt_ids(id_offsets, prompt_len, output_len, unit_tokens, i):
 
 
 @nb.njit(cache=True)
+def kv_seq_is_ids_then_output(id_offsets, prompt_len, output_len, unit_tokens, has_out, i):
+    """Whether request *i*'s segments are its P prompt ids, one token each, then one unique
+    output segment: a token trace's request (unit 1) whose ids cover the prompt, without
+    output ids, whose KV extent ``kv = P + N − 1`` passes the prompt (N ≥ 2 output tokens).
+    Then :func:`kv_seq_into` would write ``seg_id`` = the P ids followed by the request's
+    output id, and ``seg_end = 1 … P`` followed by kv (:func:`kv_seq_ids_then_output_into`
+    writes the ids alone, so a loop may keep the ends ``1 … P`` in an array it shares
+    between requests and set only the last)."""
+    return (unit_tokens == 1 and not has_out and output_len[i] > 1
+            and id_offsets[i + 1] - id_offsets[i] == prompt_len[i])
+
+
+@nb.njit(cache=True)
+def kv_seq_ids_then_output_into(ids, id_offsets, prompt_len, i, seg_id):
+    """``seg_id`` of a request for which :func:`kv_seq_is_ids_then_output` holds, as
+    :func:`kv_seq_into` writes it (its P prompt ids, then its unique output id); returns
+    the segment count P + 1."""
+    P = prompt_len[i]
+    a = id_offsets[i]
+    src = ids[a:a + P]  # a view indexed from 0 (kv_seq_into: the copy vectorizes)
+    for j in range(P):
+        seg_id[j] = src[j]
+    seg_id[P] = -(2 * i + 2)  # types._unique_output_id
+    return P + 1
+
+
+@nb.njit(cache=True)
 def kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
                 seg_id, seg_end):
     """Write request *i*'s segments into ``seg_id[:n]``, ``seg_end[:n]`` (int64); returns n."""
