@@ -242,3 +242,29 @@ def test_requests_longer_than_the_context_are_reported_as_refused(tmp_path, caps
     text = capsys.readouterr().out
     assert "REFUSED: 2 of 5 requests" in text and "the other 3 only" in text
     assert json.loads(out.read_text())["recommendation"]["rejected_requests"] == 2
+
+
+def test_the_caching_verdict_is_replayed_when_the_budget_runs_out(small, tmp_path):
+    """A budget the search spends before step 4 (the sensitivity) still replays the caching
+    toggle at the recommendation: both settings are in the verdict. Budgets from 2 up to
+    the one the small plan needs are tried; each must both run out and give a verdict."""
+    d, trace, doc = small
+    ran_out = 0
+    for budget in range(2, doc["search"]["replayed"]):
+        out = tmp_path / f"b{budget}.json"
+        argv = ["plan", str(trace), "--slo", SLO, *BASE[:-1], str(budget), "--work-dir", str(d / "work"),
+                "--json", str(out)]
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # a budget too small to find any feasible point
+            rc = e.code
+        if rc != 0:
+            continue
+        got = json.loads(out.read_text())
+        if not got["search"]["budget_exhausted"]:
+            continue
+        ran_out += 1
+        pc = got["prefix_caching"]
+        assert pc["on"] is not None and pc["off"] is not None, (budget, pc["text"])
+        assert got["search"]["replayed"] <= budget
+    assert ran_out >= 1, "no budget both ran out and found a plan: the test checks nothing"

@@ -17,7 +17,9 @@
    change (:func:`radixkv.plan.candidates.neighbours`) is replayed: a change that meets
    the SLO there is a cheaper plan.
 4. **Sensitivity.** At the recommendation, every single-knob change is replayed: what each
-   knob does, and prefix caching on vs off.
+   knob does, and prefix caching on vs off. Steps 2 and 3 leave one replay of the budget
+   for this step, so the caching toggle (its first point) is replayed even when the budget
+   runs out: the plan always answers "cache on or off".
 
 The answer is the cheapest replayed point that meets the SLO (ties: smaller worst
 value/bound, then the point's order). Every point replayed, and why the others were not,
@@ -145,10 +147,15 @@ def _search(spec, trace, workload, ev) -> PlanResult:
 
     pruned = Counter()
     state = {"exhausted": False}
+    # the seed's question (prefix caching on or off at the recommendation) is answered even
+    # when the search spends the budget: steps 2 and 3 leave one replay for step 4, whose
+    # first point is the caching toggle (neighbours' order); a budget of 1 keeps it for step 2
+    verdict_reserve = 1 if spec.budget > 1 else 0
 
-    def run(points):
-        """Evaluate *points* within the budget; the rest are pruned (budget)."""
-        left = spec.budget - ev.replayed
+    def run(points, reserve=0):
+        """Evaluate *points* within the budget less *reserve* replays; the rest are pruned
+        (budget)."""
+        left = spec.budget - reserve - ev.replayed
         new = [p for p in dict.fromkeys(points) if p not in ev.outcomes]
         fits = [p for p in new if memory_reason(p, spec.model, workload)[1] is None]
         pruned["memory"] += len(new) - len(fits)
@@ -225,7 +232,7 @@ def _search(spec, trace, workload, ev) -> PlanResult:
         while True:  # doubling
             near_floor = gain is not None and gain >= AHEAD_FLOOR_GAIN
             ahead(b, [min(2 * r, r_hi)] if r < r_hi and not near_floor else [], bases, best_cost)
-            o = run([b.with_replicas(r)])[b.with_replicas(r)]
+            o = run([b.with_replicas(r)], verdict_reserve)[b.with_replicas(r)]
             if o.meets:
                 hi = r
                 break
@@ -243,7 +250,7 @@ def _search(spec, trace, workload, ev) -> PlanResult:
         while lo is not None and hi - lo > 1:  # bisection
             mid = (lo + hi) // 2
             ahead(b, [m for m in ((mid + hi) // 2, (lo + mid) // 2) if lo < m < hi and m != mid], bases, best_cost)
-            o = run([b.with_replicas(mid)])[b.with_replicas(mid)]
+            o = run([b.with_replicas(mid)], verdict_reserve)[b.with_replicas(mid)]
             if o.meets:
                 hi = mid
             else:
@@ -267,7 +274,7 @@ def _search(spec, trace, workload, ev) -> PlanResult:
             if met_now:
                 cur = min(met_now, key=lambda o: (o.cost, o.worst_ratio(), o.point)).point
                 ev.prefetch([p for _, p in neighbours(cur)])
-        outs = run(cand)
+        outs = run(cand, verdict_reserve)
         ok = [outs[p] for p in cand if outs[p].meets]
         if ok:
             best_cost = min(best_cost, min(o.cost for o in ok))
