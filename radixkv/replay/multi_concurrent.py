@@ -422,34 +422,24 @@ def replay_multi_concurrent(
 def _compiled_engines(trace, policies, cost, config, arrivals, fast_forward):
     """One compiled engine per replica (module docstring, "Compiled replicas"), or None
     when some replica's single-engine replay would not run on a compiled loop. Raises the
-    ``ConfigError`` the replicas' Python schedulers raise when built."""
+    ``ConfigError`` the replicas' Python schedulers raise when built (it builds them)."""
     from radixkv.replay import conc_sglang
+    from radixkv.replay.conc_vllm_fast import CompiledVllmEngine, _eligible
     from radixkv.replay.scheduler import rule_of
 
     p0 = policies[0]
     if any(type(p) is not type(p0) for p in policies):
         return None
-    if conc_sglang.applicable(p0, cost, config, None, rule_of(p0, config)):
-        if not all(conc_sglang.applicable(p, cost, config, None, rule_of(p, config)) for p in policies):
-            return None
-        eng = []
-        for p in policies:
-            e = conc_sglang.CompiledSglangEngine(trace, p, cost, arrivals, config, fast_forward, replica=True)
-            if e.exact is False:
-                return None if not eng else _give_up(eng)
-            eng.append(e)
-        return eng
-    from radixkv.replay.conc_vllm_fast import CompiledVllmEngine, _eligible
-
     schs = [make_scheduler(trace, p, config, arrivals) for p in policies]
+    if all(conc_sglang.applicable(p, cost, config, None, rule_of(p, config)) for p in policies):
+        if not conc_sglang.exact(trace, config):
+            return None
+        return [conc_sglang.CompiledSglangEngine(trace, p, cost, arrivals, config, fast_forward, replica=True)
+                for p in policies]
     if not all(_eligible(trace, p, cost, config, s) for p, s in zip(policies, schs)):
         return None
     return [CompiledVllmEngine(trace, p, cost, config, s, arrivals, fast_forward, replica=True, all_arrivals=arrivals)
             for p, s in zip(policies, schs)]
-
-
-def _give_up(eng):
-    raise AssertionError("the compiled SGLang loop's exactness differs between identical replicas")
 
 
 def _replay_compiled(trace, policies, cost, config, arrivals, eng, ro, progress) -> MultiConcurrentResult:
