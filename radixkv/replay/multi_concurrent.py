@@ -451,14 +451,18 @@ def _replay_compiled(trace, policies, cost, config, arrivals, eng, ro, progress)
     rows: list = [[] for _ in range(N)]
     inf = math.inf
     refused = []  # (round, replica, row) of each replica that cannot admit a request into its idle pool
+
+    def route(i, load):
+        r = ro.choose(i, load)
+        eng[r].give(i)
+        rows[r].append(i)
+        replica[i] = r
+        if progress is not None:
+            progress(i + 1, n)
+
     if not ro.needs_load:  # the routes read no replica state: route all, then run each replica through
         for i in range(n):
-            r = ro.choose(i, None)
-            eng[r].give(i)
-            rows[r].append(i)
-            replica[i] = r
-            if progress is not None:
-                progress(i + 1, n)
+            route(i, None)
         for r, e in enumerate(eng):
             if e.advance_to(inf):
                 # the Python loop runs the replicas round by round (a round: the steps before
@@ -476,12 +480,7 @@ def _replay_compiled(trace, policies, cost, config, arrivals, eng, ro, progress)
                 break
             for r, e in enumerate(eng):
                 load[r] = e.in_flight_at(a)
-            r = ro.choose(i, load)
-            eng[r].give(i)
-            rows[r].append(i)
-            replica[i] = r
-            if progress is not None:
-                progress(i + 1, n)
+            route(i, load)
     if refused:
         _, r, i = min(refused)
         raise ConfigError(
