@@ -49,7 +49,7 @@ import time
 
 import numpy as np
 
-from radixkv.memory.pool import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+from radixkv.memory.engine_defaults import SGLANG_DEFAULT_MAX_RUNNING_REQUESTS
 
 #: (label, model preset, GPU preset, tensor-parallel degree)
 HARDWARE = [("8B-A100", "Llama-3.1-8B", "A100-80GB", 1), ("8B-H100", "Llama-3.1-8B", "H100-80GB", 1),
@@ -64,12 +64,8 @@ SLICES = 5
 #: requests per slice (WEKA keeps 2,472 of its 3,238 requests within 128 K tokens: 5 × 480 fit)
 SLICE_REQUESTS = {"mooncake": 1000, "weka": 480, "ragpulse": 1000, "azure_conv": 1000}
 CLOCK = "fitted"
-#: SGLang's max_running_requests when unset: it follows the request-to-token table SGLang
-#: sizes from the pool (at least 2,048 rows; ``model_runner`` — recalled, not re-read in
-#: this task). **Assumed** 2,048; it never binds here (at most a few hundred run at once).
-SGLANG_MAX_RUNNING = 2048
-#: vLLM 0.33's default ``gpu_memory_utilization`` (the memory model's constant)
-VLLM_GMU = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+#: SGLang's max_running_requests when unset (the library's assumed value)
+SGLANG_MAX_RUNNING = SGLANG_DEFAULT_MAX_RUNNING_REQUESTS
 #: what each cell keeps of a replay's summary
 METRICS = ("token_hit_rate", "ttft_p50_s", "ttft_p99_s", "throughput_total_tokens_per_s", "concurrency_mean",
            "e2e_p50_s", "preemptions", "duration_s")
@@ -79,17 +75,14 @@ WORSE_IF = {"ttft_p50_s": "higher", "ttft_p99_s": "higher", "throughput_total_to
 
 
 def engine_knobs(engine: str, gpu: str) -> dict:
-    """The engine's default serving knobs on *gpu* (an A100 or H100 preset name).
-
-    vLLM (``vllm/engine/arg_utils.py :: EngineArgs.get_batch_defaults``, OpenAI server;
-    docs/engines/vllm.md §4): ``gpu_memory_utilization`` vLLM 0.33's default
-    (:data:`radixkv.memory.pool.VLLM_DEFAULT_GPU_MEMORY_UTILIZATION`, 0.92: ``CacheConfig``,
-    raised from 0.9 by vLLM PR #38284); on an A100 (and any GPU
-    under 70 GiB) ``max_num_batched_tokens`` 2048 and ``max_num_seqs`` 256, on an H100
-    8192 and 1024. SGLang (``arg_groups/memory_hook.py :: handle_gpu_memory_settings``;
-    docs/engines/sglang.md §2): ``chunked_prefill_size`` 8192 on 60–90 GiB GPUs,
-    ``mem_fraction_static`` its default (None here: the memory model computes it),
-    ``max_running_requests`` :data:`SGLANG_MAX_RUNNING` (assumed).
+    """The engine's default serving knobs on *gpu* (an A100 or H100 preset name):
+    :func:`radixkv.memory.engine_batch_defaults` (vLLM ``vllm/engine/arg_utils.py ::
+    EngineArgs.get_batch_defaults``, OpenAI server, and ``gpu_memory_utilization`` 0.92;
+    SGLang ``arg_groups/memory_hook.py :: handle_gpu_memory_settings``; docs/engines/vllm.md
+    §4, docs/engines/sglang.md §2): on an A100 vLLM runs ``max_num_batched_tokens`` 2048 and
+    ``max_num_seqs`` 256, on an H100 8192 and 1024; SGLang ``chunked_prefill_size`` 8192 on
+    both, ``max_running_requests`` 2,048 (assumed) and ``mem_fraction_static`` None (the
+    memory model computes SGLang's default).
 
     Returns
     -------
@@ -100,17 +93,14 @@ def engine_knobs(engine: str, gpu: str) -> dict:
     Raises
     ------
     ValueError
-        An engine other than vllm/sglang or a GPU other than an A100/H100 preset.
+        An engine other than vllm/sglang or a GPU other than an A100/H100 preset (the
+        fitted clock covers those).
     """
+    from radixkv.memory import engine_batch_defaults
+
     if not (gpu.startswith("A100") or gpu.startswith("H100")):
         raise ValueError(f"engine_knobs: GPU {gpu!r} is not an A100 or H100 preset (the fitted clock covers those)")
-    if engine == "vllm":
-        if gpu.startswith("A100"):
-            return {"max_num_batched_tokens": 2048, "max_num_seqs": 256, "memory_fraction": VLLM_GMU}
-        return {"max_num_batched_tokens": 8192, "max_num_seqs": 1024, "memory_fraction": VLLM_GMU}
-    if engine == "sglang":
-        return {"max_num_batched_tokens": 8192, "max_num_seqs": SGLANG_MAX_RUNNING, "memory_fraction": None}
-    raise ValueError(f"engine_knobs: unknown engine {engine!r}; one of vllm, sglang")
+    return engine_batch_defaults(engine, gpu)
 
 
 def slice_starts(n_requests: int, n_slices: int, size: int) -> list:

@@ -50,7 +50,8 @@ def _policy(policy, trace, pool_kw: dict, concurrent: bool = True):
     from radixkv.replay.run import warmup
 
     warmup(spec, concurrent=concurrent, lean=trace.unit_tokens == 1)
-    return build_policy(spec, PoolSpec(**given), unit_tokens=trace.unit_tokens), spec.label, spec
+    return (build_policy(spec, PoolSpec(**given), unit_tokens=trace.unit_tokens, trace=None if concurrent else trace),
+            spec.label, spec)
 
 
 def replay(
@@ -155,6 +156,14 @@ def replay(
             arrivals = np.asarray(arrivals)[: len(full)][np.isin(full.req_id, np.asarray(ctx.rejected_ids,
                                                                                           dtype=full.req_id.dtype),
                                                                  invert=True)]
+    if spec is not None and getattr(spec.build_class, "needs_trace", False):
+        # a policy that reads the trace ahead (Belady) is built on the requests replayed:
+        # after the --limit head and the context-length cut, as the CLI builds it
+        trace = trace.head(limit)
+        limit = None
+        pol = _policy(spec, trace, {"capacity_tokens": capacity_tokens, "num_gpu_blocks": num_gpu_blocks,
+                                    "max_total_num_tokens": max_total_num_tokens},
+                      concurrent=mode == "concurrent")[0]
     if mode == "sequential":
         from radixkv.replay.sequential import replay_sequential
 

@@ -74,6 +74,35 @@ pre{background:#f5f5f5;padding:.4em;white-space:pre-wrap}
 
 
 # ---------------------------------------------------------------------- reading inputs
+_RESULT_FILES = ("a radixkv result: the JSON of replay/compare/curve/plan --json, a --timeline or a --per-request "
+                 "CSV")
+
+
+def _refuse_json_lines(text: str, path: Path) -> None:
+    """Raise a clear :class:`~radixkv.errors.InputError` when *text*, which is not one JSON
+    document, is JSON Lines (its first two non-blank lines each a JSON object): a trace
+    (naming its format, :func:`radixkv.trace.detect.detect_format`) or another JSONL
+    file, not a result. Return otherwise (the caller raises the JSON error)."""
+    import json
+
+    from radixkv.errors import InputError
+
+    lines = [ln for ln in text.splitlines() if ln.strip()][:2]
+    try:
+        if len(lines) < 2 or not all(isinstance(json.loads(ln), dict) for ln in lines):
+            return
+    except ValueError:
+        return
+    try:
+        from radixkv.trace.detect import detect_format
+
+        what = (f"a {detect_format(path)} trace (JSON Lines, one request per line)",
+                "; replay it with `radixkv replay TRACE --policy ... --json OUT.json` and report OUT.json")
+    except InputError:
+        what = ("JSON Lines (one JSON object per line)", "")
+    raise InputError(f"is {what[0]}, not {_RESULT_FILES}{what[1]}", path=path, field="results")
+
+
 def read_input(path) -> dict:
     """One report input from *path*: a JSON document (``{"kind": "json", "doc": ...}``) or
     a CSV table (``{"kind": "timeline" | "per_request", "label", "columns"}``; kind by the
@@ -127,7 +156,11 @@ def read_input(path) -> dict:
         return {"kind": kind, "label": p.stem, "columns": out}
     from radixkv import validate
 
-    doc = validate.loads(text, path=p)
+    try:
+        doc = validate.loads(text, path=p)
+    except InputError:
+        _refuse_json_lines(text, p)
+        raise
     from radixkv.plan.html import is_plan_doc
 
     if is_plan_doc(doc):
@@ -397,7 +430,9 @@ def _per_request(tables):
 
 
 def _fig_evictions(docs, tables):
-    prs = [t for t in _per_request(tables) if "evicted_tokens" in t["columns"]]
+    # a column of n/a (SGLang's concurrent replay does not charge evictions to requests) draws nothing
+    prs = [t for t in _per_request(tables)
+           if "evicted_tokens" in t["columns"] and not np.isnan(t["columns"]["evicted_tokens"]).all()]
     if not prs:
         return None
     fig, ax = _fig()

@@ -25,21 +25,68 @@ CACHE_PREFIX = "radixkv-numba-"
 _IMPORTS_NUMBA = re.compile(rb"^[ \t]*(?:import numba|from numba)\b", re.M)
 
 
-def source_key(root: Path | None = None) -> str:
+#: ``(path, st_mtime_ns, st_size)`` of each source the last :func:`keyed_cache_dir` keyed
+#: Numba's cache by (empty before it ran): what :func:`sources_changed` compares with
+_keyed_stamps: list = []
+
+
+def source_key(root: Path | None = None, stamps: list | None = None) -> str:
     """A digest of every radixkv module that imports Numba (12 hex digits of sha256 over the
     modules' paths and bytes, in path order) — the key of :func:`keyed_cache_dir`.
 
     Numba checks a cached kernel against its own file's time stamp only; a kernel that
     inlines functions of another module (the span, batch and priority kernels call
     ``_hash_kernels``) is loaded stale after only that other module changed. Keying the
-    whole cache by all kernel sources makes any such change a cold cache instead."""
+    whole cache by all kernel sources makes any such change a cold cache instead.
+
+    *stamps*: a list to which ``(path, st_mtime_ns, st_size)`` of each module hashed is
+    appended (taken before its bytes are read)."""
     root = Path(__file__).resolve().parent if root is None else Path(root)
     h = hashlib.sha256()
     for p in sorted(root.rglob("*.py")):
+        st = p.stat()
         b = p.read_bytes()
         if _IMPORTS_NUMBA.search(b):
             h.update(p.relative_to(root).as_posix().encode() + b"\0" + b + b"\0")
+            if stamps is not None:
+                stamps.append((str(p), st.st_mtime_ns, st.st_size))
     return h.hexdigest()[:12]
+
+
+def sources_changed() -> bool:
+    """Whether a source :func:`keyed_cache_dir` keyed Numba's cache by has changed (time stamp
+    or size) or gone since; False before it ran. A few ``stat`` calls."""
+    for path, mtime_ns, size in _keyed_stamps:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return True
+        if st.st_mtime_ns != mtime_ns or st.st_size != size:
+            return True
+    return False
+
+
+def _keep_off_stale_cache(dispatcher) -> None:
+    """Before a radixkv kernel compiles: when its sources changed after radixkv was imported
+    (:func:`sources_changed`), drop Numba's on-disk cache of *dispatcher* (its ``NullCache``).
+
+    Why: the key is taken when radixkv is imported, a kernel module is read when it is first
+    imported, later. A kernel module read after an edit would compile the new source and
+    save it in the folder of the old sources' key, where a later process running the old
+    sources (the edit undone) would load it for a kernel whose own file's time stamp still
+    matches — the stale load the key exists to prevent. So such a kernel neither loads from
+    nor saves into that folder: it compiles in memory (the next process keys a new folder)."""
+    if not _keyed_stamps:
+        return
+    fn = getattr(dispatcher, "py_func", None)
+    if not (getattr(fn, "__module__", None) or "").startswith("radixkv."):
+        return
+    if type(getattr(dispatcher, "_cache", None)).__name__ in ("NullCache", "NoneType"):
+        return
+    if sources_changed():
+        from numba.core.caching import NullCache
+
+        dispatcher._cache = NullCache()
 
 
 def keyed_cache_dir() -> str:
@@ -48,12 +95,15 @@ def keyed_cache_dir() -> str:
     child processes agree), else ``__pycache__`` in the radixkv package. Sets
     ``NUMBA_CACHE_DIR`` (and ``numba.config.CACHE_DIR`` when Numba is already imported).
     Called when radixkv is imported; where the folder cannot be written, Numba falls back
-    to its own locations."""
+    to its own locations. A kernel compiled after its sources changed stays out of the
+    folder (:func:`_keep_off_stale_cache`)."""
     cur = os.environ.get("NUMBA_CACHE_DIR", "").rstrip("/\\")
     if cur and os.path.basename(cur).startswith(CACHE_PREFIX):
         cur = os.path.dirname(cur)
     base = cur or str(Path(__file__).resolve().parent / "__pycache__")
-    target = os.path.join(base, CACHE_PREFIX + source_key())
+    stamps: list = []
+    target = os.path.join(base, CACHE_PREFIX + source_key(stamps=stamps))
+    _keyed_stamps[:] = stamps
     os.environ["NUMBA_CACHE_DIR"] = target
     nb = sys.modules.get("numba")
     if nb is not None:
@@ -212,7 +262,7 @@ def _lock_path(dispatcher) -> str | None:
     return os.path.join(base, "locks", name + ".lock")
 
 
-def _locked_compile(orig):
+def _locked_compile(orig, lock: bool = True):
     """Wrap ``Dispatcher.compile`` (*orig*) so that two processes on one Numba cache never
     compile the same radixkv kernel at once: the second waits (under an exclusive
     ``flock`` of the kernel's lock file) and then loads the first's result from the cache.
@@ -224,15 +274,19 @@ def _locked_compile(orig):
     goes to other work. Deadlock-free: a process holds the locks of the kernels on its
     compile stack (callers, then callees), and the call graph has no cycle; the wait is
     bounded by :data:`LOCK_WAIT_S` all the same. Inside :func:`without_compiling` a kernel
-    being compiled elsewhere is not waited for (it counts as not cached)."""
-    import fcntl
+    being compiled elsewhere is not waited for (it counts as not cached). Before either,
+    :func:`_keep_off_stale_cache`; with *lock* False only that."""
     import time
 
     from numba.core import sigutils
     from numba.core.compiler_lock import global_compiler_lock
 
+    if lock:
+        import fcntl
+
     def compile(self, sig):
-        path = _lock_path(self)
+        _keep_off_stale_cache(self)
+        path = _lock_path(self) if lock else None
         if path is None or path in _held:
             return orig(self, sig)
         args, _ = sigutils.normalize_signature(sig)
@@ -274,18 +328,17 @@ def _locked_compile(orig):
 def install_compile_lock() -> None:
     """Install :func:`_locked_compile` on Numba's CPU dispatcher (once; idempotent). Done
     when radixkv is imported (:func:`keyed_cache_dir`: at once when Numba is loaded, else
-    as soon as it is); ``RADIXKV_COMPILE_LOCK=0`` leaves Numba as it is, and so does a
-    platform without ``fcntl`` (Windows)."""
-    if os.environ.get("RADIXKV_COMPILE_LOCK", "1").strip() == "0":
-        return
+    as soon as it is); ``RADIXKV_COMPILE_LOCK=0`` leaves out the lock, and so does a
+    platform without ``fcntl`` (Windows): then only :func:`_keep_off_stale_cache` runs."""
+    lock = os.environ.get("RADIXKV_COMPILE_LOCK", "1").strip() != "0"
     try:
         import fcntl  # noqa: F401
     except ImportError:
-        return
+        lock = False
     from numba.core.dispatcher import Dispatcher
 
     if getattr(Dispatcher.compile, "__wrapped__", None) is None:
-        Dispatcher.compile = _locked_compile(Dispatcher.compile)
+        Dispatcher.compile = _locked_compile(Dispatcher.compile, lock)
 
 
 class _PatchOnImport:

@@ -42,32 +42,47 @@ NA_COLUMNS = ("cached_tokens", "duplicate_tokens", "largest_free_run")
 
 
 @dataclass
-class Records:
-    """What a replay saw, request by request.
+class RequestColumns:
+    """Per-request columns, one row per request in replay order: the base of
+    :class:`Records` (sequential replay) and of
+    :class:`radixkv.replay.conc_result.ConcurrentResult` (concurrent replay).
 
     Attributes
     ----------
     req_id : np.ndarray of str, shape (n,)
     columns : dict[str, np.ndarray]
-        Every key of :data:`COLUMNS`, each int64 of shape (n,).
-    num_slots, slot_tokens : int
-        The pool the replay ran on.
-    policy : str
-        The policy's spec (e.g. ``vllm:16``).
+        Column name -> values, each of shape (n,); the subclass names its columns.
+
+    ``len()`` is n; ``result[name]`` is ``result.columns[name]`` (KeyError for an unknown name).
     """
 
     req_id: np.ndarray
     columns: dict
-    num_slots: int
-    slot_tokens: int
-    policy: str
-    meta: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.req_id)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.columns[name]
+
+
+@dataclass
+class Records(RequestColumns):
+    """What a sequential replay saw, request by request: ``req_id`` and ``columns`` of
+    :class:`RequestColumns` (every key of :data:`COLUMNS`, each int64 of shape (n,)), and
+
+    Attributes
+    ----------
+    num_slots, slot_tokens : int
+        The pool the replay ran on.
+    policy : str
+        The policy's spec (e.g. ``vllm:16``).
+    """
+
+    num_slots: int
+    slot_tokens: int
+    policy: str
+    meta: dict = field(default_factory=dict)
 
     @property
     def capacity_tokens(self) -> int:

@@ -448,3 +448,21 @@ def html_unescape(s: str) -> str:
     import html
 
     return html.unescape(s)
+
+
+@pytest.mark.parametrize("text, what", [
+    ('{"id": "a", "tokens": [1, 2, 3], "output_length": 1}\n{"id": "b", "tokens": [1, 2], "output_length": 1}\n',
+     "is a native trace (JSON Lines, one request per line), not a radixkv result"),
+    ('{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1]}\n'
+     '{"timestamp": 9, "input_length": 512, "output_length": 1, "hash_ids": [1]}\n',
+     "is a mooncake trace (JSON Lines, one request per line), not a radixkv result"),
+    ('{"a": 1}\n{"b": 2}\n', "is JSON Lines (one JSON object per line), not a radixkv result"),
+])
+def test_a_json_lines_input_is_named_as_such_not_as_invalid_json(tmp_path, capsys, text, what):
+    # before the fix: "line 2: invalid JSON: Extra data (column 1)"
+    p = tmp_path / "given.jsonl"
+    p.write_text(text)
+    assert main(["report", str(p), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert f"{p}, field 'results': {what}" in err and "--json" in err
+    assert "Extra data" not in err and "Traceback" not in err and not (tmp_path / "r.html").exists()

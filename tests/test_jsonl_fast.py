@@ -16,13 +16,25 @@ EXAMPLES = int(os.environ.get("RADIXKV_HYPOTHESIS_EXAMPLES", 2000)) // 4
 KEYS = ("tokens", "output_tokens")
 
 
+class Repeated(ValueError):
+    """The oracle's refusal of a key given twice in one object."""
+
+
+def _once(pairs):
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) < len(keys):
+        raise Repeated(keys)
+    return dict(pairs)
+
+
 def plain(path):
-    """json.loads on each non-blank line (the oracle), or the error text."""
+    """json.loads on each non-blank line (the oracle), refusing a key given twice in one
+    object (json.loads alone would keep the last value), or the error."""
     out = []
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f.read().split("\n")):
             if line.strip():
-                out.append((i + 1, json.loads(line)))
+                out.append((i + 1, json.loads(line, object_pairs_hook=_once)))
     return out
 
 
@@ -59,9 +71,12 @@ def test_same_as_json_loads(tmp_path_factory, text_lines):
     path.write_text("\n".join(text_lines))
     try:
         want = plain(path)
-    except (json.JSONDecodeError, RecursionError):
-        with pytest.raises(TraceFormatError):
+    except (json.JSONDecodeError, RecursionError, Repeated):
+        with pytest.raises(TraceFormatError) as fast:
             read_records(path, KEYS)
+        with pytest.raises(TraceFormatError) as slow:
+            read_records(path, ())  # every line through the plain path: the same message
+        assert str(fast.value) == str(slow.value)
         return
     if any(not isinstance(o, dict) for _, o in want):
         with pytest.raises(TraceFormatError):
@@ -103,3 +118,21 @@ def test_simple_lines_come_back_as_int64_arrays(tmp_path):
     assert ln == 1 and obj["id"] == "a"
     assert type(obj["tokens"]) is np.ndarray and obj["tokens"].tolist() == [0, 17, 9]
     assert type(obj["output_tokens"]) is np.ndarray and obj["output_tokens"].size == 0
+
+
+@pytest.mark.parametrize("line, field", [
+    ('{"id":"a","tokens":[1,2],"output_length":3,"output_length":4}', "output_length"),  # beside an id array
+    ('{"id":"a","tokens":[1,2],"output_length":3,"tokens":[1,2,5]}', "tokens"),  # the id array itself
+    ('{"id":"a","tokens":[1,2],"meta":{"k":1,"k":2}}', "k"),  # in a nested object
+])
+def test_a_key_given_twice_is_refused_on_both_paths_naming_line_and_key(tmp_path, line, field):
+    # json.loads keeps the last value; before the fix the record was read with it
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"id":"z","tokens":[7],"output_length":1}\n' + line + "\n")
+    with pytest.raises(TraceFormatError) as fast:
+        read_records(path, KEYS)
+    with pytest.raises(TraceFormatError) as slow:
+        read_records(path, ())
+    assert str(fast.value) == str(slow.value)
+    assert str(fast.value).startswith(f"{path}, line 2, field '{field}': ")
+    assert (fast.value.line, fast.value.field) == (2, field)

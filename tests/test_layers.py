@@ -20,6 +20,11 @@ from its source (``ast``: top-level and function-level imports, relative ones re
   :func:`radixkv.replay.misses.what_would_fix` is handed the replay function; above the
   replay, the CLI verbs, flags, sweeps, plans, the HTML report and the figures import one
   way too. A failure names the circle, each import with its line.
+- package ``__init__``s count (:func:`_import_lines`): ``from radixkv.policies import X``
+  depends on the package ``radixkv.policies`` as well as on the module ``X``, so a module
+  inside a package whose ``__init__`` imports it takes its siblings by full name
+  (``import radixkv.policies._hash_kernels as K``), and an import entering a package from
+  outside runs that package's ``__init__`` first (its import-time imports only).
 """
 from __future__ import annotations
 
@@ -30,16 +35,17 @@ import radixkv
 
 ROOT = Path(radixkv.__file__).resolve().parent
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT.parent).with_suffix("")
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+def _modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the package at *root* (a package by the name of its ``__init__``)."""
+    return {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
 
 
 def _top_level(tree: ast.Module):
@@ -62,17 +68,44 @@ def _top_level(tree: ast.Module):
             yield n
 
 
+#: the suffix of a package's node for its ``__init__`` as an import runs it (see :func:`_import_lines`)
+INIT = ".__init__"
+
+
+def _enclosing(name: str) -> list[str]:
+    """The packages that enclose module *name* (``a.b.c`` -> ``a``, ``a.b``)."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def _import_lines(name: str, path: Path, known: set, *, top_level: bool = False) -> dict[str, int]:
-    """Every radixkv module *name* imports, with the first line that imports it (``from a
-    import b`` counts ``a.b`` when that is a module, else ``a``); with *top_level*, only
-    those its import runs."""
+    """Every radixkv module *name* imports, with the first line that imports it; with
+    *top_level*, only those its import runs.
+
+    What an import statement depends on:
+
+    - the module it names: ``import a.b.c`` -> ``a.b.c``; ``from a.b import x`` -> ``a.b``
+      (the package itself: ``x`` is read off it, and may be a name its ``__init__`` defines)
+      and ``a.b.x`` when that is a module; ``import_module("a.b")`` -> ``a.b``;
+    - the ``__init__`` of each package enclosing that module, which Python runs first
+      (``import a.b.c`` runs ``a/__init__``, ``a/b/__init__``), as the node ``a.b.__init__``:
+      only what that ``__init__`` imports as it runs (its top-level imports) follows from
+      it, since the importer uses none of its functions. A package that encloses *name*
+      itself is left out: its ``__init__`` had begun before *name*'s first line ran, so
+      ``import a.b.c`` inside ``a.b`` depends on ``a.b.c`` alone, while ``from a.b import
+      c`` inside ``a.b`` depends on ``a.b`` — a circle when ``a/b/__init__`` imports the
+      importer back."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    started = set(_enclosing(name)) | {package}
     out: dict[str, int] = {}
 
     def add(mod, line):
         if mod == "radixkv" or mod.startswith("radixkv."):
             out[mod] = min(out.get(mod, line), line)
+            for pkg in _enclosing(mod):
+                if pkg not in started:
+                    out[pkg + INIT] = min(out.get(pkg + INIT, line), line)
 
     for node in (_top_level(tree) if top_level else ast.walk(tree)):
         if isinstance(node, ast.Import):
@@ -85,9 +118,10 @@ def _import_lines(name: str, path: Path, known: set, *, top_level: bool = False)
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module
+            add(mod, node.lineno)
             for a in node.names:
-                sub = f"{mod}.{a.name}"
-                add(sub if sub in known else mod, node.lineno)
+                if f"{mod}.{a.name}" in known:
+                    add(f"{mod}.{a.name}", node.lineno)
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
                 and isinstance(node.args[0].value, str):
             f = node.func
@@ -102,10 +136,30 @@ def _imports(name: str, path: Path, known: set, *, top_level: bool = False) -> s
     return set(_import_lines(name, path, known, top_level=top_level))
 
 
-def _graph(top_level: bool = False) -> dict[str, set[str]]:
-    mods = _modules()
+def _graph_lines(top_level: bool = False, root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """The import graph inside radixkv/ with each import's line: module -> {module it
+    imports: line}, self-imports and names outside the package left out. A package's
+    ``__init__`` as an import runs it is the node ``PKG.__init__`` with its top-level
+    imports (:func:`_import_lines`); in the *top_level* graph, which holds only those,
+    it is the package's own node. *root*: the package's folder (radixkv's unless a test
+    draws one)."""
+    mods = _modules(root)
     known = set(mods)
-    return {name: _imports(name, path, known, top_level=top_level) for name, path in mods.items()}
+    lines = {name: _import_lines(name, path, known, top_level=top_level) for name, path in mods.items()}
+    if top_level:
+        for deps in lines.values():
+            for d in [d for d in deps if d.endswith(INIT)]:
+                pkg, line = d[: -len(INIT)], deps.pop(d)
+                deps[pkg] = min(line, deps.get(pkg, line))
+    else:
+        for pkg in {d[: -len(INIT)] for deps in lines.values() for d in deps if d.endswith(INIT)}:
+            lines[pkg + INIT] = _import_lines(pkg, mods[pkg], known, top_level=True)
+    return {m: {d: n for d, n in deps.items() if d != m and (d in lines or d in known)} for m, deps in lines.items()}
+
+
+def _graph(top_level: bool = False, root: Path = ROOT) -> dict[str, set[str]]:
+    """:func:`_graph_lines` without the lines."""
+    return {m: set(deps) for m, deps in _graph_lines(top_level, root).items()}
 
 
 def _under(mod: str, pkg: str) -> bool:
@@ -114,20 +168,50 @@ def _under(mod: str, pkg: str) -> bool:
 
 def test_the_import_reader_sees_imports_of_every_kind():
     """The reader itself, on code written for the purpose: absolute, relative (both
-    levels), ``from package import module``, function-level and ``import_module``."""
+    levels), ``from package import module`` (the package and the module), a sibling by its
+    full name (the module alone: its package encloses the importer), the ``__init__`` of a
+    package an import enters from outside, function-level and ``import_module``."""
     import tempfile
 
     src = ("import radixkv.trace.types\nfrom . import registry\nfrom ..replay import run\n"
+           "import radixkv.policies._hash_kernels as K\n"
            "def f():\n    from radixkv import cli\n    import importlib\n"
            "    importlib.import_module('radixkv.cli.replay_cmd')\n")
+    known = {"radixkv.policies.registry", "radixkv.replay.run", "radixkv.cli"}
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "x.py"
         p.write_text(src, encoding="utf-8")
-        got = _imports("radixkv.policies.x", p, {"radixkv.policies.registry", "radixkv.replay.run", "radixkv.cli"})
-        assert got == {"radixkv.trace.types", "radixkv.policies.registry", "radixkv.replay.run", "radixkv.cli",
-                       "radixkv.cli.replay_cmd"}
-        top = _imports("radixkv.policies.x", p, {"radixkv.policies.registry", "radixkv.replay.run"}, top_level=True)
-        assert top == {"radixkv.trace.types", "radixkv.policies.registry", "radixkv.replay.run"}
+        top = {"radixkv.trace.types", "radixkv.trace.__init__", "radixkv.policies", "radixkv.policies.registry",
+               "radixkv.replay", "radixkv.replay.__init__", "radixkv.replay.run", "radixkv.policies._hash_kernels"}
+        assert _imports("radixkv.policies.x", p, known) == top | {
+            "radixkv", "radixkv.cli", "radixkv.cli.replay_cmd", "radixkv.cli.__init__"}
+        assert _imports("radixkv.policies.x", p, known, top_level=True) == top
+
+
+def test_the_graph_of_a_package_drawn_by_hand(tmp_path):
+    """Package ``__init__``s in the graph, on a package written for the purpose:
+    ``radixkv/p/__init__`` imports ``p.a`` and ``p.c``; ``p.a`` takes its sibling from the
+    package (``from radixkv.p import b``: a circle p -> p.a -> p), ``p.c`` by its full name
+    (``import radixkv.p.b``: no circle); ``radixkv/q/__init__`` imports ``radixkv.top`` only
+    inside a function, and ``radixkv.top`` imports ``radixkv.q.m``, which runs ``q``'s
+    ``__init__`` — whose import-time code imports nothing, so no circle."""
+    pkg = tmp_path / "radixkv"
+    files = {"__init__.py": "", "top.py": "import radixkv.q.m\n",
+             "p/__init__.py": "from radixkv.p.a import A\nfrom radixkv.p import c\n",
+             "p/a.py": "from radixkv.p import b\nA = 1\n", "p/b.py": "", "p/c.py": "import radixkv.p.b\n",
+             "q/__init__.py": "def f():\n    from radixkv.top import g\n", "q/m.py": ""}
+    for rel, text in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text, encoding="utf-8")
+    lines = _graph_lines(root=pkg)
+    assert lines["radixkv.p.a"] == {"radixkv.p": 1, "radixkv.p.b": 1}
+    assert lines["radixkv.p.c"] == {"radixkv.p.b": 1}
+    assert lines["radixkv.top"] == {"radixkv.q.m": 1, "radixkv.q.__init__": 1}
+    assert lines["radixkv.q.__init__"] == {} and lines["radixkv.q"] == {"radixkv.top": 2}
+    graph = {m: set(deps) for m, deps in lines.items()}
+    assert _circles(graph) == [["radixkv.p", "radixkv.p.a"]]
+    top = _graph(top_level=True, root=pkg)
+    assert top["radixkv.top"] == {"radixkv.q.m", "radixkv.q"} and top["radixkv.q"] == set()
 
 
 def test_nothing_outside_the_cli_imports_the_cli():
@@ -245,17 +329,19 @@ def test_the_circle_finder_on_a_graph_drawn_by_hand():
 
 
 def test_no_import_circle_at_all():
-    """The whole import graph inside radixkv/, function-level imports included (a late
-    import still makes two modules depend on each other), has no circle; a failure names
-    each circle and one path around it, each import as ``module:line imports module``."""
-    mods = _modules()
-    known = set(mods)
-    lines = {name: _import_lines(name, path, known) for name, path in mods.items()}
-    graph = {m: {d for d in deps if d != m and d in known} for m, deps in lines.items()}
+    """The whole import graph inside radixkv/ (:func:`_graph_lines`), function-level imports
+    included (a late import still makes two modules depend on each other) and package
+    ``__init__``s too, has no circle; a failure names each circle and one path around it,
+    each import as ``module:line imports module`` (``runs PKG.__init__`` where the import
+    runs a package's ``__init__`` first)."""
+    lines = _graph_lines()
+    graph = {m: set(deps) for m, deps in lines.items()}
     bad = []
     for comp in _circles(graph):
         path = _circle_through(comp[0], set(comp), graph)
-        steps = "\n".join(f"    {a}:{lines[a][b]} imports {b}" for a, b in zip(path, path[1:]))
+        steps = "\n".join(f"    {a}:{lines[a][b]} {'runs' if b.endswith(INIT) else 'imports'} {b}"
+                          for a, b in zip(path, path[1:]))
         bad.append(f"circle of {len(comp)} modules: {', '.join(comp)}; e.g.\n{steps}")
     assert not bad, ("import circles (move code so that imports point one way; a lower module "
-                     "never imports a higher one, not even inside a function):\n" + "\n".join(bad))
+                     "never imports a higher one, not even inside a function; inside a package, "
+                     "import a sibling by its full name, not from the package's __init__):\n" + "\n".join(bad))

@@ -118,3 +118,41 @@ def test_no_engine_fits_is_exit_2_with_both_reasons(capsys):
     rc, out, err = _run(capsys, "--model", "Llama-3.1-70B", "--gpu", "A100-80GB", "--engine", "both")
     assert rc == 2 and out == ""
     assert "no engine's KV pool fits" in err and "vLLM would leave" in err and "SGLang would leave" in err
+
+
+def test_no_fraction_is_advised_where_the_weights_alone_do_not_fit(capsys):
+    # Llama-3.1-70B in bf16: ~70.6e9 parameters x 2 B = ~141e9 B on one rank, above the
+    # A100-80GB's 85.9e9 B: no gpu_memory_utilization / mem_fraction_static can help, only tp
+    rc, out, err = _run(capsys, "--model", "Llama-3.1-70B", "--gpu", "A100-80GB")
+    assert rc == 2 and out == "" and "Traceback" not in err
+    assert "field 'gpu_memory_utilization'" in err and "field 'mem_fraction_static'" in err
+    assert err.count("the weights alone") == 2 and err.count("raise tp") == 2
+    assert "raise gpu_memory_utilization" not in err and "raise mem_fraction_static" not in err
+
+
+def test_no_fraction_is_advised_where_even_the_whole_gpu_is_too_little(capsys):
+    # Llama-3.1-8B in bf16: ~8.03e9 x 2 B = ~16.06e9 B of weights, under the T4's 15 GiB =
+    # 16.11e9 B, but with the profiling pass and workspaces beside them nothing is left at 1.0
+    rc, out, err = _run(capsys, "--model", "Llama-3.1-8B", "--gpu", "T4", "--gpu-memory-utilization", "0.9")
+    assert rc == 2 and out == "" and "--gpu-memory-utilization: vLLM would leave" in err
+    assert "even gpu_memory_utilization = 1.0 would leave too little" in err and "raise tp" in err
+    assert "raise gpu_memory_utilization" not in err
+
+
+@pytest.mark.parametrize("argv, knob", [
+    (("--model", "Llama-3.1-8B", "--gpu", "A100-80GB", "--gpu-memory-utilization", "0.2"), "gpu_memory_utilization"),
+    (("--model", "Llama-3.1-70B", "--gpu", "A100-80GB", "--tp", "2", "--mem-fraction-static", "0.8"),
+     "mem_fraction_static"),
+])
+def test_the_advised_fraction_is_the_least_that_fits(capsys, argv, knob):
+    import re
+
+    rc, _, err = _run(capsys, *argv)
+    assert rc == 2 and (f"field '{knob}'" in err or "--" + knob.replace("_", "-") + ":" in err)
+    least = re.search(rf"raise {knob} to at least ([0-9.]+) \(or raise tp\)", err).group(1)
+    step = 10.0 ** -(len(least) - 2)  # the advice's last digit
+    flag = "--" + knob.replace("_", "-")
+    i = argv.index(flag)
+    at = lambda v: _run(capsys, *argv[:i], flag, v, *argv[i + 2:])[0]  # noqa: E731
+    assert at(least) == 0  # the advice is enough ...
+    assert at(f"{float(least) - step:.{len(least) - 2}f}") == 2  # ... and one step less is not

@@ -59,6 +59,16 @@ def test_recommendation_meets_slo_in_plain_replay_and_next_cheaper_misses(small,
     for flag in ("--tensor-parallel-size 1", "--gpu-memory-utilization", "--max-num-batched-tokens",
                  "--max-num-seqs", "--block-size"):
         assert flag in cmd
+    # vLLM's own defaults on an A100 (EngineArgs.get_batch_defaults, OpenAI server; CacheConfig),
+    # by hand: 0.92, 2048 tokens, 256 sequences, block 16. The knob step changes at most one
+    # of them; every other one is printed as the default.
+    pt = rec["point"]
+    hand = {"gpu_memory_utilization": 0.92, "max_num_batched_tokens": 2048, "max_num_seqs": 256, "block_size": 16}
+    changed = [k for k, v in hand.items() if pt[k] != v]
+    assert len(changed) <= 1, changed
+    for k, v in hand.items():
+        if k not in changed:
+            assert f"--{k.replace('_', '-')} {v:g} " in cmd, (k, cmd)
 
 
 def test_stricter_slo_never_cheaper_and_looser_never_dearer(small, tmp_path):

@@ -94,3 +94,42 @@ def test_segment_at_matches_searchsorted(jit):
         for t in range(0, int(ends[-1]) + 3):
             assert sa(ends, t) == np.searchsorted(ends, t, side="right"), (ends.tolist(), t)
     assert sa(np.zeros(0, dtype=np.int64), 5) == 0  # no segments: searchsorted's answer
+
+
+def _token_keys(ids, ends):
+    """Per-token identities (id, start of the token's segment) of a run of segments."""
+    keys, s = [], 0
+    for i, e in zip(ids.tolist(), ends.tolist()):
+        keys += [(i, s)] * (e - s)
+        s = e
+    return keys
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_common_prefix_end_on_long_runs(jit):
+    """Runs of 60–400 segments, long enough for the blocks the scan skips at once (64
+    single-token segments, then 32 and 8 of any width): token runs, and runs with
+    2-token segments mixed in; *b* is *a*, or *a* with one id changed, or with one
+    segment one token wider (every later boundary moves). The oracle compares the
+    per-token (id, segment start) identities from a random position to a random limit."""
+    f = common_prefix_end if jit else _py(common_prefix_end)
+    rng = np.random.default_rng(11)
+    for _ in range(400 if jit else 60):
+        n = int(rng.integers(60, 400))
+        widths = np.where(rng.random(n) < (0.05 if rng.random() < 0.5 else 0.0), 2, 1)
+        ids = rng.integers(0, 4, n)
+        ids_b, widths_b = ids.copy(), widths.copy()
+        k = int(rng.integers(0, n))
+        r = rng.random()
+        if r < 0.4:
+            ids_b[k] += 1
+        elif r < 0.7:
+            widths_b[k] += 1
+        a = (ids.astype(np.int64), np.cumsum(widths).astype(np.int64))
+        b = (ids_b.astype(np.int64), np.cumsum(widths_b).astype(np.int64))
+        ka, kb = _token_keys(*a), _token_keys(*b)
+        m = min(len(ka), len(kb))
+        pos = int(rng.integers(0, m)) if rng.random() < 0.5 else 0
+        limit = int(rng.integers(pos, m + 1)) if rng.random() < 0.5 else m
+        brute = next((t for t in range(pos, limit) if ka[t] != kb[t]), limit)
+        assert f(*a, *b, pos, limit) == brute, (n, k, r, pos, limit)

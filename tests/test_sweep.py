@@ -375,3 +375,35 @@ def test_an_sglang_memory_axis_with_per_engine_rule_is_a_real_axis(tmp_path):
     cells = load_grid(g).cells
     sg = sorted(c.settings.get("mem_fraction_static") for c in cells if c.settings["policy"] == "sglang:1")
     assert sg == [0.5, 0.8]
+
+
+_CONC = 'traces = ["{demo}"]\ncapacity_tokens = 20000\nmode = "concurrent"\nmodel = "Llama-3.1-8B"\ngpu = "A100-80GB"\n'
+
+
+@pytest.mark.parametrize("policies, knob", [
+    ('["vllm:16", "vllm:32"]', "enable_priority_scheduling = true"),  # SGLang's knob, vLLM cells only
+    ('["sglang:1"]', 'scheduling_policy = "priority"'),  # vLLM's knob, SGLang cells only
+    ('["sglang:1", "vllm:16"]\nadmission = "sglang"', "watermark = 0.1"),  # every cell under SGLang's rules
+])
+def test_an_engine_knob_no_cell_reads_is_refused_up_front_naming_key_and_line(tmp_path, capsys, policies, knob):
+    # before the fix every cell failed at run time (exit 1) with the replay's own refusal
+    g = _grid(tmp_path, _CONC + f"policies = {policies}\n" + knob + "\n")
+    line = g.read_text().splitlines().index(knob) + 1
+    assert main(["sweep", str(g), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    key = knob.split(" =")[0]
+    assert f"{g}, line {line}, field '{key}'" in err and "no concurrent cell runs under them" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_an_engine_knob_applies_to_that_engines_cells_only(tmp_path):
+    # SGLang's priority knobs with one vLLM and one SGLang policy: the vLLM cell is the one the
+    # grid without those knobs has (same key), the SGLang cell keeps them, as `compare` reads them
+    both = _grid(tmp_path, _CONC + 'policies = ["vllm:16", "sglang:1"]\nenable_priority_scheduling = true\n'
+                 "disable_priority_preemption = true\n")
+    plain = _grid(tmp_path, _CONC + 'policies = ["vllm:16", "sglang:1"]\n', name="plain.toml")
+    cells = {c.settings["policy"]: c for c in load_grid(both).cells}
+    ref = {c.settings["policy"]: c for c in load_grid(plain).cells}
+    assert cells["vllm:16"].key == ref["vllm:16"].key
+    assert cells["sglang:1"].settings["enable_priority_scheduling"] is True
+    assert cells["sglang:1"].key != ref["sglang:1"].key

@@ -87,3 +87,32 @@ def test_inspect_of_a_converted_trace_names_the_file_read_and_its_source(tmp_pat
     assert lines[1].split() == ["converted", "from", str(src)]
     assert main(["trace", "inspect", str(src)]) == 0
     assert "converted from" not in capsys.readouterr().out
+
+
+def test_a_key_given_twice_in_a_record_exits_2_naming_file_line_and_key(tmp_path, capsys, monkeypatch):
+    # json.loads keeps the last of two values; the record must be refused, not read with it
+    monkeypatch.setenv("RADIXKV_TRACE_CACHE", "off")
+    for fmt, text, field in [
+        ("native", TOKENS + '{"id": "c", "tokens": [5], "output_length": 1, "output_length": 9}\n', "output_length"),
+        ("mooncake", '{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1]}\n'
+                     '{"timestamp": 5, "timestamp": 9, "input_length": 512, "output_length": 1, "hash_ids": [1]}\n',
+         "timestamp"),
+    ]:
+        p = tmp_path / f"{fmt}.jsonl"
+        p.write_text(text)
+        line = len(text.splitlines())
+        assert main(["trace", "inspect", str(p), "--format", fmt]) == 2
+        err = capsys.readouterr().err
+        assert f"{p}, line {line}, field '{field}': the key is given twice" in err and "Traceback" not in err
+
+
+def test_a_header_only_trace_exits_2_saying_no_requests_in_the_file(tmp_path, capsys, monkeypatch):
+    # before the fix: loaded as an empty trace, then refused by `replay` naming field 'limit'
+    monkeypatch.setenv("RADIXKV_TRACE_CACHE", "off")
+    p = tmp_path / "header_only.jsonl"
+    p.write_text('\n{"radixkv_trace": 1, "unit_tokens": 1, "partial_last_unit": false}\n\n')
+    for argv in (["trace", "inspect", str(p)], ["replay", str(p), "--policy", "vllm:16", "--capacity-tokens", "1000"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{p}: no requests in the file: it holds only the header (line 2)" in err
+        assert "limit" not in err and "Traceback" not in err

@@ -54,10 +54,17 @@ def test_scopes_nest(monkeypatch):
     assert run._is_warm(spec, run._scope(True, False))
 
 
+def _cold_cache():
+    from radixkv.numba_cache import ColdCache
+
+    raise ColdCache()  # what a tiny run under without_compiling raises at the first compile
+
+
 def test_warmup_many_passes_the_scope_to_the_compile_children(monkeypatch):
     seen, argv = [], []
     monkeypatch.setattr(run, "warmup", lambda s, **k: seen.append((s.label, k)) or 0.0)
     monkeypatch.setattr(warm, "_WARM", set())
+    monkeypatch.setattr(warm, "_tiny_run", lambda *a: _cold_cache())  # every kernel must compile
 
     class _P:
         def __init__(self, args, **kw):
@@ -76,3 +83,24 @@ def test_warmup_many_passes_the_scope_to_the_compile_children(monkeypatch):
     run.warmup_many([parse_policy("vllm:16"), parse_policy("sglang:1")], lean=True)
     assert argv == [["sglang:1", "1", "1"]]  # spec, concurrent, lean
     assert all(k == {"concurrent": True, "lean": True} for _, k in seen) and seen[0][0] == "vllm:16"
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_warmup_many_on_a_warm_cache_starts_no_child_process(monkeypatch, lean):
+    # a fresh process (nothing warm in it) over a cache that holds every kernel: the tiny
+    # runs compile nothing, so they are loaded here and no child is started (before the
+    # fix: one child per family after the first, each loading what was already there)
+    started, ran = [], []
+    monkeypatch.setattr(warm, "_WARM", set())
+    monkeypatch.setattr(warm, "_tiny_run", lambda spec, concurrent, lean: ran.append((spec.label, concurrent, lean)))
+
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a) or pytest.fail("a child started"))
+    monkeypatch.setattr(run.jit, "mode", lambda: "compile")
+    specs = [parse_policy("vllm:16"), parse_policy("sglang:1"), parse_policy("unit-lru")]
+    run.warmup_many(specs, lean=lean)
+    assert started == []
+    fams = [s.label for s in specs if s.build_class.kernel_family]
+    assert ran == [(label, True, lean) for label in fams]  # each family's tiny run once, nothing after
+    assert all(run._is_warm(s, run._scope(True, lean)) for s in specs if s.build_class.kernel_family)

@@ -47,6 +47,12 @@ _VERB_MODULE = {
 }
 
 
+#: True in the ``radixkv`` program (:func:`entry`), whose process ends after its verb (a
+#: verb may then skip what only a process that lives on needs: matplotlib's docstrings,
+#: :func:`radixkv.plots.png_writer`); False for callers of :func:`main`
+PROGRAM = False
+
+
 class Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are two lines: the error, and where the
     options are listed. (argparse's default prints the whole usage first, 40 lines
@@ -247,6 +253,8 @@ def entry() -> None:
     a collection may wait for is at most 50,000 containers)."""
     import gc
 
+    global PROGRAM
+    PROGRAM = True
     gc.set_threshold(50_000)
     leave(main())
 

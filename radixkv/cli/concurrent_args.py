@@ -8,10 +8,31 @@ in :mod:`radixkv.flags.concurrent`, below the CLI, since a sweep grid reads them
 """
 from __future__ import annotations
 
+from radixkv.errors import ConfigError
+
 from radixkv.flags.concurrent import add_concurrent_args, refuse_concurrent_only_flags  # noqa: F401
 from radixkv.replay.settings import (  # noqa: F401
     concurrent_config_from_args, cost_model_from_args, policy_from_args, run_concurrent_from_args,
 )
+
+
+def refuse_sequential_only(args, specs) -> None:
+    """Refuse, before the trace is loaded, a policy that reads the trace ahead (its class's
+    ``needs_trace``: ``sglang:P@belady``) in a replay other than the one-pool sequential
+    one (``--mode concurrent``, ``--replicas``).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        Naming the policy (field ``policy``).
+    """
+    if getattr(args, "mode", "sequential") != "concurrent" and getattr(args, "replicas", None) is None:
+        return
+    from radixkv.policies.registry import sequential_only_message
+
+    for spec in specs:
+        if getattr(spec.build_class, "needs_trace", False):
+            raise ConfigError(sequential_only_message(spec), field="policy")
 
 
 def refuse_scheduler_conflicts(args, specs, *, routed: bool = False) -> None:
@@ -32,6 +53,7 @@ def refuse_scheduler_conflicts(args, specs, *, routed: bool = False) -> None:
     radixkv.errors.ConfigError
         The replay's own message, naming the flags (field = the flag's dest).
     """
+    refuse_sequential_only(args, specs)
     if getattr(args, "mode", "sequential") != "concurrent":
         return
     import dataclasses

@@ -17,7 +17,7 @@ import time
 
 from radixkv.cli import routing_args as _routing
 from radixkv.cli._output import emit, files, human, inputs
-from radixkv.cli.concurrent_args import refuse_scheduler_conflicts
+from radixkv.cli.concurrent_args import refuse_scheduler_conflicts, refuse_sequential_only
 from radixkv.cli.flag_rules import refuse_moot_flags, refuse_moot_policy_flags
 from radixkv.cli.report_cmd import run_tables, write_run_report
 from radixkv.cli import traffic_args as _traffic
@@ -449,6 +449,7 @@ def cmd_curve(args) -> int:
     refuse_moot_flags(args)
     specs = _policies(args)
     refuse_moot_policy_flags(args, specs)
+    refuse_sequential_only(args, specs)
     if args.miss_causes and _executor(args) != "local":
         raise ConfigError("--miss-causes runs on the local executor", field="miss_causes")
     _check_window_arg(args)
@@ -471,6 +472,17 @@ def cmd_curve(args) -> int:
         return _host_curve(args, specs, caps, outs)
     if args.single_tier is not None:
         raise ConfigError("--single-tier goes with --host-capacities", field="single_tier")
+    from radixkv import cli
+    from radixkv.plots import png_writer
+
+    # the PNG's drawing process (where forking helps) imports matplotlib during the replay
+    with png_writer(background=bool(args.out), ends_process=cli.PROGRAM) as png:
+        return _curve(args, specs, caps, outs, png)
+
+
+def _curve(args, specs, caps, outs, png) -> int:
+    """``curve`` without ``--host-capacities``, its flags checked; *png* a
+    :func:`radixkv.plots.png_writer` (used with ``--out``)."""
     trace, load_s = _load(args)
     from radixkv.replay.curve import run_curve
     from radixkv.replay.jit import trace_tokens
@@ -527,15 +539,17 @@ def cmd_curve(args) -> int:
         "limit": args.limit,
         "curves": curves,
     }
+    if args.out:
+        from radixkv.plots import curves_png
+
+        png.submit(curves_png, doc, metric=args.metric, window=args.measure_last is not None)
     emit(args.json, dumps_json(doc), *outs)
     write_run_report(args.report, doc, stream=human(*outs))
     if args.out:
         out_json = args.out + ".json"
         out_png = args.out + ".png"
         atomic_write_text(out_json, dumps_json(doc))
-        from radixkv.plots import plot_curves
-
-        plot_curves(doc, out_png, metric=args.metric, window=args.measure_last is not None)
+        png.write(out_png)
         print(f"wrote {out_json} and {out_png}", file=human(*outs))
     return 0
 
@@ -549,8 +563,6 @@ def _host_curve(args, specs, caps, outs) -> int:
     """``curve --host-capacities``: each host-tier policy at one GPU pool (the single
     ``--capacities`` value) and every host pool; ``--single-tier SPEC`` adds SPEC at one
     pool of GPU + host tokens per point. Points are keyed by ``host_capacity_tokens``."""
-    from radixkv.replay.curve import run_curve, run_host_curve
-
     if len(caps) != 1:
         raise ConfigError(f"--host-capacities sweeps the host pool at one GPU pool: give one --capacities value "
                           f"(got {len(caps)})", field="capacities")
@@ -575,6 +587,19 @@ def _host_curve(args, specs, caps, outs) -> int:
     if args.single_tier:
         singles = [parse_policy(t, block_size=args.block_size, page_size=args.page_size)
                    for t in args.single_tier.split(",") if t.strip()]
+    from radixkv import cli
+    from radixkv.plots import png_writer
+
+    with png_writer(background=bool(args.out), ends_process=cli.PROGRAM) as png:  # as in cmd_curve
+        return _host_curve_points(args, specs, singles, gpu, hosts, outs, png)
+
+
+def _host_curve_points(args, specs, singles, gpu, hosts, outs, png) -> int:
+    """:func:`_host_curve` after its flags are checked: *singles* the ``--single-tier``
+    specs, *gpu* the GPU pool, *hosts* the host pools; *png* a
+    :func:`radixkv.plots.png_writer` (used with ``--out``)."""
+    from radixkv.replay.curve import run_curve, run_host_curve
+
     trace, load_s = _load(args)
     curves = []
     out = human(*outs)
@@ -612,13 +637,15 @@ def _host_curve(args, specs, caps, outs) -> int:
         "x": "host_capacity_tokens",
         "curves": curves,
     }
+    if args.out:
+        from radixkv.plots import curves_png
+
+        png.submit(curves_png, doc, metric=args.metric, x="host_capacity_tokens")
     emit(args.json, dumps_json(doc), *outs)
     write_run_report(args.report, doc, stream=out)
     if args.out:
         atomic_write_text(args.out + ".json", dumps_json(doc))
-        from radixkv.plots import plot_curves
-
-        plot_curves(doc, args.out + ".png", metric=args.metric, x="host_capacity_tokens")
+        png.write(args.out + ".png")
         print(f"wrote {args.out}.json and {args.out}.png", file=out)
     return 0
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from radixkv.clock import error as E
+import radixkv.clock.error as E
 from radixkv.clock.vidur import GPUS, read_vidur
 
 #: CPU time per step the packaged models add by default: assumed 0 (radixkv.clock.calibrated)

@@ -117,7 +117,7 @@ class CalibratedCostModel:
     # ---------------------------------------------------------------- the packed form
     def packed(self) -> np.ndarray:
         """The float64 array the compiled step-time functions read (:mod:`radixkv.clock._kernels`)."""
-        from radixkv.clock import _kernels as TK
+        import radixkv.clock._kernels as TK
 
         return TK.pack(4.0 * self.num_layers * self.attn_dim, self.peak_flops * self.attn_mfu * self.tp,
                        self.kv_bytes_per_token, self.hbm_bytes_per_s * self.attn_mbu * self.tp,
@@ -139,7 +139,7 @@ class CalibratedCostModel:
 
     def token_time(self, tokens) -> float:
         """Seconds of the token-parallel work at *tokens* = Σn (the table alone)."""
-        from radixkv.clock import _kernels as TK
+        import radixkv.clock._kernels as TK
 
         return float(TK.table_time_call(self._cp(), float(tokens)))
 
@@ -147,7 +147,7 @@ class CalibratedCostModel:
         """Seconds of one step running items with *new_tokens* n_i and *context_tokens* c_i
         (array-like of int, shape (k,)); 0 for an empty batch. The sums are formed in
         integers (exact), as the compiled loops form them."""
-        from radixkv.clock import _kernels as TK
+        import radixkv.clock._kernels as TK
 
         n = [int(v) for v in np.asarray(new_tokens).ravel()]
         c = [int(v) for v in np.asarray(context_tokens).ravel()]
@@ -163,7 +163,7 @@ class CalibratedCostModel:
     def decode_steps_time(self, batch: int, context_sum: int, k: int) -> np.ndarray:
         """Times of k consecutive pure-decode steps (float64 (k,)), step j with
         ``context_sum + j · batch`` tokens of KV before it."""
-        from radixkv.clock import _kernels as TK
+        import radixkv.clock._kernels as TK
 
         out = np.empty(int(k), dtype=np.float64)
         TK.decode_steps_time_into(self._cp(), int(batch), int(context_sum), int(k), out)

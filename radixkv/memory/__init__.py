@@ -5,10 +5,12 @@ vLLM and SGLang build on a given model, GPU and tensor-parallel size.
 * :mod:`radixkv.memory.specs`     ``ModelSpec`` (``from_hf_config``), ``GPUSpec``, KV bytes per token
 * :mod:`radixkv.memory.presets`   the preset models and GPUs, lookup by name
 * :mod:`radixkv.memory.pool`      the engines' pool-size rules, ``PoolSize``, ``pool_for``
+* :mod:`radixkv.memory.engine_defaults` the engines' serving knobs by GPU when none is given
 * :mod:`radixkv.memory.hybrid`    vLLM's KV cache groups of a hybrid model, block ids per budget
 * :mod:`radixkv.memory.startup_log` the pool an engine logged at start-up (``--pool-from-log``)
 * :mod:`radixkv.memory.calibration` radixkv's model against published start-up logs
 """
+from radixkv.memory.engine_defaults import engine_batch_defaults
 from radixkv.memory.hf_config import estimate_num_params
 from radixkv.memory.pool import (
     AccountingRow,
@@ -28,7 +30,7 @@ from radixkv.memory.specs import DTYPE_BYTES, GPUSpec, ModelSpec, dtype_bytes, l
 
 __all__ = [
     "AccountingRow", "DTYPE_BYTES", "LoggedPool", "parse_startup_log", "read_startup_log", "GPUSpec", "GPU_PRESETS", "MODEL_PRESETS", "ModelSpec",
-    "PoolSize", "dtype_bytes", "estimate_num_params", "get_gpu", "get_model",
+    "PoolSize", "dtype_bytes", "engine_batch_defaults", "estimate_num_params", "get_gpu", "get_model",
     "load_hf_config", "pool_for", "sglang_default_mem_fraction_static", "sglang_pool_size",
     "sglang_dp_attention_extra_weight_bytes",
     "vllm_pool_size", "sglang_legacy_mem_fraction_static", "sglang_version_rules",

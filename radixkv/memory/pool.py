@@ -372,6 +372,35 @@ def _prefill_graph_sizes(max_bs: int) -> int:
     return n
 
 
+def _sglang_memory_tier(m_mib: float, tp: int) -> tuple[int, int]:
+    """SGLang's ``(chunked_prefill_size, decode CUDA-graph max_bs)`` for a GPU of *m_mib*
+    MiB at *tp* (``arg_groups/memory_hook.py :: handle_gpu_memory_settings``)."""
+    if m_mib < 20 * 1024:
+        return 2048, 8
+    if m_mib < 35 * 1024:
+        return 4096, (48 if tp < 4 else 160)
+    if m_mib < 60 * 1024:
+        return 4096, (32 if tp < 4 else 160)
+    if m_mib < 160 * 1024:
+        return 8192, (256 if tp < 4 else 512)
+    return 16384, 512
+
+
+def sglang_default_chunked_prefill_size(gpu: GPUSpec) -> int:
+    """SGLang's default ``chunked_prefill_size`` (tokens per prefill chunk) on *gpu*.
+
+    SGLang ``arg_groups/memory_hook.py :: handle_gpu_memory_settings`` picks it by the
+    GPU's memory ``M`` (MiB, as nvidia-smi reports it): < 20 GiB 2048; < 60 GiB 4096;
+    < 160 GiB 8192; larger 16384. The tensor-parallel degree does not change it.
+
+    Returns
+    -------
+    int
+        Tokens.
+    """
+    return _sglang_memory_tier(gpu.total_mib, 1)[0]
+
+
 def sglang_default_mem_fraction_static(gpu: GPUSpec, tp: int = 1, *, is_mla: bool = False,
                                        model_name: str = "",
                                        chunked_prefill_size: int | None = None) -> float:
@@ -400,16 +429,7 @@ def sglang_default_mem_fraction_static(gpu: GPUSpec, tp: int = 1, *, is_mla: boo
     """
     _pos_int(tp, "tp")
     m = gpu.total_mib
-    if m < 20 * 1024:
-        chunk, max_bs = 2048, 8
-    elif m < 35 * 1024:
-        chunk, max_bs = 4096, (48 if tp < 4 else 160)
-    elif m < 60 * 1024:
-        chunk, max_bs = 4096, (32 if tp < 4 else 160)
-    elif m < 160 * 1024:
-        chunk, max_bs = 8192, (256 if tp < 4 else 512)
-    else:
-        chunk, max_bs = 16384, 512
+    chunk, max_bs = _sglang_memory_tier(m, tp)
     if chunked_prefill_size is not None:
         chunk = _pos_int(chunked_prefill_size, "chunked_prefill_size")
     reserved = 512 + 1.5 * max(chunk, 2048) + tp / 8 * 1024 + 2 * max_bs
@@ -421,6 +441,34 @@ def sglang_default_mem_fraction_static(gpu: GPUSpec, tp: int = 1, *, is_mla: boo
     if m > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     return round((m - reserved) / m, 3)
+
+
+def _unfit_advice(knob: str, decimals: int, room: int, room_what: str, weights: int, spare_at_one: int,
+                  fits) -> str:
+    """What would make a pool that does not fit fit, as the arithmetic says.
+
+    *room*: the bytes the engine's fraction applies to (vLLM: device total; SGLang: free
+    before loading), *room_what* their name; *weights*: the weights one rank holds; *spare_at_one*: bytes left
+    beyond the smallest pool with the fraction *knob* at its maximum 1.0; *fits(f)*: does
+    the fraction *f* give a pool. When the weights alone do not fit in *room*, or the
+    fraction at 1.0 still leaves too little, only more ranks (``tp``, splitting the
+    weights and the KV heads) or a GPU with more memory help; else the smallest fraction
+    at *decimals* digits (the engines' own rounding of the default) that fits is named.
+    """
+    more = "raise tp (more GPUs share the weights and KV heads) or use a GPU with more memory"
+    if weights >= room:
+        return (f"the weights alone ({weights / GiB:.2f} GiB per rank) exceed the {room / GiB:.2f} GiB "
+                f"{room_what}, at any {knob}: {more}")
+    if spare_at_one < 0 or not fits(1.0):
+        return f"even {knob} = 1.0 would leave too little: {more}"
+    step = 10 ** decimals
+    k = min(step, math.ceil((1.0 - spare_at_one / room) * step))  # the fraction in 1/step units
+    while k > 1 and fits((k - 1) / step):  # the float guess checked both ways against the rule itself
+        k -= 1
+    while not fits(k / step):
+        k += 1
+    least = k / step
+    return f"raise {knob} to at least {least} (or raise tp)"
 
 
 # --------------------------------------------------------------------------- vLLM
@@ -501,10 +549,13 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
     requested = math.ceil(total * util)
     budget = requested - weights - non_torch - act - graphs
     if budget < 2 * per_block:
+        fixed = weights + non_torch + act + graphs  # what the budget holds besides the KV cache
         raise ConfigError(
             f"vLLM would leave {budget / GiB:.2f} GiB for the KV cache of {model.name} on "
             f"{gpu.name} (tp={tp}, gpu_memory_utilization={util}): not enough for the null "
-            f"block and one block of {per_block:,} B; raise gpu_memory_utilization or tp",
+            f"block and one block of {per_block:,} B; "
+            + _unfit_advice("gpu_memory_utilization", 2, total, "of the GPU", weights,
+                            total - fixed - 2 * per_block, lambda u: math.ceil(total * u) - fixed >= 2 * per_block),
             field="gpu_memory_utilization")
     n_blocks = budget // per_block
     pool_bytes = n_blocks * per_block
@@ -684,7 +735,10 @@ def sglang_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dt
         raise ConfigError(
             f"SGLang would leave {rest / GiB:.2f} GiB for the KV cache of {model.name} on "
             f"{gpu.name} (tp={tp}, mem_fraction_static={mfs}): not enough for one page; "
-            f"raise mem_fraction_static or tp", field="mem_fraction_static")
+            + _unfit_advice("mem_fraction_static", 3, pre_free, "free before the model loads", weights + dp_weights,
+                            after_load - extra - p * cell,
+                            lambda f: after_load - int(pre_free * (1 - f)) - extra >= p * cell),
+            field="mem_fraction_static")
     pool_bytes = tokens * cell
     rows = (
         AccountingRow("GPU memory (device total)", total, "device"),

@@ -451,29 +451,11 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, path, *, name: str | None = None,
                        num_params: int | None = None) -> "ModelSpec":
-        """Read a Hugging Face ``config.json`` into a :class:`ModelSpec` (the fields read:
-        :mod:`radixkv.memory.hf_config`).
-
-        Parameters
-        ----------
-        path : str or Path
-            The ``config.json`` file (or a directory holding one).
-        name : str, optional
-            Display name; default: the ``_name_or_path`` field, else the file's parent
-            directory name.
-        num_params : int, optional
-            Parameter count; default: :func:`radixkv.memory.hf_config.estimate_num_params`.
-
-        Returns
-        -------
-        ModelSpec
-
-        Raises
-        ------
-        InputError
-            The file is missing or not a JSON object (with the JSON error's line), or a
-            field is missing or malformed (naming the file and field).
-        """
+        """Read a Hugging Face ``config.json`` into a :class:`ModelSpec`: the spec built from
+        the fields :func:`radixkv.memory.hf_config.read_hf_config` reads, which takes the same
+        parameters (*path*: the file or a directory holding one; *name*: display name;
+        *num_params*: parameter count, estimated when None) and raises the same
+        :class:`~radixkv.errors.InputError` (naming the file and field)."""
         fields = read_hf_config(path, name=name, num_params=num_params)
         ssm = fields.pop("ssm")
         return cls(**fields, ssm=None if ssm is None else SSMSpec(**ssm))

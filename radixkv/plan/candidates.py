@@ -16,15 +16,16 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, replace
 
-#: the replay's defaults for the knobs the plan varies (radixkv.flags.concurrent)
+#: the replay's defaults for the knobs the plan varies (radixkv.flags.concurrent); a
+#: plan's base point takes the engine's own defaults for its GPU instead (:func:`base_point`)
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_MAX_NUM_SEQS = 256
-#: vLLM's default gpu_memory_utilization (vllm/engine/arg_utils.py :: EngineArgs)
-VLLM_DEFAULT_GMU = 0.9
-#: alternatives tried around a point, knob by knob (assumed: the values operators try first)
+#: alternatives tried around a point, knob by knob (assumed: the values operators try
+#: first; they hold vLLM's defaults of every GPU class, 2048 / 8192 / 16384 tokens and
+#: 256 / 1024 requests, :func:`radixkv.memory.engine_batch_defaults`)
 NEIGHBOURS = {
     "max_num_batched_tokens": (2048, 4096, 8192, 16384),
-    "max_num_seqs": (64, 128, 256, 512),
+    "max_num_seqs": (64, 128, 256, 512, 1024),
     "block_size": (16, 32),          # vLLM block_size
     "page_size": (1, 16),            # SGLang page_size
     "memory_fraction_step": 0.05,    # ± this around gpu_memory_utilization / mem_fraction_static
@@ -155,18 +156,35 @@ def pool_of(point: Point, model: str):
 
 
 def default_memory_fraction(engine: str, gpu: str, tp: int) -> float:
-    """vLLM's default ``gpu_memory_utilization`` (0.9) or SGLang's default
-    ``mem_fraction_static`` for the GPU and TP (:func:`radixkv.memory.sglang_default_mem_fraction_static`)."""
+    """vLLM's default ``gpu_memory_utilization``
+    (:data:`radixkv.memory.pool.VLLM_DEFAULT_GPU_MEMORY_UTILIZATION`, 0.92) or SGLang's
+    default ``mem_fraction_static`` for the GPU and TP
+    (:func:`radixkv.memory.sglang_default_mem_fraction_static`)."""
     if engine == "vllm":
-        return VLLM_DEFAULT_GMU
+        from radixkv.memory.pool import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+
+        return VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
     from radixkv.memory import get_gpu, sglang_default_mem_fraction_static
 
     return round(sglang_default_mem_fraction_static(get_gpu(gpu), tp), 3)
 
 
 def base_point(engine: str, gpu: str, tp: int, replicas: int = 1) -> Point:
-    """The engine's defaults on *gpu* × *tp* (block_size 16, page_size 1)."""
+    """The engine's defaults on *gpu* × *tp*: its memory fraction
+    (:func:`default_memory_fraction`), the ``max_num_batched_tokens`` / ``max_num_seqs``
+    (SGLang ``chunked_prefill_size`` / ``max_running_requests``) it picks for the GPU
+    (:func:`radixkv.memory.engine_batch_defaults`), block_size 16, page_size 1.
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        An unknown engine or GPU.
+    """
+    from radixkv.memory import engine_batch_defaults
+
+    d = engine_batch_defaults(engine, gpu)
     return Point(engine, gpu, tp, 1, default_memory_fraction(engine, gpu, tp),
+                 max_num_batched_tokens=d["max_num_batched_tokens"], max_num_seqs=d["max_num_seqs"],
                  unit=16 if engine == "vllm" else 1).with_replicas(replicas)
 
 

@@ -13,7 +13,7 @@ from numba import njit
 # Kernels here inline _hash_kernels. Numba alone would check only this file's stamp; radixkv keys
 # its Numba cache folder by a hash of every kernel source (radixkv.numba_cache.source_key), so a
 # change to _hash_kernels is a cold cache here too: nothing to touch in this file.
-from radixkv.policies import _hash_kernels as K
+import radixkv.policies._hash_kernels as K
 
 
 @njit(cache=True)

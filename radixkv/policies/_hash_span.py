@@ -16,7 +16,7 @@ import numpy as np
 # Kernels here inline _hash_kernels. Numba alone would check only this file's stamp; radixkv keys
 # its Numba cache folder by a hash of every kernel source (radixkv.numba_cache.source_key), so a
 # change to _hash_kernels is a cold cache here too: nothing to touch in this file.
-from radixkv.policies import _hash_kernels as K
+import radixkv.policies._hash_kernels as K
 from radixkv.policies._borrowed import borrow
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_is_prompt_ids, kv_seq_len, prefetch_request
 

@@ -59,7 +59,7 @@ from numba.extending import intrinsic
 
 # These kernels inline _hash_kernels; the Numba cache folder is keyed by a hash of every kernel
 # source (radixkv.numba_cache.source_key), so a change there recompiles these too.
-from radixkv.policies import _hash_kernels as K
+import radixkv.policies._hash_kernels as K
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
 
 # counters

@@ -5,8 +5,9 @@ For each request of a span: build its segments (:mod:`radixkv.trace._seq_kernel`
 run :func:`radixkv.policies._radix_kernels.run_request` (admit, decode, finish) and
 write the row :func:`radixkv.replay.sequential.replay_sequential` would write from
 ``stats(detail=False)``. The loop stops, handing the request back to the Python loop,
-whenever the Python path would do something the kernel does not: grow or compact the
-arrays (the same upper bounds as ``RadixCache._reserve``), report a request that does
+whenever the Python path would do something the kernel does not: grow the arrays (the
+same upper bounds as ``RadixCache._reserve``; a store that compacting frees by half is
+compacted in the loop, as ``_reserve_exact`` would), report a request that does
 not fit the pool, or a refusal.
 
 Speed (same results): the loop runs on borrowed views of its arrays
@@ -19,7 +20,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from radixkv.policies import _radix_kernels as K
+import radixkv.policies._radix_kernels as K
 from radixkv.policies._borrowed import borrow, borrow_each
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len, prefetch_request
 
@@ -113,9 +114,14 @@ def _loop(S, N, H1, H2, o, G, Q, R, ids, id_offsets, out_ids, out_offsets, has_o
         hi[1] += m
         hi[2] += 1
         if hi[0] >= N.shape[0] or hi[1] > G.shape[1] or hi[2] >= Q.shape[0]:
-            # RadixCache._reserve_exact(18, m): exact counts; growing or compacting is
-            # left to the Python path
+            # RadixCache._reserve_exact(18, m): exact counts; growing is left to the
+            # Python path
             nn = S[K.S_NNODES]
+            if (nn + 1 + 18 <= N.shape[0] and S[K.S_QHW] + 1 < Q.shape[0] and S[K.S_GUSED] + m > G.shape[1]
+                    and S[K.S_GUSED] - S[K.S_GGARB] + m <= G.shape[1] // 2):
+                # only the store is short, and compacting it frees at least half of it:
+                # ``_reserve_exact`` would compact it and go on (offsets change no result)
+                K.compact_store(S, G, Q)
             if nn + 1 + 18 > N.shape[0] or S[K.S_GUSED] + m > G.shape[1] or S[K.S_QHW] + 1 >= Q.shape[0]:
                 hi[0] -= 18
                 hi[1] -= m

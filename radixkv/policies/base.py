@@ -159,6 +159,11 @@ class PrefixCache(ABC):
     #: False for a cache-study model with no running requests (nothing is ever ``used``);
     #: :func:`~radixkv.policies.check.check_policy` then skips ``running_kv_resident``
     holds_running_kv: bool = True
+    #: True for an offline reference that reads the whole trace before the replay (the
+    #: constructor takes ``trace=``, the trace replayed in order with ``rid`` = its index,
+    #: :class:`~radixkv.policies.radix_belady.BeladyRadixCache`): built by
+    #: :func:`~radixkv.policies.registry.build_policy` with the trace, sequential replay only
+    needs_trace: bool = False
     #: keyword of the constructor set by ``NAME:SIZE@OPTION`` (None: no option)
     option_name: str | None = None
     #: the option when the spec gives none (None: the constructor's default)

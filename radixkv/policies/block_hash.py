@@ -52,8 +52,8 @@ from __future__ import annotations
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.policies import _hash_batch_kernels as BK
-from radixkv.policies import _hash_kernels as K
+import radixkv.policies._hash_batch_kernels as BK
+import radixkv.policies._hash_kernels as K
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.types import KVSeq
 
@@ -664,7 +664,7 @@ class BlockHashCache(PrefixCache):
         Returns ``(i0, 1)`` when the fast path does not apply (requests running,
         ``verify=True``, kernels interpreted).
         """
-        from radixkv.policies import _hash_span as KS
+        import radixkv.policies._hash_span as KS
 
         if i1 > i0 and self._unit is None and self._unit_eligible(trace):
             from radixkv.policies._hash_unit_kernels import UnitPool
@@ -741,7 +741,7 @@ class BlockHashCache(PrefixCache):
     # ------------------------------------------------------------------ unit granularity
     def _unit_run_request(self, seq: KVSeq) -> Admission | None:
         """:meth:`run_request` on the unit-granular pool."""
-        from radixkv.policies import _hash_unit_kernels as UK
+        import radixkv.policies._hash_unit_kernels as UK
 
         code, h, held, ev0, _ = self._unit.run_request(seq)
         if code == UK.NOT_UNIT:
@@ -759,7 +759,7 @@ class BlockHashCache(PrefixCache):
     def _unit_span(self, trace, i0: int, i1: int, cols: dict) -> tuple[int, int]:
         """:meth:`replay_span` on the unit-granular pool (a request that does not fit goes
         to the Python path, which reports it)."""
-        from radixkv.policies import _hash_unit_kernels as UK
+        import radixkv.policies._hash_unit_kernels as UK
 
         nxt, code, out = self._unit.span(trace, i0, i1, KEY_ENTRY_BYTES, DUPLICATE_DICT_BYTES)
         if code == UK.NOT_UNIT:

@@ -42,8 +42,8 @@ from __future__ import annotations
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.policies import _hash_kernels as K
-from radixkv.policies import _hash_prio_kernels as HP
+import radixkv.policies._hash_kernels as K
+import radixkv.policies._hash_prio_kernels as HP
 from radixkv.policies._hash_prio_kernels import E_CACHED, E_DEPTH, E_HITS, E_TAG, E_TIME
 from radixkv.policies._priority_fn import function_addresses
 from radixkv.policies.base import Admission

@@ -1,4 +1,4 @@
-"""Which class serves an eviction option: ``sglang:1@lfu``, ``vllm:16@lfu``.
+"""Which class serves an eviction option: ``sglang:1@lfu``, ``vllm:16@lfu``, ``sglang:1@belady``.
 
 SGLang's ``--radix-eviction-policy`` (:class:`~radixkv.policies.radix.RadixCache`'s
 ``@option``) and vLLM's block-pool eviction hook
@@ -6,8 +6,10 @@ SGLang's ``--radix-eviction-policy`` (:class:`~radixkv.policies.radix.RadixCache
 option) builds the class itself, whose kernels are LRU; any other name builds its
 priority subclass, :class:`~radixkv.policies.radix_priority.PriorityRadixCache` or
 :class:`~radixkv.policies.block_priority.PriorityBlockHashCache`, with
-``eviction_policy=NAME``. Those subclasses' modules import the base classes' modules and
-compile their priority functions on import (about a second of cache loads), so they are
+``eviction_policy=NAME``; ``belady`` (SGLang's tree only) builds
+:class:`~radixkv.policies.radix_belady.BeladyRadixCache`, the offline reference that
+reads the trace ahead (sequential replay only). Those subclasses' modules import the
+base classes' modules and compile their priority functions on import (about a second of cache loads), so they are
 imported here, above both, and only when an option asks for them
 (:mod:`radixkv.policies.registry` calls :func:`parse_option` and
 :func:`class_for_option`).
@@ -23,6 +25,11 @@ import sys
 
 from radixkv.errors import ConfigError
 from radixkv.policies.base import PrefixCache
+
+
+#: SGLang's radix tree evicting by next use (:class:`radixkv.policies.radix_belady.BeladyRadixCache`,
+#: an offline reference, not an SGLang ``--radix-eviction-policy``): ``sglang:P@belady``
+BELADY = "belady"
 
 
 def _family(cls: type, hook: str) -> str | None:
@@ -58,7 +65,9 @@ def parse_option(cls: type, text: str):
     if fam is None:
         return cls.parse_option(text)
     if fam == "radix":
-        from radixkv.policies.radix_priority import EVICTION_POLICIES as names
+        from radixkv.policies.radix_priority import EVICTION_POLICIES
+
+        names = [*EVICTION_POLICIES, BELADY]
     else:
         from radixkv.policies.block_priority import BLOCK_EVICTION_POLICIES as names
     ev = text.strip().lower()
@@ -75,8 +84,9 @@ def class_for_option(cls: type, value) -> tuple:
     For an eviction option: ``lru`` (or None) builds *cls* itself (vLLM's free queue,
     SGLang's LRU kernels); another name builds the priority subclass with
     ``eviction_policy=value``; a class that already is one (a priority subclass, or one
-    of its subclasses) keeps itself and takes the value. Otherwise the class's own
-    ``class_for_option``.
+    of its subclasses) keeps itself and takes the value; ``belady`` builds
+    :class:`~radixkv.policies.radix_belady.BeladyRadixCache` (SGLang's tree only).
+    Otherwise the class's own ``class_for_option``.
 
     Raises
     ------
@@ -87,6 +97,14 @@ def class_for_option(cls: type, value) -> tuple:
     fam = _family(cls, "class_for_option")
     if fam is None:
         return cls.class_for_option(value)
+    if fam == "radix" and value == BELADY:
+        from radixkv.policies.radix import RadixCache
+        from radixkv.policies.radix_belady import BeladyRadixCache
+
+        if cls is RadixCache or issubclass(cls, BeladyRadixCache):
+            return (BeladyRadixCache if cls is RadixCache else cls), {}
+        raise ConfigError(f"{cls.__name__} has no eviction hook for {value!r}: @belady is "
+                          f"{BeladyRadixCache.__name__}, over SGLang's own RadixCache", field="policy")
     mod_name = "radixkv.policies.radix_priority" if fam == "radix" else "radixkv.policies.block_priority"
     prio = sys.modules.get(mod_name)
     prio_cls = None if prio is None else prio.PriorityRadixCache if fam == "radix" else prio.PriorityBlockHashCache

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixkv.policies import _hicache_kernels as K
-from radixkv.policies import _static_kernels as SK
+import radixkv.policies._hicache_kernels as K
+import radixkv.policies._static_kernels as SK
 from radixkv.policies.key_set import regrow
 
 #: SGLang ``SGLANG_HICACHE_FILE_BACKEND_EVICTION_RATIO`` default (``environ.py``): a capped

@@ -550,7 +550,7 @@ class ArrayLRUStore:
     counts = None  # no offer tracker (store_threshold < 2)
 
     def __init__(self, num_chunks: int):
-        from radixkv.policies import _offload_kernels as OK
+        import radixkv.policies._offload_kernels as OK
 
         C = int(num_chunks)
         if C < 1:

@@ -107,7 +107,7 @@ from __future__ import annotations
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.policies import _radix_kernels as K
+import radixkv.policies._radix_kernels as K
 from radixkv.policies._radix_kernels import child_key, token_key
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.types import KVSeq
@@ -209,6 +209,9 @@ class RadixCache(PrefixCache):
     models_metadata = True
     admission_rule = "sglang"
     decode_free_first = True  # ``_decode`` evicts only when no slot/page is free
+    #: ``replay_span`` takes ``detail=(half, every, n)`` and fills those rows as
+    #: ``stats(detail=True)`` would (:func:`radixkv.replay.sequential.replay_rows`)
+    span_detail_rows = True
     #: ``match_and_lock`` / ``commit`` / ``defer_insert`` drive this class's kernels
     #: (SGLang's batch visibility in :mod:`radixkv.replay.sched_sglang`)
     batch_visibility = True
@@ -686,21 +689,23 @@ class RadixCache(PrefixCache):
             return None
         return Admission(hit, held, ev)
 
-    def replay_span(self, trace, i0: int, i1: int, cols: dict) -> tuple[int, int]:
+    def replay_span(self, trace, i0: int, i1: int, cols: dict, detail=None) -> tuple[int, int]:
         """Sequential replay of requests ``i0 … i1−1`` of *trace* in one kernel call.
 
         Fills rows ``i0 … next−1`` of *cols* (the columns of
         :func:`radixkv.replay.sequential.replay_sequential`) exactly as ``run_request``
-        then ``stats(detail=False)`` would, and returns ``(next, status)``: ``next == i1``
-        when the span is done; otherwise request *next* must go through the Python
-        path (status 1: it does not fit the pool), or was refused with ``run_request``
-        status *status* (0, 2 or −1; nothing else ran). Arrays that must grow (or the
-        store be compacted) first are grown here, as ``run_request`` would, and the
-        kernel goes on. Returns
-        ``(i0, 1)`` when the fast path does not apply (requests running, chunked
-        prefill, ``cache_last_token_on_stop``, kernels interpreted).
+        then ``stats(detail=False)`` would — ``stats(detail=True)`` for the detail rows
+        that *detail* ``(half, every, n)`` names (rows ``r ≥ half`` with
+        ``(r − half) % every == 0``, and row ``n − 1``; see :attr:`span_detail_rows`) —
+        and returns ``(next, status)``: ``next == i1`` when the span is done; otherwise
+        request *next* must go through the Python path (status 1: it does not fit the
+        pool), or was refused with ``run_request`` status *status* (0, 2 or −1; nothing
+        else ran). Arrays that must grow (or the store be compacted, when the kernel
+        loop did not) first are grown here, as ``run_request`` would, and the kernel
+        goes on. Returns ``(i0, 1)`` when the fast path does not apply (requests
+        running, chunked prefill, ``cache_last_token_on_stop``, kernels interpreted).
         """
-        from radixkv.policies import _radix_span as KS
+        import radixkv.policies._radix_span as KS
         from radixkv.trace._seq_kernel import kv_seq_len
 
         if self._reqs or self._chunk is not None or self.cache_last_token_on_stop or i1 <= i0:
@@ -743,8 +748,18 @@ class RadixCache(PrefixCache):
                             ("valid_tokens", KS.C_VALID), ("cached_tokens", KS.C_CTOK),
                             ("metadata_bytes", KS.C_META)):
                 cols[name][i0:nxt] = out[:k, c]
-            cols["duplicate_tokens"][i0:nxt] = -1
+            dup = cols["duplicate_tokens"]
+            dup[i0:nxt] = -1
             cols["largest_free_run"][i0:nxt] = -1
+            if detail is not None:
+                # no request runs between a span's requests: ``stats(detail=True)``
+                # differs from the row written only in its duplicates, a sum over none
+                half, every, n = detail
+                first = max(half, i0)
+                first += -(first - half) % every
+                dup[first:nxt:every] = 0
+                if i0 <= n - 1 < nxt:
+                    dup[n - 1] = 0
         if status == -1:
             raise RuntimeError("decode needs a page but none is free or evictable")
         return int(nxt), int(status)

@@ -27,8 +27,10 @@ What it bounds and what it does not
 
 Use: a sequential replay in trace order with ``rid`` = the request's trace index
 (``run_request(i, trace.kv_seq(i))``, what :func:`~radixkv.replay.sequential.replay_sequential`
-does). Building the next-use tables walks every token of the trace in Python: meant for
-small traces (≈10⁵–10⁶ tokens).
+does); on the command line ``sglang:P@belady`` (sequential ``replay``, ``compare``,
+``curve``; a concurrent replay is refused: requests there overlap, and the compiled loop
+does not tell the tree which request is being served). Building the next-use tables
+walks every token of the trace in Python: meant for small traces (≈10⁵–10⁶ tokens).
 """
 from __future__ import annotations
 
@@ -142,6 +144,8 @@ class BeladyRadixCache(PriorityRadixCache):
     """
 
     name = "radix-belady"
+    #: built with the trace it replays (``sglang:P@belady``: radixkv.policies.eviction)
+    needs_trace = True
 
     def __init__(self, max_total_num_tokens: int, page_size: int = 1, *, trace=None, **kwargs):
         if trace is None:

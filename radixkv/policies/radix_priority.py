@@ -62,7 +62,7 @@ import numpy as np
 from numba import njit
 
 from radixkv.errors import ConfigError
-from radixkv.policies import _radix_kernels as K
+import radixkv.policies._radix_kernels as K
 from radixkv.policies._priority_fn import PRIORITY_SIG, function_addresses
 from radixkv.policies._radix_kernels import (
     F_CREATED, F_END, F_HIST, F_HITS, F_PRIO, F_START, F_TAG, F_TIME, STAMP_SHIFT,

@@ -58,7 +58,7 @@ import importlib
 from dataclasses import dataclass, field
 
 from radixkv.errors import ConfigError
-from radixkv.policies import eviction
+import radixkv.policies.eviction as eviction
 from radixkv.policies.base import PrefixCache
 
 #: entry-point group outside packages register policy classes under
@@ -353,9 +353,18 @@ def parse_policy(text: str, *, block_size: int | None = None, page_size: int | N
 MAX_POOL_SLOTS = 1 << 28
 
 
-def build_policy(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **options) -> PrefixCache:
+def build_policy(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, trace=None, **options) -> PrefixCache:
     """A fresh policy of *spec* on *pool* (see :func:`_build`); a pool too large for this
-    machine's memory is a :class:`ConfigError`, not a crash."""
+    machine's memory is a :class:`ConfigError`, not a crash.
+
+    *trace*: the trace the policy will replay, in order (``rid`` = its index), handed to a
+    class that reads it ahead (``needs_trace``, e.g. ``sglang:P@belady``) and to no other.
+    Such a class without *trace* is a :class:`ConfigError`: the caller is a replay it
+    does not support (the concurrent ones)."""
+    if getattr(spec.build_class, "needs_trace", False):
+        if trace is None:
+            raise ConfigError(sequential_only_message(spec), field="policy")
+        options = {**options, "trace": trace}
     for name in ("capacity_tokens", "num_gpu_blocks", "max_total_num_tokens"):
         v = getattr(pool, name)
         if v is not None and v // max(1, spec.size or 1) > MAX_POOL_SLOTS:
@@ -366,6 +375,12 @@ def build_policy(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **op
     except MemoryError:
         raise ConfigError(f"{spec.label}: not enough memory to model this pool; try a smaller one",
                           field="capacity") from None
+
+
+def sequential_only_message(spec: PolicySpec) -> str:
+    """Why *spec* (a class with ``needs_trace``) is refused outside the sequential replay."""
+    return (f"--policy {spec.label} reads the whole trace ahead (an offline reference: it evicts by next use) and "
+            "runs in the sequential replay only (replay, compare, curve without --mode concurrent or --replicas)")
 
 
 def _build(spec: PolicySpec, pool: PoolSpec, *, unit_tokens: int = 1, **options) -> PrefixCache:

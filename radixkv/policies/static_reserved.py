@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.policies import _static_kernels as SK
+import radixkv.policies._static_kernels as SK
 from radixkv.policies._hash_kernels import seq_block_keys
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.types import KVSeq

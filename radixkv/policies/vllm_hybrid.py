@@ -70,7 +70,7 @@ from collections import OrderedDict
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.policies import _hash_kernels as K
+import radixkv.policies._hash_kernels as K
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.trace.types import KVSeq
 

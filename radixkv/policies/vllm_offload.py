@@ -73,7 +73,7 @@ import re
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.policies import _hash_kernels as K
+import radixkv.policies._hash_kernels as K
 from radixkv.policies.base import Admission
 from radixkv.policies.block_hash import BlockHashCache
 from radixkv.policies.host_tier import zero_host_totals

@@ -42,10 +42,10 @@ import numba as nb
 import numpy as np
 from numba.core import config as numba_config
 
-from radixkv.clock import _kernels as TK
-from radixkv.policies import _radix_kernels as K
+import radixkv.clock._kernels as TK
+import radixkv.policies._radix_kernels as K
 from radixkv.policies._borrowed import borrow, borrow_each, borrow_py
-from radixkv.replay import _miss_rec_kernels as MR
+import radixkv.replay._miss_rec_kernels as MR
 from radixkv.trace._seq_kernel import kv_seq_into, kv_seq_len
 
 if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic cannot run

@@ -25,8 +25,8 @@ from numba import njit
 # Kernels here inline _hash_kernels. Numba alone would check only this file's stamp; radixkv keys
 # its Numba cache folder by a hash of every kernel source (radixkv.numba_cache.source_key), so a
 # change to _hash_kernels is a cold cache here too: nothing to touch in this file.
-from radixkv.policies import _hash_kernels as K
-from radixkv.replay import _conc_vllm_kernels as CK
+import radixkv.policies._hash_kernels as K
+import radixkv.replay._conc_vllm_kernels as CK
 from radixkv.trace._seq_kernel import kv_seq_into
 
 #: a block has more content pieces than ``pcid`` holds: widen it (``BlockHashCache._grow_pieces``), call again

@@ -142,10 +142,10 @@ from numba import njit, types
 from numba.core import config as numba_config
 from numba.extending import overload
 
-from radixkv.clock import _kernels as TK
+import radixkv.clock._kernels as TK
 from radixkv.policies._borrowed import borrow, borrow_py
 from radixkv.policies._hash_batch_kernels import lazy_order_into
-from radixkv.replay import _miss_rec_kernels as MR
+import radixkv.replay._miss_rec_kernels as MR
 from radixkv.replay._conc_sglang_kernels import _np_pairwise_sum
 from radixkv.trace._seq_kernel import kv_seq_into
 

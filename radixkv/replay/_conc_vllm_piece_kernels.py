@@ -69,8 +69,8 @@ import numpy as np
 from numba import njit
 from numba.core import config as numba_config
 
-from radixkv.policies import _hash_kernels as K
-from radixkv.policies import _hash_unit_kernels as HU
+import radixkv.policies._hash_kernels as K
+import radixkv.policies._hash_unit_kernels as HU
 from radixkv.policies._borrowed import borrow, borrow_py
 from radixkv.policies._hash_unit_kernels import (NPC, P_HI, P_LO, P_TAB, P_TNEXT, RC_ALL, RC_M1, T_FREE, T_GKEY,
                                                   T_LIVE, T_PH, T_SLEN, T_SNEXT, T_SPREV, U_EV, U_NHASHED, U_NKEYS,
@@ -78,7 +78,7 @@ from radixkv.policies._hash_unit_kernels import (NPC, P_HI, P_LO, P_TAB, P_TNEXT
                                                   _add_holder, _bit, _cut, _drop_holder, _empty, _lead, _piece_free,
                                                   _rec_delete, _rec_find, _rec_get, _rng_any, _rng_clear, _rng_set,
                                                   _split, _strad_remove)
-from radixkv.replay import _conc_vllm_kernels as CK
+import radixkv.replay._conc_vllm_kernels as CK
 
 # table columns beyond the sequential pool's (its T_LIVE: the table's cached blocks; T_PH, T_FREE and
 # the straddle links as there; T_OFF, T_R, T_NU unused)

@@ -29,10 +29,10 @@ from numba import njit
 
 # Kernels here inline _hash_kernels and _hash_prio_kernels; radixkv keys its Numba cache
 # folder by a hash of every kernel source (radixkv.numba_cache.source_key).
-from radixkv.policies import _hash_kernels as K
-from radixkv.policies import _hash_prio_kernels as HP
-from radixkv.replay import _conc_vllm_block_kernels as BPK
-from radixkv.replay import _conc_vllm_kernels as CK
+import radixkv.policies._hash_kernels as K
+import radixkv.policies._hash_prio_kernels as HP
+import radixkv.replay._conc_vllm_block_kernels as BPK
+import radixkv.replay._conc_vllm_kernels as CK
 
 #: the pool value (module docstring)
 PrioPool = namedtuple("PrioPool", ["arrays", "b32", "st", "E", "H", "BK", "pst", "fa", "pp", "key_mask",

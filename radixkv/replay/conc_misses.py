@@ -227,7 +227,7 @@ class MissRecorder:
         :meth:`events`, and its preemption facts are replayed through the same
         bookkeeping as :meth:`step` (``_fact_preempt``, ``_fact_chunk``). The recorder
         must not have been told any step."""
-        from radixkv.replay import _miss_rec_kernels as MR
+        import radixkv.replay._miss_rec_kernels as MR
 
         if self.t or self._compiled is not None:
             raise RuntimeError("MissRecorder.take_compiled: this recorder already holds events")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from radixkv.records import RequestColumns
 from radixkv.replay.scheduler import admission_rule_of
 
 #: per-request columns of :class:`ConcurrentResult` (shape (n,) each) and their units
@@ -31,12 +32,18 @@ COLUMNS = {
     "output_tokens": "N (int64)",
     "hit_tokens": "prompt tokens served from the cache at the first admission (int64)",
     "held_tokens": "prompt tokens the pool held as a token-level prefix at the first admission (int64)",
-    "evicted_tokens": "cached tokens evicted by the request's admissions (int64)",
+    "evicted_tokens": "cached tokens evicted by the request's admissions (int64); NaN (not modelled) under "
+                      "SGLang's admission rule (float64): it evicts as a batch's pages are allocated, "
+                      "charged to no request",
     "preemptions": "times the request was preempted by recompute (int64)",
     "admit_step": "engine step (1-based) of the first admission (int64)",
     "finish_step": "engine step (1-based) in which the request finished (int64)",
     "recomputed_tokens": "tokens computed again by re-admissions after preemption (int64)",
 }
+
+#: columns a replay may not model: NaN in :attr:`ConcurrentResult.columns`, an empty cell
+#: (n/a) in the per-request CSV, never 0
+NA_COLUMNS = ("evicted_tokens",)
 
 
 #: per-step columns of the optional timeline (shape (steps,) each) and their units
@@ -53,14 +60,13 @@ TIMELINE_COLUMNS = {
 
 
 @dataclass
-class ConcurrentResult:
-    """What a concurrent replay saw.
+class ConcurrentResult(RequestColumns):
+    """What a concurrent replay saw: ``req_id`` and ``columns`` of
+    :class:`~radixkv.records.RequestColumns` (every key of :data:`COLUMNS`, shape (n,), in
+    replay order), and
 
     Attributes
     ----------
-    req_id : np.ndarray of str, shape (n,)
-    columns : dict[str, np.ndarray]
-        Every key of :data:`COLUMNS`, shape (n,), in replay order.
     duration_s : float
         From the first arrival to the last finish.
     busy_s : float
@@ -87,8 +93,6 @@ class ConcurrentResult:
         every key of :data:`TIMELINE_COLUMNS`, shape (steps,).
     """
 
-    req_id: np.ndarray
-    columns: dict
     duration_s: float
     busy_s: float
     running_area: float
@@ -100,22 +104,19 @@ class ConcurrentResult:
     meta: dict = field(default_factory=dict)
     timeline: dict | None = None
 
-    def __len__(self) -> int:
-        return len(self.req_id)
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.columns[name]
-
     def write_csv(self, path) -> None:
         """Write one row per request (``id``, then every column of :data:`COLUMNS`) to
         *path* atomically (temporary file, then rename). Floats use ``repr`` (exact and
-        deterministic); NaN is written as ``nan``."""
+        deterministic); NaN is written as ``nan``, but in :data:`NA_COLUMNS` (not modelled)
+        as an empty cell."""
         from radixkv.util import write_columns_csv
 
         from radixkv.replay.conc_misses import csv_columns
 
         names = list(COLUMNS) + csv_columns(self.columns)
-        write_columns_csv(path, self.req_id, names, [self.columns[c].tolist() for c in names], fmt=repr)
+        cols = [[None if v != v else v for v in self.columns[c].tolist()] if c in NA_COLUMNS
+                else self.columns[c].tolist() for c in names]
+        write_columns_csv(path, self.req_id, names, cols, fmt=lambda v: "" if v is None else repr(v))
 
     def write_timeline_csv(self, path) -> None:
         """Write one row per engine step (the columns of :data:`TIMELINE_COLUMNS`) to *path*
@@ -317,6 +318,7 @@ def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, fini
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(N >= 2, (fin - ftok) / np.maximum(N - 1, 1), np.nan)
     hit = np.asarray(sch.hit, dtype=np.int64)
+    rule = config.admission if config.admission is not None else admission_rule_of(policy)
     cols = {
         "arrival_s": arrivals.copy(),
         "admit_s": admit,
@@ -330,7 +332,11 @@ def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, fini
         "output_tokens": N,
         "hit_tokens": hit,
         "held_tokens": np.asarray(sch.held, dtype=np.int64),
-        "evicted_tokens": np.asarray(sch.evicted, dtype=np.int64),
+        # SGLang evicts as a formed batch's KV is allocated (``prepare_for_extend`` / decode:
+        # ``allocation.py :: alloc_token_slots`` -> ``common.py :: evict_from_tree_cache``),
+        # for no one request: not modelled per request, so null, never 0
+        "evicted_tokens": (np.full(len(P), np.nan) if rule == "sglang"
+                           else np.asarray(sch.evicted, dtype=np.int64)),
         "preemptions": np.asarray(sch.preemptions, dtype=np.int64),
         "recomputed_tokens": np.asarray(sch.recomputed, dtype=np.int64),
     }
@@ -342,7 +348,7 @@ def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, fini
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "schedule_policy": config.schedule_policy,
-        "admission": config.admission if config.admission is not None else admission_rule_of(policy),
+        "admission": rule,
         "enable_chunked_prefill": config.enable_chunked_prefill,
         "long_prefill_token_threshold": config.long_prefill_token_threshold,
         "watermark": config.watermark,

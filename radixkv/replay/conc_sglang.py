@@ -41,7 +41,7 @@ def applicable(policy, cost, config, on_step, rule: str) -> bool:
         return False
     if config.enable_priority_scheduling:  # SglangPriorityScheduler: the Python loop
         return False
-    from radixkv.policies import _radix_kernels as K
+    import radixkv.policies._radix_kernels as K
     from radixkv.policies.radix import RadixCache
     from radixkv.policies.radix_priority import PriorityRadixCache
 
@@ -52,7 +52,7 @@ def applicable(policy, cost, config, on_step, rule: str) -> bool:
 
 def _roofline_fields(CP, cost) -> None:
     """The roofline fields of :class:`~radixkv.cost.CostModel` *cost* into *CP*."""
-    from radixkv.replay import _conc_sglang_kernels as C
+    import radixkv.replay._conc_sglang_kernels as C
 
     CP[C.C_KVB] = cost.kv_bytes_per_token
     CP[C.C_PEAK] = cost.peak_flops
@@ -82,7 +82,7 @@ def replay_compiled(trace, policy, cost, arrivals, config, progress, fast_forwar
     RuntimeError
         As the Python loop, when the pool refuses a decode its room promised.
     """
-    from radixkv.replay import _conc_sglang_kernels as C
+    import radixkv.replay._conc_sglang_kernels as C
 
     n = len(trace)
     check_pool(trace, policy, config)
@@ -170,9 +170,9 @@ class CompiledSglangEngine:
 
     def __init__(self, trace, policy, cost, arrivals, config, fast_forward, *, timeline=False, recorder=None,
                  replica=False):
-        from radixkv.policies import _radix_kernels as K
-        from radixkv.replay import _conc_sglang_kernels as C
-        from radixkv.replay import _miss_rec_kernels as MR
+        import radixkv.policies._radix_kernels as K
+        import radixkv.replay._conc_sglang_kernels as C
+        import radixkv.replay._miss_rec_kernels as MR
         from radixkv.replay.sched_sglang import (SGLANG_INIT_NEW_TOKEN_RATIO, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR,
                                                  SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS)
 
@@ -259,8 +259,8 @@ class CompiledSglangEngine:
         RuntimeError
             When the pool refuses a decode its room promised.
         """
-        from radixkv.replay import _conc_sglang_kernels as C
-        from radixkv.replay import _miss_rec_kernels as MR
+        import radixkv.replay._conc_sglang_kernels as C
+        import radixkv.replay._miss_rec_kernels as MR
 
         policy, IV = self.policy, self.IV
         self.FV[C.V_LIMIT] = limit
@@ -301,7 +301,7 @@ class CompiledSglangEngine:
     # ------------------------------------------------------------------ a replica's calls
     def give(self, i: int) -> None:
         """Request row *i* is routed here."""
-        from radixkv.replay import _conc_sglang_kernels as C
+        import radixkv.replay._conc_sglang_kernels as C
 
         k = int(self.IV[C.I_NSRC])
         self.src[k] = i
@@ -310,7 +310,7 @@ class CompiledSglangEngine:
     def advance_to(self, limit: float) -> bool:
         """Run every step that starts before *limit*; True when the engine stopped on a
         request it cannot admit into its otherwise idle pool (:attr:`refused_row`)."""
-        from radixkv.replay import _conc_sglang_kernels as C
+        import radixkv.replay._conc_sglang_kernels as C
 
         IV = self.IV
         if float(self.FV[C.V_NOW]) >= limit or (IV[C.I_NXT] == IV[C.I_NSRC] and IV[C.I_NRUN] == 0
@@ -321,13 +321,13 @@ class CompiledSglangEngine:
     @property
     def refused_row(self) -> int:
         """The request :meth:`advance_to` stopped on."""
-        from radixkv.replay import _conc_sglang_kernels as C
+        import radixkv.replay._conc_sglang_kernels as C
 
         return int(self.IV[C.I_ERR])
 
     def in_flight_at(self, t: float) -> int:
         """Requests given and not finished by time *t* (``ReplicaEngine.load_at``)."""
-        from radixkv.replay import _conc_sglang_kernels as C
+        import radixkv.replay._conc_sglang_kernels as C
 
         IV = self.IV
         left = int(IV[C.I_NSRC]) - int(IV[C.I_DONE])
@@ -336,26 +336,26 @@ class CompiledSglangEngine:
     @property
     def now(self) -> float:
         """The clock, seconds (−inf before any request)."""
-        from radixkv.replay import _conc_sglang_kernels as C
+        import radixkv.replay._conc_sglang_kernels as C
 
         return float(self.FV[C.V_NOW])
 
     @property
     def peak(self) -> int:
-        from radixkv.replay import _conc_sglang_kernels as C
+        import radixkv.replay._conc_sglang_kernels as C
 
         return int(self.IV[C.I_PEAK])
 
     @property
     def steps(self) -> int:
-        from radixkv.replay import _conc_sglang_kernels as C
+        import radixkv.replay._conc_sglang_kernels as C
 
         return int(self.IV[C.I_STEPS])
 
     @property
     def intervals(self) -> list:
         """(start, end, running requests) of every step or fast-forwarded run (replica only)."""
-        from radixkv.replay import _conc_sglang_kernels as C
+        import radixkv.replay._conc_sglang_kernels as C
 
         m = int(self.IV[C.I_IVN])
         return list(zip(self.IVT[0, :m].tolist(), self.IVT[1, :m].tolist(), self.IVN[:m].tolist()))
@@ -365,7 +365,7 @@ class CompiledSglangEngine:
         """The run's :class:`~radixkv.replay.concurrent.ConcurrentResult` over [*t0*,
         *t_end*] (every row; a replica's rows routed elsewhere hold no values); hands the
         recorder its events; sets :attr:`acc`. Call once, after the last advance."""
-        from radixkv.replay import _conc_sglang_kernels as C
+        import radixkv.replay._conc_sglang_kernels as C
         from radixkv.replay.conc_result import TIMELINE_COLUMNS, _Integrals, _result
 
         policy, RQ, RF, IV, FV = self.policy, self.RQ, self.RF, self.IV, self.FV

@@ -38,10 +38,10 @@ import sys
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.policies import _hash_kernels as K
-from radixkv.replay import _conc_vllm_block_kernels as BPK
-from radixkv.replay import _conc_vllm_kernels as CK
-from radixkv.replay import _conc_vllm_piece_kernels as PK
+import radixkv.policies._hash_kernels as K
+import radixkv.replay._conc_vllm_block_kernels as BPK
+import radixkv.replay._conc_vllm_kernels as CK
+import radixkv.replay._conc_vllm_piece_kernels as PK
 
 _EXACT = 2**53
 #: requests finished between two progress reports of the compiled loop
@@ -211,7 +211,7 @@ class CompiledVllmEngine:
     def __init__(self, trace, policy, cost, config, sch, arrivals, fast_forward, *, timeline=False, recorder=None,
                  replica=False, all_arrivals=None):
         from radixkv.cost import UnitStepCost
-        from radixkv.replay import _miss_rec_kernels as MR
+        import radixkv.replay._miss_rec_kernels as MR
 
         self.trace, self.policy, self.cost, self.config, self.sch = trace, policy, cost, config, sch
         self.arrivals, self.timeline, self.recorder = arrivals, timeline, recorder
@@ -385,7 +385,7 @@ class CompiledVllmEngine:
         RuntimeError
             When the pool refuses decode tokens its reported room should hold.
         """
-        from radixkv.replay import _miss_rec_kernels as MR
+        import radixkv.replay._miss_rec_kernels as MR
 
         self.fst[CK.F_LIMIT] = limit
         cap_run, ist = self.cap_run, self.ist
@@ -496,7 +496,7 @@ class CompiledVllmEngine:
 def _prio_kernels():
     """:mod:`radixkv.replay._conc_vllm_prio_kernels` (imported on first use: it registers
     its pool operations, which the loop compiles with only for a priority pool)."""
-    from radixkv.replay import _conc_vllm_prio_kernels as PPK
+    import radixkv.replay._conc_vllm_prio_kernels as PPK
 
     return PPK
 

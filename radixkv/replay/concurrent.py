@@ -152,7 +152,7 @@ def replay_concurrent(
         raise ConfigError(f"{arrivals.shape[0] if arrivals.ndim else 0} arrival times for {n} requests", field="arrivals")
     if n and (np.any(np.diff(arrivals) < 0) or not np.all(np.isfinite(arrivals))):
         raise ConfigError("arrival times must be finite and non-decreasing", field="arrivals")
-    from radixkv.replay import conc_sglang
+    import radixkv.replay.conc_sglang as conc_sglang
 
     compiled_rec = recorder is None or recorder.records_in_compiled_loop
     if compiled_rec and conc_sglang.applicable(policy, cost, config, on_step, rule_of(policy, config)):

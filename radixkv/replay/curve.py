@@ -66,7 +66,8 @@ def run_curve(
     if one_pass:
         for i, cap in enumerate(caps):
             try:
-                pols[i] = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=trace.unit_tokens)
+                pols[i] = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=trace.unit_tokens,
+                                       trace=trace.head(limit))
             except ConfigError as e:
                 out[i] = e
     cls = type(next(iter(pols.values()))) if pols else None

@@ -64,7 +64,7 @@ import numpy as np
 
 from radixkv.errors import ConfigError
 from radixkv.records import CONCURRENT_CAUSES, MISS_COLUMNS
-from radixkv.replay import _miss_kernels as _MK
+import radixkv.replay._miss_kernels as _MK
 from radixkv.trace.types import Trace
 
 _ROOT = 0
@@ -382,7 +382,7 @@ def capacity_shadow(trace: Trace, spec, *, limit=None, unit_tokens: int | None =
     if new_tokens is None:
         _, new_tokens = token_prefix_lengths(t)
     pool = unbounded_pool_tokens(t, new_tokens, _slot_size(t, spec, {"unit_tokens": unit_tokens}))
-    policy = build_policy(spec, PoolSpec(capacity_tokens=pool), unit_tokens=t.unit_tokens, **options)
+    policy = build_policy(spec, PoolSpec(capacity_tokens=pool), unit_tokens=t.unit_tokens, trace=t, **options)
     rec = replay_sequential(t, policy, quiet=True, label=spec.label, detail=False)
     if policy.evicted_tokens_total or int(rec["evicted_tokens"].sum()):
         raise ConfigError(f"{spec.label}: the capacity shadow on {pool:,} tokens evicted "
@@ -430,7 +430,7 @@ def unbounded_rule(t: Trace, spec, **options):
     if not any(issubclass(c, spec.cls) for c in _unbounded_rules()):
         return None, None
     probe = build_policy(spec, PoolSpec(capacity_tokens=64 * _slot_size(t, spec, options)), unit_tokens=t.unit_tokens,
-                         **options)
+                         trace=t, **options)
     how = _unbounded_rules().get(type(probe))
     return (probe, how) if how is not None else (None, None)
 
@@ -781,7 +781,7 @@ def explain(trace: Trace, spec, pool, request_id: str, *, limit=None, **options)
               "produced_by_index": sp["produced_by_index"],
               "produced_at_s": float(sub.arrival_s[sp["produced_by_index"]])} for sp in raw]
     P = int(sub.prompt_len[i])
-    policy = build_policy(spec, pool, unit_tokens=t.unit_tokens, **options)
+    policy = build_policy(spec, pool, unit_tokens=t.unit_tokens, trace=sub, **options)
     seq = sub.kv_seq(i)
     peek = type(policy).can_peek_hit()
     history = [] if peek else None

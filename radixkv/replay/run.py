@@ -11,7 +11,8 @@ import numpy as np
 
 from radixkv.metrics import summarize
 from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, measured_metrics
-from radixkv.replay import jit, warm
+import radixkv.replay.jit as jit
+import radixkv.replay.warm as warm
 from radixkv.records import Records
 from radixkv.replay.sequential import replay_sequential
 from radixkv.trace.types import Trace
@@ -67,6 +68,22 @@ def compile_seconds(spec: PolicySpec) -> float:
     return _UNREPORTED.pop(spec, 0.0)
 
 
+def _loads_from_cache(spec: PolicySpec, concurrent: bool, lean: bool) -> bool:
+    """Load every kernel of *spec*'s warm-up scope from Numba's cache, compiling none
+    (:func:`radixkv.numba_cache.without_compiling`): True when all were there (the policy
+    is then warm in this process), False at the first that would compile (what loaded
+    stays loaded)."""
+    from radixkv.numba_cache import ColdCache, without_compiling
+
+    jit.mark_compiled(spec)
+    try:
+        without_compiling(warm._tiny_run, spec, concurrent, lean)
+    except ColdCache:
+        return False
+    warm._WARM.add((spec, _scope(concurrent, lean)))
+    return True
+
+
 def warmup_many(specs, work=None, *, concurrent: bool = True, lean: bool = False) -> float:
     """Compile the kernels of several policies, different kernel families in parallel.
 
@@ -74,8 +91,9 @@ def warmup_many(specs, work=None, *, concurrent: bool = True, lean: bool = False
     policy family (SGLang's tree, vLLM's block pool). When two or more families are
     needed, each family after the first is compiled by a child process (which fills
     Numba's on-disk cache) while this process compiles the first; this process then
-    loads the others from the cache. A child that fails changes nothing: the
-    in-process :func:`warmup` compiles what is missing.
+    loads the others from the cache. A family whose kernels are all in the cache already
+    is loaded here first and gets no child (a warm cache starts no process). A child that
+    fails changes nothing: the in-process :func:`warmup` compiles what is missing.
 
     Parameters
     ----------
@@ -109,8 +127,8 @@ def warmup_many(specs, work=None, *, concurrent: bool = True, lean: bool = False
         if not _is_warm(s, scope) and fam is not None:
             cold.setdefault(fam, s)
     fams = list(cold.values())
-    if len(fams) >= 2 and not concurrent:  # children pay off only for families that must compile
-        fams = [s for s in fams if not jit.is_warm(s)]
+    if len(fams) >= 2:  # children pay off only for families that must compile
+        fams = [s for s in fams if not (jit.is_warm(s) if not concurrent else _loads_from_cache(s, concurrent, lean))]
     procs = []
     if len(fams) >= 2:
         code = ("import sys; from radixkv.policies.registry import parse_policy; "
@@ -159,7 +177,7 @@ def refuse_unfittable(trace: Trace, spec: PolicySpec, pool: PoolSpec, *, limit: 
     t = trace.head(limit)
     if max_model_len is not None:
         t, _ = apply_context_limit(t, max_model_len, engine_of(spec))
-    policy = build_policy(spec, pool, unit_tokens=t.unit_tokens, **options)
+    policy = build_policy(spec, pool, unit_tokens=t.unit_tokens, trace=t, **options)
     over = np.asarray(policy.fits_alone_all(t))
     bad = np.flatnonzero(over > 0)
     if bad.size == 0:
@@ -223,7 +241,7 @@ def run_replay(
     refuse_unfittable(trace, spec, pool, limit=limit, **options)
     kernels = jit.before_replay(spec, jit.trace_tokens(trace, limit))
     compile_s = 0.0 if kernels == "interpreted" else (warmup(spec, concurrent=False) or compile_seconds(spec))
-    policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **options)
+    policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, trace=trace.head(limit), **options)
     if kernels == "interpreted":
         with np.errstate(over="ignore"):  # numpy scalars wrap as the compiled kernels do
             rec = replay_sequential(trace, policy, limit=limit, quiet=quiet, label=spec.label)

@@ -109,8 +109,9 @@ def replay_sequential(
     A policy with a ``replay_span(trace, i0, i1, cols)`` method (the built-ins) runs the
     rows that need no detailed stats inside its kernels, up to :data:`SPAN_REQUESTS` per
     call, with the same records; a row with detailed stats runs as a span of one request
-    followed by ``stats(detail=True)``. Any other policy goes through ``run_request`` and
-    ``stats`` request by request.
+    followed by ``stats(detail=True)``, or inside the span when the policy's
+    ``span_detail_rows`` says its span fills it the same way. Any other policy goes
+    through ``run_request`` and ``stats`` request by request.
 
     Returns
     -------
@@ -180,23 +181,32 @@ def replay_rows(t: Trace, policy: PrefixCache, cols: dict, i: int, end: int, n: 
     the whole trace; the streaming replay, :mod:`radixkv.replay.stream`, once per chunk).
 
     Rows ``r ≥ half`` with ``(r − half) % every == 0`` take detailed stats, and so does row
-    ``n − 1``. *t*'s columns and *cols* are indexed by the row in the whole replay; *name*
-    (the trace's) is the path in errors, which are :func:`replay_sequential`'s.
+    ``n − 1``. A policy whose ``span_detail_rows`` is True runs them inside its span too
+    (``replay_span(t, i0, i1, cols, detail=(half, every, n))`` fills those rows as
+    ``stats(detail=True)`` would); any other span stops before each of them. *t*'s
+    columns and *cols* are indexed by the row in the whole replay; *name* (the trace's)
+    is the path in errors, which are :func:`replay_sequential`'s.
     """
     prev_evicted = policy.evicted_tokens_total
     # a policy may run spans of requests without detail rows inside one kernel call
     span = span_method(policy)
+    # ... or with them, when its span fills a detail row as ``stats(detail=True)`` would
+    whole = span is not None and getattr(policy, "span_detail_rows", False)
     while i < end:
         if span is not None:
-            # run up to (not including) the next row that asks for detailed stats
-            if i < half:
+            more = {}
+            if whole:
+                nxt = min(end, i + SPAN_REQUESTS)
+                more["detail"] = (half, every, n)
+            # otherwise up to (not including) the next row that asks for detailed stats
+            elif i < half:
                 nxt = min(half, n - 1)
             else:
                 k = (i - half) % every
                 nxt = i if k == 0 else min(n - 1, i + every - k)
             nxt = min(nxt, i + SPAN_REQUESTS, end)
             if nxt > i:
-                j, status = span(t, i, nxt, cols)
+                j, status = span(t, i, nxt, cols, **more)
                 if bar is not None:
                     bar.update(j - i)
                 if j > i:

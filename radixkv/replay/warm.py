@@ -46,15 +46,16 @@ def _tiny_run(spec: PolicySpec, concurrent: bool = True, lean: bool = False) -> 
     # a small pool, so that the tiny trace evicts; a larger one when its requests do not fit
     # it (a policy that reserves most of the pool, static:B@0.9)
     for cap in (max(64, 8 * (spec.size or 1)), max(4096, 64 * (spec.size or 1))):
-        pol = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=1)
+        tiny = _tiny_trace()
+        pol = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=1, trace=tiny)
         try:
-            replay_sequential(_tiny_trace(), pol, quiet=True)
+            replay_sequential(tiny, pol, quiet=True)
         except ConfigError:
             if cap >= 4096:
                 raise
             continue
         break
-    if not concurrent:
+    if not concurrent or pol.needs_trace:  # an offline reference runs sequentially only
         return
     if lean and hasattr(pol, "_warm_kernels_lean"):
         pol._warm_kernels_lean()
@@ -71,9 +72,9 @@ def vllm_loop(block_size: int = 16, pieces: bool = True) -> None:
     calls it, so ``radixkv warmup`` fills the cache); on the per-block pool, and with
     *pieces* also on the piece pool (hash-id traces only)."""
     from radixkv.cost import UnitStepCost
-    from radixkv.policies import _hash_kernels as K
+    import radixkv.policies._hash_kernels as K
     from radixkv.policies.block_hash import BlockHashCache
-    from radixkv.replay import _conc_vllm_kernels as CK
+    import radixkv.replay._conc_vllm_kernels as CK
     from radixkv.replay.concurrent import replay_concurrent
 
     if not hasattr(CK.run_loop, "py_func") or not hasattr(K.extend, "py_func"):
@@ -98,7 +99,7 @@ def vllm_loop_for(policy, lean: bool = False) -> None:
     :meth:`~radixkv.policies.base.PrefixCache.warm_kernels`. *lean*: the per-block pool's
     loop only (token-id traces), not the piece pool's."""
     from radixkv.policies.block_hash import BlockHashCache
-    from radixkv.replay import _conc_vllm_kernels as CK
+    import radixkv.replay._conc_vllm_kernels as CK
     from radixkv.replay.conc_vllm_fast import _prio_class
 
     if type(policy) is BlockHashCache:
@@ -123,9 +124,9 @@ def sglang_loop(page_size: int = 1, eviction_policy=None) -> None:
     :class:`~radixkv.policies.radix.RadixCache`'s loop; a priority,
     ``PriorityRadixCache``'s (keyed order)."""
     from radixkv.cost import CostModel
-    from radixkv.policies import _radix_kernels as K
+    import radixkv.policies._radix_kernels as K
     from radixkv.policies.radix import RadixCache
-    from radixkv.replay import _conc_sglang_kernels as CK
+    import radixkv.replay._conc_sglang_kernels as CK
     from radixkv.replay.concurrent import replay_concurrent
 
     if not hasattr(CK.run_loop, "py_func") or not hasattr(K.run_request, "py_func"):

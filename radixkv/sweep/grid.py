@@ -17,7 +17,9 @@ and each cell's pool flags as ``radixkv replay`` checks them; a bad grid raises 
 
 Cells are normalised before they are keyed, so that two spellings of one replay are one
 cell: a block/page size goes into the policy's spec (``vllm`` with ``block_size = 32`` is
-``vllm:32``), concurrent-mode knobs are dropped from sequential cells, and settings equal
+``vllm:32``), concurrent-mode knobs are dropped from sequential cells, one engine's
+scheduler knobs from the concurrent cells that run under the other engine's rules (as
+``radixkv compare`` does; a key that no cell reads is refused), and settings equal
 to the flag's default are dropped. A cell's key is the SHA-256 (first 16 hex digits) of
 its normalised settings and its trace file's SHA-256, so renaming or moving a trace does
 not re-run it, and changing a byte of it does.
@@ -315,6 +317,8 @@ def _load_grid(path, *, hash_traces: bool = True) -> Grid:
     if unused:
         raise ConfigError(f"key {unused[0]!r} is a concurrent-mode knob but no cell has mode = \"concurrent\"",
                           path=where, field=unused[0])
+    if any_concurrent:
+        _refuse_unread_scheduler_knobs(keys, axes, cells.values(), defaults, where)
     _refuse_unused_memory_knobs(keys, cells.values(), where)
     return Grid(path, traces, list(cells.values()), {k: axes[k] for k in keys})
 
@@ -340,9 +344,15 @@ def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
     except ConfigError as e:
         raise ConfigError(e.reason, path=where, field=e.field) from None
     concurrent = ns.mode == "concurrent"
+    if (concurrent or ns.replicas is not None) and getattr(spec.build_class, "needs_trace", False):
+        from radixkv.policies.registry import sequential_only_message
+
+        raise ConfigError(sequential_only_message(spec), path=where, field="policies")
     if concurrent and not (ns.model and ns.gpu):
         raise ConfigError("mode = \"concurrent\" prices each step on a model and a GPU: set 'model' and 'gpu'",
                           path=where, field="model" if not ns.model else "gpu")
+    if concurrent:
+        ns = _own_engine_knobs(s, ns, spec, where)
     out = {"policy": spec.label}
     for k, v in s.items():
         if k in ("policies", "block_size", "page_size"):
@@ -353,6 +363,80 @@ def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
             continue
         out[k] = v
     return out
+
+
+def _scheduler_rule(ns, spec) -> str:
+    """The scheduler rule (``"vllm"`` or ``"sglang"``) a concurrent cell runs under: its
+    ``admission``, else the admission rule of the class that runs (``NoCache`` under
+    ``enable_prefix_caching = false``, ``StaticReservedCache`` under
+    ``static_reserved_fraction``, else the policy's), as
+    :func:`radixkv.replay.settings.policy_from_args` builds it."""
+    if getattr(ns, "admission", None):
+        return ns.admission
+    cls = spec.build_class
+    if not getattr(ns, "enable_prefix_caching", True):
+        from radixkv.policies.no_cache import NoCache as cls
+    elif getattr(ns, "static_reserved_fraction", None) is not None:
+        from radixkv.policies.static_reserved import StaticReservedCache as cls
+    return getattr(cls, "admission_rule", "vllm")
+
+
+def _own_engine_knobs(s: dict, ns, spec, where: str):
+    """A concurrent cell's settings without the other engine's scheduler knobs
+    (:data:`radixkv.replay.settings.VLLM_ONLY_KNOBS` / ``SGLANG_ONLY_KNOBS``), as ``radixkv
+    compare`` reads them for each policy (:func:`radixkv.replay.settings.args_for_rule`):
+    removed from *s* in place; a key that no cell reads is refused by
+    :func:`_refuse_unread_scheduler_knobs`. Then the cell's scheduler flags are checked as
+    its replay checks them (:func:`radixkv.replay.scheduler.rule_of`), so a cell the replay
+    would refuse stops the grid before anything runs.
+
+    Returns the namespace *ns* with the dropped knobs at their defaults.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        The replay's message, naming the grid file and the key (``field``).
+    """
+    import dataclasses
+
+    from radixkv.replay.scheduler import rule_of
+    from radixkv.replay.settings import SGLANG_ONLY_KNOBS, VLLM_ONLY_KNOBS, concurrent_config_from_args
+
+    rule = _scheduler_rule(ns, spec)
+    other = SGLANG_ONLY_KNOBS if rule == "vllm" else VLLM_ONLY_KNOBS
+    for k, default in other.items():
+        if k in s:
+            del s[k]
+            setattr(ns, k, default)
+    try:
+        rule_of(None, dataclasses.replace(concurrent_config_from_args(ns), admission=rule))
+    except ConfigError as e:
+        raise ConfigError(e.reason, path=where, field=e.field) from None
+    return ns
+
+
+def _refuse_unread_scheduler_knobs(keys, axes: dict, cells, defaults: dict, where: str) -> None:
+    """A grid key of one engine's scheduler knobs (:data:`radixkv.replay.settings.VLLM_ONLY_KNOBS`,
+    ``SGLANG_ONLY_KNOBS``) set away from its default where no cell runs under that engine's
+    rules (:func:`_own_engine_knobs` dropped it from every cell): refused naming the key,
+    rather than a grid whose every cell ignores it.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        Naming the grid file and the key (``field``).
+    """
+    from radixkv.replay.settings import SGLANG_ONLY_KNOBS, VLLM_ONLY_KNOBS
+
+    for key in keys:
+        engine = "SGLang" if key in SGLANG_ONLY_KNOBS else "vLLM" if key in VLLM_ONLY_KNOBS else None
+        if engine is None or all(v == defaults.get(key) for v in axes[key]):
+            continue
+        if not any(key in c.settings for c in cells):
+            rule = engine.lower()
+            raise ConfigError(f"key {key!r} is read by {engine}'s scheduler rules only, but no concurrent cell runs "
+                              f"under them (admission = \"{rule}\" or a policy whose admission rule is {rule}'s), "
+                              "so every cell would ignore it", path=where, field=key)
 
 
 #: the memory model's knob of each engine's pool rule (radixkv.replay.pool_settings)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from radixkv.errors import ConfigError, InputError
-from radixkv.sweep import store
+import radixkv.sweep.store as store
 from radixkv.sweep.cell import CellTask, TraceRef, remember_trace, write_trace_cache
 from radixkv.sweep.executors import run_tasks
 from radixkv.sweep.grid import load_grid

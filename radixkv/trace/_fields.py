@@ -18,18 +18,48 @@ from radixkv.errors import TraceFormatError
 _MISSING = object()
 
 
+class _DuplicateKey(Exception):
+    """A key given twice in one JSON object (raised by :func:`_unique_keys`)."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list) -> dict:
+    """``object_pairs_hook`` of the record decoder: the object as a dict, refusing a key
+    given twice (``json.loads`` would keep the last value without a word)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+#: the record decoder (built once: ``json.loads`` with a hook would build one per call)
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+
+
 def parse_json_line(text: str, path, line: int):
-    """Decode one JSONL line; the line must hold a JSON object.
+    """Decode one JSONL line; the line must hold a JSON object, each of whose keys (at any
+    depth) appears once.
 
     Raises
     ------
     TraceFormatError
-        Invalid JSON, or a value that is not an object.
+        Invalid JSON, a value that is not an object, or a key given twice in one object
+        (``field`` = that key).
     """
     try:
-        obj = json.loads(text)
+        obj = _DECODER.decode(text)
     except json.JSONDecodeError as e:
         raise TraceFormatError(f"invalid JSON: {e.msg} (column {e.colno})", path=path, line=line) from None
+    except _DuplicateKey as e:
+        raise TraceFormatError("the key is given twice in one record (JSON readers differ on which value "
+                               "counts): give it once", path=path, line=line, field=e.key) from None
     if not isinstance(obj, dict):
         raise TraceFormatError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=line)
     return obj

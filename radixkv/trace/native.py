@@ -116,7 +116,7 @@ def read_native(path) -> Trace:
         Naming the file, the 1-based line and the field: invalid JSON, a bad header, an
         unknown or missing field, a negative / non-integer / boolean length or id, an
         id count that does not match ``input_length`` at the header's granularity, an
-        empty prompt, ``output_tokens`` disagreeing with ``output_length``, or
+        empty prompt, a file with a header and no request, ``output_tokens`` disagreeing with ``output_length``, or
         ``output_tokens`` or ``arrival_s`` given on some lines only, a request id used twice, or a unit id that
         covers two different lengths (:mod:`radixkv.trace.consistency`). Nothing is returned on error.
     """
@@ -133,6 +133,9 @@ def read_native(path) -> Trace:
         partial = False
 
     n = len(lines) - start
+    if n == 0:
+        what = f"it holds only the header (line {lines[0][0]})" if start else "it holds only blank lines"
+        raise TraceFormatError(f"no requests in the file: {what}; a trace needs at least one request", path=path)
     req_id = [None] * n
     arrival = np.zeros(n, dtype=np.float64)
     plen = np.zeros(n, dtype=np.int64)
