@@ -60,25 +60,29 @@ F_ADMIT, F_FIRST, F_FINISH = range(3)
 NFL = 3
 # int64 scalars (array IV)
 (I_NXT, I_DONE, I_STEPS, I_PEAK, I_WHEAD, I_WLEN, I_NRUN, I_TLN, I_WASTE_PEAK, I_STATUS, I_ERR,
- I_NEED_NODES, I_NEED_SEGS, I_NEED_ROWS, I_PROGRESS_AT) = range(15)
-NIV = 15
+ I_NEED_NODES, I_NEED_SEGS, I_NEED_ROWS, I_PROGRESS_AT, I_NSRC, I_GNXT, I_FINNOW, I_IVN) = range(19)
+NIV = 19
+# I_NSRC: rows of ``src`` the loop may enqueue; I_GNXT: arrivals of ``garr`` at or before the
+# clock; I_FINNOW: requests that finished at exactly the clock; I_IVN: interval rows used
 # float64 scalars (array FV)
-V_NOW, V_AREA, V_BUSY, V_PF, V_WASTE_AREA, V_USED_AREA, V_CACHED_AREA, V_RATIO = range(8)
-NFV = 8
+V_NOW, V_AREA, V_BUSY, V_PF, V_WASTE_AREA, V_USED_AREA, V_CACHED_AREA, V_RATIO, V_LIMIT = range(9)
+NFV = 9  # V_LIMIT: return ST_LIMIT before a step that would start at or after it
 # cost model parameters (array CP): CostModel fields as float64; for a
 # radixkv.clock.calibrated.CalibratedCostModel, CP[:NCP] holds the fields prefill FLOPs
 # need (C_PARAMS, C_LAYERS, C_ATTN) and CP[NCP:] its packed() array (radixkv.clock._kernels)
 (C_PARAMS, C_LAYERS, C_ATTN, C_KVB, C_PEAK, C_HBM, C_WDB, C_MFU, C_MBU, C_TP, C_OVERHEAD) = range(11)
 NCP = 11
 # configuration (array CF, int64)
-CF_MAX_SEQS, CF_BUDGET, CF_LPM, CF_FF, CF_TIMELINE, CF_NUM_SLOTS, CF_MAX_SEG = range(7)
-NCF = 7
+CF_MAX_SEQS, CF_BUDGET, CF_LPM, CF_FF, CF_TIMELINE, CF_NUM_SLOTS, CF_MAX_SEG, CF_INTERVALS = range(8)
+NCF = 8  # CF_INTERVALS: log each step's interval (IVT, IVN)
 # timeline int64 columns (array TLI); the clock is TLF
 TL_STEP, TL_RUNNING, TL_WAITING, TL_TOKENS, TL_USED, TL_CACHED, TL_FREE = range(7)
 NTL = 7
 
 ST_DONE, ST_GROW, ST_TIMELINE, ST_PROGRESS, ST_NO_FIT, ST_DECODE, ST_REFUSED = range(7)
 ST_GROW_REC = 7  # the miss recorder's logs (radixkv.replay._miss_rec_kernels) must grow
+ST_LIMIT = 8  # the next step would start at or after FV[V_LIMIT]: route the next arrival, call again
+ST_GROW_IV = 9  # the interval log is full
 
 #: SGLang defaults, the values of :mod:`radixkv.replay.sched_sglang`
 CLIP = 4096
@@ -783,23 +787,32 @@ def _compact_in_place(S, N, G, Q, IV):
 
 @nb.njit(cache=True)
 def run_loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, SEND, SOFF, TLI, TLF,
-             ratio_min, ratio_decay, rec):
+             ratio_min, ratio_decay, rec, src, garr, IVT, IVN):
     """Run the replay loop from the state in the arrays until done or a hand-back
     (module docstring); returns the status (also in ``IV[I_STATUS]``). *rec*: the miss
     recorder's arrays (:func:`radixkv.replay._miss_rec_kernels.new_state`); when on,
     every iteration is told to ``rec_step`` as the Python loop tells ``MissRecorder.step``
     (:data:`ST_GROW_REC`: its logs must grow first). The loop runs on borrowed views of
     the arrays (:mod:`radixkv.policies._borrowed`: no reference counts where its inlined
-    helpers bind them; valid for this call, the caller keeps the arrays)."""
+    helpers bind them; valid for this call, the caller keeps the arrays).
+
+    The engine serves the rows ``src[:IV[I_NSRC]]`` (arrival order; a request joins the
+    waiting queue at the first step boundary at or after ``arr[row]``, an idle engine's
+    clock jumps to it; :data:`ST_DONE` when all of them finished); a fast-forwarded run
+    with nothing waiting is cut at the first arrival of ``garr`` (non-decreasing) after
+    its start. The single engine: every row and its own arrivals; a replica of
+    :mod:`radixkv.replay.multi_concurrent`: its routed rows and every arrival, with
+    ``CF[CF_INTERVALS]`` logging each step's (start, end) in ``IVT`` (float64 (2, R)) and
+    running requests in ``IVN`` (int64 (R,))."""
     return _loop(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow_each(o), borrow(G), borrow(Q), borrow(R),
                  borrow(RQ), borrow(RF), borrow(IV), borrow(FV), borrow(CF), borrow(CP), borrow(arr), borrow(RUN),
                  borrow(WQ), borrow(SID), borrow(SEND), borrow(SOFF), borrow(TLI), borrow(TLF), ratio_min,
-                 ratio_decay, rec)
+                 ratio_decay, rec, borrow(src), borrow(garr), borrow(IVT), borrow(IVN))
 
 
 @nb.njit(cache=True)
 def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, SEND, SOFF, TLI, TLF,
-          ratio_min, ratio_decay, rec):
+          ratio_min, ratio_decay, rec, src, garr, IVT, IVN):
     """:func:`run_loop`'s body, on borrowed views."""
     n = RQ.shape[0]
     p = S[K.S_P]
@@ -818,15 +831,27 @@ def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, S
     RA = np.zeros(n + 2 if rec_on else 1, dtype=np.int64)  # this step's admissions (_schedule)
     RSNAP = np.zeros(n + 1 if rec_on else 1, dtype=np.int64)  # running before the step (recorder)
     FIN = np.zeros(n + 1 if rec_on else 1, dtype=np.int64)  # finished in the step
-    while IV[I_DONE] < n:
+    iv_on = CF[CF_INTERVALS] == 1
+    ng = garr.shape[0]
+    while True:
         now = FV[V_NOW]
-        while IV[I_NXT] < n and arr[IV[I_NXT]] <= now:
-            _w_push(IV, WQ, IV[I_NXT])
+        while IV[I_NXT] < IV[I_NSRC] and arr[src[IV[I_NXT]]] <= now:
+            _w_push(IV, WQ, src[IV[I_NXT]])
             IV[I_NXT] += 1
         if IV[I_NRUN] == 0 and IV[I_WLEN] == 0:
+            if IV[I_NXT] >= IV[I_NSRC]:
+                IV[I_STATUS] = ST_DONE
+                return ST_DONE
             FV[V_RATIO] = INIT_RATIO  # idle: NewTokenRatioTracker.reset
-            FV[V_NOW] = max(now, arr[IV[I_NXT]])
+            FV[V_NOW] = max(now, arr[src[IV[I_NXT]]])
+            IV[I_FINNOW] = 0
             continue
+        if now >= FV[V_LIMIT]:
+            IV[I_STATUS] = ST_LIMIT
+            return ST_LIMIT
+        if iv_on and IV[I_IVN] >= IVN.shape[0]:
+            IV[I_STATUS] = ST_GROW_IV
+            return ST_GROW_IV
         # hand-backs, before the step changes anything (a new call resumes here); a store
         # that compaction frees enough is compacted here, as RadixCache.reserve_arrays would
         if not _step_headroom(S, N, G, Q, RQ, IV, CF, WQ, SOFF):
@@ -854,6 +879,7 @@ def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, S
             nsnap = IV[I_NRUN]
             RSNAP[:nsnap] = RUN[:nsnap]
             RA[0] = 0
+        done0 = IV[I_DONE]
         m, n_running, pre_cnt, blocked = _schedule(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ,
                                                    SID, SEND, SOFF, PL, ALLOC, KEYS, HC, SNAP, ratio_min, ratio_decay,
                                                    RA)
@@ -898,12 +924,15 @@ def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, S
             cs = 0
             for j in range(m):
                 cs += PL[j, 2]
-            nxt = IV[I_NXT]
+            g = IV[I_GNXT]
+            while g < ng and garr[g] <= now:
+                g += 1
+            IV[I_GNXT] = g
             if k > DT.shape[0]:
                 DT = np.empty(2 * k, dtype=np.float64)
             # DT[j]: cost.decode_steps_time(batch, Σ ctx, k)[j], up to the arrival cut
             # (searchsorted(now + cumsum(dts), next arrival, "left") when nothing waits)
-            cut = IV[I_WLEN] == 0 and nxt < n
+            cut = IV[I_WLEN] == 0 and g < ng
             # _decode_step_time's operations, its step-invariant products formed once
             bf = float(batch)
             csf = float(cs)
@@ -914,7 +943,7 @@ def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, S
             d_c = CP[C_PEAK] * CP[C_MFU] * CP[C_TP]
             d_m = CP[C_HBM] * CP[C_MBU] * CP[C_TP]
             ovh = CP[C_OVERHEAD]
-            t_arr = arr[nxt] if cut else 0.0
+            t_arr = garr[g] if cut else 0.0
             acc = 0.0
             tab = CP.shape[0] > NCP
             for j in range(k):
@@ -1101,6 +1130,16 @@ def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, S
                 for j in range(m):
                     tok += PL[j, 1]
                 _tl_row(IV, TLI, TLF, IV[I_STEPS], FV[V_NOW], n_running, IV[I_WLEN], tok, used, cached, num_slots)
+        nfin = IV[I_DONE] - done0
+        if FV[V_NOW] > now:
+            IV[I_FINNOW] = nfin
+        else:
+            IV[I_FINNOW] += nfin
+        if iv_on:
+            IVT[0, IV[I_IVN]] = now
+            IVT[1, IV[I_IVN]] = FV[V_NOW]
+            IVN[IV[I_IVN]] = n_running
+            IV[I_IVN] += 1
         if rec_on:  # finished: the plan's requests no longer running, in plan order
             nfin = 0
             for j in range(m_plan):
@@ -1109,8 +1148,6 @@ def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, S
                     nfin += 1
             MR.rec_step(rec, now, FV[V_NOW], PL[:m_plan, 0], PL[:m_plan, 1], PL[:m_plan, 2], PL[:m_plan, 3],
                         m_plan, k if can_ff else 1, FIN, nfin)
-    IV[I_STATUS] = ST_DONE
-    return ST_DONE
 
 
 @nb.njit(cache=True)

@@ -154,11 +154,13 @@ if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic
 
 # integer state (ist)
 I_NXT, I_DONE, I_STEPS, I_PEAK, I_NRUN, I_WHEAD, I_WLEN, I_EV, I_PARTIAL, I_WPEAK, I_NFREE, I_PFN, I_PFG, \
-    I_ARG, I_HKI, I_HKL, I_HKM, I_TLN = range(18)
-NI = 18  # I_HKI, I_HKL, I_HKM: the request, length and segments the lookup scratch holds (I_HKI −1: none)
+    I_ARG, I_HKI, I_HKL, I_HKM, I_TLN, I_NSRC, I_GNXT, I_FINNOW, I_IVN = range(22)
+NI = 22  # I_HKI, I_HKL, I_HKM: the request, length and segments the lookup scratch holds (I_HKI −1: none)
+# I_NSRC: rows of ``src`` the loop may enqueue; I_GNXT: arrivals of ``garr`` at or before the
+# clock; I_FINNOW: requests that finished at exactly the clock; I_IVN: interval rows used
 # float state (fst)
-F_NOW, F_T0, F_AREA, F_BUSY, F_WASTE, F_USED, F_CACHED = range(7)
-NFS = 7
+F_NOW, F_T0, F_AREA, F_BUSY, F_WASTE, F_USED, F_CACHED, F_LIMIT = range(8)
+NFS = 8  # F_LIMIT: return S_LIMIT before a step that would start at or after it
 
 # return status
 S_DONE = 0  # every request finished
@@ -169,6 +171,8 @@ S_IDLE_REFUSED = 4  # request ist[I_ARG] cannot be admitted into an idle pool
 S_DECODE_REFUSED = 5  # the pool refused decode tokens of request ist[I_ARG] its room should hold
 S_GROW_TL = 7  # the timeline may overflow in this step: enlarge, call again
 S_GROW_REC = 8  # the miss recorder's logs may overflow in this step: enlarge, call again
+S_LIMIT = 9  # the next step would start at or after fst[F_LIMIT]: route the next arrival, call again
+S_GROW_IV = 10  # the interval log is full: enlarge, call again
 #: statuses from here on are a pool's own (pool_room, pool_admit): the caller asks the pool
 S_POOL = 16
 
@@ -514,8 +518,9 @@ def _tl_row(tl_i, tl_t, ist, step, t, running, waiting, tokens, used, cached, nu
 
 @njit(cache=True)
 def run_loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, free_slots, hscr, hs, pf_n,
-             pf_c, pf_g, tl_i, tl_t, ist, fst, stop_done, rec):
-    """Run the replay loop until every request finished, or a resumable stop (module docstring).
+             pf_c, pf_g, tl_i, tl_t, ist, fst, stop_done, rec, src, garr, iv_t, iv_n):
+    """Run the replay loop until every request it was given finished, or a resumable stop
+    (module docstring).
 
     Parameters
     ----------
@@ -529,10 +534,11 @@ def run_loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, p
         ``block_size`` (tokens).
     num_slots : int
         The pool's usable blocks (``BlockHashCache.num_slots``).
-    cfg : int64 (8,)
+    cfg : int64 (9,)
         ``max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
         long_prefill_token_threshold, watermark blocks, fast_forward, timeline, most
-        timeline rows one step may add`` (the largest output length + 1).
+        timeline rows one step may add`` (the largest output length + 1), ``intervals``
+        (log each step's interval in ``iv_*``).
     kind, cp : int, float64 array
         Cost model (``COST_*``) and its parameters.
     rq : int64 (16, n)
@@ -571,11 +577,24 @@ def run_loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, p
         The miss recorder's arrays (:func:`radixkv.replay._miss_rec_kernels.new_state`);
         when on, every iteration is told to :func:`~radixkv.replay._miss_rec_kernels.rec_step`
         as the Python loop tells ``MissRecorder.step``.
+    src : int64 (n,)
+        The rows the engine serves, in arrival order; the first ``ist[I_NSRC]`` are given
+        (a request joins the waiting queue at the first step boundary at or after its
+        arrival ``rf[0]``; an idle engine's clock jumps to it). The single engine: every
+        row; a replica of :mod:`radixkv.replay.multi_concurrent`: the rows routed to it.
+    garr : float64 (m,)
+        Every arrival of the run, non-decreasing: a fast-forwarded run with nothing
+        waiting is cut at the first one after the clock (``ist[I_GNXT]`` counts those at or
+        before it). The single engine: ``rf[0]``; a replica: the whole trace's.
+    iv_t, iv_n : float64 (2, R), int64 (R,)
+        When ``cfg[8]``: each step's (or fast-forwarded run's) start and end time and its
+        running requests (``ReplicaEngine.intervals``), ``ist[I_IVN]`` rows used.
 
     Returns
     -------
     int
-        A status ``S_*``, or a pool's own status (≥ :data:`S_POOL`).
+        A status ``S_*``, or a pool's own status (≥ :data:`S_POOL`). :data:`S_DONE`: every
+        given request finished (the engine is idle).
     """
     # the loop runs on borrowed views of the loop's own arrays (radixkv.policies._borrowed: no
     # reference counts where its inlined helpers bind them; valid for this call)
@@ -584,12 +603,13 @@ def run_loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, p
     v_pool, v_ps, v_hs = pool_views(pool, ps, hs)
     return _loop(b_tr, v_pool, B, num_slots, cfg, kind, cp, borrow(rq), borrow(rf), borrow(wq), borrow(run),
                  borrow(plan), b_ls, v_ps, borrow(free_slots), (borrow(hscr[0]), borrow(hscr[1])), v_hs, borrow(pf_n),
-                 borrow(pf_c), borrow(pf_g), borrow(tl_i), borrow(tl_t), borrow(ist), borrow(fst), stop_done, rec)
+                 borrow(pf_c), borrow(pf_g), borrow(tl_i), borrow(tl_t), borrow(ist), borrow(fst), stop_done, rec,
+                 borrow(src), borrow(garr), borrow(iv_t), borrow(iv_n))
 
 
 @njit(cache=True)
 def _loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, free_slots, hscr, hs, pf_n,
-          pf_c, pf_g, tl_i, tl_t, ist, fst, stop_done, rec):
+          pf_c, pf_g, tl_i, tl_t, ist, fst, stop_done, rec, src, garr, iv_t, iv_n):
     """:func:`run_loop`'s body, on borrowed views."""
     ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens = tr
     sid2d, send2d, s_nseg, s_ntok = ls
@@ -622,7 +642,8 @@ def _loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, 
     ff_on = cfg[5] != 0
     tl_on = cfg[6] != 0
     tl_need = cfg[7]
-    n = P.shape[0]
+    iv_on = cfg[8] != 0
+    ng = garr.shape[0]
     cap_run = run.shape[0]
     wcap = wq.shape[0]
     p_req = plan[0]
@@ -640,21 +661,27 @@ def _loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, 
     kv0_s = np.empty(cap_run, dtype=np.int64)
     lz = (np.empty(B + 1, dtype=np.int64), np.empty(cap_run, dtype=np.int64), np.empty(B, dtype=np.int64),
           np.empty(cap_run, dtype=np.int64))
-    while ist[I_DONE] < n:
-        if ist[I_DONE] >= stop_done:
-            return S_PROGRESS
+    while True:
         now = fst[F_NOW]
         nxt = ist[I_NXT]
-        while nxt < n and arr[nxt] <= now:
-            wq[(ist[I_WHEAD] + ist[I_WLEN]) % wcap] = nxt
+        nsrc = ist[I_NSRC]
+        while nxt < nsrc and arr[src[nxt]] <= now:
+            wq[(ist[I_WHEAD] + ist[I_WLEN]) % wcap] = src[nxt]
             ist[I_WLEN] += 1
             nxt += 1
         ist[I_NXT] = nxt
         nrun = ist[I_NRUN]
         if nrun == 0 and ist[I_WLEN] == 0:
-            if arr[nxt] > now:
-                fst[F_NOW] = arr[nxt]
+            if nxt >= nsrc:
+                return S_DONE
+            if arr[src[nxt]] > now:
+                fst[F_NOW] = arr[src[nxt]]
+                ist[I_FINNOW] = 0
             continue
+        if now >= fst[F_LIMIT]:
+            return S_LIMIT
+        if ist[I_DONE] >= stop_done:
+            return S_PROGRESS
         # room for this step's admissions and prefill log (resumable stops)
         need = min(cap_run - nrun, ist[I_WLEN])
         if ist[I_NFREE] < need:
@@ -667,6 +694,8 @@ def _loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, 
         # can only preempt itself, and none follows a preemption)
         if rec_on and not MR.rec_room(rec, cap_run):
             return S_GROW_REC
+        if iv_on and ist[I_IVN] >= iv_n.shape[0]:
+            return S_GROW_IV
         room = pool_room(pool, max_batched, cap_run)
         if room != 0:
             return room
@@ -857,9 +886,13 @@ def _loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, 
             for q in range(np_):
                 csum += p_ctx[q]
             _decode_steps_time_into(kind, cp, batch, csum, kk, dts)
-            if ist[I_WLEN] == 0 and nxt < n:
+            g = ist[I_GNXT]
+            while g < ng and garr[g] <= now:
+                g += 1
+            ist[I_GNXT] = g
+            if ist[I_WLEN] == 0 and g < ng:
                 acc = 0.0
-                a_next = arr[nxt]
+                a_next = garr[g]
                 for j in range(kk):
                     acc = dts[0] if j == 0 else acc + dts[j]
                     if now + acc >= a_next:
@@ -980,6 +1013,15 @@ def _loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, 
                 if np.isnan(first_tok[r]):
                     first_tok[r] = now
         fst[F_NOW] = now
+        if now > t_start:
+            ist[I_FINNOW] = nfin
+        else:
+            ist[I_FINNOW] += nfin
+        if iv_on:
+            iv_t[0, ist[I_IVN]] = t_start
+            iv_t[1, ist[I_IVN]] = now
+            iv_n[ist[I_IVN]] = nrun
+            ist[I_IVN] += 1
         if nfin:
             fin_rows = p_new if can_ff else p_ctx
             for q in range(nfin):
@@ -998,4 +1040,3 @@ def _loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, 
         if rec_on:
             MR.rec_step(rec, t_start, now, i_req, i_new, i_ctx, i_pre, i_req.shape[0], kk if can_ff else 1,
                         p_new if can_ff else p_ctx, nfin)
-    return S_DONE

@@ -50,6 +50,7 @@ _PROGRESS_EVERY = 256
 _SLOTS0 = 16
 _LOG0 = 1024
 _TL0 = 4096  # timeline rows
+_NEVER = 2**62  # a stop_done never reached
 
 
 def _eligible(trace, policy, cost, config, sch) -> bool:
@@ -153,200 +154,343 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     RuntimeError
         When the pool refuses decode tokens its reported room should hold.
     """
-    from radixkv.cost import UnitStepCost
-    from radixkv.replay.conc_result import _Integrals, _accumulate, _result
-
     if not _eligible(trace, policy, cost, config, sch):
         return None
     n = len(trace)
-    B = int(policy.block_size)
-    P = np.ascontiguousarray(trace.prompt_len, dtype=np.int64)
-    N = np.ascontiguousarray(trace.output_len, dtype=np.int64)
-    kvlen = P + np.maximum(N - 1, 0)
-    has_out = trace.out_ids is not None
-    ids = np.ascontiguousarray(trace.ids, dtype=np.int64)
-    id_off = np.ascontiguousarray(trace.id_offsets, dtype=np.int64)
-    oids = np.ascontiguousarray(trace.out_ids if has_out else ids[:0], dtype=np.int64)
-    ooff = np.ascontiguousarray(trace.out_offsets if has_out else id_off[:1], dtype=np.int64)
-    U = int(trace.unit_tokens)
-    # segments per request (radixkv.trace._seq_kernel.kv_seq_len)
-    nprompt = np.diff(id_off)
-    nseg = nprompt.copy()
-    if U > 1:
-        covered = np.where(nprompt > 0, np.minimum(nprompt * U, P), 0)
-        nseg += covered < P
-    nseg += np.where(kvlen > P, (kvlen - P) if has_out else 1, 0)
-    G = int(nseg.max())
-    W = int(-(-int(kvlen.max()) // B))
-    tr = (ids, id_off, oids, ooff, has_out, P, N, U)
-    unit = _unit_eligible(trace, policy)
-    if unit:
-        nu = nprompt.astype(np.int64)
-        covered = np.where(nu > 0, np.minimum(nu * U, P), 0)
-        R = covered // B
-        sj = np.where(covered % B != 0, R, -1)
-        soff = np.where(nu > 0, R * B - (nu - 1) * U, 0)
-        rinfo = np.ascontiguousarray(np.stack((R, covered, nu, sj, soff)), dtype=np.int64)  # PK.RI_*
-        pool = PK.new_pool(int(policy.num_gpu_blocks), B, U, ids, id_off, rinfo, min(int(config.max_num_seqs), n))
-        new_ps = lambda n_sl: PK.new_slots(n_sl, W)  # noqa: E731
-        hs = PK.new_scratch(W)
-    else:
-        # widen the content-piece arrays once to what the whole trace needs
-        mp = int(BPK.max_block_pieces(ids, id_off, oids, ooff, has_out, P, N, U, B, G))
-        if mp - 1 > policy._pcid.shape[1]:
-            policy._grow_pieces(mp)
-        # the policy's per-block pool; evicting by a priority: its heap too
-        PM = BPK if _prio_class(policy) is None else _prio_kernels()
-        pool = PM.new_pool(policy)
-        new_ps = lambda n_sl: PM.new_slots(n_sl, W)  # noqa: E731
-        hs = PM.new_scratch(W)
-    cap_run = int(min(int(config.max_num_seqs), n))
-    rq = np.zeros((16, n), dtype=np.int64)
-    rq[0] = P
-    rq[1] = N
-    rq[12] = -1
-    rq[13] = -1
-    rq[14] = -1
-    rq[15] = kvlen
-    rf = np.full((5, n), np.nan, dtype=np.float64)
-    rf[0] = arrivals
-    wq = np.zeros(n, dtype=np.int64)
-    run = np.zeros(cap_run, dtype=np.int64)
-    plan = np.zeros((4, cap_run), dtype=np.int64)
-    hscr = (np.zeros(G, dtype=np.int64), np.zeros(G, dtype=np.int64))
-    n_sl = min(cap_run, _SLOTS0)
-    ls = _loop_slots(n_sl, G)
-    ps = new_ps(n_sl)
-    free_slots = np.arange(n_sl - 1, -1, -1, dtype=np.int64)
-    pf_n = np.zeros(_LOG0 + cap_run, dtype=np.int64)
-    pf_c = np.zeros_like(pf_n)
-    pf_g = np.zeros(_LOG0, dtype=np.int64)
-    ist = np.zeros(CK.NI, dtype=np.int64)
-    ist[CK.I_NFREE] = n_sl
-    ist[CK.I_HKI] = -1
-    fst = np.zeros(CK.NFS, dtype=np.float64)
-    fst[CK.F_NOW] = fst[CK.F_T0] = float(arrivals[0])
-    if isinstance(cost, UnitStepCost):
-        kind, cp = CK.COST_UNIT, np.array([float(cost.step_s)])
-    elif hasattr(cost, "packed"):  # CalibratedCostModel
-        kind, cp = CK.COST_TABLE, cost.packed()
-    else:
-        kind = CK.COST_ROOFLINE
-        cp = np.array([float(cost.params), float(cost.num_layers), float(cost.attn_dim),
-                       float(cost.weight_dtype_bytes), float(cost.kv_bytes_per_token), float(cost.peak_flops),
-                       float(cost.mfu), float(cost.tp), float(cost.hbm_bytes_per_s), float(cost.mbu),
-                       float(cost.step_overhead_s)], dtype=np.float64)
-    cfg = np.array([int(config.max_num_seqs), int(config.max_num_batched_tokens),
-                    1 if config.enable_chunked_prefill else 0, int(config.long_prefill_token_threshold),
-                    int(sch._wm), 1 if fast_forward else 0, 1 if timeline else 0, int(N.max()) + 1], dtype=np.int64)
-    rows = _TL0 if timeline else 0
-    tl_i = np.zeros((7, rows), dtype=np.int64)
-    tl_t = np.zeros(rows, dtype=np.float64)
-    import radixkv.replay._miss_rec_kernels as MR
-
-    if recorder is not None:
-        rec = MR.new_state(kvlen, recorder.deferred, preempt_rows=int(config.max_num_batched_tokens) + 1)
-    else:
-        rec = MR.new_state(kvlen, False, on=False)
+    eng = CompiledVllmEngine(trace, policy, cost, config, sch, arrivals, fast_forward, timeline=timeline,
+                             recorder=recorder)
     step = _PROGRESS_EVERY if progress is not None else n
     stop = step
     reported = 0
-    ev0 = 0 if unit else int(policy._st[K.ST_EVICTIONS])
     while True:
-        status = CK.run_loop(tr, pool, B, int(policy.num_slots), cfg, kind, cp, rq, rf, wq, run, plan, ls, ps,
-                             free_slots, hscr, hs, pf_n, pf_c, pf_g, tl_i, tl_t, ist, fst, stop, rec)
+        status = eng.advance(stop)
         if status == CK.S_DONE:
             break
-        if unit and status == PK.S_GROW_TABLES:
-            pool = PK.grow_tables(pool, 2 * (int(cfg[1]) // B) + 4 * cap_run + 4, 2 * cap_run + 2)
-            continue
         if status == CK.S_PROGRESS:
-            reported = int(ist[CK.I_DONE])
+            reported = int(eng.ist[CK.I_DONE])
             progress(reported, n)
-            stop = int(ist[CK.I_DONE]) + step
-        elif status == CK.S_GROW_SLOTS:
-            old = ls[0].shape[0]
-            new = min(cap_run, 2 * old)
-            ls = _grow_rows(ls, new)
-            ps = _grow_rows(ps, new)
-            fs = np.zeros(new, dtype=np.int64)
-            k = int(ist[CK.I_NFREE])
-            fs[:k] = free_slots[:k]
-            fs[k:k + new - old] = np.arange(new - 1, old - 1, -1)
-            free_slots = fs
-            ist[CK.I_NFREE] = k + new - old
-        elif status == CK.S_GROW_LOG:
-            pf_n = np.concatenate((pf_n, np.zeros_like(pf_n)))
-            pf_c = np.concatenate((pf_c, np.zeros_like(pf_c)))
-            pf_g = np.concatenate((pf_g, np.zeros_like(pf_g)))
-        elif status == CK.S_GROW_TL:
-            rows = max(2 * tl_t.shape[0], int(ist[CK.I_TLN]) + int(cfg[7]))
-            tl_i = np.concatenate((tl_i, np.zeros((7, rows - tl_t.shape[0]), dtype=np.int64)), axis=1)
-            tl_t = np.concatenate((tl_t, np.zeros(rows - tl_t.shape[0], dtype=np.float64)))
-        elif status == CK.S_GROW_REC:
-            rec = MR.grow(rec)
-        elif status == CK.S_IDLE_REFUSED:
-            i = int(ist[CK.I_ARG])
+            stop = reported + step
+        else:  # S_IDLE_REFUSED
+            i = int(eng.ist[CK.I_ARG])
             raise ConfigError(
                 f"request {str(trace.req_id[i])!r} cannot be admitted into an otherwise idle pool "
                 f"({policy.capacity_tokens} tokens)",
                 path=trace.name or None,
                 field="num_slots",
             )
-        elif status == CK.S_DECODE_REFUSED:
-            raise RuntimeError(f"{type(policy).__name__} refused decode tokens of request {int(ist[CK.I_ARG])} "
-                               "that its reported free + evictable room should hold")
-        else:
-            raise RuntimeError(f"compiled concurrent loop: unexpected status {status}")
     if progress is not None and reported != n:
         progress(n, n)
-    if recorder is not None:
-        recorder.take_compiled(rec)
-    if unit:
-        PK.flush(pool)
-        ev = int(pool.us[PK.U_EV])
-        policy._unit = _UnitConsumed()
-    else:
-        ev = int(policy._st[K.ST_EVICTIONS]) - ev0
-    policy.evictions += ev
-    policy.evicted_tokens_total += ev * B
-    # prefill FLOPs: each logged step's items summed as _Integrals.prefill sums them
-    acc = _Integrals(policy)
-    g = int(ist[CK.I_PFG])
-    if g:
-        npf = int(ist[CK.I_PFN])
-        starts = pf_g[:g]
-        ends = np.append(starts[1:], npf)
-        # every item's FLOPs at once (elementwise: the values of per-step calls), then each
-        # step's sum as np.sum adds it (CK.group_sums)
-        f = np.ascontiguousarray(cost.prefill_flops(pf_n[:npf], pf_c[:npf]), dtype=np.float64)
-        sums = CK.group_sums(f, starts, ends)
-        for q in np.flatnonzero(ends - starts > CK.PAIRWISE_MAX).tolist():
-            sums[q] = float(np.sum(f[int(starts[q]):int(ends[q])]))
-        acc.pf_flops = _accumulate(0.0, sums)
-    acc.area = float(fst[CK.F_AREA])
-    acc.busy = float(fst[CK.F_BUSY])
-    acc.pool["waste_area"] = float(fst[CK.F_WASTE])
-    acc.pool["waste_peak"] = int(ist[CK.I_WPEAK])
-    acc.pool["used_area"] = float(fst[CK.F_USED])
-    acc.pool["cached_area"] = float(fst[CK.F_CACHED])
-    sch.hit = rq[6]
-    sch.held = rq[7]
-    sch.evicted = rq[8]
-    sch.preemptions = rq[10]
-    sch.recomputed = rq[11]
-    res = _result(trace, policy, cost, config, sch, arrivals, rf[1], rf[2], rf[3], float(fst[CK.F_T0]),
-                  float(fst[CK.F_NOW]), acc.busy, acc.area, int(ist[CK.I_PEAK]), int(ist[CK.I_STEPS]),
-                  acc.pf_flops, acc.pool)
-    res.columns["admit_step"] = rq[12].copy()
-    res.columns["finish_step"] = rq[13].copy()
-    if timeline:
-        m = int(ist[CK.I_TLN])
-        res.timeline = {"step": tl_i[0, :m].copy(), "time_s": tl_t[:m].copy(), "running": tl_i[1, :m].copy(),
-                        "waiting": tl_i[2, :m].copy(), "batch_tokens": tl_i[3, :m].copy(),
-                        "pool_running_slots": tl_i[4, :m].copy(), "pool_cached_slots": tl_i[5, :m].copy(),
-                        "pool_free_slots": tl_i[6, :m].copy()}
-    return res
+    return eng.result(float(eng.fst[CK.F_T0]), float(eng.fst[CK.F_NOW]))
+
+
+class CompiledVllmEngine:
+    """One vLLM engine on the compiled loop (:func:`radixkv.replay._conc_vllm_kernels.run_loop`),
+    its state in arrays kept between calls, so that it can be advanced piece by piece.
+
+    The single-engine replay (:func:`replay_compiled`) gives it every request at once;
+    a replica of :mod:`radixkv.replay.multi_concurrent` (*replica* True) starts with none,
+    is given each request routed to it (:meth:`give`) and is advanced up to each next
+    arrival (:meth:`advance` with a limit), as ``ReplicaEngine`` steps its Python scheduler.
+
+    Parameters
+    ----------
+    trace, policy, cost, config, sch, arrivals, fast_forward, timeline, recorder
+        As :func:`replay_compiled` (the caller checked :func:`_eligible`).
+    replica : bool
+        Start with no request given; log every step's interval (:attr:`intervals`); cut
+        fast-forwarded runs at the next arrival of *all_arrivals*.
+    all_arrivals : np.ndarray of float64, shape (n,) or None
+        With *replica*: every request's arrival (those routed elsewhere too).
+
+    Attributes
+    ----------
+    ist, fst : np.ndarray
+        The loop's integer and float state (``CK.I_*``, ``CK.F_*``).
+    """
+
+    def __init__(self, trace, policy, cost, config, sch, arrivals, fast_forward, *, timeline=False, recorder=None,
+                 replica=False, all_arrivals=None):
+        from radixkv.cost import UnitStepCost
+        import radixkv.replay._miss_rec_kernels as MR
+
+        self.trace, self.policy, self.cost, self.config, self.sch = trace, policy, cost, config, sch
+        self.arrivals, self.timeline, self.recorder = arrivals, timeline, recorder
+        n = len(trace)
+        B = int(policy.block_size)
+        P = np.ascontiguousarray(trace.prompt_len, dtype=np.int64)
+        N = np.ascontiguousarray(trace.output_len, dtype=np.int64)
+        kvlen = P + np.maximum(N - 1, 0)
+        has_out = trace.out_ids is not None
+        ids = np.ascontiguousarray(trace.ids, dtype=np.int64)
+        id_off = np.ascontiguousarray(trace.id_offsets, dtype=np.int64)
+        oids = np.ascontiguousarray(trace.out_ids if has_out else ids[:0], dtype=np.int64)
+        ooff = np.ascontiguousarray(trace.out_offsets if has_out else id_off[:1], dtype=np.int64)
+        U = int(trace.unit_tokens)
+        # segments per request (radixkv.trace._seq_kernel.kv_seq_len)
+        nprompt = np.diff(id_off)
+        nseg = nprompt.copy()
+        if U > 1:
+            covered = np.where(nprompt > 0, np.minimum(nprompt * U, P), 0)
+            nseg += covered < P
+        nseg += np.where(kvlen > P, (kvlen - P) if has_out else 1, 0)
+        G = int(nseg.max())
+        W = int(-(-int(kvlen.max()) // B))
+        self.tr = (ids, id_off, oids, ooff, has_out, P, N, U)
+        self.unit = unit = _unit_eligible(trace, policy)
+        if unit:
+            nu = nprompt.astype(np.int64)
+            covered = np.where(nu > 0, np.minimum(nu * U, P), 0)
+            R = covered // B
+            sj = np.where(covered % B != 0, R, -1)
+            soff = np.where(nu > 0, R * B - (nu - 1) * U, 0)
+            rinfo = np.ascontiguousarray(np.stack((R, covered, nu, sj, soff)), dtype=np.int64)  # PK.RI_*
+            self.pool = PK.new_pool(int(policy.num_gpu_blocks), B, U, ids, id_off, rinfo,
+                                    min(int(config.max_num_seqs), n))
+            new_ps = lambda n_sl: PK.new_slots(n_sl, W)  # noqa: E731
+            self.hs = PK.new_scratch(W)
+        else:
+            # widen the content-piece arrays once to what the whole trace needs
+            mp = int(BPK.max_block_pieces(ids, id_off, oids, ooff, has_out, P, N, U, B, G))
+            if mp - 1 > policy._pcid.shape[1]:
+                policy._grow_pieces(mp)
+            # the policy's per-block pool; evicting by a priority: its heap too
+            PM = BPK if _prio_class(policy) is None else _prio_kernels()
+            self.pool = PM.new_pool(policy)
+            new_ps = lambda n_sl: PM.new_slots(n_sl, W)  # noqa: E731
+            self.hs = PM.new_scratch(W)
+        self.cap_run = cap_run = int(min(int(config.max_num_seqs), n))
+        rq = self.rq = np.zeros((16, n), dtype=np.int64)
+        rq[0] = P
+        rq[1] = N
+        rq[12] = -1
+        rq[13] = -1
+        rq[14] = -1
+        rq[15] = kvlen
+        rf = self.rf = np.full((5, n), np.nan, dtype=np.float64)
+        rf[0] = arrivals
+        self.wq = np.zeros(n, dtype=np.int64)
+        self.run = np.zeros(cap_run, dtype=np.int64)
+        self.plan = np.zeros((4, cap_run), dtype=np.int64)
+        self.hscr = (np.zeros(G, dtype=np.int64), np.zeros(G, dtype=np.int64))
+        n_sl = min(cap_run, _SLOTS0)
+        self.ls = _loop_slots(n_sl, G)
+        self.ps = new_ps(n_sl)
+        self.free_slots = np.arange(n_sl - 1, -1, -1, dtype=np.int64)
+        self.pf_n = np.zeros(_LOG0 + cap_run, dtype=np.int64)
+        self.pf_c = np.zeros_like(self.pf_n)
+        self.pf_g = np.zeros(_LOG0, dtype=np.int64)
+        ist = self.ist = np.zeros(CK.NI, dtype=np.int64)
+        ist[CK.I_NFREE] = n_sl
+        ist[CK.I_HKI] = -1
+        fst = self.fst = np.zeros(CK.NFS, dtype=np.float64)
+        fst[CK.F_LIMIT] = np.inf
+        if replica:
+            self.src = np.zeros(n, dtype=np.int64)
+            self.garr = np.ascontiguousarray(all_arrivals, dtype=np.float64)
+            fst[CK.F_NOW] = fst[CK.F_T0] = -np.inf  # no request yet: the first one sets the clock
+            self.iv_t = np.zeros((2, _LOG0), dtype=np.float64)
+            self.iv_n = np.zeros(_LOG0, dtype=np.int64)
+        else:
+            self.src = np.arange(n, dtype=np.int64)
+            self.garr = rf[0]
+            ist[CK.I_NSRC] = n
+            fst[CK.F_NOW] = fst[CK.F_T0] = float(arrivals[0])
+            self.iv_t = np.zeros((2, 0), dtype=np.float64)
+            self.iv_n = np.zeros(0, dtype=np.int64)
+        if isinstance(cost, UnitStepCost):
+            self.kind, self.cp = CK.COST_UNIT, np.array([float(cost.step_s)])
+        elif hasattr(cost, "packed"):  # CalibratedCostModel
+            self.kind, self.cp = CK.COST_TABLE, cost.packed()
+        else:
+            self.kind = CK.COST_ROOFLINE
+            self.cp = np.array([float(cost.params), float(cost.num_layers), float(cost.attn_dim),
+                                float(cost.weight_dtype_bytes), float(cost.kv_bytes_per_token), float(cost.peak_flops),
+                                float(cost.mfu), float(cost.tp), float(cost.hbm_bytes_per_s), float(cost.mbu),
+                                float(cost.step_overhead_s)], dtype=np.float64)
+        self.cfg = np.array([int(config.max_num_seqs), int(config.max_num_batched_tokens),
+                             1 if config.enable_chunked_prefill else 0, int(config.long_prefill_token_threshold),
+                             int(sch._wm), 1 if fast_forward else 0, 1 if timeline else 0, int(N.max()) + 1,
+                             1 if replica else 0], dtype=np.int64)
+        rows = _TL0 if timeline else 0
+        self.tl_i = np.zeros((7, rows), dtype=np.int64)
+        self.tl_t = np.zeros(rows, dtype=np.float64)
+        if recorder is not None:
+            self.rec = MR.new_state(kvlen, recorder.deferred, preempt_rows=int(config.max_num_batched_tokens) + 1)
+        else:
+            self.rec = MR.new_state(kvlen, False, on=False)
+        self.ev0 = 0 if unit else int(policy._st[K.ST_EVICTIONS])
+
+    # ------------------------------------------------------------------ a replica's calls
+    def give(self, i: int) -> None:
+        """Request row *i* is routed here (it joins the waiting queue at the first step
+        boundary at or after its arrival)."""
+        k = int(self.ist[CK.I_NSRC])
+        self.src[k] = i
+        self.ist[CK.I_NSRC] = k + 1
+
+    def in_flight_at(self, t: float) -> int:
+        """Requests given and not finished by time *t* (≥ the start of the last step run):
+        those finishing in a step that ends after *t* still count
+        (``ReplicaEngine.load_at``)."""
+        ist = self.ist
+        left = int(ist[CK.I_NSRC]) - int(ist[CK.I_DONE])
+        return left + int(ist[CK.I_FINNOW]) if float(self.fst[CK.F_NOW]) > t else left
+
+    def advance_to(self, limit: float) -> bool:
+        """Run every step that starts before *limit* (``inf``: to the end of the given
+        requests); True when the engine stopped on a request it cannot admit into its
+        otherwise idle pool (:attr:`refused_row`)."""
+        ist = self.ist
+        if float(self.fst[CK.F_NOW]) >= limit or (ist[CK.I_NXT] == ist[CK.I_NSRC] and ist[CK.I_NRUN] == 0
+                                                   and ist[CK.I_WLEN] == 0):
+            return False  # no step to run (the call would change nothing that is read)
+        return self.advance(_NEVER, limit) == CK.S_IDLE_REFUSED
+
+    @property
+    def refused_row(self) -> int:
+        """The request :meth:`advance_to` stopped on."""
+        return int(self.ist[CK.I_ARG])
+
+    @property
+    def now(self) -> float:
+        """The clock: the start of the next step, seconds (−inf before any request)."""
+        return float(self.fst[CK.F_NOW])
+
+    @property
+    def peak(self) -> int:
+        """The most requests running in one step."""
+        return int(self.ist[CK.I_PEAK])
+
+    @property
+    def steps(self) -> int:
+        """Engine steps run."""
+        return int(self.ist[CK.I_STEPS])
+
+    @property
+    def intervals(self) -> list:
+        """(start, end, running requests) of every step or fast-forwarded run (replica only)."""
+        m = int(self.ist[CK.I_IVN])
+        return list(zip(self.iv_t[0, :m].tolist(), self.iv_t[1, :m].tolist(), self.iv_n[:m].tolist()))
+
+    # ------------------------------------------------------------------ the loop
+    def advance(self, stop_done: int, limit: float = np.inf) -> int:
+        """Run the loop until :data:`CK.S_DONE` (every given request finished),
+        :data:`CK.S_PROGRESS` (*stop_done* requests finished), :data:`CK.S_LIMIT` (the
+        next step would start at or after *limit*) or :data:`CK.S_IDLE_REFUSED` (request
+        ``ist[I_ARG]`` cannot be admitted into the otherwise idle pool); enlarges what
+        the loop asks for on the way. Returns that status.
+
+        Raises
+        ------
+        RuntimeError
+            When the pool refuses decode tokens its reported room should hold.
+        """
+        import radixkv.replay._miss_rec_kernels as MR
+
+        self.fst[CK.F_LIMIT] = limit
+        cap_run, ist = self.cap_run, self.ist
+        while True:
+            status = CK.run_loop(self.tr, self.pool, int(self.policy.block_size), int(self.policy.num_slots), self.cfg,
+                                 self.kind, self.cp, self.rq, self.rf, self.wq, self.run, self.plan, self.ls, self.ps,
+                                 self.free_slots, self.hscr, self.hs, self.pf_n, self.pf_c, self.pf_g, self.tl_i,
+                                 self.tl_t, ist, self.fst, stop_done, self.rec, self.src, self.garr, self.iv_t,
+                                 self.iv_n)
+            if status in (CK.S_DONE, CK.S_PROGRESS, CK.S_LIMIT, CK.S_IDLE_REFUSED):
+                return status
+            if self.unit and status == PK.S_GROW_TABLES:
+                self.pool = PK.grow_tables(self.pool, 2 * (int(self.cfg[1]) // int(self.policy.block_size))
+                                           + 4 * cap_run + 4, 2 * cap_run + 2)
+            elif status == CK.S_GROW_SLOTS:
+                old = self.ls[0].shape[0]
+                new = min(cap_run, 2 * old)
+                self.ls = _grow_rows(self.ls, new)
+                self.ps = _grow_rows(self.ps, new)
+                fs = np.zeros(new, dtype=np.int64)
+                k = int(ist[CK.I_NFREE])
+                fs[:k] = self.free_slots[:k]
+                fs[k:k + new - old] = np.arange(new - 1, old - 1, -1)
+                self.free_slots = fs
+                ist[CK.I_NFREE] = k + new - old
+            elif status == CK.S_GROW_LOG:
+                self.pf_n = np.concatenate((self.pf_n, np.zeros_like(self.pf_n)))
+                self.pf_c = np.concatenate((self.pf_c, np.zeros_like(self.pf_c)))
+                self.pf_g = np.concatenate((self.pf_g, np.zeros_like(self.pf_g)))
+            elif status == CK.S_GROW_TL:
+                rows = max(2 * self.tl_t.shape[0], int(ist[CK.I_TLN]) + int(self.cfg[7]))
+                self.tl_i = np.concatenate((self.tl_i, np.zeros((7, rows - self.tl_t.shape[0]), dtype=np.int64)),
+                                           axis=1)
+                self.tl_t = np.concatenate((self.tl_t, np.zeros(rows - self.tl_t.shape[0], dtype=np.float64)))
+            elif status == CK.S_GROW_REC:
+                self.rec = MR.grow(self.rec)
+            elif status == CK.S_GROW_IV:
+                self.iv_t = np.concatenate((self.iv_t, np.zeros_like(self.iv_t)), axis=1)
+                self.iv_n = np.concatenate((self.iv_n, np.zeros_like(self.iv_n)))
+            elif status == CK.S_DECODE_REFUSED:
+                raise RuntimeError(f"{type(self.policy).__name__} refused decode tokens of request "
+                                   f"{int(ist[CK.I_ARG])} that its reported free + evictable room should hold")
+            else:
+                raise RuntimeError(f"compiled concurrent loop: unexpected status {status}")
+
+    # ------------------------------------------------------------------ the result
+    def result(self, t0: float, t_end: float):
+        """The run's :class:`~radixkv.replay.concurrent.ConcurrentResult` over [*t0*,
+        *t_end*] (every row; a replica's rows routed elsewhere hold no values); fills
+        the scheduler's per-request lists and the policy's eviction counters, hands the
+        recorder its events. Call once, after the last :meth:`advance`."""
+        from radixkv.replay.conc_result import _Integrals, _accumulate, _result
+
+        policy, cost, ist, fst, rq = self.policy, self.cost, self.ist, self.fst, self.rq
+        B = int(policy.block_size)
+        if self.recorder is not None:
+            self.recorder.take_compiled(self.rec)
+        if self.unit:
+            PK.flush(self.pool)
+            ev = int(self.pool.us[PK.U_EV])
+            policy._unit = _UnitConsumed()
+        else:
+            ev = int(policy._st[K.ST_EVICTIONS]) - self.ev0
+        policy.evictions += ev
+        policy.evicted_tokens_total += ev * B
+        # prefill FLOPs: each logged step's items summed as _Integrals.prefill sums them
+        acc = _Integrals(policy)
+        g = int(ist[CK.I_PFG])
+        if g:
+            npf = int(ist[CK.I_PFN])
+            starts = self.pf_g[:g]
+            ends = np.append(starts[1:], npf)
+            # every item's FLOPs at once (elementwise: the values of per-step calls), then each
+            # step's sum as np.sum adds it (CK.group_sums)
+            f = np.ascontiguousarray(cost.prefill_flops(self.pf_n[:npf], self.pf_c[:npf]), dtype=np.float64)
+            sums = CK.group_sums(f, starts, ends)
+            for q in np.flatnonzero(ends - starts > CK.PAIRWISE_MAX).tolist():
+                sums[q] = float(np.sum(f[int(starts[q]):int(ends[q])]))
+            acc.pf_flops = _accumulate(0.0, sums)
+        acc.area = float(fst[CK.F_AREA])
+        acc.busy = float(fst[CK.F_BUSY])
+        acc.pool["waste_area"] = float(fst[CK.F_WASTE])
+        acc.pool["waste_peak"] = int(ist[CK.I_WPEAK])
+        acc.pool["used_area"] = float(fst[CK.F_USED])
+        acc.pool["cached_area"] = float(fst[CK.F_CACHED])
+        self.acc = acc
+        sch = self.sch
+        sch.hit = rq[6]
+        sch.held = rq[7]
+        sch.evicted = rq[8]
+        sch.preemptions = rq[10]
+        sch.recomputed = rq[11]
+        rf = self.rf
+        res = _result(self.trace, policy, cost, self.config, sch, self.arrivals, rf[1], rf[2], rf[3], t0, t_end,
+                      acc.busy, acc.area, int(ist[CK.I_PEAK]), int(ist[CK.I_STEPS]), acc.pf_flops, acc.pool)
+        res.columns["admit_step"] = rq[12].copy()
+        res.columns["finish_step"] = rq[13].copy()
+        if self.timeline:
+            m = int(ist[CK.I_TLN])
+            tl_i, tl_t = self.tl_i, self.tl_t
+            res.timeline = {"step": tl_i[0, :m].copy(), "time_s": tl_t[:m].copy(), "running": tl_i[1, :m].copy(),
+                            "waiting": tl_i[2, :m].copy(), "batch_tokens": tl_i[3, :m].copy(),
+                            "pool_running_slots": tl_i[4, :m].copy(), "pool_cached_slots": tl_i[5, :m].copy(),
+                            "pool_free_slots": tl_i[6, :m].copy()}
+        return res
 
 
 def _prio_kernels():

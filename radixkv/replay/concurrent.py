@@ -30,7 +30,8 @@ Per-request results are numpy columns (:class:`ConcurrentResult`, in
 
 Several replicas on one clock (:mod:`radixkv.replay.multi_concurrent`) step each replica
 with ``ReplicaEngine.step``, which repeats this loop's body through the same scheduler
-calls; ``tests/test_multi_concurrent.py`` checks that one replica gives this replay's
+calls, or, where this replay runs compiled, on the same compiled loops;
+``tests/test_multi_concurrent.py`` checks that one replica gives this replay's
 summary byte for byte, so a change here must be mirrored there.
 """
 from __future__ import annotations

@@ -44,6 +44,22 @@ over all replicas; busy time: time at least one replica runs a request); pool sh
 all replicas' slots; ``internal_fragmentation_share_peak``: the largest replica's peak
 share. Load imbalance: max / mean of requests, prompt tokens and busy time per replica.
 
+Compiled replicas
+-----------------
+Without miss recorders, replicas whose single-engine replay runs on a compiled loop run
+on it here too (:func:`_compiled_engines`: vLLM's rules over ``BlockHashCache`` /
+``PriorityBlockHashCache``, :class:`radixkv.replay.conc_vllm_fast.CompiledVllmEngine`;
+SGLang's over ``RadixCache`` / ``PriorityRadixCache``,
+:class:`radixkv.replay.conc_sglang.CompiledSglangEngine`), each engine's state kept in its
+arrays between calls: the same steps, the same float operations in the same order, the
+same bytes (``tests/test_multi_concurrent_compiled.py`` compares the two paths). A replica
+is given the requests routed to it and is run up to each next arrival; the step at or
+after an arrival sees it, as above, and a fast-forwarded run with nothing waiting is cut
+at the first arrival (to any replica) after its start, which is the next request to be
+routed. Under a router that reads no load (``round-robin``, ``random``) the routes do not
+depend on the replicas, so every request is routed first and each replica then runs in
+one call. :data:`COMPILED` False keeps the Python loop.
+
 The global KV pool is not modelled here (:data:`GLOBAL_POOL_REFUSAL`).
 """
 from __future__ import annotations
@@ -59,6 +75,9 @@ from radixkv.replay.conc_result import ConcurrentResult, _Integrals, _result
 from radixkv.replay.routing import Router
 from radixkv.replay.scheduler import SchedulerConfig
 from radixkv.replay.schedulers import make_scheduler
+
+#: False: the replicas always run on the Python schedulers (tests compare the two paths)
+COMPILED = True
 
 #: why ``--kv-pool global`` is refused in the concurrent mode (CLI and API)
 GLOBAL_POOL_REFUSAL = (
@@ -367,6 +386,10 @@ def replay_multi_concurrent(
         raise ConfigError("arrival times must be finite and non-decreasing", field="arrivals")
     router_options.setdefault("capacity_tokens", policies[0].capacity_tokens)
     ro = Router(trace, N, router, **router_options)
+    if COMPILED and not recorders and n:
+        eng = _compiled_engines(trace, policies, cost, config, arrivals, fast_forward)
+        if eng is not None:
+            return _replay_compiled(trace, policies, cost, config, arrivals, eng, ro, progress)
     arr = arrivals.tolist()
     nan = float("nan")
     out = {"admit_s": [nan] * n, "first_token_s": [nan] * n, "finish_s": [nan] * n,
@@ -396,14 +419,109 @@ def replay_multi_concurrent(
     return _assemble(trace, policies, cost, config, arrivals, eng, out, replica, ro)
 
 
-def _assemble(trace, policies, cost, config, arrivals, eng, out, replica, ro) -> MultiConcurrentResult:
+def _compiled_engines(trace, policies, cost, config, arrivals, fast_forward):
+    """One compiled engine per replica (module docstring, "Compiled replicas"), or None
+    when some replica's single-engine replay would not run on a compiled loop. Raises the
+    ``ConfigError`` the replicas' Python schedulers raise when built (it builds them)."""
+    from radixkv.replay import conc_sglang
+    from radixkv.replay.conc_vllm_fast import CompiledVllmEngine, _eligible
+    from radixkv.replay.scheduler import rule_of
+
+    p0 = policies[0]
+    if any(type(p) is not type(p0) for p in policies):
+        return None
+    schs = [make_scheduler(trace, p, config, arrivals) for p in policies]
+    if all(conc_sglang.applicable(p, cost, config, None, rule_of(p, config)) for p in policies):
+        if not conc_sglang.exact(trace, config):
+            return None
+        return [conc_sglang.CompiledSglangEngine(trace, p, cost, arrivals, config, fast_forward, replica=True)
+                for p in policies]
+    if not all(_eligible(trace, p, cost, config, s) for p, s in zip(policies, schs)):
+        return None
+    return [CompiledVllmEngine(trace, p, cost, config, s, arrivals, fast_forward, replica=True, all_arrivals=arrivals)
+            for p, s in zip(policies, schs)]
+
+
+def _replay_compiled(trace, policies, cost, config, arrivals, eng, ro, progress) -> MultiConcurrentResult:
+    """:func:`replay_multi_concurrent` on compiled engines *eng* (module docstring,
+    "Compiled replicas")."""
+    N, n = len(eng), len(trace)
+    arr = arrivals.tolist()
+    replica = np.zeros(n, dtype=np.int64)
+    rows: list = [[] for _ in range(N)]
+    inf = math.inf
+    refused = []  # (round, replica, row) of each replica that cannot admit a request into its idle pool
+
+    def route(i, load):
+        r = ro.choose(i, load)
+        eng[r].give(i)
+        rows[r].append(i)
+        replica[i] = r
+        if progress is not None:
+            progress(i + 1, n)
+
+    if not ro.needs_load:  # the routes read no replica state: route all, then run each replica through
+        for i in range(n):
+            route(i, None)
+        for r, e in enumerate(eng):
+            if e.advance_to(inf):
+                # the Python loop runs the replicas round by round (a round: the steps before
+                # one arrival, replicas in index order): the refusal it meets first
+                refused.append((int(np.searchsorted(arrivals, e.now, side="right")), r, e.refused_row))
+    else:
+        load = np.zeros(N, dtype=np.int64)
+        for i in range(n + 1):
+            a = arr[i] if i < n else inf
+            for r, e in enumerate(eng):
+                if e.advance_to(a):
+                    refused.append((i, r, e.refused_row))
+                    break
+            if refused or i == n:
+                break
+            for r, e in enumerate(eng):
+                load[r] = e.in_flight_at(a)
+            route(i, load)
+    if refused:
+        _, r, i = min(refused)
+        raise ConfigError(
+            f"request {str(trace.req_id[i])!r} cannot be admitted into replica {r}'s "
+            f"otherwise idle pool ({policies[r].capacity_tokens} tokens)",
+            path=trace.name or None, field="num_slots")
+    t0 = float(arrivals[0])
+    t_end = max((e.now for e, rs in zip(eng, rows) if rs), default=t0)
+    full = [e.result(t0, t_end) for e in eng]
+    out = {c: np.empty(n, dtype=np.float64) for c in ("admit_s", "first_token_s", "finish_s")}
+    out.update({c: np.empty(n, dtype=np.int64) for c in ("admit_step", "finish_step")})
+    for r in range(N):
+        m = replica == r
+        for c in out:
+            out[c][m] = full[r].columns[c][m]
+    views = [_CompiledView(e, rs, p) for e, rs, p in zip(eng, rows, policies)]
+    return _assemble(trace, policies, cost, config, arrivals, views, out, replica, ro, full=full)
+
+
+class _CompiledView:
+    """What :func:`_assemble` reads of a replica (``ReplicaEngine``'s attributes), from a
+    compiled engine after its run."""
+
+    def __init__(self, e, rows, policy):
+        self.policy = policy
+        self.rows = rows
+        self.now = e.now if rows else None
+        self.acc = e.acc
+        self.peak = e.peak
+        self.steps = e.steps
+        self.intervals = e.intervals
+
+
+def _assemble(trace, policies, cost, config, arrivals, eng, out, replica, ro, full=None) -> MultiConcurrentResult:
     N, n = len(eng), len(trace)
     t0 = float(arrivals[0]) if n else 0.0
     t_end = max((e.now for e in eng if e.now is not None), default=t0)
-    full = []
-    for e in eng:
-        full.append(_result(trace, e.policy, cost, config, e.sch, arrivals, out["admit_s"], out["first_token_s"],
-                            out["finish_s"], t0, t_end, e.acc.busy, e.acc.area, e.peak, e.steps, e.acc.pf_flops, e.acc.pool))
+    if full is None:
+        full = [_result(trace, e.policy, cost, config, e.sch, arrivals, out["admit_s"], out["first_token_s"],
+                        out["finish_s"], t0, t_end, e.acc.busy, e.acc.area, e.peak, e.steps, e.acc.pf_flops,
+                        e.acc.pool) for e in eng]
     step_cols = {c: np.asarray(out[c], dtype=np.int64) for c in ("admit_step", "finish_step")}
     # aggregate: each row's columns from its replica
     cols = {}
