@@ -141,3 +141,73 @@ def test_priority_policies_replay_as_before(policy):
         pytest.skip(f"{policy} is not a registered policy here")
     pol = build_policy(spec, PoolSpec(capacity_tokens=4096))
     assert span_method(pol) is None
+
+
+def _rows(t, spec, cap, half, every, span=True, calls=None):
+    """The columns of ``replay_rows`` over the whole of *t* with detail rows *half*, *every*
+    (``span=False``: the Python loop, ``run_request`` then ``stats``), and the policy;
+    *calls*: a list that gets one entry per ``replay_span`` call."""
+    from radixkv.records import COLUMNS
+    from radixkv.replay.sequential import replay_rows
+
+    pol = build_policy(spec, PoolSpec(capacity_tokens=cap), unit_tokens=t.unit_tokens)
+    if not span:
+        pol.replay_span = None
+    elif calls is not None:
+        run = pol.replay_span
+
+        def counted(*a, **k):
+            calls.append(a[1:3])
+            return run(*a, **k)
+
+        pol.replay_span = counted
+    cols = {c: np.zeros(len(t), dtype=np.int64) for c in COLUMNS}
+    replay_rows(t, pol, cols, 0, len(t), len(t), half, every)
+    return cols, pol
+
+
+def _detail_rows_same(t, spec, cap, half, every, calls=None):
+    """The span's rows (detail rows inside the kernel) equal the Python loop's, whose
+    detail rows are ``stats(detail=True)``; False when the replay raised (the same
+    error both ways)."""
+    try:
+        want, pb = _rows(t, spec, cap, half, every, span=False)
+    except ConfigError as e:
+        with pytest.raises(ConfigError) as got:
+            _rows(t, spec, cap, half, every)
+        assert str(got.value) == str(e)
+        return False
+    got, pa = _rows(t, spec, cap, half, every, calls=calls)
+    n = len(t)
+    for c in want:
+        assert np.array_equal(got[c], want[c]), c
+    # the detail rows hold the detailed stats (≥ 0), the others −1
+    is_detail = np.zeros(n, dtype=bool)
+    is_detail[[i for i in range(n) if (i >= half and (i - half) % every == 0) or i == n - 1]] = True
+    for c in ("largest_free_run", "cached_tokens"):
+        assert (want[c][is_detail] >= 0).all() and (want[c][~is_detail] == -1).all(), c
+    assert (pa.evictions, pa.evicted_tokens_total) == (pb.evictions, pb.evicted_tokens_total)
+    return True
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(traces(), st.sampled_from(["vllm:16", "vllm:8", "vllm:4", "vllm:2"]), st.integers(8, 200),
+       st.integers(0, 45), st.integers(1, 5))
+def test_block_hash_span_detail_rows_equal_stats(t, policy, cap, half, every):
+    """vLLM's span with its detail rows inside the kernel (``span_detail_rows``; the
+    unit-granular pool for hash-id traces whose unit is a multiple of the block)."""
+    _detail_rows_same(t, parse_policy(policy), cap, half, every)
+
+
+@pytest.mark.parametrize("policy", ["vllm:16", "vllm:8", "vllm:32"])
+@pytest.mark.parametrize("name", ["demo.jsonl", "multi_turn.jsonl", "agent_tools.jsonl"])
+def test_block_hash_span_detail_rows_bundled(name, policy):
+    from radixkv.trace.load import load_trace
+
+    t = load_trace(TRACES / name)
+    n = len(t)
+    for cap, half, every in ((60_000, n // 2, max(1, (n - n // 2) // 32)), (60_000, n // 3, 7), (14_000, 0, 1)):
+        calls = []
+        assert _detail_rows_same(t, parse_policy(policy), cap, half, every, calls=calls)
+        # the detail rows ran inside the span: fewer calls than detail rows
+        assert 0 < len(calls) < len(range(half, n, every)), (len(calls), cap, half, every)

@@ -4,9 +4,11 @@ inside one Numba call (:meth:`BlockHashCache.replay_span`).
 For each request of a span: build its segments (:mod:`radixkv.trace._seq_kernel`), run
 :func:`radixkv.policies._hash_kernels.run_seq` (hash, admit, decode, release) and write
 the row :func:`radixkv.replay.sequential.replay_sequential` would write from
-``stats(detail=False)``. The loop hands the request back to the Python loop when the
-Python path would do something else: widen the content-piece arrays, report a request
-that does not fit the pool, or a refusal.
+``stats(detail=False)`` — from ``stats(detail=True)`` in the detail rows it names: with
+no request running between a span's requests, that adds the reachable keys (a counter)
+and the longest run of free block ids (one pass over the blocks). The loop hands the
+request back to the Python loop when the Python path would do something else: widen the
+content-piece arrays, report a request that does not fit the pool, or a refusal.
 """
 from __future__ import annotations
 
@@ -21,14 +23,19 @@ from radixkv.policies._borrowed import borrow
 from radixkv.trace._seq_kernel import (kv_seq_ids_then_output_into, kv_seq_into, kv_seq_is_ids_then_output,
                                        kv_seq_is_prompt_ids, kv_seq_len)
 
-C_PROMPT, C_HIT, C_HELD, C_EVICTED, C_USED, C_CACHED, C_FREE, C_VALID, C_DUP, C_META = range(10)
-NC = 10
+C_PROMPT, C_HIT, C_HELD, C_EVICTED, C_USED, C_CACHED, C_FREE, C_VALID, C_DUP, C_META, C_CTOK, C_LFR = range(12)
+NC = 12
 
 
 @nb.njit(cache=True)
 def replay_span(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
-                output_len, unit_tokens, i0, i1, num_slots, block_size, key_mask, key_bytes, dup_bytes, out):
+                output_len, unit_tokens, i0, i1, num_slots, block_size, key_mask, key_bytes, dup_bytes, out, half, every,
+                n_rows):
     """Replay requests ``i0 … i1−1``; returns ``(next request, status)``.
+
+    Row ``i`` is a detail row (``cached_tokens`` and ``largest_free_run`` filled, as
+    ``stats(detail=True)``; −1 otherwise) when ``i ≥ half`` and ``(i − half) % every == 0``
+    (``every ≥ 1``), or ``i == n_rows − 1``.
 
     status 1: all done, or request ``next`` must go through the Python path (pieces to
     widen, or it does not fit); 0: request ``next`` was refused at admission (nothing
@@ -52,24 +59,26 @@ def replay_span(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets
     # until _loop returns (a local borrowed after its last use would be freed at once)
     return _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
                  output_len, unit_tokens, i0, i1, num_slots, B, key_mask, key_bytes, dup_bytes, out,
-                 sid, send, scratch, one_to_n)
+                 sid, send, scratch, one_to_n, half, every, n_rows)
 
 
 @nb.njit(cache=True)
 def _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
           output_len, unit_tokens, i0, i1, num_slots, B, key_mask, key_bytes, dup_bytes, out,
-          sid, send, scratch, one_to_n):
+          sid, send, scratch, one_to_n, half, every, n_rows):
     """The loop of :func:`replay_span`, on borrowed views of its arguments; *sid*,
     *send*: scratch of length ≥ the longest request's segment count; *scratch*: int64
     (2, ≥ the most blocks of a request's KV); *one_to_n*: ``1 … n`` (n ≥ the longest
     prompt of a request whose segments are its prompt ids, and > the prompt of one whose
-    segments are its prompt ids then an output: its entry P holds kv while it runs)."""
+    segments are its prompt ids then an output: its entry P holds kv while it runs);
+    *half*, *every*, *n_rows*: the detail rows (:func:`replay_span`)."""
     st = state[: K.NST]
     # borrowed views of this call's arguments (no reference counts per request;
     # radixkv.policies._borrowed): the caller keeps the arrays alive until we return
     bblk, bkt, bpcid, bpcs, bstate = borrow(blk), borrow(kt), borrow(pcid), borrow(pcs), borrow(state)
     bscratch, bsid, bsend = borrow(scratch), borrow(sid), borrow(send)
     bone, bids = borrow(one_to_n), borrow(ids)
+    b32 = blk.view(np.int32)  # the blocks as stats() sees them (largest_free_run)
     for i in range(i0, i1):
         P = prompt_len[i]
         patched = False
@@ -123,4 +132,12 @@ def _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_
         out[r, C_VALID] = nh * B
         out[r, C_DUP] = (nh - nk) * B
         out[r, C_META] = nk * key_bytes + st[K.ST_NDUPKEYS] * dup_bytes
+        if (i >= half and (i - half) % every == 0) or i == n_rows - 1:
+            # stats(detail=True): nothing runs, so no partial block; the reachable keys
+            # are a counter, the free run one pass over the blocks
+            out[r, C_CTOK] = st[K.ST_NREACH] * B
+            out[r, C_LFR] = K.largest_free_run(b32)
+        else:
+            out[r, C_CTOK] = -1
+            out[r, C_LFR] = -1
     return i1, 1

@@ -260,6 +260,9 @@ class BlockHashCache(PrefixCache):
     #: run the sequential replay of a hash-id trace whose unit is a multiple of
     #: ``block_size`` on the unit-granular pool (same records; False: per block)
     unit_granular = True
+    #: ``replay_span`` takes ``detail=(half, every, n)`` and fills those rows as
+    #: ``stats(detail=True)`` would (:func:`radixkv.replay.sequential.replay_rows`)
+    span_detail_rows = True
 
     def _unit_eligible(self, trace) -> bool:
         """True when ``replay_span`` may switch this pool to the unit-granular model: this
@@ -652,12 +655,15 @@ class BlockHashCache(PrefixCache):
         P = seq.prompt_len
         return Admission(hit_tokens=hit_blocks * B, held_tokens=held if held < P else P, evicted_tokens=ev * B)
 
-    def replay_span(self, trace, i0: int, i1: int, cols: dict) -> tuple[int, int]:
+    def replay_span(self, trace, i0: int, i1: int, cols: dict, detail=None) -> tuple[int, int]:
         """Sequential replay of requests ``i0 … i1−1`` of *trace* in one kernel call.
 
         Fills rows ``i0 … next−1`` of *cols* (the columns of
         :func:`radixkv.replay.sequential.replay_sequential`) exactly as
-        :meth:`run_request` then ``stats(detail=False)`` would, and returns
+        :meth:`run_request` then ``stats(detail=False)`` would — ``stats(detail=True)``
+        for the detail rows that *detail* ``(half, every, n)`` names (rows ``r ≥ half``
+        with ``(r − half) % every == 0``, ``every ≥ 1``, and row ``n − 1``; see
+        :attr:`span_detail_rows`) — and returns
         ``(next, status)``: ``next == i1`` when the span is done; otherwise request
         *next* goes through the Python path (status 1: content pieces to widen, or it
         does not fit the pool) or was refused (status 0 at admission, 2 at decode).
@@ -671,7 +677,9 @@ class BlockHashCache(PrefixCache):
 
             self._unit = UnitPool(self.num_gpu_blocks, self.block_size, int(trace.unit_tokens))
         if self._unit is not None:
-            return self._unit_span(trace, i0, i1, cols)
+            if detail is None:
+                return self._unit_span(trace, i0, i1, cols)
+            return self._unit_span_detail(trace, i0, i1, cols, detail)
         if self._running or self._partial or self.verify or i1 <= i0:
             return i0, 1
         if not hasattr(K.run_seq, "py_func"):
@@ -684,7 +692,7 @@ class BlockHashCache(PrefixCache):
             self._blk, self._kt, self._pcid, self._pcs, self._state,
             trace.ids, trace.id_offsets, oids, ooff, has_out, trace.prompt_len, trace.output_len,
             int(trace.unit_tokens), int(i0), int(i1), self.num_slots, self.block_size, self._key_mask,
-            KEY_ENTRY_BYTES, DUPLICATE_DICT_BYTES, out)
+            KEY_ENTRY_BYTES, DUPLICATE_DICT_BYTES, out, *_detail_args(detail, i1))
         total_ev = int(self._st[K.ST_EVICTIONS])
         self.evictions = total_ev
         self.evicted_tokens_total = total_ev * self.block_size
@@ -694,10 +702,9 @@ class BlockHashCache(PrefixCache):
                             ("evicted_tokens", KS.C_EVICTED), ("used_slots", KS.C_USED),
                             ("cached_slots", KS.C_CACHED), ("free_slots", KS.C_FREE),
                             ("valid_tokens", KS.C_VALID), ("duplicate_tokens", KS.C_DUP),
-                            ("metadata_bytes", KS.C_META)):
+                            ("metadata_bytes", KS.C_META), ("cached_tokens", KS.C_CTOK),
+                            ("largest_free_run", KS.C_LFR)):
                 cols[name][i0:nxt] = out[:k, c]
-            cols["cached_tokens"][i0:nxt] = -1
-            cols["largest_free_run"][i0:nxt] = -1
         return int(nxt), int(status)
 
     # ------------------------------------------------------------------ stats
@@ -779,6 +786,32 @@ class BlockHashCache(PrefixCache):
             cols["largest_free_run"][i0:nxt] = -1
         return int(nxt), 1
 
+    def _unit_span_detail(self, trace, i0: int, i1: int, cols: dict, detail) -> tuple[int, int]:
+        """:meth:`_unit_span` with the detail rows of *detail* ``(half, every, n)``: the
+        span stops before each of them, runs it alone and takes its two detailed columns
+        from :meth:`_unit_stats` (``detail=True``; no request runs, so the other columns
+        are the span's)."""
+        half, every, n = detail
+        i = i0
+        while i < i1:
+            # the next detail row from i on
+            d = min(half if i < half else i + (half - i) % every, n - 1)
+            if d > i:
+                e = min(d, i1)
+                j, status = self._unit_span(trace, i, e, cols)
+                if j < e:
+                    return j, status
+                i = j
+                continue
+            j, status = self._unit_span(trace, i, i + 1, cols)
+            if j == i:
+                return j, status
+            st = self._unit_stats(True)
+            cols["cached_tokens"][i] = st.cached_tokens
+            cols["largest_free_run"][i] = st.largest_free_run
+            i = j
+        return i1, 1
+
     def _unit_stats(self, detail: bool) -> PoolStats:
         """:meth:`stats` of the unit-granular pool (no request runs; reachable keys =
         distinct keys, see :mod:`radixkv.policies._hash_unit_kernels`)."""
@@ -804,6 +837,15 @@ class BlockHashCache(PrefixCache):
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _detail_args(detail, i1: int) -> tuple[int, int, int]:
+    """``(half, every, n_rows)`` of :func:`radixkv.policies._hash_span.replay_span`: those
+    of *detail*, or, when it is None, values that name no row below *i1*."""
+    if detail is None:
+        return int(i1), 1, 0
+    half, every, n = detail
+    return int(half), int(every), int(n)
 
 
 def _typed_list(arrays):

@@ -486,10 +486,10 @@ class OffloadBlockHashCache(BlockHashCache):
         self.cpu.complete(o.pending)
         return out
 
-    def replay_span(self, trace, i0, i1, cols):
+    def replay_span(self, trace, i0, i1, cols, detail=None):
         """No in-kernel loop with a CPU tier (the per-request Python path runs)."""
         if self.cpu is None:
-            return super().replay_span(trace, i0, i1, cols)
+            return super().replay_span(trace, i0, i1, cols, detail)
         return i0, 1
 
     # ------------------------------------------------------------------ concurrent replay
