@@ -239,3 +239,34 @@ def test_state_blind_routes_equal_independent_replays(engine, router):
             np.testing.assert_allclose(m.aggregate[col][idx], solo[col], rtol=1e-9, atol=1e-9, err_msg=col)
         preempted += int(solo["preemptions"].sum())
     assert preempted > 0  # the oracle covers preemption too
+
+
+@pytest.mark.parametrize("engine", sorted(POLICIES))
+def test_aggregate_pool_shares_are_the_replicas_busy_weighted_means(engine):
+    # each replica's pool shares are means over ITS busy time; the aggregate's are over all
+    # replicas' pools, so they are the busy-time-weighted means of the replicas' (equal
+    # pools), and the peak fragmentation share is the largest replica's. Oracle: each
+    # replica replayed alone on its requests (round-robin reads no state). Before the fix
+    # the aggregate divided by the union of busy times (a replica idle while another ran
+    # counted as an empty pool), giving means below every replica's.
+    from radixkv.replay.routing import take
+
+    t = _busy_trace()
+    cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8)
+    arr = np.asarray(t.arrival_s) - t.arrival_s[0]
+    small = {"vllm": lambda: BlockHashCache(32, 4), "sglang": lambda: RadixCache(120, 1)}[engine]
+    m = replay_multi_concurrent(t, [small() for _ in range(3)], COST, "round-robin", config=cfg, arrivals=arr)
+    solos = []
+    for r in range(3):
+        idx = np.flatnonzero(m.replica == r)
+        solos.append(replay_concurrent(take(t, idx), small(), COST, config=cfg, arrivals=arr[idx]))
+    busy = np.asarray([s.busy_s for s in solos])
+    agg = m.aggregate.summary()
+    assert busy.sum() > m.aggregate.busy_s  # the replicas overlap: the union is shorter
+    for key in ("pool_cached_share_mean", "pool_used_share_mean", "internal_fragmentation_share_mean"):
+        vals = np.asarray([s.summary()[key] for s in solos])
+        want = float(np.sum(vals * busy) / busy.sum())
+        assert agg[key] == pytest.approx(want, rel=1e-9), key
+        assert vals.min() - 1e-12 <= agg[key] <= vals.max() + 1e-12, key
+    peak = max(s.summary()["internal_fragmentation_share_peak"] for s in solos)
+    assert agg["internal_fragmentation_share_peak"] == pytest.approx(peak, rel=1e-12)

@@ -85,7 +85,10 @@ class ConcurrentResult(RequestColumns):
         Time-weighted pool occupancy over busy time, from ``policy.stats(detail=False)``
         after every step: ``waste_area`` (∫ allocated-but-invalid tokens dt: partial
         blocks/pages, token·s), ``waste_peak`` (tokens), ``used_area`` (∫ slots held by
-        running requests dt), ``cached_area`` (∫ evictable slots dt), ``capacity_tokens``.
+        running requests dt), ``cached_area`` (∫ evictable slots dt), ``capacity_tokens``;
+        several replicas' sums add ``busy_s`` (the seconds the means are over: the replicas'
+        busy times weighted by their pools) and ``waste_peak_share`` (the largest replica's
+        peak share).
     meta : dict
         Configuration (policy, scheduler knobs, cost parameters).
     timeline : dict[str, np.ndarray] or None
@@ -139,15 +142,18 @@ class ConcurrentResult(RequestColumns):
         atomic_write_text(path, dumps_json({"summary": self.summary(), "meta": self.meta}))
 
     def _pool_summary(self) -> dict:
-        """Pool occupancy means over busy time (shares of the pool's slots or tokens)."""
-        p, b = self.pool, self.busy_s
+        """Pool occupancy means over busy time (shares of the pool's slots or tokens); the
+        pool's own ``busy_s`` when it has one (several replicas: their busy times weighted by
+        their pools, :func:`radixkv.replay.multi_concurrent.replay_multi_concurrent`)."""
+        p = self.pool
+        b = p.get("busy_s", self.busy_s) if p else self.busy_s
         if not p or b <= 0:
             return {}
         cap = p["capacity_tokens"]
         slots = cap / self.meta.get("slot_tokens", 1)
         return {
             "internal_fragmentation_share_mean": p["waste_area"] / b / cap,
-            "internal_fragmentation_share_peak": p["waste_peak"] / cap,
+            "internal_fragmentation_share_peak": p.get("waste_peak_share", p["waste_peak"] / cap),
             "pool_used_share_mean": p["used_area"] / b / slots,
             "pool_cached_share_mean": p["cached_area"] / b / slots,
         }

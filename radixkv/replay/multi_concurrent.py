@@ -539,6 +539,13 @@ def _assemble(trace, policies, cost, config, arrivals, eng, out, replica, ro, fu
             "used_area": sum(e.acc.pool["used_area"] for e in eng),
             "cached_area": sum(e.acc.pool["cached_area"] for e in eng),
             "capacity_tokens": sum(e.acc.pool["capacity_tokens"] for e in eng)}
+    # each replica's areas are integrated over ITS busy time, so the shares' mean is over the
+    # replicas' busy times weighted by their pools: Σ area_r / Σ (busy_r · capacity_r), not
+    # over the union of busy times (a replica idle while another runs would count as empty)
+    if pool["capacity_tokens"] > 0:
+        pool["busy_s"] = math.fsum(e.acc.busy * e.acc.pool["capacity_tokens"] for e in eng) / pool["capacity_tokens"]
+        pool["waste_peak_share"] = max(e.acc.pool["waste_peak"] / e.acc.pool["capacity_tokens"] for e in eng
+                                       if e.acc.pool["capacity_tokens"] > 0)
     hit = cols["hit_tokens"]
     meta = dict(full[0].meta, n_replicas=N, router=ro.router)
     agg = ConcurrentResult(
