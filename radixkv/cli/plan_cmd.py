@@ -93,8 +93,9 @@ def register(sub) -> None:
     p.add_argument("--tp", default=None, metavar="T,...", help="tensor-parallel degrees to search (1,2,4,8)")
     p.add_argument("--rate-scale", type=float, default=None, metavar="X",
                    help="plan for X times the trace's recorded rate (1.0)")
-    p.add_argument("--budget", type=int, default=None, metavar="N", help="most concurrent replays (40; at least 2: the recommendation and its "
-                        "prefix-caching toggle, which the verdict needs)")
+    p.add_argument("--budget", type=int, default=None, metavar="N",
+                   help="most concurrent replays (40; at least 2: the recommendation and its prefix-caching "
+                        "toggle, which the verdict needs)")
     p.add_argument("--max-replicas", type=int, default=None, metavar="N", help="most replicas of one engine (64)")
     p.add_argument("--cost-model", default=None, metavar="KIND",
                    help="step-time model of every replay: roofline (default); fitted, profiled or a profile "

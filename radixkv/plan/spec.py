@@ -147,7 +147,8 @@ class PlanSpec:
     rate_scale : float
         Multiple of the trace's recorded rate (arrival times divided by it).
     budget : int
-        Most points replayed (the search stops refining when it is spent).
+        Most points replayed (the search stops refining when it is spent); at least
+        :data:`MIN_BUDGET` (2), else ConfigError.
     executor, workers, scheduler :
         Where the replays run (:func:`radixkv.sweep.run_sweep`'s).
     tps : tuple of int
