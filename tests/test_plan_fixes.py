@@ -103,6 +103,20 @@ def test_verdict_within_the_clock_error_is_either():
     assert "keeps more margin" not in d["text"]
 
 
+def test_verdict_within_the_clock_error_with_prefill_saved_is_on():
+    # the same latencies as above, but the replay says caching saved prefill work
+    # (Mooncake's plan: TTFT p99 2.50 s on vs 2.62 s off, 6.06e17 FLOPs saved): on
+    from radixkv.plan.report import caching_verdict
+
+    slo = {"ttft_p99": 2.0, "tpot_p99": 0.05}
+    a, b = _outcome(True, 0.0127, 0.0058, 0.3, slo), _outcome(False, 0.0121, 0.0055, 0.0, slo)
+    a.metrics["prefill_flops_saved"] = 6.06e17
+    d = caching_verdict(SimpleNamespace(best=a, sensitivity=[("prefix_caching", b)], budget_exhausted=False,
+                                        spec=SimpleNamespace(slo=slo, cost_model="roofline")))
+    assert d["verdict"] == "on" and d["text"].startswith("prefix caching: turn it ON")
+    assert "agree within the clock's measured error" in d["text"] and "fewer prefill FLOPs" in d["text"]
+
+
 def test_verdict_zero_hit_rate_buys_nothing():
     # one request: identical results, 0 % hits
     d = _verdict((0.010, 0.005, 0.0), (0.010, 0.005, 0.0))

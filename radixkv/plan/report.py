@@ -138,9 +138,10 @@ def caching_verdict(res) -> dict:
     ``verdict`` is "on" or "off" when one setting meets the SLO and the other does not
     (neither: the one nearer it), or when both meet it and the one keeps more margin on
     some SLO term by more than the clock's measured error (:data:`CLOCK_ERROR`) and less on
-    none; "either" when both meet the SLO and the two are equal or within that error on
-    every term, when each is ahead on a different term, or when the hit rate is 0 (caching
-    buys nothing). With only one setting replayed it is the recommendation's setting.
+    none; "on" too when both meet the SLO within that error on every term and caching saves
+    prefill FLOPs (the same latency for less prefill work); "either" when each is ahead on a
+    different term, when the two are equal or within that error and caching saves nothing,
+    or when the hit rate is 0 (caching buys nothing). With only one setting replayed it is the recommendation's setting.
     """
     b = res.best
     flip = next((o for k, o in res.sensitivity if k == "prefix_caching"), None)
@@ -184,6 +185,10 @@ def caching_verdict(res) -> dict:
         elif ahead["on"]:
             verdict, why = "either", (f"both meet the SLO; on is ahead on {', '.join(ahead['on'])}, off on "
                                       f"{', '.join(ahead['off'])}")
+        elif saved:
+            # the latencies cannot tell the two apart, but caching does less prefill work
+            verdict, why = "on", (f"both meet the SLO and their latencies agree within the clock's measured "
+                                  f"error of {errs}; on computes fewer prefill FLOPs for the same answer")
         else:
             verdict, why = "either", (f"both meet the SLO; equivalent: the differences are within the clock's "
                                       f"measured error of {errs}")
