@@ -217,6 +217,14 @@ def _vllm_pool(out, model, gpu, args, util, kv_dtype, version, max_len) -> None:
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           engine_version=version)
     out["pools"]["vllm"] = _pool_dict(pool, max_len)
+    from radixkv.plan.candidates import vllm_start_max_model_len
+
+    start = vllm_start_max_model_len(pool, max_len, hybrid=model.is_hybrid)
+    if start is not None:
+        # vLLM refuses to start: the KV cache cannot hold one max_model_len request
+        # (check_enough_kv_cache_memory, vllm/v1/core/kv_cache_utils.py); the key is only
+        # present then, so the report of a pool that starts is unchanged
+        out["pools"]["vllm"]["max_model_len_to_start"] = start
     if model.is_hybrid:
         # vLLM's KV cache groups: the same budget in block ids of one group's layers (with
         # linear-attention layers, at the block size raised to cover a state page)
@@ -363,6 +371,12 @@ def format_report(r: dict) -> str:
                          f"num_gpu_blocks {h['num_gpu_blocks']:,} -> {h['policy']}")
         lines.append(f"  max-length ({r['max_model_len']:,}-token) requests at once: "
                      f"{p['max_concurrent_requests_at_max_model_len']:,}")
+        start = p.get("max_model_len_to_start")
+        if start is not None:
+            lines.append(f"  vLLM refuses to start with max_model_len {r['max_model_len']:,}: its KV cache holds "
+                         f"{p['num_gpu_blocks']:,} blocks x {p['unit_tokens']} = {start:,} tokens by its start-up "
+                         f"check (check_enough_kv_cache_memory, vllm/v1/core/kv_cache_utils.py); "
+                         f"--max-model-len {start} starts (or raise gpu_memory_utilization / tp)")
         lines.append("  accounting (per rank):")
         w = max(len(a["term"]) for a in p["accounting"])
         for a in p["accounting"]:

@@ -51,7 +51,10 @@ def cmd_plan(args) -> int:
         if args.gpus:
             kw["gpus"] = tuple(g.strip() for g in args.gpus.split(",") if g.strip())
         if args.tp:
-            kw["tps"] = tuple(int(t) for t in args.tp.split(","))
+            try:
+                kw["tps"] = tuple(int(t) for t in args.tp.split(","))
+            except ValueError:
+                raise ConfigError(f"--tp must be whole numbers ≥ 1, got {args.tp!r}", field="tp") from None
         spec = PlanSpec(trace=args.trace, slo=parse_slo(args.slo), prices=parse_prices(args.price),
                         engines=parse_engines(args.engine or "vllm"), scheduler=args.scheduler, **kw)
     res = make_plan(spec)
@@ -90,7 +93,9 @@ def register(sub) -> None:
     p.add_argument("--tp", default=None, metavar="T,...", help="tensor-parallel degrees to search (1,2,4,8)")
     p.add_argument("--rate-scale", type=float, default=None, metavar="X",
                    help="plan for X times the trace's recorded rate (1.0)")
-    p.add_argument("--budget", type=int, default=None, metavar="N", help="most concurrent replays (40)")
+    p.add_argument("--budget", type=int, default=None, metavar="N",
+                   help="most concurrent replays (40; at least 2: the recommendation and its prefix-caching "
+                        "toggle, which the verdict needs)")
     p.add_argument("--max-replicas", type=int, default=None, metavar="N", help="most replicas of one engine (64)")
     p.add_argument("--cost-model", default=None, metavar="KIND",
                    help="step-time model of every replay: roofline (default); fitted, profiled or a profile "

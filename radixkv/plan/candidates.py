@@ -214,6 +214,41 @@ def neighbours(point: Point) -> list[tuple[str, Point]]:
     return out
 
 
+def vllm_start_max_model_len(pool, context_len: int, *, hybrid: bool = False) -> int | None:
+    """The ``--max-model-len`` vLLM needs to start on *pool*, or None when it starts with
+    the model's own context *context_len* (tokens).
+
+    vLLM refuses to start when the KV cache cannot hold one request of ``max_model_len``
+    tokens (``check_enough_kv_cache_memory``, vllm/v1/core/kv_cache_utils.py: the bytes
+    ``cdiv(max_model_len, block_size) × page bytes`` summed over the layers must not exceed
+    the KV cache memory), and its message suggests the largest length that fits
+    (``estimate_max_model_len``, same file). With every layer full attention that is
+    ``cdiv(L, block_size) ≤ num_gpu_blocks`` (the null block counted, as the engine's
+    check counts it), so the check fails for ``L > num_gpu_blocks × block_size`` and the
+    estimate is ``num_gpu_blocks × block_size`` tokens.
+
+    Parameters
+    ----------
+    pool : radixkv.memory.PoolSize
+        A vLLM pool (``num_gpu_blocks`` and ``unit_tokens`` = block_size).
+    context_len : int
+        The model's ``max_position_embeddings`` (vLLM's default ``max_model_len``), tokens.
+    hybrid : bool
+        The model has sliding-window or linear-attention layers: their usage is bounded by
+        the window / state, which this rule does not model; None is returned.
+
+    Returns
+    -------
+    int or None
+        ``num_gpu_blocks × block_size`` when it is below *context_len*, else None. None for
+        an SGLang pool (SGLang starts and bounds ``max_req_len`` by the pool instead).
+    """
+    if hybrid or pool.num_gpu_blocks is None:
+        return None
+    most = int(pool.num_gpu_blocks) * int(pool.unit_tokens)
+    return most if most < int(context_len) else None
+
+
 def replay_settings(point: Point, model: str, pool, rate_scale: float, cost_kw: dict) -> dict:
     """The ``radixkv replay`` settings (flag destinations, as a sweep cell takes them) that
     replay *point* in the concurrent mode on *pool* (:func:`pool_of`).
@@ -221,6 +256,11 @@ def replay_settings(point: Point, model: str, pool, rate_scale: float, cost_kw: 
     vLLM points size their pool by the memory model from ``gpu_memory_utilization``
     (``radixkv replay``'s own rule); SGLang points give the pool SGLang's rule computed
     (``max_total_num_tokens``), since ``radixkv replay`` sizes pools by vLLM's rule.
+    A vLLM point whose pool cannot hold one request of the model's context (vLLM would
+    refuse to start, :func:`vllm_start_max_model_len`) gets ``max_model_len``: the largest
+    length vLLM starts with, as the printed ``vllm serve`` command sets it
+    (:func:`engine_command`); requests longer than it are refused by the replay
+    (:mod:`radixkv.replay.context`) as the engine refuses them.
     *cost_kw*: the cost model's flags (``mfu``, ``mbu``, ``step_overhead_s``).
     """
     s = {"policy": f"{point.engine}:{point.unit}", "mode": "concurrent", "model": model, "gpu": point.gpu,
@@ -229,6 +269,12 @@ def replay_settings(point: Point, model: str, pool, rate_scale: float, cost_kw: 
          "enable_prefix_caching": point.prefix_caching, "time_scale": 1.0 / rate_scale, **cost_kw}
     if point.engine == "vllm":
         s["gpu_memory_utilization"] = point.memory_fraction
+        from radixkv.memory import get_model
+
+        m = get_model(model)
+        start = vllm_start_max_model_len(pool, m.max_position_embeddings, hybrid=m.is_hybrid)
+        if start is not None:
+            s["max_model_len"] = start
     else:
         s["max_total_num_tokens"] = int(pool.max_total_num_tokens)
     if point.replicas > 1:
@@ -255,14 +301,18 @@ def replay_argv(trace: str, settings: dict) -> list[str]:
     return argv
 
 
-def engine_command(point: Point, model: str) -> str:
+def engine_command(point: Point, model: str, max_model_len: int | None = None) -> str:
     """The engine's own launch command for one replica of *point* (flag names: vLLM
-    ``vllm serve --help``; SGLang ``python -m sglang.launch_server --help``)."""
+    ``vllm serve --help``; SGLang ``python -m sglang.launch_server --help``);
+    *max_model_len* (tokens; a point's replay settings' ``max_model_len``,
+    :func:`replay_settings`) adds vLLM's ``--max-model-len``."""
     if point.engine == "vllm":
-        args = ["vllm", "serve", model, "--tensor-parallel-size", str(point.tp),
-                "--gpu-memory-utilization", f"{point.memory_fraction:g}",
-                "--max-num-batched-tokens", str(point.max_num_batched_tokens),
-                "--max-num-seqs", str(point.max_num_seqs), "--block-size", str(point.unit)]
+        args = ["vllm", "serve", model, "--tensor-parallel-size", str(point.tp)]
+        if max_model_len is not None:
+            args += ["--max-model-len", str(int(max_model_len))]
+        args += ["--gpu-memory-utilization", f"{point.memory_fraction:g}",
+                 "--max-num-batched-tokens", str(point.max_num_batched_tokens),
+                 "--max-num-seqs", str(point.max_num_seqs), "--block-size", str(point.unit)]
         if point.kv_cache_dtype:
             args += ["--kv-cache-dtype", point.kv_cache_dtype]
         args.append("--enable-prefix-caching" if point.prefix_caching else "--no-enable-prefix-caching")

@@ -61,7 +61,7 @@ def plan_doc(res) -> dict:
         "prices": dict(sorted(s.prices.items())),
         "cost_model": s.cost_model,
         "uncertainty": BAND_UNMEASURED,
-        "recommendation": {**outcome_doc(b), "engine_command": engine_command(b.point, s.model),
+        "recommendation": {**outcome_doc(b), "engine_command": engine_command(b.point, s.model, (b.settings or {}).get("max_model_len")),
                            "replicas_note": _replicas_note(b.point),
                            "replay_command": "radixkv " + " ".join(replay_argv(s.trace, b.settings)),
                            "replay_argv": replay_argv(s.trace, b.settings)},
@@ -91,6 +91,11 @@ def _fmt(o, term) -> str:
     return _lat(o.value(term))
 
 
+def _rate(v) -> str:
+    """Tokens/s with thousands separators, or ``n/a`` (a trace of zero span offers no rate)."""
+    return "n/a" if v is None or not math.isfinite(v) else f"{v:,.0f}"
+
+
 def _lat(v) -> str:
     if v is None or not math.isfinite(v):
         return "n/a"
@@ -114,13 +119,35 @@ def _table(header, rows) -> str:
     return "\n".join(lines)
 
 
+#: the clock's measured end-to-end error (median |error|, BAND_UNMEASURED's source) by cost
+#: model and metric: two predictions closer than this (relative) are not told apart
+CLOCK_ERROR = {"roofline": {"ttft": 0.27, "tpot": 0.52}, "fitted": {"ttft": 0.29, "tpot": 0.40}}
+
+
+def _clock_error(cost_model: str, term: str) -> float:
+    """The relative error within which two predictions of SLO *term* are equivalent: the
+    roofline's for ``roofline``, else the fitted clock's (:data:`CLOCK_ERROR`; a p50 term
+    takes its p99's, the only percentile measured)."""
+    return CLOCK_ERROR["roofline" if cost_model == "roofline" else "fitted"][term[:4]]
+
+
 def caching_verdict(res) -> dict:
-    """Prefix caching on vs off at the recommendation: ``verdict`` ("on"/"off"), the two
-    outcomes' TTFT/TPOT p99 and hit rate, and a one-line ``text``."""
+    """Prefix caching on vs off at the recommendation: ``verdict``, the two outcomes'
+    TTFT/TPOT p99 and hit rate, and a one-line ``text`` whose reason follows the comparison.
+
+    ``verdict`` is "on" or "off" when one setting meets the SLO and the other does not
+    (neither: the one nearer it), or when both meet it and the one keeps more margin on
+    some SLO term by more than the clock's measured error (:data:`CLOCK_ERROR`) and less on
+    none; "on" too when both meet the SLO within that error on every term and caching saves
+    prefill FLOPs (the same latency for less prefill work); "either" when each is ahead on a
+    different term, when the two are equal or within that error and caching saves nothing,
+    or when the hit rate is 0 (caching buys nothing). With only one setting replayed it is the recommendation's setting.
+    """
     b = res.best
     flip = next((o for k, o in res.sensitivity if k == "prefix_caching"), None)
     on, off = (b, flip) if b.point.prefix_caching else (flip, b)
-    d = {"verdict": "on" if b.point.prefix_caching else "off", "on": None if on is None else outcome_doc(on),
+    rec = "on" if b.point.prefix_caching else "off"
+    d = {"verdict": rec, "on": None if on is None else outcome_doc(on),
          "off": None if off is None else outcome_doc(off)}
     if on is None or off is None or not on.replayed or not off.replayed:
         d["text"] = (f"prefix caching {d['verdict']}: the other setting was not replayed "
@@ -134,14 +161,42 @@ def caching_verdict(res) -> dict:
     if saved:
         parts.append(f"{saved:.3g} prefill FLOPs saved")
     if on.meets and not off.meets:
-        why = "off misses the SLO at the same point"
+        verdict, why = "on", "off misses the SLO at the same point"
     elif off.meets and not on.meets:
-        why = "on misses the SLO at the same point"
-    elif on.worst_ratio() <= off.worst_ratio():
-        why = "both meet the SLO; on keeps more margin"
+        verdict, why = "off", "on misses the SLO at the same point"
+    elif not on.meets:
+        verdict = "on" if on.worst_ratio() <= off.worst_ratio() else "off"
+        why = f"neither meets the SLO; {verdict} comes nearer"
+    elif hit is not None and hit == 0:
+        verdict, why = "either", "both meet the SLO; 0 % hit rate: caching buys nothing here"
     else:
-        why = "both meet the SLO; off keeps more margin here"
-    d["text"] = f"prefix caching: turn it {d['verdict'].upper()} — " + "; ".join(parts) + f" ({why})"
+        cm = res.spec.cost_model
+        ahead = {"on": [], "off": []}
+        for t in (t for t in SLO_TERMS if t in res.spec.slo):
+            a, c = on.value(t), off.value(t)
+            if a == c or abs(a - c) <= _clock_error(cm, t) * max(a, c):
+                continue
+            ahead["on" if a < c else "off"].append(t)
+        errs = ", ".join(f"{t} {_clock_error(cm, t):.0%}" for t in SLO_TERMS if t in res.spec.slo)
+        if ahead["on"] and not ahead["off"]:
+            verdict, why = "on", f"both meet the SLO; on keeps more margin on {', '.join(ahead['on'])}"
+        elif ahead["off"] and not ahead["on"]:
+            verdict, why = "off", f"both meet the SLO; off keeps more margin on {', '.join(ahead['off'])}"
+        elif ahead["on"]:
+            verdict, why = "either", (f"both meet the SLO; on is ahead on {', '.join(ahead['on'])}, off on "
+                                      f"{', '.join(ahead['off'])}")
+        elif saved:
+            # the latencies cannot tell the two apart, but caching does less prefill work
+            verdict, why = "on", (f"both meet the SLO and their latencies agree within the clock's measured "
+                                  f"error of {errs}; on computes fewer prefill FLOPs for the same answer")
+        else:
+            verdict, why = "either", (f"both meet the SLO; equivalent: the differences are within the clock's "
+                                      f"measured error of {errs}")
+    d["verdict"] = verdict
+    if verdict not in ("either", rec):
+        why += f"; the command above has it {rec}"
+    head = "prefix caching: either setting — " if verdict == "either" else f"prefix caching: turn it {verdict.upper()} — "
+    d["text"] = head + "; ".join(parts) + f" ({why})"
     return d
 
 
@@ -152,7 +207,7 @@ def format_plan(res) -> str:
     s, w, b = res.spec, res.workload, res.best
     terms = [t for t in SLO_TERMS if t in s.slo] or ["ttft_p99", "tpot_p99"]
     out = [f"plan for {s.trace}: {w.requests:,} requests over {w.span_s:,.1f} s at {s.rate_scale:g}x the recorded "
-           f"rate ({w.offered_tokens_per_s:,.0f} tokens/s offered); model {s.model}; SLO {format_slo(s.slo)}; "
+           f"rate ({_rate(w.offered_tokens_per_s)} tokens/s offered); model {s.model}; SLO {format_slo(s.slo)}; "
            f"cost in {s.cost_unit}; cost model {s.cost_model}"]
     refused = (b.metrics or {}).get("rejected_requests") if b.replayed else None
     if refused:
@@ -168,14 +223,14 @@ def format_plan(res) -> str:
     out.append(_table(header, rows))
     out.append("")
     out.append("recommendation (one replica):")
-    out.append("  " + engine_command(b.point, s.model))
+    out.append("  " + engine_command(b.point, s.model, (b.settings or {}).get("max_model_len")))
     if b.point.replicas > 1:
         out.append(f"  x {_replicas_note(b.point)}")
     out.append("replay it again: radixkv " + " ".join(replay_argv(s.trace, b.settings)))
     m = b.metrics
     out.append(f"predicted: TTFT p50 {_lat(m.get('ttft_p50_s'))} p99 {_lat(m.get('ttft_p99_s'))}; TPOT p50 "
                f"{_lat(m.get('tpot_p50_s'))} p99 {_lat(m.get('tpot_p99_s'))}; "
-               f"{m.get('throughput_output_tokens_per_s', float('nan')):,.0f} output tokens/s; "
+               f"{_rate(m.get('throughput_output_tokens_per_s'))} output tokens/s; "
                f"uncertainty {BAND_UNMEASURED}")
     out.append(caching_verdict(res)["text"])
     if res.sensitivity:

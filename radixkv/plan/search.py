@@ -313,6 +313,11 @@ def describe_miss(o, spec) -> str:
     parts = []
     for t, ratio in o.misses().items():
         v = o.value(t)
+        if not math.isfinite(v) and t.startswith("tpot") and not o.overloaded:
+            # TPOT is (e2e − TTFT) / (output − 1): no value without a second output token
+            parts.append(f"{t} (undefined: no request decodes past its first output token, so there is no "
+                         f"TPOT to hold to {format_seconds(spec.slo[t])}; drop the TPOT term)")
+            continue
         vs = "undefined" if not math.isfinite(v) else format_seconds(float(f"{v:.3g}"))
         parts.append(f"{t} ({vs} > {format_seconds(spec.slo[t])}{', overloaded' if o.overloaded else ''})")
     return (f"closest is {o.point.label()} ({o.cost:g} {spec.cost_unit}), which misses " + ", ".join(parts))

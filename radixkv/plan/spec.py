@@ -34,6 +34,9 @@ ENGINES = ("vllm", "sglang")
 DEFAULT_GPUS = ("H100-80GB", "A100-80GB")
 #: tensor-parallel degrees searched
 DEFAULT_TPS = (1, 2, 4, 8)
+#: the fewest replays a plan may spend: the recommendation and its prefix-caching toggle
+#: (the verdict's reserve); with 1 the verdict could never be replayed
+MIN_BUDGET = 2
 #: cost models a plan can price its steps with: the roofline of :mod:`radixkv.cost`, and,
 #: in a tree that has :mod:`radixkv.clock`, its calibrated kinds (and a profile file's path)
 COST_MODELS = ("roofline", "fitted", "profiled")
@@ -70,7 +73,7 @@ def parse_slo(text: str, *, where: str | None = None) -> dict:
             raise ConfigError(f"unknown SLO term {term!r}; known: {', '.join(SLO_TERMS)}", path=where, field="slo")
         if term in out:
             raise ConfigError(f"SLO term {term!r} given twice", path=where, field="slo")
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s)\s*", value)
+        m = re.fullmatch(r"\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s)\s*", value)
         if not m:
             raise ConfigError(f"SLO {term}={value.strip()!r}: expected a number with a unit, s or ms (e.g. 2s, "
                               f"50ms)", path=where, field="slo")
@@ -144,7 +147,8 @@ class PlanSpec:
     rate_scale : float
         Multiple of the trace's recorded rate (arrival times divided by it).
     budget : int
-        Most points replayed (the search stops refining when it is spent).
+        Most points replayed (the search stops refining when it is spent); at least
+        :data:`MIN_BUDGET` (2), else ConfigError.
     executor, workers, scheduler :
         Where the replays run (:func:`radixkv.sweep.run_sweep`'s).
     tps : tuple of int
@@ -181,7 +185,15 @@ class PlanSpec:
         from radixkv.memory import get_gpu, get_model
 
         get_model(self.model)  # an unknown model is an InputError here, before any work
-        self.gpus = tuple(get_gpu(g).name for g in self.gpus)
+        from radixkv.errors import InputError
+
+        gpus = []
+        for g in self.gpus:
+            try:
+                gpus.append(get_gpu(g).name)
+            except InputError as e:  # the flag's name, not the preset lookup's field
+                raise ConfigError(f"--gpus: {e.reason}", field="gpus") from None
+        self.gpus = tuple(gpus)
         if not self.gpus:
             raise ConfigError("no GPU to search: give --gpus", field="gpus")
         missing = [g for g in self.gpus if self.prices and g not in self.prices]
@@ -193,8 +205,13 @@ class PlanSpec:
                 raise ConfigError(f"unknown engine {e!r}; one of vllm, sglang, both", field="engine")
         if not (self.rate_scale > 0 and math.isfinite(self.rate_scale)):
             raise ConfigError(f"--rate-scale must be > 0, got {self.rate_scale}", field="rate_scale")
-        if self.budget < 1:
-            raise ConfigError(f"--budget must be ≥ 1 replay, got {self.budget}", field="budget")
+        bad_tp = [t for t in self.tps if isinstance(t, bool) or not isinstance(t, int) or t < 1]
+        if bad_tp or not self.tps:
+            raise ConfigError(f"--tp must be whole numbers ≥ 1, got {', '.join(map(str, self.tps)) or 'none'}",
+                              field="tp")
+        if self.budget < MIN_BUDGET:
+            raise ConfigError(f"--budget must be ≥ {MIN_BUDGET} replays (one for the recommendation, one for the "
+                              f"prefix-caching verdict's other setting), got {self.budget}", field="budget")
         if self.max_replicas < 1:
             raise ConfigError(f"--max-replicas must be ≥ 1, got {self.max_replicas}", field="max_replicas")
         avail = cost_models_available()
@@ -255,8 +272,12 @@ def load_spec(path, **overrides) -> PlanSpec:
     kw = {}
     for k, conv in (("rate_scale", float), ("budget", int), ("workers", int), ("max_replicas", int)):
         if k in raw:
+            v = raw[k]
+            if conv is int and (isinstance(v, bool) or not isinstance(v, int)):
+                # TOML integers only: 2.7 is not truncated, "3" not read as a number
+                raise ConfigError(f"key {k!r}: expected a whole number, got {v!r}", path=where, field=k)
             try:
-                kw[k] = conv(raw[k])
+                kw[k] = conv(v)
             except (TypeError, ValueError):
                 raise ConfigError(f"key {k!r}: bad value {raw[k]!r}", path=where, field=k) from None
     for k in ("executor", "cost_model", "work_dir"):
@@ -265,7 +286,10 @@ def load_spec(path, **overrides) -> PlanSpec:
     if "gpus" in raw:
         kw["gpus"] = tuple(raw["gpus"]) if isinstance(raw["gpus"], list) else tuple(str(raw["gpus"]).split(","))
     if "tps" in raw:
-        kw["tps"] = tuple(int(t) for t in (raw["tps"] if isinstance(raw["tps"], list) else [raw["tps"]]))
+        tps = raw["tps"] if isinstance(raw["tps"], list) else [raw["tps"]]
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in tps):
+            raise ConfigError(f"key 'tps': expected whole numbers, got {raw['tps']!r}", path=where, field="tps")
+        kw["tps"] = tuple(tps)
     if "kv_cache_dtypes" in raw:
         kw["kv_cache_dtypes"] = tuple(None if str(d) in ("auto", "") else str(d) for d in raw["kv_cache_dtypes"])
     return PlanSpec(trace=str(trace), model=str(raw["model"]), slo=parse_slo(slo, where=where),
