@@ -450,7 +450,13 @@ def cmd_compare(args) -> int:
 
 
 def _check_out_prefix(out) -> None:
-    """Refuse a ``curve --out`` that names a file rather than a prefix (``x.png``, ``x.json``)."""
+    """Refuse a ``curve --out`` that names a file rather than a prefix (``x.png``, ``x.json``).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        *out* ending in ``.json`` or ``.png`` (any case): it would write ``x.png.json`` and
+        ``x.png.png``; the message names ``--out`` and the prefix to give."""
     if out is None:
         return
     stem, ext = os.path.splitext(out)
@@ -462,13 +468,7 @@ def _check_out_prefix(out) -> None:
 def cmd_curve(args) -> int:
     """Hit rate against pool capacity, one line per policy: print one line per (policy,
     capacity); ``--out PREFIX`` writes PREFIX.json and PREFIX.png, ``--json`` the JSON
-    alone. Nothing is written unless asked.
-
-    Raises
-    ------
-    radixkv.errors.ConfigError
-        ``--out`` ending in ``.json`` or ``.png`` (a file name where a prefix is wanted: it
-        would write ``x.png.json`` and ``x.png.png``)."""
+    alone. Nothing is written unless asked."""
     _check_out_prefix(args.out)
     outs = (args.json, args.report) + ((args.out + ".json", args.out + ".png") if args.out else ())
     check_output_paths(*files(*outs), inputs=inputs(args))
@@ -822,7 +822,7 @@ def register(sub) -> None:
     p.add_argument("--skip-too-small", action="store_true",
                    help="skip (policy, capacity) cells where a request does not fit instead of failing (default: fail)")
     p.add_argument("--out", default=None, metavar="PREFIX",
-                   help="write PREFIX.json and PREFIX.png (default: nothing written)")
+                   help="write PREFIX.json and PREFIX.png (a prefix: x, not x.png; default: nothing written)")
     add_json_arg(p, "the curves")
     add_report_arg(p)
     p.add_argument("--no-timing", action="store_true", help=TIMING_HELP)
