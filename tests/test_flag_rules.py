@@ -42,6 +42,16 @@ CASES = [
     (_replay("--router-seed", "4", "--replicas", "2"), "router_seed", ("--router-seed", "--router random")),
     (_replay("--router-load-window", "5", "--replicas", "2", "--router", "round-robin"), "router_load_window",
      ("--router-load-window", "--router")),
+    (_replay("--router", "session", "--replicas", "1"), "router", ("--router", "--replicas 1")),
+    (_replay("--seed", "2", "--replicas", "2", "--router", "random", *CONC), "seed", ("--seed", "--router-seed")),
+    (["compare", DEMO, "--policies", "vllm:16,sglang:1", *POOL, "--replicas", "2", "--executor", "processes"],
+     "replicas", ("--replicas", "--executor processes")),
+    (["compare", DEMO, "--policies", "vllm:16,sglang:1", *POOL, "--replicas", "2", "--report", "R.html"],
+     "report", ("--report", "--replicas", "--mode concurrent")),
+    (["curve", DEMO, "--policies", "unit-lru", "--capacities", "1e3,1e4", "--quiet", "--out", "x.png"],
+     "out", ("--out", "x.png.png", "--out x")),
+    (["curve", DEMO, "--policies", "unit-lru", "--capacities", "1e3,1e4", "--quiet", "--out", "sub/y.json"],
+     "out", ("--out", "sub/y.json.json", "--out sub/y")),
     (_replay("--tp", "2"), "tp", ("--tp", "--model")),
     (_replay("--max-num-batched-tokens", "512"), "max_num_batched_tokens",
      ("--max-num-batched-tokens", "--mode concurrent")),
@@ -146,3 +156,19 @@ def test_model_alone_beside_an_explicit_pool_gives_host_tier_bytes(capsys, tmp_p
                  "--model", "Llama-3.1-8B", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "--model" in err and "field 'model'" not in err
+
+
+def test_compare_replicas_report_names_only_the_flag_given(capsys, tmp_path):
+    # compare --replicas --executor processes without --report: the refusal names the executor, not --report
+    assert main(["compare", DEMO, "--policies", "vllm:16", *POOL, "--replicas", "2", "--executor", "processes"]) == 2
+    assert "--report" not in capsys.readouterr().err
+
+
+def test_compare_concurrent_replicas_writes_the_report(capsys, tmp_path):
+    # README: with --mode concurrent, --replicas N takes --report (replay and compare alike)
+    page = tmp_path / "r.html"
+    assert main(["compare", DEMO, "--policies", "vllm:16,sglang:16", *POOL, *CONC, "--replicas", "2",
+                 "--report", str(page)]) == 0, capsys.readouterr().err
+    html = page.read_text()
+    # one per-request table per policy, each labelled with its replicas (30 requests each)
+    assert "vllm:16 x2 round-robin" in html and "sglang:16 x2 round-robin" in html

@@ -396,6 +396,18 @@ def test_an_engine_knob_no_cell_reads_is_refused_up_front_naming_key_and_line(tm
     assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
+def test_priority_without_preemption_off_names_the_grid_key_and_line(tmp_path, capsys):
+    # SGLang's priority preemption is not modelled: the grid must turn it off with its own key
+    # (not the command line's flag), at the line of the key that asked for priority scheduling
+    g = _grid(tmp_path, _CONC + 'policies = ["sglang:1"]\nenable_priority_scheduling = true\n')
+    line = g.read_text().splitlines().index("enable_priority_scheduling = true") + 1
+    assert main(["sweep", str(g), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{g}, line {line}" in err and "disable_priority_preemption = true" in err, err
+    assert "--disable-priority-preemption" not in err and "preempt_to_schedule" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_engine_knob_applies_to_that_engines_cells_only(tmp_path):
     # SGLang's priority knobs with one vLLM and one SGLang policy: the vLLM cell is the one the
     # grid without those knobs has (same key), the SGLang cell keeps them, as `compare` reads them

@@ -19,6 +19,9 @@ flag                              takes effect only with
 ``--timeline``, ``--miss-fix``    request's explanation)
 ``--verify``                      a policy whose class takes ``verify`` (vLLM's block hash); one
                                   pool (not ``--replicas``)
+``--router``                      ``--replicas N`` with N ≥ 2 (one replica serves every request;
+                                  without ``--replicas``,
+                                  :func:`radixkv.replay.settings.routed` refuses it)
 ``--router-seed``                 ``--replicas N --router random``
 ``--router-load-window``          ``--replicas N`` and a router that counts load (least-load,
                                   session, prefix-aware)
@@ -121,6 +124,9 @@ def _rules():
         ("miss_fix", False, fix_by_explain),
         ("verify", False, lambda a: "checks the hits of one pool; not with --replicas"
                                     if getattr(a, "replicas", None) is not None else None),
+        ("router", None, lambda a: "picks a replica for each request; with --replicas 1 the one replica serves "
+                                   "them all: drop --router, or give --replicas 2 or more"
+                                   if getattr(a, "replicas", None) == 1 else None),
         ("router_seed", 0, _router_needs("random")),
         ("router_load_window", None, _router_needs("", load=True)),
         ("cache_threshold", cache, _router_needs("prefix-aware")),
@@ -134,7 +140,9 @@ def _rules():
                                       f"is the shape of --arrival gamma, not of --arrival "
                                       f"{getattr(a, 'arrival', 'trace')}"),
         ("seed", 0, lambda a: None if getattr(a, "arrival", "trace") != "trace" else
-                              "seeds --arrival poisson or gamma; --arrival trace draws nothing"),
+                              "seeds --arrival poisson or gamma; --arrival trace draws nothing"
+                              + ("; --router random's seed is --router-seed" if getattr(a, "router", None) == "random"
+                                 else "")),
         ("tp", 1, lambda a: None if getattr(a, "model", None) is not None else
                             "divides a model's KV heads: it needs --model"),
         ("per_engine_rule", False, lambda a: None if _sized_by_model(a) else

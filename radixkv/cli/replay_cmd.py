@@ -12,6 +12,7 @@ the memory model (``--model M --gpu G`` with ``--gpu-memory-utilization``,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -370,6 +371,13 @@ def cmd_compare(args) -> int:
     refuse_scheduler_conflicts(args, specs, routed=_routing.routed(args))
     _check_miss_args(args)
     _check_window_arg(args)
+    if _routing.routed(args):
+        if _executor(args) != "local":
+            raise ConfigError(f"--replicas runs on the local executor, not --executor {_executor(args)}",
+                              field="replicas")
+        if args.report and args.mode != "concurrent":
+            raise ConfigError("--report with --replicas needs --mode concurrent (the sequential replicas keep no "
+                              "per-request rows)", field="report")
     pools = [pool_for_policy(args, s, per_engine_rule=args.per_engine_rule) for s in specs]
     trace, load_s = _load(args)
     from radixkv.replay.run import run_replay
@@ -395,15 +403,16 @@ def cmd_compare(args) -> int:
             if isinstance(summ, Exception):
                 raise summ
             results.append((spec, summ))
-    if _routing.routed(args) and (remote or args.report):
-        raise ConfigError("--replicas runs on the local executor, without --report", field="replicas")
     from radixkv.replay.settings import args_for_rule
 
     rules = [args.admission or getattr(s.build_class, "admission_rule", "vllm") for s in specs] if concurrent else []
     for i, (spec, (pool, _)) in enumerate(zip(specs, [] if remote else pools)):
         if _routing.routed(args):
-            rec, summ = None, _routing.run_routed(trace, spec, pool, args)
+            keep: list = []  # the concurrent multi-replica result, for --report's tables
+            rec, summ = None, _routing.run_routed(trace, spec, pool, args, keep=keep)
             _concurrent_fix(trace, spec, pool, args, summ)
+            if args.report:
+                tables += run_tables(summ["policy"], keep[0].aggregate)
         elif concurrent:
             own = args_for_rule(args, rules[i], rules)  # each engine's scheduler knobs to its own policies
             rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, own)
@@ -413,7 +422,7 @@ def cmd_compare(args) -> int:
                                    max_model_len=_context(args), measure_last=args.measure_last)
         results.append((spec, summ))
         recs.append((spec, pool, rec))
-        if args.report:
+        if args.report and rec is not None:
             tables += run_tables(spec.label, rec)
     for _, s in results:
         add_host_tier_bytes(s, args)
@@ -440,10 +449,27 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def _check_out_prefix(out) -> None:
+    """Refuse a ``curve --out`` that names a file rather than a prefix (``x.png``, ``x.json``).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        *out* ending in ``.json`` or ``.png`` (any case): it would write ``x.png.json`` and
+        ``x.png.png``; the message names ``--out`` and the prefix to give."""
+    if out is None:
+        return
+    stem, ext = os.path.splitext(out)
+    if ext.lower() in (".json", ".png"):
+        raise ConfigError(f"--out is a PREFIX: it writes PREFIX.json and PREFIX.png, so --out {out} would write "
+                          f"{out}.json and {out}.png; give --out {stem}", field="out")
+
+
 def cmd_curve(args) -> int:
     """Hit rate against pool capacity, one line per policy: print one line per (policy,
     capacity); ``--out PREFIX`` writes PREFIX.json and PREFIX.png, ``--json`` the JSON
     alone. Nothing is written unless asked."""
+    _check_out_prefix(args.out)
     outs = (args.json, args.report) + ((args.out + ".json", args.out + ".png") if args.out else ())
     check_output_paths(*files(*outs), inputs=inputs(args))
     refuse_moot_flags(args)
@@ -796,7 +822,7 @@ def register(sub) -> None:
     p.add_argument("--skip-too-small", action="store_true",
                    help="skip (policy, capacity) cells where a request does not fit instead of failing (default: fail)")
     p.add_argument("--out", default=None, metavar="PREFIX",
-                   help="write PREFIX.json and PREFIX.png (default: nothing written)")
+                   help="write PREFIX.json and PREFIX.png (a prefix: x, not x.png; default: nothing written)")
     add_json_arg(p, "the curves")
     add_report_arg(p)
     p.add_argument("--no-timing", action="store_true", help=TIMING_HELP)

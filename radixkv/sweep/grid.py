@@ -411,6 +411,12 @@ def _own_engine_knobs(s: dict, ns, spec, where: str):
     try:
         rule_of(None, dataclasses.replace(concurrent_config_from_args(ns), admission=rule))
     except ConfigError as e:
+        if e.field == "disable_priority_preemption" and "enable_priority_scheduling" in s:
+            # the replay names the flag to add; a grid adds the key, beside the key that asked for it
+            reason = e.reason.replace("add --disable-priority-preemption",
+                                      "add disable_priority_preemption = true to the grid")
+            raise ConfigError(reason, path=where, line=_key_line(Path(where), "enable_priority_scheduling"),
+                              field="enable_priority_scheduling") from None
         raise ConfigError(e.reason, path=where, field=e.field) from None
     return ns
 
