@@ -543,7 +543,8 @@ def _assemble(trace, policies, cost, config, arrivals, eng, out, replica, ro, fu
     # replicas' busy times weighted by their pools: Σ area_r / Σ (busy_r · capacity_r), not
     # over the union of busy times (a replica idle while another runs would count as empty)
     if pool["capacity_tokens"] > 0:
-        pool["busy_s"] = math.fsum(e.acc.busy * e.acc.pool["capacity_tokens"] for e in eng) / pool["capacity_tokens"]
+        cap = pool["capacity_tokens"]  # weights cap_r / cap: one replica's is 1.0, its busy time exactly
+        pool["busy_s"] = math.fsum(e.acc.busy * (e.acc.pool["capacity_tokens"] / cap) for e in eng)
         pool["waste_peak_share"] = max(e.acc.pool["waste_peak"] / e.acc.pool["capacity_tokens"] for e in eng
                                        if e.acc.pool["capacity_tokens"] > 0)
     hit = cols["hit_tokens"]
