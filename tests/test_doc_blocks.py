@@ -108,8 +108,16 @@ def test_doc_block_runs(path, line, lang, text, skip, workdir, capsys):
         tomllib.loads(text)
         return
     if lang == "python":
-        ns = _NAMESPACES.setdefault(path, {"__name__": f"doc_block_{path.stem}"})
+        # the file's earlier python blocks first, where this worker has not run them (pytest-
+        # xdist may hand a file's blocks to different workers): a block sees the names of
+        # every block before it, whichever worker runs it
+        ns, done = _NAMESPACES.setdefault(path, ({"__name__": f"doc_block_{path.stem}"}, set()))
+        for p2, l2, lang2, text2, skip2 in CODE:
+            if p2 == path and lang2 == "python" and skip2 is None and l2 < line and l2 not in done:
+                exec(compile(text2, f"{path.relative_to(ROOT)}:{l2}", "exec"), ns)  # noqa: S102
+                done.add(l2)
         exec(compile(text, where, "exec"), ns)  # noqa: S102
+        done.add(line)
         return
     from radixkv.cli import main
 
