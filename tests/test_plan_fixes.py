@@ -21,7 +21,14 @@ def _pool(num_gpu_blocks, block_size=16):
 
 
 def test_start_rule_by_hand():
-    from radixkv.plan.candidates import vllm_start_max_model_len as f
+    # the rule lives beside the pool sizing and is public there (radixkv memory and
+    # radixkv plan both take it from the memory package)
+    from radixkv.memory import vllm_start_max_model_len as f
+    from radixkv.memory import __all__ as memory_public
+    from radixkv.memory.pool import vllm_start_max_model_len as g
+
+    assert f is g and "vllm_start_max_model_len" in memory_public
+    assert f.__module__ == "radixkv.memory.pool"
 
     # check_enough_kv_cache_memory: cdiv(L, 16) blocks must fit in num_gpu_blocks (null
     # block counted). 1,788 blocks hold L ≤ 28,608 tokens; the 131,072-token context needs

@@ -30,6 +30,7 @@ from radixkv.memory.pool import (
     VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS,
     sglang_pool_size,
     vllm_pool_size,
+    vllm_start_max_model_len,
 )
 from radixkv.memory.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
 
@@ -217,8 +218,6 @@ def _vllm_pool(out, model, gpu, args, util, kv_dtype, version, max_len) -> None:
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           engine_version=version)
     out["pools"]["vllm"] = _pool_dict(pool, max_len)
-    from radixkv.plan.candidates import vllm_start_max_model_len
-
     start = vllm_start_max_model_len(pool, max_len, hybrid=model.is_hybrid)
     if start is not None:
         # vLLM refuses to start: the KV cache cannot hold one max_model_len request

@@ -4,7 +4,8 @@ vLLM and SGLang build on a given model, GPU and tensor-parallel size.
 * :mod:`radixkv.memory.hf_config` a Hugging Face ``config.json`` read into ``ModelSpec``'s fields
 * :mod:`radixkv.memory.specs`     ``ModelSpec`` (``from_hf_config``), ``GPUSpec``, KV bytes per token
 * :mod:`radixkv.memory.presets`   the preset models and GPUs, lookup by name
-* :mod:`radixkv.memory.pool`      the engines' pool-size rules, ``PoolSize``, ``pool_for``
+* :mod:`radixkv.memory.pool`      the engines' pool-size rules, ``PoolSize``, ``pool_for``,
+  vLLM's start-up check that the pool holds one ``max_model_len`` request
 * :mod:`radixkv.memory.engine_defaults` the engines' serving knobs by GPU when none is given
 * :mod:`radixkv.memory.hybrid`    vLLM's KV cache groups of a hybrid model, block ids per budget
 * :mod:`radixkv.memory.startup_log` the pool an engine logged at start-up (``--pool-from-log``)
@@ -22,6 +23,7 @@ from radixkv.memory.pool import (
     sglang_pool_size,
     sglang_version_rules,
     vllm_pool_size,
+    vllm_start_max_model_len,
     vllm_version_rules,
 )
 from radixkv.memory.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
@@ -34,5 +36,5 @@ __all__ = [
     "load_hf_config", "pool_for", "sglang_default_mem_fraction_static", "sglang_pool_size",
     "sglang_dp_attention_extra_weight_bytes",
     "vllm_pool_size", "sglang_legacy_mem_fraction_static", "sglang_version_rules",
-    "vllm_version_rules",
+    "vllm_start_max_model_len", "vllm_version_rules",
 ]

@@ -585,6 +585,41 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
 
 
 # --------------------------------------------------------------------------- SGLang
+def vllm_start_max_model_len(pool, context_len: int, *, hybrid: bool = False) -> int | None:
+    """The ``--max-model-len`` vLLM needs to start on *pool*, or None when it starts with
+    the model's own context *context_len* (tokens).
+
+    vLLM refuses to start when the KV cache cannot hold one request of ``max_model_len``
+    tokens (``check_enough_kv_cache_memory``, vllm/v1/core/kv_cache_utils.py: the bytes
+    ``cdiv(max_model_len, block_size) × page bytes`` summed over the layers must not exceed
+    the KV cache memory), and its message suggests the largest length that fits
+    (``estimate_max_model_len``, same file). With every layer full attention that is
+    ``cdiv(L, block_size) ≤ num_gpu_blocks`` (the null block counted, as the engine's
+    check counts it), so the check fails for ``L > num_gpu_blocks × block_size`` and the
+    estimate is ``num_gpu_blocks × block_size`` tokens.
+
+    Parameters
+    ----------
+    pool : radixkv.memory.PoolSize
+        A vLLM pool (``num_gpu_blocks`` and ``unit_tokens`` = block_size).
+    context_len : int
+        The model's ``max_position_embeddings`` (vLLM's default ``max_model_len``), tokens.
+    hybrid : bool
+        The model has sliding-window or linear-attention layers: their usage is bounded by
+        the window / state, which this rule does not model; None is returned.
+
+    Returns
+    -------
+    int or None
+        ``num_gpu_blocks × block_size`` when it is below *context_len*, else None. None for
+        an SGLang pool (SGLang starts and bounds ``max_req_len`` by the pool instead).
+    """
+    if hybrid or pool.num_gpu_blocks is None:
+        return None
+    most = int(pool.num_gpu_blocks) * int(pool.unit_tokens)
+    return most if most < int(context_len) else None
+
+
 def sglang_dp_attention_extra_weight_bytes(model: ModelSpec, tp: int, dp_size: int) -> int:
     """Weights SGLang's DP attention adds to each rank, over ``model.weight_bytes_per_rank``.
 
