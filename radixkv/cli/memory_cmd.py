@@ -22,12 +22,12 @@ import json
 import math
 
 from radixkv.errors import ConfigError, InputError
+from radixkv.memory.engine_defaults import vllm_profile_tokens
 from radixkv.memory.pool import (
     GiB,
     PoolSize,
     SGLANG_CURRENT_VERSION,
     VLLM_CURRENT_VERSION,
-    VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS,
     sglang_pool_size,
     vllm_pool_size,
     vllm_start_max_model_len,
@@ -79,9 +79,9 @@ def register(subparsers) -> None:
                    help="context length in tokens (default: the model's maximum)")
     p.add_argument("--block-size", type=int, default=16, help="vLLM block_size (default 16)")
     p.add_argument("--page-size", type=int, default=1, help="SGLang page_size (default 1)")
-    p.add_argument("--max-num-batched-tokens", type=int,
-                   default=VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                   help="vLLM profiling pass size in tokens (default 8192)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="vLLM profiling pass size in tokens (default: vLLM's on the GPU, "
+                        "2048 on an A100, 8192 on an H100)")
     from radixkv.cli._output import add_json_arg
 
     add_json_arg(p, "the report")
@@ -120,7 +120,7 @@ def memory_report(args) -> dict:
                          field="model" if args.model is None else "gpu")
     for field in ("tp", "block_size", "page_size", "max_num_batched_tokens"):
         v = getattr(args, field)
-        if v <= 0:
+        if v is not None and v <= 0:
             raise InputError(f"must be a positive integer, got {v}", field=field)
     model = get_model(args.model)
     gpu = get_gpu(args.gpu)
@@ -215,7 +215,7 @@ def _vllm_pool(out, model, gpu, args, util, kv_dtype, version, max_len) -> None:
     """
     pool = vllm_pool_size(model, gpu, tp=args.tp, kv_cache_dtype=kv_dtype,
                           gpu_memory_utilization=util, block_size=args.block_size,
-                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          max_num_batched_tokens=vllm_profile_tokens(args.max_num_batched_tokens, gpu),
                           engine_version=version)
     out["pools"]["vllm"] = _pool_dict(pool, max_len)
     start = vllm_start_max_model_len(pool, max_len, hybrid=model.is_hybrid)
@@ -250,7 +250,7 @@ def _vllm_pool(out, model, gpu, args, util, kv_dtype, version, max_len) -> None:
 #: ``--pool-from-log`` alone, which only prints the logged pool)
 _MODEL_FLAGS = (("engine", None), ("engine_version", None), ("gpu_memory_utilization", None),
                 ("mem_fraction_static", None), ("kv_cache_dtype", "auto"), ("tp", 1), ("max_model_len", None),
-                ("page_size", 1), ("max_num_batched_tokens", VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS))
+                ("page_size", 1), ("max_num_batched_tokens", None))
 
 
 def _refuse_moot_flags(args, engine, logged) -> None:
@@ -290,7 +290,7 @@ def _refuse_moot_flags(args, engine, logged) -> None:
         raise ConfigError("--page-size is SGLang's page_size, and only vLLM's pool is shown (--engine vllm, or "
                           "--gpu-memory-utilization), whose unit is --block-size: drop --page-size or show "
                           "SGLang's pool", field="page_size")
-    if given("max_num_batched_tokens", VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS) and engine not in ("vllm", "both"):
+    if given("max_num_batched_tokens", None) and engine not in ("vllm", "both"):
         raise ConfigError("--max-num-batched-tokens sizes vLLM's profiling pass, and only SGLang's pool is shown: "
                           "drop --max-num-batched-tokens or show vLLM's pool", field="max_num_batched_tokens")
 

@@ -7,11 +7,12 @@ vLLM and SGLang build on a given model, GPU and tensor-parallel size.
 * :mod:`radixkv.memory.pool`      the engines' pool-size rules, ``PoolSize``, ``pool_for``,
   vLLM's start-up check that the pool holds one ``max_model_len`` request
 * :mod:`radixkv.memory.engine_defaults` the engines' serving knobs by GPU when none is given
+  (and the tokens of vLLM's profiling pass, ``vllm_profile_tokens``)
 * :mod:`radixkv.memory.hybrid`    vLLM's KV cache groups of a hybrid model, block ids per budget
 * :mod:`radixkv.memory.startup_log` the pool an engine logged at start-up (``--pool-from-log``)
 * :mod:`radixkv.memory.calibration` radixkv's model against published start-up logs
 """
-from radixkv.memory.engine_defaults import engine_batch_defaults
+from radixkv.memory.engine_defaults import engine_batch_defaults, vllm_profile_tokens
 from radixkv.memory.hf_config import estimate_num_params
 from radixkv.memory.pool import (
     AccountingRow,
@@ -36,5 +37,5 @@ __all__ = [
     "load_hf_config", "pool_for", "sglang_default_mem_fraction_static", "sglang_pool_size",
     "sglang_dp_attention_extra_weight_bytes",
     "vllm_pool_size", "sglang_legacy_mem_fraction_static", "sglang_version_rules",
-    "vllm_start_max_model_len", "vllm_version_rules",
+    "vllm_profile_tokens", "vllm_start_max_model_len", "vllm_version_rules",
 ]

@@ -116,3 +116,28 @@ def engine_batch_defaults(engine: str, gpu) -> dict:
         return {"max_num_batched_tokens": sglang_default_chunked_prefill_size(_gpu(gpu)),
                 "max_num_seqs": SGLANG_DEFAULT_MAX_RUNNING_REQUESTS, "memory_fraction": None}
     raise InputError(f"unknown engine {engine!r}; one of vllm, sglang", field="engine")
+
+
+def vllm_profile_tokens(max_num_batched_tokens, gpu) -> int:
+    """The tokens of vLLM's profiling pass: *max_num_batched_tokens* when given, else the
+    value ``vllm serve`` picks on *gpu* (:func:`radixkv.memory.engine_batch_defaults`:
+    2048 on an A100 or a GPU under 70 GiB, 8192 on an H100/H200 class, 16384 at ≥ 160 GiB;
+    vLLM ``vllm/engine/arg_utils.py :: EngineArgs.get_batch_defaults``). vLLM profiles one
+    step of ``max_num_batched_tokens`` tokens before it sizes the KV cache
+    (``Worker.determine_available_memory``), so its default pool depends on the GPU.
+
+    Parameters
+    ----------
+    max_num_batched_tokens : int or None
+        The user's ``--max-num-batched-tokens`` (tokens), or None.
+    gpu : str or GPUSpec
+        The GPU preset name or spec.
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        An unknown GPU name (field ``gpu``), when no value is given.
+    """
+    if max_num_batched_tokens is not None:
+        return max_num_batched_tokens
+    return engine_batch_defaults("vllm", gpu)["max_num_batched_tokens"]

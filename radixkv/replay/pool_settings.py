@@ -79,15 +79,14 @@ _ENGINE_KNOB = {"vllm": "num_gpu_blocks", "sglang": "max_total_num_tokens"}
 def _memory_pool(args, engine: str, spec: PolicySpec):
     """The pool the memory model gives *engine* on ``--model``/``--gpu`` (the policy's
     own size when it is that engine's policy, else the engine's default size)."""
-    from radixkv.memory import pool_for
+    from radixkv.memory import pool_for, vllm_profile_tokens
 
     kw = {"tp": args.tp, "kv_cache_dtype": args.kv_cache_dtype}
     knob, default = _ENGINE_SIZE[engine]
     kw[knob] = spec.size if (spec.cls.engine == engine and spec.cls.size_name == knob and spec.size) else default
     if engine == "vllm":
         kw["gpu_memory_utilization"] = args.gpu_memory_utilization
-        if args.max_num_batched_tokens is not None:
-            kw["max_num_batched_tokens"] = args.max_num_batched_tokens
+        kw["max_num_batched_tokens"] = vllm_profile_tokens(args.max_num_batched_tokens, args.gpu)
     else:
         kw["mem_fraction_static"] = args.mem_fraction_static
     kw = {k: v for k, v in kw.items() if v is not None}
