@@ -25,6 +25,7 @@ import numpy as np
 
 from radixkv.cost import CostModel
 from radixkv.errors import ConfigError
+from radixkv.replay._engine_readout import EngineReadout, StateSlots
 
 #: False: always the Python loop (tests compare the two)
 ENABLED = True
@@ -155,7 +156,7 @@ def exact(trace, config) -> bool:
     return (B + M) * (kv_max + B + M) < _EXACT  # Σ n·c + n(n+1)/2 of one step, an upper bound
 
 
-class CompiledSglangEngine:
+class CompiledSglangEngine(EngineReadout):
     """One SGLang engine on the compiled loop (:func:`radixkv.replay._conc_sglang_kernels.run_loop`),
     its state in arrays kept between calls, so that it can be advanced piece by piece.
 
@@ -199,6 +200,9 @@ class CompiledSglangEngine:
         RQ[:, C.Q_FINISH_STEP] = -1
         self.RF = np.full((n, C.NFL), np.nan)
         self.R = np.zeros((n, K.NR), dtype=np.int64)
+        self._slots = StateSlots(now=C.V_NOW, peak=C.I_PEAK, steps=C.I_STEPS, ivn=C.I_IVN, nsrc=C.I_NSRC,
+                                 done=C.I_DONE, finnow=C.I_FINNOW, refused=C.I_ERR, nxt=C.I_NXT, nrun=C.I_NRUN,
+                                 wlen=C.I_WLEN)
         IV = self.IV = np.zeros(C.NIV, dtype=np.int64)
         FV = self.FV = np.zeros(C.NFV, dtype=np.float64)
         FV[C.V_LIMIT] = np.inf
@@ -299,66 +303,18 @@ class CompiledSglangEngine:
                 raise RuntimeError("decode needs a page but none is free or evictable")
 
     # ------------------------------------------------------------------ a replica's calls
-    def give(self, i: int) -> None:
-        """Request row *i* is routed here."""
-        import radixkv.replay._conc_sglang_kernels as C
-
-        k = int(self.IV[C.I_NSRC])
-        self.src[k] = i
-        self.IV[C.I_NSRC] = k + 1
+    # give, in_flight_at, refused_row, now, peak, steps, intervals: EngineReadout
+    def _state(self):
+        return self.IV, self.FV, self.IVT, self.IVN
 
     def advance_to(self, limit: float) -> bool:
         """Run every step that starts before *limit*; True when the engine stopped on a
         request it cannot admit into its otherwise idle pool (:attr:`refused_row`)."""
         import radixkv.replay._conc_sglang_kernels as C
 
-        IV = self.IV
-        if float(self.FV[C.V_NOW]) >= limit or (IV[C.I_NXT] == IV[C.I_NSRC] and IV[C.I_NRUN] == 0
-                                                 and IV[C.I_WLEN] == 0):
+        if self._nothing_to_run(limit):
             return False  # no step to run
         return self.advance(limit) == C.ST_NO_FIT
-
-    @property
-    def refused_row(self) -> int:
-        """The request :meth:`advance_to` stopped on."""
-        import radixkv.replay._conc_sglang_kernels as C
-
-        return int(self.IV[C.I_ERR])
-
-    def in_flight_at(self, t: float) -> int:
-        """Requests given and not finished by time *t* (``ReplicaEngine.load_at``)."""
-        import radixkv.replay._conc_sglang_kernels as C
-
-        IV = self.IV
-        left = int(IV[C.I_NSRC]) - int(IV[C.I_DONE])
-        return left + int(IV[C.I_FINNOW]) if float(self.FV[C.V_NOW]) > t else left
-
-    @property
-    def now(self) -> float:
-        """The clock, seconds (−inf before any request)."""
-        import radixkv.replay._conc_sglang_kernels as C
-
-        return float(self.FV[C.V_NOW])
-
-    @property
-    def peak(self) -> int:
-        import radixkv.replay._conc_sglang_kernels as C
-
-        return int(self.IV[C.I_PEAK])
-
-    @property
-    def steps(self) -> int:
-        import radixkv.replay._conc_sglang_kernels as C
-
-        return int(self.IV[C.I_STEPS])
-
-    @property
-    def intervals(self) -> list:
-        """(start, end, running requests) of every step or fast-forwarded run (replica only)."""
-        import radixkv.replay._conc_sglang_kernels as C
-
-        m = int(self.IV[C.I_IVN])
-        return list(zip(self.IVT[0, :m].tolist(), self.IVT[1, :m].tolist(), self.IVN[:m].tolist()))
 
     # ------------------------------------------------------------------ the result
     def result(self, t0: float, t_end: float):

@@ -42,6 +42,7 @@ import radixkv.policies._hash_kernels as K
 import radixkv.replay._conc_vllm_block_kernels as BPK
 import radixkv.replay._conc_vllm_kernels as CK
 import radixkv.replay._conc_vllm_piece_kernels as PK
+from radixkv.replay._engine_readout import EngineReadout, StateSlots
 
 _EXACT = 2**53
 #: requests finished between two progress reports of the compiled loop
@@ -114,6 +115,11 @@ def _unit_eligible(trace, policy) -> bool:
     return int(np.sum(np.maximum((trace.prompt_len + np.maximum(trace.output_len - 1, 0)) // B, 0))) < 2**31
 
 
+#: the state slots a driver reads (:class:`~radixkv.replay._engine_readout.EngineReadout`)
+_SLOTS = StateSlots(now=CK.F_NOW, peak=CK.I_PEAK, steps=CK.I_STEPS, ivn=CK.I_IVN, nsrc=CK.I_NSRC, done=CK.I_DONE,
+                    finnow=CK.I_FINNOW, refused=CK.I_ARG, nxt=CK.I_NXT, nrun=CK.I_NRUN, wlen=CK.I_WLEN)
+
+
 class _UnitConsumed:
     """Stands in for ``BlockHashCache._unit`` after a concurrent replay on the piece
     pool: that pool's state is not the policy's per-block state, so the policy cannot go on."""
@@ -183,7 +189,7 @@ def replay_compiled(trace, policy, cost, config, sch, arrivals: np.ndarray, fast
     return eng.result(float(eng.fst[CK.F_T0]), float(eng.fst[CK.F_NOW]))
 
 
-class CompiledVllmEngine:
+class CompiledVllmEngine(EngineReadout):
     """One vLLM engine on the compiled loop (:func:`radixkv.replay._conc_vllm_kernels.run_loop`),
     its state in arrays kept between calls, so that it can be advanced piece by piece.
 
@@ -279,6 +285,7 @@ class CompiledVllmEngine:
         self.pf_n = np.zeros(_LOG0 + cap_run, dtype=np.int64)
         self.pf_c = np.zeros_like(self.pf_n)
         self.pf_g = np.zeros(_LOG0, dtype=np.int64)
+        self._slots = _SLOTS
         ist = self.ist = np.zeros(CK.NI, dtype=np.int64)
         ist[CK.I_NFREE] = n_sl
         ist[CK.I_HKI] = -1
@@ -321,56 +328,17 @@ class CompiledVllmEngine:
         self.ev0 = 0 if unit else int(policy._st[K.ST_EVICTIONS])
 
     # ------------------------------------------------------------------ a replica's calls
-    def give(self, i: int) -> None:
-        """Request row *i* is routed here (it joins the waiting queue at the first step
-        boundary at or after its arrival)."""
-        k = int(self.ist[CK.I_NSRC])
-        self.src[k] = i
-        self.ist[CK.I_NSRC] = k + 1
-
-    def in_flight_at(self, t: float) -> int:
-        """Requests given and not finished by time *t* (≥ the start of the last step run):
-        those finishing in a step that ends after *t* still count
-        (``ReplicaEngine.load_at``)."""
-        ist = self.ist
-        left = int(ist[CK.I_NSRC]) - int(ist[CK.I_DONE])
-        return left + int(ist[CK.I_FINNOW]) if float(self.fst[CK.F_NOW]) > t else left
+    # give, in_flight_at, refused_row, now, peak, steps, intervals: EngineReadout
+    def _state(self):
+        return self.ist, self.fst, self.iv_t, self.iv_n
 
     def advance_to(self, limit: float) -> bool:
         """Run every step that starts before *limit* (``inf``: to the end of the given
         requests); True when the engine stopped on a request it cannot admit into its
         otherwise idle pool (:attr:`refused_row`)."""
-        ist = self.ist
-        if float(self.fst[CK.F_NOW]) >= limit or (ist[CK.I_NXT] == ist[CK.I_NSRC] and ist[CK.I_NRUN] == 0
-                                                   and ist[CK.I_WLEN] == 0):
+        if self._nothing_to_run(limit):
             return False  # no step to run (the call would change nothing that is read)
         return self.advance(_NEVER, limit) == CK.S_IDLE_REFUSED
-
-    @property
-    def refused_row(self) -> int:
-        """The request :meth:`advance_to` stopped on."""
-        return int(self.ist[CK.I_ARG])
-
-    @property
-    def now(self) -> float:
-        """The clock: the start of the next step, seconds (−inf before any request)."""
-        return float(self.fst[CK.F_NOW])
-
-    @property
-    def peak(self) -> int:
-        """The most requests running in one step."""
-        return int(self.ist[CK.I_PEAK])
-
-    @property
-    def steps(self) -> int:
-        """Engine steps run."""
-        return int(self.ist[CK.I_STEPS])
-
-    @property
-    def intervals(self) -> list:
-        """(start, end, running requests) of every step or fast-forwarded run (replica only)."""
-        m = int(self.ist[CK.I_IVN])
-        return list(zip(self.iv_t[0, :m].tolist(), self.iv_t[1, :m].tolist(), self.iv_n[:m].tolist()))
 
     # ------------------------------------------------------------------ the loop
     def advance(self, stop_done: int, limit: float = np.inf) -> int:
