@@ -117,10 +117,11 @@ def test_planned_work_is_not_counted_twice(monkeypatch, restore_jit):
     assert jit.before_replay(spec, 40) == "compiled"  # 120 > 100
 
 
-def test_hooked_policies_always_run_compiled():
-    # an eviction hook calls its priority function by address: no interpreted twin
-    assert jit.family_of(parse_policy("vllm:16@lfu")) is None
-    assert jit.family_of(parse_policy("sglang:1@lfu")) is None
+def test_priority_policies_run_with_their_family():
+    # an eviction hook's kernels are its family's (its priority function, called by address
+    # when compiled, is called from Python by the interpreted twins: tests/test_jit_priority.py)
+    assert jit.family_of(parse_policy("vllm:16@lfu")) == "hash"
+    assert jit.family_of(parse_policy("sglang:1@lfu")) == "radix"
     assert jit.family_of(parse_policy("vllm:16@lru")) == "hash"
 
 
@@ -221,19 +222,20 @@ def test_a_compile_is_announced_on_stderr(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_a_priority_policy_keeps_the_kernels_it_calls_compiled(monkeypatch, restore_jit):
+def test_a_priority_policy_runs_as_its_family_runs(monkeypatch, restore_jit):
     # the trial's crash: on a cold cache, compare --policies vllm:16,vllm:16@lfu interpreted the
     # small vllm:16 replay, which rebound _hash_kernels' names to plain Python functions, and the
-    # priority kernels (compiled only) then failed to type them ("Untyped global name")
+    # priority kernels (then compiled only) failed to type them ("Untyped global name"). The
+    # priority kernels now belong to the family: interpreted with it, compiled with it
     monkeypatch.setenv("RADIXKV_JIT", "interpret")
     for base, prio in (("vllm:16", "vllm:16@lfu"), ("sglang:1", "sglang:1@lfu")):
         fam = jit.family_of(parse_policy(base))
         jit._decided.clear()
         assert jit.plan([(parse_policy(base), 100)]) == {fam: "interpreted"} and jit.is_interpreted(fam)
-        jit.before_replay(parse_policy(prio), 100)  # a priority replay after it: the family goes compiled
-        assert not jit.is_interpreted(fam)
+        assert jit.before_replay(parse_policy(prio), 100) == "interpreted" and jit.is_interpreted(fam)
         jit.use_compiled(fam)
         jit._decided.clear()
-        # planned together, the family is compiled from the start, whatever the mode says
-        assert jit.plan([(parse_policy(base), 100), (parse_policy(prio), 100)]) == {fam: "compiled"}
-        assert not jit.is_interpreted(fam)
+        assert jit.plan([(parse_policy(base), 100), (parse_policy(prio), 100)]) == {fam: "interpreted"}
+        assert jit.is_interpreted(fam)
+        jit.use_compiled(fam)
+        jit._decided.clear()

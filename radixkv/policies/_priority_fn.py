@@ -8,7 +8,8 @@ first. The kernels that call one (the radix tree's keyed order,
 :mod:`radixkv.policies._hash_prio_kernels`) take the int64 array of its two addresses
 (:func:`function_addresses`) and rebuild the function value inside compiled code
 (:func:`priority_at`), so they are compiled once (and cached on disk) for every
-priority, built-in or user-written.
+priority, built-in or user-written. Run as plain Python (the interpreted kernels of
+:mod:`radixkv.replay.jit`), :func:`priority_at_python` stands in for :func:`priority_at`.
 """
 from __future__ import annotations
 
@@ -34,7 +35,34 @@ def function_addresses(fn) -> np.ndarray:
     cres = fn.get_compile_result(PRIORITY_SIG)
     c_addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
     jit_addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+    _BY_ADDRESS[int(c_addr)] = fn
     return np.array([c_addr, jit_addr], dtype=np.int64)
+
+
+#: cfunc address → the compiled priority function :func:`function_addresses` gave it for
+#: (kept alive here, so an address is never reused by another function in this process)
+_BY_ADDRESS: dict = {}
+
+
+def priority_at_python(addrs):
+    """:func:`priority_at` for plain Python (the interpreted kernels' twin): the compiled
+    priority function whose addresses :func:`function_addresses` returned as *addrs*,
+    called from Python. It is the same compiled function the compiled kernels call, so an
+    interpreted replay gets the same keys (bit for bit) as a compiled one.
+
+    Parameters
+    ----------
+    addrs : numpy.ndarray
+        int64, shape (2,), from :func:`function_addresses` in this process.
+
+    Raises
+    ------
+    KeyError
+        *addrs* did not come from :func:`function_addresses` in this process.
+    """
+    return _BY_ADDRESS[int(addrs[0])]
+
+
 
 
 @intrinsic
@@ -52,3 +80,8 @@ def priority_at(typingctx, addrs):
         f.jit_addr = builder.inttoptr(jit_addr, vp)
         return f._getvalue()
     return PRIORITY_FN(addrs), codegen
+
+
+#: compiled-only intrinsics and their plain-Python forms: an interpreted twin of a kernel
+#: module gets the second wherever its source names the first (radixkv.replay.jit)
+PYTHON_FORMS = ((priority_at, priority_at_python),)

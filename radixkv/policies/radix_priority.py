@@ -323,7 +323,7 @@ class PriorityRadixCache(RadixCache):
     #: RadixCache.__init__``), so the concurrent replay of every eviction order runs
     #: :mod:`radixkv.replay.sched_sglang`'s rules, compiled (:mod:`radixkv.replay.conc_sglang`)
     batch_visibility = True
-    kernel_family = "radix_priority"  # compiled only (a priority is called by address)
+    kernel_family = "radix_priority"  # the radix tree's kernels (radixkv.replay.jit.BASE_FAMILY)
     #: default priority of the class (a subclass of :class:`EvictionPriority`, or None)
     eviction = None
 

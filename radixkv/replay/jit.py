@@ -44,13 +44,14 @@ __all__ = ["mode", "family_of", "plan", "before_replay", "mark_compiled", "is_wa
 #: kernel family → the modules holding its Numba kernels
 FAMILY_MODULES = {
     "hash": ("radixkv.policies._hash_kernels", "radixkv.policies._hash_batch_kernels",
-             "radixkv.policies._static_kernels"),
+             "radixkv.policies._static_kernels", "radixkv.policies._hash_prio_kernels"),
     "radix": ("radixkv.policies._radix_kernels",),
 }
 
-#: compiled-only kernel families (priority functions called by address) → the switchable
-#: family whose kernels they call: while one of them runs, that family stays compiled (its
-#: interpreted twins would be globals the compiled kernels cannot type)
+#: the kernel families of the priority policies (``vllm:B@ORDER``, ``sglang:P@ORDER``,
+#: whose priority functions the kernels call by address) → the switchable family that holds
+#: their kernels: they run compiled or interpreted with it (interpreted, the kernels call
+#: the compiled priority function from Python: ``_priority_fn.priority_at_python``)
 BASE_FAMILY = {"block_priority": "hash", "radix_priority": "radix"}
 
 #: on a cold cache, ``auto`` interprets a family whose planned replays total at most
@@ -60,15 +61,17 @@ INTERPRET_MAX_TOKENS = 1_000_000
 
 _twins: dict = {}
 _swapped: dict = {}  # family -> [(module, name, original value)]
+_compiled_of: dict = {}  # family -> {id(interpreted twin as bound): (that twin, compiled kernel)}
 _warm: dict = {}  # family -> bool (probe result)
 
 
 def family_of(spec) -> str | None:
     """The kernel family of a :class:`~radixkv.policies.registry.PolicySpec`: the built
-    class's ``kernel_family`` when it is one of :data:`FAMILY_MODULES` (None: none to
-    switch; policies with an eviction hook (``@lfu``, ...) call priority functions by
-    address, have their own family and always run compiled)."""
+    class's ``kernel_family`` when it is one of :data:`FAMILY_MODULES`, the family holding
+    its kernels for a priority policy (:data:`BASE_FAMILY`: ``@lfu``, ...), else None
+    (none to switch)."""
     fam = getattr(getattr(spec, "build_class", None), "kernel_family", None)  # declared by the class
+    fam = BASE_FAMILY.get(fam, fam)
     return fam if fam in FAMILY_MODULES else None
 
 
@@ -88,6 +91,12 @@ def _interpreted_module(name: str):
         spec.loader.exec_module(twin)
     finally:
         config.DISABLE_JIT = old
+    from radixkv.policies._priority_fn import PYTHON_FORMS
+
+    for attr, val in list(vars(twin).items()):  # compiled-only intrinsics: their Python forms
+        for compiled_only, python_form in PYTHON_FORMS:
+            if val is compiled_only:
+                setattr(twin, attr, python_form)
     _twins[name] = twin
     return twin
 
@@ -121,12 +130,26 @@ def use_interpreted(family: str) -> None:
 
     swaps = []
     by_func = {}
+    plain = {}  # id(a callable a family module defines) -> (it, its plain-Python form in the twin)
+    back = _compiled_of[family] = {}
+    twins = []
     for modname in FAMILY_MODULES[family]:
         orig = importlib.import_module(modname)
         twin = _interpreted_module(modname)
+        twins.append(twin)
         for attr, val in vars(orig).items():
-            if isinstance(val, Dispatcher) and callable(getattr(twin, attr, None)):
-                by_func[id(val)] = _wrapping(getattr(twin, attr))
+            tw = getattr(twin, attr, None)
+            if not callable(val) or not callable(tw) or tw is val or id(val) in plain:
+                continue  # not a kernel, or one the module imports (its twin holds the same object)
+            plain[id(val)] = (val, tw)
+            if isinstance(val, Dispatcher):
+                by_func[id(val)] = w = _wrapping(tw)
+                back[id(w)] = (w, val)
+    for twin in twins:  # a twin calls the family's other twins (kernels, intrinsics' Python forms),
+        for attr, val in list(vars(twin).items()):  # never a compiled kernel: its globals are rebound
+            pair = plain.get(id(val))  # below, so it could not compile
+            if pair is not None and pair[0] is val:
+                setattr(twin, attr, pair[1])
     for mod in list(sys.modules.values()):
         if mod is None or not getattr(mod, "__name__", "").startswith("radixkv.") or mod.__name__.endswith("__interpreted"):
             continue
@@ -138,9 +161,22 @@ def use_interpreted(family: str) -> None:
 
 
 def use_compiled(family: str) -> None:
-    """Undo :func:`use_interpreted` for *family* (the compiled kernels are used again)."""
-    for mod, attr, val in _swapped.pop(family, []):
+    """Undo :func:`use_interpreted` for *family* (the compiled kernels are used again),
+    in the modules it rebound and in any ``radixkv`` module imported since that bound an
+    interpreted twin by name (``from ... import kernel``): no twin stays where a compiled
+    kernel would find it as a global it cannot type."""
+    if family not in _swapped:
+        return
+    for mod, attr, val in _swapped.pop(family):
         setattr(mod, attr, val)
+    back = _compiled_of.pop(family, {})
+    for mod in list(sys.modules.values()):
+        if mod is None or not getattr(mod, "__name__", "").startswith("radixkv."):
+            continue
+        for attr, val in list(vars(mod).items()):
+            pair = back.get(id(val))
+            if pair is not None and pair[0] is val:
+                setattr(mod, attr, pair[1])
 
 
 def is_warm(spec) -> bool:
@@ -204,7 +240,6 @@ def plan(work) -> dict:
     tokens: dict = {}
     spec_of: dict = {}
     work = list(work)
-    pinned = {_pin_base(spec) for spec, _ in work} - {None}
     for spec, n in work:
         fam = family_of(spec)
         if fam is None:
@@ -213,9 +248,7 @@ def plan(work) -> dict:
         spec_of.setdefault(fam, spec)
     out = {}
     for fam, n in tokens.items():
-        if fam in pinned:
-            interp = False
-        elif m != "auto":
+        if m != "auto":
             interp = m == "interpret"
         elif _decided.get(fam) == "compiled":
             interp = False
@@ -239,7 +272,6 @@ def before_replay(spec, tokens: int) -> str | None:
 
     Returns ``"compiled"``, ``"interpreted"`` or None (a policy without a family).
     """
-    _pin_base(spec)
     fam = family_of(spec)
     if fam is None:
         return None
@@ -254,20 +286,6 @@ def before_replay(spec, tokens: int) -> str | None:
                 use_compiled(fam)
                 _decided[fam] = "compiled"
     return _decided[fam]
-
-
-def _pin_base(spec) -> str | None:
-    """For a policy of a compiled-only family (:data:`BASE_FAMILY`: ``vllm:16@lfu``,
-    ``sglang:1@lfu``), switch the family whose kernels it calls to compiled, now and for
-    the rest of the process, and return that family; None for any other policy. (Run
-    interpreted, those kernels are plain Python functions that the priority kernels,
-    compiled on a cold cache, cannot call: ``compare --policies vllm:16,vllm:16@lfu`` on a
-    cold cache failed with Numba's "Untyped global name".)"""
-    base = BASE_FAMILY.get(getattr(getattr(spec, "build_class", None), "kernel_family", None))
-    if base is not None and _decided.get(base) != "compiled":
-        use_compiled(base)
-        _decided[base] = "compiled"
-    return base
 
 
 def mark_compiled(spec) -> None:
