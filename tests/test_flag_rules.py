@@ -1,4 +1,4 @@
-"""Flags that would have no effect are refused, naming both flags (radixkv/cli/flag_rules.py).
+"""Flags that would have no effect are refused, naming both flags (radixkv/flags/moot.py).
 
 Each case is a combination where the flag changed nothing before (read off the code paths
 by hand: e.g. ``--per-request`` was never written on the ``--explain`` path); the test
@@ -43,6 +43,7 @@ CASES = [
     (_replay("--router-load-window", "5", "--replicas", "2", "--router", "round-robin"), "router_load_window",
      ("--router-load-window", "--router")),
     (_replay("--router", "session", "--replicas", "1"), "router", ("--router", "--replicas 1")),
+    (_replay("--kv-pool", "global", "--replicas", "1"), "kv_pool", ("--kv-pool", "--replicas 1")),
     (_replay("--seed", "2", "--replicas", "2", "--router", "random", *CONC), "seed", ("--seed", "--router-seed")),
     (["compare", DEMO, "--policies", "vllm:16,sglang:1", *POOL, "--replicas", "2", "--executor", "processes"],
      "replicas", ("--replicas", "--executor processes")),

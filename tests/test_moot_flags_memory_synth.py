@@ -1,5 +1,5 @@
 """Moot flags of ``radixkv memory`` and ``radixkv trace synth`` are refused (exit 2, naming
-the flag), as ``replay``'s are (radixkv.cli.flag_rules); the same flags where they are read
+the flag), as ``replay``'s are (radixkv.flags.moot); the same flags where they are read
 still work."""
 from __future__ import annotations
 

@@ -419,3 +419,19 @@ def test_an_engine_knob_applies_to_that_engines_cells_only(tmp_path):
     assert cells["vllm:16"].key == ref["vllm:16"].key
     assert cells["sglang:1"].settings["enable_priority_scheduling"] is True
     assert cells["sglang:1"].key != ref["sglang:1"].key
+
+
+@pytest.mark.parametrize("keys, key", [
+    ("replicas = 1\nrouter = \"prefix-aware\"\n", "router"),   # one replica serves every request
+    ("replicas = 1\nkv_pool = \"global\"\n", "kv_pool"),       # one replica has one pool anyway
+    ("replicas = [1, 2]\nrouter = \"session\"\n", "router"),    # the replicas = 1 cells
+])
+def test_a_moot_key_is_refused_naming_key_and_line(tmp_path, capsys, keys, key):
+    # the command line refuses --router / --kv-pool global with --replicas 1 (radixkv.flags.moot);
+    # a grid cell with the same keys is refused before anything runs, naming the key and its line
+    g = _grid(tmp_path, _CONC + 'policies = ["vllm:16"]\n' + keys)
+    line = next(i + 1 for i, s in enumerate(g.read_text().splitlines()) if s.startswith(key + " ="))
+    assert main(["sweep", str(g), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{g}, line {line}, field '{key}'" in err and "--replicas 1" in err, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()

@@ -255,7 +255,7 @@ _MODEL_FLAGS = (("engine", None), ("engine_version", None), ("gpu_memory_utiliza
 
 def _refuse_moot_flags(args, engine, logged) -> None:
     """Refuse a flag set away from its default that the pool(s) shown would not read, as
-    :mod:`radixkv.cli.flag_rules` does for ``replay``: ``--block-size`` (vLLM's block_size)
+    :mod:`radixkv.flags.moot` does for ``replay``: ``--block-size`` (vLLM's block_size)
     unless vLLM's pool is shown or a vLLM log is read; ``--page-size`` (SGLang's page_size)
     unless SGLang's pool is shown; ``--max-num-batched-tokens`` (vLLM's profiling pass)
     unless vLLM's pool is shown; with ``--pool-from-log`` alone (*engine* None) every flag

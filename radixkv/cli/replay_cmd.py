@@ -19,7 +19,7 @@ import time
 from radixkv.cli import routing_args as _routing
 from radixkv.cli._output import emit, files, human, inputs
 from radixkv.cli.concurrent_args import refuse_scheduler_conflicts, refuse_sequential_only
-from radixkv.cli.flag_rules import refuse_moot_flags, refuse_moot_policy_flags
+from radixkv.flags.moot import refuse_moot_flags, refuse_moot_policy_flags
 from radixkv.cli.report_cmd import run_tables, write_run_report
 from radixkv.cli import traffic_args as _traffic
 from radixkv.errors import ConfigError
@@ -252,7 +252,7 @@ def _rerun(trace, spec, pool, args):
 
 def _verify_option(args) -> dict:
     """The policy keyword of ``--verify`` (sequential, concurrent and ``--explain`` alike;
-    :func:`radixkv.cli.flag_rules.refuse_moot_policy_flags` refuses it for a policy
+    :func:`radixkv.flags.moot.refuse_moot_policy_flags` refuses it for a policy
     without the check)."""
     return {"verify": True} if getattr(args, "verify", False) else {}
 

@@ -44,7 +44,7 @@ def check_pool_args(args):
                           field="capacity")
     if (args.model is None) != (args.gpu is None) and not (k and args.gpu is None):
         # --model alone is fine beside an explicit pool: it gives the KV bytes per token of
-        # the host-tier traffic (radixkv.cli.flag_rules.refuse_moot_policy_flags refuses it where unread)
+        # the host-tier traffic (radixkv.flags.moot.refuse_moot_policy_flags refuses it where unread)
         raise ConfigError("--model and --gpu go together (with an explicit pool size, --model alone gives the "
                           "KV bytes per token of the host-tier traffic)",
                           field="model" if args.model is None else "gpu")

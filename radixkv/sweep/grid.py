@@ -326,6 +326,7 @@ def _load_grid(path, *, hash_traces: bool = True) -> Grid:
 def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
     """One cell's settings: the policy's spec with its size, concurrent knobs only in
     concurrent cells, defaults dropped; checked as ``radixkv replay`` checks its flags."""
+    from radixkv.flags.moot import refuse_moot_flags
     from radixkv.policies.registry import parse_policy
     from radixkv.replay.pool_settings import check_pool_args
 
@@ -343,6 +344,10 @@ def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
         check_pool_args(ns)
     except ConfigError as e:
         raise ConfigError(e.reason, path=where, field=e.field) from None
+    try:  # a key the other keys make moot, as radixkv replay refuses the flag (radixkv.flags.moot)
+        refuse_moot_flags(ns)
+    except ConfigError as e:
+        raise ConfigError(f"key {e.field!r}: {e.reason}", path=where, field=e.field) from None
     concurrent = ns.mode == "concurrent"
     if (concurrent or ns.replicas is not None) and getattr(spec.build_class, "needs_trace", False):
         from radixkv.policies.registry import sequential_only_message

@@ -3,7 +3,8 @@
 A flag set away from its default must change what radixkv does; where another flag (or its
 absence) makes it moot, the command refuses with a :class:`~radixkv.errors.ConfigError`
 naming both flags instead of replaying without it. The table below lists those
-combinations for ``replay``, ``compare`` and ``curve`` (the flags of the concurrent replay in
+combinations for ``replay``, ``compare`` and ``curve``, and a sweep grid's cells for the same
+keys (:mod:`radixkv.sweep.grid`, naming the key and its line) (the flags of the concurrent replay in
 the sequential mode are refused by
 :func:`radixkv.cli.concurrent_args.refuse_concurrent_only_flags`; ``--measure-last`` outside the
 one-pool sequential replay by :func:`radixkv.cli.replay_cmd._check_window_arg`; the size, pool and
@@ -19,9 +20,9 @@ flag                              takes effect only with
 ``--timeline``, ``--miss-fix``    request's explanation)
 ``--verify``                      a policy whose class takes ``verify`` (vLLM's block hash); one
                                   pool (not ``--replicas``)
-``--router``                      ``--replicas N`` with N ≥ 2 (one replica serves every request;
-                                  without ``--replicas``,
-                                  :func:`radixkv.replay.settings.routed` refuses it)
+``--router``,                     ``--replicas N`` with N ≥ 2 (one replica serves every request;
+``--kv-pool global``              without ``--replicas``,
+                                  :func:`radixkv.replay.settings.routed` refuses them)
 ``--router-seed``                 ``--replicas N --router random``
 ``--router-load-window``          ``--replicas N`` and a router that counts load (least-load,
                                   session, prefix-aware)
@@ -127,6 +128,9 @@ def _rules():
         ("router", None, lambda a: "picks a replica for each request; with --replicas 1 the one replica serves "
                                    "them all: drop --router, or give --replicas 2 or more"
                                    if getattr(a, "replicas", None) == 1 else None),
+        ("kv_pool", "local", lambda a: "shares one KV pool among the replicas; with --replicas 1 there is one pool "
+                                       "anyway: drop --kv-pool, or give --replicas 2 or more"
+                                       if getattr(a, "replicas", None) == 1 else None),
         ("router_seed", 0, _router_needs("random")),
         ("router_load_window", None, _router_needs("", load=True)),
         ("cache_threshold", cache, _router_needs("prefix-aware")),
