@@ -263,11 +263,17 @@ def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None)
         check_policy(pols[0], build_policy(spec, pool, unit_tokens=t.unit_tokens))
         make = recorder_factory or (lambda tr, p, c, r: MissRecorder(tr, p, c, replica=r))
         recs = [make(t, p, cfg, r) for r, p in enumerate(pols)]
+    from radixkv.numba_cache import compile_notice
+
     t0 = time.perf_counter()
-    res = replay_multi_concurrent(
-        t, pols, cost, args.router or "round-robin", arrivals=arr, config=cfg,
-        seed=args.router_seed, cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
-        balance_rel_threshold=args.balance_rel_threshold, max_tree_tokens=args.max_tree_tokens, recorders=recs)
+    # the replicas' compiled engines may compile kernels the single-engine warm-up does not
+    # (a priority pool's replica loop: 30+ s cold); say so, as the warm-up does
+    with compile_notice(spec.label):
+        res = replay_multi_concurrent(
+            t, pols, cost, args.router or "round-robin", arrivals=arr, config=cfg,
+            seed=args.router_seed, cache_threshold=args.cache_threshold,
+            balance_abs_threshold=args.balance_abs_threshold, balance_rel_threshold=args.balance_rel_threshold,
+            max_tree_tokens=args.max_tree_tokens, recorders=recs)
     if recs is not None:
         from radixkv.replay.conc_misses import attach_concurrent_causes
 
