@@ -81,7 +81,8 @@ def read_azure(path) -> Trace:
     radixkv.errors.TraceFormatError
         Naming the file, the 1-based line (the header is line 1) and the column: a wrong
         header, a row without exactly three fields, a malformed time, a negative or
-        non-integer token count, an empty prompt (ContextTokens 0).
+        non-integer token count, an empty prompt (ContextTokens 0); a file with the header
+        and no request.
     """
     path = Path(path)
     lines = read_lines(path)
@@ -94,6 +95,9 @@ def read_azure(path) -> Trace:
         raise TraceFormatError(f"expected the header {','.join(HEADER)}, got {got!r}",
                                path=path, line=ln, field="header")
     n = len(lines) - 1
+    if n == 0:  # as the native reader says it (radixkv.trace.native)
+        raise TraceFormatError(f"no requests in the file: it holds only the header (line {ln}); a trace needs at "
+                               "least one request", path=path)
     ticks = np.zeros(n, dtype=np.int64)
     plen = np.zeros(n, dtype=np.int64)
     olen = np.zeros(n, dtype=np.int64)
@@ -107,9 +111,9 @@ def read_azure(path) -> Trace:
         olen[r] = _count(parts[2], path, ln, "GeneratedTokens", 0)
     F.warn_unsorted(ticks, [ln for ln, _ in lines[1:]], path, "TIMESTAMP",
                     show=lambda k: lines[1 + k][1].split(",")[0].strip())
-    arrival = (ticks - ticks.min()) / 1e7 if n else np.zeros(0)
+    arrival = (ticks - ticks.min()) / 1e7
     U = MIN_UNIT_TOKENS
-    while n and U <= int(plen.max()):
+    while U <= int(plen.max()):
         U <<= 1
     empty = np.zeros(0, dtype=np.int64)
     return Trace.from_requests(
