@@ -29,6 +29,11 @@ class StateSlots(NamedTuple):
     wlen: int      #: ints: requests waiting
 
 
+def _int_slot(slot: str, doc: str) -> property:
+    """A read-only property: the int64 state's slot *slot* (a :class:`StateSlots` field)."""
+    return property(lambda self: int(self._state()[0][getattr(self._slots, slot)]), doc=doc)
+
+
 class EngineReadout:
     """The readouts of a compiled concurrent engine. A subclass sets ``self._slots`` (a
     :class:`StateSlots`) and ``self.src`` (int64, the rows given, in order) and defines
@@ -64,25 +69,14 @@ class EngineReadout:
         return float(floats[s.now]) >= limit or (ints[s.nxt] == ints[s.nsrc] and ints[s.nrun] == 0
                                                  and ints[s.wlen] == 0)
 
-    @property
-    def refused_row(self) -> int:
-        """The request :meth:`advance_to` stopped on."""
-        return int(self._state()[0][self._slots.refused])
+    refused_row = _int_slot("refused", "The request :meth:`advance_to` stopped on.")
+    peak = _int_slot("peak", "The most requests running in one step.")
+    steps = _int_slot("steps", "Engine steps run.")
 
     @property
     def now(self) -> float:
         """The clock: the start of the next step, seconds (−inf before any request)."""
         return float(self._state()[1][self._slots.now])
-
-    @property
-    def peak(self) -> int:
-        """The most requests running in one step."""
-        return int(self._state()[0][self._slots.peak])
-
-    @property
-    def steps(self) -> int:
-        """Engine steps run."""
-        return int(self._state()[0][self._slots.steps])
 
     @property
     def intervals(self) -> list:
