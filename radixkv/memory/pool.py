@@ -584,7 +584,6 @@ def vllm_pool_size(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, kv_cache_dtyp
         max_total_num_tokens=None, capacity_tokens=(n_blocks - 1) * B, accounting=rows)
 
 
-# --------------------------------------------------------------------------- SGLang
 def vllm_start_max_model_len(pool, context_len: int, *, hybrid: bool = False) -> int | None:
     """The ``--max-model-len`` vLLM needs to start on *pool*, or None when it starts with
     the model's own context *context_len* (tokens).
@@ -620,6 +619,7 @@ def vllm_start_max_model_len(pool, context_len: int, *, hybrid: bool = False) ->
     return most if most < int(context_len) else None
 
 
+# --------------------------------------------------------------------------- SGLang
 def sglang_dp_attention_extra_weight_bytes(model: ModelSpec, tp: int, dp_size: int) -> int:
     """Weights SGLang's DP attention adds to each rank, over ``model.weight_bytes_per_rank``.
 
