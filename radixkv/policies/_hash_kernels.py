@@ -23,7 +23,9 @@ rows of blocks about to be evicted or cached are prefetched a batch ahead
     its parent's key (uint64 hashes stored bit for bit), and the first content piece.
 ``pcid`` : int64, shape (nb, C − 1); ``pcs`` : int16 (int32 when ``block_size`` ≥ 2¹⁵), shape (nb, C − 1)
     Content pieces 1 … C − 1 of each hashed block (segment id; first position of the
-    piece inside the block), for ``held_tokens`` and ``verify``. A block's content is
+    piece inside the block), for ``held_tokens`` and ``verify``. A block of
+    ``block_size`` pieces (one token each: piece k starts at k) leaves its ``pcs`` row
+    unwritten. A block's content is
     its pieces ``(segment id, offset in segment, start in block)``: piece 0 (in ``blk``)
     may start inside its segment, every later piece starts at its segment's first token
     (offset 0); a piece ends where the next starts (the last at ``block_size``). C is the
@@ -680,14 +682,14 @@ def _store_pieces(blk, b32, pcid, pcs, b, seg_id, seg_end, start, block_size, s)
     e = s + block_size - 1
     if seg_start == start and e < seg_end.shape[0] and seg_end[e] == end:
         # block_size one-token segments (a token-trace block): piece k is segment s + k,
-        # starting at k (what the loop below writes, without its searches)
+        # starting at k (what the loop below writes, without its searches; the starts
+        # are implied by the count, so ``pcs`` is not written: _lcp_block)
         # unsigned indices (with a signed ``s + k`` the copy was a masked gather)
         us = np.uint64(s)
         ub = np.uint64(b)
         for k in range(1, block_size):
             uk = np.uint64(k)
             pcid[ub, uk - np.uint64(1)] = seg_id[us + uk]
-            pcs[ub, uk - np.uint64(1)] = k
         b32[b, R_PCN] = block_size
         return e
     pos = min(seg_end[s], end)
@@ -728,8 +730,11 @@ def _lcp_block(blk, b32, pcid, pcs, b, block_size, seg_id, seg_end, start, end, 
         else:
             pid = pcid[b, k - 1]
             poff = 0
-            pstart = pcs[b, k - 1]
-        pend = pcs[b, k] if k + 1 < npc else block_size
+            pstart = pcs[b, k - 1] if npc < block_size else k
+        if npc == block_size:  # one token a piece: piece k is token k (its pcs unwritten)
+            pend = k + 1
+        else:
+            pend = pcs[b, k] if k + 1 < npc else block_size
         if pid != seg_id[s] or poff + (r - pstart) != pos - seg_start:
             break
         step = min(pend - r, seg_end[s] - pos, end - pos)
