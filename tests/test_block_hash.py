@@ -380,7 +380,6 @@ def test_key_formulas_match_the_documented_hash():
     assert [int(k) & ((1 << 64) - 1) for k in keys] == [h0, h1]
 
 
-
 def test_token_block_fast_path_gives_the_documented_keys():
     # run_seq's n_tok: the leading blocks the caller knows to be token blocks are hashed
     # without the segment checks (_block_keys_tok_into); the keys must be the documented
@@ -422,7 +421,7 @@ def test_token_block_fast_path_gives_the_documented_keys():
             h2 = _py_mix(h2, t)
         for n_tok in (0, 2):
             keys = np.zeros(3, dtype=np.int64)
-            mp = K._block_keys_tok_into(seg_id, seg_end.astype(np.int64), B, 3, ALL, keys, n_tok)
+            mp = K._block_keys_tok_into(seg_id, seg_end, B, 3, ALL, keys, n_tok)
             assert [int(k) & m for k in keys] == want[:2] + [h2] and mp == B, (B, n_tok)
 
 
