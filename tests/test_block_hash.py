@@ -380,6 +380,51 @@ def test_key_formulas_match_the_documented_hash():
     assert [int(k) & ((1 << 64) - 1) for k in keys] == [h0, h1]
 
 
+def test_token_block_fast_path_gives_the_documented_keys():
+    # run_seq's n_tok: the leading blocks the caller knows to be token blocks are hashed
+    # without the segment checks (_block_keys_tok_into); the keys must be the documented
+    # pair-product hash (worked out here in Python), chained block to block, and a tail
+    # after the known blocks (here a 3-token segment, then tokens) is hashed as before
+    m = (1 << 64) - 1
+    consts, x = [], 0
+    for _ in range(64):
+        x = (x + 0x9E3779B97F4A7C15) & m
+        consts.append(_splitmix_out(x) | (1 << 63) | 1)
+
+    def token_key(parent, toks):
+        acc = 0
+        for k in range(0, len(toks), 2):
+            prod = (toks[k] ^ consts[k % 64]) * (toks[k + 1] ^ consts[(k + 1) % 64])
+            acc = (acc + ((prod ^ (prod >> 64)) & m)) & m
+        return _py_mix(parent, acc)
+
+    rng = np.random.default_rng(11)
+    for B in (8, 16, 32):
+        n = 5
+        toks = [int(v) for v in rng.integers(0, 2**40, n * B)]
+        ids = np.array(toks, dtype=np.int64)
+        ends = np.arange(1, n * B + 1, dtype=np.int64)
+        want, h = [], int(K.SEED)
+        for j in range(n):
+            h = token_key(h, toks[j * B:(j + 1) * B])
+            want.append(h)
+        for n_tok in (0, 1, n - 1, n, n + 3):
+            keys = np.zeros(n, dtype=np.int64)
+            mp = K._block_keys_tok_into(ids, ends, B, n, ALL, keys, n_tok)
+            assert [int(k) & m for k in keys] == want and mp == B, (B, n_tok)
+        # two known token blocks, then a block whose first 3 tokens are one segment
+        # (a piece folds in id, then offset << 32 | length), then B − 3 tokens
+        seg_id = np.array(toks[:2 * B] + [99] + toks[2 * B + 3:3 * B], dtype=np.int64)
+        seg_end = np.concatenate([np.arange(1, 2 * B + 1), [2 * B + 3], np.arange(2 * B + 4, 3 * B + 1)])
+        h2 = _py_mix(_py_mix(want[1], 99), (0 << 32) | 3)
+        for t in toks[2 * B + 3:3 * B]:
+            h2 = _py_mix(h2, t)
+        for n_tok in (0, 2):
+            keys = np.zeros(3, dtype=np.int64)
+            mp = K._block_keys_tok_into(seg_id, seg_end, B, 3, ALL, keys, n_tok)
+            assert [int(k) & m for k in keys] == want[:2] + [h2] and mp == B, (B, n_tok)
+
+
 def test_token_block_keys_separate_near_identical_blocks():
     # the token-block hash (pair products) must tell apart blocks that differ in one
     # token, in the order of two tokens, or only in a pair's split, and spread the low

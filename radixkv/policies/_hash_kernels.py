@@ -23,7 +23,9 @@ rows of blocks about to be evicted or cached are prefetched a batch ahead
     its parent's key (uint64 hashes stored bit for bit), and the first content piece.
 ``pcid`` : int64, shape (nb, C − 1); ``pcs`` : int16 (int32 when ``block_size`` ≥ 2¹⁵), shape (nb, C − 1)
     Content pieces 1 … C − 1 of each hashed block (segment id; first position of the
-    piece inside the block), for ``held_tokens`` and ``verify``. A block's content is
+    piece inside the block), for ``held_tokens`` and ``verify``. A block of
+    ``block_size`` pieces (one token each: piece k starts at k) leaves its ``pcs`` row
+    unwritten. A block's content is
     its pieces ``(segment id, offset in segment, start in block)``: piece 0 (in ``blk``)
     may start inside its segment, every later piece starts at its segment's first token
     (offset 0); a piece ends where the next starts (the last at ``block_size``). C is the
@@ -232,12 +234,55 @@ def seq_block_keys(seg_id, seg_end, block_size, n_blocks, key_mask):
 @njit(cache=True, inline="always")
 def _block_keys_into(seg_id, seg_end, block_size, n_blocks, key_mask, keys):
     """:func:`seq_block_keys` writing into ``keys[:n_blocks]``; returns ``max_pieces``."""
+    return _block_keys_tok_into(seg_id, seg_end, block_size, n_blocks, key_mask, keys, 0)
+
+
+@njit(cache=True, inline="always")
+def _token_pairs(seg_id, us, block_size):
+    """The sum of the pair products of the token block whose ids start at ``seg_id[us]``
+    (*us* an unsigned index; ``block_size`` even, ≥ 8; module docstring): uint64."""
+    acc = np.uint64(0)
+    if block_size == 16:  # the common case, unrolled by the compiler
+        for k in range(8):
+            acc += _mum(np.uint64(seg_id[us + np.uint64(2 * k)]) ^ _TOK_C[2 * k],
+                        np.uint64(seg_id[us + np.uint64(2 * k + 1)]) ^ _TOK_C[2 * k + 1])
+    else:
+        for t in range(0, block_size, 2):
+            k = t & 63
+            acc += _mum(np.uint64(seg_id[us + np.uint64(t)]) ^ _TOK_C[k],
+                        np.uint64(seg_id[us + np.uint64(t + 1)]) ^ _TOK_C[k + 1])
+    return acc
+
+
+@njit(cache=True, inline="always")
+def _block_keys_tok_into(seg_id, seg_end, block_size, n_blocks, key_mask, keys, n_tok):
+    """:func:`_block_keys_into` for a sequence whose first ``n_tok`` blocks are known to
+    be token blocks (``seg_end[k] == k + 1`` for every ``k < n_tok × block_size``: the
+    caller built the segments from a token trace's ids). Those blocks are hashed from
+    the ids alone, without reading ``seg_end``; the keys are the same whatever *n_tok*
+    (0 = nothing known). Returns ``max_pieces``."""
     parent = np.uint64(SEED)
     s = 0
     seg_start = 0
     max_pieces = 0
     nseg = seg_end.shape[0]
-    for j in range(n_blocks):
+    j0 = 0
+    if n_tok > 0 and block_size >= 8 and block_size % 2 == 0:
+        # what the token-block branch below computes for these blocks, without its
+        # segment searches and checks (an odd or small block_size takes that branch)
+        j0 = min(n_tok, n_blocks)
+        for j in range(j0):
+            t0 = j * block_size
+            _prefetch_row(seg_id, t0 + _IDS_AHEAD)
+            _prefetch_row(seg_id, t0 + _IDS_AHEAD + 8)
+            h = _mix(parent, _token_pairs(seg_id, np.uint64(t0), block_size)) & key_mask
+            keys[j] = np.int64(h)
+            parent = h
+        if j0 > 0:
+            max_pieces = block_size
+            s = j0 * block_size - 1  # the cursor the branch below leaves after a token block
+            seg_start = s
+    for j in range(j0, n_blocks):
         start = j * block_size
         end = start + block_size
         h = parent
@@ -258,19 +303,8 @@ def _block_keys_into(seg_id, seg_end, block_size, n_blocks, key_mask, keys):
             us = np.uint64(s)
             _prefetch_row(seg_id, s + _IDS_AHEAD)
             _prefetch_row(seg_id, s + _IDS_AHEAD + 8)
-            if block_size == 16:  # the common case, unrolled by the compiler
-                acc = np.uint64(0)
-                for k in range(8):
-                    acc += _mum(np.uint64(seg_id[us + np.uint64(2 * k)]) ^ _TOK_C[2 * k],
-                                np.uint64(seg_id[us + np.uint64(2 * k + 1)]) ^ _TOK_C[2 * k + 1])
-                h = _mix(h, acc)
-            elif block_size >= 8 and block_size % 2 == 0:
-                acc = np.uint64(0)
-                for t in range(0, block_size, 2):
-                    k = t & 63
-                    acc += _mum(np.uint64(seg_id[us + np.uint64(t)]) ^ _TOK_C[k],
-                                np.uint64(seg_id[us + np.uint64(t + 1)]) ^ _TOK_C[k + 1])
-                h = _mix(h, acc)
+            if block_size >= 8 and block_size % 2 == 0:
+                h = _mix(h, _token_pairs(seg_id, us, block_size))
             else:
                 for t in range(s, e):
                     h = _mix(h, np.uint64(seg_id[t]))
@@ -648,14 +682,14 @@ def _store_pieces(blk, b32, pcid, pcs, b, seg_id, seg_end, start, block_size, s)
     e = s + block_size - 1
     if seg_start == start and e < seg_end.shape[0] and seg_end[e] == end:
         # block_size one-token segments (a token-trace block): piece k is segment s + k,
-        # starting at k (what the loop below writes, without its searches)
+        # starting at k (what the loop below writes, without its searches; the starts
+        # are implied by the count, so ``pcs`` is not written: _lcp_block)
         # unsigned indices (with a signed ``s + k`` the copy was a masked gather)
         us = np.uint64(s)
         ub = np.uint64(b)
         for k in range(1, block_size):
             uk = np.uint64(k)
             pcid[ub, uk - np.uint64(1)] = seg_id[us + uk]
-            pcs[ub, uk - np.uint64(1)] = k
         b32[b, R_PCN] = block_size
         return e
     pos = min(seg_end[s], end)
@@ -696,8 +730,11 @@ def _lcp_block(blk, b32, pcid, pcs, b, block_size, seg_id, seg_end, start, end, 
         else:
             pid = pcid[b, k - 1]
             poff = 0
-            pstart = pcs[b, k - 1]
-        pend = pcs[b, k] if k + 1 < npc else block_size
+            pstart = pcs[b, k - 1] if npc < block_size else k
+        if npc == block_size:  # one token a piece: piece k is token k (its pcs unwritten)
+            pend = k + 1
+        else:
+            pend = pcs[b, k] if k + 1 < npc else block_size
         if pid != seg_id[s] or poff + (r - pstart) != pos - seg_start:
             break
         step = min(pend - r, seg_end[s] - pos, end - pos)
@@ -972,13 +1009,16 @@ NEED_PIECES = 3  # run_seq: a block has more content pieces than ``pcid`` holds 
 
 @njit(cache=True)
 def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, prompt_len, kv_len, verify,
-            key_mask):
+            key_mask, n_tok):
     """:func:`run_request` that also hashes the sequence: one call per request.
 
     ``state`` = ``st`` followed by the cascade stack; ``scratch`` int64 (2, ≥ ceil(kv_len / B))
     receives the keys (row 0) and the block table (row 1). Returns ``(code, hit_blocks,
     held, evicted_blocks, decoded, total evictions)``; code ``NEED_PIECES`` (with
     ``hit_blocks`` = the pieces needed) when ``pcid`` must grow first, nothing changed.
+    ``n_tok``: the leading blocks known to be token blocks (``seg_end[k] == k + 1`` for
+    ``k < n_tok × block_size``; 0 = nothing known), hashed without the segment checks
+    (:func:`_block_keys_tok_into`; same keys).
     """
     b32 = blk.view(np.int32)
     k32 = kt.view(np.int32)
@@ -990,7 +1030,7 @@ def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, pro
     # counts in the per-block loops of its inlined helpers; radixkv.policies._borrowed)
     sid = borrow(seg_id)
     send = borrow(seg_end)
-    mp = _block_keys_into(sid, send, block_size, kv_len // block_size, key_mask, borrow(keys))
+    mp = _block_keys_tok_into(sid, send, block_size, kv_len // block_size, key_mask, borrow(keys), n_tok)
     if mp - 1 > pcid.shape[1]:
         return NEED_PIECES, mp, 0, 0, False, st[ST_EVICTIONS]
     code, hcap, held, ev, ok = run_request(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid),

@@ -90,6 +90,7 @@ def _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_
             a = id_offsets[i]
             vsid = bids[a:a + P]
             vsend = bone[:P]
+            n_tok = P // B  # every full block is a token block (K.run_seq hashes them directly)
         elif kv_seq_is_ids_then_output(id_offsets, prompt_len, output_len, unit_tokens, has_out, i):
             # the prompt ids then one output segment: the ids are copied, the ends are
             # one_to_n's 1 … P with its entry P set to kv for this request (restored below)
@@ -98,17 +99,19 @@ def _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_
             patched = True
             vsid = bsid[:m]
             vsend = bone[:m]
+            n_tok = P // B  # the full blocks of the prompt are token blocks
         else:
             m = kv_seq_into(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len, output_len, unit_tokens, i,
                             sid, send)
             vsid = bsid[:m]
             vsend = bsend[:m]
+            n_tok = 0
         # (no prefetch of the next request's ids here: asking for all of them at once,
         # ~560 lines, made the bench trace's replay 16 % slower; the block hash asks for
         # its ids a few pages ahead, _hash_kernels._IDS_AHEAD)
         before = st[K.ST_EVICTIONS]
         code, hit_blocks, held, ev, decoded, total_ev = K.run_seq(
-            bblk, bkt, bpcid, bpcs, bstate, bscratch, vsid, vsend, B, P, kv, False, key_mask)
+            bblk, bkt, bpcid, bpcs, bstate, bscratch, vsid, vsend, B, P, kv, False, key_mask, n_tok)
         if patched:
             bone[P] = P + 1
         if code == K.NEED_PIECES:

@@ -636,7 +636,7 @@ class BlockHashCache(PrefixCache):
         kv = seq.kv_len
         if self._scratch2.shape[1] * B < kv:
             self._scratch2 = np.zeros((2, max(-(-kv // B), 2 * self._scratch2.shape[1])), dtype=np.int64)
-        args = (self._scratch2, seq.seg_id, seq.seg_end, B, seq.prompt_len, kv, self.verify, self._key_mask)
+        args = (self._scratch2, seq.seg_id, seq.seg_end, B, seq.prompt_len, kv, self.verify, self._key_mask, 0)
         code, hit_blocks, held, ev, decoded, total_ev = K.run_seq(
             self._blk, self._kt, self._pcid, self._pcs, self._state, *args)
         if code == K.NEED_PIECES:
