@@ -9,8 +9,9 @@ segment holding it; two sequences hold the same token at ``t`` iff those pairs a
 The segment kernels below are pure functions of their arguments (no globals, no Python
 objects), so they behave the same with ``NUMBA_DISABLE_JIT=1``. The tree kernels further
 down mutate the int64 state arrays they are given (and nothing else); they give the same
-results uncompiled, only slowly (the LRU order; a keyed order calls its priority
-function by address and runs compiled only).
+results uncompiled, only slowly (a keyed order calls its priority function by address
+when compiled; uncompiled, :func:`radixkv.policies._priority_fn.priority_at_python` finds the
+same compiled function from its address).
 
 The tree is written once for every eviction order: the order is a plug-in value passed
 through the tree kernels (section "Eviction orders" below), LRU for
@@ -20,7 +21,7 @@ through the tree kernels (section "Eviction orders" below), LRU for
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 from numba.extending import overload
 
 from radixkv.policies._priority_fn import priority_at
@@ -338,25 +339,22 @@ def _tick(S):
 # Eviction orders
 # ---------------------------------------------------------------------------------------
 # The tree evicts whole evictable leaves (alive, unlocked, childless, not the root), the
-# smallest first in an order that is a plug-in: a tuple ``o = (HP, HK, HI, fa, pp)`` that
-# every tree kernel passes through, and three operations on it below (``order_push``,
-# ``order_victim``, ``order_rebuild``). Both orders have this one type, so each kernel is
-# compiled once for both (a cold cache compiled the SGLang loops and tree kernels once per
-# order, ~50 s of CPU: docs/performance.md, "Compile time on a cold cache"); which order
-# it is, is read at run time from *fa* (empty for LRU: :func:`order_keyed`), and LRU
-# still calls no function through a pointer. The plain bodies are the interpreted path
-# (LRU only: a keyed order's priority function runs compiled).
+# smallest first in an order that is a plug-in: a tuple ``o`` that every tree kernel
+# passes through, and three operations on it below (``order_push``, ``order_victim``,
+# ``order_rebuild``), compiled per type of ``o`` (``numba.extending.overload``: one
+# machine code per order, no call through a pointer for LRU; the plain bodies are the
+# interpreted path, LRU only):
 #
-# - LRU (:func:`lru_order`): HP int64 (cap, 3), a binary min-heap of
+# - LRU (:func:`lru_order`), ``o = (HP,)``: HP int64 (cap, 3), a binary min-heap of
 #   (last access, push id, node), entries [0, S[S_HLEN]), lazily invalidated: an entry
 #   is stale when the node's last access changed since it was pushed (SGLang's
-#   ``LRUStrategy``; :class:`~radixkv.policies.radix.RadixCache`); HK, HI, fa, pp empty.
-# - keyed (:func:`keyed_order`): HK float64 (cap, 3) and HI
+#   ``LRUStrategy``; :class:`~radixkv.policies.radix.RadixCache`).
+# - keyed (:func:`keyed_order`), ``o = (HK, HI, fa, pp)``: HK float64 (cap, 3) and HI
 #   int64 (cap, 2), a min-heap of ((k1, k2, last access), (push id, node)) where
 #   ``(k1, k2) = priority(N, x, pp)`` is the priority function at addresses *fa*
 #   (:mod:`radixkv.policies._priority_fn`; SGLang's ``EvictionStrategy.get_priority``;
 #   ties fall to the older last access, as ``UnifiedTreeNode.__lt__`` breaks ``heapq``
-#   ties); HP empty. A node's valid entry is the one whose push id equals ``N[x, F_VER]``. The
+#   ties). A node's valid entry is the one whose push id equals ``N[x, F_VER]``. The
 #   tree keeps the node statistics (``F_CREATED`` … ``F_TAG``) for keyed orders only.
 #
 # Exactness of the lazy heaps: SGLang rebuilds its heap from all evictable leaves at each
@@ -370,26 +368,21 @@ def _tick(S):
 # rebuilds and repeated pushes of one node never change which node is evicted.
 
 
-#: the parts of an eviction order that the other order leaves empty (zero-size, never read)
-_NO_HP = np.zeros((0, 3), dtype=np.int64)
-_NO_HK = np.zeros((0, 3), dtype=np.float64)
-_NO_HI = np.zeros((0, 2), dtype=np.int64)
-_NO_FA = np.zeros(0, dtype=np.int64)
-_NO_PP = np.zeros(0, dtype=np.float64)
-
-
 def lru_order(HP):
-    """The LRU order value ``(HP, ∅, ∅, ∅, ∅)``: HP int64 (cap, 3), the heap (module
-    layout); the keyed order's parts empty."""
-    return (HP, _NO_HK, _NO_HI, _NO_FA, _NO_PP)
+    """The LRU order value ``(HP,)``: HP int64 (cap, 3), the heap (module layout)."""
+    return (HP,)
 
 
 def keyed_order(HK, HI, fa, pp):
-    """The keyed order value ``(∅, HK, HI, fa, pp)``: heap keys float64 (cap, 3), heap ids
+    """The keyed order value ``(HK, HI, fa, pp)``: heap keys float64 (cap, 3), heap ids
     int64 (cap, 2), the priority function's addresses int64 (2,)
-    (:func:`radixkv.policies._priority_fn.function_addresses`), its parameters float64 (k,);
-    the LRU heap empty."""
-    return (_NO_HP, HK, HI, fa, pp)
+    (:func:`radixkv.policies._priority_fn.function_addresses`), its parameters float64 (k,)."""
+    return (HK, HI, fa, pp)
+
+
+def _lru_type(o) -> bool:
+    """In an overload's typing function: whether *o* (a Numba type) is an LRU order."""
+    return isinstance(o, types.UniTuple) and o.count == 1
 
 
 # LRU heap ------------------------------------------------------------------------------
@@ -586,53 +579,58 @@ def _key_victim(S, N, HK, HI):
 # the operations ------------------------------------------------------------------------
 
 def order_keyed(o):
-    """Whether *o* is a keyed order (the tree then keeps the node statistics): its priority
-    function's addresses are not empty."""
-    return o[3].shape[0] != 0
+    """Whether *o* is a keyed order (the tree then keeps the node statistics)."""
+    return len(o) != 1
 
 
 def order_push(S, N, o, x):
     """Push node *x* with its current key when it is an evictable leaf."""
-    if order_keyed(o):
-        _key_push(S, N, o[1], o[2], o[3], o[4], x)
-    else:
+    if len(o) == 1:
         _lru_push(S, N, o[0], x)
+    else:
+        _key_push(S, N, o[0], o[1], o[2], o[3], x)
 
 
 def order_victim(S, N, o):
     """Pop the next evictable leaf (stale entries are dropped): its node, or −1 when none."""
-    if order_keyed(o):
-        return _key_victim(S, N, o[1], o[2])
-    return _lru_victim(S, N, o[0])
+    if len(o) == 1:
+        return _lru_victim(S, N, o[0])
+    return _key_victim(S, N, o[0], o[1])
 
 
 def order_rebuild(S, N, o):
     """Replace the heap by one entry per evictable leaf (drops stale entries)."""
-    if order_keyed(o):
-        _key_rebuild(S, N, o[1], o[2], o[3], o[4])
-    else:
+    if len(o) == 1:
         _lru_rebuild(S, N, o[0])
+    else:
+        _key_rebuild(S, N, o[0], o[1], o[2], o[3])
 
 
-# compiled code: the same bodies (numba.extending.overload: callable from the kernels)
 @overload(order_keyed)
 def _ov_keyed(o):
-    return order_keyed
+    keyed = not _lru_type(o)
+    return lambda o: keyed
 
 
 @overload(order_push)
 def _ov_push(S, N, o, x):
-    return order_push
+    if _lru_type(o):
+        return lambda S, N, o, x: _lru_push(S, N, o[0], x)
+    return lambda S, N, o, x: _key_push(S, N, o[0], o[1], o[2], o[3], x)
 
 
 @overload(order_victim)
 def _ov_victim(S, N, o):
-    return order_victim
+    if _lru_type(o):
+        return lambda S, N, o: _lru_victim(S, N, o[0])
+    return lambda S, N, o: _key_victim(S, N, o[0], o[1])
 
 
 @overload(order_rebuild)
 def _ov_rebuild(S, N, o):
-    return order_rebuild
+    if _lru_type(o):
+        return lambda S, N, o: _lru_rebuild(S, N, o[0])
+    return lambda S, N, o: _key_rebuild(S, N, o[0], o[1], o[2], o[3])
 
 
 @njit(cache=True)

@@ -159,6 +159,5 @@ def sglang_loop_for(policy, lean: bool = False) -> None:
         return
     prio = sys.modules.get("radixkv.policies.radix_priority")
     if prio is not None and type(policy) is prio.PriorityRadixCache and policy.batch_visibility:
-        # one loop serves every eviction order (the order's type is the same for LRU and keyed:
-        # radixkv.policies._radix_kernels, "Eviction orders"); this runs the keyed code
+        # the loop is compiled per eviction-order type (LRU heap / keyed), not per priority
         sglang_loop(policy.page_size, eviction_policy=policy.eviction_priority)
