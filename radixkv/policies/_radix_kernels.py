@@ -9,9 +9,8 @@ segment holding it; two sequences hold the same token at ``t`` iff those pairs a
 The segment kernels below are pure functions of their arguments (no globals, no Python
 objects), so they behave the same with ``NUMBA_DISABLE_JIT=1``. The tree kernels further
 down mutate the int64 state arrays they are given (and nothing else); they give the same
-results uncompiled, only slowly (a keyed order calls its priority function by address
-when compiled; uncompiled, :func:`radixkv.policies._priority_fn.priority_at_python` finds the
-same compiled function from its address).
+results uncompiled, only slowly (the LRU order; a keyed order calls its priority
+function by address and runs compiled only).
 
 The tree is written once for every eviction order: the order is a plug-in value passed
 through the tree kernels (section "Eviction orders" below), LRU for
