@@ -103,7 +103,7 @@ def _fill(E, H, pst, i, b, pf, pp):
 
 @njit(cache=True)
 def _rebuild(b32, E, H, pst, pf, pp):
-    k = 0
+    k = np.int64(0)  # not the literal 0: one _fill and _sift_down for every caller
     for b in range(1, b32.shape[0]):
         E[b, E_VER] = 0
         if b32[b, R_REF] == 0 and b32[b, R_PCN] != 0:
@@ -141,7 +141,7 @@ def _pop_valid(b32, E, H, pst):
         if n > 0:
             for f in range(5):
                 H[0, f] = H[n, f]
-            _sift_down(H, 0, n)
+            _sift_down(H, np.int64(0), n)
         pst[P_HLEN] = n
         if E[b, E_VER] == ver and b32[b, R_REF] == 0 and b32[b, R_PCN] != 0:
             E[b, E_VER] = 0

@@ -171,7 +171,7 @@ def set_leading(tab, zero, keys):
 
 
 #: a capacity no store reaches: _static_kernels.insert then only refreshes or appends
-_NO_EVICTION = 1 << 62
+_NO_EVICTION = np.int64(1 << 62)  # np.int64: not a literal (one insert for both calls)
 
 
 @njit(cache=True)

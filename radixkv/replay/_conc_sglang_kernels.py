@@ -895,7 +895,7 @@ def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, S
                 IV[I_STATUS] = ST_NO_FIT
                 return ST_NO_FIT
             if rec_on:
-                MR.rec_step(rec, now, now, PL[:0, 0], PL[:0, 1], PL[:0, 2], PL[:0, 3], 0, 0, FIN, 0)
+                MR.rec_step(rec, now, now, PL[:0, 0], PL[:0, 1], PL[:0, 2], PL[:0, 3], _Z, _Z, FIN, _Z)
             continue  # only preemptions happened
         if n_running > IV[I_PEAK]:
             IV[I_PEAK] = n_running
@@ -1091,7 +1091,7 @@ def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, S
                     if PL[j, 3] == 1:
                         fl[q] = _prefill_flops(CP, PL[j, 1], PL[j, 2])
                         q += 1
-                FV[V_PF] += _np_pairwise_sum(fl, 0, npre)
+                FV[V_PF] += _np_pairwise_sum(fl, _Z, np.int64(npre))
             # complete(plan), with the clock of the step's end
             t_end = FV[V_NOW] + dt
             IV[I_STEPS] += 1
@@ -1147,7 +1147,7 @@ def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, S
                     FIN[nfin] = PL[j, 0]
                     nfin += 1
             MR.rec_step(rec, now, FV[V_NOW], PL[:m_plan, 0], PL[:m_plan, 1], PL[:m_plan, 2], PL[:m_plan, 3],
-                        m_plan, k if can_ff else 1, FIN, nfin)
+                        np.int64(m_plan), np.int64(k if can_ff else 1), FIN, np.int64(nfin))
 
 
 @nb.njit(cache=True)

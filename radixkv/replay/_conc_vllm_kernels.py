@@ -810,7 +810,7 @@ def _loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, 
                 ist[I_ARG] = wq[ist[I_WHEAD]]
                 return S_IDLE_REFUSED
             if rec_on:
-                MR.rec_step(rec, now, now, p_req, p_new, p_ctx, p_pre, 0, 0, p_req, 0)
+                MR.rec_step(rec, now, now, p_req, p_new, p_ctx, p_pre, np.int64(0), np.int64(0), p_req, np.int64(0))
             continue  # only preemptions happened; schedule again at the same time
         # the plan as scheduled, for the miss recorder (complete reuses its rows)
         i_req = p_req[:np_].copy() if rec_on else p_req[:0]
@@ -885,7 +885,7 @@ def _loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, 
             csum = 0
             for q in range(np_):
                 csum += p_ctx[q]
-            _decode_steps_time_into(kind, cp, batch, csum, kk, dts)
+            _decode_steps_time_into(kind, cp, np.int64(batch), np.int64(csum), np.int64(kk), dts)
             g = ist[I_GNXT]
             while g < ng and garr[g] <= now:
                 g += 1
@@ -970,7 +970,7 @@ def _loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, 
                     pf_c[ist[I_PFN]] = cc
                     ist[I_PFN] += 1
                     npf += 1
-            dt = _step_time(kind, cp, sn, sa_, sb)
+            dt = _step_time(kind, cp, np.int64(sn), np.int64(sa_), np.int64(sb))
             # Scheduler.complete (finished rows collected in p_ctx, first tokens in plan row 3)
             nfirst = 0
             for q in range(np_):
@@ -1038,5 +1038,6 @@ def _loop(tr, pool, B, num_slots, cfg, kind, cp, rq, rf, wq, run, plan, ls, ps, 
             ist[I_NRUN] = w
             ist[I_DONE] += nfin
         if rec_on:
-            MR.rec_step(rec, t_start, now, i_req, i_new, i_ctx, i_pre, i_req.shape[0], kk if can_ff else 1,
-                        p_new if can_ff else p_ctx, nfin)
+            # int64 scalars (np.int64): one rec_step for every caller, not one per literal
+            MR.rec_step(rec, t_start, now, i_req, i_new, i_ctx, i_pre, np.int64(i_req.shape[0]),
+                        np.int64(kk if can_ff else 1), p_new if can_ff else p_ctx, np.int64(nfin))

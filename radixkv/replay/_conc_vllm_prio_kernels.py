@@ -69,8 +69,9 @@ def _admit(pool, ps, ls, tr, i, sl, m, n_tok, asked):
     mp = K._block_keys_into(sid2d[sl, :m], send2d[sl, :m], B, kvlen // B, pool.key_mask, keys2d[sl])
     if mp - 1 > pcid.shape[1]:
         return BPK.S_PIECES, 0, 0, 0
+    # verify: np.bool_, not the literal False (the sequential replay's admit serves both)
     code, hb, hd, ev, nblk = HP.admit(blk, b32, kt, k32, pcid, pcs, st, stk, pool.E, pool.H, pool.BK, pool.pst,
-                                      keys2d[sl], sid2d[sl, :m], send2d[sl, :m], B, n_tok, n_tok, asked, False,
+                                      keys2d[sl], sid2d[sl, :m], send2d[sl, :m], B, n_tok, n_tok, asked, np.bool_(False),
                                       tbl2d[sl], i, pool.fa, pool.pp)
     if code != K.OK:
         return CK.ADMIT_REFUSED, hb, hd, ev
