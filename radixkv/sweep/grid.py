@@ -92,6 +92,36 @@ def replay_defaults() -> dict:
     return d
 
 
+def omitted_value(settings: dict, key: str):
+    """The value a cell whose *settings* (a store row's ``settings``, with ``policy``) omit
+    the knob *key* runs with: ``radixkv replay``'s default, except ``max_num_seqs``, whose
+    default depends on the cell (:func:`radixkv.replay.settings.step_defaults`: the
+    engine's on the GPU the pool is sized on, else 256). A cell's settings drop a knob
+    equal to this value (the grid, :mod:`radixkv.plan`'s cells), and
+    :mod:`radixkv.sweep.show` reads an omitted knob as it.
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        ``max_num_seqs`` of a concurrent cell sized on an unknown GPU (field ``gpu``).
+    """
+    if key != "max_num_seqs":
+        return replay_defaults().get(key)
+    from radixkv.policies.registry import parse_policy
+
+    ns = argparse.Namespace(**{**replay_defaults(), **settings})
+    return _omitted_seqs(ns, parse_policy(settings["policy"]))
+
+
+def _omitted_seqs(ns, spec) -> int:
+    """``max_num_seqs`` of the cell *ns* (policy *spec*) when its settings omit it."""
+    from radixkv.replay.settings import STEP_DEFAULTS, step_defaults
+
+    if ns.mode != "concurrent":
+        return STEP_DEFAULTS[1]
+    return step_defaults(ns, _scheduler_rule(ns, spec))[1]
+
+
 @dataclass(frozen=True)
 class TraceEntry:
     """A trace of the grid: the path as written, the resolved path, its SHA-256 (hex)."""
@@ -364,7 +394,7 @@ def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
             continue
         if k in conc_only and not concurrent:
             continue
-        if v == defaults.get(k):
+        if v == (_omitted_seqs(ns, spec) if k == "max_num_seqs" else defaults.get(k)):
             continue
         out[k] = v
     return out
