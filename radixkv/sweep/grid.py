@@ -20,7 +20,8 @@ cell: a block/page size goes into the policy's spec (``vllm`` with ``block_size 
 ``vllm:32``), concurrent-mode knobs are dropped from sequential cells, one engine's
 scheduler knobs from the concurrent cells that run under the other engine's rules (as
 ``radixkv compare`` does; a key that no cell reads is refused), and settings equal
-to the flag's default are dropped. A cell's key is the SHA-256 (first 16 hex digits) of
+to the flag's default are dropped (``max_num_seqs``: the cell's default,
+:func:`omitted_value`). A cell's key is the SHA-256 (first 16 hex digits) of
 its normalised settings and its trace file's SHA-256, so renaming or moving a trace does
 not re-run it, and changing a byte of it does.
 """
