@@ -25,12 +25,13 @@ from __future__ import annotations
 import time
 
 from radixkv.errors import ConfigError
+from radixkv.replay.scheduler import SchedulerConfig
 
 
 #: the scheduler's step knobs when the pool is not sized on a GPU (``--capacity-tokens``,
 #: ``--num-gpu-blocks``, ``--max-total-num-tokens``, ``--pool-from-log``):
-#: ``(max_num_batched_tokens, max_num_seqs)``
-STEP_DEFAULTS = (8192, 256)
+#: ``(max_num_batched_tokens, max_num_seqs)``: :class:`SchedulerConfig`'s own (8192, 256)
+STEP_DEFAULTS = (SchedulerConfig.max_num_batched_tokens, SchedulerConfig.max_num_seqs)
 
 
 def _rule_of_policy(policy) -> str:
@@ -87,8 +88,6 @@ def concurrent_config_from_args(args, policy=None):
     ``RadixCache``, whose admission leaves the whole-prompt check to SGLang's budget,
     vLLM's for every other policy.
     """
-    from radixkv.replay.scheduler import SchedulerConfig
-
     mnbt, seqs = getattr(args, "max_num_batched_tokens", None), getattr(args, "max_num_seqs", None)
     admission = getattr(args, "admission", None)
     if mnbt is None or seqs is None:
