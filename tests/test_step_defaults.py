@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -99,15 +100,32 @@ def test_sweep_cell_runs_the_gpu_defaults():
         tr, {**cell, "max_num_batched_tokens": 2048, "max_num_seqs": 256})["metrics"]
 
 
-def test_grid_drops_max_num_seqs_equal_to_the_cells_default():
-    from radixkv.sweep.grid import omitted_value
+def test_grid_keeps_max_num_seqs_unless_256_is_the_cells_default():
+    from radixkv.sweep.grid import drops_setting, omitted_value
 
     base = {"policy": "vllm:16", "mode": "concurrent", "model": "Llama-3.1-8B"}
-    assert omitted_value({**base, "gpu": "A100-80GB"}, "max_num_seqs") == 256
-    assert omitted_value({**base, "gpu": "H100-80GB"}, "max_num_seqs") == 1024
-    assert omitted_value({**base, "gpu": "H100-80GB", "capacity_tokens": 20000}, "max_num_seqs") == 256
-    assert omitted_value({**base, "gpu": "H100-80GB", "admission": "sglang"}, "max_num_seqs") == 256
+    a100, h100 = {**base, "gpu": "A100-80GB"}, {**base, "gpu": "H100-80GB"}
+    assert omitted_value(a100, "max_num_seqs") == 256
+    assert omitted_value(h100, "max_num_seqs") == 1024
+    assert omitted_value({**h100, "capacity_tokens": 20000}, "max_num_seqs") == 256
+    assert omitted_value({**h100, "admission": "sglang"}, "max_num_seqs") == 256
     assert omitted_value({"policy": "vllm:16"}, "max_num_seqs") == 256
+    # 256 is left out where the cell runs 256 without it; on an H100's pool it is not
+    assert drops_setting({**a100, "max_num_seqs": 256}, "max_num_seqs")
+    assert not drops_setting({**h100, "max_num_seqs": 256}, "max_num_seqs")
+    assert drops_setting({**h100, "capacity_tokens": 20000, "max_num_seqs": 256}, "max_num_seqs")
+    assert not drops_setting({**a100, "max_num_seqs": 64}, "max_num_seqs")
+
+
+def test_grid_cells_on_an_h100_keep_256(tmp_path):
+    from radixkv.sweep.grid import load_grid
+
+    g = tmp_path / "g.toml"
+    g.write_text('traces = ["%s"]\npolicies = "vllm:16"\nmode = "concurrent"\nmodel = "Llama-3.1-8B"\n'
+                 'gpu = ["A100-80GB", "H100-80GB"]\nmax_num_seqs = [256, 1024]\n'
+                 % (Path(__file__).resolve().parents[1] / "traces" / "demo.jsonl"))
+    got = sorted((c.settings["gpu"], c.settings.get("max_num_seqs", 0)) for c in load_grid(g).cells)
+    assert got == [("A100-80GB", 0), ("A100-80GB", 1024), ("H100-80GB", 256), ("H100-80GB", 1024)]
 
 
 def test_sequential_refuses_an_explicit_max_num_seqs(capsys):
