@@ -95,8 +95,10 @@ def replay(
         *model* and *gpu*: ``"roofline"``, ``"fitted"``, ``"profiled"`` or a profile
         JSON path (:func:`radixkv.clock.cost_model`, docs/clock.md).
     config : radixkv.replay.scheduler.SchedulerConfig or None
-        Scheduler knobs of the concurrent mode (default: vLLM's defaults; the admission
-        rule from the policy class's ``admission_rule``).
+        Scheduler knobs of the concurrent mode (default: 8192 tokens / 256 requests per
+        step, as ``radixkv replay`` on an explicit pool,
+        :data:`radixkv.replay.settings.STEP_DEFAULTS`; the admission rule from the policy
+        class's ``admission_rule``).
     arrivals : np.ndarray (float64, shape (n,), seconds) or None
         Arrival times of the concurrent mode (default: the trace's).
     limit : int or None

@@ -13,8 +13,10 @@ again: the concurrent replay reads the verb's value, so one knob means one thing
 flag                                            meaning (default)
 =============================================== =========================================
 ``--mode {sequential,concurrent}``              replay mode (sequential)
-``--max-num-seqs N``                            most running requests (256)
-``--max-num-batched-tokens N``                  tokens per step, chunked prefill (8192)
+``--max-num-seqs N``                            most running requests (the engine's on
+                                                the --gpu the pool is sized on, else 256)
+``--max-num-batched-tokens N``                  tokens per step, chunked prefill (likewise;
+                                                else 8192; radixkv.replay.settings.step_defaults)
 ``--enable-prefix-caching`` /                   off: replace the policy by ``NoCache`` on
 ``--no-enable-prefix-caching``                  the same pool (on)
 ``--static-reserved-fraction F``                replace the policy by ``StaticReservedCache``
@@ -88,9 +90,13 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
 
     add("--mode", choices=["sequential", "concurrent"], default="sequential",
         help="sequential: one request at a time (cache study); concurrent: arrivals, batching, preemption")
-    add("--max-num-seqs", type=int, default=256, help="most running requests (vLLM --max-num-seqs; default 256)")
+    add("--max-num-seqs", type=int, default=None,
+        help="most running requests (vLLM --max-num-seqs; default: vllm serve's on the --gpu when the pool is sized "
+             "on it, 256 on an A100, 1024 on an H100; SGLang rules and other pools: 256)")
     add("--max-num-batched-tokens", type=int, default=None,
-        help="tokens per engine step, chunked prefill (vLLM's knob; default 8192)")
+        help="tokens per engine step, chunked prefill (vLLM's knob; default: the engine's on the --gpu when the pool "
+             "is sized on it, vLLM 2048 on an A100, 8192 on an H100, SGLang its chunked_prefill_size; other pools: "
+             "8192)")
     if not _has(parser, "--enable-prefix-caching"):
         g.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", default=True,
                        help="replay the given policy (default)")

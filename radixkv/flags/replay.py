@@ -68,7 +68,9 @@ def add_pool_args(p):
     m.add_argument("--kv-cache-dtype", default=None, help="e.g. fp8")
     m.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     m.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="vLLM profiling pass size (default: vLLM's on the --gpu, 2048 on an A100, 8192 on an H100)")
+                   help="vLLM profiling pass size, and tokens per step in --mode concurrent (default: the engine's "
+                        "on the --gpu the pool is sized on, vLLM 2048 on an A100, 8192 on an H100; SGLang rules: its "
+                        "chunked_prefill_size; an explicit pool: 8192 per step)")
     m.add_argument("--max-model-len", type=int_tokens, default=None, metavar="TOKENS",
                    help="context length: a prompt the engine refuses (vLLM: ≥ L tokens; SGLang: ≥ L − 6) is not "
                         "served and is counted in rejected_requests, outputs are capped to the context "

@@ -147,11 +147,10 @@ class Evaluator:
     def _cell(self, point, pool):
         """``(settings, key)`` of *point*'s sweep cell on *pool*."""
         from radixkv.plan.candidates import replay_settings
-        from radixkv.sweep.grid import cell_key, replay_defaults
+        from radixkv.sweep.grid import cell_key, drops_setting
 
-        defaults = replay_defaults()
         s = replay_settings(point, self.spec.model, pool, self.spec.rate_scale, self.cost_kw)
-        s = {k: v for k, v in s.items() if k == "policy" or v != defaults.get(k)}
+        s = {k: v for k, v in s.items() if k == "policy" or not drops_setting(s, k)}
         return s, cell_key(self.trace_entry.sha256, s)
 
     @property

@@ -11,6 +11,7 @@ key instead, from the error's ``field``).
 
 - :func:`check_pool_args`  one pool size, or ``model`` and ``gpu``; the memory-model knobs
   only where the memory model sizes the pool.
+- :func:`pool_sized_by_model`  whether the memory model sizes the pool on ``--gpu``.
 - :func:`pool_for_policy`  the :class:`~radixkv.policies.registry.PoolSpec` a policy runs
   on (explicit size, engine start-up log, or the memory model's vLLM / SGLang rule,
   :func:`radixkv.memory.pool_for`) and where it came from.
@@ -68,6 +69,15 @@ def check_pool_args(args):
     if args.gpu_memory_utilization is not None and args.mem_fraction_static is not None:
         raise ConfigError("--gpu-memory-utilization is vLLM's knob and --mem-fraction-static SGLang's: give one",
                           field="gpu_memory_utilization")
+
+
+def pool_sized_by_model(args) -> bool:
+    """Whether the memory model sizes the pool on ``--model``/``--gpu``: a GPU is given and
+    no explicit pool size (``--capacity-tokens``, ``--num-gpu-blocks``,
+    ``--max-total-num-tokens``) nor ``--pool-from-log`` (as :func:`pool_for_policy` decides)."""
+    return getattr(args, "gpu", None) is not None and all(
+        getattr(args, k, None) is None for k in ("capacity_tokens", "num_gpu_blocks", "max_total_num_tokens",
+                                                 "pool_from_log"))
 
 
 #: the engines' default slot size, when the memory model prices a policy of another engine

@@ -13,7 +13,8 @@ Messages name the command-line flags (a sweep grid names its key, from the error
 ``field``).
 
 - :func:`concurrent_config_from_args`  the scheduler's knobs
-  (:class:`~radixkv.replay.scheduler.SchedulerConfig`).
+  (:class:`~radixkv.replay.scheduler.SchedulerConfig`); :func:`step_defaults` those not
+  given (the engine's on the GPU when the pool is sized on it, else 8192 tokens / 256).
 - :func:`cost_model_from_args`  the step-time model (:mod:`radixkv.clock.calibrated`).
 - :func:`policy_from_args`  the policy, or ``NoCache`` / ``StaticReservedCache`` on its pool.
 - :func:`run_concurrent_from_args`  one engine's concurrent replay.
@@ -24,23 +25,78 @@ from __future__ import annotations
 import time
 
 from radixkv.errors import ConfigError
+from radixkv.replay.scheduler import SchedulerConfig
+
+
+#: the scheduler's step knobs when the pool is not sized on a GPU (``--capacity-tokens``,
+#: ``--num-gpu-blocks``, ``--max-total-num-tokens``, ``--pool-from-log``):
+#: ``(max_num_batched_tokens, max_num_seqs)``: :class:`SchedulerConfig`'s own (8192, 256)
+STEP_DEFAULTS = (SchedulerConfig.max_num_batched_tokens, SchedulerConfig.max_num_seqs)
+
+
+def _rule_of_policy(policy) -> str:
+    if policy is None:
+        return "vllm"
+    from radixkv.replay.scheduler import admission_rule_of
+
+    return admission_rule_of(policy)
+
+
+def step_defaults(args, rule: str) -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` of a concurrent replay under scheduler
+    *rule* (``"vllm"`` or ``"sglang"``) when ``--max-num-batched-tokens`` /
+    ``--max-num-seqs`` are not given: the one place that decides them for ``replay``,
+    ``compare``, ``curve`` and sweep cells.
+
+    - The pool sized by the memory model on ``--model``/``--gpu`` (no explicit pool size,
+      no ``--pool-from-log``): what the engine's server runs with on that GPU
+      (:func:`radixkv.memory.engine_batch_defaults`). vLLM rules: both knobs
+      (``vllm/engine/arg_utils.py :: EngineArgs.get_batch_defaults``: 2048 / 256 on an
+      A100 or a GPU under 70 GiB, 8192 / 1024 on an H100/H200 class, 16384 / 1024 at
+      ≥ 160 GiB). SGLang rules: the token budget is SGLang's ``chunked_prefill_size`` on
+      the GPU (``arg_groups/memory_hook.py :: handle_gpu_memory_settings``), which is the
+      ``rem_chunk_tokens`` budget of ``PrefillAdder`` that
+      :mod:`radixkv.replay.sched_sglang` models; ``max_num_seqs`` stays 256, since SGLang's
+      own ``max_running_requests`` default is derived from the pool and only assumed in
+      radixkv (:data:`radixkv.memory.engine_defaults.SGLANG_DEFAULT_MAX_RUNNING_REQUESTS`).
+    - Otherwise :data:`STEP_DEFAULTS` (8192 tokens, 256 requests).
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        An unknown GPU name (field ``gpu``), when the pool is sized on it.
+    """
+    from radixkv.replay.pool_settings import pool_sized_by_model
+
+    if not pool_sized_by_model(args):
+        return STEP_DEFAULTS
+    from radixkv.memory import engine_batch_defaults
+
+    d = engine_batch_defaults("sglang" if rule == "sglang" else "vllm", args.gpu)
+    return d["max_num_batched_tokens"], (STEP_DEFAULTS[1] if rule == "sglang" else d["max_num_seqs"])
 
 
 def concurrent_config_from_args(args, policy=None):
     """The :class:`~radixkv.replay.scheduler.SchedulerConfig` the flags describe.
+
+    ``--max-num-batched-tokens`` and ``--max-num-seqs`` when given, else
+    :func:`step_defaults` under the replay's rule (``--admission``, else the policy's;
+    vLLM's without a policy).
 
     Without ``--admission``, the policy class's ``admission_rule`` decides
     (:func:`radixkv.replay.scheduler.admission_rule_of`): SGLang's rules for
     ``RadixCache``, whose admission leaves the whole-prompt check to SGLang's budget,
     vLLM's for every other policy.
     """
-    from radixkv.replay.scheduler import SchedulerConfig
-
-    mnbt = getattr(args, "max_num_batched_tokens", None)
+    mnbt, seqs = getattr(args, "max_num_batched_tokens", None), getattr(args, "max_num_seqs", None)
     admission = getattr(args, "admission", None)
+    if mnbt is None or seqs is None:
+        d_mnbt, d_seqs = step_defaults(args, admission or _rule_of_policy(policy))
+        mnbt = d_mnbt if mnbt is None else mnbt
+        seqs = d_seqs if seqs is None else seqs
     return SchedulerConfig(
-        max_num_seqs=int(getattr(args, "max_num_seqs", 256)),
-        max_num_batched_tokens=8192 if mnbt is None else int(mnbt),
+        max_num_seqs=int(seqs),
+        max_num_batched_tokens=int(mnbt),
         schedule_policy=getattr(args, "schedule_policy", "fcfs"),
         admission=admission,
         enable_chunked_prefill=bool(getattr(args, "enable_chunked_prefill", True)),

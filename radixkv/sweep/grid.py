@@ -20,7 +20,7 @@ cell: a block/page size goes into the policy's spec (``vllm`` with ``block_size 
 ``vllm:32``), concurrent-mode knobs are dropped from sequential cells, one engine's
 scheduler knobs from the concurrent cells that run under the other engine's rules (as
 ``radixkv compare`` does; a key that no cell reads is refused), and settings equal
-to the flag's default are dropped. A cell's key is the SHA-256 (first 16 hex digits) of
+to the flag's default are dropped (``max_num_seqs``: :func:`drops_setting`). A cell's key is the SHA-256 (first 16 hex digits) of
 its normalised settings and its trace file's SHA-256, so renaming or moving a trace does
 not re-run it, and changing a byte of it does.
 """
@@ -90,6 +90,55 @@ def replay_defaults() -> dict:
     d["per_engine_rule"] = False
     d["format"] = None
     return d
+
+
+def omitted_value(settings: dict, key: str):
+    """The value a cell whose *settings* (a store row's ``settings``, with ``policy``) omit
+    the knob *key* runs with: ``radixkv replay``'s default, except ``max_num_seqs``, whose
+    default depends on the cell (:func:`radixkv.replay.settings.step_defaults`: the
+    engine's on the GPU the pool is sized on, else 256). :mod:`radixkv.sweep.show` reads
+    an omitted knob as it.
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        ``max_num_seqs`` of a concurrent cell sized on an unknown GPU (field ``gpu``).
+    """
+    if key != "max_num_seqs":
+        return replay_defaults().get(key)
+    from radixkv.policies.registry import parse_policy
+
+    ns = argparse.Namespace(**{**replay_defaults(), **settings})
+    return _omitted_seqs(ns, parse_policy(settings["policy"]))
+
+
+def drops_setting(settings: dict, key: str) -> bool:
+    """Whether a cell's normalised *settings* (with ``policy``) leave out *key*: its value
+    is the one the cell runs with when it is left out. ``max_num_seqs`` is left out only
+    at 256 where the cell's default is 256 (:func:`omitted_value`), so the cells and
+    their keys are those of before its default followed the GPU. The grid
+    (:func:`load_grid`) and :mod:`radixkv.plan`'s cells drop keys by this rule."""
+    from radixkv.policies.registry import parse_policy
+
+    ns = argparse.Namespace(**{**replay_defaults(), **settings})
+    return _drops(key, settings[key], ns, parse_policy(settings["policy"]), replay_defaults())
+
+
+def _drops(key: str, value, ns, spec, defaults: dict) -> bool:
+    if key == "max_num_seqs":
+        from radixkv.replay.settings import STEP_DEFAULTS
+
+        return value == STEP_DEFAULTS[1] == _omitted_seqs(ns, spec)
+    return value == defaults.get(key)
+
+
+def _omitted_seqs(ns, spec) -> int:
+    """``max_num_seqs`` of the cell *ns* (policy *spec*) when its settings omit it."""
+    from radixkv.replay.settings import STEP_DEFAULTS, step_defaults
+
+    if ns.mode != "concurrent":
+        return STEP_DEFAULTS[1]
+    return step_defaults(ns, _scheduler_rule(ns, spec))[1]
 
 
 @dataclass(frozen=True)
@@ -364,7 +413,7 @@ def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
             continue
         if k in conc_only and not concurrent:
             continue
-        if v == defaults.get(k):
+        if _drops(k, v, ns, spec, defaults):
             continue
         out[k] = v
     return out

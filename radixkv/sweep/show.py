@@ -52,9 +52,9 @@ def setting(row: dict, key: str):
     s = row.get("settings", {})
     if key in s:
         return s[key]
-    from radixkv.sweep.grid import replay_defaults
+    from radixkv.sweep.grid import omitted_value
 
-    return replay_defaults().get(key)
+    return omitted_value(s, key)
 
 
 def swept(rows: list[dict]) -> list[str]:

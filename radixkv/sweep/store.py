@@ -215,14 +215,14 @@ def load_results(out_dir):
                           "include: pip install 'radixkv[dask]' (the sweep extra: pandas and dask), or pip install "
                           "pandas; without pandas, radixkv.sweep.read_rows gives the same rows as dicts and "
                           "`radixkv sweep-show DIR` prints them") from None
-    from radixkv.sweep.grid import replay_defaults
+    from radixkv.sweep.grid import omitted_value, replay_defaults
 
     rows = read_rows(out_dir)
     flat = [flatten_row(r) for r in rows]
     setting_keys = sorted({k for r in rows for k in r["settings"]})
     defaults = replay_defaults()
-    for rec in flat:
+    for row, rec in zip(rows, flat):
         for k in setting_keys:
             if k not in rec and k in defaults:
-                rec[k] = defaults[k]
+                rec[k] = omitted_value(row["settings"], k)
     return pd.DataFrame(flat)
