@@ -956,13 +956,17 @@ def touch_count(pol, sp, runs, nr, gap):
     return n
 
 
-# ---------------------------------------------------------------------- the loop's pool calls
+# ---------------------------------------------------------------------- a request's pool calls (both drivers)
 @njit(cache=True)
 def admit(pol, sp, sl, i, n_tok, asked, first, gap):
-    """Look up, touch and allocate request *i* into slot *sl* (``_hash_kernels.admit``
-    with ``prompt_len`` = ``lookup_len`` = *n_tok*, ``n_tokens`` = *asked*; ``held`` only
-    for a *first* admission). Returns ``(code, hit blocks, held, evicted blocks,
-    blocks)``; on REFUSED nothing changed."""
+    """Admit request *i* into slot *sl* of the per-slot tuple *sp* (:func:`_sp`) of the
+    pool tuple *pol* (:func:`_pol`): look up its first *n_tok* tokens, cap the hit at
+    ``(n_tok − 1) // B`` blocks (``KVCacheManager.get_computed_blocks``: the last token
+    is always computed), touch the hit blocks, take the blocks of max(*asked*, hit)
+    tokens and hash the full ones (``allocate_slots``, ``cache_blocks``) — the rule of
+    ``_hash_kernels.admit`` with ``prompt_len`` = ``lookup_len`` = *n_tok*, ``n_tokens``
+    = *asked*; ``held`` (tokens) only for a *first* admission, else 0. Returns ``(code,
+    hit blocks, held, evicted blocks, blocks)``; on REFUSED nothing changed."""
     pc, tb, rc, rs, ov, um, sm, us, rt, uk, ur, ido, rinfo, prm = pol
     s_tab = sp[0]
     s_nr = sp[1]
