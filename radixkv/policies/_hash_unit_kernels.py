@@ -179,16 +179,39 @@ if numba_config.DISABLE_JIT:  # plain Python: no views to make
 
 _STRAD = np.uint64(0x5851F42D4C957F2D)
 
-# ---------------------------------------------------------------------- pieces
+# ---------------------------------------------------------------------- rows and pieces
+@njit(cache=True)
+def _take_row(a, link, us, free, top):
+    """A row of *a* for a new piece, table or unit record: the head of its free list
+    (``us[free]``, −1: empty; linked through column *link*), else the next row never used
+    (``us[top]``)."""
+    r = us[free]
+    if r >= 0:
+        us[free] = a[r, link]
+    else:
+        r = us[top]
+        us[top] = r + 1
+    return r
+
+
+@njit(cache=True)
+def _unlink(a, r, prev, nxt):
+    """Row *r* leaves the doubly linked list threaded through columns *prev* and *nxt* of
+    *a*: its neighbours are linked to each other. Returns (its previous, its next row);
+    −1 where it was the first / last, whose list head / tail the caller moves."""
+    p = a[r, prev]
+    n = a[r, nxt]
+    if p >= 0:
+        a[p, nxt] = n
+    if n >= 0:
+        a[n, prev] = p
+    return p, n
+
+
 @njit(cache=True, inline="always")
 def _piece_new(pc, us, tb, t, lo, hi, after):
     """A piece (t, lo … hi) linked into the queue after piece *after* (−1: at the head)."""
-    p = us[U_PFREE]
-    if p >= 0:
-        us[U_PFREE] = pc[p, P_NEXT]
-    else:
-        p = us[U_PTOP]
-        us[U_PTOP] = p + 1
+    p = _take_row(pc, P_NEXT, us, U_PFREE, U_PTOP)
     us[U_NP] += 1
     n = pc[after, P_NEXT] if after >= 0 else us[U_QH]
     pc[p, P_PREV] = after
@@ -215,25 +238,15 @@ def _piece_new(pc, us, tb, t, lo, hi, after):
 
 @njit(cache=True, inline="always")
 def _piece_free(pc, us, tb, p):
-    a = pc[p, P_PREV]
-    n = pc[p, P_NEXT]
-    if a >= 0:
-        pc[a, P_NEXT] = n
-    else:
+    """Piece *p* leaves the queue and its table's piece list; its row is free."""
+    a, n = _unlink(pc, p, P_PREV, P_NEXT)
+    if a < 0:
         us[U_QH] = n
-    if n >= 0:
-        pc[n, P_PREV] = a
-    else:
+    if n < 0:
         us[U_QT] = a
-    t = pc[p, P_TAB]
-    a = pc[p, P_TPREV]
-    n = pc[p, P_TNEXT]
-    if a >= 0:
-        pc[a, P_TNEXT] = n
-    else:
-        tb[t, T_PH] = n
-    if n >= 0:
-        pc[n, P_TPREV] = a
+    a, n = _unlink(pc, p, P_TPREV, P_TNEXT)
+    if a < 0:
+        tb[pc[p, P_TAB], T_PH] = n
     pc[p, P_NEXT] = us[U_PFREE]
     us[U_PFREE] = p
     us[U_NP] -= 1
@@ -420,12 +433,7 @@ def _rec_get(rc, um, us, key, W):
     i = K._find_or_add(um, key)
     if um[i, 1] != 0:
         return um[i, 1] - 1
-    r = us[U_RFREE]
-    if r >= 0:
-        us[U_RFREE] = rc[r, RC_KEY]
-    else:
-        r = us[U_RTOP]
-        us[U_RTOP] = r + 1
+    r = _take_row(rc, RC_KEY, us, U_RFREE, U_RTOP)
     us[U_NREC] += 1
     rc[r, RC_KEY] = key
     rc[r, RC_ALL] = -1
@@ -526,12 +534,7 @@ def _drop_holder(rc, rs, ov, um, us, r, k, t, G):
 @njit(cache=True, inline="always")
 def _tab_new(tb, us, rt, i, h0):
     """A table for an admission of request *i* after *h0* hit blocks (owner running)."""
-    t = us[U_TFREE]
-    if t >= 0:
-        us[U_TFREE] = tb[t, T_FREE]
-    else:
-        t = us[U_TTOP]
-        us[U_TTOP] = t + 1
+    t = _take_row(tb, T_FREE, us, U_TFREE, U_TTOP)
     tb[t, T_LIVE] = 0
     tb[t, T_PH] = -1
     tb[t, T_SLEN] = 0
@@ -556,15 +559,10 @@ def _tab_new(tb, us, rt, i, h0):
 def _tab_free(tb, us, rt, t):
     """Table *t* has no cached block and no running owner: it leaves its request's list."""
     i = tb[t, T_REQ]
-    a = tb[t, T_RPREV]
-    b = tb[t, T_RNEXT]
-    if a >= 0:
-        tb[a, T_RNEXT] = b
-    else:
+    a, b = _unlink(tb, t, T_RPREV, T_RNEXT)
+    if a < 0:
         rt[0, i] = b
-    if b >= 0:
-        tb[b, T_RPREV] = a
-    else:
+    if b < 0:
         rt[1, i] = a
     tb[t, T_FREE] = us[U_TFREE]
     us[U_TFREE] = t
@@ -589,19 +587,15 @@ def _strad_add(tb, sm, us, t, gk, slen):
 
 @njit(cache=True)
 def _strad_remove(tb, sm, us, t):
-    a = tb[t, T_SPREV]
-    n = tb[t, T_SNEXT]
-    if a >= 0:
-        tb[a, T_SNEXT] = n
-    else:
+    """Table *t*'s straddle block leaves its group (the group's key row goes with its last)."""
+    a, n = _unlink(tb, t, T_SPREV, T_SNEXT)
+    if a < 0:
         i = K._find(sm, tb[t, T_GKEY])
         if n >= 0:
             sm[i, 1] = n + 1
         else:
             K._delete_slot(sm, i)
             us[U_NSTRAD] -= 1
-    if n >= 0:
-        tb[n, T_SPREV] = a
 
 
 # ---------------------------------------------------------------------- keys held and dropped
