@@ -670,8 +670,9 @@ def _cache(pol, t, lo, hi):
     e = min(R, hi)
     umask = um.shape[0] - 1
     ue = a0 + (e + G - 1) // G  # past the last unit cached here
-    for x in range(a0 + j // G, min(a0 + j // G + 2, ue)):
-        K._prefetch_row(um, uk[x] & umask)
+    if j < e:
+        for x in range(a0 + j // G, min(a0 + j // G + 2, ue)):
+            K._prefetch_row(um, uk[x] & umask)
     while j < e:  # regular blocks, a unit at a time
         u = j // G
         b = u * G
@@ -926,13 +927,19 @@ def held_tokens(pol, i, h, P):
 
 
 @njit(cache=True)
-def _cap_runs(runs, nr, hcap):
-    """The runs cut at position *hcap* (exclusive); returns their count."""
+def _hit(pol, i, L, runs):
+    """:func:`lookup` of request *i*'s first *L* tokens with the hit capped at
+    ``(L − 1) // B`` blocks (``KVCacheManager.get_computed_blocks``: the last token is
+    always computed, so a fully cached prompt still computes its last block): returns
+    (uncapped hit blocks, capped hit blocks, count of the runs ``runs[:nr]`` cut at the
+    cap)."""
+    h, nr = lookup(pol, i, L, runs)
+    hcap = min(h, (L - 1) // pol[13][M_B])
     while nr > 0 and runs[nr - 1, 1] >= hcap:
         nr -= 1
     if nr > 0 and runs[nr - 1, 2] >= hcap:
         runs[nr - 1, 2] = hcap - 1
-    return nr
+    return h, hcap, nr
 
 
 @njit(cache=True)
@@ -967,10 +974,8 @@ def admit(pol, sp, sl, i, n_tok, asked, first, gap):
     runs3 = sp[2]
     B = prm[M_B]
     runs = runs3[sl]
-    h, nr = lookup(pol, i, n_tok, runs)
+    h, hcap, nr = _hit(pol, i, n_tok, runs)
     held = held_tokens(pol, i, h, n_tok) if first else 0
-    hcap = min(h, (n_tok - 1) // B)
-    nr = _cap_runs(runs, nr, hcap)
     n_touch = touch_count(pol, sp, runs, nr, gap)
     need_full = (n_tok + B - 1) // B - hcap
     if need_full + n_touch > us[U_Z] + us[U_NCACHED]:
@@ -989,40 +994,50 @@ def admit(pol, sp, sl, i, n_tok, asked, first, gap):
                 us[U_NCACHED] -= c
         tb[t, T_EXT] += 1
         s_nr[sl] = q + 1
-    t_tok = max(asked, hcap * B)
-    nblk = (t_tok + B - 1) // B
     T = _tab_new(tb, us, rt, i, hcap)
     s_tab[sl] = T + 1
-    ev = _pop(pol, nblk - hcap)
-    tb[T, T_NOWN] = nblk - hcap
-    us[U_NUSED] += nblk - hcap
-    if t_tok // B > hcap:
-        _cache(pol, T, hcap, t_tok // B)
-    return OK, hcap, held, ev, nblk
+    k, ev = _grow(pol, sp, sl, hcap * B, max(asked - hcap * B, 0), _NO_LIMIT, True)
+    return OK, hcap, held, ev, hcap + k
+
+
+#: room that never binds (admit checked the queue before it touched anything)
+_NO_LIMIT = 1 << 62
 
 
 @njit(cache=True)
-def extend(pol, sp, sl, n0, n):
-    """Grow slot *sl*'s request from *n0* to n0 + *n* tokens (vLLM ``allocate_slots``
-    then ``cache_blocks``): returns the evicted count, or −1 when the queue is too short
-    (nothing changed)."""
+def _grow(pol, sp, sl, n0, n, room, pop):
+    """Slot *sl*'s request grows from *n0* to n0 + *n* tokens (vLLM ``allocate_slots``
+    then ``cache_blocks``): it takes the blocks it lacks (⌈(n0 + n) / B⌉ less those it
+    has) when they are at most *room*, popped now when *pop* (else the caller pops them
+    later: a decode run's, :func:`grow_deferred`), and the blocks that became full get
+    their hashes (:func:`_cache`). Returns (blocks taken, evicted by the pops), or
+    (−1, 0) when more than *room* are needed (nothing changed)."""
     tb = pol[1]
     us = pol[7]
     B = pol[13][M_B]
     T = sp[0][sl] - 1
-    have = tb[T, T_H0] + tb[T, T_NOWN]
     nt = n0 + n
-    n_new = (nt + B - 1) // B - have
+    k = max((nt + B - 1) // B - tb[T, T_H0] - tb[T, T_NOWN], 0)
     ev = 0
-    if n_new > 0:
-        if n_new > us[U_Z] + us[U_NCACHED]:
-            return -1
-        ev = _pop(pol, n_new)
-        tb[T, T_NOWN] += n_new
-        us[U_NUSED] += n_new
+    if k > 0:
+        if k > room:
+            return -1, 0
+        if pop:
+            ev = _pop(pol, k)
+        tb[T, T_NOWN] += k
+        us[U_NUSED] += k
     if nt // B > n0 // B:
         _cache(pol, T, n0 // B, nt // B)
-    return ev
+    return k, ev
+
+
+@njit(cache=True)
+def extend(pol, sp, sl, n0, n):
+    """:func:`_grow` with the pops now, room the queue's length: returns the evicted
+    count, or −1 when the queue is too short (nothing changed)."""
+    us = pol[7]
+    k, ev = _grow(pol, sp, sl, n0, n, us[U_Z] + us[U_NCACHED], True)
+    return ev if k >= 0 else -1
 
 
 @njit(cache=True)
@@ -1032,22 +1047,10 @@ def grow_deferred(pol, sp, sl, n0, n, pend, fq0):
     blocks a run takes are the queue's first ones whichever slot takes them, and no block
     enters or leaves the queue otherwise during the run. *pend*: blocks taken so far in
     the run; *fq0*: the queue's length at its start. Returns the new count, or −1 when the
-    queue is too short (nothing changed)."""
-    tb = pol[1]
-    us = pol[7]
-    B = pol[13][M_B]
-    T = sp[0][sl] - 1
-    t = n0 + n
-    n_new = (t + B - 1) // B - tb[T, T_H0] - tb[T, T_NOWN]
-    if n_new > 0:
-        if pend + n_new > fq0:
-            return -1
-        pend += n_new
-        tb[T, T_NOWN] += n_new
-        us[U_NUSED] += n_new
-    if t // B > n0 // B:  # (output blocks alone are counted in the pool operation itself)
-        _cache(pol, T, n0 // B, t // B)
-    return pend
+    queue is too short (nothing changed). (Output blocks alone are counted in the pool
+    operation itself, ``_conc_vllm_piece_kernels._grow_slot_op``.)"""
+    k, _ = _grow(pol, sp, sl, n0, n, fq0 - pend, False)
+    return pend + k if k >= 0 else -1
 
 
 @njit(cache=True, inline="always")
@@ -1118,11 +1121,9 @@ def head_lookup(pol, sp, runs, i, L, count_free, gap):
     *count_free*) of request *i*'s first *L* tokens; the hit runs in *runs*."""
     if pol[7][U_PEND] != 0:
         _flush(pol)
-    h, nr = lookup(pol, i, L, runs)
-    hcap = min(h, (L - 1) // pol[13][M_B])
+    h, hcap, nr = _hit(pol, i, L, runs)
     if not count_free:
         return hcap, 0
-    nr = _cap_runs(runs, nr, hcap)
     return hcap, touch_count(pol, sp, runs, nr, gap)
 
 
