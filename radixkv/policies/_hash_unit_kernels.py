@@ -926,7 +926,7 @@ def held_tokens(pol, i, h, P):
     return start + best
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _hit(pol, i, L, runs):
     """:func:`lookup` of request *i*'s first *L* tokens with the hit capped at
     ``(L − 1) // B`` blocks (``KVCacheManager.get_computed_blocks``: the last token is
@@ -994,50 +994,40 @@ def admit(pol, sp, sl, i, n_tok, asked, first, gap):
                 us[U_NCACHED] -= c
         tb[t, T_EXT] += 1
         s_nr[sl] = q + 1
+    t_tok = max(asked, hcap * B)
+    nblk = (t_tok + B - 1) // B
     T = _tab_new(tb, us, rt, i, hcap)
     s_tab[sl] = T + 1
-    k, ev = _grow(pol, sp, sl, hcap * B, max(asked - hcap * B, 0), _NO_LIMIT, True)
-    return OK, hcap, held, ev, hcap + k
-
-
-#: room that never binds (admit checked the queue before it touched anything)
-_NO_LIMIT = 1 << 62
-
-
-@njit(cache=True)
-def _grow(pol, sp, sl, n0, n, room, pop):
-    """Slot *sl*'s request grows from *n0* to n0 + *n* tokens (vLLM ``allocate_slots``
-    then ``cache_blocks``): it takes the blocks it lacks (⌈(n0 + n) / B⌉ less those it
-    has) when they are at most *room*, popped now when *pop* (else the caller pops them
-    later: a decode run's, :func:`grow_deferred`), and the blocks that became full get
-    their hashes (:func:`_cache`). Returns (blocks taken, evicted by the pops), or
-    (−1, 0) when more than *room* are needed (nothing changed)."""
-    tb = pol[1]
-    us = pol[7]
-    B = pol[13][M_B]
-    T = sp[0][sl] - 1
-    nt = n0 + n
-    k = max((nt + B - 1) // B - tb[T, T_H0] - tb[T, T_NOWN], 0)
-    ev = 0
-    if k > 0:
-        if k > room:
-            return -1, 0
-        if pop:
-            ev = _pop(pol, k)
-        tb[T, T_NOWN] += k
-        us[U_NUSED] += k
-    if nt // B > n0 // B:
-        _cache(pol, T, n0 // B, nt // B)
-    return k, ev
+    ev = _pop(pol, nblk - hcap)
+    tb[T, T_NOWN] = nblk - hcap
+    us[U_NUSED] += nblk - hcap
+    if t_tok // B > hcap:
+        _cache(pol, T, hcap, t_tok // B)
+    return OK, hcap, held, ev, nblk
 
 
 @njit(cache=True)
 def extend(pol, sp, sl, n0, n):
-    """:func:`_grow` with the pops now, room the queue's length: returns the evicted
-    count, or −1 when the queue is too short (nothing changed)."""
+    """Grow slot *sl*'s request from *n0* to n0 + *n* tokens (vLLM ``allocate_slots``
+    then ``cache_blocks``): returns the evicted count, or −1 when the queue is too short
+    (nothing changed)."""
+    tb = pol[1]
     us = pol[7]
-    k, ev = _grow(pol, sp, sl, n0, n, us[U_Z] + us[U_NCACHED], True)
-    return ev if k >= 0 else -1
+    B = pol[13][M_B]
+    T = sp[0][sl] - 1
+    have = tb[T, T_H0] + tb[T, T_NOWN]
+    nt = n0 + n
+    n_new = (nt + B - 1) // B - have
+    ev = 0
+    if n_new > 0:
+        if n_new > us[U_Z] + us[U_NCACHED]:
+            return -1
+        ev = _pop(pol, n_new)
+        tb[T, T_NOWN] += n_new
+        us[U_NUSED] += n_new
+    if nt // B > n0 // B:
+        _cache(pol, T, n0 // B, nt // B)
+    return ev
 
 
 @njit(cache=True)
@@ -1047,10 +1037,22 @@ def grow_deferred(pol, sp, sl, n0, n, pend, fq0):
     blocks a run takes are the queue's first ones whichever slot takes them, and no block
     enters or leaves the queue otherwise during the run. *pend*: blocks taken so far in
     the run; *fq0*: the queue's length at its start. Returns the new count, or −1 when the
-    queue is too short (nothing changed). (Output blocks alone are counted in the pool
-    operation itself, ``_conc_vllm_piece_kernels._grow_slot_op``.)"""
-    k, _ = _grow(pol, sp, sl, n0, n, fq0 - pend, False)
-    return pend + k if k >= 0 else -1
+    queue is too short (nothing changed)."""
+    tb = pol[1]
+    us = pol[7]
+    B = pol[13][M_B]
+    T = sp[0][sl] - 1
+    t = n0 + n
+    n_new = (t + B - 1) // B - tb[T, T_H0] - tb[T, T_NOWN]
+    if n_new > 0:
+        if pend + n_new > fq0:
+            return -1
+        pend += n_new
+        tb[T, T_NOWN] += n_new
+        us[U_NUSED] += n_new
+    if t // B > n0 // B:  # (output blocks alone are counted in the pool operation itself)
+        _cache(pol, T, n0 // B, t // B)
+    return pend
 
 
 @njit(cache=True, inline="always")

@@ -65,7 +65,7 @@ def _grow_slot_op(pool, ps, ls, sl, n0, n):
     """Deferred (:func:`grow_deferred`): the evicted count returned is what the pops this
     growth adds will evict (every pop past the keyless head blocks evicts one). Output
     blocks (the common case) are counted here, reading the arrays through the pool value
-    (borrowed views: no reference counts) — ``_grow`` and ``_cache`` written out for them,
+    (borrowed views: no reference counts) — ``grow_deferred`` and ``_cache`` written out for them,
     since calling ``grow_deferred`` through the pool tuple for them cost 7–14 % of the
     concurrent Mooncake replay; other growth calls ``grow_deferred``."""
     B = pool.block_size
