@@ -141,29 +141,21 @@ def test_unit_pool_with_multiword_masks_gives_per_block_records(case):
 
 
 def test_unit_keys_equal_iff_prefixes_equal():
-    """The kernels' unit-stepped keys against the design model's plain-Python formula, and
-    by hand: [5, 6, 7] and [5, 6, 8] share the keys of units 0 and 1 and no later key; a
-    block's key depends on its position (all 3 × G block keys of one request distinct)."""
+    """The kernels' chained unit keys against the design model's plain-Python formula, and
+    by hand: [5, 6, 7] and [5, 6, 8] share the keys of units 0 and 1 and no later key, and
+    the keys of one request's units are distinct (a regular block is named by its unit's
+    key and its position in the unit, so the blocks of equal prefixes are named alike)."""
     from radixkv.policies import _hash_unit_kernels as UK
-    from unit_pool_model import block_key as model_block_key
     from unit_pool_model import unit_keys as model_unit_keys
 
     G, B = 4, 2
-    a = np.array([5, 6, 7], dtype=np.int64)
-    b = np.array([5, 6, 8], dtype=np.int64)
-    ka, kb = np.empty(3, dtype=np.int64), np.empty(3, dtype=np.int64)
-    UK.unit_keys_into(a, 3, ka)
-    UK.unit_keys_into(b, 3, kb)
+    keys = np.empty(6, dtype=np.int64)
+    UK.unit_keys_all(np.array([5, 6, 7, 5, 6, 8], dtype=np.int64), np.array([0, 3, 6], dtype=np.int64), keys)
+    ka, kb = keys[:3], keys[3:]
     assert ka[0] == kb[0] and ka[1] == kb[1] and ka[2] != kb[2]
-    blocks_a = [int(UK.block_key(ka, j, G)) for j in range(3 * G)]
-    blocks_b = [int(UK.block_key(kb, j, G)) for j in range(3 * G)]
-    assert len(set(blocks_a)) == 3 * G
-    assert blocks_a[: 2 * G] == blocks_b[: 2 * G]
-    assert not set(blocks_a[2 * G:]) & set(blocks_b)
-    assert int(UK.block_key(ka, -1, G)) == int(K.SEED)
+    assert len(set(ka.tolist())) == 3
+    assert ka[2] not in kb.tolist()
     # the model's independent plain-Python formula gives the same 64 bits
     seq = Trace.from_requests(req_id=["a"], arrival_s=[0.0], prompt_len=[3 * G * B], output_len=[0],
-                              prompt_ids=[a.tolist()], unit_tokens=G * B, partial_last_unit=False).kv_seq(0)
-    mk = model_unit_keys(seq)
-    assert [k & ((1 << 64) - 1) for k in ka.tolist()] == mk
-    assert [b & ((1 << 64) - 1) for b in blocks_a] == [model_block_key(seq, mk, j, B) for j in range(3 * G)]
+                              prompt_ids=[[5, 6, 7]], unit_tokens=G * B, partial_last_unit=False).kv_seq(0)
+    assert [k & ((1 << 64) - 1) for k in ka.tolist()] == model_unit_keys(seq)

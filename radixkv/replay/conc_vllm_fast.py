@@ -244,12 +244,7 @@ class CompiledVllmEngine(EngineReadout):
         self.tr = (ids, id_off, oids, ooff, has_out, P, N, U)
         self.unit = unit = _unit_eligible(trace, policy)
         if unit:
-            nu = nprompt.astype(np.int64)
-            covered = np.where(nu > 0, np.minimum(nu * U, P), 0)
-            R = covered // B
-            sj = np.where(covered % B != 0, R, -1)
-            soff = np.where(nu > 0, R * B - (nu - 1) * U, 0)
-            rinfo = np.ascontiguousarray(np.stack((R, covered, nu, sj, soff)), dtype=np.int64)  # PK.RI_*
+            rinfo = PK.request_info(id_off, P, U, B)
             self.pool = PK.new_pool(int(policy.num_gpu_blocks), B, U, ids, id_off, rinfo,
                                     min(int(config.max_num_seqs), n))
             new_ps = lambda n_sl: PK.new_slots(n_sl, W)  # noqa: E731
