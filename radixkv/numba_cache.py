@@ -244,6 +244,7 @@ LOCK_WAIT_S = 900.0
 
 _held: dict = {}  # lock path -> open file, in this process (re-entrant: a kernel compiled inside its own compile)
 _no_wait = [0]  # > 0 inside without_compiling: a kernel another process is compiling counts as cold
+_waited = [0.0]  # seconds this process has waited for other processes' compiles (RADIXKV_COMPILE_LOG)
 
 
 def _lock_path(dispatcher) -> str | None:
@@ -301,17 +302,20 @@ def _locked_compile(orig, lock: bool = True):
             except OSError:
                 return orig(self, sig)
             try:
-                t_end = time.monotonic() + LOCK_WAIT_S
-                while True:
-                    try:
-                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if _no_wait[0]:
-                            raise ColdCache() from None
-                        if time.monotonic() > t_end:
-                            return orig(self, sig)  # compile unlocked rather than wait longer
-                        time.sleep(0.05)
+                t0 = time.monotonic()
+                try:
+                    while True:
+                        try:
+                            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                            break
+                        except BlockingIOError:
+                            if _no_wait[0]:
+                                raise ColdCache() from None
+                            if time.monotonic() > t0 + LOCK_WAIT_S:
+                                return orig(self, sig)  # compile unlocked rather than wait longer
+                            time.sleep(0.05)
+                finally:
+                    _waited[0] += time.monotonic() - t0
                 _held[path] = f
                 try:
                     return orig(self, sig)  # loads from the cache what the other process compiled
@@ -339,6 +343,69 @@ def install_compile_lock() -> None:
 
     if getattr(Dispatcher.compile, "__wrapped__", None) is None:
         Dispatcher.compile = _locked_compile(Dispatcher.compile, lock)
+        log = os.environ.get("RADIXKV_COMPILE_LOG", "").strip()
+        if log:
+            Dispatcher.compile = _logged_compile(Dispatcher.compile, log)
+
+
+def _sig_text(t) -> str:
+    """A signature (or type) as text, each type prefixed with its class's name."""
+    if hasattr(t, "args") and hasattr(t, "return_type"):  # a Signature: its argument types
+        t = t.args
+    if isinstance(t, (tuple, list)):
+        return "(" + ", ".join(_sig_text(x) for x in t) + ")"
+    inner = getattr(t, "types", None)
+    if isinstance(inner, tuple):
+        return f"{type(t).__name__}{_sig_text(inner)}"
+    return f"{type(t).__name__}:{t}"
+
+
+def _logged_compile(orig, folder: str):
+    """Wrap ``Dispatcher.compile`` (*orig*, the locked one) to append one JSON line per call
+    that compiled or loaded a kernel to ``<folder>/<pid>.jsonl`` (``RADIXKV_COMPILE_LOG``, a
+    diagnostic: where a cold cache's CPU goes, per process). Fields: ``pid``, ``who`` (the
+    xdist worker, else the command), ``fn`` (module.qualname), ``sig``, ``how`` (``compiled``:
+    Numba compiled it here; ``loaded``: from the disk cache), ``cpu`` (this process's CPU
+    seconds in the call, callees' calls apart), ``wall`` (seconds, callees included),
+    ``wait`` (of those, waiting for another process's compile: the compile lock),
+    ``depth`` (0: not inside another's compile), ``t`` (the end, Unix time), ``test`` (the
+    pytest test running, ``PYTEST_CURRENT_TEST``, else null). ``sig`` names each argument's type class
+    (a borrowed view and a plain array print alike but are two compiles)."""
+    import json
+    import time
+
+    stack = [0.0]  # CPU seconds spent in the calls nested in the current one
+    who = " ".join(os.path.basename(a) for a in sys.argv[:3])
+
+    def compile(self, sig):
+        before = (sum(self._cache_hits.values()), sum(self._cache_misses.values()))
+        t0, c0, w0 = time.perf_counter(), time.process_time(), _waited[0]
+        stack.append(0.0)
+        try:
+            return orig(self, sig)
+        finally:
+            inner = stack.pop()
+            cpu = time.process_time() - c0
+            stack[-1] += cpu
+            hits, misses = sum(self._cache_hits.values()) - before[0], sum(self._cache_misses.values()) - before[1]
+            if hits or misses:
+                fn = getattr(self, "py_func", None)
+                rec = dict(pid=os.getpid(), who=(os.environ.get("PYTEST_XDIST_WORKER") if "pytest" in sys.modules
+                                                  else None) or who,
+                           fn=f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
+                           sig=_sig_text(sig), how="compiled" if misses else "loaded", cpu=round(cpu - inner, 4),
+                           wall=round(time.perf_counter() - t0, 4), wait=round(_waited[0] - w0, 4),
+                           depth=len(stack) - 1, t=round(time.time(), 2),
+                           test=os.environ.get("PYTEST_CURRENT_TEST"))
+                try:
+                    os.makedirs(folder, exist_ok=True)
+                    with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a") as f:
+                        f.write(json.dumps(rec) + "\n")
+                except OSError:
+                    pass
+
+    compile.__wrapped__ = orig
+    return compile
 
 
 class _PatchOnImport:

@@ -140,3 +140,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("slow") is not None:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session):
+    """With ``RADIXKV_COMPILE_LOG`` set (radixkv.numba_cache: every compile logged per
+    process), add this process's CPU seconds (its own and its finished children's) to the log."""
+    folder = os.environ.get("RADIXKV_COMPILE_LOG", "").strip()
+    if folder:
+        import json
+        import resource
+
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        rec = dict(pid=os.getpid(), who=os.environ.get("PYTEST_XDIST_WORKER", "main"), how="rusage",
+                   cpu=round(me.ru_utime + me.ru_stime, 2), children_cpu=round(kids.ru_utime + kids.ru_stime, 2))
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
