@@ -587,7 +587,7 @@ def _drop_key(blk, b32, kt, k32, st, stk, b):
     b32[b, R_PCN] = 0
     st[ST_NHASHED] -= 1
     if flip and alive:  # without children (a leaf, the common case) nothing to cascade
-        _cascade(blk, b32, kt, k32, st, stk, key, -1)
+        _cascade(blk, b32, kt, k32, st, stk, key, np.int64(-1))
 
 
 @njit(cache=True, inline="always")
@@ -656,7 +656,7 @@ def _add_key(blk, b32, kt, k32, st, stk, b, key, pkey):
         if k32[i, T_REACH] == 1:
             st[ST_NREACH] += 1
             if k32[i, T_CCNT] > 0:  # children cached before their parent
-                _cascade(blk, b32, kt, k32, st, stk, key, 1)
+                _cascade(blk, b32, kt, k32, st, stk, key, np.int64(1))
 
 
 # ---------------------------------------------------------------------- content
@@ -829,8 +829,8 @@ def peek(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_size
 
     Returns ``(code, min(n_hit, (lookup_len − 1) // B))``.
     """
-    code, h, _ = lookup(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_size, 0,
-                        verify, hit_out)
+    code, h, _ = lookup(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_size,
+                        np.int64(0), verify, hit_out)
     return code, min(h, (lookup_len - 1) // block_size)
 
 

@@ -111,7 +111,7 @@ def _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_
         # its ids a few pages ahead, _hash_kernels._IDS_AHEAD)
         before = st[K.ST_EVICTIONS]
         code, hit_blocks, held, ev, decoded, total_ev = K.run_seq(
-            bblk, bkt, bpcid, bpcs, bstate, bscratch, vsid, vsend, B, P, kv, False, key_mask, n_tok)
+            bblk, bkt, bpcid, bpcs, bstate, bscratch, vsid, vsend, B, P, kv, np.bool_(False), key_mask, n_tok)
         if patched:
             bone[P] = P + 1
         if code == K.NEED_PIECES:

@@ -1283,9 +1283,9 @@ def seq_span(pool, ps, base, prompt_len, output_len, i0, i1, stop, key_bytes, du
             return x, GROW
         z0 = us[U_Z]
         e0 = us[U_EV]
-        _, hcap, held, ev0, _ = admit(pol, sp, 0, i, P, P, True, gap)
+        _, hcap, held, ev0, _ = admit(pol, sp, np.int64(0), i, P, P, np.bool_(True), gap)
         if kv > P:
-            extend(pol, sp, 0, P, kv - P)
+            extend(pol, sp, np.int64(0), P, kv - P)
         # largest_free_run's bookkeeping (UnitPool.largest_free_run): the keyless blocks
         # taken were the head block (if any), then never-used ids; which kind of block the
         # last one taken was (−1 the head block, 1 a never-used id, 0 from a piece)
@@ -1299,7 +1299,7 @@ def seq_span(pool, ps, base, prompt_len, output_len, i0, i1, stop, key_bytes, du
             src = 1
         if us[U_EV] > e0:
             src = 0
-        release(pol, sp, 0, gap)
+        release(pol, sp, np.int64(0), gap)
         if kv % B != 0:  # the partial last block went to the head
             if src >= 0:
                 us[U_HEADADJ] = src

@@ -98,7 +98,7 @@ def _admit(pool, ps, ls, tr, i, sl, m, n_tok, asked):
     if mp - 1 > pcid.shape[1]:
         return S_PIECES, 0, 0, 0
     code, hb, hd, ev, nblk = K.admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys2d[sl], sid2d[sl, :m],
-                                     send2d[sl, :m], B, n_tok, n_tok, asked, False, tbl2d[sl])
+                                     send2d[sl, :m], B, n_tok, n_tok, asked, np.bool_(False), tbl2d[sl])
     if code != K.OK:
         return CK.ADMIT_REFUSED, hb, hd, ev
     s_nblk[sl] = nblk
@@ -127,7 +127,7 @@ def _lookup(pool, hs, i, L, hsid, hsend, m, fresh, count_free):
     n_look = L // B
     if fresh != 0:
         K._block_keys_into(hsid[:m], hsend[:m], B, n_look, pool.key_mask, hk)
-    code, h = K.peek(blk, b32, kt, k32, pcid, pcs, hk, n_look, hsid[:m], hsend[:m], B, L, False, htbl)
+    code, h = K.peek(blk, b32, kt, k32, pcid, pcs, hk, n_look, hsid[:m], hsend[:m], B, L, np.bool_(False), htbl)
     nfree = 0
     if count_free:
         for q in range(h):
