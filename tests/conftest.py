@@ -157,3 +157,37 @@ def pytest_sessionfinish(session):
         with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a") as f:
             f.write(json.dumps(rec) + "\n")
 
+
+#: the policies whose kernels are the bulk of a cold cache's compile (docs/performance.md,
+#: "Compile time on a cold cache"): the concurrent loops of both SGLang orders and of vLLM's
+#: three pools; heaviest first, dealt out to the xdist workers (:func:`_split_warmup`)
+WARMUP_SHARES = ("sglang:1", "vllm:16", "sglang:1@lfu", "vllm:16@lfu")
+
+#: the smallest run (tests collected) for which the workers warm WARMUP_SHARES up front
+WARMUP_MIN_TESTS = 500
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _split_warmup(request):
+    """On a parallel run of most of the suite (pytest-xdist, 2+ workers, at least
+    :data:`WARMUP_MIN_TESTS` tests), worker *k* first compiles the kernels of policies
+    k, k + n, … of :data:`WARMUP_SHARES` (a tiny replay each: ``radixkv.replay.warm``).
+
+    Why: on a cold Numba cache each kernel is compiled once, by the first worker to need it
+    (radixkv.numba_cache's compile lock); a second worker needing it meanwhile waits, its core
+    idle. Dealing the heaviest kernels out at the start keeps both workers compiling different
+    kernels; the tests then load them from the cache. On a warm cache this only loads them.
+    ``RADIXKV_TEST_WARMUP=0`` turns it off; a failure here is left to the tests to report."""
+    n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    wid = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if (n < 2 or not wid.startswith("gw") or os.environ.get("RADIXKV_TEST_WARMUP", "1") == "0"
+            or os.environ.get("RADIXKV_JIT") == "interpret" or len(request.session.items) < WARMUP_MIN_TESTS):
+        return
+    from radixkv.policies.registry import parse_policy
+    from radixkv.replay import warm
+
+    for spec in WARMUP_SHARES[int(wid[2:]) % n::n]:
+        try:
+            warm._tiny_run(parse_policy(spec))
+        except Exception:  # noqa: BLE001 - the tests of that policy report it
+            pass
