@@ -81,3 +81,21 @@ def test_without_the_lock_the_waiting_process_compiles_itself(tmp_path):
     out = subprocess.run([sys.executable, "-c", _WAITER], env=_env(tmp_path, RADIXKV_COMPILE_LOCK="0"),
                          capture_output=True, text=True, timeout=300, check=True).stdout
     assert out.strip().splitlines() == ["ready", "compiled here: ['_parse_uints']"]
+
+
+def test_the_compile_log_names_what_was_compiled_and_what_was_loaded(tmp_path):
+    """RADIXKV_COMPILE_LOG: a process on a fresh cache compiles the JSONL parser's kernel
+    (one line: compiled, its signature with the argument type classes: a read-only byte
+    buffer and two int64), the next process on that cache loads it (one line: loaded)."""
+    import json
+
+    log = tmp_path / "log"
+    code = "from radixkv.trace import _jsonl_fast as J; J.warmup()"
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", code], env=_env(tmp_path, RADIXKV_COMPILE_LOG=str(log)),
+                       timeout=300, check=True)
+    rows = [json.loads(line) for p in log.glob("*.jsonl") for line in p.read_text().splitlines()]
+    mine = sorted((r for r in rows if r["fn"] == "radixkv.trace._jsonl_fast._parse_uints"), key=lambda r: r["t"])
+    assert [r["how"] for r in mine] == ["compiled", "loaded"]
+    assert mine[0]["sig"] == "(Array:readonly array(uint8, 1d, C), Integer:int64, Integer:int64)"
+    assert mine[0]["pid"] != mine[1]["pid"] and mine[0]["depth"] == mine[1]["depth"] == 0
