@@ -231,7 +231,7 @@ class compile_notice:
             import time
 
             self.bar.close()
-            print(f"radixkv: compiled {self.n} kernels of {self.what} in {time.perf_counter() - self.t0:.1f} s",
+            print(f"radixkv: compiled {self.n} kernel{'' if self.n == 1 else 's'} of {self.what} in {time.perf_counter() - self.t0:.1f} s",
                   file=sys.stderr, flush=True)
         return False
 
