@@ -15,6 +15,11 @@ With both engines shown, an engine whose pool does not fit on the GPU is reporte
 reason (``[sglang] does not fit: ...``; in ``--json``, ``does_not_fit`` maps the engine to
 it) and the other is still shown. Exit status: 0 when at least one pool shown fits, 2 when
 none does (or the one engine asked for does not), with every reason.
+
+vLLM's pool is sized after a profiling pass of ``max_num_batched_tokens`` tokens; the
+report gives the count it assumed (``profile_tokens`` under ``pools.vllm`` in ``--json``,
+with ``profile_tokens_source``: ``--max-num-batched-tokens`` when given, else vLLM's default
+on the GPU, :func:`radixkv.memory.vllm_profile_tokens`).
 """
 from __future__ import annotations
 
