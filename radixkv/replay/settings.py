@@ -128,7 +128,8 @@ def step_knobs(args, rule: str) -> tuple[int, int, str]:
         return int(d_mnbt), int(d_seqs), dflt + ("; max_num_seqs assumed" if assumed else "")
     if mnbt is None:
         return int(d_mnbt), int(seqs), f"max_num_seqs given, max_num_batched_tokens {dflt}"
-    return int(mnbt), int(d_seqs), f"max_num_batched_tokens given, max_num_seqs {dflt}" + (", assumed" if assumed else "")
+    return int(mnbt), int(d_seqs), (f"max_num_batched_tokens given, max_num_seqs {dflt}"
+                                    + (", assumed" if assumed else ""))
 
 
 def check_step_knobs(args, rule: str, max_num_batched_tokens: int, max_num_seqs: int) -> None:
