@@ -231,7 +231,8 @@ class compile_notice:
             import time
 
             self.bar.close()
-            print(f"radixkv: compiled {self.n} kernels of {self.what} in {time.perf_counter() - self.t0:.1f} s",
+            kernels = "1 kernel" if self.n == 1 else f"{self.n} kernels"
+            print(f"radixkv: compiled {kernels} of {self.what} in {time.perf_counter() - self.t0:.1f} s",
                   file=sys.stderr, flush=True)
         return False
 

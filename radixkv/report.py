@@ -143,6 +143,24 @@ def _fmt(fmt, v):
     return fmt.format(v)
 
 
+def steps_lines(summaries) -> list[str]:
+    """The ``steps:`` lines of a concurrent replay's text output: for each summary with a
+    ``scheduler`` object (:func:`radixkv.replay.conc_result.scheduler_record`), the rule,
+    ``max_num_batched_tokens`` (tokens per step), ``max_num_seqs`` (running requests) and
+    where they came from, as the JSON gives them. One line when every summary has the same,
+    else one per policy; none for sequential summaries."""
+    def text(sc):
+        return (f"{sc['rule']} rules, max_num_batched_tokens {sc['max_num_batched_tokens']:,}, "
+                f"max_num_seqs {sc['max_num_seqs']:,} ({sc['source']})")
+
+    rows = [(s.get("policy"), text(s["scheduler"])) for s in summaries if isinstance(s.get("scheduler"), dict)]
+    if not rows:
+        return []
+    if len({t for _, t in rows}) == 1:
+        return [f"steps: {rows[0][1]}"]
+    return [f"steps, {p}: {t}" for p, t in rows]
+
+
 def format_table(summaries: list[dict], timing: bool = True, rows_spec=None) -> str:
     """A plain-text table: one row per metric, one column per policy.
 

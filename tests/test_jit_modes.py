@@ -216,7 +216,7 @@ def test_a_compile_is_announced_on_stderr(capsys):
         assert kern(21) == 42
     err = capsys.readouterr().err
     assert "radixkv: compiling the kernels of probe:1 (a test)" in err
-    assert re.search(r"radixkv: compiled 1 kernels of probe:1 in \d+\.\d s", err), err
+    assert re.search(r"radixkv: compiled 1 kernel of probe:1 in \d+\.\d s", err), err
     with compile_notice("probe:1", "a test"):
         assert kern(4) == 8  # compiled already: silent
     assert capsys.readouterr().err == ""

@@ -226,7 +226,8 @@ def test_recorder_changes_nothing():
     t = _trace([p, p[:30] + [7] * 5, p], [4, 3, 9], [0.0, 0.0, 0.01])
     for text in ("vllm:16", "sglang:1"):
         spec = parse_policy(text)
-        plain = replay_concurrent(t, build_policy(spec, PoolSpec(capacity_tokens=96), unit_tokens=1), COST)
+        plain = replay_concurrent(t, build_policy(spec, PoolSpec(capacity_tokens=96), unit_tokens=1), COST,
+                                  config=SchedulerConfig())  # as _run gives it (scheduler.source "given")
         r = _run(t, text, 96)
         s = r.summary()
         s.pop("miss_causes")

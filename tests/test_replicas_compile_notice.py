@@ -34,4 +34,4 @@ def test_a_compile_during_the_replicas_replay_is_announced(capsys, monkeypatch):
                  "--mode", "concurrent", "--model", "Llama-3.1-8B", "--gpu", "H100-80GB", "--replicas", "2"]) == 0
     err = capsys.readouterr().err
     assert "radixkv: compiling the kernels of vllm:16 (" in err, err
-    assert "radixkv: compiled 1 kernels of vllm:16 in " in err, err
+    assert "radixkv: compiled 1 kernel of vllm:16 in " in err, err

@@ -11,8 +11,9 @@ Expected values by hand from the engines' rules (not from radixkv's tables):
   16384 / 1024; T4 (15 GiB) → 2048 / 256.
 - SGLang ``handle_gpu_memory_settings``: ``chunked_prefill_size`` < 20 GiB 2048, < 60 GiB
   4096, < 160 GiB 8192, else 16384 — T4 2048, L40S (45 GiB) 4096, A100-80GB 8192, B200
-  16384; SGLang's ``max_running_requests`` is derived from its pool, so ``max_num_seqs``
-  stays 256 under SGLang's rules.
+  16384; SGLang's ``max_running_requests`` is derived from its pool (2048 to 4096,
+  ``_resolve_max_num_reqs``), so ``max_num_seqs`` under SGLang's rules is the value
+  ``radixkv plan`` assumes for it, 2048 (its floor).
 """
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ def test_vllm_rules_follow_vllm_serve_on_the_gpu(gpu, want):
 
 
 @pytest.mark.parametrize("gpu, tokens", [("T4", 2048), ("L40S", 4096), ("A100-80GB", 8192), ("B200", 16384)])
-def test_sglang_rules_take_chunked_prefill_size_and_keep_256(gpu, tokens):
-    assert _config("--gpu", gpu, rule="sglang") == (tokens, 256)
+def test_sglang_rules_take_chunked_prefill_size_and_2048_requests(gpu, tokens):
+    assert _config("--gpu", gpu, rule="sglang") == (tokens, 2048)
 
 
 def test_explicit_flags_win_one_by_one():
@@ -79,14 +80,27 @@ def _json(capsys, verb, *argv):
     return json.loads(capsys.readouterr().out)
 
 
+def _sourceless(doc):
+    """*doc* with each result's ``scheduler.source`` taken out (returned in a list)."""
+    sources = []
+    for r in doc["results"]:
+        sources.append(r["summary"]["scheduler"].pop("source"))
+    return doc, sources
+
+
 @pytest.mark.parametrize("verb", ["replay", "compare"])
 def test_replay_json_equals_the_explicit_knobs(capsys, verb):
-    a = _json(capsys, verb, "--gpu", "A100-80GB")
-    assert a == _json(capsys, verb, "--gpu", "A100-80GB", "--max-num-batched-tokens", "2048", "--max-num-seqs", "256")
+    a, src_a = _sourceless(_json(capsys, verb, "--gpu", "A100-80GB"))
+    g, src_g = _sourceless(_json(capsys, verb, "--gpu", "A100-80GB", "--max-num-batched-tokens", "2048",
+                                 "--max-num-seqs", "256"))
+    assert a == g  # the same replay; only where the knobs came from differs
+    assert set(src_a) == {"engine default for A100-80GB"} and set(src_g) == {"given"}
     # the same pool with 8192-token steps (the old default) schedules otherwise
     blocks = str(a["results"][0]["pool"]["num_gpu_blocks"])
-    b = _json(capsys, verb, "--gpu", "A100-80GB", "--num-gpu-blocks", blocks, "--max-num-batched-tokens", "2048")
-    c = _json(capsys, verb, "--gpu", "A100-80GB", "--num-gpu-blocks", blocks, "--max-num-batched-tokens", "8192")
+    b, _ = _sourceless(_json(capsys, verb, "--gpu", "A100-80GB", "--num-gpu-blocks", blocks,
+                             "--max-num-batched-tokens", "2048"))
+    c, _ = _sourceless(_json(capsys, verb, "--gpu", "A100-80GB", "--num-gpu-blocks", blocks,
+                             "--max-num-batched-tokens", "8192"))
     assert b["results"][0]["summary"] == a["results"][0]["summary"] != c["results"][0]["summary"]
 
 
@@ -96,8 +110,10 @@ def test_sweep_cell_runs_the_gpu_defaults():
 
     tr = load_trace("traces/agent_tools.jsonl").head(20)
     cell = {"policy": "vllm:16", "mode": "concurrent", "model": "Llama-3.1-8B", "gpu": "A100-80GB"}
-    assert replay_cell(tr, cell)["metrics"] == replay_cell(
-        tr, {**cell, "max_num_batched_tokens": 2048, "max_num_seqs": 256})["metrics"]
+    a = replay_cell(tr, cell)["metrics"]
+    g = replay_cell(tr, {**cell, "max_num_batched_tokens": 2048, "max_num_seqs": 256})["metrics"]
+    assert (a["scheduler"].pop("source"), g["scheduler"].pop("source")) == ("engine default for A100-80GB", "given")
+    assert a == g
 
 
 def test_grid_keeps_max_num_seqs_unless_256_is_the_cells_default():
@@ -108,7 +124,7 @@ def test_grid_keeps_max_num_seqs_unless_256_is_the_cells_default():
     assert omitted_value(a100, "max_num_seqs") == 256
     assert omitted_value(h100, "max_num_seqs") == 1024
     assert omitted_value({**h100, "capacity_tokens": 20000}, "max_num_seqs") == 256
-    assert omitted_value({**h100, "admission": "sglang"}, "max_num_seqs") == 256
+    assert omitted_value({**h100, "admission": "sglang"}, "max_num_seqs") == 2048  # SGLang's, assumed
     assert omitted_value({"policy": "vllm:16"}, "max_num_seqs") == 256
     # 256 is left out where the cell runs 256 without it; on an H100's pool it is not
     assert drops_setting({**a100, "max_num_seqs": 256}, "max_num_seqs")

@@ -73,8 +73,10 @@ def test_sweep_plot_refuses_with_the_reason_and_writes_nothing(tmp_path, capsys)
     assert "nothing to draw from 6 cells: no cell has a number for 'capacity_tokens'" in err
     assert "the grid sweeps gpu_memory_utilization; use --x gpu_memory_utilization" in err
     assert not png.exists()
-    # a knob the grid does not sweep: one value, no line to draw
-    assert main(["sweep-plot", str(d), "--x", "max_num_seqs", "--out", str(png)]) == 2
+    # a knob the grid does not sweep: one value, no line to draw (the vLLM cells: vllm serve's
+    # 256 on an A100; the SGLang cells run SGLang's max_running_requests, assumed 2048)
+    dv = _store(tmp_path / "vllm", rows[:3])
+    assert main(["sweep-plot", str(dv), "--x", "max_num_seqs", "--out", str(png)]) == 2
     assert "every cell has max_num_seqs = 256" in capsys.readouterr().err and not png.exists()
     # a metric no cell has: the ones they have
     assert main(["sweep-plot", str(d), "--x", "gpu_memory_utilization", "--y", "evictions", "--out", str(png)]) == 2

@@ -46,7 +46,9 @@ def refuse_scheduler_conflicts(args, specs, *, routed: bool = False) -> None:
 
     The rule is the one the replay uses: ``--admission``, else the admission rule of the
     class that runs (``NoCache`` under ``--no-enable-prefix-caching``,
-    ``StaticReservedCache`` under ``--static-reserved-fraction``, else the policy's).
+    ``StaticReservedCache`` under ``--static-reserved-fraction``, else the policy's). Under
+    vLLM's rules a step budget below the running-request cap is refused too
+    (:func:`radixkv.replay.settings.check_step_knobs`), on the knobs after the defaults.
 
     Raises
     ------
@@ -71,4 +73,4 @@ def refuse_scheduler_conflicts(args, specs, *, routed: bool = False) -> None:
         elif getattr(own, "static_reserved_fraction", None) is not None:
             from radixkv.policies.static_reserved import StaticReservedCache as cls
         runs = admission or getattr(cls, "admission_rule", "vllm")
-        rule_of(None, dataclasses.replace(concurrent_config_from_args(own), admission=runs))
+        rule_of(None, dataclasses.replace(concurrent_config_from_args(own, rule=runs), admission=runs))

@@ -15,6 +15,11 @@ With both engines shown, an engine whose pool does not fit on the GPU is reporte
 reason (``[sglang] does not fit: ...``; in ``--json``, ``does_not_fit`` maps the engine to
 it) and the other is still shown. Exit status: 0 when at least one pool shown fits, 2 when
 none does (or the one engine asked for does not), with every reason.
+
+vLLM's pool is sized after a profiling pass of ``max_num_batched_tokens`` tokens; the
+report gives the count it assumed (``profile_tokens`` under ``pools.vllm`` in ``--json``,
+with ``profile_tokens_source``: ``--max-num-batched-tokens`` when given, else vLLM's default
+on the GPU, :func:`radixkv.memory.vllm_profile_tokens`).
 """
 from __future__ import annotations
 
@@ -79,9 +84,10 @@ def register(subparsers) -> None:
                    help="context length in tokens (default: the model's maximum)")
     p.add_argument("--block-size", type=int, default=16, help="vLLM block_size (default 16)")
     p.add_argument("--page-size", type=int, default=1, help="SGLang page_size (default 1)")
+    from radixkv.flags.concurrent import GPU_DEFAULTS_HELP
+
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="vLLM profiling pass size in tokens (default: vLLM's on the GPU, "
-                        "2048 on an A100, 8192 on an H100)")
+                   help=f"tokens of vLLM's profiling pass (its max_num_batched_tokens; default: {GPU_DEFAULTS_HELP})")
     from radixkv.cli._output import add_json_arg
 
     add_json_arg(p, "the report")
@@ -218,6 +224,11 @@ def _vllm_pool(out, model, gpu, args, util, kv_dtype, version, max_len) -> None:
                           max_num_batched_tokens=vllm_profile_tokens(args.max_num_batched_tokens, gpu),
                           engine_version=version)
     out["pools"]["vllm"] = _pool_dict(pool, max_len)
+    # the tokens of vLLM's profiling pass (its peak activations), and where they came from
+    out["pools"]["vllm"]["profile_tokens"] = vllm_profile_tokens(args.max_num_batched_tokens, gpu)
+    out["pools"]["vllm"]["profile_tokens_source"] = (
+        "given (--max-num-batched-tokens)" if args.max_num_batched_tokens is not None
+        else f"engine default for {gpu.name}")
     start = vllm_start_max_model_len(pool, max_len, hybrid=model.is_hybrid)
     if start is not None:
         # vLLM refuses to start: the KV cache cannot hold one max_model_len request
@@ -359,6 +370,9 @@ def format_report(r: dict) -> str:
         else:
             lines.append(f"  pool: {_gib(p['bytes'])} per rank, max_total_num_tokens "
                          f"{p['max_total_num_tokens']:,} ({p['blocks']:,} pages)")
+        if "profile_tokens" in p:
+            lines.append(f"  profiling pass: {p['profile_tokens']:,} tokens (max_num_batched_tokens, "
+                         f"{p['profile_tokens_source']})")
         if "hybrid" in p:
             h = p["hybrid"]
             kinds = [g["kind"] for g in h["groups"]]

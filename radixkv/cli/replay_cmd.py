@@ -35,7 +35,7 @@ from radixkv.policies.registry import PolicySpec, parse_policy
 from radixkv.replay.pool_settings import check_pool_args as _check_pool_args
 from radixkv.replay.pool_settings import pool_for_policy
 from radixkv.report import CONCURRENT_ROWS as _CONCURRENT_ROWS
-from radixkv.report import format_table
+from radixkv.report import format_table, steps_lines
 from radixkv.util import atomic_write_text, check_output_paths, dumps_json
 
 
@@ -228,6 +228,8 @@ def cmd_replay(args) -> int:
     print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; {args.mode} replay; "
           f"load {load_s:.2f} s, compile {summ['timing_s']['compile']:.2f} s", file=out)
     print(format_table([summ], rows_spec=_CONCURRENT_ROWS if args.mode == "concurrent" else None), file=out)
+    for line in steps_lines([summ]):
+        print(line, file=out)
     _traffic.traffic_reports(trace, spec.label, rec, summ, args, lambda t: _rerun(t, spec, pool, args), out)
     doc = _doc(trace, args, load_s, [(spec, summ)], [desc])
     emit(args.json, dumps_json(doc), *outs)
@@ -431,6 +433,8 @@ def cmd_compare(args) -> int:
     out = human(args.json, args.report)
     print(f"trace {args.trace}: {n:,} requests, unit_tokens={trace.unit_tokens}, {mode}, load {load_s:.2f} s", file=out)
     print(format_table([s for _, s in results], rows_spec=_CONCURRENT_ROWS if concurrent else None), file=out)
+    for line in steps_lines([s for _, s in results]):
+        print(line, file=out)
     for (spec, pool, rec), (_, summ) in zip(recs, results):
         _traffic.traffic_reports(trace, spec.label, rec, summ, args,
                                  lambda t, spec=spec, pool=pool: _rerun(t, spec, pool, args), out)

@@ -114,6 +114,10 @@ def report_replay(trace, spec, pool, args, load_s, desc, make_doc, format_table,
     per = [dict(r, policy=f"replica {k}") for k, r in enumerate(summ["replicas"]) if r is not None]
     if per and summ["routing"]["kv_pool"] == "local":
         print(format_table(per, timing=False, rows_spec=rows), file=out)
+    from radixkv.report import steps_lines
+
+    for line in steps_lines([summ]):
+        print(line, file=out)
     print(describe(summ), file=out)
     doc = make_doc(trace, args, load_s, [(spec, summ)], [desc])
     emit(args.json, dumps_json(doc), args.json, args.per_request, args.report)

@@ -80,6 +80,14 @@ def _has(parser: argparse.ArgumentParser, flag: str) -> bool:
     return flag in parser._option_string_actions  # argparse keeps every option string here
 
 
+#: the one help phrase of the step knobs whose default follows the GPU
+#: (``--max-num-batched-tokens``, ``--max-num-seqs``; ``replay``/``compare``/``curve``/``memory``):
+#: :func:`radixkv.replay.settings.step_defaults`, :func:`radixkv.memory.engine_batch_defaults`
+GPU_DEFAULTS_HELP = ("the engine's own on the --gpu the pool is sized on (vLLM: 2048 tokens / 256 requests on an "
+                     "A100 or a GPU under 70 GiB, 8192 / 1024 on an H100/H200, 16384 / 1024 at ≥ 160 GiB; SGLang: "
+                     "its chunked_prefill_size / 2048 requests, assumed); an explicit pool: 8192 / 256")
+
+
 def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
     """Add the concurrent-replay flags to *parser* (skipping flags it already has)."""
     g = parser.add_argument_group("concurrent replay (--mode concurrent)")
@@ -91,12 +99,11 @@ def add_concurrent_args(parser: argparse.ArgumentParser) -> None:
     add("--mode", choices=["sequential", "concurrent"], default="sequential",
         help="sequential: one request at a time (cache study); concurrent: arrivals, batching, preemption")
     add("--max-num-seqs", type=int, default=None,
-        help="most running requests (vLLM --max-num-seqs; default: vllm serve's on the --gpu when the pool is sized "
-             "on it, 256 on an A100, 1024 on an H100; SGLang rules and other pools: 256)")
+        help=f"most running requests (vLLM --max-num-seqs, SGLang --max-running-requests; default: "
+             f"{GPU_DEFAULTS_HELP})")
     add("--max-num-batched-tokens", type=int, default=None,
-        help="tokens per engine step, chunked prefill (vLLM's knob; default: the engine's on the --gpu when the pool "
-             "is sized on it, vLLM 2048 on an A100, 8192 on an H100, SGLang its chunked_prefill_size; other pools: "
-             "8192)")
+        help=f"tokens per engine step, chunked prefill (vLLM --max-num-batched-tokens, SGLang "
+             f"--chunked-prefill-size; default: {GPU_DEFAULTS_HELP})")
     if not _has(parser, "--enable-prefix-caching"):
         g.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", default=True,
                        help="replay the given policy (default)")

@@ -10,14 +10,16 @@ from __future__ import annotations
 import argparse
 import math
 
-from radixkv.flags.concurrent import add_concurrent_args
+from radixkv.flags.concurrent import GPU_DEFAULTS_HELP, add_concurrent_args
 from radixkv.flags.host_tier import add_host_tier_args
 from radixkv.flags.output import add_json_arg, add_report_arg
 from radixkv.flags.routing import add_routing_args
 from radixkv.flags.traffic import add_traffic_args
 
 #: ``--no-timing``'s help (``replay``, ``compare``, ``curve``)
-TIMING_HELP = "leave wall-clock times out of the JSON, so two runs give byte-identical files (default: kept)"
+TIMING_HELP = ("leave wall-clock times (load, compile and replay seconds, tokens per second) out of the JSON "
+               "and the --report page, so two runs write byte-identical files; the table printed still shows "
+               "them (default: kept)")
 
 
 def int_tokens(text: str) -> int:
@@ -68,9 +70,8 @@ def add_pool_args(p):
     m.add_argument("--kv-cache-dtype", default=None, help="e.g. fp8")
     m.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     m.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="vLLM profiling pass size, and tokens per step in --mode concurrent (default: the engine's "
-                        "on the --gpu the pool is sized on, vLLM 2048 on an A100, 8192 on an H100; SGLang rules: its "
-                        "chunked_prefill_size; an explicit pool: 8192 per step)")
+                   help=f"tokens of vLLM's profiling pass, and per engine step in --mode concurrent (default: "
+                        f"{GPU_DEFAULTS_HELP})")
     m.add_argument("--max-model-len", type=int_tokens, default=None, metavar="TOKENS",
                    help="context length: a prompt the engine refuses (vLLM: ≥ L tokens; SGLang: ≥ L − 6) is not "
                         "served and is counted in rejected_requests, outputs are capped to the context "

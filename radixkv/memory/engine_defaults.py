@@ -16,11 +16,15 @@ from radixkv.memory.specs import GPUSpec
 
 _GiB = 2**30
 
-#: SGLang's ``max_running_requests`` when unset. SGLang takes the least of
-#: ``max_total_num_tokens // 2`` and the rows of its request-to-token table, which it
-#: sizes from the pool (at least 2,048 rows; ``model_executor/model_runner.py`` — recalled,
-#: not re-read). **Assumed** 2,048: on the pools the studies size it is that table's size,
-#: and the concurrent replays run far fewer requests at once.
+#: SGLang's ``max_running_requests`` when unset (``--max-running-requests`` not given).
+#: SGLang derives it from the pool: ``min(clamp(int(T / context_len * 512), 2048, 4096),
+#: T // 2)`` for a pool of T tokens (``model_executor/model_runner_kv_cache_mixin.py ::
+#: _resolve_max_num_reqs``, the size of its request-to-token table), then the scheduler
+#: takes the least of that and its attention backend's limit (``managers/scheduler.py``,
+#: "Max running requests constraints"). **Assumed** 2,048, the table's floor: SGLang's
+#: value on a pool of 4,096 tokens up to 4 context lengths, and a bound the concurrent
+#: replays rarely reach. ``radixkv plan`` starts its SGLang points from it and the concurrent replay's
+#: step defaults use it (:func:`radixkv.replay.settings.step_defaults`), so both agree.
 SGLANG_DEFAULT_MAX_RUNNING_REQUESTS = 2048
 
 #: vLLM's OpenAI-server batch defaults by GPU class, ``(max_num_batched_tokens,

@@ -168,7 +168,8 @@ class ConcurrentResult(RequestColumns):
         ``throughput_output_tokens_per_s``, ``throughput_total_tokens_per_s`` (prompt +
         output), ``preemptions``, ``preempted_requests``, ``prompt_tokens``, ``hit_tokens``,
         ``token_hit_rate`` (first admissions), ``recomputed_tokens``, ``prefill_flops``,
-        ``prefill_flops_saved``, ``steps``, and over busy time
+        ``prefill_flops_saved``, ``steps``, ``scheduler`` (:func:`scheduler_record`: the
+        rule, ``max_num_batched_tokens``, ``max_num_seqs`` and their ``source``), and over busy time
         ``internal_fragmentation_share_mean`` / ``_peak`` (allocated tokens holding no valid
         KV, share of the pool's tokens), ``pool_used_share_mean`` (slots held by running
         requests) and ``pool_cached_share_mean`` (evictable cached slots). Percentiles are numpy's linear interpolation;
@@ -217,6 +218,8 @@ class ConcurrentResult(RequestColumns):
             "prefill_flops": float(self.prefill_flops),
             "prefill_flops_saved": float(self.prefill_flops_saved),
             "steps": int(self.steps),
+            # the step knobs the replay ran with and where they came from (scheduler_record)
+            **({"scheduler": self.meta["scheduler"]} if "scheduler" in self.meta else {}),
             **self._pool_summary(),
             # per KV cache group (hybrid models, HybridBlockHashCache.group_metrics); null
             # for one-group policies
@@ -312,6 +315,16 @@ def _tl_row(tl, step, t, running, waiting, tokens, used, cached, n_slots):
     tl["pool_free_slots"].append(n_slots - used - cached)
 
 
+def scheduler_record(rule: str, config) -> dict:
+    """The ``scheduler`` object of a concurrent result's meta and summary: ``rule`` (the
+    engine whose step rules ran, ``"vllm"`` or ``"sglang"``), ``max_num_batched_tokens``
+    (tokens per step), ``max_num_seqs`` (running requests) and ``source`` (where the two
+    came from: ``config.knob_source``, :func:`radixkv.replay.settings.step_knobs`;
+    ``"given"`` for a config built in code)."""
+    return {"rule": rule, "max_num_batched_tokens": int(config.max_num_batched_tokens),
+            "max_num_seqs": int(config.max_num_seqs), "source": config.knob_source or "given"}
+
+
 def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, finish,
             t0, t_end, busy, area, peak, steps, pf_flops, pool) -> ConcurrentResult:
     admit = np.asarray(admit_s, dtype=np.float64)
@@ -353,6 +366,7 @@ def _result(trace, policy, cost, config, sch, arrivals, admit_s, first_tok, fini
         "slot_tokens": policy.slot_tokens,
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens,
+        "scheduler": scheduler_record(rule, config),
         "schedule_policy": config.schedule_policy,
         "admission": rule,
         "enable_chunked_prefill": config.enable_chunked_prefill,

@@ -81,7 +81,9 @@ def replay_concurrent(
     arrivals : np.ndarray of float64, shape (n,), or None
         Arrival times in seconds, non-decreasing (default: the trace's, shifted to 0).
     config : SchedulerConfig or None
-        Scheduler knobs (default ``SchedulerConfig()``).
+        Scheduler knobs (default ``SchedulerConfig()``, reported with source
+        ``"radixkv default"``; a config given is reported ``"given"`` unless its
+        ``knob_source`` says otherwise).
     progress : callable or None
         Called as ``progress(done, total)`` after each step that finishes requests.
     on_step : callable or None
@@ -143,7 +145,7 @@ def replay_concurrent(
     if host_link is not None and not tiered:
         raise ConfigError(f"{type(policy).__name__} has no host-memory tier: drop --host-link", field="host_link")
     load_s = 0.0
-    config = config or SchedulerConfig()
+    config = config or SchedulerConfig(knob_source="radixkv default")
     n = len(trace)
     if arrivals is None:
         arrivals = np.asarray(trace.arrival_s, dtype=np.float64) - (float(trace.arrival_s[0]) if n else 0.0)

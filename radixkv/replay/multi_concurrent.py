@@ -375,7 +375,7 @@ def replay_multi_concurrent(
                               field="replicas")
     if len({id(p) for p in policies}) != N:
         raise ConfigError("each replica needs its own policy instance", field="replicas")
-    config = config or SchedulerConfig()
+    config = config or SchedulerConfig(knob_source="radixkv default")
     n = len(trace)
     if arrivals is None:
         arrivals = np.asarray(trace.arrival_s, dtype=np.float64) - (float(trace.arrival_s[0]) if n else 0.0)

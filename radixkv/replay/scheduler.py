@@ -120,6 +120,11 @@ class SchedulerConfig:
         SGLang ``--retraction-policy`` (default ``length``): ``priority`` retracts the
         least preferred priority first when a decode does not fit (needs
         ``enable_priority_scheduling``).
+    knob_source : str or None
+        Where ``max_num_batched_tokens`` / ``max_num_seqs`` came from, as the outputs report
+        it (``scheduler.source``, :func:`radixkv.replay.settings.step_knobs`): None (a config
+        built in code) reads ``"given"``. Not a knob: no part of equality and no effect on
+        the replay.
 
     Raises
     ------
@@ -139,6 +144,7 @@ class SchedulerConfig:
     schedule_low_priority_values_first: bool = False
     disable_priority_preemption: bool = False
     retraction_policy: str = "length"
+    knob_source: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if int(self.max_num_seqs) < 1:

@@ -46,19 +46,21 @@ def step_defaults(args, rule: str) -> tuple[int, int]:
     """``(max_num_batched_tokens, max_num_seqs)`` of a concurrent replay under scheduler
     *rule* (``"vllm"`` or ``"sglang"``) when ``--max-num-batched-tokens`` /
     ``--max-num-seqs`` are not given: the one place that decides them for ``replay``,
-    ``compare``, ``curve`` and sweep cells.
+    ``compare``, ``curve`` and sweep cells (:func:`step_knobs` also says where each came
+    from).
 
     - The pool sized by the memory model on ``--model``/``--gpu`` (no explicit pool size,
       no ``--pool-from-log``): what the engine's server runs with on that GPU
-      (:func:`radixkv.memory.engine_batch_defaults`). vLLM rules: both knobs
-      (``vllm/engine/arg_utils.py :: EngineArgs.get_batch_defaults``: 2048 / 256 on an
-      A100 or a GPU under 70 GiB, 8192 / 1024 on an H100/H200 class, 16384 / 1024 at
-      ≥ 160 GiB). SGLang rules: the token budget is SGLang's ``chunked_prefill_size`` on
-      the GPU (``arg_groups/memory_hook.py :: handle_gpu_memory_settings``), which is the
-      ``rem_chunk_tokens`` budget of ``PrefillAdder`` that
-      :mod:`radixkv.replay.sched_sglang` models; ``max_num_seqs`` stays 256, since SGLang's
-      own ``max_running_requests`` default is derived from the pool and only assumed in
-      radixkv (:data:`radixkv.memory.engine_defaults.SGLANG_DEFAULT_MAX_RUNNING_REQUESTS`).
+      (:func:`radixkv.memory.engine_batch_defaults`, the values ``radixkv plan`` starts
+      from). vLLM rules: both knobs (``vllm/engine/arg_utils.py ::
+      EngineArgs.get_batch_defaults``: 2048 / 256 on an A100 or a GPU under 70 GiB,
+      8192 / 1024 on an H100/H200 class, 16384 / 1024 at ≥ 160 GiB). SGLang rules: the
+      token budget is SGLang's ``chunked_prefill_size`` on the GPU
+      (``arg_groups/memory_hook.py :: handle_gpu_memory_settings``), which is the
+      ``rem_chunk_tokens`` budget of ``PrefillAdder`` that :mod:`radixkv.replay.sched_sglang`
+      models; ``max_num_seqs`` is SGLang's ``max_running_requests`` left unset, **assumed**
+      2048 (:data:`radixkv.memory.engine_defaults.SGLANG_DEFAULT_MAX_RUNNING_REQUESTS`:
+      SGLang derives it from the pool and the context length, 2048 to 4096).
     - Otherwise :data:`STEP_DEFAULTS` (8192 tokens, 256 requests).
 
     Raises
@@ -73,28 +75,120 @@ def step_defaults(args, rule: str) -> tuple[int, int]:
     from radixkv.memory import engine_batch_defaults
 
     d = engine_batch_defaults("sglang" if rule == "sglang" else "vllm", args.gpu)
-    return d["max_num_batched_tokens"], (STEP_DEFAULTS[1] if rule == "sglang" else d["max_num_seqs"])
+    return d["max_num_batched_tokens"], d["max_num_seqs"]
 
 
-def concurrent_config_from_args(args, policy=None):
+#: ``source`` of :func:`step_knobs` when the user gave a knob
+SOURCE_GIVEN = "given"
+#: ``source`` of :func:`step_knobs` for :data:`STEP_DEFAULTS` (an explicit pool)
+SOURCE_RADIXKV = "radixkv default"
+
+
+def engine_default_source(gpu) -> str:
+    """The ``source`` wording of a knob :func:`step_defaults` took from the engine on *gpu*:
+    ``"engine default for <GPU preset name>"``.
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        An unknown GPU name (field ``gpu``).
+    """
+    from radixkv.memory.presets import get_gpu
+
+    return f"engine default for {get_gpu(gpu).name}"
+
+
+def step_knobs(args, rule: str) -> tuple[int, int, str]:
+    """``(max_num_batched_tokens, max_num_seqs, source)``: the step knobs a concurrent
+    replay under *rule* runs with (the flags when given, else :func:`step_defaults`) and
+    where they came from, as the outputs report it (``scheduler.source``):
+
+    - ``"given"``: both flags given;
+    - ``"engine default for <GPU>"``: neither given, the engine's own on the GPU the pool is
+      sized on (under SGLang's rules ``max_num_seqs`` is assumed: the wording adds
+      ``"; max_num_seqs assumed"``);
+    - ``"radixkv default"``: neither given, :data:`STEP_DEFAULTS` (an explicit pool);
+    - one given: ``"max_num_batched_tokens given, max_num_seqs <default source>"`` (or the
+      other way round; ``", assumed"`` after SGLang's assumed ``max_num_seqs``).
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        An unknown GPU name (field ``gpu``), when the pool is sized on it.
+    """
+    from radixkv.replay.pool_settings import pool_sized_by_model
+
+    mnbt, seqs = getattr(args, "max_num_batched_tokens", None), getattr(args, "max_num_seqs", None)
+    if mnbt is not None and seqs is not None:
+        return int(mnbt), int(seqs), SOURCE_GIVEN
+    d_mnbt, d_seqs = step_defaults(args, rule)
+    dflt = engine_default_source(args.gpu) if pool_sized_by_model(args) else SOURCE_RADIXKV
+    assumed = dflt != SOURCE_RADIXKV and rule == "sglang"  # SGLang's max_running_requests: assumed
+    if mnbt is None and seqs is None:
+        return int(d_mnbt), int(d_seqs), dflt + ("; max_num_seqs assumed" if assumed else "")
+    if mnbt is None:
+        return int(d_mnbt), int(seqs), f"max_num_seqs given, max_num_batched_tokens {dflt}"
+    return int(mnbt), int(d_seqs), (f"max_num_batched_tokens given, max_num_seqs {dflt}"
+                                    + (", assumed" if assumed else ""))
+
+
+def check_step_knobs(args, rule: str, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    """Refuse, under vLLM's rules, a step token budget below the running-request cap: vLLM
+    refuses to start with ``max_num_batched_tokens < max_num_seqs`` (every running request
+    needs at least one token per step; ``vllm/config/scheduler.py ::
+    SchedulerConfig.verify_max_model_len``, called from ``SchedulerConfig.__post_init__``).
+    The values are the effective ones (after :func:`step_defaults`); SGLang has no such
+    check and is not refused.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        Naming the flag(s) the user gave (field: ``max_num_batched_tokens`` when it was
+        given, else ``max_num_seqs``).
+    """
+    if rule == "sglang" or int(max_num_batched_tokens) >= int(max_num_seqs):
+        return
+    from radixkv.replay.pool_settings import pool_sized_by_model
+
+    given_t = getattr(args, "max_num_batched_tokens", None) is not None
+    given_s = getattr(args, "max_num_seqs", None) is not None
+    dflt = engine_default_source(args.gpu) if pool_sized_by_model(args) else SOURCE_RADIXKV
+    t = (f"--max-num-batched-tokens {max_num_batched_tokens}" if given_t
+         else f"max_num_batched_tokens {max_num_batched_tokens} ({dflt})")
+    q = f"--max-num-seqs {max_num_seqs}" if given_s else f"max_num_seqs {max_num_seqs} ({dflt})"
+    fix = ("raise --max-num-batched-tokens or lower --max-num-seqs" if given_t and given_s
+           else "raise --max-num-batched-tokens" if given_t and not given_s
+           else "lower --max-num-seqs or give --max-num-batched-tokens")
+    raise ConfigError(f"{t} is below {q}: vLLM refuses max_num_batched_tokens < max_num_seqs (every running "
+                      f"request takes at least one token a step; vllm/config/scheduler.py :: SchedulerConfig); "
+                      f"{fix}", field="max_num_batched_tokens" if given_t else "max_num_seqs")
+
+
+def concurrent_config_from_args(args, policy=None, *, rule: str | None = None):
     """The :class:`~radixkv.replay.scheduler.SchedulerConfig` the flags describe.
 
     ``--max-num-batched-tokens`` and ``--max-num-seqs`` when given, else
-    :func:`step_defaults` under the replay's rule (``--admission``, else the policy's;
-    vLLM's without a policy).
+    :func:`step_defaults` under the replay's rule: *rule* when given, else ``--admission``,
+    else the policy's (vLLM's without a policy). The config's ``knob_source`` says where
+    the two came from (:func:`step_knobs`).
 
     Without ``--admission``, the policy class's ``admission_rule`` decides
     (:func:`radixkv.replay.scheduler.admission_rule_of`): SGLang's rules for
     ``RadixCache``, whose admission leaves the whole-prompt check to SGLang's budget,
     vLLM's for every other policy.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        A knob out of range (:class:`SchedulerConfig`), or, under vLLM's rules,
+        ``max_num_batched_tokens < max_num_seqs`` (:func:`check_step_knobs`).
+    radixkv.errors.InputError
+        An unknown GPU name, when the pool is sized on it.
     """
-    mnbt, seqs = getattr(args, "max_num_batched_tokens", None), getattr(args, "max_num_seqs", None)
     admission = getattr(args, "admission", None)
-    if mnbt is None or seqs is None:
-        d_mnbt, d_seqs = step_defaults(args, admission or _rule_of_policy(policy))
-        mnbt = d_mnbt if mnbt is None else mnbt
-        seqs = d_seqs if seqs is None else seqs
-    return SchedulerConfig(
+    rule = rule or admission or _rule_of_policy(policy)
+    mnbt, seqs, source = step_knobs(args, rule)
+    cfg = SchedulerConfig(
         max_num_seqs=int(seqs),
         max_num_batched_tokens=int(mnbt),
         schedule_policy=getattr(args, "schedule_policy", "fcfs"),
@@ -107,7 +201,10 @@ def concurrent_config_from_args(args, policy=None):
         schedule_low_priority_values_first=bool(getattr(args, "schedule_low_priority_values_first", False)),
         disable_priority_preemption=bool(getattr(args, "disable_priority_preemption", False)),
         retraction_policy=getattr(args, "retraction_policy", "length") or "length",
+        knob_source=source,
     )
+    check_step_knobs(args, rule, mnbt, seqs)
+    return cfg
 
 
 #: scheduler knobs (flag destinations and defaults) that only vLLM's rules read; SGLang's

@@ -83,6 +83,12 @@ def _concurrent_only(acts) -> set[str]:
     return {a.dest for a in group._group_actions} - {"mode", "max_num_batched_tokens", "help"}
 
 
+def concurrent_only_keys() -> frozenset:
+    """The grid knobs only a concurrent cell reads (:func:`_concurrent_only`): dropped from
+    sequential cells, and shown ``n/a`` for them (:func:`radixkv.sweep.show.setting`)."""
+    return frozenset(_concurrent_only(_replay_actions()))
+
+
 def replay_defaults() -> dict:
     """Every grid knob's default, as ``radixkv replay`` has it (``policies``/``traces``
     excluded)."""
@@ -393,10 +399,18 @@ def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
         check_pool_args(ns)
     except ConfigError as e:
         raise ConfigError(e.reason, path=where, field=e.field) from None
+    _refuse_routing_without_replicas(s, ns, where)
     try:  # a key the other keys make moot, as radixkv replay refuses the flag (radixkv.flags.moot)
         refuse_moot_flags(ns)
     except ConfigError as e:
         raise ConfigError(f"key {e.field!r}: {e.reason}", path=where, field=e.field) from None
+    if ns.replicas is not None:  # the routing the replay refuses (global pool on one clock, ...)
+        from radixkv.replay.settings import routed
+
+        try:
+            routed(ns)
+        except ConfigError as e:
+            raise ConfigError(f"key {e.field!r}: {e.reason}", path=where, field=e.field) from None
     concurrent = ns.mode == "concurrent"
     if (concurrent or ns.replicas is not None) and getattr(spec.build_class, "needs_trace", False):
         from radixkv.policies.registry import sequential_only_message
@@ -417,6 +431,25 @@ def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
             continue
         out[k] = v
     return out
+
+
+def _refuse_routing_without_replicas(s: dict, ns, where: str) -> None:
+    """Refuse a cell that sets ``router`` or ``kv_pool`` with no ``replicas``: the replay
+    would refuse it when the cell runs (:func:`radixkv.replay.settings.routed`: "--router
+    and --kv-pool need --replicas N"), so the grid is refused when it is read.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        Naming the grid file and the key (``router`` or ``kv_pool``; its line is added by
+        :func:`load_grid`).
+    """
+    if ns.replicas is not None:
+        return
+    for key in ("router", "kv_pool"):
+        if key in s:
+            raise ConfigError(f"key {key!r} routes requests over several replicas, but the grid sets no "
+                              f"'replicas': add replicas = N (N ≥ 2) or drop {key!r}", path=where, field=key)
 
 
 def _scheduler_rule(ns, spec) -> str:
@@ -463,7 +496,7 @@ def _own_engine_knobs(s: dict, ns, spec, where: str):
             del s[k]
             setattr(ns, k, default)
     try:
-        rule_of(None, dataclasses.replace(concurrent_config_from_args(ns), admission=rule))
+        rule_of(None, dataclasses.replace(concurrent_config_from_args(ns, rule=rule), admission=rule))
     except ConfigError as e:
         if e.field == "disable_priority_preemption" and "enable_priority_scheduling" in s:
             # the replay names the flag to add; a grid adds the key, beside the key that asked for it

@@ -46,13 +46,18 @@ def capacity_tokens(row: dict):
 
 def setting(row: dict, key: str):
     """*row*'s value of the grid knob *key* (``radixkv replay``'s default when the store
-    omitted it); ``capacity_tokens`` is the pool's usable tokens as the replay sized it."""
+    omitted it); ``capacity_tokens`` is the pool's usable tokens as the replay sized it.
+    None (shown ``n/a``) for a knob only the concurrent replay reads (``max_num_seqs``,
+    ``request_rate``, ...) in a sequential cell, which does not model it."""
     if key == "capacity_tokens":
         return capacity_tokens(row)
     s = row.get("settings", {})
     if key in s:
         return s[key]
-    from radixkv.sweep.grid import omitted_value
+    from radixkv.sweep.grid import concurrent_only_keys, omitted_value
+
+    if s.get("mode", "sequential") != "concurrent" and key in concurrent_only_keys():
+        return None
 
     return omitted_value(s, key)
 
