@@ -435,3 +435,42 @@ def test_a_moot_key_is_refused_naming_key_and_line(tmp_path, capsys, keys, key):
     err = capsys.readouterr().err
     assert f"{g}, line {line}, field '{key}'" in err and "--replicas 1" in err, err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_rerun_replays_a_stored_cell_whose_step_knobs_are_not_todays(tmp_path):
+    """A cell's key holds only the settings that differ from the defaults, so a row stored
+    before a default changed has today's key. A concurrent row whose recorded step knobs
+    differ from the ones the cell runs with now, or that records none (an older radixkv),
+    is run again; a matching row and a sequential row are kept."""
+    import warnings
+
+    from radixkv.errors import InputWarning
+
+    # pool sized on the GPU, knobs not given: vLLM's server defaults on an A100 are
+    # max_num_batched_tokens 2048, max_num_seqs 256 (EngineArgs.get_batch_defaults)
+    g = _grid(tmp_path, 'traces = ["{demo}"]\npolicies = "vllm:16"\nlimit = 30\nmodel = "Llama-3.1-8B"\n'
+                        'gpu = "A100-80GB"\nmode = ["sequential", "concurrent"]\n')
+    out = tmp_path / "out"
+    assert run_sweep(g, out, executor="local", progress=False).done == 2
+    rows = {r["settings"].get("mode", "sequential"): r for r in read_rows(out)}
+    conc = rows["concurrent"]
+    assert (conc["metrics"]["scheduler"]["max_num_batched_tokens"], conc["metrics"]["scheduler"]["max_num_seqs"]) == (2048, 256)
+    before = _metrics(out)
+    path = out / "cells" / f"{conc['key']}.jsonl"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rep = run_sweep(g, out, executor="local", progress=False)  # nothing stale: no warning
+    assert rep.skipped == 2 and rep.done == 0
+
+    for change in ("knobs", "absent"):
+        row = json.loads(path.read_text())
+        if change == "knobs":
+            row["metrics"]["scheduler"]["max_num_seqs"] = 1024
+        else:
+            del row["metrics"]["scheduler"]
+        path.write_text(json.dumps(row) + "\n")
+        with pytest.warns(InputWarning, match="the cell is run again") as w:
+            rep = run_sweep(g, out, executor="local", progress=False)
+        assert rep.skipped == 1 and rep.done == 1
+        assert str(path) in str(w[0].message)
+        assert _metrics(out) == before  # the rerun restored the row of today's knobs

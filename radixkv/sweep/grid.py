@@ -138,6 +138,28 @@ def _drops(key: str, value, ns, spec, defaults: dict) -> bool:
     return value == defaults.get(key)
 
 
+def cell_step_knobs(settings: dict) -> tuple[int, int] | None:
+    """``(max_num_batched_tokens, max_num_seqs)`` a cell with normalised *settings* (with
+    ``policy``) runs with — the given knobs, else the defaults of
+    :func:`radixkv.replay.settings.step_knobs` under the cell's scheduler rule — or None
+    for a sequential cell (no steps). :func:`radixkv.sweep.store.done_keys` checks stored
+    rows against it.
+
+    Raises
+    ------
+    radixkv.errors.InputError
+        A concurrent cell sized on an unknown GPU (field ``gpu``).
+    """
+    from radixkv.policies.registry import parse_policy
+    from radixkv.replay.settings import step_knobs
+
+    ns = argparse.Namespace(**{**replay_defaults(), **settings})
+    if ns.mode != "concurrent":
+        return None
+    mnbt, seqs, _ = step_knobs(ns, _scheduler_rule(ns, parse_policy(settings["policy"])))
+    return mnbt, seqs
+
+
 def _omitted_seqs(ns, spec) -> int:
     """``max_num_seqs`` of the cell *ns* (policy *spec*) when its settings omit it."""
     from radixkv.replay.settings import STEP_DEFAULTS, step_defaults

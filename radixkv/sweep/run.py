@@ -10,7 +10,7 @@ from radixkv.errors import ConfigError, InputError
 import radixkv.sweep.store as store
 from radixkv.sweep.cell import CellTask, TraceRef, remember_trace, write_trace_cache
 from radixkv.sweep.executors import run_tasks
-from radixkv.sweep.grid import load_grid
+from radixkv.sweep.grid import cell_step_knobs, load_grid
 
 
 @dataclass
@@ -86,7 +86,8 @@ def run_sweep(grid, out_dir, *, executor: str = "local", workers: int | None = N
         raise InputError(f"folder {out.parent} does not exist: the sweep creates its results directory, not the "
                          f"folders above it (check the path, or create {out.parent} first)", path=out, field="out")
     g = grid if not isinstance(grid, (str, Path)) else load_grid(grid)
-    done = store.done_keys(out)
+    steps = {c.key: k for c in g.cells if (k := cell_step_knobs(c.settings)) is not None}
+    done = store.done_keys(out, steps)
     todo = [c for c in g.cells if c.key not in done]
     rep.total, rep.skipped = len(g.cells), len(g.cells) - len(todo)
     out.mkdir(exist_ok=True)  # the results directory (its parent exists: checked above)

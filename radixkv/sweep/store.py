@@ -77,12 +77,19 @@ def write_error(out_dir, cell, result: dict) -> None:
     atomic_write_text(Path(out_dir) / ERRORS / f"{cell.key}.json", _line(doc))
 
 
-def done_keys(out_dir) -> set[str]:
+def done_keys(out_dir, steps: dict | None = None) -> set[str]:
     """Keys of the finished cells in *out_dir* (empty when it does not exist).
 
     A cell file that is not a complete row (truncated by a copy or a full disk, edited,
     not UTF-8) does not count: the cell is run again and its file replaced, with an
-    :class:`~radixkv.errors.InputWarning` naming the file."""
+    :class:`~radixkv.errors.InputWarning` naming the file.
+
+    *steps*: ``{key: (max_num_batched_tokens, max_num_seqs)}``, the step knobs each
+    concurrent cell runs with today (:func:`radixkv.sweep.grid.cell_step_knobs`). A cell's
+    key holds only the settings that differ from the defaults, so a row stored before a
+    default changed (e.g. the knobs that follow the engine's defaults on the GPU) has the
+    key of today's cell; a row whose ``metrics.scheduler`` records other knobs, or none
+    (written before radixkv recorded them), does not count either, with a warning."""
     import warnings
 
     from radixkv.errors import InputWarning
@@ -95,12 +102,23 @@ def done_keys(out_dir) -> set[str]:
         if not p.name.endswith(".jsonl") or p.name.startswith("."):
             continue
         try:
-            _check_row(_read_row(p), p)
+            row = _check_row(_read_row(p), p)
         except InputError as e:
             warnings.warn(InputWarning(f"{e.reason}: the cell is run again", path=e.path, line=e.line,
                                        field=e.field), stacklevel=2)
             continue
-        keys.add(p.name[: -len(".jsonl")])
+        key = p.name[: -len(".jsonl")]
+        want = (steps or {}).get(key)
+        if want is not None:
+            got = row.get("metrics", {}).get("scheduler")
+            have = None if not isinstance(got, dict) else (got.get("max_num_batched_tokens"), got.get("max_num_seqs"))
+            if have != tuple(want):
+                ran = ("records no step knobs (written by an older radixkv)" if have is None else
+                       f"ran with max_num_batched_tokens {have[0]}, max_num_seqs {have[1]}")
+                warnings.warn(InputWarning(f"{ran}; the cell now runs with {want[0]}, {want[1]}: the cell is run again",
+                                           path=p, field="metrics.scheduler"), stacklevel=2)
+                continue
+        keys.add(key)
     return keys
 
 
