@@ -81,7 +81,8 @@ def test_stream_equals_in_memory(policy, capacity):
         assert got["stream"]["chunks"] == -(-400 // chunk)
 
 
-def test_stream_mooncake_limit(tmp_path):
+@pytest.mark.parametrize("policy", ["sglang:1", "vllm:16"])
+def test_stream_mooncake_limit(tmp_path, policy):
     # a Mooncake-style trace: 512-token hash ids, partial last units, outputs without ids
     rng = np.random.default_rng(3)
     rows = []
@@ -95,7 +96,7 @@ def test_stream_mooncake_limit(tmp_path):
     rows = [r for r in rows if json.loads(r)["input_length"] > 512]
     path = tmp_path / "m.jsonl"
     path.write_text("\n".join(rows) + "\n")
-    spec, pool = parse_policy("sglang:1"), PoolSpec(capacity_tokens=20000)
+    spec, pool = parse_policy(policy), PoolSpec(capacity_tokens=20000)
     _, ref = run_replay(load_trace(path), spec, pool, limit=150)
     for chunk in (1, 33, 1000):
         assert _without_timing(replay_stream(path, spec, pool, chunk_requests=chunk, limit=150)) == _without_timing(ref)

@@ -423,6 +423,12 @@ def replay_stream(path, spec, pool, *, format: str | None = None,  # noqa: A002 
         if window is None:
             window = _Window(n, chunk.unit_tokens, chunk.partial_last_unit, chunk.out_ids is not None, str(path))
             policy = build_policy(spec, pool, unit_tokens=chunk.unit_tokens)
+            if getattr(policy, "unit_granular", False):
+                # vLLM's unit-granular pool (radixkv.policies._hash_unit_kernels.UnitPool.span)
+                # registers a trace's unit ids once, on its first span, and keeps them while
+                # cached blocks refer to them; the window shows each chunk's ids in turn and
+                # keeps none, so the stream runs the per-block kernels (same results)
+                policy.unit_granular = False
         elif (chunk.out_ids is not None) != ("out_offsets" in window.pages):
             raise TraceFormatError("output_tokens given on some lines only", path=path, line=first_line,
                                    field="output_tokens")
