@@ -96,6 +96,9 @@ def test_compare_concurrent_mode(tmp_path, capsys):
     (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--gpu-memory-utilization", "0.5"],
      "explicit pool size"),
     (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "99999", "--limit", "0"], "no requests to replay"),
+    # the context check of a model-sized replay saw no request and said every prompt was too long
+    (["replay", MIXED, "--policy", "vllm:16", "--mode", "concurrent", "--model", "Llama-3.1-8B", "--gpu", "H100",
+      "--limit", "0"], "no requests to replay"),
     (["replay", MIXED, "--policy", "vllm", "--capacity-tokens", "1e20"], "slots radixkv models"),
     # not a finite count: a message, not an OverflowError traceback
     (["curve", MIXED, "--policies", "vllm", "--capacities", "1e4,inf"], "'inf' is not a whole non-negative number"),

@@ -474,3 +474,36 @@ def test_rerun_replays_a_stored_cell_whose_step_knobs_are_not_todays(tmp_path):
         assert rep.skipped == 1 and rep.done == 1
         assert str(path) in str(w[0].message)
         assert _metrics(out) == before  # the rerun restored the row of today's knobs
+
+    # a sequential row sized on the GPU by an older memory model (another pool): run again
+    seq_path = out / "cells" / f"{rows['sequential']['key']}.jsonl"
+    row = json.loads(seq_path.read_text())
+    row["pool"]["num_gpu_blocks"] -= 480
+    seq_path.write_text(json.dumps(row) + "\n")
+    with pytest.warns(InputWarning, match="ran on the pool") as w:
+        rep = run_sweep(g, out, executor="local", progress=False)
+    assert rep.skipped == 1 and rep.done == 1 and str(seq_path) in str(w[0].message)
+    assert _metrics(out) == before
+
+
+def test_unknown_gpu_of_a_concurrent_grid_names_the_file_and_line(tmp_path, capsys):
+    g = _grid(tmp_path, 'traces = ["{demo}"]\npolicies = "vllm:16"\nlimit = 10\nmodel = "Llama-3.1-8B"\n'
+                        'gpu = ["H100", "H999"]\nmode = "concurrent"\n')
+    assert main(["sweep", str(g), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{g.name}, line 5, field 'gpu'" in err and "unknown GPU 'H999'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_trace_that_cannot_be_read_leaves_no_results_directory(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n{not json\n')
+    g = tmp_path / "grid.toml"
+    g.write_text(f'traces = ["{bad}"]\npolicies = "vllm:16"\ncapacity_tokens = 1000\n')
+    assert main(["sweep", str(g), "--out", str(tmp_path / "out")]) == 2
+    assert "bad.jsonl, line 2" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    # a results directory that existed before keeps what it held
+    (tmp_path / "kept" / "cells").mkdir(parents=True)
+    assert main(["sweep", str(g), "--out", str(tmp_path / "kept")]) == 2
+    assert (tmp_path / "kept" / "cells").is_dir()

@@ -117,7 +117,7 @@ def apply_context_limit(trace, max_model_len: int | None, engine: str):
     cap = np.minimum(out, np.maximum(total - P, 0))
     clipped = int(np.count_nonzero(keep & (cap < out)))
     info = ContextLimit(int(max_model_len), engine, tuple(str(x) for x in trace.req_id[~keep]), clipped)
-    if not keep.any():
+    if len(P) and not keep.any():  # (an empty trace: the replay says there is nothing to replay)
         from radixkv.errors import ConfigError
 
         raise ConfigError(f"every request's prompt is longer than the {engine} engine serves with max_model_len "

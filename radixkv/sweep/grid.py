@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radixkv.errors import ConfigError
+from radixkv.errors import ConfigError, InputError
 
 #: grid keys that are not ``radixkv replay`` flags
 _OWN_KEYS = ("traces", "policies", "format", "per_engine_rule")
@@ -136,6 +136,25 @@ def _drops(key: str, value, ns, spec, defaults: dict) -> bool:
 
         return value == STEP_DEFAULTS[1] == _omitted_seqs(ns, spec)
     return value == defaults.get(key)
+
+
+def cell_expected(settings: dict) -> dict:
+    """What a cell with normalised *settings* (with ``policy``) runs with today, for
+    :func:`radixkv.sweep.store.done_keys` to check stored rows against: ``{"pool": where
+    its pool comes from (:func:`radixkv.replay.pool_settings.pool_for_policy`), "steps":
+    :func:`cell_step_knobs`}``; an entry the settings cannot give today (an unknown GPU, a
+    pool that does not fit: the cell's run reports it) is None."""
+    from radixkv.policies.registry import parse_policy
+    from radixkv.replay.pool_settings import pool_for_policy
+
+    ns = argparse.Namespace(**{**replay_defaults(), **settings})
+    out = {"pool": None, "steps": None}
+    try:
+        out["pool"] = pool_for_policy(ns, parse_policy(settings["policy"]), per_engine_rule=bool(ns.per_engine_rule))[1]
+        out["steps"] = cell_step_knobs(settings)
+    except InputError:
+        pass
+    return out
 
 
 def cell_step_knobs(settings: dict) -> tuple[int, int] | None:
@@ -519,14 +538,15 @@ def _own_engine_knobs(s: dict, ns, spec, where: str):
             setattr(ns, k, default)
     try:
         rule_of(None, dataclasses.replace(concurrent_config_from_args(ns, rule=rule), admission=rule))
-    except ConfigError as e:
+    except InputError as e:  # ConfigError, or an unknown GPU (InputError) the step defaults look up
         if e.field == "disable_priority_preemption" and "enable_priority_scheduling" in s:
             # the replay names the flag to add; a grid adds the key, beside the key that asked for it
             reason = e.reason.replace("add --disable-priority-preemption",
                                       "add disable_priority_preemption = true to the grid")
             raise ConfigError(reason, path=where, line=_key_line(Path(where), "enable_priority_scheduling"),
                               field="enable_priority_scheduling") from None
-        raise ConfigError(e.reason, path=where, field=e.field) from None
+        raise ConfigError(e.reason, path=where, line=_key_line(Path(where), e.field) if e.field else None,
+                          field=e.field) from None
     return ns
 
 

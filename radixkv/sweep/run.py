@@ -10,7 +10,7 @@ from radixkv.errors import ConfigError, InputError
 import radixkv.sweep.store as store
 from radixkv.sweep.cell import CellTask, TraceRef, remember_trace, write_trace_cache
 from radixkv.sweep.executors import run_tasks
-from radixkv.sweep.grid import cell_step_knobs, load_grid
+from radixkv.sweep.grid import cell_expected, load_grid
 
 
 @dataclass
@@ -86,27 +86,34 @@ def run_sweep(grid, out_dir, *, executor: str = "local", workers: int | None = N
         raise InputError(f"folder {out.parent} does not exist: the sweep creates its results directory, not the "
                          f"folders above it (check the path, or create {out.parent} first)", path=out, field="out")
     g = grid if not isinstance(grid, (str, Path)) else load_grid(grid)
-    steps = {c.key: k for c in g.cells if (k := cell_step_knobs(c.settings)) is not None}
-    done = store.done_keys(out, steps)
+    done = store.done_keys(out, {c.key: cell_expected(c.settings) for c in g.cells})
     todo = [c for c in g.cells if c.key not in done]
     rep.total, rep.skipped = len(g.cells), len(g.cells) - len(todo)
+    created = not out.exists()
     out.mkdir(exist_ok=True)  # the results directory (its parent exists: checked above)
     (out / store.CELLS).mkdir(exist_ok=True)  # a sweep stopped before its first cell is still a results dir
 
     # each trace: read once here, cached as memory-mappable columns for the workers
     traces, meta, refs = {}, {}, {}
     fmt = {c.trace.sha256: c.settings.get("format") for c in todo}
-    for c in todo:
-        sha = c.trace.sha256
-        if sha in traces:
-            continue
-        tr = load_trace(c.trace.path, format=fmt[sha])
-        cache = out / store.TRACES / sha[:32]
-        write_trace_cache(tr, cache)
-        traces[sha] = tr
-        meta[sha] = {"name": tr.name, "unit_tokens": int(tr.unit_tokens)}
-        refs[sha] = TraceRef(sha, str(cache.resolve()), str(c.trace.path), fmt[sha])
-        remember_trace(sha, tr)
+    try:
+        for c in todo:
+            sha = c.trace.sha256
+            if sha in traces:
+                continue
+            tr = load_trace(c.trace.path, format=fmt[sha])
+            cache = out / store.TRACES / sha[:32]
+            write_trace_cache(tr, cache)
+            traces[sha] = tr
+            meta[sha] = {"name": tr.name, "unit_tokens": int(tr.unit_tokens)}
+            refs[sha] = TraceRef(sha, str(cache.resolve()), str(c.trace.path), fmt[sha])
+            remember_trace(sha, tr)
+    except BaseException:
+        if created:  # a trace that cannot be read: leave no results directory that holds nothing
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     # biggest traces first: a better balance across workers
     size = {sha: int(tr.prompt_len.sum()) for sha, tr in traces.items()}
     order = sorted(range(len(todo)), key=lambda i: -size[todo[i].trace.sha256])

@@ -77,19 +77,23 @@ def write_error(out_dir, cell, result: dict) -> None:
     atomic_write_text(Path(out_dir) / ERRORS / f"{cell.key}.json", _line(doc))
 
 
-def done_keys(out_dir, steps: dict | None = None) -> set[str]:
+def done_keys(out_dir, expected: dict | None = None) -> set[str]:
     """Keys of the finished cells in *out_dir* (empty when it does not exist).
 
     A cell file that is not a complete row (truncated by a copy or a full disk, edited,
     not UTF-8) does not count: the cell is run again and its file replaced, with an
     :class:`~radixkv.errors.InputWarning` naming the file.
 
-    *steps*: ``{key: (max_num_batched_tokens, max_num_seqs)}``, the step knobs each
-    concurrent cell runs with today (:func:`radixkv.sweep.grid.cell_step_knobs`). A cell's
-    key holds only the settings that differ from the defaults, so a row stored before a
-    default changed (e.g. the knobs that follow the engine's defaults on the GPU) has the
-    key of today's cell; a row whose ``metrics.scheduler`` records other knobs, or none
-    (written before radixkv recorded them), does not count either, with a warning."""
+    *expected*: ``{key: {"pool": dict, "steps": (max_num_batched_tokens, max_num_seqs)
+    or None}}``, the pool each cell runs on today (its ``pool`` record, as
+    :func:`radixkv.replay.pool_settings.pool_for_policy` describes it) and the step knobs
+    of a concurrent cell (:func:`radixkv.sweep.grid.cell_step_knobs`); a key may be
+    absent, or either entry None (not checked). A cell's key holds only the settings that
+    differ from the defaults, so a row stored before a default changed (the memory
+    model's pool, the step knobs that follow the engine's defaults on the GPU) has the key
+    of today's cell: a row whose ``pool`` differs, or whose ``metrics.scheduler`` records
+    other knobs or none (written before radixkv recorded them), does not count either,
+    with a warning naming the file."""
     import warnings
 
     from radixkv.errors import InputWarning
@@ -108,18 +112,30 @@ def done_keys(out_dir, steps: dict | None = None) -> set[str]:
                                        field=e.field), stacklevel=2)
             continue
         key = p.name[: -len(".jsonl")]
-        want = (steps or {}).get(key)
-        if want is not None:
-            got = row.get("metrics", {}).get("scheduler")
-            have = None if not isinstance(got, dict) else (got.get("max_num_batched_tokens"), got.get("max_num_seqs"))
-            if have != tuple(want):
-                ran = ("records no step knobs (written by an older radixkv)" if have is None else
-                       f"ran with max_num_batched_tokens {have[0]}, max_num_seqs {have[1]}")
-                warnings.warn(InputWarning(f"{ran}; the cell now runs with {want[0]}, {want[1]}: the cell is run again",
-                                           path=p, field="metrics.scheduler"), stacklevel=2)
-                continue
+        stale = _stale(row, (expected or {}).get(key) or {})
+        if stale:
+            warnings.warn(InputWarning(f"{stale[1]}: the cell is run again", path=p, field=stale[0]), stacklevel=2)
+            continue
         keys.add(key)
     return keys
+
+
+def _stale(row: dict, want: dict) -> tuple[str, str] | None:
+    """``(field, reason)`` when a stored *row* was not run as its cell runs today (see
+    :func:`done_keys`), else None."""
+    pool = want.get("pool")
+    if pool is not None and row.get("pool") != json.loads(json.dumps(pool)):
+        return "pool", f"ran on the pool {row.get('pool')}; the cell now runs on {pool}"
+    steps = want.get("steps")
+    if steps is not None:
+        got = row["metrics"].get("scheduler")
+        have = None if not isinstance(got, dict) else (got.get("max_num_batched_tokens"), got.get("max_num_seqs"))
+        if have != tuple(steps):
+            ran = ("records no step knobs (a row of an older radixkv, or edited)" if have is None else
+                   f"ran with max_num_batched_tokens {have[0]}, max_num_seqs {have[1]}")
+            return "metrics.scheduler", (f"{ran}; the cell now runs with max_num_batched_tokens {steps[0]}, "
+                                         f"max_num_seqs {steps[1]}")
+    return None
 
 
 def _read_row(p: Path):
