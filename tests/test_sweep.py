@@ -507,3 +507,16 @@ def test_a_trace_that_cannot_be_read_leaves_no_results_directory(tmp_path, capsy
     (tmp_path / "kept" / "cells").mkdir(parents=True)
     assert main(["sweep", str(g), "--out", str(tmp_path / "kept")]) == 2
     assert (tmp_path / "kept" / "cells").is_dir()
+
+
+@pytest.mark.parametrize("keys,line,field,what", [
+    ('model = "Llama-3.1-8B"\ngpu = "H999"\n', 4, "gpu", "unknown GPU 'H999'"),        # sequential
+    ('model = "Llama-9"\ngpu = "H100"\nmode = "concurrent"\n', 3, "model", "unknown model 'Llama-9'"),
+])
+def test_unknown_model_or_gpu_is_refused_when_the_grid_is_read(tmp_path, capsys, keys, line, field, what):
+    # before: each cell failed when it ran (exit 1, an errors/ record per cell, a results folder)
+    g = _grid(tmp_path, 'traces = ["{demo}"]\npolicies = "vllm:16"\n' + keys)
+    assert main(["sweep", str(g), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{g.name}, line {line}, field '{field}'" in err and what in err
+    assert not (tmp_path / "out").exists()

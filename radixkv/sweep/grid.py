@@ -440,6 +440,16 @@ def _normalise(s: dict, defaults: dict, conc_only: set, where: str) -> dict:
         check_pool_args(ns)
     except ConfigError as e:
         raise ConfigError(e.reason, path=where, field=e.field) from None
+    try:  # an unknown model or GPU stops the grid here, not each of its cells when it runs
+        from radixkv.memory.presets import get_gpu, get_model
+
+        if ns.gpu is not None:
+            get_gpu(ns.gpu)
+        if ns.model is not None:
+            get_model(ns.model)
+    except InputError as e:
+        raise ConfigError(e.reason, path=where, line=_key_line(Path(where), e.field) if e.field else None,
+                          field=e.field) from None
     _refuse_routing_without_replicas(s, ns, where)
     try:  # a key the other keys make moot, as radixkv replay refuses the flag (radixkv.flags.moot)
         refuse_moot_flags(ns)
