@@ -623,9 +623,9 @@ def _provenance(inputs, command) -> str:
                     rows.append((f"  pool of {_label(r)}", pool or "not recorded"))
                 sc = _summary(r).get("scheduler")
                 if isinstance(sc, dict):  # a concurrent replay's step knobs and where they came from
-                    rows.append((f"  steps of {_label(r)}",
-                                 f"{sc.get('rule')} rules, max_num_batched_tokens {sc.get('max_num_batched_tokens')}, "
-                                 f"max_num_seqs {sc.get('max_num_seqs')} ({sc.get('source')})"))
+                    from radixkv.report import steps_text
+
+                    rows.append((f"  steps of {_label(r)}", steps_text(sc, grouped=False)))
         else:
             rows.append((f"input {i + 1}", f"{item['label']} ({item['kind'].replace('_', '-')} CSV, "
                                            f"{len(next(iter(item['columns'].values()), []))} rows)"))

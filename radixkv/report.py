@@ -143,17 +143,22 @@ def _fmt(fmt, v):
     return fmt.format(v)
 
 
-def steps_lines(summaries) -> list[str]:
-    """The ``steps:`` lines of a concurrent replay's text output: for each summary with a
-    ``scheduler`` object (:func:`radixkv.replay.conc_result.scheduler_record`), the rule,
+def steps_text(sc: dict, *, grouped: bool = True) -> str:
+    """One concurrent replay's ``scheduler`` object
+    (:func:`radixkv.replay.conc_result.scheduler_record`) as text: the rule,
     ``max_num_batched_tokens`` (tokens per step), ``max_num_seqs`` (running requests) and
-    where they came from, as the JSON gives them. One line when every summary has the same,
-    else one per policy; none for sequential summaries."""
-    def text(sc):
-        return (f"{sc['rule']} rules, max_num_batched_tokens {sc['max_num_batched_tokens']:,}, "
-                f"max_num_seqs {sc['max_num_seqs']:,} ({sc['source']})")
+    where they came from; *grouped*: thousands separated by commas (the text output; the
+    HTML report's provenance row prints plain integers)."""
+    f = "{:,}" if grouped else "{}"
+    return (f"{sc.get('rule')} rules, max_num_batched_tokens {f.format(sc.get('max_num_batched_tokens'))}, "
+            f"max_num_seqs {f.format(sc.get('max_num_seqs'))} ({sc.get('source')})")
 
-    rows = [(s.get("policy"), text(s["scheduler"])) for s in summaries if isinstance(s.get("scheduler"), dict)]
+
+def steps_lines(summaries) -> list[str]:
+    """The ``steps:`` lines of a concurrent replay's text output (:func:`steps_text` of each
+    summary with a ``scheduler`` object, as the JSON gives it). One line when every summary
+    has the same, else one per policy; none for sequential summaries."""
+    rows = [(s.get("policy"), steps_text(s["scheduler"])) for s in summaries if isinstance(s.get("scheduler"), dict)]
     if not rows:
         return []
     if len({t for _, t in rows}) == 1:

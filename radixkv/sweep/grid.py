@@ -142,41 +142,24 @@ def cell_expected(settings: dict) -> dict:
     """What a cell with normalised *settings* (with ``policy``) runs with today, for
     :func:`radixkv.sweep.store.done_keys` to check stored rows against: ``{"pool": where
     its pool comes from (:func:`radixkv.replay.pool_settings.pool_for_policy`), "steps":
-    :func:`cell_step_knobs`}``; an entry the settings cannot give today (an unknown GPU, a
-    pool that does not fit: the cell's run reports it) is None."""
+    (max_num_batched_tokens, max_num_seqs) of a concurrent cell — the given knobs, else the
+    defaults of :func:`radixkv.replay.settings.step_knobs` under the cell's scheduler rule
+    — or None for a sequential one}``; an entry the settings cannot give today (an unknown
+    GPU, a pool that does not fit: the cell's run reports it) is None."""
     from radixkv.policies.registry import parse_policy
     from radixkv.replay.pool_settings import pool_for_policy
-
-    ns = argparse.Namespace(**{**replay_defaults(), **settings})
-    out = {"pool": None, "steps": None}
-    try:
-        out["pool"] = pool_for_policy(ns, parse_policy(settings["policy"]), per_engine_rule=bool(ns.per_engine_rule))[1]
-        out["steps"] = cell_step_knobs(settings)
-    except InputError:
-        pass
-    return out
-
-
-def cell_step_knobs(settings: dict) -> tuple[int, int] | None:
-    """``(max_num_batched_tokens, max_num_seqs)`` a cell with normalised *settings* (with
-    ``policy``) runs with — the given knobs, else the defaults of
-    :func:`radixkv.replay.settings.step_knobs` under the cell's scheduler rule — or None
-    for a sequential cell (no steps). :func:`radixkv.sweep.store.done_keys` checks stored
-    rows against it.
-
-    Raises
-    ------
-    radixkv.errors.InputError
-        A concurrent cell sized on an unknown GPU (field ``gpu``).
-    """
-    from radixkv.policies.registry import parse_policy
     from radixkv.replay.settings import step_knobs
 
     ns = argparse.Namespace(**{**replay_defaults(), **settings})
-    if ns.mode != "concurrent":
-        return None
-    mnbt, seqs, _ = step_knobs(ns, _scheduler_rule(ns, parse_policy(settings["policy"])))
-    return mnbt, seqs
+    spec = parse_policy(settings["policy"])
+    out = {"pool": None, "steps": None}
+    try:
+        out["pool"] = pool_for_policy(ns, spec, per_engine_rule=bool(ns.per_engine_rule))[1]
+        if ns.mode == "concurrent":
+            out["steps"] = step_knobs(ns, _scheduler_rule(ns, spec))[:2]
+    except InputError:
+        pass
+    return out
 
 
 def _omitted_seqs(ns, spec) -> int:

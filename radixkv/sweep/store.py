@@ -87,7 +87,7 @@ def done_keys(out_dir, expected: dict | None = None) -> set[str]:
     *expected*: ``{key: {"pool": dict, "steps": (max_num_batched_tokens, max_num_seqs)
     or None}}``, the pool each cell runs on today (its ``pool`` record, as
     :func:`radixkv.replay.pool_settings.pool_for_policy` describes it) and the step knobs
-    of a concurrent cell (:func:`radixkv.sweep.grid.cell_step_knobs`); a key may be
+    of a concurrent cell (:func:`radixkv.sweep.grid.cell_expected`); a key may be
     absent, or either entry None (not checked). A cell's key holds only the settings that
     differ from the defaults, so a row stored before a default changed (the memory
     model's pool, the step knobs that follow the engine's defaults on the GPU) has the key
