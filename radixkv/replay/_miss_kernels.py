@@ -68,6 +68,122 @@ def request_segments(r, prompt_len, output_len, ids, id_off, U, has_out, out_ids
 
 
 @nb.njit(cache=True)
+def _segments_kernel(cols, fill, seg_id, seg_end, seg_off):
+    """:func:`request_segments` of every request into one CSR layout (count when not
+    *fill*, else write). Returns the segment count."""
+    prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off = cols
+    n = prompt_len.shape[0]
+    k = 0
+    for r in range(n):
+        if fill:
+            seg_off[r] = k
+            k += request_segments(r, prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off,
+                                  seg_id[k:], seg_end[k:])
+        else:
+            k += request_segments(r, prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off,
+                                  seg_id, seg_end)
+    if fill:
+        seg_off[n] = k
+    return k
+
+
+def trace_segments(trace) -> tuple:
+    """Every request's KV segments (those of :meth:`radixkv.trace.types.Trace.kv_seq`) in
+    one CSR layout, built from the trace's columns in one compiled pass.
+
+    Returns
+    -------
+    (seg_id, seg_end, seg_off) : int64 arrays; request r's segments are
+    ``seg_id[seg_off[r]:seg_off[r+1]]`` with exclusive ends ``seg_end[...]`` (tokens).
+    """
+    cols, smax = trace_columns(trace)
+    scratch = np.empty(smax, dtype=np.int64)
+    k = _segments_kernel(cols, False, scratch, scratch.copy(), scratch[:0])
+    seg_id = np.empty(k, dtype=np.int64)
+    seg_end = np.empty(k, dtype=np.int64)
+    seg_off = np.zeros(len(cols[0]) + 1, dtype=np.int64)
+    _segments_kernel(cols, True, seg_id, seg_end, seg_off)
+    return seg_id, seg_end, seg_off
+
+
+@nb.njit(cache=True, inline="always")
+def key3_home(a, b, c, mask):
+    """Home row of the three-word key (a, b, c) in an open-addressed table of mask + 1 rows
+    (a power of two): splitmix64's finaliser over a combination of the three words (full
+    avalanche)."""
+    h = np.uint64(a) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(b) * np.uint64(0xC2B2AE3D27D4EB4F) \
+        ^ np.uint64(c) * np.uint64(0x165667B19E3779F9)
+    h ^= h >> np.uint64(30)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(27)
+    h *= np.uint64(0x94D049BB133111EB)
+    h ^= h >> np.uint64(31)
+    i = np.int64(h & np.uint64(mask))
+    return i
+
+
+@nb.njit(cache=True)
+def _slot3(kt, a, b, c):
+    """Row of key (a, b, c) in the open-addressed table *kt* (cap, 4) whose empty rows are
+    all zero (value stored + 1): the key's row, or the first empty one."""
+    mask = kt.shape[0] - 1
+    i = key3_home(a, b, c, mask)
+    while True:
+        if kt[i, 3] == 0:
+            return i
+        if kt[i, 0] == a and kt[i, 1] == b and kt[i, 2] == c:
+            return i
+        i = (i + 1) & mask
+
+
+@nb.njit(cache=True)
+def _trie_nodes(seg_id, seg_end, seg_off, kt, node_of, hint, nkey):
+    """The trie of every request's whole KV extent: node ``node_of[s]`` of each segment s
+    (a node is one segment at one position below one parent node, keyed by (parent node,
+    segment id, start position); 0 is the root). Returns the node count."""
+    n = seg_off.shape[0] - 1
+    nodes = 1
+    for r in range(n):
+        node = 0
+        start = 0
+        for s in range(seg_off[r], seg_off[r + 1]):
+            sid = seg_id[s]
+            c = hint[node]
+            if c < 0 or nkey[c, 0] != sid or nkey[c, 1] != start:
+                i = _slot3(kt, node, sid, start)
+                if kt[i, 3] == 0:
+                    kt[i, 0] = node
+                    kt[i, 1] = sid
+                    kt[i, 2] = start
+                    kt[i, 3] = nodes + 1
+                    nkey[nodes, 0] = sid
+                    nkey[nodes, 1] = start
+                    nodes += 1
+                c = kt[i, 3] - 1
+                hint[node] = c
+            node_of[s] = c
+            node = c
+            start = seg_end[s]
+    return nodes
+
+
+def trie_nodes(segs):
+    """:func:`_trie_nodes` over the segments *segs* (``trace_segments``): (node of each
+    segment, int64 (S,); node count)."""
+    seg_id, seg_end, seg_off = segs
+    S = len(seg_id)
+    cap = 1 << 10
+    while cap < 2 * (S + 1):
+        cap *= 2
+    kt = np.zeros((cap, 4), dtype=np.int64)
+    node_of = np.zeros(S, dtype=np.int64)
+    hint = np.full(S + 1, -1, dtype=np.int64)
+    nkey = np.zeros((S + 1, 2), dtype=np.int64)
+    nodes = _trie_nodes(seg_id, seg_end, seg_off, kt, node_of, hint, nkey)
+    return node_of, int(nodes)
+
+
+@nb.njit(cache=True)
 def _find(tab, a, b):
     """Row of 128-bit key (a, b) (uint64) in *tab* (cap, 3) int64 [a, b, value + 1]; the
     first empty row (0: tables start as zeros, which the OS hands out lazily) when absent."""

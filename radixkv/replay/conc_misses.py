@@ -66,7 +66,8 @@ import numba as nb
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.replay.misses import MISS_COLUMNS, key3_home, trace_segments
+from radixkv.replay._miss_kernels import trace_segments, trie_nodes
+from radixkv.replay.misses import MISS_COLUMNS
 
 #: per-request columns the concurrent breakdown adds beside :data:`radixkv.replay.misses.MISS_COLUMNS`
 #: (int64, tokens); ``miss_routing_tokens`` is written only with replicas
@@ -269,67 +270,6 @@ class MissRecorder:
             return self._compiled
         return (np.asarray(self.t, dtype=np.float64), np.asarray(self.kind, dtype=np.int64),
                 np.asarray(self.req, dtype=np.int64), np.asarray(self.ext, dtype=np.int64))
-
-
-@nb.njit(cache=True)
-def _slot0(kt, a, b, c):
-    """Row of key (a, b, c) in the open-addressed table *kt* (cap, 4) whose empty rows are
-    all zero (value stored + 1): the key's row, or the first empty one."""
-    mask = kt.shape[0] - 1
-    i = key3_home(a, b, c, mask)
-    while True:
-        if kt[i, 3] == 0:
-            return i
-        if kt[i, 0] == a and kt[i, 1] == b and kt[i, 2] == c:
-            return i
-        i = (i + 1) & mask
-
-
-@nb.njit(cache=True)
-def _trie_nodes(seg_id, seg_end, seg_off, kt, node_of, hint, nkey):
-    """The trie of every request's whole KV extent: node ``node_of[s]`` of each segment s
-    (a node is one segment at one position below one parent node, keyed by (parent node,
-    segment id, start position); 0 is the root). Returns the node count."""
-    n = seg_off.shape[0] - 1
-    nodes = 1
-    for r in range(n):
-        node = 0
-        start = 0
-        for s in range(seg_off[r], seg_off[r + 1]):
-            sid = seg_id[s]
-            c = hint[node]
-            if c < 0 or nkey[c, 0] != sid or nkey[c, 1] != start:
-                i = _slot0(kt, node, sid, start)
-                if kt[i, 3] == 0:
-                    kt[i, 0] = node
-                    kt[i, 1] = sid
-                    kt[i, 2] = start
-                    kt[i, 3] = nodes + 1
-                    nkey[nodes, 0] = sid
-                    nkey[nodes, 1] = start
-                    nodes += 1
-                c = kt[i, 3] - 1
-                hint[node] = c
-            node_of[s] = c
-            node = c
-            start = seg_end[s]
-    return nodes
-
-
-def trie_nodes(segs):
-    """:func:`_trie_nodes` over the segments *segs* (``trace_segments``): (node of each
-    segment, int64 (S,); node count)."""
-    seg_id, seg_end, seg_off = segs
-    S = len(seg_id)
-    cap = 1 << 10
-    while cap < 2 * (S + 1):
-        cap *= 2
-    kt = np.zeros((cap, 4), dtype=np.int64)
-    node_of = np.zeros(S, dtype=np.int64)
-    hint = np.full(S + 1, -1, dtype=np.int64)
-    nkey = np.zeros((S + 1, 2), dtype=np.int64)
-    nodes = _trie_nodes(seg_id, seg_end, seg_off, kt, node_of, hint, nkey)
-    return node_of, int(nodes)
 
 
 @nb.njit(cache=True)

@@ -54,218 +54,18 @@ segments; no eviction structure). ``H∞`` needs no replay for the policies whos
 hit is the engine rule on ``L`` (:func:`unbounded_rule`: vLLM and SGLang, ``H∞ = C``) or,
 for ``unit-lru``, the same pass over the trace
 (:func:`radixkv.replay._miss_kernels.prefix_lengths_and_unit_lru_hits`); any other policy replays its own kernels on the unbounded
-pool (:func:`capacity_shadow`). ``--explain`` keeps the trie of :func:`_prefix_kernel`
-(it names the request that produced each span).
+pool (:func:`capacity_shadow`). ``--explain`` walks the trie of the KV extents
+(:func:`radixkv.replay._miss_kernels.trie_nodes`; it names the request that produced each span).
 """
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
 from radixkv.errors import ConfigError
 from radixkv.records import CONCURRENT_CAUSES, MISS_COLUMNS
 import radixkv.replay._miss_kernels as _MK
+from radixkv.replay._miss_kernels import trace_segments, trie_nodes
 from radixkv.trace.types import Trace
-
-_ROOT = 0
-
-
-@nb.njit(cache=True, inline="always")
-def key3_home(a, b, c, mask):
-    """Home row of the three-word key (a, b, c) in an open-addressed table of mask + 1 rows
-    (a power of two): splitmix64's finaliser over a combination of the three words (full
-    avalanche). Shared by the miss tables here and in :mod:`radixkv.replay.conc_misses`."""
-    h = np.uint64(a) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(b) * np.uint64(0xC2B2AE3D27D4EB4F) \
-        ^ np.uint64(c) * np.uint64(0x165667B19E3779F9)
-    h ^= h >> np.uint64(30)
-    h *= np.uint64(0xBF58476D1CE4E5B9)
-    h ^= h >> np.uint64(27)
-    h *= np.uint64(0x94D049BB133111EB)
-    h ^= h >> np.uint64(31)
-    i = np.int64(h & np.uint64(mask))
-    return i
-
-
-@nb.njit(cache=True)
-def _slot(kt, a, b, c):
-    """Row of key (a, b, c) in the open-addressed table *kt* (cap, 4): key then value; the
-    first empty row (value −1) when absent."""
-    mask = kt.shape[0] - 1
-    i = key3_home(a, b, c, mask)
-    while True:
-        if kt[i, 3] < 0:
-            return i
-        if kt[i, 0] == a and kt[i, 1] == b and kt[i, 2] == c:
-            return i
-        i = (i + 1) & mask
-
-
-@nb.njit(cache=True)
-def _rehash(kt, kt2):
-    """Move every row of table *kt* into the empty, larger table *kt2*."""
-    for i in range(kt.shape[0]):
-        if kt[i, 3] >= 0:
-            j = _slot(kt2, kt[i, 0], kt[i, 1], kt[i, 2])
-            kt2[j, 0] = kt[i, 0]
-            kt2[j, 1] = kt[i, 1]
-            kt2[j, 2] = kt[i, 2]
-            kt2[j, 3] = kt[i, 3]
-
-
-@nb.njit(cache=True)
-def _child(kt, hint, nkey, node, sid, start):
-    """Child of *node* for segment (*sid*, *start*), or −1: first the node's last-used child
-    (*hint*; consecutive requests mostly re-walk the same path), then the table."""
-    c = hint[node]
-    if c >= 0 and nkey[c, 0] == sid and nkey[c, 1] == start:
-        return c
-    c = kt[_slot(kt, node, sid, start), 3]
-    if c >= 0:
-        hint[node] = c
-    return c
-
-
-@nb.njit(cache=True)
-def _prefix_kernel(seg_id, seg_end, seg_off, prompt_len, kt, cover, out, creator, r0, nodes, hint, nkey):
-    """The infinite token-level cache over the requests' segments, in replay order.
-
-    A trie node is one segment at one position below one parent node, keyed by (parent
-    node, segment id, start position); ``cover[node]`` is the longest run of that
-    segment's tokens (from its offset 0) any request has computed. For request r: walk its
-    segments while the node exists and covers the whole segment (a partial cover ends the
-    match inside the segment); then insert the rest of its cacheable extent from there.
-
-    Writes ``out[r, 0]`` = the prompt prefix held (``L``, ≤ P) and ``out[r, 1]`` = the
-    tokens of r's cacheable extent beyond that prefix, and ``creator[node]`` = the request
-    that first computed the node's segment. Starts at request *r0* with *nodes* nodes in
-    use; returns ``(r, nodes)``: r = n when done, or the request at which the table would
-    pass half full (nothing of r done; the caller grows the table and calls again).
-    """
-    n = prompt_len.shape[0]
-    half = kt.shape[0] // 2
-    for r in range(r0, n):
-        s0 = seg_off[r]
-        s1 = seg_off[r + 1]
-        if nodes + (s1 - s0) > half:
-            return r, nodes
-        kv = seg_end[s1 - 1] if s1 > s0 else 0
-        node = _ROOT
-        start = 0
-        held = 0
-        s = s0
-        while s < s1:
-            end = seg_end[s]
-            child = _child(kt, hint, nkey, node, seg_id[s], start)
-            if child < 0:
-                break
-            m = cover[child]
-            if m >= end - start:
-                held = end
-                node = child
-                start = end
-                s += 1
-                continue
-            held = start + m
-            break
-        P = prompt_len[r]
-        L = held if held < P else P
-        out[r, 0] = L
-        out[r, 1] = kv - L
-        # insert the rest of the extent from where the walk stopped (the segments before
-        # are fully covered already)
-        for s in range(s, s1):
-            end = seg_end[s]
-            i = _slot(kt, node, seg_id[s], start)
-            if kt[i, 3] < 0:
-                kt[i, 0] = node
-                kt[i, 1] = seg_id[s]
-                kt[i, 2] = start
-                kt[i, 3] = nodes
-                cover[nodes] = 0
-                creator[nodes] = r
-                nkey[nodes, 0] = seg_id[s]
-                nkey[nodes, 1] = start
-                nodes += 1
-            child = kt[i, 3]
-            hint[node] = child
-            if cover[child] < end - start:
-                cover[child] = end - start
-            node = child
-            start = end
-    return n, nodes
-
-
-@nb.njit(cache=True)
-def _segments_kernel(prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off, fill, seg_id, seg_end,
-                     seg_off):
-    """:meth:`Trace.kv_seq` of every request, from the trace's columns (count when not
-    *fill*, else write). Returns the segment count."""
-    n = prompt_len.shape[0]
-    k = 0
-    for r in range(n):
-        if fill:
-            seg_off[r] = k
-        P = prompt_len[r]
-        N = output_len[r]
-        kv = P + (N - 1 if N > 1 else 0)
-        a = id_off[r]
-        b = id_off[r + 1]
-        covered = 0
-        for j in range(a, b):
-            end = (j - a + 1) * U
-            if end > P:
-                end = P
-            if fill:
-                seg_id[k] = ids[j]
-                seg_end[k] = end
-            k += 1
-            covered = end
-        if covered < P:  # a unique prompt tail (WEKA-style), Trace._unique_prompt_id
-            if fill:
-                seg_id[k] = -(2 * r + 1)
-                seg_end[k] = P
-            k += 1
-        if kv > P:
-            if has_out:
-                o = out_off[r]
-                for j in range(kv - P):
-                    if fill:
-                        seg_id[k] = out_ids[o + j]
-                        seg_end[k] = P + j + 1
-                    k += 1
-            else:  # unique output, Trace._unique_output_id
-                if fill:
-                    seg_id[k] = -(2 * r + 2)
-                    seg_end[k] = kv
-                k += 1
-    if fill:
-        seg_off[n] = k
-    return k
-
-
-def trace_segments(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every request's KV segments (those of :meth:`Trace.kv_seq`) in one CSR layout,
-    built from the trace's columns in one compiled pass.
-
-    Returns
-    -------
-    (seg_id, seg_end, seg_off) : int64 arrays; request r's segments are
-    ``seg_id[seg_off[r]:seg_off[r+1]]`` with exclusive ends ``seg_end[...]`` (tokens).
-    """
-    z = np.zeros(0, dtype=np.int64)
-    has_out = trace.out_ids is not None
-    args = (np.asarray(trace.prompt_len, dtype=np.int64), np.asarray(trace.output_len, dtype=np.int64),
-            np.asarray(trace.ids, dtype=np.int64), np.asarray(trace.id_offsets, dtype=np.int64),
-            int(trace.unit_tokens), has_out,
-            np.asarray(trace.out_ids, dtype=np.int64) if has_out else z,
-            np.asarray(trace.out_offsets, dtype=np.int64) if has_out else z)
-    k = _segments_kernel(*args, False, z, z, z)
-    seg_id = np.empty(k, dtype=np.int64)
-    seg_end = np.empty(k, dtype=np.int64)
-    seg_off = np.zeros(len(trace) + 1, dtype=np.int64)
-    _segments_kernel(*args, True, seg_id, seg_end, seg_off)
-    return seg_id, seg_end, seg_off
-
 
 def token_prefix_lengths(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """The infinite token-level cache: for each request, the longest prefix of its prompt
@@ -285,38 +85,6 @@ def token_prefix_lengths(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """
     out = _MK.prefix_lengths(trace)
     return out[:, 0].copy(), out[:, 1].copy()
-
-
-def _infinite_cache(trace: Trace, seg_id, seg_end, seg_off):
-    """Run :func:`_prefix_kernel` over *trace*; returns its table, covers, creators and
-    per-request output."""
-    # the table and the per-node arrays grow together (doubling; the table rehashed) so that
-    # the table stays at most half full: memory follows the distinct nodes, not the segments
-    cap = 1 << 12
-    kt = np.full((cap, 4), -1, dtype=np.int64)
-    size = cap // 2 + 1
-    cover = np.zeros(size, dtype=np.int64)
-    creator = np.full(size, -1, dtype=np.int64)
-    hint = np.full(size, -1, dtype=np.int64)  # last child used, per node
-    nkey = np.zeros((size, 2), dtype=np.int64)  # (segment id, start) of each node
-    out = np.zeros((len(trace), 2), dtype=np.int64)
-    plen = np.asarray(trace.prompt_len, dtype=np.int64)
-    r, nodes = 0, 1
-    while True:
-        r, nodes = _prefix_kernel(seg_id, seg_end, seg_off, plen, kt, cover, out, creator, r, nodes, hint, nkey)
-        if r >= len(trace):
-            return kt, cover, creator, out
-        need = nodes + int(seg_off[r + 1] - seg_off[r])
-        while cap // 2 < need:
-            cap *= 2
-        kt2 = np.full((cap, 4), -1, dtype=np.int64)
-        _rehash(kt, kt2)
-        kt = kt2
-        grow = cap // 2 + 1 - len(cover)
-        cover = np.concatenate([cover, np.zeros(grow, dtype=np.int64)])
-        creator = np.concatenate([creator, np.full(grow, -1, dtype=np.int64)])
-        hint = np.concatenate([hint, np.full(grow, -1, dtype=np.int64)])
-        nkey = np.concatenate([nkey, np.zeros((grow, 2), dtype=np.int64)])
 
 
 def unbounded_pool_tokens(trace: Trace, new_tokens: np.ndarray, slot_tokens: int) -> int:
@@ -697,43 +465,50 @@ def what_would_fix(trace: Trace, spec, pool, records, summary: dict, *, replay, 
 def producer_spans(sub: Trace) -> tuple:
     """Which earlier request first computed each span of the last request's prompt.
 
-    Runs the infinite token-level cache (:func:`_prefix_kernel`) over *sub* in its order
-    and walks the last request's prompt through the nodes created by the requests before
-    it, up to its held prefix ``L``.
+    Builds the trie of every request's KV extent in *sub*'s order
+    (:func:`radixkv.replay._miss_kernels.trie_nodes`: a node is one segment at one position
+    below one parent) and walks the last request's prompt through the nodes created by the
+    requests before it, up to its held prefix ``L`` (:func:`token_prefix_lengths`). A
+    node's producer is the first request whose extent holds it; its cover is the longest
+    run of its segment any request of *sub* computed.
 
     Returns
     -------
-    (spans, out): spans is a list of ``{start, end, produced_by_index}`` (token ranges of
-    ``[0, L)``, ascending and contiguous; the index is a row of *sub*); out is the
-    kernel's (n, 2) int64 output (``out[r, 0]`` = ``L`` of request r).
+    (spans, held) : spans is a list of ``{start, end, produced_by_index}`` (token ranges of
+    ``[0, L)``, ascending and contiguous; the index is a row of *sub*); held is int64 shape
+    (n,), tokens: ``L`` of every request of *sub*.
     """
     i = len(sub) - 1
     seg_id, seg_end, seg_off = trace_segments(sub)
-    kt, cover, creator, out = _infinite_cache(sub, seg_id, seg_end, seg_off)
-    # the trie now also holds request i itself: walk its prompt through nodes created before it
-    P = int(sub.prompt_len[i])
+    node_of, nn = trie_nodes((seg_id, seg_end, seg_off))
+    owner = np.repeat(np.arange(len(sub), dtype=np.int64), np.diff(seg_off))
+    creator = np.full(nn, len(sub), dtype=np.int64)
+    np.minimum.at(creator, node_of, owner)
+    starts = np.concatenate([[0], seg_end[:-1]]) if len(seg_end) else seg_end
+    starts[seg_off[:-1][seg_off[:-1] < seg_off[1:]]] = 0  # every request's first segment starts at 0
+    cover = np.zeros(nn, dtype=np.int64)
+    np.maximum.at(cover, node_of, seg_end - starts)
+    held, _ = token_prefix_lengths(sub)
+    L = int(held[i])
     spans = []
-    node, start = _ROOT, 0
+    start = 0
     for s in range(int(seg_off[i]), int(seg_off[i + 1])):
-        if start >= P:
+        if start >= L:
             break
         end = int(seg_end[s])
-        row = _slot(kt, node, seg_id[s], start)
-        child = int(kt[row, 3])
-        if child < 0 or int(creator[child]) >= i:
+        node = int(node_of[s])
+        if int(creator[node]) >= i:
             break
-        stop = min(end, int(out[i, 0]), start + int(cover[child]))  # L bounds it (a cover i itself extended)
-        if stop <= start:
-            break
-        k = int(creator[child])
+        stop = min(end, L, start + int(cover[node]))  # L bounds it (a cover i itself extended)
+        k = int(creator[node])
         if spans and spans[-1]["produced_by_index"] == k and spans[-1]["end"] == start:
             spans[-1]["end"] = stop
         else:
             spans.append({"start": start, "end": stop, "produced_by_index": k})
         if stop < end:
             break
-        node, start = child, end
-    return spans, out
+        start = end
+    return spans, held
 
 
 def explain(trace: Trace, spec, pool, request_id: str, *, limit=None, **options) -> dict:
@@ -776,7 +551,7 @@ def explain(trace: Trace, spec, pool, request_id: str, *, limit=None, **options)
                           path=trace.name or None, field="explain")
     i = int(where[0])
     sub = t.head(i + 1)
-    raw, out = producer_spans(sub)
+    raw, held = producer_spans(sub)
     spans = [{"start": sp["start"], "end": sp["end"], "produced_by": str(sub.req_id[sp["produced_by_index"]]),
               "produced_by_index": sp["produced_by_index"],
               "produced_at_s": float(sub.arrival_s[sp["produced_by_index"]])} for sp in raw]
@@ -798,7 +573,7 @@ def explain(trace: Trace, spec, pool, request_id: str, *, limit=None, **options)
                 before = now
     adm = policy.run_request(i, seq)
     hit = int(adm.hit_tokens) if adm is not None else 0
-    held_inf = int(out[i, 0])
+    held_inf = int(held[i])
     _, hit_unb, aligned, capped, _, _ = _shadows(sub, sub, spec, None, options)
     cols = decompose(np.array([P]), np.array([hit]), np.array([held_inf]), hit_unb[i:i + 1], aligned[i:i + 1],
                      capped[i:i + 1])
