@@ -166,6 +166,29 @@ def test_infinite_cache_matches_brute_force(trace):
 
 
 @SETTINGS
+@given(token_traces())
+def test_producer_spans_match_brute_force(trace):
+    """--explain's spans on token-id traces (one token a segment): token p of the last
+    prompt is produced by the first earlier request whose KV extent starts with the prompt's
+    first p + 1 tokens, for every p below the held prefix L; spans merge equal neighbours."""
+    from radixkv.replay.misses import producer_spans
+
+    seqs = [expand(trace.kv_seq(i)) for i in range(len(trace))]
+    for i in range(len(trace)):
+        sub = trace.head(i + 1)
+        spans, held = producer_spans(sub)
+        assert held.tolist() == _oracle_held(sub)
+        want = []
+        for p in range(int(held[i])):
+            j = next(j for j in range(i) if len(seqs[j]) > p and seqs[j][:p + 1] == seqs[i][:p + 1])
+            if want and want[-1][2] == j:
+                want[-1][1] = p + 1
+            else:
+                want.append([p, p + 1, j])
+        assert [[s["start"], s["end"], s["produced_by_index"]] for s in spans] == want
+
+
+@SETTINGS
 @given(st.one_of(token_traces(), unit_traces()), st.sampled_from(["vllm:1", "vllm:4", "sglang:1", "sglang:4",
                                                                    "unit-lru", "static:4@0.5", "sglang:1@lfu",
                                                                    "vllm:4@lfu"]),
