@@ -175,15 +175,37 @@ def test_trie_nodes_share_prefixes(unit):
     assert nn == 1 + len(set(a) | set(b))
 
 
+def _unit_lru_unbounded_oracle(t):
+    """Brute force: unit-lru on memory that never evicts hits a request's leading prompt
+    units (ids >= 0; a unit ends at min((j + 1) U, P)) whose whole id chain from unit 0 an
+    earlier prompt had; tokens to the end of the last such unit."""
+    seen, hit = set(), []
+    for r in range(len(t)):
+        P, U = int(t.prompt_len[r]), int(t.unit_tokens)
+        chain = []
+        for j, x in enumerate(t.ids[t.id_offsets[r]:t.id_offsets[r + 1]].tolist()):
+            if x < 0 or j * U >= P:
+                break
+            chain.append(x)
+        k = 0
+        while k < len(chain) and tuple(chain[:k + 1]) in seen:
+            k += 1
+        hit.append(min(k * U, P))
+        seen.update(tuple(chain[:j + 1]) for j in range(len(chain)))
+    return np.array(hit, dtype=np.int64)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(token_traces(), unit_traces()))
 def test_fused_unit_lru_shadows_equal_separate_passes(t):
-    """unit-lru's two shadows in one pass (``prefix_lengths_and_unit_lru_hits``) give the
-    values of the two separate kernels, whose results tests/test_misses.py checks against
-    brute-force oracles; also when the tables start tiny and regrow."""
+    """unit-lru's two shadows in one pass (``prefix_lengths_and_unit_lru_hits``): L equals
+    the kernel run alone (``prefix_lengths``, which tests/test_misses.py checks against a
+    brute-force oracle) and unit-lru's unbounded hits equal a brute-force oracle, whether
+    read from the prefix table or from unit-lru's own keys; also when the tables start tiny
+    and regrow."""
     from radixkv.replay import _miss_kernels as MK
 
-    want = (MK.prefix_lengths(t).tobytes(), MK.unit_lru_unbounded_hits(t).tobytes())
+    want = (MK.prefix_lengths(t).tobytes(), _unit_lru_unbounded_oracle(t).tobytes())
     for derive in (None, False):  # unit traces (no output ids) read unit-lru's hits from the prefix table
         out, hit = MK.prefix_lengths_and_unit_lru_hits(t, derive=derive)
         assert (out.tobytes(), hit.tobytes()) == want
@@ -196,7 +218,7 @@ def test_fused_unit_lru_shadows_regrow(monkeypatch):
     prompts = [[i % 5, (i * 7) % 3, i] for i in range(60)]
     t = Trace.from_requests(req_id=[f"r{i}" for i in range(60)], arrival_s=[0.0] * 60, prompt_len=[3 * 4] * 60,
                             output_len=[2] * 60, prompt_ids=prompts, unit_tokens=4)
-    want = (MK.prefix_lengths(t).tobytes(), MK.unit_lru_unbounded_hits(t).tobytes())
+    want = (MK.prefix_lengths(t).tobytes(), _unit_lru_unbounded_oracle(t).tobytes())
     monkeypatch.setattr(MK, "_initial_rows", lambda segments: 4)
     for derive in (True, False):
         out, hit = MK.prefix_lengths_and_unit_lru_hits(t, derive=derive)

@@ -10,12 +10,13 @@ of one probe per segment of every request.
 - :func:`prefix_lengths` — the infinite token-level cache (``L``): a key per KV segment
   (the chain of (segment id, start) pairs through it, hashed by two independent
   multiply chains into a 128-bit key) holding the longest run of that segment's tokens any request computed.
-- :func:`unit_lru_unbounded_hits` — ``unit-lru`` on unbounded memory (``H∞``): its own
-  64-bit unit keys (:func:`radixkv.trace.keys.mix64` chains of the prompt's unit ids, as
-  :mod:`radixkv.policies.unit_lru` keys them), so the hits are the policy's, collisions
-  included.
-- :func:`prefix_lengths_and_unit_lru_hits` — both in one pass (``unit-lru``'s breakdown);
-  on traces without output ids unit-lru's hits are read from the first shadow's table.
+- :func:`prefix_lengths_and_unit_lru_hits` — and, in the same pass, ``unit-lru`` on
+  unbounded memory (``H∞``): its own 64-bit unit keys (:func:`radixkv.trace.keys.mix64`
+  chains of the prompt's unit ids, as :mod:`radixkv.policies.unit_lru` keys them), so the
+  hits are the policy's, collisions included; on traces without output ids read from the
+  first shadow's table.
+- :func:`trie_nodes` — the trie of every request's KV extent (``--explain``'s producers,
+  the concurrent causes' covers).
 """
 from __future__ import annotations
 
@@ -209,65 +210,107 @@ def _regrow(tab, tab2):
             tab2[j, 2] = tab[i, 2]
 
 
+#: what :func:`_shadow_kernel` computes beside ``L``: nothing, unit-lru's hits read from the
+#: prefix table, unit-lru's hits from its own 64-bit unit keys
+UNIT_NONE, UNIT_DERIVE, UNIT_KEYS = 0, 1, 2
+
+
+@nb.njit(cache=True, inline="always")
+def _held_prefix(tab, ha, hb, seg_end, S, P):
+    """``L`` of a request whose S segments have chain keys ``(ha, hb)``: the longest prompt
+    prefix (≤ *P*) the table's covers hold (prefix-closed: binary search over the
+    segments that start before P, then the partial cover of the next one)."""
+    sp = 0
+    while sp < S and (seg_end[sp - 1] if sp > 0 else 0) < P:
+        sp += 1
+    lo = -1
+    hi = sp
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        st = seg_end[mid - 1] if mid > 0 else 0
+        if tab[_find(tab, ha[mid], hb[mid]), 2] - 1 >= seg_end[mid] - st:
+            lo = mid
+        else:
+            hi = mid
+    held = seg_end[lo] if lo >= 0 else 0
+    if lo + 1 < sp:
+        row = _find(tab, ha[lo + 1], hb[lo + 1])
+        if tab[row, 2] > 1:
+            held += tab[row, 2] - 1
+    return held if held < P else P
+
+
+@nb.njit(cache=True, inline="always")
+def _leading_held(tab, ha, hb, ukeys, zero, keys, u, own):
+    """Largest j < u whose unit chain is held (−1 if none; prefix-closed, so a binary
+    search): in the key set ``ukeys``/``zero`` by its 64-bit key ``keys[j]`` when *own*,
+    else in the prefix table by its chain key ``(ha[j], hb[j])``."""
+    lo = -1
+    hi = u
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _has_key(ukeys, zero, keys[mid]) if own else tab[_find(tab, ha[mid], hb[mid]), 2] > 0:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 @nb.njit(cache=True)
-def _prefix_kernel(cols, tab, used, out, r0, ha, hb, seg_id, seg_end):
-    """Requests ``r0 …`` of the infinite token-level cache. ``tab`` rows: key (2 × 64
-    bits) → cover (tokens of the segment, from its start, some request computed).
-    Writes ``out[r] = (L, kv − L)``. Returns ``(r, used)``: r = n when done, else the
-    request at which the table would pass half full (nothing of r done)."""
+def _shadow_kernel(cols, tab, used, out, ukeys, zero, uu, hit, r0, ha, hb, keys, seg_id, seg_end, unit):
+    """The infinite token-level cache over requests ``r0 …`` and, by *unit*, unit-lru on
+    memory that never evicts, in one pass (each request's segments generated once).
+
+    ``tab`` rows: a segment's 128-bit chain key (two independent multiply chains over the
+    (segment id, start) pairs through it) → 1 + its cover (tokens of the segment, from its
+    start, some request computed). Writes ``out[r] = (L, kv − L)``. With *unit*
+    ``UNIT_KEYS``, ``hit[r]`` = tokens of r's leading prompt units (ids ≥ 0, whole, inside
+    the prompt) whose chained 64-bit unit keys (:func:`radixkv.trace.keys.mix64`, as
+    :mod:`radixkv.policies.unit_lru` keys them) an earlier prompt inserted, the keys in the
+    set ``ukeys`` (one int64 per slot, 0 = free; key 0 itself is ``zero[0]``); with
+    ``UNIT_DERIVE`` the same hits read from the first table: when outputs are unique ids
+    (no ``out_ids``) the chain key of prompt unit j (every unit before it whole, so
+    starting at j·U) is in the table exactly when an earlier prompt had the same ids
+    through unit j (:func:`prefix_lengths_and_unit_lru_hits`). Returns ``(r, used, uu)``:
+    r = n when done, else the request at which a table would pass half full (nothing of r
+    done)."""
     prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off = cols
     n = prompt_len.shape[0]
     half = tab.shape[0] // 2
+    uhalf = ukeys.shape[0] // 2
     K1 = np.uint64(0xBF58476D1CE4E5B9)
     K3 = np.uint64(0x94D049BB133111EB)
     K4 = np.uint64(0x165667B19E3779F9)
-    s0 = 0
     for r in range(r0, n):
         S = request_segments(r, prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off, seg_id, seg_end)
-        s1 = S
-        if used + S > half:
-            return r, used
+        P = prompt_len[r]
+        u = 0
+        if unit != UNIT_NONE:
+            while u < S and seg_id[u] >= 0 and seg_end[u] <= P:
+                u += 1
+        if used + S > half or (unit == UNIT_KEYS and uu + u > uhalf):
+            return r, used, uu
+        # ---- the infinite token-level cache
         a = np.uint64(0x243F6A8885A308D3)
         b = np.uint64(0x13198A2E03707344)
         start = 0
         for j in range(S):
-            sid = seg_id[s0 + j]
-            # two cheap chains (one multiply each) together form the 128-bit key
+            sid = seg_id[j]
             a = (a ^ np.uint64(sid)) * K1
             a ^= a >> np.uint64(29)
             b = (b + np.uint64(sid) + np.uint64(start) * K4) * K3
             ha[j] = a
             hb[j] = b
-            start = seg_end[s0 + j]
-        P = prompt_len[r]
-        kv = seg_end[s1 - 1] if S > 0 else 0
-        # segments starting before P
-        sp = 0
-        while sp < S and (seg_end[s0 + sp - 1] if sp > 0 else 0) < P:
-            sp += 1
-        # largest j < sp whose segment is held in full (prefix-closed: binary search)
-        lo = -1
-        hi = sp
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            st = seg_end[s0 + mid - 1] if mid > 0 else 0
-            row = _find(tab, ha[mid], hb[mid])
-            if tab[row, 2] - 1 >= seg_end[s0 + mid] - st:
-                lo = mid
-            else:
-                hi = mid
-        held = seg_end[s0 + lo] if lo >= 0 else 0
-        if lo + 1 < sp:
-            row = _find(tab, ha[lo + 1], hb[lo + 1])
-            if tab[row, 2] > 1:
-                held += tab[row, 2] - 1
-        L = held if held < P else P
+            start = seg_end[j]
+        L = _held_prefix(tab, ha, hb, seg_end, S, P)
         out[r, 0] = L
-        out[r, 1] = kv - L
+        out[r, 1] = (seg_end[S - 1] if S > 0 else 0) - L
+        if unit == UNIT_DERIVE:  # unit-lru: the leading prompt units whose chain an earlier request holds
+            lo = _leading_held(tab, ha, hb, ukeys, zero, keys, u, False)
+            hit[r] = seg_end[lo] if lo >= 0 else 0
         # insert the whole extent, from its end back to the first key already present
         for j in range(S - 1, -1, -1):
-            st = seg_end[s0 + j - 1] if j > 0 else 0
-            run = seg_end[s0 + j] - st
+            run = seg_end[j] - (seg_end[j - 1] if j > 0 else 0)
             row = _find(tab, ha[j], hb[j])
             if tab[row, 2] == 0:
                 tab[row, 0] = np.int64(ha[j])
@@ -278,7 +321,28 @@ def _prefix_kernel(cols, tab, used, out, r0, ha, hb, seg_id, seg_end):
             if tab[row, 2] < run + 1:
                 tab[row, 2] = run + 1
             break
-    return n, used
+        if unit != UNIT_KEYS:
+            continue
+        # ---- unit-lru on memory that never evicts, its own keys
+        h = SEED
+        for j in range(u):
+            h = mix64(h, np.uint64(seg_id[j]))
+            keys[j] = h
+        lo = _leading_held(tab, ha, hb, ukeys, zero, keys, u, True)
+        hit[r] = seg_end[lo] if lo >= 0 else 0
+        for j in range(u - 1, -1, -1):
+            k = keys[j]
+            if k == np.uint64(0):
+                if zero[0] != 0:
+                    break
+                zero[0] = 1
+                continue
+            i = _find_key(ukeys, k)
+            if ukeys[i] != 0:
+                break
+            ukeys[i] = np.int64(k)
+            uu += 1
+    return n, used, uu
 
 
 #: most rows a table starts with (24 bytes each: 24 MB); beyond, it doubles as it fills
@@ -312,231 +376,11 @@ def trace_columns(trace):
     return cols, int(np.max(off[1:] - off[:-1] + 1 + outs))
 
 
-def prefix_lengths(trace):
-    """``L`` and ``kv − L`` per request of *trace* (see
-    :func:`radixkv.replay.misses.token_prefix_lengths`), its KV segments generated request
-    by request from the trace's columns (no whole-trace segment arrays).
-
-    Returns
-    -------
-    np.ndarray, int64, shape (n, 2), tokens.
-    """
+def _shadows(trace, unit: int):
+    """Run :func:`_shadow_kernel` over every request of *trace*, doubling a table (load ≤
+    1/2, rehashed) whenever the kernel stops for room. Returns (out, hit) as
+    :func:`prefix_lengths_and_unit_lru_hits`."""
     cols, smax = trace_columns(trace)
-    out = np.zeros((len(cols[0]), 2), dtype=np.int64)
-    _run_growing(_prefix_kernel, cols, smax, out, np.zeros(smax, dtype=np.uint64), np.zeros(smax, dtype=np.uint64),
-                 np.zeros(smax, dtype=np.int64), np.zeros(smax, dtype=np.int64))
-    return out
-
-
-def _run_growing(kernel, cols, smax, result, *scratch):
-    """Run ``kernel(cols, tab, used, result, r0, *scratch)`` over every request, doubling
-    the key table ``tab`` (rows of 3 int64, load ≤ 1/2) whenever the kernel stops for room."""
-    n = len(cols[0])
-    cap = _initial_rows(len(cols[2]) + n)
-    tab = np.zeros((cap, 3), dtype=np.int64)
-    r, used = 0, 0
-    while True:
-        r, used = kernel(cols, tab, used, result, r, *scratch)
-        if r >= n:
-            return
-        need = used + smax
-        while cap // 2 < need:
-            cap *= 2
-        tab2 = np.zeros((cap, 3), dtype=np.int64)
-        _regrow(tab, tab2)
-        tab = tab2
-
-
-@nb.njit(cache=True)
-def _unit_lru_kernel(cols, tab, used, hit, r0, keys, seg_id, seg_end):
-    """unit-lru on memory that never evicts, requests ``r0 …``: ``hit[r]`` = tokens of the
-    leading prompt units (ids ≥ 0, inside the prompt) whose chained keys an earlier prompt
-    inserted. ``tab`` rows: [key, 0, 1]. Returns ``(r, used)`` as :func:`_prefix_kernel`."""
-    prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off = cols
-    n = prompt_len.shape[0]
-    half = tab.shape[0] // 2
-    s0 = 0
-    for r in range(r0, n):
-        s1 = request_segments(r, prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off, seg_id, seg_end)
-        P = prompt_len[r]
-        u = 0
-        while s0 + u < s1 and seg_id[s0 + u] >= 0 and seg_end[s0 + u] <= P:
-            u += 1
-        if used + u > half:
-            return r, used
-        h = SEED
-        for j in range(u):
-            h = mix64(h, np.uint64(seg_id[s0 + j]))
-            keys[j] = h
-        lo = -1
-        hi = u
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if tab[_find(tab, keys[mid], np.uint64(0)), 2] > 0:
-                lo = mid
-            else:
-                hi = mid
-        hit[r] = seg_end[s0 + lo] if lo >= 0 else 0
-        for j in range(u - 1, -1, -1):
-            row = _find(tab, keys[j], np.uint64(0))
-            if tab[row, 2] > 0:
-                break
-            tab[row, 0] = np.int64(keys[j])
-            tab[row, 1] = 0
-            tab[row, 2] = 1
-            used += 1
-    return n, used
-
-
-def unit_lru_unbounded_hits(trace):
-    """Hit tokens per request of ``unit-lru`` on *trace* with a cache that never evicts.
-
-    Returns
-    -------
-    np.ndarray, int64, shape (n,), tokens.
-    """
-    cols, smax = trace_columns(trace)
-    hit = np.zeros(len(cols[0]), dtype=np.int64)
-    _run_growing(_unit_lru_kernel, cols, smax, hit, np.zeros(smax, dtype=np.uint64),
-                 np.zeros(smax, dtype=np.int64), np.zeros(smax, dtype=np.int64))
-    return hit
-
-
-@nb.njit(cache=True)
-def _prefix_unit_lru_kernel(cols, tab, used, out, ukeys, zero, uu, hit, r0, ha, hb, keys, seg_id, seg_end, derive):
-    """:func:`_prefix_kernel` and :func:`_unit_lru_kernel` in one pass over the requests
-    (each request's segments generated once): ``out[r]`` = (L, kv − L) and ``hit[r]`` =
-    unit-lru's unbounded hit, the latter's keys in the set ``ukeys`` (one int64 per slot,
-    0 = free; key 0 itself is ``zero[0]``) — or, with *derive*, read from the first
-    table: when outputs are unique ids (no ``out_ids``), the chain key of prompt unit j
-    (ids ≥ 0, every unit before it whole, so starting at j·U) is in the first table
-    exactly when an earlier prompt had the same ids through unit j, which is what
-    unit-lru's chained 64-bit unit key stands for (:func:`prefix_lengths_and_unit_lru_hits`).
-    Returns ``(r, used, uu)``: r = n when done, else the request at which a table would
-    pass half full (nothing of r done)."""
-    prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off = cols
-    n = prompt_len.shape[0]
-    half = tab.shape[0] // 2
-    uhalf = ukeys.shape[0] // 2
-    K1 = np.uint64(0xBF58476D1CE4E5B9)
-    K3 = np.uint64(0x94D049BB133111EB)
-    K4 = np.uint64(0x165667B19E3779F9)
-    for r in range(r0, n):
-        S = request_segments(r, prompt_len, output_len, ids, id_off, U, has_out, out_ids, out_off, seg_id, seg_end)
-        P = prompt_len[r]
-        u = 0
-        while u < S and seg_id[u] >= 0 and seg_end[u] <= P:
-            u += 1
-        if used + S > half or (not derive and uu + u > uhalf):
-            return r, used, uu
-        # ---- the infinite token-level cache (_prefix_kernel)
-        a = np.uint64(0x243F6A8885A308D3)
-        b = np.uint64(0x13198A2E03707344)
-        start = 0
-        for j in range(S):
-            sid = seg_id[j]
-            a = (a ^ np.uint64(sid)) * K1
-            a ^= a >> np.uint64(29)
-            b = (b + np.uint64(sid) + np.uint64(start) * K4) * K3
-            ha[j] = a
-            hb[j] = b
-            start = seg_end[j]
-        kv = seg_end[S - 1] if S > 0 else 0
-        sp = 0
-        while sp < S and (seg_end[sp - 1] if sp > 0 else 0) < P:
-            sp += 1
-        lo = -1
-        hi = sp
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            st = seg_end[mid - 1] if mid > 0 else 0
-            row = _find(tab, ha[mid], hb[mid])
-            if tab[row, 2] - 1 >= seg_end[mid] - st:
-                lo = mid
-            else:
-                hi = mid
-        held = seg_end[lo] if lo >= 0 else 0
-        if lo + 1 < sp:
-            row = _find(tab, ha[lo + 1], hb[lo + 1])
-            if tab[row, 2] > 1:
-                held += tab[row, 2] - 1
-        L = held if held < P else P
-        out[r, 0] = L
-        out[r, 1] = kv - L
-        if derive:  # unit-lru: the leading prompt units whose chain an earlier request holds
-            lo = -1
-            hi = u
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if tab[_find(tab, ha[mid], hb[mid]), 2] > 0:
-                    lo = mid
-                else:
-                    hi = mid
-            hit[r] = seg_end[lo] if lo >= 0 else 0
-        for j in range(S - 1, -1, -1):
-            st = seg_end[j - 1] if j > 0 else 0
-            run = seg_end[j] - st
-            row = _find(tab, ha[j], hb[j])
-            if tab[row, 2] == 0:
-                tab[row, 0] = np.int64(ha[j])
-                tab[row, 1] = np.int64(hb[j])
-                tab[row, 2] = run + 1
-                used += 1
-                continue
-            if tab[row, 2] < run + 1:
-                tab[row, 2] = run + 1
-            break
-        if derive:
-            continue
-        # ---- unit-lru on memory that never evicts (_unit_lru_kernel)
-        h = SEED
-        for j in range(u):
-            h = mix64(h, np.uint64(seg_id[j]))
-            keys[j] = h
-        lo = -1
-        hi = u
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if _has_key(ukeys, zero, keys[mid]):
-                lo = mid
-            else:
-                hi = mid
-        hit[r] = seg_end[lo] if lo >= 0 else 0
-        for j in range(u - 1, -1, -1):
-            k = keys[j]
-            if k == np.uint64(0):
-                if zero[0] != 0:
-                    break
-                zero[0] = 1
-                continue
-            i = _find_key(ukeys, k)
-            if ukeys[i] != 0:
-                break
-            ukeys[i] = np.int64(k)
-            uu += 1
-    return n, used, uu
-
-
-def prefix_lengths_and_unit_lru_hits(trace, derive=None):
-    """:func:`prefix_lengths` and :func:`unit_lru_unbounded_hits` of *trace* in one pass.
-
-    On a trace without output ids (unique outputs: Mooncake, WEKA) unit-lru's hits are
-    read from the prefix table (*derive*, the default there): the chain of prompt units
-    through unit j is held by an earlier request exactly when an earlier prompt had the
-    same unit ids through j, which is what unit-lru's chained unit key stands for — the
-    same values as the policy's own 64-bit keys unless two different id chains of the
-    trace share a 64-bit key (a collision the policy itself would make; about N²/2⁶⁵ for
-    N distinct chains, ~10⁻⁹ on Mooncake). With output ids (an output token may continue
-    a prompt chain, which unit-lru never caches) its 64-bit keys go to a set of their own
-    (one int64 per slot), as :func:`unit_lru_unbounded_hits`.
-
-    Returns
-    -------
-    (np.ndarray int64 (n, 2), np.ndarray int64 (n,)), tokens.
-    """
-    cols, smax = trace_columns(trace)
-    if derive is None:
-        derive = trace.out_ids is None
     n = len(cols[0])
     out = np.zeros((n, 2), dtype=np.int64)
     hit = np.zeros(n, dtype=np.int64)
@@ -547,13 +391,13 @@ def prefix_lengths_and_unit_lru_hits(trace, derive=None):
     send = np.zeros(smax, dtype=np.int64)
     cap = _initial_rows(len(cols[2]) + n)
     tab = np.zeros((cap, 3), dtype=np.int64)
-    ucap = 2 if derive else _initial_rows(len(cols[2]))
+    ucap = _initial_rows(len(cols[2])) if unit == UNIT_KEYS else 2
     ukeys = np.zeros(ucap, dtype=np.int64)
     zero = np.zeros(1, dtype=np.int64)
     r, used, uu = 0, 0, 0
     while True:
-        r, used, uu = _prefix_unit_lru_kernel(cols, tab, used, out, ukeys, zero, uu, hit, r, ha, hb, keys, sid,
-                                              send, bool(derive))
+        r, used, uu = _shadow_kernel(cols, tab, used, out, ukeys, zero, uu, hit, r, ha, hb, keys, sid, send,
+                                     np.int64(unit))
         if r >= n:
             return out, hit
         if used + smax > cap // 2:
@@ -562,9 +406,44 @@ def prefix_lengths_and_unit_lru_hits(trace, derive=None):
             tab2 = np.zeros((cap, 3), dtype=np.int64)
             _regrow(tab, tab2)
             tab = tab2
-        if not derive and uu + smax > ucap // 2:
+        if unit == UNIT_KEYS and uu + smax > ucap // 2:
             while ucap // 2 < uu + smax:
                 ucap *= 2
             k2 = np.zeros(ucap, dtype=np.int64)
             _regrow_keys(ukeys, k2)
             ukeys = k2
+
+
+def prefix_lengths(trace):
+    """``L`` and ``kv − L`` per request of *trace* (see
+    :func:`radixkv.replay.misses.token_prefix_lengths`), its KV segments generated request
+    by request from the trace's columns (no whole-trace segment arrays).
+
+    Returns
+    -------
+    np.ndarray, int64, shape (n, 2), tokens.
+    """
+    return _shadows(trace, UNIT_NONE)[0]
+
+
+def prefix_lengths_and_unit_lru_hits(trace, derive=None):
+    """:func:`prefix_lengths` of *trace* and ``unit-lru``'s hit tokens per request on memory
+    that never evicts (``H∞``), in one pass.
+
+    On a trace without output ids (unique outputs: Mooncake, WEKA) unit-lru's hits are
+    read from the prefix table (*derive*, the default there): the chain of prompt units
+    through unit j is held by an earlier request exactly when an earlier prompt had the
+    same unit ids through j, which is what unit-lru's chained unit key stands for — the
+    same values as the policy's own 64-bit keys unless two different id chains of the
+    trace share a 64-bit key (a collision the policy itself would make; about N²/2⁶⁵ for
+    N distinct chains, ~10⁻⁹ on Mooncake). With output ids (an output token may continue
+    a prompt chain, which unit-lru never caches) its 64-bit keys go to a set of their own
+    (one int64 per slot).
+
+    Returns
+    -------
+    (np.ndarray int64 (n, 2), np.ndarray int64 (n,)), tokens.
+    """
+    if derive is None:
+        derive = trace.out_ids is None
+    return _shadows(trace, UNIT_DERIVE if derive else UNIT_KEYS)

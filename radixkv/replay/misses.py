@@ -174,7 +174,7 @@ def _unbounded_rules() -> dict:
     at ``num_tokens − 1``), SGLang's ``RadixCache`` every whole page of prompt + outputs
     (``cache_finished_req``; ``match_prefix`` on the capped key) — so with nothing evicted
     the hit is ``A`` capped, i.e. ``C``; ``"unit-lru"`` — its leading prompt units seen
-    in any earlier prompt (:func:`radixkv.replay._miss_kernels.unit_lru_unbounded_hits`).
+    in any earlier prompt (:func:`radixkv.replay._miss_kernels.prefix_lengths_and_unit_lru_hits`).
     Their priority-eviction variants (``@lfu`` …) differ only in what they evict, which
     memory that never evicts never asks. Whatever else (other subclasses, other policies,
     host tiers) replays the capacity shadow. ``tests/test_misses.py`` checks each entry
