@@ -306,9 +306,7 @@ class SglangScheduler(Scheduler):
                     c = max(min(c, fill - h), 0)
                     plan.load_tokens += adm.host_loaded_tokens  # HiCache load back
                 self.waiting.popleft()
-                self._record_admission(i, adm, fill)
-                self.ctx[i] = h
-                self.target[i] = fill
+                self._record(i, adm, fill)  # ctx = h, target = fill
                 self.running.append(i)
                 chunked = h + c < fill
                 offset += self._ceil_page(c) + p + (0 if chunked else min(self.N[i], clip))
@@ -336,13 +334,7 @@ class SglangScheduler(Scheduler):
         j = 0  # the leading plain decodes (KV = computed tokens) go in one extend_many call
         while j < len(snap) and ctx[snap[j]] >= target[snap[j]] and kv[snap[j]] == ctx[snap[j]]:
             j += 1
-        m = self.policy.extend_many(snap[:j], 1) if j else 0
-        for r in snap[:m]:
-            kv[r] += 1
-            plan.req.append(r)
-            plan.new.append(1)
-            plan.ctx.append(ctx[r])
-            plan.prefill.append(False)
+        m = self._plain_decodes(plan, snap[:j]) if j else 0
         for r in snap[m:]:  # from the first refusal on: one by one, retracting as needed
             if r in self.running:
                 self._serve_running(r, plan, 1)
@@ -363,17 +355,6 @@ class SglangScheduler(Scheduler):
         """The idle-engine exception (module docstring): the first chunk fits the pool."""
         S = self.policy.slot_tokens
         return -(-(h + c) // S) - h // S <= int(self.policy.room_slots())
-
-    def _record_admission(self, i: int, adm, fill: int) -> None:
-        h = int(adm.hit_tokens)
-        if self.admissions[i] == 0:
-            self.hit[i] = h
-            self.held[i] = int(adm.held_tokens)
-            self.admitted_now.append(i)
-        else:
-            self.recomputed[i] += fill - h
-        self.evicted[i] += int(adm.evicted_tokens)
-        self.admissions[i] += 1
 
     def can_fast_forward(self, plan: StepPlan) -> bool:
         """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival.

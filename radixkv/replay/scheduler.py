@@ -276,8 +276,12 @@ class Scheduler:
     """State of every request and the waiting/running queues of one replay (engine-neutral).
 
     Subclasses give the engine's step: :meth:`schedule`, :meth:`_victim`,
-    :meth:`can_fast_forward`, and the admission-budget hooks :meth:`_begin_admit_pass`,
-    :meth:`_may_admit`, :meth:`_admitted`. Build one with :func:`radixkv.replay.schedulers.make_scheduler`.
+    :meth:`can_fast_forward` (and :meth:`_chunk`, a prefill chunk's size). The rules both
+    engines share are here: a running request's next chunk or decode
+    (:meth:`_serve_running`), a stretch of plain decodes (:meth:`_plain_decodes`), growth
+    with preemption (:meth:`_grow`, :meth:`_preempt`), an admission's bookkeeping
+    (:meth:`_record`), a finished step (:meth:`complete`) and fast-forwarded decodes
+    (:meth:`fast_forward`). Build one with :func:`radixkv.replay.schedulers.make_scheduler`.
 
     Parameters
     ----------
@@ -430,10 +434,15 @@ class Scheduler:
         """Called by :meth:`_grow` just before *v* is preempted; default: nothing (vLLM's
         priority scheduler gives back *v*'s budget and moves its running-loop index)."""
 
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """Tokens a prefill with *remaining* tokens to compute gets with *budget* left
+        (default: as many as the budget allows; vLLM caps it further)."""
+        return min(remaining, budget)
+
     def _serve_running(self, r: int, plan: StepPlan, budget: int) -> int:
         """Schedule *r*'s next chunk or decode; returns tokens used, or −1 if *r* was preempted."""
         pre = self.ctx[r] < self.target[r]
-        c = min(self.target[r] - self.ctx[r], budget) if pre else 1
+        c = self._chunk(self.target[r] - self.ctx[r], budget) if pre else 1
         if not self._grow(r, self.ctx[r] + c, plan):
             return -1
         plan.req.append(r)
@@ -441,6 +450,20 @@ class Scheduler:
         plan.ctx.append(self.ctx[r])
         plan.prefill.append(pre)
         return c
+
+    def _plain_decodes(self, plan: StepPlan, rids: list) -> int:
+        """One decode token for each request of *rids* (plain decodes: KV = computed
+        tokens) in one ``policy.extend_many`` call, added to *plan* up to the first refusal;
+        returns how many got it."""
+        m = self.policy.extend_many(rids, 1)
+        ctx, kv = self.ctx, self.kv
+        for r in rids[:m]:
+            kv[r] += 1
+            plan.req.append(r)
+            plan.new.append(1)
+            plan.ctx.append(ctx[r])
+            plan.prefill.append(False)
+        return m
 
     # ------------------------------------------------------------------ admission
     def _admit(self, i: int, seq, n_tok: int, budget: int):
@@ -460,50 +483,6 @@ class Scheduler:
             except ValueError:
                 self._beyond_prompt = False
         return self.policy.admit(i, seq, min(self.P[i], budget))
-
-    def _admit_pass(self, plan: StepPlan, budget: int) -> int:
-        """Admit waiting requests into *plan* while budget, seats and memory allow."""
-        self._order_waiting()
-        self._begin_admit_pass()
-        tr = self.trace
-        while self.waiting and budget > 0:
-            if len(self.running) >= self.cfg.max_num_seqs:
-                plan.blocked = True
-                break
-            i = self.waiting[0]
-            seq = tr.kv_seq(i)
-            n_tok = self._n_tok(i)
-            if not self._may_admit(i, seq, n_tok):
-                plan.blocked = True
-                break
-            adm = self._admit(i, seq, n_tok, budget)
-            if adm is None:
-                plan.blocked = True
-                break
-            self.waiting.popleft()
-            h = int(adm.hit_tokens)
-            plan.load_tokens += adm.host_loaded_tokens
-            self._admitted(i, n_tok, h)
-            self._record(i, adm, n_tok)
-            self.kv[i] = self._kv_after_admit(i, h, n_tok, budget)
-            self.running.append(i)
-            c = self._serve_running(i, plan, budget)
-            if c < 0:  # preempted itself: the pool could not hold its first chunk
-                plan.blocked = True
-                break
-            budget -= c
-        return budget
-
-    def _begin_admit_pass(self) -> None:
-        """Engine hook: start of an admission pass (default: nothing)."""
-
-    def _may_admit(self, i: int, seq, n_tok: int) -> bool:
-        """Engine hook: whether waiting request *i* passes the engine's admission budget
-        before the policy is asked (default: True, the policy alone decides)."""
-        return True
-
-    def _admitted(self, i: int, n_tok: int, hit: int) -> None:
-        """Engine hook: request *i* was admitted with *hit* of its *n_tok* tokens cached."""
 
     def _kv_after_admit(self, i: int, h: int, n_tok: int, budget: int) -> int:
         """Tokens with KV right after ``_admit`` (``max(asked, hit)``, the interface rule)."""
@@ -647,13 +626,6 @@ class Scheduler:
     def _pool_sample(self):
         st = self.policy.stats(detail=False)
         return st.used_slots, st.cached_slots, st.valid_tokens
-
-    def _extend(self, r: int, m: int) -> None:
-        if m > 0 and not self.policy.extend(r, m):
-            raise RuntimeError(
-                f"{type(self.policy).__name__} refused {m} decode tokens of request {r} "
-                "that its reported free + evictable room should hold"
-            )
 
     def _extend_all(self, rids, ns) -> None:
         """``_extend`` of each ``(rids[j], ns[j])`` in order (*ns* may be one int), in one
