@@ -356,17 +356,12 @@ class SglangScheduler(Scheduler):
         S = self.policy.slot_tokens
         return -(-(h + c) // S) - h // S <= int(self.policy.room_slots())
 
-    def can_fast_forward(self, plan: StepPlan) -> bool:
-        """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival.
-
-        A pure-decode step without retraction that served every running request, with an
-        empty waiting queue, or (FCFS) a queue blocked by ``max_num_seqs`` (a budget
-        refusal may lift as ``new_token_ratio`` decays, so it does not fast-forward).
+    def _refusal_holds(self, plan: StepPlan) -> bool:
+        """For :meth:`~radixkv.replay.scheduler.Scheduler.can_fast_forward`: (FCFS) a queue
+        blocked by ``max_num_seqs``, or a head refused by the ``PrefillAdder`` budget while
+        repeating its check changes nothing (a budget refusal may lift as
+        ``new_token_ratio`` decays: :meth:`max_fast_forward` bounds the run).
         """
-        if not plan.pure_decode or plan.preempted or len(plan.req) != len(self.running):
-            return False
-        if not self.waiting:
-            return True
         if not plan.blocked or self.cfg.schedule_policy != "fcfs":
             return False
         if len(self.running) >= self.cfg.max_num_seqs:

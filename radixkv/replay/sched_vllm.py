@@ -264,19 +264,13 @@ class VllmScheduler(Scheduler):
                 k = j
         return k
 
-    def can_fast_forward(self, plan: StepPlan) -> bool:
-        """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival.
-
-        True for a pure-decode step without preemption that served every running request,
-        when no waiting request could be admitted before a request finishes: the queue is
-        empty, or (FCFS) admission was refused — by ``max_num_seqs``, by the pool (decodes
-        only take blocks) or by the budget with chunked prefill off (the same decodes
-        leave the same budget): refusals that only a finish can lift.
+    def _refusal_holds(self, plan: StepPlan) -> bool:
+        """For :meth:`~radixkv.replay.scheduler.Scheduler.can_fast_forward`: no waiting
+        request could be admitted before a request finishes when (FCFS) admission was
+        refused — by ``max_num_seqs``, by the pool (decodes only take blocks) or by the
+        budget with chunked prefill off (the same decodes leave the same budget): refusals
+        that only a finish can lift.
         """
-        if not plan.pure_decode or plan.preempted or len(plan.req) != len(self.running):
-            return False
-        if not self.waiting:
-            return True
         return plan.blocked and self.cfg.schedule_policy == "fcfs"
 
 

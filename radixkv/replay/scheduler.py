@@ -534,7 +534,17 @@ class Scheduler:
 
     # ------------------------------------------------------------------ fast-forward
     def can_fast_forward(self, plan: StepPlan) -> bool:
-        """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival."""
+        """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival:
+        a pure-decode step without preemption that served every running request, with an
+        empty waiting queue or a refused one that the engine's :meth:`_refusal_holds` says
+        stays refused."""
+        if not plan.pure_decode or plan.preempted or len(plan.req) != len(self.running):
+            return False
+        return not self.waiting or self._refusal_holds(plan)
+
+    def _refusal_holds(self, plan: StepPlan) -> bool:
+        """Engine rule: whether the waiting head refused in *plan* stays refused over the
+        decode steps that repeat it."""
         raise NotImplementedError
 
     def run_ends_at_arrival(self) -> bool:
