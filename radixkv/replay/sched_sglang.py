@@ -330,11 +330,7 @@ class SglangScheduler(Scheduler):
             return plan
         # 4. decode (update_running_batch): retract until it fits, else decay the ratio
         snap = list(self.running)
-        ctx, target, kv = self.ctx, self.target, self.kv
-        j = 0  # the leading plain decodes (KV = computed tokens) go in one extend_many call
-        while j < len(snap) and ctx[snap[j]] >= target[snap[j]] and kv[snap[j]] == ctx[snap[j]]:
-            j += 1
-        m = self._plain_decodes(plan, snap[:j]) if j else 0
+        _, m = self._plain_decodes(plan, snap, 0, len(snap))
         for r in snap[m:]:  # from the first refusal on: one by one, retracting as needed
             if r in self.running:
                 self._serve_running(r, plan, 1)

@@ -139,17 +139,10 @@ class VllmScheduler(Scheduler):
         """Schedule the running requests in running order (FCFS: the first that preempts
         itself ends the pass); returns the budget left."""
         k = 0
-        run, ctx, target, kv = self.running, self.ctx, self.target, self.kv
+        run = self.running
         while k < len(run) and budget > 0:
-            # a stretch of plain decodes (KV = computed tokens): one extend_many call
-            j, lim = k, min(len(run), k + budget)
-            while j < lim:
-                r = run[j]
-                if ctx[r] < target[r] or kv[r] != ctx[r]:
-                    break
-                j += 1
+            j, m = self._plain_decodes(plan, run, k, min(len(run), k + budget))
             if j > k:
-                m = self._plain_decodes(plan, run[k:j])
                 budget -= m
                 k += m
                 if k == j or budget <= 0:

@@ -451,19 +451,26 @@ class Scheduler:
         plan.prefill.append(pre)
         return c
 
-    def _plain_decodes(self, plan: StepPlan, rids: list) -> int:
-        """One decode token for each request of *rids* (plain decodes: KV = computed
-        tokens) in one ``policy.extend_many`` call, added to *plan* up to the first refusal;
-        returns how many got it."""
+    def _plain_decodes(self, plan: StepPlan, run: list, k: int, lim: int) -> tuple:
+        """The stretch of plain decodes (KV = computed tokens) ``run[k:j]`` (j ≤ *lim*: the
+        first request from k that is not one) gets one decode token each in one
+        ``policy.extend_many`` call, added to *plan* up to the first refusal. Returns
+        (j, m): m of them got it (m < j − k: ``run[k + m]`` was refused)."""
+        ctx, target, kv = self.ctx, self.target, self.kv
+        j = k
+        while j < lim and ctx[run[j]] >= target[run[j]] and kv[run[j]] == ctx[run[j]]:
+            j += 1
+        if j == k:
+            return j, 0
+        rids = run[k:j]
         m = self.policy.extend_many(rids, 1)
-        ctx, kv = self.ctx, self.kv
         for r in rids[:m]:
             kv[r] += 1
             plan.req.append(r)
             plan.new.append(1)
             plan.ctx.append(ctx[r])
             plan.prefill.append(False)
-        return m
+        return j, m
 
     # ------------------------------------------------------------------ admission
     def _admit(self, i: int, seq, n_tok: int, budget: int):
