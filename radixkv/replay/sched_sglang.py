@@ -260,7 +260,7 @@ class SglangScheduler(Scheduler):
             c = min(left, avail)
             offset += self._ceil_page(c) + p + (min(self.N[r], clip) if c >= left else 0)
             budget -= self._ceil_page(c)
-            self._plan_add(plan, r, c)
+            plan.add(r, c, self.ctx[r], True)
             alloc.append((r, c))
         # 2. new requests (the waiting-queue loop of _get_new_batch_prefill_raw)
         if self.waiting and budget > 0:
@@ -317,7 +317,7 @@ class SglangScheduler(Scheduler):
                 else:
                     self.kv[i] = self._kv_after_admit(i, h, fill, h + c)
                 if c > 0:
-                    self._plan_add(plan, i, c)
+                    plan.add(i, c, self.ctx[i], True)
                 if self._room_tokens() - offset <= 0:  # budget_state: NO_TOKEN
                     plan.blocked = bool(self.waiting)
                     break
@@ -340,12 +340,6 @@ class SglangScheduler(Scheduler):
             self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
         plan.n_running = len(self.running)
         return plan
-
-    def _plan_add(self, plan: StepPlan, r: int, c: int) -> None:
-        plan.req.append(r)
-        plan.new.append(c)
-        plan.ctx.append(self.ctx[r])
-        plan.prefill.append(True)
 
     def _lone_fits(self, i: int, h: int, c: int) -> bool:
         """The idle-engine exception (module docstring): the first chunk fits the pool."""

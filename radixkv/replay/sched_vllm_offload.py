@@ -245,10 +245,7 @@ class VllmOffloadScheduler(VllmScheduler):
                 self.running.append(i)
                 if self.ctx[i] + c < n_tok:
                     self._inflight.add(i)
-                plan.req.append(i)
-                plan.new.append(c)
-                plan.ctx.append(self.ctx[i])
-                plan.prefill.append(True)
+                plan.add(i, c, self.ctx[i], True)
                 budget -= c
                 continue
             seq = self._known_seq(i)

@@ -220,6 +220,14 @@ class StepPlan:
     def empty(self) -> bool:
         return not self.req
 
+    def add(self, r: int, new: int, ctx: int, prefill: bool) -> None:
+        """Append one item: request row *r* computes *new* tokens after *ctx* tokens of KV,
+        a prefill chunk or (*prefill* False) a decode."""
+        self.req.append(r)
+        self.new.append(new)
+        self.ctx.append(ctx)
+        self.prefill.append(prefill)
+
     @property
     def pure_decode(self) -> bool:
         return bool(self.req) and not any(self.prefill)
@@ -445,10 +453,7 @@ class Scheduler:
         c = self._chunk(self.target[r] - self.ctx[r], budget) if pre else 1
         if not self._grow(r, self.ctx[r] + c, plan):
             return -1
-        plan.req.append(r)
-        plan.new.append(c)
-        plan.ctx.append(self.ctx[r])
-        plan.prefill.append(pre)
+        plan.add(r, c, self.ctx[r], pre)
         return c
 
     def _plain_decodes(self, plan: StepPlan, run: list, k: int, lim: int) -> tuple:
@@ -464,12 +469,13 @@ class Scheduler:
             return j, 0
         rids = run[k:j]
         m = self.policy.extend_many(rids, 1)
-        for r in rids[:m]:
+        got = rids[:m]
+        for r in got:
             kv[r] += 1
-            plan.req.append(r)
-            plan.new.append(1)
-            plan.ctx.append(ctx[r])
-            plan.prefill.append(False)
+        plan.req.extend(got)
+        plan.new.extend([1] * m)
+        plan.ctx.extend([ctx[r] for r in got])
+        plan.prefill.extend([False] * m)
         return j, m
 
     # ------------------------------------------------------------------ admission
