@@ -71,7 +71,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.replay.conc_result import ConcurrentResult, _Integrals, _result
+from radixkv.replay.conc_result import ConcurrentResult
+from radixkv.replay.concurrent import StepLoop, check_holds_running_kv, checked_arrivals, step_outputs
 from radixkv.replay.routing import Router
 from radixkv.replay.scheduler import SchedulerConfig
 from radixkv.replay.schedulers import make_scheduler
@@ -90,8 +91,10 @@ GLOBAL_POOL_REFUSAL = (
     "global pool (--mode sequential --kv-pool global)")
 
 
-class ReplicaEngine:
-    """One replica of the concurrent replay, advanced one engine step at a time.
+class ReplicaEngine(StepLoop):
+    """One replica of the concurrent replay, advanced one engine step at a time
+    (:class:`~radixkv.replay.concurrent.StepLoop`, the single-engine loop's body) on its own
+    scheduler.
 
     Parameters
     ----------
@@ -120,28 +123,21 @@ class ReplicaEngine:
         Rows routed here, in routing (= arrival) order.
     intervals : list of (float, float, int)
         (start, end, running requests) of every step or fast-forwarded run.
+    recorder : radixkv.replay.conc_misses.MissRecorder or None
+        Told every step (``--miss-causes``), set after construction.
     """
 
     def __init__(self, trace, policy, cost, config, arrivals, index, out, *, fast_forward=True):
-        self.trace, self.policy, self.cost, self.config = trace, policy, cost, config
-        self.sch = make_scheduler(trace, policy, config, arrivals)
-        if hasattr(self.sch, "step_window"):  # asynchronous host loads need the single-engine loop's clock hooks
+        sch = make_scheduler(trace, policy, config, arrivals)
+        if hasattr(sch, "step_window"):  # asynchronous host loads need the single-engine loop's clock hooks
             raise ConfigError(f"{type(policy).__name__} loads KV from host memory asynchronously, which the "
                               "multi-replica concurrent replay does not model: use one replica", field="replicas")
-        self.arr = arrivals
+        super().__init__(trace, policy, cost, sch, out, fast_forward=fast_forward,
+                         pool_name=f"replica {index}'s otherwise idle pool")
         self.index = index
-        self.out = out
-        self.fast_forward = fast_forward
-        self.now = None
-        self.t0 = None
         self.rows: list = []
-        self.intervals: list = []
         self.in_flight = 0
         self._finishing: deque = deque()  # (finish time, count) not yet taken off in_flight
-        self.steps = 0
-        self.peak = 0
-        self.acc = _Integrals(policy)  # area, busy, pf_flops, pool: as the single-engine loop keeps them
-        self.recorder = None  # a radixkv.replay.conc_misses.MissRecorder (--miss-causes), told every step
 
     # ------------------------------------------------------------------ router's view
     def load_at(self, t: float) -> int:
@@ -160,7 +156,7 @@ class ReplicaEngine:
     def receive(self, i: int, a: float) -> None:
         """Request row *i*, arriving at *a* seconds, is routed here."""
         if self.now is None:
-            self.now = self.t0 = a
+            self.now = a
         elif not self.busy_now and a > self.now:
             self.sch.idle()
             self.now = a
@@ -168,64 +164,13 @@ class ReplicaEngine:
         self.rows.append(i)
         self.in_flight += 1
 
-    # ------------------------------------------------------------------ one step
     def step(self, next_arrival: float) -> None:
-        """Run one iteration of the engine loop at :attr:`now` (< *next_arrival*, the next
-        request to arrive anywhere, ``inf`` when none is left)."""
-        sch, cost, policy, out = self.sch, self.cost, self.policy, self.out
-        now = self.now
-        plan = sch.schedule()
-        admitted = sch.admitted_now
-        for i in admitted:
-            out["admit_s"][i] = now
-            out["admit_step"][i] = self.steps + 1
-        if plan.empty:
-            if self.recorder is not None:
-                self.recorder.step(now, now, plan, 0, admitted, ())
-            if not sch.running:
-                i = sch.waiting[0]
-                raise ConfigError(
-                    f"request {str(self.trace.req_id[i])!r} cannot be admitted into replica {self.index}'s "
-                    f"otherwise idle pool ({policy.capacity_tokens} tokens)",
-                    path=self.trace.name or None, field="num_slots")
-            return  # only preemptions happened; schedule again at the same time
-        self.peak = max(self.peak, plan.n_running)
-        t_start = now
-        acc = self.acc
-        if self.fast_forward and sch.can_fast_forward(plan):
-            k = sch.max_fast_forward()
-            dts = cost.decode_steps_time(len(plan.req), int(sum(plan.ctx)), k)
-            if next_arrival != math.inf and sch.run_ends_at_arrival():
-                ends = now + np.cumsum(dts)
-                j = int(np.searchsorted(ends, next_arrival, side="left"))
-                if j + 1 < k:
-                    k = j + 1
-                    dts = dts[:k]
-            pools = sch.fast_forward(k)
-            now = acc.run(now, plan.n_running, dts[:k], pools)
-            self.steps += k
-        else:
-            k = 1
-            dt = float(cost.step_time(plan.new, plan.ctx))
-            acc.prefill(cost, plan)
-            sch.complete(plan)
-            self.steps += 1
-            st = policy.stats(detail=False)
-            now = acc.step(now, plan.n_running, dt, st.used_slots, st.cached_slots, st.valid_tokens)
-        self.now = now
-        self.intervals.append((t_start, now, plan.n_running))
-        for i in sch.first_token_now:
-            if math.isnan(out["first_token_s"][i]):
-                out["first_token_s"][i] = now
-        sch.first_token_now = []
-        for i in sch.finished_now:
-            out["finish_s"][i] = now
-            out["finish_step"][i] = self.steps
-        if sch.finished_now:
-            self._finishing.append((now, len(sch.finished_now)))
-        if self.recorder is not None:
-            self.recorder.step(t_start, now, plan, k, admitted, sch.finished_now)
-        sch.finished_now = []
+        """One engine step (:meth:`StepLoop.step`); the requests it finishes leave
+        :attr:`in_flight` at its end."""
+        done = self.done
+        super().step(next_arrival)
+        if self.done > done:
+            self._finishing.append((self.now, self.done - done))
 
 
 @dataclass
@@ -365,9 +310,7 @@ def replay_multi_concurrent(
     if N < 1:
         raise ConfigError("the concurrent multi-replica replay needs ≥ 1 replica", field="replicas")
     for p in policies:
-        if not getattr(p, "holds_running_kv", True):
-            raise ConfigError(f"{type(p).__name__} models no running requests (holds_running_kv = False), "
-                              "so it has no concurrent replay; use the sequential mode", field="mode")
+        check_holds_running_kv(p)
         if getattr(type(p), "models_host_tier", False) and getattr(p, "host_capacity", 0) > 0:
             # the replicas' steps do not price host→GPU load backs (replay_concurrent does)
             raise ConfigError(f"{type(p).__name__} with a host tier has no multi-replica concurrent replay "
@@ -377,13 +320,7 @@ def replay_multi_concurrent(
         raise ConfigError("each replica needs its own policy instance", field="replicas")
     config = config or SchedulerConfig(knob_source="radixkv default")
     n = len(trace)
-    if arrivals is None:
-        arrivals = np.asarray(trace.arrival_s, dtype=np.float64) - (float(trace.arrival_s[0]) if n else 0.0)
-    arrivals = np.asarray(arrivals, dtype=np.float64)
-    if arrivals.shape != (n,):
-        raise ConfigError(f"{arrivals.shape[0] if arrivals.ndim else 0} arrival times for {n} requests", field="arrivals")
-    if n and (np.any(np.diff(arrivals) < 0) or not np.all(np.isfinite(arrivals))):
-        raise ConfigError("arrival times must be finite and non-decreasing", field="arrivals")
+    arrivals = checked_arrivals(trace, arrivals)
     router_options.setdefault("capacity_tokens", policies[0].capacity_tokens)
     ro = Router(trace, N, router, **router_options)
     if COMPILED and not recorders and n:
@@ -391,9 +328,7 @@ def replay_multi_concurrent(
         if eng is not None:
             return _replay_compiled(trace, policies, cost, config, arrivals, eng, ro, progress)
     arr = arrivals.tolist()
-    nan = float("nan")
-    out = {"admit_s": [nan] * n, "first_token_s": [nan] * n, "finish_s": [nan] * n,
-           "admit_step": [-1] * n, "finish_step": [-1] * n}
+    out = step_outputs(n)
     eng = [ReplicaEngine(trace, p, cost, config, arr, r, out, fast_forward=fast_forward)
            for r, p in enumerate(policies)]
     for e, rec in zip(eng, recorders or ()):
@@ -519,9 +454,7 @@ def _assemble(trace, policies, cost, config, arrivals, eng, out, replica, ro, fu
     t0 = float(arrivals[0]) if n else 0.0
     t_end = max((e.now for e in eng if e.now is not None), default=t0)
     if full is None:
-        full = [_result(trace, e.policy, cost, config, e.sch, arrivals, out["admit_s"], out["first_token_s"],
-                        out["finish_s"], t0, t_end, e.acc.busy, e.acc.area, e.peak, e.steps, e.acc.pf_flops,
-                        e.acc.pool) for e in eng]
+        full = [e.result(config, arrivals, out, t0, t_end) for e in eng]
     step_cols = {c: np.asarray(out[c], dtype=np.int64) for c in ("admit_step", "finish_step")}
     # aggregate: each row's columns from its replica
     cols = {}

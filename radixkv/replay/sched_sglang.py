@@ -260,7 +260,7 @@ class SglangScheduler(Scheduler):
             c = min(left, avail)
             offset += self._ceil_page(c) + p + (min(self.N[r], clip) if c >= left else 0)
             budget -= self._ceil_page(c)
-            self._plan_add(plan, r, c)
+            plan.add(r, c, self.ctx[r], True)
             alloc.append((r, c))
         # 2. new requests (the waiting-queue loop of _get_new_batch_prefill_raw)
         if self.waiting and budget > 0:
@@ -306,9 +306,7 @@ class SglangScheduler(Scheduler):
                     c = max(min(c, fill - h), 0)
                     plan.load_tokens += adm.host_loaded_tokens  # HiCache load back
                 self.waiting.popleft()
-                self._record_admission(i, adm, fill)
-                self.ctx[i] = h
-                self.target[i] = fill
+                self._record(i, adm, fill)  # ctx = h, target = fill
                 self.running.append(i)
                 chunked = h + c < fill
                 offset += self._ceil_page(c) + p + (0 if chunked else min(self.N[i], clip))
@@ -319,7 +317,7 @@ class SglangScheduler(Scheduler):
                 else:
                     self.kv[i] = self._kv_after_admit(i, h, fill, h + c)
                 if c > 0:
-                    self._plan_add(plan, i, c)
+                    plan.add(i, c, self.ctx[i], True)
                 if self._room_tokens() - offset <= 0:  # budget_state: NO_TOKEN
                     plan.blocked = bool(self.waiting)
                     break
@@ -332,17 +330,7 @@ class SglangScheduler(Scheduler):
             return plan
         # 4. decode (update_running_batch): retract until it fits, else decay the ratio
         snap = list(self.running)
-        ctx, target, kv = self.ctx, self.target, self.kv
-        j = 0  # the leading plain decodes (KV = computed tokens) go in one extend_many call
-        while j < len(snap) and ctx[snap[j]] >= target[snap[j]] and kv[snap[j]] == ctx[snap[j]]:
-            j += 1
-        m = self.policy.extend_many(snap[:j], 1) if j else 0
-        for r in snap[:m]:
-            kv[r] += 1
-            plan.req.append(r)
-            plan.new.append(1)
-            plan.ctx.append(ctx[r])
-            plan.prefill.append(False)
+        _, m = self._plain_decodes(plan, snap, 0, len(snap))
         for r in snap[m:]:  # from the first refusal on: one by one, retracting as needed
             if r in self.running:
                 self._serve_running(r, plan, 1)
@@ -353,39 +341,17 @@ class SglangScheduler(Scheduler):
         plan.n_running = len(self.running)
         return plan
 
-    def _plan_add(self, plan: StepPlan, r: int, c: int) -> None:
-        plan.req.append(r)
-        plan.new.append(c)
-        plan.ctx.append(self.ctx[r])
-        plan.prefill.append(True)
-
     def _lone_fits(self, i: int, h: int, c: int) -> bool:
         """The idle-engine exception (module docstring): the first chunk fits the pool."""
         S = self.policy.slot_tokens
         return -(-(h + c) // S) - h // S <= int(self.policy.room_slots())
 
-    def _record_admission(self, i: int, adm, fill: int) -> None:
-        h = int(adm.hit_tokens)
-        if self.admissions[i] == 0:
-            self.hit[i] = h
-            self.held[i] = int(adm.held_tokens)
-            self.admitted_now.append(i)
-        else:
-            self.recomputed[i] += fill - h
-        self.evicted[i] += int(adm.evicted_tokens)
-        self.admissions[i] += 1
-
-    def can_fast_forward(self, plan: StepPlan) -> bool:
-        """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival.
-
-        A pure-decode step without retraction that served every running request, with an
-        empty waiting queue, or (FCFS) a queue blocked by ``max_num_seqs`` (a budget
-        refusal may lift as ``new_token_ratio`` decays, so it does not fast-forward).
+    def _refusal_holds(self, plan: StepPlan) -> bool:
+        """For :meth:`~radixkv.replay.scheduler.Scheduler.can_fast_forward`: (FCFS) a queue
+        blocked by ``max_num_seqs``, or a head refused by the ``PrefillAdder`` budget while
+        repeating its check changes nothing (a budget refusal may lift as
+        ``new_token_ratio`` decays: :meth:`max_fast_forward` bounds the run).
         """
-        if not plan.pure_decode or plan.preempted or len(plan.req) != len(self.running):
-            return False
-        if not self.waiting:
-            return True
         if not plan.blocked or self.cfg.schedule_policy != "fcfs":
             return False
         if len(self.running) >= self.cfg.max_num_seqs:

@@ -117,51 +117,35 @@ class VllmScheduler(Scheduler):
         return self.running[-1]
 
     def _chunk(self, remaining: int, budget: int) -> int:
-        """Tokens a prefill with *remaining* tokens to compute gets with *budget* left."""
+        """Tokens a prefill with *remaining* tokens to compute gets with *budget* left,
+        capped by this step's ``long_prefill_token_threshold`` (module docstring)."""
         c = remaining if self._cap <= 0 else min(remaining, self._cap)
         return min(c, budget)
 
-    def _serve_running(self, r: int, plan: StepPlan, budget: int) -> int:
-        """Schedule *r*'s next chunk or decode; returns tokens used, or −1 if *r* was preempted."""
-        pre = self.ctx[r] < self.target[r]
-        c = self._chunk(self.target[r] - self.ctx[r], budget) if pre else 1
-        if not self._grow(r, self.ctx[r] + c, plan):
-            return -1
-        plan.req.append(r)
-        plan.new.append(c)
-        plan.ctx.append(self.ctx[r])
-        plan.prefill.append(pre)
-        return c
-
     def schedule(self) -> StepPlan:
-        """Build one step's batch, making the admit/extend/preempt calls it implies."""
+        """Build one step's batch, making the admit/extend/preempt calls it implies: the
+        RUNNING pass, then, in a step without preemption, the WAITING pass."""
         plan = StepPlan([], [], [], [])
         self.admitted_now = []
-        budget = self.cfg.max_num_batched_tokens
         eligible = len(self.running) + self._n_waiting()
         self._cap = self._threshold if eligible > 1 else 0
+        budget = self._running_pass(plan, self.cfg.max_num_batched_tokens)
+        if plan.preempted == 0 and self._n_waiting():
+            budget = self._admit_pass(plan, budget)
+        plan.n_running = len(self.running)
+        return plan
+
+    def _running_pass(self, plan: StepPlan, budget: int) -> int:
+        """Schedule the running requests in running order (FCFS: the first that preempts
+        itself ends the pass); returns the budget left."""
         k = 0
-        run, ctx, target, kv = self.running, self.ctx, self.target, self.kv
+        run = self.running
         while k < len(run) and budget > 0:
-            # a stretch of plain decodes (KV = computed tokens): one extend_many call
-            j, lim = k, min(len(run), k + budget)
-            while j < lim:
-                r = run[j]
-                if ctx[r] < target[r] or kv[r] != ctx[r]:
-                    break
-                j += 1
+            j, m = self._plain_decodes(plan, run, k, min(len(run), k + budget))
             if j > k:
-                rids = run[k:j]
-                m = self.policy.extend_many(rids, 1)
-                for r in rids[:m]:
-                    kv[r] += 1
-                    plan.req.append(r)
-                    plan.new.append(1)
-                    plan.ctx.append(ctx[r])
-                    plan.prefill.append(False)
                 budget -= m
                 k += m
-                if m == len(rids) or budget <= 0:
+                if k == j or budget <= 0:
                     continue
                 # run[k] was refused: the general path below preempts for it
             c = self._serve_running(run[k], plan, budget)
@@ -169,10 +153,7 @@ class VllmScheduler(Scheduler):
                 break
             budget -= c
             k += 1
-        if plan.preempted == 0 and self._n_waiting():
-            budget = self._admit_pass(plan, budget)
-        plan.n_running = len(self.running)
-        return plan
+        return budget
 
     def _n_waiting(self) -> int:
         """Requests waiting (vLLM ``get_request_counts``; a subclass adds its other queues)."""
@@ -204,22 +185,32 @@ class VllmScheduler(Scheduler):
                 if int(self._slots_of(seq, n_tok)) + self._wm > int(pol.room_slots()):
                     plan.blocked = True
                     break
-            # ask for the first chunk; the policy raises it to the hit when the hit is longer
-            asked = min(n_tok, self._chunk(n_tok, budget))
-            adm = pol.admit(i, seq, asked)
-            if adm is None:
-                plan.blocked = True
-                break
-            self.waiting.popleft()
-            h = self._record(i, adm, n_tok)
-            self.kv[i] = max(asked, h)
-            self.running.append(i)
-            c = self._serve_running(i, plan, budget)
-            if c < 0:  # cannot happen when the policy checked that the whole sequence fits
-                plan.blocked = True
+            c = self._admit_first_chunk(self.waiting, i, seq, plan, budget)
+            if c < 0:
                 break
             budget -= c
         return budget
+
+    def _admit_first_chunk(self, q, i: int, seq, plan: StepPlan, budget: int) -> int:
+        """Admit *i*, the head of queue *q*, with its known content *seq*: the policy's
+        lookup and the hit plus the first chunk get KV (module docstring, "Admission"),
+        and its chunk joins *plan*. Returns the chunk's tokens, or −1 (``plan.blocked`` set)
+        when the policy refuses it."""
+        n_tok = seq.prompt_len
+        # ask for the first chunk; the policy raises it to the hit when the hit is longer
+        asked = min(n_tok, self._chunk(n_tok, budget))
+        adm = self.policy.admit(i, seq, asked)
+        if adm is None:
+            plan.blocked = True
+            return -1
+        q.popleft()
+        h = self._record(i, adm, n_tok)
+        self.kv[i] = max(asked, h)
+        self.running.append(i)
+        c = self._serve_running(i, plan, budget)
+        if c < 0:  # cannot happen when the policy checked that the whole sequence fits
+            plan.blocked = True
+        return c
 
     def max_fast_forward(self) -> int:
         """Most decode steps to run at once: the base bound, and no further than the step
@@ -266,19 +257,13 @@ class VllmScheduler(Scheduler):
                 k = j
         return k
 
-    def can_fast_forward(self, plan: StepPlan) -> bool:
-        """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival.
-
-        True for a pure-decode step without preemption that served every running request,
-        when no waiting request could be admitted before a request finishes: the queue is
-        empty, or (FCFS) admission was refused — by ``max_num_seqs``, by the pool (decodes
-        only take blocks) or by the budget with chunked prefill off (the same decodes
-        leave the same budget): refusals that only a finish can lift.
+    def _refusal_holds(self, plan: StepPlan) -> bool:
+        """For :meth:`~radixkv.replay.scheduler.Scheduler.can_fast_forward`: no waiting
+        request could be admitted before a request finishes when (FCFS) admission was
+        refused — by ``max_num_seqs``, by the pool (decodes only take blocks) or by the
+        budget with chunked prefill off (the same decodes leave the same budget): refusals
+        that only a finish can lift.
         """
-        if not plan.pure_decode or plan.preempted or len(plan.req) != len(self.running):
-            return False
-        if not self.waiting:
-            return True
         return plan.blocked and self.cfg.schedule_policy == "fcfs"
 
 

@@ -245,10 +245,7 @@ class VllmOffloadScheduler(VllmScheduler):
                 self.running.append(i)
                 if self.ctx[i] + c < n_tok:
                     self._inflight.add(i)
-                plan.req.append(i)
-                plan.new.append(c)
-                plan.ctx.append(self.ctx[i])
-                plan.prefill.append(True)
+                plan.add(i, c, self.ctx[i], True)
                 budget -= c
                 continue
             seq = self._known_seq(i)
@@ -275,18 +272,8 @@ class VllmOffloadScheduler(VllmScheduler):
                 self._issued.append((i, ext))
                 skip_h.append(i)
                 continue
-            asked = min(n_tok, self._chunk(n_tok, budget))
-            adm = pol.admit(i, seq, asked)
-            if adm is None:
-                plan.blocked = True
-                break
-            q.popleft()
-            self._record(i, adm, n_tok)
-            self.kv[i] = max(asked, int(adm.hit_tokens))
-            self.running.append(i)
-            c = self._serve_running(i, plan, budget)
-            if c < 0:  # cannot happen when the policy checked that the whole sequence fits
-                plan.blocked = True
+            c = self._admit_first_chunk(q, i, seq, plan, budget)
+            if c < 0:
                 break
             if self.ctx[i] + c < n_tok:
                 self._inflight.add(i)

@@ -152,17 +152,10 @@ class VllmPriorityScheduler(VllmScheduler):
         at the next arrival even with requests waiting."""
         return True
 
-    def schedule(self):
-        """Build one step's batch: the running loop with the priority victim (module
-        docstring), then the WAITING loop of :class:`~radixkv.replay.sched_vllm.VllmScheduler`
-        on the priority queue."""
-        from radixkv.replay.scheduler import StepPlan
-
-        plan = StepPlan([], [], [], [])
-        self.admitted_now = []
-        self._budget = self.cfg.max_num_batched_tokens
-        eligible = len(self.running) + self._n_waiting()
-        self._cap = self._threshold if eligible > 1 else 0
+    def _running_pass(self, plan, budget: int) -> int:
+        """The running loop with the priority victim (module docstring): a request that
+        preempts itself does not end it."""
+        self._budget = budget
         self._k = 0
         run = self.running
         while self._k < len(run) and self._budget > 0:
@@ -171,7 +164,4 @@ class VllmPriorityScheduler(VllmScheduler):
                 continue
             self._budget -= c
             self._k += 1
-        if plan.preempted == 0 and self._n_waiting():
-            self._budget = self._admit_pass(plan, self._budget)
-        plan.n_running = len(self.running)
-        return plan
+        return self._budget

@@ -220,6 +220,14 @@ class StepPlan:
     def empty(self) -> bool:
         return not self.req
 
+    def add(self, r: int, new: int, ctx: int, prefill: bool) -> None:
+        """Append one item: request row *r* computes *new* tokens after *ctx* tokens of KV,
+        a prefill chunk or (*prefill* False) a decode."""
+        self.req.append(r)
+        self.new.append(new)
+        self.ctx.append(ctx)
+        self.prefill.append(prefill)
+
     @property
     def pure_decode(self) -> bool:
         return bool(self.req) and not any(self.prefill)
@@ -276,8 +284,12 @@ class Scheduler:
     """State of every request and the waiting/running queues of one replay (engine-neutral).
 
     Subclasses give the engine's step: :meth:`schedule`, :meth:`_victim`,
-    :meth:`can_fast_forward`, and the admission-budget hooks :meth:`_begin_admit_pass`,
-    :meth:`_may_admit`, :meth:`_admitted`. Build one with :func:`radixkv.replay.schedulers.make_scheduler`.
+    :meth:`can_fast_forward` (and :meth:`_chunk`, a prefill chunk's size). The rules both
+    engines share are here: a running request's next chunk or decode
+    (:meth:`_serve_running`), a stretch of plain decodes (:meth:`_plain_decodes`), growth
+    with preemption (:meth:`_grow`, :meth:`_preempt`), an admission's bookkeeping
+    (:meth:`_record`), a finished step (:meth:`complete`) and fast-forwarded decodes
+    (:meth:`fast_forward`). Build one with :func:`radixkv.replay.schedulers.make_scheduler`.
 
     Parameters
     ----------
@@ -430,17 +442,41 @@ class Scheduler:
         """Called by :meth:`_grow` just before *v* is preempted; default: nothing (vLLM's
         priority scheduler gives back *v*'s budget and moves its running-loop index)."""
 
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """Tokens a prefill with *remaining* tokens to compute gets with *budget* left
+        (default: as many as the budget allows; vLLM caps it further)."""
+        return min(remaining, budget)
+
     def _serve_running(self, r: int, plan: StepPlan, budget: int) -> int:
         """Schedule *r*'s next chunk or decode; returns tokens used, or −1 if *r* was preempted."""
         pre = self.ctx[r] < self.target[r]
-        c = min(self.target[r] - self.ctx[r], budget) if pre else 1
+        c = self._chunk(self.target[r] - self.ctx[r], budget) if pre else 1
         if not self._grow(r, self.ctx[r] + c, plan):
             return -1
-        plan.req.append(r)
-        plan.new.append(c)
-        plan.ctx.append(self.ctx[r])
-        plan.prefill.append(pre)
+        plan.add(r, c, self.ctx[r], pre)
         return c
+
+    def _plain_decodes(self, plan: StepPlan, run: list, k: int, lim: int) -> tuple:
+        """The stretch of plain decodes (KV = computed tokens) ``run[k:j]`` (j ≤ *lim*: the
+        first request from k that is not one) gets one decode token each in one
+        ``policy.extend_many`` call, added to *plan* up to the first refusal. Returns
+        (j, m): m of them got it (m < j − k: ``run[k + m]`` was refused)."""
+        ctx, target, kv = self.ctx, self.target, self.kv
+        j = k
+        while j < lim and ctx[run[j]] >= target[run[j]] and kv[run[j]] == ctx[run[j]]:
+            j += 1
+        if j == k:
+            return j, 0
+        rids = run[k:j]
+        m = self.policy.extend_many(rids, 1)
+        got = rids[:m]
+        for r in got:
+            kv[r] += 1
+        plan.req.extend(got)
+        plan.new.extend([1] * m)
+        plan.ctx.extend([ctx[r] for r in got])
+        plan.prefill.extend([False] * m)
+        return j, m
 
     # ------------------------------------------------------------------ admission
     def _admit(self, i: int, seq, n_tok: int, budget: int):
@@ -460,50 +496,6 @@ class Scheduler:
             except ValueError:
                 self._beyond_prompt = False
         return self.policy.admit(i, seq, min(self.P[i], budget))
-
-    def _admit_pass(self, plan: StepPlan, budget: int) -> int:
-        """Admit waiting requests into *plan* while budget, seats and memory allow."""
-        self._order_waiting()
-        self._begin_admit_pass()
-        tr = self.trace
-        while self.waiting and budget > 0:
-            if len(self.running) >= self.cfg.max_num_seqs:
-                plan.blocked = True
-                break
-            i = self.waiting[0]
-            seq = tr.kv_seq(i)
-            n_tok = self._n_tok(i)
-            if not self._may_admit(i, seq, n_tok):
-                plan.blocked = True
-                break
-            adm = self._admit(i, seq, n_tok, budget)
-            if adm is None:
-                plan.blocked = True
-                break
-            self.waiting.popleft()
-            h = int(adm.hit_tokens)
-            plan.load_tokens += adm.host_loaded_tokens
-            self._admitted(i, n_tok, h)
-            self._record(i, adm, n_tok)
-            self.kv[i] = self._kv_after_admit(i, h, n_tok, budget)
-            self.running.append(i)
-            c = self._serve_running(i, plan, budget)
-            if c < 0:  # preempted itself: the pool could not hold its first chunk
-                plan.blocked = True
-                break
-            budget -= c
-        return budget
-
-    def _begin_admit_pass(self) -> None:
-        """Engine hook: start of an admission pass (default: nothing)."""
-
-    def _may_admit(self, i: int, seq, n_tok: int) -> bool:
-        """Engine hook: whether waiting request *i* passes the engine's admission budget
-        before the policy is asked (default: True, the policy alone decides)."""
-        return True
-
-    def _admitted(self, i: int, n_tok: int, hit: int) -> None:
-        """Engine hook: request *i* was admitted with *hit* of its *n_tok* tokens cached."""
 
     def _kv_after_admit(self, i: int, h: int, n_tok: int, budget: int) -> int:
         """Tokens with KV right after ``_admit`` (``max(asked, hit)``, the interface rule)."""
@@ -555,7 +547,17 @@ class Scheduler:
 
     # ------------------------------------------------------------------ fast-forward
     def can_fast_forward(self, plan: StepPlan) -> bool:
-        """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival."""
+        """Whether the steps after *plan* repeat it (same decodes) until a finish or arrival:
+        a pure-decode step without preemption that served every running request, with an
+        empty waiting queue or a refused one that the engine's :meth:`_refusal_holds` says
+        stays refused."""
+        if not plan.pure_decode or plan.preempted or len(plan.req) != len(self.running):
+            return False
+        return not self.waiting or self._refusal_holds(plan)
+
+    def _refusal_holds(self, plan: StepPlan) -> bool:
+        """Engine rule: whether the waiting head refused in *plan* stays refused over the
+        decode steps that repeat it."""
         raise NotImplementedError
 
     def run_ends_at_arrival(self) -> bool:
@@ -647,13 +649,6 @@ class Scheduler:
     def _pool_sample(self):
         st = self.policy.stats(detail=False)
         return st.used_slots, st.cached_slots, st.valid_tokens
-
-    def _extend(self, r: int, m: int) -> None:
-        if m > 0 and not self.policy.extend(r, m):
-            raise RuntimeError(
-                f"{type(self.policy).__name__} refused {m} decode tokens of request {r} "
-                "that its reported free + evictable room should hold"
-            )
 
     def _extend_all(self, rids, ns) -> None:
         """``_extend`` of each ``(rids[j], ns[j])`` in order (*ns* may be one int), in one
