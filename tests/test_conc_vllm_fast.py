@@ -139,8 +139,9 @@ class _HeapLFU(BlockLFU):
                                                                   HealthCheck.function_scoped_fixture])
 @given(cases(), st.booleans(), st.sampled_from(["lru", "lfu", "heap-lfu"]))
 def test_priority_pool_compiled_loop_equals_python_loop(monkeypatch, case, ff, order):
-    """``PriorityBlockHashCache`` (``vllm:B@lfu``) runs on the compiled loop (the pool of
-    radixkv.replay._conc_vllm_prio_kernels) with the Python loop's bytes, in bucket mode
+    """``PriorityBlockHashCache`` (``vllm:B@lfu``) runs on the compiled loop (the per-block
+    pool of radixkv.replay._conc_vllm_block_kernels with the policy's priority as its free
+    order) with the Python loop's bytes, in bucket mode
     (the built-ins) and heap mode (any priority)."""
     tr, nb, size, cfg, cost = case
     ev = _HeapLFU() if order == "heap-lfu" else order
@@ -154,7 +155,7 @@ def test_priority_pool_compiled_loop_equals_python_loop(monkeypatch, case, ff, o
 @given(cases(), st.booleans())
 def test_priority_pool_with_lru_priority_is_vllm(monkeypatch, case, ff):
     """With the priority (release time, 0) the priority pool evicts in vLLM's free-queue
-    order (radixkv.policies._hash_prio_kernels), so its compiled concurrent replay gives
+    order (radixkv.policies._hash_kernels.PrioOrder), so its compiled concurrent replay gives
     exactly ``BlockHashCache``'s (whose loop matches vLLM's scheduler goldens, (1))."""
     tr, nb, size, cfg, cost = case
     a = _replay(tr, lambda: PriorityBlockHashCache(nb, size, eviction_policy="lru"), cost, cfg, ff, True,

@@ -47,6 +47,13 @@ rows of blocks about to be evicted or cached are prefetched a batch ahead
 ``st`` : int64, shape (NST,)
     Pool counters, indices ``ST_*``.
 
+The manager rules (:func:`admit`, :func:`extend`, :func:`free`, :func:`run_request`,
+:func:`run_seq`: lookup with the last-token cap :func:`hit_cap`, ``allocate_slots``,
+caching full blocks, tail-first freeing) are written once for every free order, passed
+as their last argument ``fo`` and selected by its Numba type when they compile: ``None``
+(the default) is vLLM's free queue, a :class:`PrioOrder` evicts by a priority (section
+"free order: a priority" below; ``vllm:B@ORDER``).
+
 Hash function
 -------------
 A block's key is a 64-bit chained hash: starting from the parent block's key (or the
@@ -72,6 +79,8 @@ a breadth-first search, :func:`reachable_keys`, if a key becomes its own ancesto
 """
 from __future__ import annotations
 
+from collections import namedtuple
+
 import llvmlite.ir as ir
 import numpy as np
 from numba import njit, types
@@ -80,6 +89,7 @@ from numba.extending import intrinsic
 
 from radixkv._intrinsics import for_mode, prefetch_row
 from radixkv.policies._borrowed import borrow, borrow_py
+from radixkv.policies._priority_fn import priority_at as _fn
 
 if numba_config.DISABLE_JIT:  # the interpreted twin (radixkv.replay.jit): an intrinsic cannot run
     borrow = borrow_py  # noqa: F811
@@ -484,6 +494,259 @@ def free_queue(b32, st):
     return out
 
 
+# ---------------------------------------------------------------------- free order: a priority
+# The pool's kernels (admit, extend, free, run_request, run_seq) take the free order as their
+# last argument ``fo``, selected by its Numba type when they are compiled: ``None`` (the
+# default) is vLLM's free queue above (hashed blocks appended at release, taken from the
+# head); a :class:`PrioOrder` evicts the hashed free block of smallest priority
+# (``vllm:B@ORDER``, :class:`radixkv.policies.block_priority.PriorityBlockHashCache`). vLLM's
+# queue always holds every free block *without* a key before every free block *with* one
+# (the pool starts with keyless blocks; ``free_blocks`` prepends keyless blocks and appends
+# hashed ones; a key is dropped only when its block leaves the queue), so taking a block
+# is: the first keyless free block if there is one, else evicting the oldest released
+# hashed block. A priority order keeps the keyless part as vLLM's linked list and puts the
+# hashed free blocks in a heap ordered by ``(k1, k2, release time, push id)``, ``(k1, k2)
+# = priority(E, b, params)`` — a jitted function of the block's statistics row ``E[b]``
+# (signature :data:`~radixkv.policies._priority_fn.PRIORITY_SIG`, passed as its addresses
+# ``fa``) — or, in bucket mode, in one release-ordered list per integer ``k1``. With the
+# priority ``(release time, 0)`` the order is vLLM's exactly. Block statistics change only
+# while a block is out of the heap (a hit takes it out of the free set), so a block is
+# pushed once per release and the heap is exact.
+#
+# ``E`` : int64, shape (nb, NE): per block ``E_TIME`` release time (a counter draw when its
+# ref_cnt reached 0 with a key: vLLM's free-queue order); ``E_HITS`` hits served since it
+# got its key; ``E_CACHED`` the draw when it got its key; ``E_DEPTH`` its index in its
+# chain (block j covers tokens ``[jB, (j+1)B)``); ``E_TAG`` the request that cached it;
+# ``E_VER`` the push id of its valid heap entry (bucket mode: its bucket); ``E_BNEXT`` /
+# ``E_BPREV`` its bucket links. ``H`` : float64, shape (cap, 5): the heap. ``BK`` : int64,
+# shape (NBUCKETS, 2): head and tail of each bucket. ``pst`` : int64, shape (NP,): clock,
+# push counter, heap length, mode (0 heap, 1 buckets), non-empty bucket mask, and the tag
+# of the request the next calls serve (set by :func:`order_tag`: stored on the blocks it
+# caches).
+
+E_TIME, E_HITS, E_CACHED, E_DEPTH, E_TAG, E_VER, E_BNEXT, E_BPREV = range(8)
+#: bucket mode: the block's bucket (shares the heap mode's version column)
+E_BKT = E_VER
+NE = 8  # 64-byte rows
+P_CLOCK, P_PUSH, P_HLEN, P_MODE, P_BMASK, P_TAG = range(6)
+NP = 6
+#: bucket mode: buckets 0 … NBUCKETS − 1 (k1 clamped), each in release order
+NBUCKETS = 63
+
+#: a priority free order: the block statistics, heap, buckets, counters, the priority's
+#: addresses ``fa`` int64 (2,) and its parameters ``pp`` float64 (P,)
+PrioOrder = namedtuple("PrioOrder", ["E", "H", "BK", "pst", "fa", "pp"])
+
+
+@njit(cache=True)
+def order_tag(fo, tag):
+    """The request the next kernel calls serve has tag *tag* (a :class:`PrioOrder` stores it
+    on the blocks it caches, ``E_TAG``); nothing for vLLM's free queue (``None``)."""
+    if fo is not None:
+        fo.pst[P_TAG] = tag
+
+
+# The heap: H, float64 shape (cap, 5): (k1, k2, release time, push id, block), exact
+# for integers < 2**53; one row per entry keeps a sift to one cache line per level.
+
+@njit(cache=True, inline="always")
+def _less(H, i, j):
+    for f in range(4):
+        if H[i, f] != H[j, f]:
+            return H[i, f] < H[j, f]
+    return False
+
+
+@njit(cache=True, inline="always")
+def _swap(H, i, j):
+    for f in range(5):
+        v = H[i, f]
+        H[i, f] = H[j, f]
+        H[j, f] = v
+
+
+@njit(cache=True)
+def _sift_down(H, i, n):
+    # a 4-ary heap: half the levels of a binary one, its four children often in one or
+    # two cache lines (rows of 40 bytes)
+    while True:
+        a = 4 * i + 1
+        if a >= n:
+            return
+        m = a
+        for c in range(a + 1, min(a + 4, n)):
+            if _less(H, c, m):
+                m = c
+        if _less(H, m, i):
+            _swap(H, i, m)
+            i = m
+        else:
+            return
+
+
+@njit(cache=True)
+def _fill(E, H, pst, i, b, pf, pp):
+    k1, k2 = pf(E, b, pp)
+    pst[P_PUSH] += 1
+    H[i, 0] = k1
+    H[i, 1] = k2
+    H[i, 2] = E[b, E_TIME]
+    H[i, 3] = pst[P_PUSH]
+    H[i, 4] = b
+    E[b, E_VER] = pst[P_PUSH]
+
+
+@njit(cache=True)
+def _rebuild(b32, E, H, pst, pf, pp):
+    k = np.int64(0)  # not the literal 0: one _fill and _sift_down for every caller
+    for b in range(1, b32.shape[0]):
+        E[b, E_VER] = 0
+        if b32[b, R_REF] == 0 and b32[b, R_PCN] != 0:
+            _fill(E, H, pst, k, b, pf, pp)
+            k += 1
+    pst[P_HLEN] = k
+    for i in range((k - 2) // 4, -1, -1):
+        _sift_down(H, i, k)
+
+
+@njit(cache=True)
+def rebuild(b32, E, H, pst, fa, pp):
+    """Replace the heap by one entry per hashed free block (drops stale entries)."""
+    _rebuild(b32, E, H, pst, _fn(fa), pp)
+
+
+@njit(cache=True)
+def _push(b32, E, H, pst, b, pf, pp):
+    if pst[P_HLEN] == H.shape[0]:
+        _rebuild(b32, E, H, pst, pf, pp)  # b is hashed and free: it is in the rebuilt heap
+        return
+    i = pst[P_HLEN]
+    pst[P_HLEN] = i + 1
+    _fill(E, H, pst, i, b, pf, pp)
+    while i > 0:
+        up = (i - 1) // 4
+        if _less(H, i, up):
+            _swap(H, i, up)
+            i = up
+        else:
+            break
+
+
+@njit(cache=True)
+def _pop_valid(b32, E, H, pst):
+    """The hashed free block of smallest priority (removed from the heap)."""
+    while pst[P_HLEN] > 0:
+        n = pst[P_HLEN] - 1
+        ver = np.int64(H[0, 3])
+        b = np.int64(H[0, 4])
+        if n > 0:
+            for f in range(5):
+                H[0, f] = H[n, f]
+            _sift_down(H, np.int64(0), n)
+        pst[P_HLEN] = n
+        if E[b, E_VER] == ver and b32[b, R_REF] == 0 and b32[b, R_PCN] != 0:
+            E[b, E_VER] = 0
+            return b
+    return -1
+
+
+# Bucket mode: for priorities (k1, release time) with k1 a small integer class (LFU by
+# saturating hit count, segments, priority classes): one FIFO list per class, appended at
+# release — a release has the latest time, so each list stays in priority order — and
+# popped from the lowest non-empty class (a 63-bit mask). O(1) per block.
+
+@njit(cache=True, inline="always")
+def _bappend(E, BK, pst, b, k):
+    E[b, E_BKT] = k
+    t = BK[k, 1]
+    E[b, E_BPREV] = t
+    E[b, E_BNEXT] = -1
+    if t >= 0:
+        E[t, E_BNEXT] = b
+    else:
+        BK[k, 0] = b
+        pst[P_BMASK] |= np.int64(1) << k
+    BK[k, 1] = b
+
+
+@njit(cache=True, inline="always")
+def _bunlink(E, BK, pst, b):
+    k = E[b, E_BKT]
+    p = E[b, E_BPREV]
+    n = E[b, E_BNEXT]
+    if p >= 0:
+        E[p, E_BNEXT] = n
+    else:
+        BK[k, 0] = n
+    if n >= 0:
+        E[n, E_BPREV] = p
+    else:
+        BK[k, 1] = p
+    if BK[k, 0] < 0:
+        pst[P_BMASK] &= ~(np.int64(1) << k)
+
+
+@njit(cache=True, inline="always")
+def _bpop(E, BK, pst):
+    m = pst[P_BMASK]
+    k = 0
+    while (m >> k) & 1 == 0:
+        k += 1
+    b = BK[k, 0]
+    _bunlink(E, BK, pst, b)
+    return b
+
+
+@njit(cache=True)
+def _prio_take(b32, st, fo):
+    """The priority order's next block for ``get_new_blocks`` (the keyless list empty):
+    the hashed free block of smallest priority, out of the free set."""
+    st[ST_FQLEN] -= 1
+    if fo.pst[P_MODE] == 1:
+        return _bpop(fo.E, fo.BK, fo.pst)
+    return _pop_valid(b32, fo.E, fo.H, fo.pst)
+
+
+@njit(cache=True)
+def _prio_touch(b32, st, fo, b):
+    """A hit on block *b* (``BlockPool.touch``): out of the free set if free; one hit more."""
+    if b32[b, R_REF] == 0:  # a hit block always has a key: it is in the heap / a bucket
+        if fo.pst[P_MODE] == 1:
+            _bunlink(fo.E, fo.BK, fo.pst, b)
+        fo.E[b, E_VER] = 0
+        st[ST_FQLEN] -= 1
+    fo.E[b, E_HITS] += 1
+
+
+@njit(cache=True)
+def _prio_release(b32, st, fo, b):
+    """Hashed block *b* reached ref_cnt 0: into the heap / its bucket with a fresh release time."""
+    E, pst = fo.E, fo.pst
+    pst[P_CLOCK] += 1
+    E[b, E_TIME] = pst[P_CLOCK]
+    pf = _fn(fo.fa)
+    if pst[P_MODE] == 1:
+        k1, _ = pf(E, b, fo.pp)
+        k = 0 if k1 < 0 else (NBUCKETS - 1 if k1 > NBUCKETS - 1 else np.int64(k1))
+        _bappend(E, fo.BK, pst, b, k)
+    else:
+        _push(b32, E, fo.H, pst, b, pf, fo.pp)
+    st[ST_FQLEN] += 1
+
+
+@njit(cache=True)
+def _prio_cached(fo, tbl, lo, hi):
+    """Blocks ``tbl[lo:hi]`` got their keys: their statistics start."""
+    E, pst = fo.E, fo.pst
+    for j in range(lo, hi):
+        b = tbl[j]
+        pst[P_CLOCK] += 1
+        E[b, E_CACHED] = pst[P_CLOCK]
+        E[b, E_HITS] = 0
+        E[b, E_DEPTH] = j
+        E[b, E_TAG] = pst[P_TAG]
+
+
 # ---------------------------------------------------------------------- reachability
 @njit(cache=True)
 def _cascade(blk, b32, kt, k32, st, stk, key, delta):
@@ -822,6 +1085,16 @@ def lookup(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_si
     return OK, h, start + best
 
 
+@njit(cache=True, inline="always")
+def hit_cap(n_hit, lookup_len, block_size):
+    """Hit blocks after vLLM's last-token cap: ``min(n_hit, (L − 1) // B)`` for a lookup of
+    L = *lookup_len* tokens. The last token is always computed so that the model produces
+    its logits, so a fully cached sequence still computes its last block (vLLM
+    ``vllm/v1/core/kv_cache_manager.py :: get_computed_blocks``, ``max_cache_hit_length =
+    request.num_tokens - 1``). Every pool applies it through this function."""
+    return min(n_hit, (lookup_len - 1) // block_size)
+
+
 @njit(cache=True)
 def peek(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_size, lookup_len, verify,
          hit_out):
@@ -831,34 +1104,40 @@ def peek(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_size
     """
     code, h, _ = lookup(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_size,
                         np.int64(0), verify, hit_out)
-    return code, min(h, (lookup_len - 1) // block_size)
+    return code, hit_cap(h, lookup_len, block_size)
 
 
 # ---------------------------------------------------------------------- allocate
 @njit(cache=True)
-def _take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new):
-    """Pop *n_new* blocks from the free-queue head into ``tbl[at:]``; evict their keys.
+def _take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new, fo=None):
+    """Take *n_new* blocks from the free order into ``tbl[at:]``; evict their keys.
 
-    vLLM ``BlockPool.get_new_blocks`` → ``_maybe_evict_cached_block``. Returns the number
-    of blocks whose key was dropped. The caller has checked ``n_new ≤ free-queue length``.
-    Batches of ``_PF`` blocks: first the queue is walked and the table rows of their keys
-    and parent keys are prefetched, then the blocks are popped and evicted in order.
+    vLLM ``BlockPool.get_new_blocks`` → ``_maybe_evict_cached_block``: the free-queue head
+    (*fo* ``None``), or the keyless list's head and then the hashed free blocks of smallest
+    priority (a :class:`PrioOrder`). Returns the number of blocks whose key was dropped.
+    The caller has checked ``n_new ≤ free blocks``. Batches of ``_PF`` blocks: first the
+    blocks are taken and the table rows of their keys and parent keys are prefetched,
+    then their keys are dropped in order.
     """
     ev = 0
     mask = kt.shape[0] - 1
     k0 = 0
     while k0 < n_new:
         k1 = min(k0 + _PF, n_new)
-        b = st[ST_FQH]
         for k in range(k0, k1):
+            b = st[ST_FQH]
+            if fo is None:
+                _fq_remove(b32, st, b)
+            elif b >= 0:
+                _fq_remove(b32, st, b)
+            else:
+                b = _prio_take(b32, st, fo)
             tbl[at + k] = b
             if b32[b, R_PCN] != 0:
                 _prefetch_row(kt, blk[b, W_KEY] & mask)
                 _prefetch_row(kt, blk[b, W_PKEY] & mask)
-            b = b32[b, R_FNEXT]
         for k in range(k0, k1):
             b = tbl[at + k]
-            _fq_remove(b32, st, b)
             if b32[b, R_PCN] != 0:
                 _drop_key(blk, b32, kt, k32, st, stk, b)
                 ev += 1
@@ -871,8 +1150,9 @@ def _take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new):
 
 
 @njit(cache=True)
-def _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id, seg_end, block_size):
-    """Give blocks ``tbl[lo:hi]`` their keys and content (vLLM ``BlockPool.cache_full_blocks``)."""
+def _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id, seg_end, block_size, fo=None):
+    """Give blocks ``tbl[lo:hi]`` their keys and content (vLLM ``BlockPool.cache_full_blocks``);
+    a :class:`PrioOrder` *fo* starts their statistics."""
     s = _seg_index(seg_end, lo * block_size) if hi > lo else 0
     mask = kt.shape[0] - 1
     for j in range(lo, min(lo + 8, hi)):
@@ -884,11 +1164,13 @@ def _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id
         b = tbl[j]
         s = _store_pieces(blk, b32, pcid, pcs, b, seg_id, seg_end, j * block_size, block_size, s)
         _add_key(blk, b32, kt, k32, st, stk, b, keys[j], pkey)
+    if fo is not None:
+        _prio_cached(fo, tbl, lo, hi)
 
 
 @njit(cache=True)
 def admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, prompt_len, lookup_len,
-          n_tokens, verify, tbl):
+          n_tokens, verify, tbl, fo=None):
     """Look up and allocate one request (vLLM ``get_computed_blocks`` + ``allocate_slots``).
 
     Parameters
@@ -902,6 +1184,8 @@ def admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_si
         Tokens that get KV now (at least the hit): ``ceil(n_tokens / B)`` blocks are held.
     tbl : int64 (≥ ceil(kv_len / B),)
         Receives the request's block table.
+    fo : None or PrioOrder
+        The free order (section "free order: a priority"): ``None``, vLLM's free queue.
 
     Returns
     -------
@@ -913,7 +1197,7 @@ def admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_si
                            prompt_len, verify, tbl)
     if code != OK:
         return code, 0, 0, 0, 0
-    hcap = min(h, (lookup_len - 1) // B)
+    hcap = hit_cap(h, lookup_len, B)
     n_touch = 0
     for k in range(hcap):
         if b32[tbl[k], R_REF] == 0:
@@ -928,25 +1212,28 @@ def admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_si
     for k in range(hcap):
         b = tbl[k]
         if b32[b, R_REF] == 0:
-            _fq_remove(b32, st, b)
+            if fo is None:
+                _fq_remove(b32, st, b)
             st[ST_NUSED] += 1
             st[ST_NCACHED] -= 1  # a hit block always has a key
+        if fo is not None:
+            _prio_touch(b32, st, fo, b)
         b32[b, R_REF] += 1
     t = max(n_tokens, hcap * B)
     nblk = (t + B - 1) // B
-    ev = _take_new(blk, b32, kt, k32, st, stk, tbl, hcap, nblk - hcap)
-    _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, hcap, t // B, seg_id, seg_end, B)
+    ev = _take_new(blk, b32, kt, k32, st, stk, tbl, hcap, nblk - hcap, fo)
+    _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, hcap, t // B, seg_id, seg_end, B, fo)
     return OK, hcap, held, ev, nblk
 
 
 @njit(cache=True)
 def extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, tbl, n_blocks,
-           n_computed, n_more):
+           n_computed, n_more, fo=None):
     """The request computes *n_more* tokens: allocate, then cache blocks that became full.
 
     vLLM ``allocate_slots`` for a decode step or a later prefill chunk, then
     ``cache_blocks``. Returns ``(ok, new n_blocks, evicted blocks)``; ``ok`` False leaves
-    the pool unchanged.
+    the pool unchanged. *fo*: the free order, as :func:`admit`.
     """
     B = block_size
     t = n_computed + n_more
@@ -956,17 +1243,18 @@ def extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_s
         return False, n_blocks, 0
     ev = 0
     if n_new > 0:
-        ev = _take_new(blk, b32, kt, k32, st, stk, tbl, n_blocks, n_new)
-    _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, n_computed // B, t // B, seg_id, seg_end, B)
+        ev = _take_new(blk, b32, kt, k32, st, stk, tbl, n_blocks, n_new, fo)
+    _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, n_computed // B, t // B, seg_id, seg_end, B, fo)
     return True, nblk, ev
 
 
 @njit(cache=True)
-def free(b32, st, tbl, n_blocks):
+def free(b32, st, tbl, n_blocks, fo=None):
     """Release a request's blocks tail first (vLLM ``KVCacheManager.free`` → ``BlockPool.free_blocks``).
 
     A block whose ref_cnt reaches 0 goes to the free queue: hashed blocks are appended to
-    the tail, unhashed (partial) blocks pushed on the head, each in tail-first order.
+    the tail (a :class:`PrioOrder` *fo*: into its heap / bucket with a fresh release
+    time), unhashed (partial) blocks pushed on the head, each in tail-first order.
     """
     for k in range(n_blocks - 1, -1, -1):
         b = tbl[k]
@@ -974,7 +1262,10 @@ def free(b32, st, tbl, n_blocks):
         if b32[b, R_REF] == 0:
             st[ST_NUSED] -= 1
             if b32[b, R_PCN] != 0:
-                _fq_append(b32, st, b)
+                if fo is None:
+                    _fq_append(b32, st, b)
+                else:
+                    _prio_release(b32, st, fo, b)
                 st[ST_NCACHED] += 1
             else:
                 _fq_prepend(b32, st, b)
@@ -982,7 +1273,7 @@ def free(b32, st, tbl, n_blocks):
 
 @njit(cache=True)
 def run_request(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, prompt_len, kv_len,
-                verify, tbl):
+                verify, tbl, fo=None):
     """Admit the prompt, decode to the KV extent in one step, free: the fused fast path.
 
     Same result as ``admit`` + ``extend(kv_len − P)`` + ``free`` (the base class's
@@ -991,16 +1282,16 @@ def run_request(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, bl
     prefill, as the base class does).
     """
     code, hcap, held, ev, nblk = admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end,
-                                       block_size, prompt_len, prompt_len, prompt_len, verify, tbl)
+                                       block_size, prompt_len, prompt_len, prompt_len, verify, tbl, fo)
     if code != OK:
         return code, hcap, held, ev, False
     ok = True
     if kv_len > prompt_len:
         ok, nblk2, ev2 = extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size,
-                                tbl, nblk, prompt_len, kv_len - prompt_len)
+                                tbl, nblk, prompt_len, kv_len - prompt_len, fo)
         if ok:
             nblk = nblk2
-    free(b32, st, tbl, nblk)
+    free(b32, st, tbl, nblk, fo)
     return OK, hcap, held, ev, ok
 
 
@@ -1009,7 +1300,7 @@ NEED_PIECES = 3  # run_seq: a block has more content pieces than ``pcid`` holds 
 
 @njit(cache=True)
 def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, prompt_len, kv_len, verify,
-            key_mask, n_tok):
+            key_mask, n_tok, fo=None):
     """:func:`run_request` that also hashes the sequence: one call per request.
 
     ``state`` = ``st`` followed by the cascade stack; ``scratch`` int64 (2, ≥ ceil(kv_len / B))
@@ -1018,7 +1309,7 @@ def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, pro
     ``hit_blocks`` = the pieces needed) when ``pcid`` must grow first, nothing changed.
     ``n_tok``: the leading blocks known to be token blocks (``seg_end[k] == k + 1`` for
     ``k < n_tok × block_size``; 0 = nothing known), hashed without the segment checks
-    (:func:`_block_keys_tok_into`; same keys).
+    (:func:`_block_keys_tok_into`; same keys). *fo*: the free order, as :func:`admit`.
     """
     b32 = blk.view(np.int32)
     k32 = kt.view(np.int32)
@@ -1035,7 +1326,7 @@ def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, pro
         return NEED_PIECES, mp, 0, 0, False, st[ST_EVICTIONS]
     code, hcap, held, ev, ok = run_request(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid),
                                            borrow(pcs), borrow(st), borrow(stk), borrow(keys), sid, send,
-                                           block_size, prompt_len, kv_len, verify, borrow(tbl))
+                                           block_size, prompt_len, kv_len, verify, borrow(tbl), fo)
     return code, hcap, held, ev, ok, st[ST_EVICTIONS]
 
 

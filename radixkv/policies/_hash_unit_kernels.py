@@ -934,7 +934,7 @@ def _hit(pol, i, L, runs):
     (uncapped hit blocks, capped hit blocks, count of the runs ``runs[:nr]`` cut at the
     cap)."""
     h, nr = lookup(pol, i, L, runs)
-    hcap = min(h, (L - 1) // pol[13][M_B])
+    hcap = K.hit_cap(h, L, pol[13][M_B])
     while nr > 0 and runs[nr - 1, 1] >= hcap:
         nr -= 1
     if nr > 0 and runs[nr - 1, 2] >= hcap:

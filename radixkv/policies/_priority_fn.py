@@ -5,7 +5,7 @@ A priority is a jitted function ``priority(N, x, params) -> (k1, k2)`` of node (
 ``EvictionStrategy.get_priority``, ``srt/mem_cache/evict_policy.py``); smaller is evicted
 first. The kernels that call one (the radix tree's keyed order,
 :mod:`radixkv.policies._radix_kernels`; vLLM's priority pool,
-:mod:`radixkv.policies._hash_prio_kernels`) take the int64 array of its two addresses
+:mod:`radixkv.policies._hash_kernels`, its free order ``PrioOrder``) take the int64 array of its two addresses
 (:func:`function_addresses`) and rebuild the function value inside compiled code
 (:func:`priority_at`), so they are compiled once (and cached on disk) for every
 priority, built-in or user-written. Run as plain Python (the interpreted kernels of

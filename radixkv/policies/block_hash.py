@@ -83,14 +83,15 @@ class HashCollisionError(RuntimeError):
 class _Running:
     """Host-side record of one running request."""
 
-    __slots__ = ("seq", "keys", "tbl", "n_blocks", "n_tokens")
+    __slots__ = ("seq", "keys", "tbl", "n_blocks", "n_tokens", "tag")
 
-    def __init__(self, seq, keys, tbl, n_blocks, n_tokens):
+    def __init__(self, seq, keys, tbl, n_blocks, n_tokens, tag=0):
         self.seq = seq
         self.keys = keys
         self.tbl = tbl
         self.n_blocks = n_blocks
         self.n_tokens = n_tokens
+        self.tag = tag  # the free order's tag of the request (BlockHashCache._order)
 
 
 class BlockHashCache(PrefixCache):
@@ -281,6 +282,17 @@ class BlockHashCache(PrefixCache):
         return st[K.ST_NHASHED] == 0 and st[K.ST_NUSED] == 0 and st[K.ST_EVICTIONS] == 0
 
     # ------------------------------------------------------------------ helpers
+    def _tag(self, rid) -> int:
+        """The tag a request's blocks carry in the free order's statistics (0: none kept)."""
+        return 0
+
+    def _order(self, tag: int) -> tuple:
+        """The pool kernels' last arguments: the free order (``fo`` of
+        :func:`radixkv.policies._hash_kernels.admit`). Empty here: vLLM's free queue, the
+        kernels' default; a subclass evicting by a priority gives its
+        :class:`~radixkv.policies._hash_kernels.PrioOrder` for a request of *tag*."""
+        return ()
+
     def _keys(self, seq: KVSeq) -> np.ndarray:
         """Chained keys of every full block of *seq*'s KV extent; grows piece storage."""
         keys, max_pieces = K.seq_block_keys(seq.seg_id, seq.seg_end, self.block_size,
@@ -360,17 +372,17 @@ class BlockHashCache(PrefixCache):
         n = self._admit_length(self._running, rid, seq, n_tokens)
         keys = self._keys(seq)
         tbl = self._table(seq, True)
+        tag = self._tag(rid)
         code, hit_blocks, held, ev, nblk = K.admit(
             self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, keys,
-            seq.seg_id, seq.seg_end, self.block_size, P, max(P, n), n, self.verify, tbl,
-        )
+            seq.seg_id, seq.seg_end, self.block_size, P, max(P, n), n, self.verify, tbl, *self._order(tag))
         if code == K.COLLISION:
             self._collision(seq)
         if code == K.REFUSED:
             return None
         B = self.block_size
         ntok = max(n, int(hit_blocks) * B)
-        self._running[rid] = _Running(seq, keys, tbl, int(nblk), ntok)
+        self._running[rid] = _Running(seq, keys, tbl, int(nblk), ntok, tag)
         self._partial += ntok % B
         self.evictions += int(ev)
         self.evicted_tokens_total += int(ev) * B
@@ -465,8 +477,7 @@ class BlockHashCache(PrefixCache):
             return True
         ok, nblk, ev = K.extend(
             self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, r.keys,
-            r.seq.seg_id, r.seq.seg_end, self.block_size, r.tbl, r.n_blocks, r.n_tokens, n,
-        )
+            r.seq.seg_id, r.seq.seg_end, self.block_size, r.tbl, r.n_blocks, r.n_tokens, n, *self._order(r.tag))
         if not ok:
             return False
         r.n_blocks = int(nblk)
@@ -481,7 +492,8 @@ class BlockHashCache(PrefixCache):
         """:meth:`PrefixCache.extend_many`: the same as :meth:`extend` item by item, but a
         step that neither takes a block nor fills one (most decode tokens) only counts
         tokens, without a kernel call."""
-        if type(self).extend is not BlockHashCache.extend:  # a subclass's extend decides
+        if type(self).extend is not BlockHashCache.extend or type(self)._order is not BlockHashCache._order:
+            # a subclass's extend or free order decides
             return super().extend_many(rids, n_tokens)
         if isinstance(n_tokens, int):
             n_tokens = [n_tokens] * len(rids)
@@ -526,7 +538,7 @@ class BlockHashCache(PrefixCache):
         Returns
         -------
         bool
-            False (nothing done) for a subclass that overrides ``extend``: the scheduler
+            False (nothing done) for a subclass that overrides ``extend`` or the free order: the scheduler
             then makes the calls one by one.
 
         Raises
@@ -536,7 +548,7 @@ class BlockHashCache(PrefixCache):
         ValueError
             When a request would pass its KV extent.
         """
-        if type(self).extend is not BlockHashCache.extend:
+        if type(self).extend is not BlockHashCache.extend or type(self)._order is not BlockHashCache._order:
             return False
         rs = [self._running[rid] for rid in rids]
         kern = BK.decode_run_slot_local
@@ -617,7 +629,7 @@ class BlockHashCache(PrefixCache):
         """
         r = self._running.pop(rid)
         self._partial -= r.n_tokens % self.block_size
-        K.free(self._b32, self._st, r.tbl, r.n_blocks)
+        K.free(self._b32, self._st, r.tbl, r.n_blocks, *self._order(r.tag))
 
     def preempt(self, rid: int) -> None:
         """Preemption by recompute: the blocks are freed exactly as on finish.
@@ -636,7 +648,8 @@ class BlockHashCache(PrefixCache):
         kv = seq.kv_len
         if self._scratch2.shape[1] * B < kv:
             self._scratch2 = np.zeros((2, max(-(-kv // B), 2 * self._scratch2.shape[1])), dtype=np.int64)
-        args = (self._scratch2, seq.seg_id, seq.seg_end, B, seq.prompt_len, kv, self.verify, self._key_mask, 0)
+        args = (self._scratch2, seq.seg_id, seq.seg_end, B, seq.prompt_len, kv, self.verify, self._key_mask, 0,
+                *self._order(self._tag(rid)))
         code, hit_blocks, held, ev, decoded, total_ev = K.run_seq(
             self._blk, self._kt, self._pcid, self._pcs, self._state, *args)
         if code == K.NEED_PIECES:

@@ -43,13 +43,10 @@ import numpy as np
 
 from radixkv.errors import ConfigError
 import radixkv.policies._hash_kernels as K
-import radixkv.policies._hash_prio_kernels as HP
-from radixkv.policies._hash_prio_kernels import E_CACHED, E_DEPTH, E_HITS, E_TAG, E_TIME
+from radixkv.policies._hash_kernels import E_CACHED, E_DEPTH, E_HITS, E_TAG, E_TIME
 from radixkv.policies._priority_fn import function_addresses
-from radixkv.policies.base import Admission
-from radixkv.policies.block_hash import BlockHashCache, _aligned, _Running
+from radixkv.policies.block_hash import BlockHashCache, _aligned
 from radixkv.policies.radix_priority import EvictionPriority, _priority_of, priority_function
-from radixkv.trace.types import KVSeq
 
 __all__ = ["PriorityBlockHashCache", "BlockLRU", "BlockLFU", "BLOCK_EVICTION_POLICIES",
            "E_TIME", "E_HITS", "E_CACHED", "E_DEPTH", "E_TAG"]
@@ -129,18 +126,21 @@ class PriorityBlockHashCache(BlockHashCache):
         self._pf = function_addresses(fn)
         self._pp = np.ascontiguousarray(ev.params(), dtype=np.float64)
         nb = self.num_gpu_blocks
-        self._E = _aligned(nb, HP.NE, 64)
+        self._E = _aligned(nb, K.NE, 64)
         cap = max(16, 2 * nb)
         self._H = np.zeros((cap, 5), dtype=np.float64)
-        self._BK = np.full((HP.NBUCKETS, 2), -1, dtype=np.int64)
-        self._pst = np.zeros(HP.NP, dtype=np.int64)
-        self._pst[HP.P_MODE] = 1 if getattr(ev, "buckets", False) else 0
+        self._BK = np.full((K.NBUCKETS, 2), -1, dtype=np.int64)
+        self._pst = np.zeros(K.NP, dtype=np.int64)
+        self._pst[K.P_MODE] = 1 if getattr(ev, "buckets", False) else 0
+        self._fo = (K.PrioOrder(self._E, self._H, self._BK, self._pst, self._pf, self._pp),)
         self._tags = 0
-        self._rtag: dict = {}  # tag of each running request
 
     @property
     def label(self) -> str:
         return f"vllm:{self.block_size}@{self.eviction_priority.name}"
+
+    #: the sequential span runs vLLM's free queue (``_hash_span``): this class replays request by request
+    replay_span = None
 
     def _tag(self, rid) -> int:
         if isinstance(rid, (int, np.integer)):
@@ -148,107 +148,29 @@ class PriorityBlockHashCache(BlockHashCache):
         self._tags += 1
         return self._tags
 
+    def _order(self, tag: int) -> tuple:
+        """The pool kernels' free order: this policy's priority (``K.PrioOrder``), serving *tag*."""
+        self._pst[K.P_TAG] = tag
+        return self._fo
+
     def _heap(self):
         return self._E, self._H, self._BK, self._pst
-
-    def admit(self, rid: int, seq: KVSeq, n_tokens: int | None = None) -> Admission | None:
-        """As :meth:`BlockHashCache.admit`, evicting by priority."""
-        P = seq.prompt_len
-        n = self._admit_length(self._running, rid, seq, n_tokens)
-        keys = self._keys(seq)
-        tbl = self._table(seq, True)
-        tag = self._tag(rid)
-        code, hit_blocks, held, ev, nblk = HP.admit(
-            self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk,
-            *self._heap(), keys, seq.seg_id, seq.seg_end, self.block_size, P, max(P, n), n, self.verify, tbl,
-            tag, self._pf, self._pp)
-        if code == K.COLLISION:
-            self._collision(seq)
-        if code == K.REFUSED:
-            return None
-        B = self.block_size
-        ntok = max(n, int(hit_blocks) * B)
-        r = _Running(seq, keys, tbl, int(nblk), ntok)
-        self._running[rid] = r
-        self._rtag[rid] = tag
-        self._partial += ntok % B
-        self.evictions += int(ev)
-        self.evicted_tokens_total += int(ev) * B
-        return Admission(hit_tokens=int(hit_blocks) * B, held_tokens=int(min(held, P)), evicted_tokens=int(ev) * B)
-
-    def extend(self, rid: int, n_tokens: int) -> bool:
-        """As :meth:`BlockHashCache.extend`, evicting by priority."""
-        r = self._running[rid]
-        n = int(n_tokens)
-        if n < 0 or r.n_tokens + n > r.seq.kv_len:
-            raise ValueError(
-                f"request {rid}: extending {r.n_tokens} tokens by {n} passes its KV extent {r.seq.kv_len}")
-        if n == 0:
-            return True
-        ok, nblk, ev = HP.extend(
-            self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk,
-            *self._heap(), r.keys, r.seq.seg_id, r.seq.seg_end, self.block_size, r.tbl, r.n_blocks, r.n_tokens,
-            n, self._rtag[rid], self._pf, self._pp)
-        if not ok:
-            return False
-        r.n_blocks = int(nblk)
-        B = self.block_size
-        self._partial += (r.n_tokens + n) % B - r.n_tokens % B
-        r.n_tokens += n
-        self.evictions += int(ev)
-        self.evicted_tokens_total += int(ev) * B
-        return True
-
-    def finish(self, rid: int) -> None:
-        """As :meth:`BlockHashCache.finish` (hashed blocks enter the eviction heap)."""
-        r = self._running.pop(rid)
-        self._rtag.pop(rid, None)
-        self._partial -= r.n_tokens % self.block_size
-        HP.free(self._b32, self._st, *self._heap(), r.tbl, r.n_blocks, self._pf, self._pp)
-
-    def run_request(self, rid: int, seq: KVSeq) -> Admission | None:
-        """Admit, decode to the KV extent, finish: one kernel call."""
-        if rid in self._running:
-            raise ValueError(f"request {rid} is already running")
-        B = self.block_size
-        kv = seq.kv_len
-        if self._scratch2.shape[1] * B < kv:
-            self._scratch2 = np.zeros((2, max(-(-kv // B), 2 * self._scratch2.shape[1])), dtype=np.int64)
-        args = (self._scratch2, seq.seg_id, seq.seg_end, B, seq.prompt_len, kv, self.verify, self._key_mask,
-                self._E, self._H, self._BK, self._pst, rid if type(rid) is int else self._tag(rid),
-                self._pf, self._pp)
-        code, hit_blocks, held, ev, decoded, total_ev = HP.run_seq(
-            self._blk, self._kt, self._pcid, self._pcs, self._state, *args)
-        if code == HP.NEED_PIECES:
-            self._grow_pieces(hit_blocks)
-            code, hit_blocks, held, ev, decoded, total_ev = HP.run_seq(
-                self._blk, self._kt, self._pcid, self._pcs, self._state, *args)
-        if code == K.COLLISION:
-            self._collision(seq)
-        if code == K.REFUSED:
-            return None
-        self.evictions = total_ev
-        self.evicted_tokens_total = total_ev * B
-        if not decoded:
-            return None
-        P = seq.prompt_len
-        return Admission(hit_tokens=hit_blocks * B, held_tokens=held if held < P else P, evicted_tokens=ev * B)
 
     def free_queue(self) -> np.ndarray:
         """Free block ids in the order they would be taken now: keyless blocks (vLLM's
         queue head), then hashed blocks by priority; int64, O(n log n)."""
         # the linked list holds the keyless free blocks only (its length: free − hashed free)
         keyless = K.free_queue(self._b32, self._st)[: int(self._st[K.ST_FQLEN] - self._st[K.ST_NCACHED])]
-        if self._pst[HP.P_MODE] == 1:
+        if self._pst[K.P_MODE] == 1:
             out = []
-            for k in range(HP.NBUCKETS):
+            for k in range(K.NBUCKETS):
                 b = int(self._BK[k, 0])
                 while b >= 0:
                     out.append(b)
-                    b = int(self._E[b, HP.E_BNEXT])
+                    b = int(self._E[b, K.E_BNEXT])
             return np.concatenate([keyless, np.asarray(out, dtype=np.int64)])
-        HP.rebuild(self._b32, self._E, self._H, self._pst, self._pf, self._pp)
-        n = int(self._pst[HP.P_HLEN])
+        K.rebuild(self._b32, self._E, self._H, self._pst, self._pf, self._pp)
+        n = int(self._pst[K.P_HLEN])
         H = self._H[:n]
         order = np.lexsort((H[:, 3], H[:, 2], H[:, 1], H[:, 0]))
         return np.concatenate([keyless, H[order, 4].astype(np.int64)])

@@ -108,7 +108,10 @@ def capped_hit_blocks(found_blocks: int, lookup_tokens: int, block_size: int) ->
     model produces logits for it (vLLM ``vllm/v1/core/kv_cache_manager.py ::
     get_computed_blocks``, ``max_cache_hit_length = request.num_tokens - 1``).
     """
-    return max(0, min(int(found_blocks), (int(lookup_tokens) - 1) // int(block_size)))
+    from radixkv.policies._hash_kernels import hit_cap
+
+    cap = getattr(hit_cap, "py_func", hit_cap)  # the compiled pools' rule, run as Python
+    return max(0, cap(int(found_blocks), int(lookup_tokens), int(block_size)))
 
 
 def common_prefix_len(a: KVSeq, b: KVSeq, start: int = 0, limit: int | None = None) -> int:

@@ -1,19 +1,26 @@
 """``BlockHashCache``'s per-block pool under the compiled concurrent vLLM loop (the reference).
 
 The pool operations of :mod:`radixkv.replay._conc_vllm_kernels` (its module docstring
-gives the contract) over the arrays of :class:`radixkv.policies.block_hash.BlockHashCache`,
-calling the kernels of :mod:`radixkv.policies._hash_kernels` with the arguments
-``BlockHashCache`` passes them (``admit``, ``extend``, ``free``, ``peek``): vLLM
-``KVCacheManager.get_computed_blocks`` / ``allocate_slots`` / ``cache_blocks`` / ``free``
-block by block, each block's hash kept in the policy's key table. After the replay the
+gives the contract) over the arrays of :class:`radixkv.policies.block_hash.BlockHashCache`
+or of its subclass :class:`radixkv.policies.block_priority.PriorityBlockHashCache`
+(``vllm:B@lfu``), calling the kernels of :mod:`radixkv.policies._hash_kernels` with the
+arguments the policy passes them (``admit``, ``extend``, ``free``, ``peek``, and the
+policy's free order ``fo``): vLLM ``KVCacheManager.get_computed_blocks`` /
+``allocate_slots`` / ``cache_blocks`` / ``free`` block by block, each block's hash kept in
+the policy's key table. The free order is part of the pool value's Numba type (``None``:
+vLLM's free queue; a ``PrioOrder``: the policy's priority, its function travelling as
+its addresses, so one compiled loop serves every priority). After the replay the
 policy's state is what the Python loop would leave.
 
 Pool value :class:`BlockPool`: ``arrays`` the policy's ``blk, b32, kt, k32, pcid, pcs,
 st, stk`` (``b32`` and ``st`` again as fields); ``key_mask``
-(``BlockHashCache._key_mask``); ``block_size``. Per-slot tuple
-``ps``: ``keys`` int64 (S, W) the request's block keys, ``tbl`` int64 (S, W) its block
-table, ``nblk`` int64 (S,) blocks held. Lookup scratch ``hs``: ``keys`` int64 (W,),
-``tbl`` int64 (W,). Own status: :data:`S_PIECES`.
+(``BlockHashCache._key_mask``); ``block_size``; ``order`` the free order
+(``BlockHashCache._order``). Per-slot tuple ``ps``: ``keys`` int64 (S, W) the request's
+block keys, ``tbl`` int64 (S, W) its block table, ``nblk`` int64 (S,) blocks held,
+``tag`` int64 (S,) the tag a priority order stores on the blocks the slot's request
+caches (its trace index, as ``PriorityBlockHashCache._tag`` gives an int request
+handle). Lookup scratch ``hs``: ``keys`` int64 (W,), ``tbl`` int64 (W,). Own status:
+:data:`S_PIECES`.
 """
 from __future__ import annotations
 
@@ -34,20 +41,23 @@ S_PIECES = CK.S_POOL
 
 #: the pool value (module docstring; ``b32`` and ``st`` also as fields of their own: one reference
 #: count to bind, the tuple's eight)
-BlockPool = namedtuple("BlockPool", ["arrays", "b32", "st", "key_mask", "block_size"])
+BlockPool = namedtuple("BlockPool", ["arrays", "b32", "st", "key_mask", "block_size", "order"])
 
 
 def new_pool(policy) -> BlockPool:
     """The pool value over *policy*'s (a ``BlockHashCache``) arrays; the loop changes them in place."""
     arrays = (policy._blk, policy._b32, policy._kt, policy._k32, policy._pcid, policy._pcs, policy._st,
               policy._stk)
-    return BlockPool(arrays, policy._b32, policy._st, policy._key_mask, int(policy.block_size))
+    fo = policy._order(0)
+    return BlockPool(arrays, policy._b32, policy._st, policy._key_mask, int(policy.block_size),
+                     fo[0] if fo else None)
 
 
 def new_slots(n_sl: int, W: int):
     """Per-slot tuple ``ps`` for *n_sl* slots of at most *W* blocks."""
     W = max(int(W), 1)
-    return (np.zeros((n_sl, W), dtype=np.int64), np.zeros((n_sl, W), dtype=np.int64), np.zeros(n_sl, dtype=np.int64))
+    return (np.zeros((n_sl, W), dtype=np.int64), np.zeros((n_sl, W), dtype=np.int64), np.zeros(n_sl, dtype=np.int64),
+            np.zeros(n_sl, dtype=np.int64))
 
 
 def new_scratch(W: int):
@@ -87,7 +97,7 @@ def max_block_pieces(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
 def _admit(pool, ps, ls, tr, i, sl, m, n_tok, asked):
     """``BlockHashCache.admit`` of request *i* into slot *sl* (``pool_admit``)."""
     blk, b32, kt, k32, pcid, pcs, st, stk = pool.arrays
-    keys2d, tbl2d, s_nblk = ps
+    keys2d, tbl2d, s_nblk, s_tag = ps
     sid2d = ls[0]
     send2d = ls[1]
     prompt_len = tr[5]
@@ -97,22 +107,32 @@ def _admit(pool, ps, ls, tr, i, sl, m, n_tok, asked):
     mp = K._block_keys_into(sid2d[sl, :m], send2d[sl, :m], B, kvlen // B, pool.key_mask, keys2d[sl])
     if mp - 1 > pcid.shape[1]:
         return S_PIECES, 0, 0, 0
+    K.order_tag(pool.order, i)
+    # verify: np.bool_, not the literal False (the sequential replay's admit serves both)
     code, hb, hd, ev, nblk = K.admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys2d[sl], sid2d[sl, :m],
-                                     send2d[sl, :m], B, n_tok, n_tok, asked, np.bool_(False), tbl2d[sl])
+                                     send2d[sl, :m], B, n_tok, n_tok, asked, np.bool_(False), tbl2d[sl], pool.order)
     if code != K.OK:
         return CK.ADMIT_REFUSED, hb, hd, ev
     s_nblk[sl] = nblk
+    s_tag[sl] = i
     return CK.ADMIT_OK, hb, hd, ev
 
 
 @njit(cache=True)
 def _extend(pool, ps, ls, sl, n0, n):
     """``BlockHashCache.extend`` of slot *sl* by *n* tokens (``pool_extend``)."""
+    keys2d, tbl2d, s_nblk, s_tag = ps
+    B = pool.block_size
+    t = n0 + n
+    if (t + B - 1) // B == s_nblk[sl] and t // B == n0 // B:
+        # no block taken, none filled (most decode tokens): the kernel would change nothing
+        # (as BlockHashCache.extend_many skips such steps)
+        return True, 0
     blk, b32, kt, k32, pcid, pcs, st, stk = pool.arrays
-    keys2d, tbl2d, s_nblk = ps
     m = ls[2][sl]
+    K.order_tag(pool.order, s_tag[sl])
     ok, nb, ev = K.extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys2d[sl], ls[0][sl, :m], ls[1][sl, :m],
-                          pool.block_size, tbl2d[sl], s_nblk[sl], n0, n)
+                          B, tbl2d[sl], s_nblk[sl], n0, n, pool.order)
     if ok:
         s_nblk[sl] = nb
     return ok, ev
@@ -155,7 +175,7 @@ def _extend_op(pool, ps, ls, sl, n0, n):
 
 @CK.pool_op(CK.pool_release, BlockPool)
 def _release(pool, ps, sl, n0):
-    K.free(pool.b32, pool.st, ps[1][sl], ps[2][sl])
+    K.free(pool.b32, pool.st, ps[1][sl], ps[2][sl], pool.order)
 
 
 @CK.pool_op(CK.pool_lookup, BlockPool)

@@ -43,10 +43,9 @@ compiled (one machine-code loop per pool type; a call costs what the implementat
 costs, nothing for the dispatch). The pools so far:
 
 - :mod:`radixkv.replay._conc_vllm_block_kernels`: ``BlockHashCache``'s per-block pool
-  (:mod:`radixkv.policies._hash_kernels`), the reference;
-- :mod:`radixkv.replay._conc_vllm_piece_kernels`: a pool without block ids for hash-id traces;
-- :mod:`radixkv.replay._conc_vllm_prio_kernels`: ``PriorityBlockHashCache``'s per-block pool
-  evicting by a priority (:mod:`radixkv.policies._hash_prio_kernels`).
+  (:mod:`radixkv.policies._hash_kernels`), the reference, with its free order (vLLM's
+  free queue, or ``PriorityBlockHashCache``'s priority) part of the pool value's type;
+- :mod:`radixkv.replay._conc_vllm_piece_kernels`: a pool without block ids for hash-id traces.
 
 A new pool plugs in without touching this module: (1) a ``collections.namedtuple``
 class of its own for the *pool value* (its arrays, its per-request facts and its

@@ -18,8 +18,8 @@ returns None and the Python loop runs. Both paths give the same
 The loop runs on a pool value whose type selects the pool operations it compiles with
 (:mod:`radixkv.replay._conc_vllm_kernels`, "Pools and their operations"): by default the
 policy's own per-block pool (:mod:`radixkv.replay._conc_vllm_block_kernels`; for a
-``PriorityBlockHashCache`` the same pool evicting by its priority,
-:mod:`radixkv.replay._conc_vllm_prio_kernels`). On a
+``PriorityBlockHashCache`` the same pool evicting by its priority, its free order part of
+the pool value's type). On a
 hash-id trace whose unit is a multiple of ``block_size`` (≥ 2), without output ids,
 on a fresh ``BlockHashCache`` with ``unit_granular`` on (:func:`_unit_eligible`), the loop runs on the
 piece pool of :mod:`radixkv.replay._conc_vllm_piece_kernels` instead (no block ids: the
@@ -83,7 +83,7 @@ def _eligible(trace, policy, cost, config, sch) -> bool:
 
 def _prio_class(policy):
     """``PriorityBlockHashCache`` when *policy* is exactly one (its loop runs on the pool of
-    :mod:`radixkv.replay._conc_vllm_prio_kernels`), else None. The class's module is looked
+    :mod:`radixkv.replay._conc_vllm_block_kernels` with its priority as the free order), else None. The class's module is looked
     up only when loaded (it compiles its priority functions on import)."""
     mod = sys.modules.get("radixkv.policies.block_priority")
     if mod is not None and type(policy) is mod.PriorityBlockHashCache:
@@ -255,10 +255,9 @@ class CompiledVllmEngine(EngineReadout):
             if mp - 1 > policy._pcid.shape[1]:
                 policy._grow_pieces(mp)
             # the policy's per-block pool; evicting by a priority: its heap too
-            PM = BPK if _prio_class(policy) is None else _prio_kernels()
-            self.pool = PM.new_pool(policy)
-            new_ps = lambda n_sl: PM.new_slots(n_sl, W)  # noqa: E731
-            self.hs = PM.new_scratch(W)
+            self.pool = BPK.new_pool(policy)
+            new_ps = lambda n_sl: BPK.new_slots(n_sl, W)  # noqa: E731
+            self.hs = BPK.new_scratch(W)
         self.cap_run = cap_run = int(min(int(config.max_num_seqs), n))
         rq = self.rq = np.zeros((16, n), dtype=np.int64)
         rq[0] = P
@@ -454,14 +453,6 @@ class CompiledVllmEngine(EngineReadout):
                             "pool_running_slots": tl_i[4, :m].copy(), "pool_cached_slots": tl_i[5, :m].copy(),
                             "pool_free_slots": tl_i[6, :m].copy()}
         return res
-
-
-def _prio_kernels():
-    """:mod:`radixkv.replay._conc_vllm_prio_kernels` (imported on first use: it registers
-    its pool operations, which the loop compiles with only for a priority pool)."""
-    import radixkv.replay._conc_vllm_prio_kernels as PPK
-
-    return PPK
 
 
 def _loop_slots(n_sl, G):

@@ -44,7 +44,7 @@ __all__ = ["mode", "family_of", "plan", "before_replay", "mark_compiled", "is_wa
 #: kernel family → the modules holding its Numba kernels
 FAMILY_MODULES = {
     "hash": ("radixkv.policies._hash_kernels", "radixkv.policies._hash_batch_kernels",
-             "radixkv.policies._static_kernels", "radixkv.policies._hash_prio_kernels"),
+             "radixkv.policies._static_kernels"),
     "radix": ("radixkv.policies._radix_kernels",),
 }
 
