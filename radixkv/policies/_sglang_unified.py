@@ -83,9 +83,6 @@ class _LRU:
     def __contains__(self, node):
         return node in self.nxt
 
-    def __len__(self):
-        return len(self.nxt) - 1
-
     def _add_after(self, a, node):
         b = self.nxt[a]
         self.nxt[a] = node
@@ -99,8 +96,7 @@ class _LRU:
         self.prv[b] = a
 
     def insert_mru(self, node):
-        assert node not in self.nxt
-        self._add_after(self.head, node)
+        self.insert_after(self.head, node)
 
     def insert_after(self, prev_node, node):
         assert prev_node in self.nxt and node not in self.nxt
@@ -219,15 +215,13 @@ class UnifiedTree:
             return int(codes[off])
         return codes[off:off + self.ps].tobytes()
 
-    def _match_len(self, key, codes, off, n):
+    def _match_len(self, key, codes, off, n, page=True):
         """``RadixKey.match``: common prefix of *key* and ``codes[off:off+n]``, rounded
-        down to a page."""
+        down to a page (*page* False: in tokens)."""
         m = min(len(key), n)
-        a = key[:m]
-        b = codes[off:off + m]
-        neq = np.flatnonzero(a != b)
+        neq = np.flatnonzero(key[:m] != codes[off:off + m])
         k = m if len(neq) == 0 else int(neq[0])
-        return k // self.ps * self.ps
+        return k // self.ps * self.ps if page else k
 
     def _is_leaf(self, node):
         """``UnifiedTreeCore._is_device_leaf`` (non-HiCache: every live node has Full)."""
@@ -284,7 +278,7 @@ class UnifiedTree:
         return new
 
     # ------------------------------------------------------------------ match
-    def match(self, codes, limit, touch_only=False):
+    def match(self, codes, limit):
         """``UnifiedTreeCore.match_prefix`` → (hit tokens, best node, full_kv_hit_length).
 
         The key is ``codes[:limit]`` rounded down to a page. The walk splits a node the
@@ -356,7 +350,7 @@ class UnifiedTree:
         return best_len, best, full_hit
 
     # ------------------------------------------------------------------ locks
-    def lock(self, node, skip_mamba=False):
+    def lock(self, node):
         """``UnifiedTreeCore.inc_lock_ref``: Full path lock to the root; SWA segment lock
         from *node* up until ``window`` tokens are covered (tombstones counted), the last
         node stamped with a boundary uuid (``SWAComponent.acquire_component_lock``); Mamba
@@ -377,7 +371,7 @@ class UnifiedTree:
                     x.swa_uuid = self._uuid
                 uuid = x.swa_uuid
         mamba = False
-        if self.has_mamba and not skip_mamba and node is not self.root:
+        if self.has_mamba and node is not self.root:
             node.lock_mamba += 1
             mamba = True
         return (node, uuid, mamba)
@@ -862,9 +856,7 @@ class UnifiedHybridCache(PrefixCache):
             else:
                 cands = [c for c in node.children.values() if int(c.key[0]) == int(codes[off])]
             for c in cands:  # the child sharing the most tokens (pages are keyed whole)
-                m = min(len(c.key), n - off)
-                neq = np.flatnonzero(c.key[:m] != codes[off:off + m])
-                kc = m if len(neq) == 0 else int(neq[0])
+                kc = t._match_len(c.key, codes, off, n - off, page=False)
                 if kc > k:
                     child, k = c, kc
             if child is None:
@@ -1036,13 +1028,11 @@ class UnifiedHybridCache(PrefixCache):
         if adm is None:
             return None
         r = self._reqs[rid]
-        while r.committed < P:
-            if not self.extend(rid, self._chunk_end(r.committed, P) - r.committed):
+        while r.committed < seq.kv_len:  # the prompt's chunks, then the decode steps
+            end = self._chunk_end(r.committed, P) if r.committed < P else seq.kv_len
+            if not self.extend(rid, end - r.committed):
                 self.finish(rid)
                 return None
-        if seq.kv_len > P and not self.extend(rid, seq.kv_len - P):
-            self.finish(rid)
-            return None
         self.finish(rid)
         return adm
 
