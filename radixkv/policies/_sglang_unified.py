@@ -972,8 +972,10 @@ class UnifiedHybridCache(PrefixCache):
             self._prefill(r, k)
             n_tokens -= k
         for _ in range(n_tokens):
-            if r.decode_idx >= 1:  # ``maybe_evict_swa``: every SWA_EVICTION_INTERVAL steps
-                t.free_out_of_window(r, r.committed, t.swa_interval)
+            if t.has_swa and r.decode_idx >= 1:
+                pre = r.committed
+                if pre - t.W >= r.evicted + t.swa_interval:
+                    t.free_out_of_window(r, pre, 1)
             if not t.alloc(r, 1, t.ps):
                 return False
             r.decode_idx += 1
