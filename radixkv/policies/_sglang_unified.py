@@ -453,14 +453,8 @@ class UnifiedTree:
         """
         tracker = [0, 0, 0]
         req = (full, swa, mamba)
-        targets = {}
-        if full > 0:
-            targets[0] = self.full_free + full
-        if swa > 0:
-            targets[1] = self.swa_free + swa
-        if mamba > 0:
-            targets[2] = self.mamba_free + mamba
         frees = (lambda: self.full_free, lambda: self.swa_free, lambda: self.mamba_free)
+        targets = {ct: frees[ct]() + n for ct, n in enumerate(req) if n > 0}
 
         def reached(ct):
             t = targets.get(ct)
@@ -509,8 +503,7 @@ class UnifiedTree:
         return out
 
     def _walk_aux(self, ct, quota, reached, tracker):
-        lru = self.lru_swa if ct == 1 else self.lru_mamba
-        locked = self._swa_locked if ct == 1 else self._mamba_locked
+        lru, locked = (self.lru_swa, self._swa_locked) if ct == 1 else (self.lru_mamba, self._mamba_locked)
         cursor = lru.lru_unlocked(locked)
         while True:
             if cursor is not None and cursor not in lru:
