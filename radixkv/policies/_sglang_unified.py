@@ -234,12 +234,12 @@ class UnifiedTree:
     def _mamba_locked(self, n):
         return n.lock_mamba > 0
 
-    def _upward(self, node, window=None):
+    def _upward(self, node, window=float("inf")):
         """(*node* and its ancestors below the root, nearest first; their tokens). With
         *window*: only until they cover ``window`` tokens (tombstones counted), the SWA
         segment of ``SWAComponent._iter_swa_lock_nodes`` / ``refresh_lru``."""
-        out, cov = [], 0
-        while node is not self.root and (window is None or cov < window):
+        out, cov, root = [], 0, self.root
+        while node is not root and cov < window:
             out.append(node)
             cov += len(node.key)
             node = node.parent
