@@ -83,9 +83,6 @@ class _LRU:
     def __contains__(self, node):
         return node in self.nxt
 
-    def __len__(self):
-        return len(self.nxt) - 1
-
     def _add_after(self, a, node):
         b = self.nxt[a]
         self.nxt[a] = node
@@ -99,8 +96,7 @@ class _LRU:
         self.prv[b] = a
 
     def insert_mru(self, node):
-        assert node not in self.nxt
-        self._add_after(self.head, node)
+        self.insert_after(self.head, node)
 
     def insert_after(self, prev_node, node):
         assert prev_node in self.nxt and node not in self.nxt
@@ -110,19 +106,14 @@ class _LRU:
         self.remove(node)
         self._add_after(self.head, node)
 
-    def reset_window(self, node, root, window, include):
-        """``reset_node_and_window_ancestors_mru``: *node* to the head, then each ancestor
-        right behind the previous one, until ``window`` tokens were walked (nodes without
-        data are walked, not moved)."""
+    def reset_window(self, nodes):
+        """``reset_node_and_window_ancestors_mru``: the first of *nodes* (a node, then
+        its ancestors) to the head, each next one right behind the previous one."""
         prev = self.head
-        acc = 0
-        while node is not root and acc < window:
-            if include(node):
-                self.remove(node)
-                self._add_after(prev, node)
-                prev = node
-            acc += len(node.key)
-            node = node.parent
+        for node in nodes:
+            self.remove(node)
+            self._add_after(prev, node)
+            prev = node
 
     def prev_unlocked(self, node, locked):
         """``get_prev_no_lock``: the nearest more recent node whose lock is 0 (None at head)."""
@@ -224,15 +215,13 @@ class UnifiedTree:
             return int(codes[off])
         return codes[off:off + self.ps].tobytes()
 
-    def _match_len(self, key, codes, off, n):
+    def _match_len(self, key, codes, off, n, page=True):
         """``RadixKey.match``: common prefix of *key* and ``codes[off:off+n]``, rounded
-        down to a page."""
+        down to a page (*page* False: in tokens)."""
         m = min(len(key), n)
-        a = key[:m]
-        b = codes[off:off + m]
-        neq = np.flatnonzero(a != b)
+        neq = np.flatnonzero(key[:m] != codes[off:off + m])
         k = m if len(neq) == 0 else int(neq[0])
-        return k // self.ps * self.ps
+        return k // self.ps * self.ps if page else k
 
     def _is_leaf(self, node):
         """``UnifiedTreeCore._is_device_leaf`` (non-HiCache: every live node has Full)."""
@@ -245,8 +234,21 @@ class UnifiedTree:
     def _mamba_locked(self, n):
         return n.lock_mamba > 0
 
-    def _has_swa(self, n):
-        return n.swa
+    def _upward(self, node, window=float("inf")):
+        """(*node* and its ancestors below the root, nearest first; their tokens). With
+        *window*: only until they cover ``window`` tokens (tombstones counted), the SWA
+        segment of ``SWAComponent._iter_swa_lock_nodes`` / ``refresh_lru``."""
+        out, cov, root = [], 0, self.root
+        while node is not root and cov < window:
+            out.append(node)
+            cov += len(node.key)
+            node = node.parent
+        return out, cov
+
+    def _refresh_swa(self, node):
+        """``SWAComponent.refresh_lru``: the nodes holding SWA KV within ``window +
+        page_size`` tokens above *node* (itself included) to the head of the SWA LRU."""
+        self.lru_swa.reset_window([x for x in self._upward(node, self.W + self.ps)[0] if x.swa])
 
     # ------------------------------------------------------------------ split
     def _split(self, child, k):
@@ -276,7 +278,7 @@ class UnifiedTree:
         return new
 
     # ------------------------------------------------------------------ match
-    def match(self, codes, limit, touch_only=False):
+    def match(self, codes, limit):
         """``UnifiedTreeCore.match_prefix`` → (hit tokens, best node, full_kv_hit_length).
 
         The key is ``codes[:limit]`` rounded down to a page. The walk splits a node the
@@ -289,44 +291,11 @@ class UnifiedTree:
         best node (``MambaComponent.refresh_lru``), then the best node's path is stamped
         with one clock draw, minus 1e-5 per level up.
         """
-        n = limit // self.ps * self.ps
-        if n <= 0:
+        if limit // self.ps * self.ps <= 0:
             return 0, self.root, 0
-        node = self.root
-        off = 0
-        best, best_len, full_hit = self.root, 0, 0
-        swa_len = float("inf")
-        W = self.W
-        while off < n:
-            ck = self._ck(codes, off)
-            child = node.children.get(ck)
-            if child is None:
-                break
-            k = self._match_len(child.key, codes, off, n - off)
-            full_hit += k
-            if k < len(child.key):
-                child = self._split(child, k)
-                stop = True
-            else:
-                stop = False
-            node = child
-            off += k
-            ok = True
-            if self.has_swa:
-                if not node.swa:
-                    swa_len = 0
-                    ok = False
-                else:
-                    swa_len += len(node.key)
-                    ok = swa_len >= W
-            if self.has_mamba and not node.mamba:
-                ok = False
-            if ok:
-                best, best_len = node, off
-            if stop:
-                break
+        best_len, best, full_hit = self._walk(codes, limit, True)
         if self.has_swa:
-            self.lru_swa.reset_window(best, self.root, W + self.ps, self._has_swa)
+            self._refresh_swa(best)
         if self.has_mamba and best.mamba:
             self.lru_mamba.reset_mru(best)
         t = self._tick()
@@ -342,17 +311,27 @@ class UnifiedTree:
         time change). A match that ends inside a node would split it; the upper half
         keeps the node's SWA KV and has no Mamba state (``redistribute_on_node_split``),
         which is what the validators see here."""
+        return self._walk(codes, limit, False)[0]
+
+    def _walk(self, codes, limit, split):
+        """The walk of :meth:`match` (*split* True: the node the match ends inside is
+        split) or of :meth:`peek` (False: the validators see that node's upper half
+        without splitting it) → (hit tokens, best node, full_kv_hit_length). The best
+        node of a peek is the unsplit node when the hit ends inside it."""
         n = limit // self.ps * self.ps
-        if n <= 0:
-            return 0
-        node, off, best_len = self.root, 0, 0
+        node, off = self.root, 0
+        best, best_len, full_hit = self.root, 0, 0
         swa_len = float("inf")
+        W = self.W
         while off < n:
             child = node.children.get(self._ck(codes, off))
             if child is None:
                 break
             k = self._match_len(child.key, codes, off, n - off)
+            full_hit += k
             partial = k < len(child.key)
+            if partial and split:
+                child = self._split(child, k)
             off += k
             ok = True
             if self.has_swa:
@@ -360,43 +339,39 @@ class UnifiedTree:
                     swa_len, ok = 0, False
                 else:
                     swa_len += k
-                    ok = swa_len >= self.W
+                    ok = swa_len >= W
             if self.has_mamba and (partial or not child.mamba):
                 ok = False
             if ok:
-                best_len = off
+                best, best_len = child, off
             if partial:
                 break
             node = child
-        return best_len
+        return best_len, best, full_hit
 
     # ------------------------------------------------------------------ locks
-    def lock(self, node, skip_mamba=False):
+    def lock(self, node):
         """``UnifiedTreeCore.inc_lock_ref``: Full path lock to the root; SWA segment lock
         from *node* up until ``window`` tokens are covered (tombstones counted), the last
         node stamped with a boundary uuid (``SWAComponent.acquire_component_lock``); Mamba
         locks the node alone. Returns the receipt."""
-        x = node
-        while x is not self.root:
+        for x in self._upward(node)[0]:
             if x.lock_full == 0:
                 self.locked_full += len(x.key)
             x.lock_full += 1
-            x = x.parent
         uuid = None
         if self.has_swa:
-            covered = 0
-            x = node
-            while x is not self.root and covered < self.W:
+            seg, covered = self._upward(node, self.W)
+            for x in seg:
                 x.lock_swa += 1
-                covered += len(x.key)
-                if covered >= self.W:
-                    if x.swa_uuid is None:
-                        self._uuid += 1
-                        x.swa_uuid = self._uuid
-                    uuid = x.swa_uuid
-                x = x.parent
+            if covered >= self.W:  # the segment's last node marks its boundary
+                x = seg[-1]
+                if x.swa_uuid is None:
+                    self._uuid += 1
+                    x.swa_uuid = self._uuid
+                uuid = x.swa_uuid
         mamba = False
-        if self.has_mamba and not skip_mamba and node is not self.root:
+        if self.has_mamba and node is not self.root:
             node.lock_mamba += 1
             mamba = True
         return (node, uuid, mamba)
@@ -435,34 +410,25 @@ class UnifiedTree:
         self.tree_full -= L
         tracker[0] += L
         if x.swa:
-            self.swa_free += L
-            self.tree_swa -= L
-            tracker[1] += L
-            self.lru_swa.remove(x)
-            x.swa = False
+            self._drop_swa(x, tracker)
         if x.mamba:
-            self.mamba_free += 1
-            self.tree_mamba -= 1
-            tracker[2] += 1
-            self.lru_mamba.remove(x)
-            x.mamba = False
+            self._drop_mamba(x, tracker)
         del x.parent.children[self._ck(x.key, 0)]
         x.parent = None
         self.nodes -= 1
 
-    def _tomb_swa(self, x, tracker):
-        """``SWAComponent.evict_component`` on an internal node (a tombstone), cascading
-        to Mamba (lower priority, ``_cascade_evict``)."""
+    def _drop_swa(self, x, tracker):
+        """Free the node's SWA KV (a leaf's deletion, or a tombstone:
+        ``SWAComponent.evict_component`` on an internal node)."""
         L = len(x.key)
         self.swa_free += L
         self.tree_swa -= L
         tracker[1] += L
         self.lru_swa.remove(x)
         x.swa = False
-        if x.mamba:
-            self._tomb_mamba(x, tracker)
 
-    def _tomb_mamba(self, x, tracker):
+    def _drop_mamba(self, x, tracker):
+        """Free the node's Mamba state (a leaf's deletion, or a tombstone)."""
         self.mamba_free += 1
         self.tree_mamba -= 1
         tracker[2] += 1
@@ -487,14 +453,8 @@ class UnifiedTree:
         """
         tracker = [0, 0, 0]
         req = (full, swa, mamba)
-        targets = {}
-        if full > 0:
-            targets[0] = self.full_free + full
-        if swa > 0:
-            targets[1] = self.swa_free + swa
-        if mamba > 0:
-            targets[2] = self.mamba_free + mamba
         frees = (lambda: self.full_free, lambda: self.swa_free, lambda: self.mamba_free)
+        targets = {ct: frees[ct]() + n for ct, n in enumerate(req) if n > 0}
 
         def reached(ct):
             t = targets.get(ct)
@@ -543,8 +503,7 @@ class UnifiedTree:
         return out
 
     def _walk_aux(self, ct, quota, reached, tracker):
-        lru = self.lru_swa if ct == 1 else self.lru_mamba
-        locked = self._swa_locked if ct == 1 else self._mamba_locked
+        lru, locked = (self.lru_swa, self._swa_locked) if ct == 1 else (self.lru_mamba, self._mamba_locked)
         cursor = lru.lru_unlocked(locked)
         while True:
             if cursor is not None and cursor not in lru:
@@ -555,10 +514,11 @@ class UnifiedTree:
             cursor = lru.prev_unlocked(x, locked)
             if self._is_leaf(x):
                 self._delete_leaf(x, tracker)
-            elif ct == 1:
-                self._tomb_swa(x, tracker)
-            else:
-                self._tomb_mamba(x, tracker)
+            else:  # a tombstone; SWA's cascades to Mamba (lower priority, ``_cascade_evict``)
+                if ct == 1:
+                    self._drop_swa(x, tracker)
+                if x.mamba:
+                    self._drop_mamba(x, tracker)
             if reached(ct):
                 break
 
@@ -601,17 +561,13 @@ class UnifiedTree:
                 child = self._split(child, k)
             node = child
             consumed = k
-            if self.has_swa and not (prev_prefix_len >= total + k):
-                start, end = total, total + k
-                if not node.swa:
-                    live = max(start, window_start)
-                    if live < end:
-                        if live > start:
-                            self._split(node, live - start)
-                        # adopt the request's KV: its old Full KV is freed (Full only)
-                        self.full_free += end - live
-                        self._publish_swa(node)
-                        consumed = min(consumed, live - total)
+            if self.has_swa and prev_prefix_len < total + k and not node.swa:
+                live = self._clip_to_window(node, total, total + k, window_start)
+                if live is not None:
+                    # adopt the request's KV: its old Full KV is freed (Full only)
+                    self.full_free += total + k - live
+                    self._publish_swa(node)
+                    consumed = min(consumed, live - total)
             dup_start = max(0, prev_prefix_len - total)
             if dup_start < consumed:
                 abs_start = total + dup_start
@@ -635,40 +591,40 @@ class UnifiedTree:
             target = leaf
         else:
             target = node
-        if self.has_swa and is_new:
-            start, end = prefix_len, L
-            live = max(start, window_start)
-            if live < end:
-                frag = target
-                if live > start:
-                    self._split(frag, live - start)
-                tail = -(-W // ps) * ps
-                parent = None
-                if frag.lock_swa == 0 and len(frag.key) > tail:
-                    split_at = len(frag.key) - tail
-                    if ps == 1 or (split_at % ps == 0 and len(frag.key) % ps == 0):
-                        parent = self._split(frag, split_at)
-                if parent is not None:
-                    self._publish_swa(parent)
-                self._publish_swa(frag)
+        if self.has_swa and is_new and self._clip_to_window(target, prefix_len, L, window_start) is not None:
+            # ``_maybe_split_leaf_for_swa_lock``: the live part capped at one page-aligned window
+            tail = -(-W // ps) * ps
+            if target.lock_swa == 0 and len(target.key) > tail:
+                split_at = len(target.key) - tail
+                if ps == 1 or (split_at % ps == 0 and len(target.key) % ps == 0):
+                    self._publish_swa(self._split(target, split_at))
+            self._publish_swa(target)
         if self.has_mamba:
             assert mamba_value
-            if is_new:
-                target.mamba = True
-                self.lru_mamba.insert_mru(target)
-                self.tree_mamba += 1
-            elif not target.mamba:
-                target.mamba = True
-                self.lru_mamba.insert_mru(target)
-                self.tree_mamba += 1
-                target.last_access = self._tick()
-            else:
+            if target.mamba:  # a new leaf has none
                 self.lru_mamba.reset_mru(target)
-                target.last_access = self._tick()
                 mamba_exist = True
+            else:
+                target.mamba = True
+                self.lru_mamba.insert_mru(target)
+                self.tree_mamba += 1
+            if not is_new:
+                target.last_access = self._tick()
         if target is not self.root and self.has_swa:
-            self.lru_swa.reset_window(target, self.root, W + ps, self._has_swa)
+            self._refresh_swa(target)
         return prefix_len, target, mamba_exist, branch_inserted
+
+    def _clip_to_window(self, node, start, end, window_start):
+        """``_clip_to_window``: *node* holds positions ``[start, end)``; its part below the
+        request's SWA cursor *window_start* is split off (the upper node, left a
+        tombstone). Returns where the live part (still *node*) starts, or None when none
+        of it is live (nothing split)."""
+        live = max(start, window_start)
+        if live >= end:
+            return None
+        if live > start:
+            self._split(node, live - start)
+        return live
 
     def _publish_swa(self, node):
         """``SWARebuild``: the node's SWA value from the request's live SWA slots, put at
@@ -685,16 +641,9 @@ class UnifiedTree:
         segment; Mamba: the node). O(nodes)."""
         path, seg = set(), set()
         if lock_at is not None:
-            x = lock_at
-            while x is not self.root:
-                path.add(x)
-                x = x.parent
+            path = set(self._upward(lock_at)[0])
             if self.has_swa:
-                x, cov = lock_at, 0
-                while x is not self.root and cov < self.W:
-                    seg.add(x)
-                    cov += len(x.key)
-                    x = x.parent
+                seg = set(self._upward(lock_at, self.W)[0])
         full, swa, mamba = self.full_free, self.swa_free, self.mamba_free
         stack = list(self.root.children.values())
         while stack:
@@ -710,11 +659,8 @@ class UnifiedTree:
 
     # ------------------------------------------------------------------ request side
     def depth(self, node):
-        d = 0
-        while node is not self.root:
-            d += len(node.key)
-            node = node.parent
-        return d
+        """Tokens on the path from the root to *node*."""
+        return self._upward(node)[1]
 
     def swa_held(self, r):
         """SWA slots the request holds: its positions in ``[max(cpl, cursor), alloc_end)``."""
@@ -775,13 +721,8 @@ class UnifiedTree:
         eff = up_to
         if self.has_swa and r.swa_branch is not None and r.swa_branch > r.cpl and r.swa_branch <= up_to:
             eff = r.swa_branch
-        donated = False
-        if self.has_mamba:
-            if finished:
-                donated = True  # the request's own slot
-            else:
-                self._alloc_mamba(r)
-                donated = True
+        if self.has_mamba and not finished:
+            self._alloc_mamba()  # the state's copy (a finished request donates its own slot)
         if not finished and self.has_swa:
             self.free_out_of_window(r, eff - 1)
         if eff <= 0:
@@ -791,28 +732,22 @@ class UnifiedTree:
             return 0
         L = eff // self.ps * self.ps
         prefix_len, target, mamba_exist, branch_ins = self.insert(
-            r.codes, L, r.cpl, r.evicted, r.swa_branch if self.has_swa else None, donated)
-        d = self.depth(target)
-        # the row [cpl, d) is the tree's now: the request no longer holds those slots
-        moved = d - r.cpl
-        if moved > 0:
-            r.cpl = d
+            r.codes, L, r.cpl, r.evicted, r.swa_branch if self.has_swa else None, self.has_mamba)
+        # the row [cpl, depth) is the tree's now: the request no longer holds those slots
+        r.cpl = max(r.cpl, self.depth(target))
         self.unlock(r.lock)
         r.lock = self.lock(target)
         if self.has_swa and branch_ins:
             r.swa_branch = None
             if not finished:
                 self.free_out_of_window(r, up_to - 1)
-        if self.has_mamba:
-            if finished:
-                if mamba_exist:
-                    self.mamba_free += 1
-                r.holds_mamba = False
-            elif mamba_exist:
-                self.mamba_free += 1
+        if mamba_exist:  # the tree holds that state already: the copy / own slot is freed
+            self.mamba_free += 1
+        if self.has_mamba and finished:
+            r.holds_mamba = False
         return prefix_len
 
-    def _alloc_mamba(self, r):
+    def _alloc_mamba(self):
         """``MambaComponent._alloc_mamba_slot``: one slot, evicting a state when none is free."""
         if self.mamba_free < 1:
             self.evict_for_alloc(mamba=1)
@@ -824,8 +759,12 @@ class UnifiedTree:
         then the request's remaining slots freed (Full; SWA above its cursor), the lock
         dropped, and the Mamba slot freed if the tree did not take it."""
         self.checkpoint(r, r.committed, finished=True)
-        held_full = r.alloc_end - r.cpl
-        self.full_free += max(0, held_full)
+        self.free_request(r)
+
+    def free_request(self, r):
+        """The request's own slots freed (Full above ``cpl``; SWA above its cursor) and
+        its lock dropped (``release_kv_cache``'s tail, also without a checkpoint)."""
+        self.full_free += max(0, r.alloc_end - r.cpl)
         if self.has_swa:
             self.swa_free += self.swa_held(r)
         r.alloc_end = r.cpl
@@ -910,9 +849,7 @@ class UnifiedHybridCache(PrefixCache):
             else:
                 cands = [c for c in node.children.values() if int(c.key[0]) == int(codes[off])]
             for c in cands:  # the child sharing the most tokens (pages are keyed whole)
-                m = min(len(c.key), n - off)
-                neq = np.flatnonzero(c.key[:m] != codes[off:off + m])
-                kc = m if len(neq) == 0 else int(neq[0])
+                kc = t._match_len(c.key, codes, off, n - off, page=False)
                 if kc > k:
                     child, k = c, kc
             if child is None:
@@ -970,7 +907,12 @@ class UnifiedHybridCache(PrefixCache):
             return None
         r.lock = t.lock(best)
         if t.has_mamba:
-            self._take_mamba(r, best)
+            # the request's Mamba slot: the copy-on-write of the matched state
+            # (``MambaComponent.finalize_match_result_in_cache``; the matched node is pinned
+            # while a state is evicted for it), else a fresh slot (``ensure_mamba_capacity``).
+            # Done after the lock here; the lock pins the same node: the same eviction.
+            t._alloc_mamba()
+            r.holds_mamba = True
         if end > hit:
             self._prefill(r, end - hit)
         self._reqs[rid] = r
@@ -980,19 +922,6 @@ class UnifiedHybridCache(PrefixCache):
         ev = t.evicted_full - ev0
         self.evicted_tokens_total = t.evicted_full
         return Admission(hit_tokens=hit, held_tokens=held, evicted_tokens=ev)
-
-    def _take_mamba(self, r, best):
-        """The request's Mamba slot: the copy-on-write of the matched state
-        (``MambaComponent.finalize_match_result_in_cache``; the matched node is pinned
-        while a state is evicted for it), else a fresh slot (``ensure_mamba_capacity``).
-        Done after the lock here; the lock pins the same node, so the eviction is the
-        same."""
-        t = self.tree
-        if t.mamba_free < 1:
-            t.evict_for_alloc(mamba=1)
-        assert t.mamba_free >= 1, "Can not alloc mamba cache"
-        t.mamba_free -= 1
-        r.holds_mamba = True
 
     def _fits(self, r, lock_at, n, mamba_slots=0):
         """Whether *n* more tokens (and, for a Mamba tree, *mamba_slots* slots) fit
@@ -1094,13 +1023,11 @@ class UnifiedHybridCache(PrefixCache):
         if adm is None:
             return None
         r = self._reqs[rid]
-        while r.committed < P:
-            if not self.extend(rid, self._chunk_end(r.committed, P) - r.committed):
+        while r.committed < seq.kv_len:  # the prompt's chunks, then the decode steps
+            end = self._chunk_end(r.committed, P) if r.committed < P else seq.kv_len
+            if not self.extend(rid, end - r.committed):
                 self.finish(rid)
                 return None
-        if seq.kv_len > P and not self.extend(rid, seq.kv_len - P):
-            self.finish(rid)
-            return None
         self.finish(rid)
         return adm
 
@@ -1109,12 +1036,7 @@ class UnifiedHybridCache(PrefixCache):
         freed, the lock dropped, its Mamba slot freed; nothing inserted."""
         r = self._reqs.pop(rid)
         t = self.tree
-        t.full_free += max(0, r.alloc_end - r.cpl)
-        if t.has_swa:
-            t.swa_free += t.swa_held(r)
-        r.alloc_end = r.cpl
-        t.unlock(r.lock)
-        r.lock = None
+        t.free_request(r)
         if t.has_mamba and r.holds_mamba:
             t.mamba_free += 1
             r.holds_mamba = False
@@ -1157,3 +1079,38 @@ class UnifiedHybridCache(PrefixCache):
         return PoolStats(num_slots=self.num_slots, slot_tokens=ps, used_slots=used, cached_slots=cached,
                          free_slots=self.num_slots - used - cached, valid_tokens=t.tree_full + own,
                          cached_tokens=t.tree_full if detail else -1)
+
+    @classmethod
+    def from_capacity_tokens(cls, capacity_tokens: int, page_size: int = 1, **kw):
+        """Full pool of *capacity_tokens* (SGLang's ``max_total_num_tokens``)."""
+        return cls(int(capacity_tokens), page_size, **kw)
+
+    @classmethod
+    def from_engine_pool(cls, pool, size, **kw):
+        if pool.max_total_num_tokens is None:
+            return None
+        return cls(int(pool.max_total_num_tokens), cls.default_size if size is None else int(size), **kw)
+
+    def _mean_tree(self, ct: int):
+        """Mean of the tree's component *ct* (0 Full tokens, 1 SWA tokens, 2 Mamba states)
+        over the moments after each request finished; None before the first."""
+        return self._sum_tree[ct] / self._nfinish if self._nfinish else None
+
+    def group_metrics(self) -> dict:
+        """Per pool since construction (JSON-ready), with the names of
+        :meth:`radixkv.policies.vllm_hybrid.HybridBlockHashCache.group_metrics`.
+
+        ``groups``: the full-attention pool and the component's pool (the subclass's
+        ``_aux_group``: the sliding-window pool in tokens, or the Mamba state pool in
+        slots), each with its capacity, what the tree holds now and its mean over the
+        moments after each request finished. ``hit_tokens`` (the hybrid's hit),
+        ``full_attention_hit_tokens`` (the Full KV the same walk matched, capped at P − 1
+        and page-aligned: what a full-attention model with this tree would have hit) and
+        ``hybrid_loss_tokens`` (their difference)."""
+        t = self.tree
+        full = {"group": 0, "kind": "full_attention", "window": None, "capacity_tokens": t.full_cap,
+                "cached_tokens": t.tree_full, "cached_tokens_mean": self._mean_tree(0),
+                "evicted_tokens": t.evicted_full}
+        return {"groups": [full, self._aux_group()], "hit_tokens": self._hit_total,
+                "full_attention_hit_tokens": self._full_alone,
+                "hybrid_loss_tokens": self._full_alone - self._hit_total, "admissions": self._nadmit}

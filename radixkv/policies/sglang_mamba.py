@@ -116,28 +116,9 @@ class SGLangMambaCache(UnifiedHybridCache):
     def format_option(cls, value) -> str:
         return f"max_mamba_cache_size={value}"
 
-    @classmethod
-    def from_capacity_tokens(cls, capacity_tokens: int, page_size: int = 1, **kw) -> "SGLangMambaCache":
-        return cls(int(capacity_tokens), page_size, **kw)
-
-    @classmethod
-    def from_engine_pool(cls, pool, size, **kw):
-        if pool.max_total_num_tokens is None:
-            return None
-        return cls(int(pool.max_total_num_tokens), 1 if size is None else int(size), **kw)
-
-    def group_metrics(self) -> dict:
-        """As :meth:`radixkv.policies.sglang_swa.SGLangSWACache.group_metrics`, with the
-        Mamba state pool (in slots) as the second group."""
+    def _aux_group(self) -> dict:
+        """The Mamba state pool's row of :meth:`group_metrics` (in slots)."""
         t = self.tree
-        nf = self._nfinish
-        groups = [
-            {"group": 0, "kind": "full_attention", "window": None, "capacity_tokens": t.full_cap,
-             "cached_tokens": t.tree_full, "cached_tokens_mean": self._sum_tree[0] / nf if nf else None,
-             "evicted_tokens": t.evicted_full},
-            {"group": 1, "kind": "mamba", "window": None, "capacity_slots": t.mamba_cap,
-             "cached_states": t.tree_mamba, "cached_states_mean": self._sum_tree[2] / nf if nf else None,
-             "evicted_states": t.evicted_mamba},
-        ]
-        return {"groups": groups, "hit_tokens": self._hit_total, "full_attention_hit_tokens": self._full_alone,
-                "hybrid_loss_tokens": self._full_alone - self._hit_total, "admissions": self._nadmit}
+        return {"group": 1, "kind": "mamba", "window": None, "capacity_slots": t.mamba_cap,
+                "cached_states": t.tree_mamba, "cached_states_mean": self._mean_tree(2),
+                "evicted_states": t.evicted_mamba}

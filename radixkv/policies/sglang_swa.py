@@ -190,36 +190,9 @@ class SGLangSWACache(UnifiedHybridCache):
         w, (kind, v) = value
         return f"window={w}/" + (f"swa_full_tokens_ratio={v}" if kind == "ratio" else f"swa_max_total_num_tokens={v}")
 
-    @classmethod
-    def from_capacity_tokens(cls, capacity_tokens: int, page_size: int = 1, **kw) -> "SGLangSWACache":
-        """Full pool of *capacity_tokens* (SGLang's ``max_total_num_tokens``)."""
-        return cls(int(capacity_tokens), page_size, **kw)
-
-    @classmethod
-    def from_engine_pool(cls, pool, size, **kw):
-        if pool.max_total_num_tokens is None:
-            return None
-        return cls(int(pool.max_total_num_tokens), cls.default_size if size is None else int(size), **kw)
-
-    def group_metrics(self) -> dict:
-        """Per pool since construction (JSON-ready), with the names of
-        :meth:`radixkv.policies.vllm_hybrid.HybridBlockHashCache.group_metrics`.
-
-        ``groups``: the full-attention pool and the sliding-window pool, each with its
-        capacity, tokens the tree holds now and their mean over the moments after each
-        request finished (``cached_tokens_mean``). ``hit_tokens`` (the hybrid's hit),
-        ``full_attention_hit_tokens`` (the Full KV the same walk matched, capped at P − 1
-        and page-aligned: what a full-attention model with this tree would have hit) and
-        ``hybrid_loss_tokens`` (their difference)."""
+    def _aux_group(self) -> dict:
+        """The sliding-window pool's row of :meth:`group_metrics`."""
         t = self.tree
-        nf = self._nfinish
-        groups = [
-            {"group": 0, "kind": "full_attention", "window": None, "capacity_tokens": t.full_cap,
-             "cached_tokens": t.tree_full, "cached_tokens_mean": self._sum_tree[0] / nf if nf else None,
-             "evicted_tokens": t.evicted_full},
-            {"group": 1, "kind": "sliding_attention", "window": t.W, "capacity_tokens": t.swa_cap,
-             "cached_tokens": t.tree_swa, "cached_tokens_mean": self._sum_tree[1] / nf if nf else None,
-             "evicted_tokens": t.evicted_swa},
-        ]
-        return {"groups": groups, "hit_tokens": self._hit_total, "full_attention_hit_tokens": self._full_alone,
-                "hybrid_loss_tokens": self._full_alone - self._hit_total, "admissions": self._nadmit}
+        return {"group": 1, "kind": "sliding_attention", "window": t.W, "capacity_tokens": t.swa_cap,
+                "cached_tokens": t.tree_swa, "cached_tokens_mean": self._mean_tree(1),
+                "evicted_tokens": t.evicted_swa}
