@@ -824,10 +824,8 @@ class HiCacheRadixCache(SGLangPoolTerms, HostTierOptions, PrefixCache):
         # device must give max(chunk − device hit, loaded) (+ a page, page > 1) tokens
         # from free + unlocked device tokens; a refusal changes nothing
         loadable = host if host >= max(1, LOAD_BACK_THRESHOLD) else 0
-        if self.free < max(n - dev, loadable) + (p if p > 1 else 0):
-            room = self.free + self.tree_dev - self._locked_dev_tokens(best_dev)
-            if room < max(n - dev, loadable) + (p if p > 1 else 0):
-                return None
+        if not self._has_room(max(n - dev, loadable) + (p if p > 1 else 0), best_dev):
+            return None
         self.last_host_hit = host
         self.host_hit_tokens_total += host
         ev0 = self.evicted_tokens_total
@@ -945,7 +943,7 @@ class HiCacheRadixCache(SGLangPoolTerms, HostTierOptions, PrefixCache):
         need = (e - c0 + (p if p > 1 else 0)) if c0 < e else 0
         d0 = max(c0, P)
         need += (-(-end // p) - (-(-d0 // p))) * p if end > d0 else 0
-        if need > self.free and need > self.free + self.tree_dev - self._locked_dev_tokens():
+        if not self._has_room(need):
             return False
         if c0 < P and not self._extend_prefill(r, e):
             return False
@@ -990,14 +988,12 @@ class HiCacheRadixCache(SGLangPoolTerms, HostTierOptions, PrefixCache):
         r["comp"] = e
         return True
 
-    def _checkpoint(self, r):
-        """``checkpoint_kv_cache`` after the prefill: insert the page-aligned prompt."""
-        p = self.page_size
-        L = r["seq"].prompt_len // p * p
+    def _checkpoint(self, r, L=None):
+        """Insert the request's first *L* tokens (default: ``checkpoint_kv_cache`` after
+        the prefill, the page-aligned prompt) and move its lock to the last node."""
+        if L is None:
+            L = r["seq"].prompt_len // self.page_size * self.page_size
         node = self._insert(r, L, r["prot"], r["inserted"])
-        self._move_lock(r, node, L)
-
-    def _move_lock(self, r, node, L):
         self._lock(r["node"], -1)
         self._lock(node, +1)
         r["node"] = node
@@ -1010,8 +1006,7 @@ class HiCacheRadixCache(SGLangPoolTerms, HostTierOptions, PrefixCache):
         r = self._reqs.pop(rid)
         p = self.page_size
         L = r["comp"] // p * p
-        node = self._insert(r, L, r["prot"], r["inserted"])
-        self._move_lock(r, node, L)
+        self._checkpoint(r, L)
         PL = r["seq"].prompt_len // p * p
         if 0 < PL < L:
             self._insert(r, PL, PL, PL)
@@ -1048,6 +1043,11 @@ class HiCacheRadixCache(SGLangPoolTerms, HostTierOptions, PrefixCache):
                          free_slots=self.num_slots - used - cached,
                          valid_tokens=self.tree_dev + sum(r["comp"] - r["owned"] for r in self._reqs.values()),
                          cached_tokens=self.tree_dev, duplicate_tokens=-1, metadata_bytes=0, largest_free_run=-1)
+
+    def _has_room(self, need, extra=None):
+        """Whether free + unlocked device tokens (locked: the running requests' paths and
+        node *extra*'s) cover *need* tokens (SGLang's admission budget check)."""
+        return need <= self.free or need <= self.free + self.tree_dev - self._locked_dev_tokens(extra)
 
     def _locked_dev_tokens(self, extra=None):
         """Device tokens on the paths locked by running requests (and by node *extra*)."""
