@@ -387,17 +387,29 @@ class HiCacheRadixCache(SGLangPoolTerms, HostTierOptions, PrefixCache):
         return (x is not self.root and not x.dev and x.host and x.lock == 0 and not x.children
                 and x.id not in self._host_locked and x.id not in self._storage_locked)
 
-    def _remove(self, x):
-        del x.parent.children[self._ckey(x.key, 0)]
-        self.n_nodes -= 1
-        x.dev = x.host = False  # out of the tree: its heap entries go stale
-        self._touch(x.parent)  # it may have become a leaf
+    def _free(self, y):
+        """Free node *y*'s values on both tiers (it then holds nothing)."""
+        n = len(y.key)
+        if y.dev:
+            self.tree_dev -= n
+            self.free += n
+        if y.host:
+            self.tree_host -= n
+            self.host_free += n
+        y.dev = y.host = False
 
-    def _delete_tombstones(self, cur):
-        while cur is not self.root and not cur.children and not cur.dev and not cur.host and cur.lock == 0:
-            par = cur.parent
-            self._remove(cur)
-            cur = par
+    def _remove(self, x):
+        """Delete leaf *x*, freeing what it holds on either tier, then each ancestor left
+        with no value, no child and no lock (the tombstones)."""
+        while True:
+            self._free(x)  # out of the tree: its heap entries go stale
+            par = x.parent
+            del par.children[self._ckey(x.key, 0)]
+            self.n_nodes -= 1
+            self._touch(par)  # it may have become a leaf
+            if par is self.root or par.children or par.dev or par.host or par.lock:
+                return
+            x = par
 
     def _lock(self, x, d):
         while x is not None:
@@ -457,10 +469,7 @@ class HiCacheRadixCache(SGLangPoolTerms, HostTierOptions, PrefixCache):
             elif x.host:
                 self._demote(x)
             else:
-                self.tree_dev -= n
-                self.free += n
                 self._remove(x)
-                self._delete_tombstones(par)
             freed += n
             self.evictions += 1
             if self._is_dev_leaf(par):
@@ -500,22 +509,13 @@ class HiCacheRadixCache(SGLangPoolTerms, HostTierOptions, PrefixCache):
 
     def _drop_subtree(self, x):
         """``drop_subtree_no_host``: delete *x* and everything below it."""
-        stack = [x]
+        stack = list(x.children.values())
         while stack:
             y = stack.pop()
             stack.extend(y.children.values())
-            if y.dev:
-                self.tree_dev -= len(y.key)
-                self.free += len(y.key)
-            if y.host:
-                self.tree_host -= len(y.key)
-                self.host_free += len(y.key)
-            y.dev = y.host = False
-            if y is not x:
-                self.n_nodes -= 1
-        par = x.parent
+            self._free(y)
+            self.n_nodes -= 1
         self._remove(x)
-        self._delete_tombstones(par)
 
     def _evict_host(self, need):
         """``evict_host``: free at least *need* host tokens; returns what was freed."""
@@ -551,11 +551,7 @@ class HiCacheRadixCache(SGLangPoolTerms, HostTierOptions, PrefixCache):
                     continue
                 n = len(x.key)
                 par = x.parent
-                x.host = False
-                self.tree_host -= n
-                self.host_free += n
                 self._remove(x)
-                self._delete_tombstones(par)
                 freed += n
                 if self._is_host_leaf(par):
                     heapq.heappush(heap, (par.time, par.id, par))
