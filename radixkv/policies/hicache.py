@@ -939,7 +939,7 @@ class HiCacheRadixCache(SGLangPoolTerms, HostTierOptions, PrefixCache):
         need = (e - c0 + (p if p > 1 else 0)) if c0 < e else 0
         d0 = max(c0, P)
         need += (-(-end // p) - (-(-d0 // p))) * p if end > d0 else 0
-        if not self._has_room(need):
+        if need > self.free and not self._has_room(need):  # (the common case without a call)
             return False
         if c0 < P and not self._extend_prefill(r, e):
             return False
