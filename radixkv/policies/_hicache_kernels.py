@@ -19,28 +19,6 @@ from radixkv.policies._static_kernels import insert as _lru_insert
 
 
 @njit(cache=True)
-def lcp(a, b):
-    """Length of the common prefix of token runs *a* and *b*.
-
-    Parameters
-    ----------
-    a, b : np.ndarray, int64, 1-D
-        Token runs (any lengths).
-
-    Returns
-    -------
-    int
-        The first index ``i < min(len(a), len(b))`` with ``a[i] != b[i]``, else
-        ``min(len(a), len(b))``.
-    """
-    n = min(a.shape[0], b.shape[0])
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-@njit(cache=True)
 def lcp_at(key, toks, off, limit):
     """Common prefix of node key *key* and ``toks[off:limit]`` (no copy of *toks*).
 
@@ -63,7 +41,6 @@ def lcp_at(key, toks, off, limit):
         if key[i] != toks[off + i]:
             return i
     return n
-
 
 
 @njit(cache=True)

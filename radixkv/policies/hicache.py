@@ -85,7 +85,9 @@ from radixkv.errors import ConfigError
 from radixkv.policies._hicache_kernels import chain_page_hashes, lcp_at, seq_tokens_kernel
 from radixkv.policies.base import Admission, PoolStats, PrefixCache
 from radixkv.policies.hicache_store import FILE_EVICTION_RATIO, PageStore  # noqa: F401 (re-exported)
-from radixkv.policies.host_tier import zero_host_totals
+from radixkv.policies.host_tier import HostTierOptions, zero_host_totals
+from radixkv.policies._radix_kernels import STAMP_SHIFT
+from radixkv.policies.radix import SGLangPoolTerms
 from radixkv.trace.types import KVSeq
 
 #: SGLang ``UnifiedRadixCache.init_hicache``: ``self.load_back_threshold = 10``
@@ -134,7 +136,7 @@ class _Node:
         self.hend = None  # L3 chain key of the node's last page (lazily)
 
 
-class HiCacheRadixCache(PrefixCache):
+class HiCacheRadixCache(SGLangPoolTerms, HostTierOptions, PrefixCache):
     """SGLang RadixAttention + HiCache: a device pool of ``max_total_num_tokens`` and a
     host pool behind it.
 
@@ -199,12 +201,9 @@ class HiCacheRadixCache(PrefixCache):
 
     name = "sglang-hicache"
     aliases = ("hicache",)
-    size_name = "page_size"
-    default_size = 1
-    admission_rule = "sglang"
-    engine = "sglang"
     kernel_family = None
     option_name = "hicache"
+    bare_option = "write_policy"
     models_metadata = False
     #: host-tier metrics (``host_hit_tokens`` …) are measured by this class
     models_host_tier = True
@@ -216,13 +215,7 @@ class HiCacheRadixCache(PrefixCache):
                  hicache_ratio: float = 2.0, host_tokens: int | None = None,
                  hicache_storage_backend: str | None = None, storage_tokens: int | None = None,
                  prefetch_policy: str = "best_effort", prefetch_threshold: int = PREFETCH_THRESHOLD):
-        p = int(page_size)
-        if p < 1:
-            raise ConfigError(f"page_size must be ≥ 1, got {page_size}", field="page_size")
-        total = int(max_total_num_tokens)
-        if total < p or total % p:
-            raise ConfigError(f"max_total_num_tokens must be a positive multiple of page_size={p}, "
-                              f"got {max_total_num_tokens}", field="max_total_num_tokens")
+        total, p = self.pool_terms(max_total_num_tokens, page_size)
         if write_policy not in WRITE_POLICIES:
             raise ConfigError(f"unknown write_policy {write_policy!r}; known: {', '.join(WRITE_POLICIES)}",
                               field="write_policy")
@@ -246,7 +239,7 @@ class HiCacheRadixCache(PrefixCache):
         self._hicache = self.host_capacity > 0
         self._clock = 0
         self._nid = 0
-        self.root = _Node(np.zeros(0, np.int64), None, (0, 0), 0)
+        self.root = _Node(np.zeros(0, np.int64), None, 0, 0)
         self.root.dev = True
         self.root.lock = 1
         self.free = total
@@ -306,96 +299,44 @@ class HiCacheRadixCache(PrefixCache):
         self.storage_evicted_tokens_total = 0
         self.last_storage_hit = 0
 
-    # ------------------------------------------------------------------ construction
-    @classmethod
-    def from_capacity_tokens(cls, capacity_tokens: int, page_size: int = 1, **kw):
-        """A cache of ``capacity_tokens`` rounded down to a whole page (as RadixCache)."""
-        p = int(page_size)
-        if p < 1:
-            raise ConfigError(f"page_size must be ≥ 1, got {page_size}", field="page_size")
-        return cls(int(capacity_tokens) // p * p, p, **kw)
-
-    @classmethod
-    def from_engine_pool(cls, pool, size, **kw):
-        """SGLang's own terms: ``max_total_num_tokens``, rounded down to a whole page."""
-        if pool.max_total_num_tokens is None:
-            return None
-        p = cls.default_size if size is None else int(size)
-        return cls(int(pool.max_total_num_tokens) // p * p, p, **kw)
-
+    # ------------------------------------------------------------------ options
     @classmethod
     def parse_option(cls, text: str) -> tuple:
         """``KEY=VALUE[,KEY=VALUE…]`` with keys ``write_policy`` (or a bare policy name),
         ``hicache_ratio``, ``host_tokens``, and for an L3 tier ``hicache_storage_backend``
-        (``file``), ``storage_tokens``, ``prefetch_policy``, ``prefetch_threshold``;
-        pairs are separated by ``,``, ``+`` or ``;``
-        (``+`` inside a comma-separated ``--policies`` list). E.g.
+        (``file``), ``storage_tokens``, ``prefetch_policy``, ``prefetch_threshold``
+        (grammar: :class:`~radixkv.policies.host_tier.HostTierOptions`). E.g.
         ``sglang-hicache:1@write_back,hicache_ratio=4``. Returns sorted
         ``(keyword, value)`` pairs."""
-        import re
-
         out: dict = {}
-        for part in re.split(r"[,+;]", str(text)):
-            part = part.strip()
-            if not part:
-                continue
-            k, eq, v = part.partition("=")
-            k = k.strip().replace("-", "_")
-            if not eq:
-                k, v = "write_policy", k
-            v = v.strip()
+        for k, v in cls.option_pairs(text):
             if k == "write_policy":
-                if v not in WRITE_POLICIES:
-                    raise ConfigError(f"policy {cls.name!r}: unknown write policy {v!r}; known: "
-                                      f"{', '.join(WRITE_POLICIES)}", field="policy")
-                out[k] = v
+                out[k] = cls.option_choice(v, WRITE_POLICIES, "write policy")
             elif k == "hicache_ratio":
-                try:
-                    out[k] = float(v)
-                except ValueError:
-                    raise ConfigError(f"policy {cls.name!r}: hicache_ratio={v!r} is not a number",
-                                      field="policy") from None
+                out[k] = cls.option_number(k, v, float)
             elif k in ("hicache_storage_backend", "storage_backend"):
-                if v not in STORAGE_BACKENDS:
-                    raise ConfigError(f"policy {cls.name!r}: unknown storage backend {v!r}; modelled: "
-                                      f"{', '.join(STORAGE_BACKENDS)}", field="policy")
-                out["hicache_storage_backend"] = v
+                out["hicache_storage_backend"] = cls.option_choice(v, STORAGE_BACKENDS, "storage backend", "modelled")
             elif k == "prefetch_policy":
-                if v not in PREFETCH_POLICIES:
-                    raise ConfigError(f"policy {cls.name!r}: unknown prefetch_policy {v!r}; known: "
-                                      f"{', '.join(PREFETCH_POLICIES)}", field="policy")
-                out[k] = v
+                out[k] = cls.option_choice(v, PREFETCH_POLICIES, "prefetch_policy")
             elif k in ("host_tokens", "storage_tokens", "prefetch_threshold"):
-                try:
-                    out[k] = int(float(v))
-                except ValueError:
-                    raise ConfigError(f"policy {cls.name!r}: {k}={v!r} is not a number",
-                                      field="policy") from None
+                out[k] = cls.option_number(k, v, lambda x: int(float(x)))
             else:
                 raise ConfigError(f"policy {cls.name!r}: unknown option {k!r} (write_policy, hicache_ratio, "
                                   f"host_tokens, hicache_storage_backend, storage_tokens, prefetch_policy, "
                                   f"prefetch_threshold)", field="policy")
-        return tuple(sorted(out.items()))  # hashable: a policy spec is a dict key
-
-    @classmethod
-    def class_for_option(cls, value):
-        """The keywords of :meth:`parse_option` (a tuple of ``(keyword, value)`` pairs)."""
-        return cls, dict(value or ())
-
-    @classmethod
-    def format_option(cls, value) -> str:
-        """Inverse of :meth:`parse_option`."""
-        return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in (value or ()))
+        return tuple(sorted(out.items()))
 
     # ------------------------------------------------------------------ tree helpers
     def _draw(self):
+        """A fresh LRU time: the next counter draw, as RadixCache keeps it (``draw ·
+        2**STAMP_SHIFT``; a match stamps the path's k-th ancestor ``− k``)."""
         self._clock += 1
-        return self._clock
+        return self._clock << STAMP_SHIFT
 
     def _new_node(self, key, parent):
         self._nid += 1
         self.n_nodes += 1
-        return _Node(key, parent, (self._draw(), 0), self._nid)
+        return _Node(key, parent, self._draw(), self._nid)
 
     def _touch(self, x):
         """Offer *x* to both eviction heaps at its current time (validated at pop)."""
@@ -425,7 +366,7 @@ class HiCacheRadixCache(PrefixCache):
         child.key = child.key[k:]
         child.parent = up
         up.children[self._ckey(child.key, 0)] = child
-        child.time = (self._draw(), 0)
+        child.time = self._draw()
         self._track(up)
         self._touch(up)
         self._touch(child)
@@ -446,17 +387,29 @@ class HiCacheRadixCache(PrefixCache):
         return (x is not self.root and not x.dev and x.host and x.lock == 0 and not x.children
                 and x.id not in self._host_locked and x.id not in self._storage_locked)
 
-    def _remove(self, x):
-        del x.parent.children[self._ckey(x.key, 0)]
-        self.n_nodes -= 1
-        x.dev = x.host = False  # out of the tree: its heap entries go stale
-        self._touch(x.parent)  # it may have become a leaf
+    def _free(self, y):
+        """Free node *y*'s values on both tiers (it then holds nothing)."""
+        n = len(y.key)
+        if y.dev:
+            self.tree_dev -= n
+            self.free += n
+        if y.host:
+            self.tree_host -= n
+            self.host_free += n
+        y.dev = y.host = False
 
-    def _delete_tombstones(self, cur):
-        while cur is not self.root and not cur.children and not cur.dev and not cur.host and cur.lock == 0:
-            par = cur.parent
-            self._remove(cur)
-            cur = par
+    def _remove(self, x):
+        """Delete leaf *x*, freeing what it holds on either tier, then each ancestor left
+        with no value, no child and no lock (the tombstones)."""
+        while True:
+            self._free(x)  # out of the tree: its heap entries go stale
+            par = x.parent
+            del par.children[self._ckey(x.key, 0)]
+            self.n_nodes -= 1
+            self._touch(par)  # it may have become a leaf
+            if par is self.root or par.children or par.dev or par.host or par.lock:
+                return
+            x = par
 
     def _lock(self, x, d):
         while x is not None:
@@ -516,10 +469,7 @@ class HiCacheRadixCache(PrefixCache):
             elif x.host:
                 self._demote(x)
             else:
-                self.tree_dev -= n
-                self.free += n
                 self._remove(x)
-                self._delete_tombstones(par)
             freed += n
             self.evictions += 1
             if self._is_dev_leaf(par):
@@ -559,22 +509,13 @@ class HiCacheRadixCache(PrefixCache):
 
     def _drop_subtree(self, x):
         """``drop_subtree_no_host``: delete *x* and everything below it."""
-        stack = [x]
+        stack = list(x.children.values())
         while stack:
             y = stack.pop()
             stack.extend(y.children.values())
-            if y.dev:
-                self.tree_dev -= len(y.key)
-                self.free += len(y.key)
-            if y.host:
-                self.tree_host -= len(y.key)
-                self.host_free += len(y.key)
-            y.dev = y.host = False
-            if y is not x:
-                self.n_nodes -= 1
-        par = x.parent
+            self._free(y)
+            self.n_nodes -= 1
         self._remove(x)
-        self._delete_tombstones(par)
 
     def _evict_host(self, need):
         """``evict_host``: free at least *need* host tokens; returns what was freed."""
@@ -610,11 +551,7 @@ class HiCacheRadixCache(PrefixCache):
                     continue
                 n = len(x.key)
                 par = x.parent
-                x.host = False
-                self.tree_host -= n
-                self.host_free += n
                 self._remove(x)
-                self._delete_tombstones(par)
                 freed += n
                 if self._is_host_leaf(par):
                     heapq.heappush(heap, (par.time, par.id, par))
@@ -723,7 +660,7 @@ class HiCacheRadixCache(PrefixCache):
             return 0
         store.touch(keys[:n // p])  # HiCacheFile.get → LRUFileEvictor.touch (capped)
         # insert_host: touch the anchor, a new host-only leaf below it
-        best.time = (self._draw(), 0)
+        best.time = self._draw()
         self._touch(best)
         leaf = self._new_node(toks[m:m + n].copy(), best)
         leaf.host = True
@@ -757,34 +694,40 @@ class HiCacheRadixCache(PrefixCache):
             self._backup_chain(x)
 
     # ------------------------------------------------------------------ lookup / insert
-    def _match(self, toks, klen):
-        """``_match_prefix_helper``: (device prefix, host tokens, best node, best device
-        node); splits and stamps the path."""
-        x = self.root
-        off = 0
-        best = best_dev = self.root
-        dev_len = 0
+    def _walk(self, toks, klen):
+        """The read-only walk of a match of ``toks[:klen]`` through device and host nodes:
+        ``(x, c, m, off, dev_len, best_dev)`` — the deepest wholly matched node *x* at
+        depth *off*, the child *c* that matches only its first *m* tokens (None when the
+        walk ends at a node boundary), the depth *dev_len* of the deepest wholly matched
+        device node *best_dev* (a device node never sits below a host-only one)."""
+        x = best_dev = self.root
+        off = dev_len = 0
         while off < klen:
             c = x.children.get(self._ckey(toks, off))
             if c is None or (not c.dev and not c.host):
                 break
             m = self._match_len(c.key, toks, off, klen)
             if m < len(c.key):
-                c = self._split(c, m)
-                best = c
-                if c.dev:
-                    best_dev, dev_len = c, off + m
-                break
+                return x, c, m, off, dev_len, best_dev
             off += m
             x = c
-            best = c
             if c.dev:
                 best_dev, dev_len = c, off
+        return x, None, 0, off, dev_len, best_dev
+
+    def _match(self, toks, klen):
+        """``_match_prefix_helper``: (device prefix, host tokens, best node, best device
+        node); splits and stamps the path."""
+        best, c, m, off, dev_len, best_dev = self._walk(toks, klen)
+        if c is not None:
+            best = c = self._split(c, m)
+            if c.dev:
+                best_dev, dev_len = c, off + m
         t = self._draw()
         k = 0
         y = best
         while y is not None:
-            y.time = (t, -k)
+            y.time = t - k
             self._touch(y)
             k += 1
             y = y.parent
@@ -805,12 +748,12 @@ class HiCacheRadixCache(PrefixCache):
         toks = r["toks"]
         x = self.root
         off = 0
-        self.root.time = (self._draw(), 0)
+        self.root.time = self._draw()
         while off < L:
             c = x.children.get(self._ckey(toks, off))
             if c is None:
                 break
-            c.time = (self._draw(), 0)
+            c.time = self._draw()
             self._touch(c)
             m = self._match_len(c.key, toks, off, L)
             if m < len(c.key):
@@ -877,10 +820,8 @@ class HiCacheRadixCache(PrefixCache):
         # device must give max(chunk − device hit, loaded) (+ a page, page > 1) tokens
         # from free + unlocked device tokens; a refusal changes nothing
         loadable = host if host >= max(1, LOAD_BACK_THRESHOLD) else 0
-        if self.free < max(n - dev, loadable) + (p if p > 1 else 0):
-            room = self.free + self.tree_dev - self._locked_dev_tokens(best_dev)
-            if room < max(n - dev, loadable) + (p if p > 1 else 0):
-                return None
+        if not self._has_room(max(n - dev, loadable) + (p if p > 1 else 0), best_dev):
+            return None
         self.last_host_hit = host
         self.host_hit_tokens_total += host
         ev0 = self.evicted_tokens_total
@@ -915,20 +856,12 @@ class HiCacheRadixCache(PrefixCache):
 
     def _peek(self, seq):
         """Read-only :meth:`_match`: (device prefix, host tokens below it), tokens."""
-        toks = seq_tokens(seq)
         klen = (seq.prompt_len - 1) // self.page_size * self.page_size
-        x, off, dev = self.root, 0, 0
-        while off < klen:
-            c = x.children.get(self._ckey(toks, off))
-            if c is None or not (c.dev or c.host):
-                break
-            m = self._match_len(c.key, toks, off, klen)
+        x, c, m, off, dev, _ = self._walk(seq_tokens(seq), klen)
+        if c is not None:
             off += m
-            if c.dev:  # a device node never sits below a host-only one
+            if c.dev:
                 dev = off
-            if m < len(c.key):
-                break
-            x = c
         return dev, off - dev
 
     def peek_hit(self, seq, n_tokens=None):
@@ -951,24 +884,14 @@ class HiCacheRadixCache(PrefixCache):
 
     def _held(self, toks, n):
         """Longest prefix of ``toks[:n]`` the tree holds on device or host, at token
-        granularity (no page rounding), read-only."""
-        p = self.page_size
-        x, off = self.root, 0
-        while off < n:
-            # the child keyed by the next full page is the only one that can match a
-            # whole page (siblings differ in their first page); without one, every
-            # child matches less than a page and the longest of them is the answer
-            c = x.children.get(self._ckey(toks, off)) if n - off >= p else None
-            if c is not None:
-                m = lcp_at(c.key, toks, off, n)
-                off += m
-                if m < len(c.key):
-                    break
-                x = c
-                continue
-            if p > 1:
-                off += max((lcp_at(c.key, toks, off, n) for c in x.children.values()), default=0)
-            break
+        granularity (no page rounding), read-only: the whole nodes :meth:`_walk` matches,
+        then the tokens the next node shares; with no node keyed by the next full page,
+        the longest run any child shares (siblings differ in their first page)."""
+        x, c, _, off, _, _ = self._walk(toks, n)
+        if c is not None:
+            return off + lcp_at(c.key, toks, off, n)
+        if self.page_size > 1 and off < n:
+            off += max((lcp_at(y.key, toks, off, n) for y in x.children.values()), default=0)
         return off
 
     def _load_back(self, best, best_dev):
@@ -1016,7 +939,7 @@ class HiCacheRadixCache(PrefixCache):
         need = (e - c0 + (p if p > 1 else 0)) if c0 < e else 0
         d0 = max(c0, P)
         need += (-(-end // p) - (-(-d0 // p))) * p if end > d0 else 0
-        if need > self.free and need > self.free + self.tree_dev - self._locked_dev_tokens():
+        if need > self.free and not self._has_room(need):  # (the common case without a call)
             return False
         if c0 < P and not self._extend_prefill(r, e):
             return False
@@ -1061,14 +984,12 @@ class HiCacheRadixCache(PrefixCache):
         r["comp"] = e
         return True
 
-    def _checkpoint(self, r):
-        """``checkpoint_kv_cache`` after the prefill: insert the page-aligned prompt."""
-        p = self.page_size
-        L = r["seq"].prompt_len // p * p
+    def _checkpoint(self, r, L=None):
+        """Insert the request's first *L* tokens (default: ``checkpoint_kv_cache`` after
+        the prefill, the page-aligned prompt) and move its lock to the last node."""
+        if L is None:
+            L = r["seq"].prompt_len // self.page_size * self.page_size
         node = self._insert(r, L, r["prot"], r["inserted"])
-        self._move_lock(r, node, L)
-
-    def _move_lock(self, r, node, L):
         self._lock(r["node"], -1)
         self._lock(node, +1)
         r["node"] = node
@@ -1081,8 +1002,7 @@ class HiCacheRadixCache(PrefixCache):
         r = self._reqs.pop(rid)
         p = self.page_size
         L = r["comp"] // p * p
-        node = self._insert(r, L, r["prot"], r["inserted"])
-        self._move_lock(r, node, L)
+        self._checkpoint(r, L)
         PL = r["seq"].prompt_len // p * p
         if 0 < PL < L:
             self._insert(r, PL, PL, PL)
@@ -1107,11 +1027,6 @@ class HiCacheRadixCache(PrefixCache):
         self.finish(rid)
         return adm
 
-    def fits_alone(self, seq):
-        """Tokens by which *seq* overflows the empty device pool (0 when it fits)."""
-        p = self.page_size
-        return max(0, -(-seq.kv_len // p) - self.num_slots) * p
-
     def stats(self, detail=True):
         """The device pool now (``used``: locked tree + private; ``cached``: the rest of
         the tree's device tokens). Host tokens: :attr:`host_cached_tokens`."""
@@ -1124,6 +1039,11 @@ class HiCacheRadixCache(PrefixCache):
                          free_slots=self.num_slots - used - cached,
                          valid_tokens=self.tree_dev + sum(r["comp"] - r["owned"] for r in self._reqs.values()),
                          cached_tokens=self.tree_dev, duplicate_tokens=-1, metadata_bytes=0, largest_free_run=-1)
+
+    def _has_room(self, need, extra=None):
+        """Whether free + unlocked device tokens (locked: the running requests' paths and
+        node *extra*'s) cover *need* tokens (SGLang's admission budget check)."""
+        return need <= self.free or need <= self.free + self.tree_dev - self._locked_dev_tokens(extra)
 
     def _locked_dev_tokens(self, extra=None):
         """Device tokens on the paths locked by running requests (and by node *extra*)."""

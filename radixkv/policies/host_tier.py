@@ -1,7 +1,11 @@
 """What the host-memory KV tier policies (``sglang-hicache``, ``vllm-offload``) share: the
-per-tier running totals they keep and the summary fields read from them."""
+per-tier running totals they keep, the summary fields read from them, and the grammar of
+their ``@KEY=VALUE`` policy option."""
 from __future__ import annotations
 
+import re
+
+from radixkv.errors import ConfigError
 from radixkv.metrics import HOST_TIER_KEYS, STORAGE_TIER_KEYS
 
 #: the running totals (tokens, since construction) a policy with ``models_host_tier`` keeps
@@ -82,3 +86,55 @@ def storage_tier_summary(policy, prompt_tokens: int) -> dict:
         "host_to_storage_bytes": None,
         "storage_to_host_bytes": None,
     }
+
+
+class HostTierOptions:
+    """The policy option of a host-tier class (``sglang-hicache:16@write_back,hicache_ratio=4``,
+    ``vllm-offload:16@host_tokens=400000,arc``): ``KEY=VALUE`` pairs separated by ``,``,
+    ``+`` or ``;`` (``+`` inside a comma-separated ``--policies`` list), ``-`` in a key read
+    as ``_``, a bare word the value of :attr:`bare_option`. The parsed value is a tuple of
+    sorted ``(keyword, value)`` pairs (hashable: a policy spec is a dict key), the
+    constructor's keywords. A class lists its keys and checks in ``parse_option``, with
+    :meth:`option_pairs`, :meth:`option_choice` and :meth:`option_number`.
+    """
+
+    #: the keyword a bare word (no ``=``) sets
+    bare_option = ""
+
+    @classmethod
+    def option_pairs(cls, text: str):
+        """The ``(key, value)`` pairs of *text*, stripped, in order."""
+        for part in re.split(r"[,+;]", str(text)):
+            part = part.strip()
+            if not part:
+                continue
+            k, eq, v = part.partition("=")
+            k, v = k.strip().replace("-", "_"), v.strip()
+            yield (k, v) if eq else (cls.bare_option, k)
+
+    @classmethod
+    def option_choice(cls, value: str, known, what: str, word: str = "known") -> str:
+        """*value* when it is one of *known*; else ConfigError ``unknown WHAT 'value'; WORD: …``."""
+        if value not in known:
+            raise ConfigError(f"policy {cls.name!r}: unknown {what} {value!r}; {word}: {', '.join(known)}",
+                              field="policy")
+        return value
+
+    @classmethod
+    def option_number(cls, key: str, value: str, convert, what: str = "a number"):
+        """``convert(value)``; a ValueError becomes ConfigError ``KEY='value' is not WHAT``."""
+        try:
+            return convert(value)
+        except ValueError:
+            raise ConfigError(f"policy {cls.name!r}: {key}={value!r} is not {what}", field="policy") from None
+
+    @classmethod
+    def class_for_option(cls, value):
+        """The keywords of ``parse_option`` (a tuple of ``(keyword, value)`` pairs)."""
+        return cls, dict(value or ())
+
+    @classmethod
+    def format_option(cls, value) -> str:
+        """Inverse of ``parse_option``: floats as ``%g``, booleans as ``true`` / ``false``."""
+        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else format(v, 'g') if isinstance(v, float) else v}"
+                        for k, v in (value or ()))

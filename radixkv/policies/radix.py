@@ -171,7 +171,60 @@ def _with_extra_token(seq: KVSeq) -> KVSeq:
     return KVSeq(index=seq.index, prompt_len=seq.prompt_len, kv_len=seq.kv_len + 1, seg_id=sid, seg_end=send)
 
 
-class RadixCache(PrefixCache):
+class SGLangPoolTerms:
+    """The device pool in SGLang's terms, shared by the policies on SGLang's radix tree
+    (:class:`RadixCache` and its eviction orders,
+    :class:`~radixkv.policies.hicache.HiCacheRadixCache`).
+
+    ``max_total_num_tokens`` tokens in pages of ``--page-size`` p, all usable
+    (``allocator/token.py``, ``allocator/paged.py``); a size from outside is rounded down
+    to a whole page (``pool_configurator.py :: calculate_pool_sizes``).
+    """
+
+    size_name = "page_size"
+    default_size = 1
+    admission_rule = "sglang"
+    engine = "sglang"
+
+    @staticmethod
+    def pool_terms(max_total_num_tokens: int, page_size: int) -> tuple[int, int]:
+        """``(max_total_num_tokens, page_size)`` as ints, checked.
+
+        Raises
+        ------
+        radixkv.errors.ConfigError
+            On a page below 1 or a size that is not a positive multiple of the page.
+        """
+        p = int(page_size)
+        if p < 1:
+            raise ConfigError(f"page_size must be ≥ 1, got {page_size}", field="page_size")
+        total = int(max_total_num_tokens)
+        if total < p or total % p:
+            raise ConfigError(
+                f"max_total_num_tokens must be a positive multiple of page_size={p}, got {max_total_num_tokens}",
+                field="max_total_num_tokens",
+            )
+        return total, p
+
+    @classmethod
+    def from_capacity_tokens(cls, capacity_tokens: int, page_size: int = 1, **kwargs):
+        """A cache of ``capacity_tokens`` rounded down to a whole page, as SGLang rounds
+        ``max_total_num_tokens`` (``pool_configurator.py :: calculate_pool_sizes``)."""
+        p = int(page_size)
+        if p < 1:
+            raise ConfigError(f"page_size must be ≥ 1, got {page_size}", field="page_size")
+        return cls(int(capacity_tokens) // p * p, p, **kwargs)
+
+    @classmethod
+    def from_engine_pool(cls, pool, size, **kwargs):
+        """SGLang's own terms: ``max_total_num_tokens``, rounded down to a whole page."""
+        if pool.max_total_num_tokens is None:
+            return None
+        p = cls.default_size if size is None else int(size)
+        return cls(int(pool.max_total_num_tokens) // p * p, p, **kwargs)
+
+
+class RadixCache(SGLangPoolTerms, PrefixCache):
     """SGLang RadixAttention over a ``max_total_num_tokens`` KV pool.
 
     Parameters
@@ -203,11 +256,8 @@ class RadixCache(PrefixCache):
 
     name = "sglang"
     aliases = ("radix",)
-    size_name = "page_size"
-    default_size = 1
     models_duplication = True
     models_metadata = True
-    admission_rule = "sglang"
     decode_free_first = True  # ``_decode`` evicts only when no slot/page is free
     #: ``replay_span`` takes ``detail=(half, every, n)`` and fills those rows as
     #: ``stats(detail=True)`` would (:func:`radixkv.replay.sequential.replay_rows`)
@@ -215,7 +265,6 @@ class RadixCache(PrefixCache):
     #: ``match_and_lock`` / ``commit`` / ``defer_insert`` drive this class's kernels
     #: (SGLang's batch visibility in :mod:`radixkv.replay.sched_sglang`)
     batch_visibility = True
-    engine = "sglang"
     kernel_family = "radix"
     #: sglang:1@lfu (SGLang --radix-eviction-policy): :mod:`radixkv.policies.eviction` parses
     #: it and builds :class:`~radixkv.policies.radix_priority.PriorityRadixCache` for an order
@@ -230,15 +279,7 @@ class RadixCache(PrefixCache):
         chunked_prefill_size: int | None = None,
         cache_last_token_on_stop: bool = False,
     ):
-        p = int(page_size)
-        if p < 1:
-            raise ConfigError(f"page_size must be ≥ 1, got {page_size}", field="page_size")
-        total = int(max_total_num_tokens)
-        if total < p or total % p:
-            raise ConfigError(
-                f"max_total_num_tokens must be a positive multiple of page_size={p}, got {max_total_num_tokens}",
-                field="max_total_num_tokens",
-            )
+        total, p = self.pool_terms(max_total_num_tokens, page_size)
         super().__init__(total // p, p)
         chunk = None if chunked_prefill_size is None or int(chunked_prefill_size) <= 0 else int(chunked_prefill_size)
         if chunk is not None and chunk < p:
@@ -283,23 +324,6 @@ class RadixCache(PrefixCache):
         h = np.zeros((n, 4), dtype=np.int64)
         h[:, 3] = -1
         return h
-
-    @classmethod
-    def from_capacity_tokens(cls, capacity_tokens: int, page_size: int = 1, **kwargs) -> "RadixCache":
-        """A cache of ``capacity_tokens`` rounded down to a whole page, as SGLang rounds
-        ``max_total_num_tokens`` (``pool_configurator.py :: calculate_pool_sizes``)."""
-        p = int(page_size)
-        if p < 1:
-            raise ConfigError(f"page_size must be ≥ 1, got {page_size}", field="page_size")
-        return cls(int(capacity_tokens) // p * p, p, **kwargs)
-
-    @classmethod
-    def from_engine_pool(cls, pool, size, **kwargs):
-        """SGLang's own terms: ``max_total_num_tokens``, rounded down to a whole page."""
-        if pool.max_total_num_tokens is None:
-            return None
-        p = cls.default_size if size is None else int(size)
-        return cls(int(pool.max_total_num_tokens) // p * p, p, **kwargs)
 
     # ------------------------------------------------------------------ array capacity
     def _order(self):

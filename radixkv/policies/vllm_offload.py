@@ -68,15 +68,13 @@ after its next lookup (``next_stored_chunk_idx = 0``).
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from radixkv.errors import ConfigError
 import radixkv.policies._hash_kernels as K
 from radixkv.policies.base import Admission
 from radixkv.policies.block_hash import BlockHashCache
-from radixkv.policies.host_tier import zero_host_totals
+from radixkv.policies.host_tier import HostTierOptions, zero_host_totals
 from radixkv.policies.offload_cpu import CPU_EVICTION_POLICIES, MAX_TRACKER_SIZE, ArrayLRUStore, CPUOffloadStore
 from radixkv.trace.types import KVSeq
 
@@ -123,7 +121,7 @@ class _Off:
         self.loads: list = []
 
 
-class OffloadBlockHashCache(BlockHashCache):
+class OffloadBlockHashCache(HostTierOptions, BlockHashCache):
     """vLLM block-hash prefix cache + CPU KV offloading (``--kv-offloading-size``).
 
     Parameters
@@ -178,6 +176,7 @@ class OffloadBlockHashCache(BlockHashCache):
     name = "vllm-offload"
     aliases = ("vllm-cpu-offload",)
     option_name = "offload"
+    bare_option = "eviction_policy"
     default_option = None
     models_host_tier = True
     #: host-tier flags this class takes (:mod:`radixkv.cli.host_tier_args`)
@@ -234,49 +233,27 @@ class OffloadBlockHashCache(BlockHashCache):
     # ------------------------------------------------------------------ options
     @classmethod
     def parse_option(cls, text: str) -> tuple:
-        """``KEY=VALUE[,KEY=VALUE…]`` (separators ``,`` ``+`` ``;``) with keys
+        """``KEY=VALUE[,KEY=VALUE…]`` with keys
         ``host_tokens``, ``blocks_per_chunk``, ``eviction_policy`` (or a bare ``lru`` /
         ``arc``), ``store_threshold``, ``offload_prompt_only`` (true/false),
-        ``cpu_bytes`` + ``kv_bytes_per_token``. E.g.
+        ``cpu_bytes`` + ``kv_bytes_per_token`` (grammar:
+        :class:`~radixkv.policies.host_tier.HostTierOptions`). E.g.
         ``vllm-offload:16@host_tokens=400000,arc``. Returns sorted pairs."""
         out: dict = {}
-        for part in re.split(r"[,+;]", str(text)):
-            part = part.strip()
-            if not part:
-                continue
-            k, eq, v = part.partition("=")
-            k, v = k.strip().replace("-", "_"), v.strip()
-            if not eq:
-                k, v = "eviction_policy", k
+        for k, v in cls.option_pairs(text):
             if k not in _OPTIONS:
                 raise ConfigError(f"policy {cls.name!r}: unknown option {k!r}; known: {', '.join(_OPTIONS)}",
                                   field="policy")
             if k == "eviction_policy":
-                if v not in CPU_EVICTION_POLICIES:
-                    raise ConfigError(f"policy {cls.name!r}: unknown eviction policy {v!r}; known: "
-                                      f"{', '.join(CPU_EVICTION_POLICIES)}", field="policy")
-                out[k] = v
+                out[k] = cls.option_choice(v, CPU_EVICTION_POLICIES, "eviction policy")
             elif k == "offload_prompt_only":
                 if v.lower() not in ("true", "false", "1", "0"):
                     raise ConfigError(f"policy {cls.name!r}: offload_prompt_only={v!r} is not true/false",
                                       field="policy")
                 out[k] = v.lower() in ("true", "1")
             else:
-                try:
-                    out[k] = int(v)
-                except ValueError:
-                    raise ConfigError(f"policy {cls.name!r}: {k}={v!r} is not an integer", field="policy") from None
+                out[k] = cls.option_number(k, v, int, "an integer")
         return tuple(sorted(out.items()))
-
-    @classmethod
-    def class_for_option(cls, value):
-        """The keywords of :meth:`parse_option`."""
-        return cls, dict(value or ())
-
-    @classmethod
-    def format_option(cls, value) -> str:
-        """Inverse of :meth:`parse_option`."""
-        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (value or ()))
 
     # ------------------------------------------------------------------ chunk keys
     def _chunk_keys(self, seq: KVSeq):
