@@ -248,9 +248,13 @@ _no_wait = [0]  # > 0 inside without_compiling: a kernel another process is comp
 _waited = [0.0]  # seconds this process has waited for other processes' compiles (RADIXKV_COMPILE_LOG)
 
 
-def _lock_path(dispatcher) -> str | None:
-    """The lock file of *dispatcher*'s kernel under Numba's cache folder, or None when it is
-    not a radixkv kernel cached on disk (only those are locked)."""
+def _lock_path(dispatcher, args) -> str | None:
+    """The lock file of *dispatcher*'s kernel specialised for the argument types *args*
+    (a tuple of Numba types) under Numba's cache folder, or None when it is not a radixkv
+    kernel cached on disk (only those are locked). One file per kernel and signature:
+    two processes compiling two specialisations of one kernel (the vLLM pool's kernels
+    for each free order) go on side by side; their saves to the kernel's one cache index
+    are put in turn by :func:`_locked_save`."""
     fn = getattr(dispatcher, "py_func", None)
     mod = getattr(fn, "__module__", None) or ""
     if not mod.startswith("radixkv.") or type(getattr(dispatcher, "_cache", None)).__name__ == "NullCache":
@@ -261,20 +265,51 @@ def _lock_path(dispatcher) -> str | None:
     if not base:
         return None
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{mod}.{fn.__qualname__}")
-    return os.path.join(base, "locks", name + ".lock")
+    sig = hashlib.sha1(_sig_text(tuple(args)).encode()).hexdigest()[:16]
+    return os.path.join(base, "locks", f"{name}.{sig}.lock")
+
+
+def _locked_save(orig):
+    """Wrap Numba's ``IndexDataCacheFile.save`` (*orig*) so that the processes saving
+    specialisations of one kernel to its cache do it one at a time (an exclusive ``flock``
+    of ``<index>.lock``).
+
+    Why: Numba's save reads the kernel's index, picks the first data file name the index
+    does not list, writes the index, then the data. Two processes saving two signatures
+    at once would both pick the same name: the index would keep one signature and the
+    data file could hold the other's code. In turn, each reads the index the other wrote."""
+    import fcntl
+
+    def save(self, key, data):
+        try:
+            f = open(self._index_path + ".lock", "a+b")
+        except OSError:
+            return orig(self, key, data)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            return orig(self, key, data)
+        finally:
+            f.close()  # closing lets go of the lock
+
+    save.__wrapped__ = orig
+    return save
 
 
 def _locked_compile(orig, lock: bool = True):
     """Wrap ``Dispatcher.compile`` (*orig*) so that two processes on one Numba cache never
-    compile the same radixkv kernel at once: the second waits (under an exclusive
-    ``flock`` of the kernel's lock file) and then loads the first's result from the cache.
+    compile the same radixkv kernel for the same argument types at once: the second waits
+    (under an exclusive ``flock`` of the lock file of that kernel and signature,
+    :func:`_lock_path`) and then loads the first's result from the cache. Two signatures
+    of one kernel compile side by side (their saves to its cache index in turn,
+    :func:`_locked_save`).
 
     Why: a cold cache is paid by every process that needs a kernel at the same time — the
     test suite's two pytest-xdist workers and the CLI processes its tests start,
     ``warmup_many``'s children, a sweep's workers — each compiling the same kernels side by
     side on the same cores. Waiting costs no more wall time than compiling, and the CPU
-    goes to other work. Deadlock-free: a process holds the locks of the kernels on its
-    compile stack (callers, then callees), and the call graph has no cycle; the wait is
+    goes to other work. Deadlock-free: a process holds the locks of the (kernel, signature)
+    pairs on its compile stack (callers, then callees), and the call graph has no cycle
+    (a kernel calling itself with its own signature finds its lock already held); the wait is
     bounded by :data:`LOCK_WAIT_S` all the same. Inside :func:`without_compiling` a kernel
     being compiled elsewhere is not waited for (it counts as not cached). Before either,
     :func:`_keep_off_stale_cache`; with *lock* False only that."""
@@ -288,11 +323,11 @@ def _locked_compile(orig, lock: bool = True):
 
     def compile(self, sig):
         _keep_off_stale_cache(self)
-        path = _lock_path(self) if lock else None
-        if path is None or path in _held:
-            return orig(self, sig)
         args, _ = sigutils.normalize_signature(sig)
         if tuple(args) in self.overloads:
+            return orig(self, sig)
+        path = _lock_path(self, args) if lock else None
+        if path is None or path in _held:
             return orig(self, sig)
         with global_compiler_lock:  # Numba's own (re-entrant): one thread of this process compiles
             if path in _held:
@@ -344,6 +379,11 @@ def install_compile_lock() -> None:
 
     if getattr(Dispatcher.compile, "__wrapped__", None) is None:
         Dispatcher.compile = _locked_compile(Dispatcher.compile, lock)
+        if lock:
+            from numba.core.caching import IndexDataCacheFile
+
+            if getattr(IndexDataCacheFile.save, "__wrapped__", None) is None:
+                IndexDataCacheFile.save = _locked_save(IndexDataCacheFile.save)
         log = os.environ.get("RADIXKV_COMPILE_LOG", "").strip()
         if log:
             Dispatcher.compile = _logged_compile(Dispatcher.compile, log)

@@ -160,8 +160,25 @@ def pytest_sessionfinish(session):
 
 #: the policies whose kernels are the bulk of a cold cache's compile (docs/performance.md,
 #: "Compile time on a cold cache"): the concurrent loops of both SGLang orders and of vLLM's
-#: three pools; heaviest first, dealt out to the xdist workers (:func:`_split_warmup`)
-WARMUP_SHARES = ("sglang:1", "vllm:16", "sglang:1@lfu", "vllm:16@lfu")
+#: pools, with the CPU seconds each took to warm on a cold cache (2026-12-03, 2 idle cores,
+#: one after the other in this order: a later one loads what it shares with an earlier one);
+#: dealt out to the xdist workers by :func:`warmup_shares`
+WARMUP_SHARES = (("vllm:16", 213.0), ("sglang:1", 92.0), ("vllm:16@lfu", 81.0), ("sglang:1@lfu", 79.0))
+
+
+def warmup_shares(n: int) -> list:
+    """The policies of :data:`WARMUP_SHARES` each of *n* workers warms, in the order it warms
+    them: heaviest first, each to the worker with the least CPU seconds so far (the longest
+    processing time rule; ties to the lower worker). With 2 workers ``vllm:16`` alone on
+    one, the other three on the other (213 s against 252 s)."""
+    load = [0.0] * n
+    out: list = [[] for _ in range(n)]
+    for spec, cpu in sorted(WARMUP_SHARES, key=lambda x: -x[1]):
+        k = min(range(n), key=lambda j: (load[j], j))
+        out[k].append(spec)
+        load[k] += cpu
+    return out
+
 
 #: the smallest run (tests collected) for which the workers warm WARMUP_SHARES up front
 WARMUP_MIN_TESTS = 500
@@ -170,8 +187,8 @@ WARMUP_MIN_TESTS = 500
 @pytest.fixture(scope="session", autouse=True)
 def _split_warmup(request):
     """On a parallel run of most of the suite (pytest-xdist, 2+ workers, at least
-    :data:`WARMUP_MIN_TESTS` tests), worker *k* first compiles the kernels of policies
-    k, k + n, … of :data:`WARMUP_SHARES` (a tiny replay each: ``radixkv.replay.warm``).
+    :data:`WARMUP_MIN_TESTS` tests), worker *k* first compiles the kernels of its share of
+    :data:`WARMUP_SHARES` (:func:`warmup_shares`; a tiny replay each: ``radixkv.replay.warm``).
 
     Why: on a cold Numba cache each kernel is compiled once, by the first worker to need it
     (radixkv.numba_cache's compile lock); a second worker needing it meanwhile waits, its core
@@ -186,7 +203,7 @@ def _split_warmup(request):
     from radixkv.policies.registry import parse_policy
     from radixkv.replay import warm
 
-    for spec in WARMUP_SHARES[int(wid[2:]) % n::n]:
+    for spec in warmup_shares(n)[int(wid[2:]) % n]:
         try:
             warm._tiny_run(parse_policy(spec))
         except Exception:  # noqa: BLE001 - the tests of that policy report it
