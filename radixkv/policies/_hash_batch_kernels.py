@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.core import config as numba_config
 
 # Kernels here inline _hash_kernels. Numba alone would check only this file's stamp; radixkv keys
 # its Numba cache folder by a hash of every kernel source (radixkv.numba_cache.source_key), so a
 # change to _hash_kernels is a cold cache here too: nothing to touch in this file.
+from radixkv.policies._borrowed import borrow, borrow_py
 import radixkv.policies._hash_kernels as K
+
+if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic cannot run
+    borrow = borrow_py  # noqa: F811
 
 
 @njit(cache=True)
@@ -121,8 +126,11 @@ def decode_run_slot_local(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l, segid_l
             if n0 + m > kvlen[i]:
                 return -2 - i, ev_total, partial
             a = at[i]
-            ok, nb, ev = K.extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l[a], segid_l[a], segend_l[a],
-                                  B, tbl_l[a], nblk[i], n0, m)
+            # borrowed views and the free order None, as the sequential replay calls it: one
+            # specialisation of the pool's kernels for both
+            ok, nb, ev = K.extend(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid), borrow(pcs),
+                                  borrow(st), borrow(stk), borrow(keys_l[a]), borrow(segid_l[a]),
+                                  borrow(segend_l[a]), B, borrow(tbl_l[a]), nblk[i], n0, m, None)
             if not ok:
                 return i, ev_total, partial
             nblk[i] = nb

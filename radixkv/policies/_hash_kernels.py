@@ -1330,6 +1330,57 @@ def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, pro
     return code, hcap, held, ev, ok, st[ST_EVICTIONS]
 
 
+# ---------------------------------------------------------------------- entries from Python
+# BlockHashCache's Python methods call these: each borrows its array arguments
+# (radixkv.policies._borrowed) and calls the kernel it is named after. That kernel, and all it
+# inlines, then compiles once per free order, for borrowed views, whoever calls it: the
+# compiled concurrent loop's pool seam and run_seq borrow the same way.
+
+@njit(cache=True)
+def py_peek(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_size, lookup_len, verify, hit_out):
+    """:func:`peek` on borrowed views of the arrays (same arguments and result)."""
+    return peek(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid), borrow(pcs), borrow(keys), n_look,
+                borrow(seg_id), borrow(seg_end), block_size, lookup_len, verify, borrow(hit_out))
+
+
+@njit(cache=True)
+def py_admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, prompt_len, lookup_len,
+             n_tokens, verify, tbl, fo=None):
+    """:func:`admit` on borrowed views of the arrays (same arguments and result)."""
+    return admit(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid), borrow(pcs), borrow(st),
+                 borrow(stk), borrow(keys), borrow(seg_id), borrow(seg_end), block_size, prompt_len, lookup_len,
+                 n_tokens, verify, borrow(tbl), fo)
+
+
+@njit(cache=True)
+def py_extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, tbl, n_blocks,
+              n_computed, n_more, fo=None):
+    """:func:`extend` on borrowed views of the arrays (same arguments and result)."""
+    return extend(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid), borrow(pcs), borrow(st),
+                  borrow(stk), borrow(keys), borrow(seg_id), borrow(seg_end), block_size, borrow(tbl), n_blocks,
+                  n_computed, n_more, fo)
+
+
+@njit(cache=True)
+def py_free(b32, st, tbl, n_blocks, fo=None):
+    """:func:`free` on borrowed views of the arrays (same arguments)."""
+    free(borrow(b32), borrow(st), borrow(tbl), n_blocks, fo)
+
+
+@njit(cache=True)
+def py_take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new, fo=None):
+    """:func:`_take_new` on borrowed views of the arrays (same arguments and result)."""
+    return _take_new(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(st), borrow(stk), borrow(tbl), at,
+                     n_new, fo)
+
+
+@njit(cache=True)
+def py_cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id, seg_end, block_size, fo=None):
+    """:func:`_cache_full` on borrowed views of the arrays (same arguments)."""
+    _cache_full(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid), borrow(pcs), borrow(st),
+                borrow(stk), borrow(tbl), borrow(keys), lo, hi, borrow(seg_id), borrow(seg_end), block_size, fo)
+
+
 # ---------------------------------------------------------------------- statistics
 @njit(cache=True)
 def largest_free_run(b32):

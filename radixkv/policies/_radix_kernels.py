@@ -22,9 +22,14 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, types
+from numba.core import config as numba_config
 from numba.extending import overload
 
+from radixkv.policies._borrowed import borrow, borrow_each, borrow_py
 from radixkv.policies._priority_fn import priority_at
+
+if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic cannot run
+    borrow = borrow_py  # noqa: F811
 
 # int64 (not literal) constants for call arguments: a literal 0 or -1 passed to a jitted
 # function makes Numba compile a second specialisation of it (and of all it calls)
@@ -1230,3 +1235,48 @@ def run_request(S, N, H1, H2, o, G, Q, R, sid, send, P, prio, tag):
             status = np.int64(2)
     finish(S, N, H1, H2, o, G, Q, R)
     return status, hit, held, ev, S[S_EVTOT], S[S_EVN]
+
+
+# ---------------------------------------------------------------------- entries from Python
+# RadixCache's Python methods call these: each borrows the tree's arrays, the eviction order's
+# and the request's row (radixkv.policies._borrowed) and calls the kernel it is named after.
+# That kernel, and all it inlines, then compiles once per eviction-order type, for borrowed
+# views, whoever calls it: the sequential span and the compiled concurrent loop borrow the same.
+
+@njit(cache=True)
+def py_commit(S, N, H1, H2, o, G, Q, R):
+    """:func:`commit` on borrowed views (same arguments)."""
+    commit(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow_each(o), borrow(G), borrow(Q), borrow(R))
+
+
+@njit(cache=True)
+def py_admit(S, N, H1, H2, o, G, Q, R, sid, send, P, n_tokens, prio, tag):
+    """:func:`admit` on borrowed views (same arguments and result)."""
+    return admit(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow_each(o), borrow(G), borrow(Q), borrow(R), sid,
+                 send, P, n_tokens, prio, tag)
+
+
+@njit(cache=True)
+def py_extend(S, N, H1, H2, o, G, Q, R, n_tokens):
+    """:func:`extend` on borrowed views (same arguments and result)."""
+    return extend(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow_each(o), borrow(G), borrow(Q), borrow(R),
+                  n_tokens)
+
+
+@njit(cache=True)
+def py_release(S, N, o, Q, R):
+    """:func:`release` on borrowed views (same arguments)."""
+    release(borrow(S), borrow(N), borrow_each(o), borrow(Q), borrow(R))
+
+
+@njit(cache=True)
+def py_finish(S, N, H1, H2, o, G, Q, R):
+    """:func:`finish` on borrowed views (same arguments)."""
+    finish(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow_each(o), borrow(G), borrow(Q), borrow(R))
+
+
+@njit(cache=True)
+def py_run_request(S, N, H1, H2, o, G, Q, R, sid, send, P, prio, tag):
+    """:func:`run_request` on borrowed views (same arguments and result)."""
+    return run_request(borrow(S), borrow(N), borrow(H1), borrow(H2), borrow_each(o), borrow(G), borrow(Q),
+                       borrow(R), sid, send, P, prio, tag)

@@ -328,8 +328,8 @@ class BlockHashCache(PrefixCache):
         n_look = L // B
         keys, _ = K.seq_block_keys(seq.seg_id, seq.seg_end, B, n_look, self._key_mask)
         tbl = self._table(seq, False)
-        code, h = K.peek(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, keys, n_look,
-                         seq.seg_id, seq.seg_end, B, L, self.verify, tbl)
+        code, h = K.py_peek(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, keys, n_look,
+                            seq.seg_id, seq.seg_end, B, L, self.verify, tbl)
         if code == K.COLLISION:
             self._collision(seq)
         return int(h), tbl, L
@@ -373,7 +373,7 @@ class BlockHashCache(PrefixCache):
         keys = self._keys(seq)
         tbl = self._table(seq, True)
         tag = self._tag(rid)
-        code, hit_blocks, held, ev, nblk = K.admit(
+        code, hit_blocks, held, ev, nblk = K.py_admit(
             self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, keys,
             seq.seg_id, seq.seg_end, self.block_size, P, max(P, n), n, self.verify, tbl, *self._order(tag))
         if code == K.COLLISION:
@@ -475,7 +475,7 @@ class BlockHashCache(PrefixCache):
             )
         if n == 0:
             return True
-        ok, nblk, ev = K.extend(
+        ok, nblk, ev = K.py_extend(
             self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, r.keys,
             r.seq.seg_id, r.seq.seg_end, self.block_size, r.tbl, r.n_blocks, r.n_tokens, n, *self._order(r.tag))
         if not ok:
@@ -629,7 +629,7 @@ class BlockHashCache(PrefixCache):
         """
         r = self._running.pop(rid)
         self._partial -= r.n_tokens % self.block_size
-        K.free(self._b32, self._st, r.tbl, r.n_blocks, *self._order(r.tag))
+        K.py_free(self._b32, self._st, r.tbl, r.n_blocks, *self._order(r.tag))
 
     def preempt(self, rid: int) -> None:
         """Preemption by recompute: the blocks are freed exactly as on finish.

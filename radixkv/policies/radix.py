@@ -534,7 +534,7 @@ class RadixCache(SGLangPoolTerms, PrefixCache):
         or when the request ends with its prompt (its :meth:`finish` inserts)."""
         r = self._reqs[rid]
         self._reserve(8, 0)
-        K.commit(*self._state(), r.row)
+        K.py_commit(*self._state(), r.row)
         self._sync()
 
     def _admit(self, rid, seq, n_tokens, fill_tokens):
@@ -549,8 +549,8 @@ class RadixCache(SGLangPoolTerms, PrefixCache):
         self._before_request(rid, seq)
         self._reserve(self._node_budget(plen), len(seq.seg_id))
         r = _Req(seq)
-        ok, hit, held, ev = K.admit(*self._state(), r.row, seq.seg_id, seq.seg_end, plen,
-                                    -1 if n_tokens is None else int(n_tokens), 0, self._next_tag(rid))
+        ok, hit, held, ev = K.py_admit(*self._state(), r.row, seq.seg_id, seq.seg_end, plen,
+                                       -1 if n_tokens is None else int(n_tokens), 0, self._next_tag(rid))
         if not ok:
             return None
         self._reqs[rid] = r
@@ -607,7 +607,7 @@ class RadixCache(SGLangPoolTerms, PrefixCache):
             raise ValueError(f"request {rid}: {end} tokens exceed its KV extent {int(row[K.R_KVMAX])}")
         if comp < int(row[K.R_PLEN]):  # a decode creates no node (no insert, no split)
             self._reserve(self._node_budget(r.seq.prompt_len), 0)
-        e = K.extend(*self._state(), r.row, int(n_tokens))
+        e = K.py_extend(*self._state(), r.row, int(n_tokens))
         self._sync()
         if e < 0:
             raise RuntimeError("decode needs a page but none is free or evictable")
@@ -654,13 +654,13 @@ class RadixCache(SGLangPoolTerms, PrefixCache):
         """``release_kv_cache``: insert the KV computed, then the prompt; free the rest; unlock."""
         r = self._reqs.pop(rid)
         self._reserve(8, 0)
-        K.finish(*self._state(), r.row)
+        K.py_finish(*self._state(), r.row)
         self._sync()
 
     def preempt(self, rid: int) -> None:
         """Retraction (``release_kv_cache(..., is_insert=False)``): free, unlock, insert nothing."""
         r = self._reqs.pop(rid)
-        K.release(self._S, self._N, self._order(), self._Q, r.row)
+        K.py_release(self._S, self._N, self._order(), self._Q, r.row)
 
     def fits_alone(self, seq: KVSeq) -> int:
         """Tokens by which *seq* overflows the empty pool (0 when it fits); counts the
@@ -704,7 +704,7 @@ class RadixCache(SGLangPoolTerms, PrefixCache):
         if self._nn_hi >= self._N.shape[0] or self._g_hi > self._G.shape[1] or self._q_hi >= self._Q.shape[0]:
             self._reserve_exact(self._node_budget(P) + 8, len(sid))
         tag = rid if type(rid) is int else self._next_tag(rid)
-        status, hit, held, ev, self.evicted_tokens_total, self.evictions = K.run_request(
+        status, hit, held, ev, self.evicted_tokens_total, self.evictions = K.py_run_request(
             self._S, self._N, self._H1, self._H2, self._order(), self._G, self._Q, self._row,
             sid, seq.seg_end, P, 0, tag)
         if status < 0:

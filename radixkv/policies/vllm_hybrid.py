@@ -679,7 +679,7 @@ class HybridBlockHashCache(PrefixCache):
         self._partial += r.n_tokens % B
         for g in range(G):  # a Mamba group's one state block serves the whole hit
             self._g_hit[g] += (hit if any(lists[g]) else 0) if self._mamba[g] else sum(1 for b in lists[g] if b) * B
-        self._full_alone += min(full_len, (L - 1) // B * B)
+        self._full_alone += full_len  # already under the last-token cap (_lookup's L − 1)
         self._hit_total += hit
         self._nadmit += 1
         held = min(full_len if full_len is not None else hit, seq.prompt_len)

@@ -562,7 +562,7 @@ class OffloadBlockHashCache(HostTierOptions, BlockHashCache):
         B = self.block_size
         keys = self._keys(seq)
         tbl = self._table(seq, True)
-        code, hcap, held, ev, nblk = K.admit(
+        code, hcap, held, ev, nblk = K.py_admit(
             self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, keys,
             seq.seg_id, seq.seg_end, B, seq.prompt_len, n_tok, 0, self.verify, tbl)
         if code == K.COLLISION:
@@ -572,8 +572,8 @@ class OffloadBlockHashCache(HostTierOptions, BlockHashCache):
         gpu = int(hcap) * B
         end = gpu + int(ext)
         n_new = -(-end // B) - int(hcap)
-        ev = int(ev) + int(K._take_new(self._blk, self._b32, self._kt, self._k32, self._st, self._stk, tbl,
-                                        int(hcap), n_new))
+        ev = int(ev) + int(K.py_take_new(self._blk, self._b32, self._kt, self._k32, self._st, self._stk, tbl,
+                                          int(hcap), n_new))
         from radixkv.policies.block_hash import _Running
 
         self._running[rid] = _Running(seq, keys, tbl, int(hcap) + n_new, end)
@@ -618,8 +618,8 @@ class OffloadBlockHashCache(HostTierOptions, BlockHashCache):
         ``KVCacheManager.cache_blocks``): they become GPU hits for later lookups."""
         _, lo, hi = self._loading.pop(rid)
         r = self._running[rid]
-        K._cache_full(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, r.tbl,
-                      r.keys, lo, hi, r.seq.seg_id, r.seq.seg_end, self.block_size)
+        K.py_cache_full(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk,
+                        r.tbl, r.keys, lo, hi, r.seq.seg_id, r.seq.seg_end, self.block_size)
 
     def held_blocks(self, rid: int) -> int:
         """GPU blocks *rid* holds (0 when it holds none)."""

@@ -334,7 +334,9 @@ def _extend(S, N, H1, H2, o, G, Q, R, r, n_tokens):
             S[K.S_PRIV] += nb
             R[r, K.R_COMP] = end
             return 1
-    return K.extend(S, N, H1, H2, o, G, Q, R[r], n_tokens)
+    # a request's row of R goes to the tree's kernels borrowed, as the sequential span passes
+    # its R: one compiled specialisation of each kernel serves both drivers
+    return K.extend(S, N, H1, H2, o, G, Q, borrow(R[r]), n_tokens)
 
 
 # ----------------------------------------------------------------------------- scheduler
@@ -351,7 +353,7 @@ def _preempt(S, N, o, Q, R, RQ, IV, RUN, WQ, v, PL, m):
             break
     _run_remove(IV, RUN, v)
     RQ[v, Q_RUNNING] = 0
-    K.release(S, N, o, Q, R[v])
+    K.release(S, N, o, Q, borrow(R[v]))
     RQ[v, Q_CTX] = 0
     RQ[v, Q_KV] = 0
     RQ[v, Q_TARGET] = 0
@@ -518,7 +520,8 @@ def _schedule(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND, 
             a, b = SOFF[i], SOFF[i + 1]
             fill = RQ[i, Q_P] + RQ[i, Q_GEN]
             R[i, :] = 0
-            ok_, h, held, ev = K.admit(S, N, H1, H2, o, G, Q, R[i], SID[a:b], SEND[a:b], fill, _Z, _Z, i)
+            ok_, h, held, ev = K.admit(S, N, H1, H2, o, G, Q, borrow(R[i]), SID[a:b], SEND[a:b], fill, _Z, _Z,
+                                       i)
             extend = fill - h
             max_new = min(max(RQ[i, Q_N] - RQ[i, Q_GEN], 0), CLIP)
             lone = IV[I_NRUN] == 0 and m == 0
@@ -529,7 +532,7 @@ def _schedule(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND, 
             ok = c > 0 and (fits or (lone and (-(-(h + c) // p) - h // p <= _room_slots(S, num_slots))))
             if not ok:
                 room_locked = _room_slots(S, num_slots) * p
-                K.release(S, N, o, Q, R[i])  # drop the lock; nothing was allocated
+                K.release(S, N, o, Q, borrow(R[i]))  # drop the lock; nothing was allocated
                 if not lone:
                     HC[0] = 1
                     HC[1] = i
@@ -1054,7 +1057,7 @@ def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, S
             for u in range(nrun):
                 r = run[u]
                 if RQ[r, Q_GEN] >= RQ[r, Q_N]:
-                    K.finish(S, N, H1, H2, o, G, Q, R[r])
+                    K.finish(S, N, H1, H2, o, G, Q, borrow(R[r]))
                     RQ[r, Q_RUNNING] = 0
                     RF[r, F_FINISH] = t_end
                     RQ[r, Q_FINISH_STEP] = st0 + k
@@ -1103,7 +1106,7 @@ def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, S
                 if pre:
                     RQ[r, Q_CTX] += c
                     if RQ[r, Q_CTX] < RQ[r, Q_TARGET]:
-                        K.commit(S, N, H1, H2, o, G, Q, R[r])  # cache_unfinished_req
+                        K.commit(S, N, H1, H2, o, G, Q, borrow(R[r]))  # cache_unfinished_req
                         continue
                     if RQ[r, Q_N] > 0:
                         if RQ[r, Q_GEN] == 0 and np.isnan(RF[r, F_FIRST]):
@@ -1113,14 +1116,14 @@ def _loop(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, CP, arr, RUN, WQ, SID, S
                     RQ[r, Q_CTX] += 1
                     RQ[r, Q_GEN] += 1
                 if RQ[r, Q_GEN] >= RQ[r, Q_N]:
-                    K.finish(S, N, H1, H2, o, G, Q, R[r])
+                    K.finish(S, N, H1, H2, o, G, Q, borrow(R[r]))
                     RQ[r, Q_RUNNING] = 0
                     RF[r, F_FINISH] = t_end
                     RQ[r, Q_FINISH_STEP] = IV[I_STEPS]
                     IV[I_DONE] += 1
                     any_fin = True
                 elif pre:
-                    K.commit(S, N, H1, H2, o, G, Q, R[r])
+                    K.commit(S, N, H1, H2, o, G, Q, borrow(R[r]))
             if any_fin:
                 _drop_finished(RQ, IV, RUN)
             used, cached, valid = _sample(S, R, RUN, IV[I_NRUN], num_slots)

@@ -28,13 +28,18 @@ from collections import namedtuple
 
 import numpy as np
 from numba import njit
+from numba.core import config as numba_config
 
 # Kernels here inline _hash_kernels. Numba alone would check only this file's stamp; radixkv keys
 # its Numba cache folder by a hash of every kernel source (radixkv.numba_cache.source_key), so a
 # change to _hash_kernels is a cold cache here too: nothing to touch in this file.
+from radixkv.policies._borrowed import borrow, borrow_py
 import radixkv.policies._hash_kernels as K
 import radixkv.replay._conc_vllm_kernels as CK
 from radixkv.trace._seq_kernel import kv_seq_into
+
+if numba_config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): an intrinsic cannot run
+    borrow = borrow_py  # noqa: F811
 
 #: a block has more content pieces than ``pcid`` holds: widen it (``BlockHashCache._grow_pieces``), call again
 S_PIECES = CK.S_POOL
@@ -93,10 +98,20 @@ def max_block_pieces(ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
     return best
 
 
+@njit(cache=True, inline="always")
+def _arrays(pool):
+    """The pool's eight arrays as borrowed views (:mod:`radixkv.policies._borrowed`; inlined,
+    so the views stay in the caller, which holds *pool* for its call). The kernels of
+    :mod:`radixkv.policies._hash_kernels` are called on borrowed views here as in the
+    sequential replay (``run_seq``), so both compile and share one specialisation."""
+    return (borrow(pool.arrays[0]), borrow(pool.arrays[1]), borrow(pool.arrays[2]), borrow(pool.arrays[3]),
+            borrow(pool.arrays[4]), borrow(pool.arrays[5]), borrow(pool.arrays[6]), borrow(pool.arrays[7]))
+
+
 @njit(cache=True)
 def _admit(pool, ps, ls, tr, i, sl, m, n_tok, asked):
     """``BlockHashCache.admit`` of request *i* into slot *sl* (``pool_admit``)."""
-    blk, b32, kt, k32, pcid, pcs, st, stk = pool.arrays
+    blk, b32, kt, k32, pcid, pcs, st, stk = _arrays(pool)
     keys2d, tbl2d, s_nblk, s_tag = ps
     sid2d = ls[0]
     send2d = ls[1]
@@ -104,13 +119,16 @@ def _admit(pool, ps, ls, tr, i, sl, m, n_tok, asked):
     output_len = tr[6]
     B = pool.block_size
     kvlen = prompt_len[i] + max(output_len[i] - 1, 0)
-    mp = K._block_keys_into(sid2d[sl, :m], send2d[sl, :m], B, kvlen // B, pool.key_mask, keys2d[sl])
+    keys = borrow(ps[0][sl])
+    sid = borrow(sid2d[sl, :m])
+    send = borrow(send2d[sl, :m])
+    mp = K._block_keys_into(sid, send, B, kvlen // B, pool.key_mask, keys)
     if mp - 1 > pcid.shape[1]:
         return S_PIECES, 0, 0, 0
     K.order_tag(pool.order, i)
     # verify: np.bool_, not the literal False (the sequential replay's admit serves both)
-    code, hb, hd, ev, nblk = K.admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys2d[sl], sid2d[sl, :m],
-                                     send2d[sl, :m], B, n_tok, n_tok, asked, np.bool_(False), tbl2d[sl], pool.order)
+    code, hb, hd, ev, nblk = K.admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, sid, send, B, n_tok, n_tok,
+                                     asked, np.bool_(False), borrow(ps[1][sl]), pool.order)
     if code != K.OK:
         return CK.ADMIT_REFUSED, hb, hd, ev
     s_nblk[sl] = nblk
@@ -128,11 +146,11 @@ def _extend(pool, ps, ls, sl, n0, n):
         # no block taken, none filled (most decode tokens): the kernel would change nothing
         # (as BlockHashCache.extend_many skips such steps)
         return True, 0
-    blk, b32, kt, k32, pcid, pcs, st, stk = pool.arrays
+    blk, b32, kt, k32, pcid, pcs, st, stk = _arrays(pool)
     m = ls[2][sl]
     K.order_tag(pool.order, s_tag[sl])
-    ok, nb, ev = K.extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys2d[sl], ls[0][sl, :m], ls[1][sl, :m],
-                          B, tbl2d[sl], s_nblk[sl], n0, n, pool.order)
+    ok, nb, ev = K.extend(blk, b32, kt, k32, pcid, pcs, st, stk, borrow(ps[0][sl]), borrow(ls[0][sl, :m]),
+                          borrow(ls[1][sl, :m]), B, borrow(ps[1][sl]), s_nblk[sl], n0, n, pool.order)
     if ok:
         s_nblk[sl] = nb
     return ok, ev
@@ -141,13 +159,16 @@ def _extend(pool, ps, ls, sl, n0, n):
 @njit(cache=True)
 def _lookup(pool, hs, i, L, hsid, hsend, m, fresh, count_free):
     """``BlockHashCache._lookup`` (``pool_lookup``): ``peek`` over the scratch keys."""
-    blk, b32, kt, k32, pcid, pcs, st, stk = pool.arrays
-    hk, htbl = hs
+    blk, b32, kt, k32, pcid, pcs, st, stk = _arrays(pool)
+    hk = borrow(hs[0])
+    htbl = borrow(hs[1])
     B = pool.block_size
     n_look = L // B
+    sid = borrow(hsid[:m])
+    send = borrow(hsend[:m])
     if fresh != 0:
-        K._block_keys_into(hsid[:m], hsend[:m], B, n_look, pool.key_mask, hk)
-    code, h = K.peek(blk, b32, kt, k32, pcid, pcs, hk, n_look, hsid[:m], hsend[:m], B, L, np.bool_(False), htbl)
+        K._block_keys_into(sid, send, B, n_look, pool.key_mask, hk)
+    code, h = K.peek(blk, b32, kt, k32, pcid, pcs, hk, n_look, sid, send, B, L, np.bool_(False), htbl)
     nfree = 0
     if count_free:
         for q in range(h):
@@ -175,7 +196,7 @@ def _extend_op(pool, ps, ls, sl, n0, n):
 
 @CK.pool_op(CK.pool_release, BlockPool)
 def _release(pool, ps, sl, n0):
-    K.free(pool.b32, pool.st, ps[1][sl], ps[2][sl], pool.order)
+    K.free(borrow(pool.b32), borrow(pool.st), borrow(ps[1][sl]), ps[2][sl], pool.order)
 
 
 @CK.pool_op(CK.pool_lookup, BlockPool)
