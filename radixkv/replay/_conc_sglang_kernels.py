@@ -543,7 +543,7 @@ def _schedule(S, N, H1, H2, o, G, Q, R, RQ, RF, IV, FV, CF, RUN, WQ, SID, SEND, 
                 blocked = True
                 break
             _w_pop(IV, WQ)
-            # _record_admission
+            # Scheduler._record (scheduler.py)
             if RA.shape[0] > 1:
                 RA[1 + RA[0]] = i if RQ[i, Q_ADMISSIONS] == 0 else -1 - i
                 RA[0] += 1
