@@ -7,6 +7,9 @@ The library API (loaded on first use, so ``import radixkv`` stays cheap):
 ``load_trace``      read a trace in any supported format (:mod:`radixkv.trace.load`)
 ``replay``          sequential or concurrent replay behind one call (:mod:`radixkv.api`)
 ``summarize``       the summary metrics of either replay (:mod:`radixkv.api`)
+``ReplaySpec``,     one replay on one engine (trace, policy, pool, mode, knobs) and the
+``run``, ``PoolSpec`` call that runs it, as ``radixkv replay`` does: (result, summary)
+                    (:mod:`radixkv.replay.spec`); the pool (:mod:`radixkv.policies.registry`)
 ``format_table``    the plain-text table the CLI prints (:mod:`radixkv.report`)
 ``check_policy``    the policy conformance kit (:mod:`radixkv.policies.check`;
                     ``parametrize_with_checks`` there makes one pytest test per rule)
@@ -44,6 +47,9 @@ _EXPORTS = {
     "load_trace": "radixkv.trace.load",
     "replay": None,  # the subpackage radixkv.replay, callable as radixkv.api.replay
     "summarize": "radixkv.api",
+    "ReplaySpec": "radixkv.replay.spec",
+    "run": "radixkv.replay.spec",
+    "PoolSpec": "radixkv.policies.registry",
     "format_table": "radixkv.report",
     "check_policy": "radixkv.policies.check",
     "PolicyContractError": "radixkv.policies.check",

@@ -21,20 +21,13 @@ from radixkv.errors import ConfigError
 __all__ = ["replay", "summarize"]
 
 
-def _policy(policy, trace, pool_kw: dict, concurrent: bool = True):
-    """(a fresh policy, its label, its PolicySpec or None for a given instance) from an
-    instance, a class, a spec text or a PolicySpec; its kernels warmed
-    (:func:`radixkv.replay.run.warmup`), those of the concurrent replay only when
-    *concurrent* (a sequential replay compiles none of the batched and concurrent loops)."""
+def _spec_of(policy, pool_kw: dict):
+    """(the PolicySpec of *policy* — a class, a spec text or a PolicySpec —, the one pool
+    size given in *pool_kw*)."""
     from radixkv.policies.base import PrefixCache
-    from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy, parse_policy
+    from radixkv.policies.registry import PolicySpec, parse_policy
 
     given = {k: v for k, v in pool_kw.items() if v is not None}
-    if isinstance(policy, PrefixCache):
-        if given:
-            raise ConfigError(f"{', '.join(given)} sizes a pool, but the policy given is already built on one",
-                              field=next(iter(given)))
-        return policy, getattr(policy, "label", None) or policy.name, None
     if len(given) != 1:
         raise ConfigError("give exactly one pool size: capacity_tokens, num_gpu_blocks or max_total_num_tokens",
                           field="capacity")
@@ -47,6 +40,24 @@ def _policy(policy, trace, pool_kw: dict, concurrent: bool = True):
         spec = parse_policy(policy)
     else:
         raise TypeError(f"policy must be a PrefixCache, its class, a spec text or a PolicySpec, got {policy!r}")
+    return spec, given
+
+
+def _policy(policy, trace, pool_kw: dict, concurrent: bool = True):
+    """(a fresh policy, its label, its PolicySpec or None for a given instance) from an
+    instance, a class, a spec text or a PolicySpec; its kernels warmed
+    (:func:`radixkv.replay.run.warmup`), those of the concurrent replay only when
+    *concurrent* (a sequential replay compiles none of the batched and concurrent loops)."""
+    from radixkv.policies.base import PrefixCache
+    from radixkv.policies.registry import PoolSpec, build_policy
+
+    if isinstance(policy, PrefixCache):
+        given = {k: v for k, v in pool_kw.items() if v is not None}
+        if given:
+            raise ConfigError(f"{', '.join(given)} sizes a pool, but the policy given is already built on one",
+                              field=next(iter(given)))
+        return policy, getattr(policy, "label", None) or policy.name, None
+    spec, given = _spec_of(policy, pool_kw)
     from radixkv.replay.run import warmup
 
     warmup(spec, concurrent=concurrent, lean=trace.unit_tokens == 1)
@@ -140,12 +151,25 @@ def replay(
         raise TypeError(f"trace must be a Trace or a path, got {type(trace).__name__}")
     if mode not in ("sequential", "concurrent"):
         raise ConfigError(f"mode must be 'sequential' or 'concurrent', got {mode!r}", field="mode")
-    pol, label, spec = _policy(policy, trace, {"capacity_tokens": capacity_tokens, "num_gpu_blocks": num_gpu_blocks,
-                                               "max_total_num_tokens": max_total_num_tokens},
-                                 concurrent=mode == "concurrent")
-    if miss_causes and (mode != "sequential" or spec is None):
+    from radixkv.policies.base import PrefixCache
+
+    sizes = {"capacity_tokens": capacity_tokens, "num_gpu_blocks": num_gpu_blocks,
+             "max_total_num_tokens": max_total_num_tokens}
+    if miss_causes and (mode != "sequential" or isinstance(policy, PrefixCache)):
         raise ConfigError("miss_causes needs the sequential mode and the policy as a class, spec text or PolicySpec "
                           "(not a built instance)", field="miss_causes")
+    if mode == "sequential" and not isinstance(policy, PrefixCache):
+        # the library's one replay (radixkv.replay.spec.run), as radixkv replay runs it
+        from radixkv.policies.registry import PoolSpec
+        from radixkv.replay.spec import ReplaySpec, run
+
+        spec, given = _spec_of(policy, sizes)
+        rec, _ = run(ReplaySpec(trace, spec, PoolSpec(**given), limit=limit, quiet=quiet,
+                                knobs={"model": model, "max_model_len": max_model_len},
+                                miss_causes=bool(miss_causes)))
+        rec.meta["kv_bytes_per_token"] = _kv_bytes_per_token(model, cost)
+        return rec
+    pol, label, spec = _policy(policy, trace, sizes, concurrent=mode == "concurrent")
     from radixkv.replay.context import apply_context_limit, engine_of, record, resolve_max_model_len
 
     full = trace.head(limit)
@@ -166,17 +190,13 @@ def replay(
         pol = _policy(spec, trace, {"capacity_tokens": capacity_tokens, "num_gpu_blocks": num_gpu_blocks,
                                     "max_total_num_tokens": max_total_num_tokens},
                       concurrent=mode == "concurrent")[0]
-    if mode == "sequential":
+    if mode == "sequential":  # a built instance
         from radixkv.replay.sequential import replay_sequential
 
         rec = replay_sequential(trace, pol, limit=limit, quiet=quiet, label=label)
         rec.meta["evictions"] = int(pol.evictions)
         rec.meta["kv_bytes_per_token"] = _kv_bytes_per_token(model, cost)
         record(rec.meta, ctx)
-        if miss_causes:
-            from radixkv.replay.misses import attach_miss_causes
-
-            attach_miss_causes(trace, spec, rec, limit=limit)
         return rec
     from radixkv.replay.concurrent import replay_concurrent
 
@@ -205,12 +225,12 @@ def _kv_bytes_per_token(model, cost) -> int | None:
     """KV bytes per token per TP rank of *model* (a preset name or a ModelSpec; None: no
     model given, None) at the cost model's ``tp`` and KV dtype when it has them: what the
     host-tier byte counts of :func:`summarize` are priced at, as the CLI's ``--model``."""
-    if model is None:
-        return None
-    from radixkv.memory.presets import get_model
+    from types import SimpleNamespace
 
-    spec = get_model(model) if isinstance(model, str) else model
-    return int(spec.kv_bytes_per_token(int(getattr(cost, "tp", 1) or 1), getattr(cost, "kv_cache_dtype", None)))
+    from radixkv.replay.spec import kv_bytes_per_token
+
+    return kv_bytes_per_token(SimpleNamespace(model=model, tp=getattr(cost, "tp", 1),
+                                              kv_cache_dtype=getattr(cost, "kv_cache_dtype", None)))
 
 
 def summarize(result, *, evictions: int | None = None, measure_last: float | None = None) -> dict:

@@ -52,7 +52,9 @@ def replay(trace, policy: str, *, capacity_tokens: int | None = None, num_gpu_bl
            **options) -> ReplayResult:
     """Replay *trace* (a path, or a :class:`radixkv.trace.types.Trace`) sequentially through
     *policy* (``NAME[:SIZE]``) on a pool given by exactly one of *capacity_tokens*
-    (tokens), *num_gpu_blocks* (vLLM) or *max_total_num_tokens* (SGLang).
+    (tokens), *num_gpu_blocks* (vLLM) or *max_total_num_tokens* (SGLang); *options* are
+    keywords for the policy's constructor (``verify=True``). The replay is
+    :func:`radixkv.replay.spec.run`'s, as ``radixkv replay`` runs it.
 
     Raises
     ------
@@ -62,7 +64,7 @@ def replay(trace, policy: str, *, capacity_tokens: int | None = None, num_gpu_bl
     """
     from radixkv.errors import ConfigError
     from radixkv.policies.registry import PoolSpec, parse_policy
-    from radixkv.replay.run import run_replay
+    from radixkv.replay.spec import ReplaySpec, run
     from radixkv.trace.load import load_trace
     from radixkv.trace.types import Trace
 
@@ -77,7 +79,7 @@ def replay(trace, policy: str, *, capacity_tokens: int | None = None, num_gpu_bl
         t, name = trace, trace.name or "trace"
     else:
         t, name = load_trace(trace, format=format), Path(trace).name
-    rec, summ = run_replay(t, spec, PoolSpec(**given), limit=limit, **options)
+    rec, summ = run(ReplaySpec(t, spec, PoolSpec(**given), limit=limit, options=options))
     return ReplayResult(name, spec.label, rec, summ)
 
 

@@ -112,6 +112,8 @@ def test_the_flags_still_work_where_they_take_effect(capsys, tmp_path):
 def test_verify_reaches_the_policy_in_the_concurrent_replay(monkeypatch, capsys):
     # --verify was dropped by --mode concurrent (the policy was built without it)
     from radixkv.policies import registry
+    import radixkv.replay.run as run_mod
+    import radixkv.replay.spec as spec_mod
 
     seen = []
     real = registry.build_policy
@@ -122,6 +124,8 @@ def test_verify_reaches_the_policy_in_the_concurrent_replay(monkeypatch, capsys)
         return pol
 
     monkeypatch.setattr(registry, "build_policy", spy)
+    monkeypatch.setattr(run_mod, "build_policy", spy)  # the library's own imports
+    monkeypatch.setattr(spec_mod, "build_policy", spy)
     assert main(_replay("--verify", *CONC)) == 0
     assert seen and all(v is True for v in seen)
 

@@ -1,7 +1,7 @@
 """Run a ``radixkv check``: replay every (trace, policy) pair, evaluate every assertion.
 
 Data flow: :func:`radixkv.check.config.load_config` → :func:`run_check` (replays with
-:func:`radixkv.replay.run.run_replay`, reads the baseline and golden files) →
+:func:`radixkv.replay.spec.run`, reads the baseline and golden files) →
 :class:`CheckResult` → :mod:`radixkv.check.report` (table, JSON, JUnit XML, Markdown).
 
 Baseline file (JSON, written by :func:`write_baseline`)::
@@ -352,7 +352,8 @@ def run_check(config: CheckConfig, *, update_baseline: bool = False, quiet: bool
         A trace that cannot be read, a pool too small for a request, a missing or
         malformed baseline or golden file.
     """
-    from radixkv.replay.run import run_replay, warmup_many
+    from radixkv.replay.run import warmup_many
+    from radixkv.replay.spec import ReplaySpec, run
     from radixkv.trace.load import load_trace
 
     if update_baseline and config.baseline is None:
@@ -388,7 +389,7 @@ def run_check(config: CheckConfig, *, update_baseline: bool = False, quiet: bool
         trace = loaded[tr.name]
         for label in todo:
             pe = pols[label]
-            rec, summ = run_replay(trace, pe.spec, pe.pool, limit=tr.limit, quiet=quiet, **pe.options)
+            rec, summ = run(ReplaySpec(trace, pe.spec, pe.pool, limit=tr.limit, options=pe.options, quiet=quiet))
             summ = dict(summ)
             summ["policy"] = label
             summaries[(tr.name, label)] = summ

@@ -129,13 +129,7 @@ def add_host_tier_bytes(summary: dict, args) -> dict:
     policy models no host tier (its token counts are None) or no ``--model`` is given.
     Returns *summary*.
     """
-    model = getattr(args, "model", None)
-    bpt = None
-    if model is not None:
-        from radixkv.memory.presets import get_model
-
-        bpt = get_model(model).kv_bytes_per_token(int(getattr(args, "tp", 1) or 1),
-                                                  getattr(args, "kv_cache_dtype", None))
     from radixkv.metrics import fill_tier_bytes
+    from radixkv.replay.spec import kv_bytes_per_token
 
-    return fill_tier_bytes(summary, bpt)
+    return fill_tier_bytes(summary, kv_bytes_per_token(args))

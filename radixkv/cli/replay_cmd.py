@@ -111,37 +111,42 @@ def _doc(trace, args, load_s, results, pools):
     return doc
 
 
-def _run_concurrent(trace, spec, pool, args):
-    """One concurrent replay of the ``--mode concurrent`` flags; returns (result, summary)."""
-    from radixkv.cli.concurrent_args import run_concurrent_from_args
-    from radixkv.policies.registry import build_policy
-    from radixkv.replay.run import compile_seconds, warmup
+def _replay_spec(trace, spec, pool, args, *, fix: bool = True):
+    """The :class:`~radixkv.replay.run.ReplaySpec` of the flags: *spec* on *pool* over
+    *trace* (``--limit`` applied by the replay), the flags as its knobs; ``--verify``,
+    ``--miss-causes``/``--miss-fix`` (*fix* False: the causes without the fix, for a
+    replay that is one point of a fix or a rerun) and ``--measure-last``."""
+    from radixkv.replay.spec import ReplaySpec
 
-    if len(trace) == 0:
-        raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
-    compile_s = warmup(spec, lean=trace.unit_tokens == 1) or compile_seconds(spec)
+    miss = _miss_options(args).get("miss_causes", False)
+    return ReplaySpec(trace, spec, pool, mode=getattr(args, "mode", "sequential"), limit=args.limit, knobs=args,
+                      options=_verify_option(args), miss_causes=miss if fix or not miss else True,
+                      measure_last=getattr(args, "measure_last", None), quiet=args.quiet)
+
+
+def _run(trace, spec, pool, args, *, fix: bool = True):
+    """One replay of the flags (:func:`radixkv.replay.spec.run` on :func:`_replay_spec`), with
+    the command line's progress bar and warnings; returns (result, summary)."""
+    from radixkv.replay.spec import run
+
+    rs = _replay_spec(trace, spec, pool, args, fix=fix)
+    if rs.mode != "concurrent":
+        return run(rs)
     _warn_if_nothing_to_prioritise(trace, args)
-    policy = build_policy(spec, pool, unit_tokens=trace.unit_tokens, **_verify_option(args))
     bar = None
     if not args.quiet and sys.stderr.isatty():
         from tqdm import tqdm
 
-        bar = tqdm(total=len(trace), desc=spec.label, unit="req", delay=2.0, leave=False)
+        bar = tqdm(total=len(trace.head(args.limit)), desc=spec.label, unit="req", delay=2.0, leave=False)
 
     def progress(done, total):
         if bar is not None:
             bar.n = done
             bar.refresh()
 
-    t0 = time.perf_counter()
-    miss = spec if getattr(args, "miss_causes", False) else None
-    res = run_concurrent_from_args(trace, policy, args, progress=progress, miss_spec=miss)
-    elapsed = time.perf_counter() - t0
+    res, summ = run(rs, progress=progress)
     if bar is not None:
         bar.close()
-    summ = {"policy": spec.label, **res.summary()}
-    summ["timing_s"] = {"compile": compile_s, "replay": elapsed,
-                        "prompt_tokens_per_s": summ["prompt_tokens"] / elapsed if elapsed > 0 else None}
     _warn_if_overloaded(spec.label, res)
     return res, summ
 
@@ -196,7 +201,6 @@ def cmd_replay(args) -> int:
     refuse_scheduler_conflicts(args, [spec], routed=_routing.routed(args))
     pool, desc = pool_for_policy(args, spec, per_engine_rule=args.per_engine_rule)
     trace, load_s = _load(args)
-    from radixkv.replay.run import run_replay
 
     _check_miss_args(args)
     _check_window_arg(args)
@@ -218,11 +222,7 @@ def cmd_replay(args) -> int:
         from radixkv.replay.run import refuse_unfittable
 
         refuse_unfittable(trace, spec, pool, limit=args.limit, max_model_len=_context(args), **_verify_option(args))
-        rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, args)
-        _concurrent_fix(trace, spec, pool, args, summ)
-    else:
-        rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_verify_option(args),
-                               **_miss_options(args), max_model_len=_context(args), measure_last=args.measure_last)
+    rec, summ = _run(trace, spec, pool, args)
     add_host_tier_bytes(summ, args)
     out = human(*outs)
     print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; {args.mode} replay; "
@@ -245,11 +245,8 @@ def cmd_replay(args) -> int:
 
 def _rerun(trace, spec, pool, args):
     """The per-request result of the same replay on *trace* (``--isolation-price``)."""
-    from radixkv.replay.run import run_replay
-
-    if args.mode == "concurrent":
-        return _run_concurrent(trace.head(args.limit), spec, pool, args)[0]
-    return run_replay(trace, spec, pool, limit=args.limit, quiet=True, **_verify_option(args), **_miss_options(args))[0]
+    return _run(trace, spec, pool, argparse.Namespace(**{**vars(args), "quiet": True, "measure_last": None}),
+                fix=False)[0]
 
 
 def _verify_option(args) -> dict:
@@ -382,8 +379,6 @@ def cmd_compare(args) -> int:
                               "per-request rows)", field="report")
     pools = [pool_for_policy(args, s, per_engine_rule=args.per_engine_rule) for s in specs]
     trace, load_s = _load(args)
-    from radixkv.replay.run import run_replay
-
     from radixkv.replay.jit import trace_tokens
     from radixkv.replay.run import warmup_many
 
@@ -415,13 +410,8 @@ def cmd_compare(args) -> int:
             _concurrent_fix(trace, spec, pool, args, summ)
             if args.report:
                 tables += run_tables(summ["policy"], keep[0].aggregate)
-        elif concurrent:
-            own = args_for_rule(args, rules[i], rules)  # each engine's scheduler knobs to its own policies
-            rec, summ = _run_concurrent(trace.head(args.limit), spec, pool, own)
-            _concurrent_fix(trace, spec, pool, own, summ)
-        else:
-            rec, summ = run_replay(trace, spec, pool, limit=args.limit, quiet=args.quiet, **_miss_options(args),
-                                   max_model_len=_context(args), measure_last=args.measure_last)
+        else:  # each engine's scheduler knobs to its own policies
+            rec, summ = _run(trace, spec, pool, args_for_rule(args, rules[i], rules) if concurrent else args)
         results.append((spec, summ))
         recs.append((spec, pool, rec))
         if args.report and rec is not None:
@@ -732,19 +722,17 @@ def _check_miss_args(args):
 
 
 def _concurrent_fix(trace, spec, pool, args, summ) -> None:
-    """``--miss-fix`` in the concurrent modes: add ``summ["miss_causes"]["fix"]``
+    """``--miss-fix`` with ``--replicas --mode concurrent``: add ``summ["miss_causes"]["fix"]``
     (:func:`radixkv.replay.misses.what_would_fix_concurrent`; every point a concurrent
-    replay with the same flags) and ``summ["timing_s"]["miss_fix"]``."""
+    replay of the replicas with the same flags) and ``summ["timing_s"]["miss_fix"]``. (One
+    engine's fix is :func:`radixkv.replay.spec.run`'s.)"""
     if not getattr(args, "miss_fix", False) or "miss_causes" not in summ:
         return
     from radixkv.policies.registry import PoolSpec, build_policy
     from radixkv.replay.misses import what_would_fix_concurrent
 
     def run_at(s, c):
-        p = PoolSpec(capacity_tokens=int(c))
-        if _routing.routed(args):
-            return _routing.run_routed(trace, s, p, args)
-        return _run_concurrent(trace.head(args.limit), s, p, args)[1]
+        return _routing.run_routed(trace, s, PoolSpec(capacity_tokens=int(c)), args)
 
     t0 = time.perf_counter()
     cap = int(build_policy(spec, pool, unit_tokens=trace.unit_tokens).capacity_tokens)

@@ -71,12 +71,12 @@ def workload_of(trace, rate_scale: float = 1.0) -> Workload:
     """The :class:`Workload` of *trace* at *rate_scale* × its recorded rate.
 
     The hit-rate bound is a sequential replay of ``sglang:1`` on a pool larger than the
-    trace's prompts (:func:`radixkv.replay.run.run_replay`): no request is evicted, so
+    trace's prompts (:func:`radixkv.replay.spec.run`): no request is evicted, so
     every reusable prefix hits, at the finest granularity the trace allows.
     """
     from radixkv.policies.registry import parse_policy
     from radixkv.policies.registry import PoolSpec
-    from radixkv.replay.run import run_replay
+    from radixkv.replay.spec import ReplaySpec, run
 
     p = np.asarray(trace.prompt_len, dtype=np.int64)
     o = np.asarray(trace.output_len, dtype=np.int64)
@@ -86,7 +86,7 @@ def workload_of(trace, rate_scale: float = 1.0) -> Workload:
     h = 0.0
     if prompt > 0 and (trace.ids.size or trace.out_ids is not None):
         cap = int(prompt + o.sum()) + int(trace.unit_tokens)
-        _, summ = run_replay(trace, parse_policy("sglang:1"), PoolSpec(capacity_tokens=cap), quiet=True)
+        _, summ = run(ReplaySpec(trace, parse_policy("sglang:1"), PoolSpec(capacity_tokens=cap)))
         h = float(summ["token_hit_rate"])
     return Workload(prompt, int(o.sum()), int((p + o).max()) if p.size else 0, span, int(p.size), h)
 

@@ -358,7 +358,7 @@ def _compiled_engines(trace, policies, cost, config, arrivals, fast_forward):
     """One compiled engine per replica (module docstring, "Compiled replicas"), or None
     when some replica's single-engine replay would not run on a compiled loop. Raises the
     ``ConfigError`` the replicas' Python schedulers raise when built (it builds them)."""
-    from radixkv.replay import conc_sglang
+    import radixkv.replay.conc_sglang as conc_sglang
     from radixkv.replay.conc_vllm_fast import CompiledVllmEngine, _eligible
     from radixkv.replay.scheduler import rule_of
 

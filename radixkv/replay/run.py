@@ -1,7 +1,10 @@
-"""One replay end to end, as a library call: build the policy, compile, replay, summarise.
+"""One sequential replay end to end: build the policy, compile, replay, summarise
+(:func:`run_replay`), and the kernels' warm-up (:func:`warmup`, :func:`warmup_many`).
 
-``run_replay`` is what ``radixkv replay``, ``compare`` and ``curve`` call for every
-(policy, pool) cell; experiments call it too.
+:func:`run_replay` is the sequential mode of :func:`radixkv.replay.spec.run`, the one replay
+call of the library, the command line, sweeps and checks; the replicas' sequential replay
+(:mod:`radixkv.replay.routing`) and the capacity curves (:mod:`radixkv.replay.curve`) call it
+per pool.
 """
 from __future__ import annotations
 
@@ -269,3 +272,4 @@ def run_replay(
     tokens = int(np.sum(rec["prompt_tokens"]))
     summary["timing_s"]["prompt_tokens_per_s"] = tokens / rec.meta["replay_s"] if rec.meta["replay_s"] > 0 else None
     return rec, summary
+

@@ -147,45 +147,34 @@ def replay_cell(trace, settings: dict) -> dict:
     radixkv.errors.ConfigError
         Whatever ``radixkv replay`` would refuse (pool too small, a request that never fits).
     """
-    from radixkv.policies.registry import build_policy, parse_policy
+    from radixkv.policies.registry import parse_policy
     from radixkv.replay.pool_settings import pool_for_policy
-    from radixkv.replay.run import run_replay, warmup
+    from radixkv.replay.spec import ReplaySpec, run
     from radixkv.sweep.grid import replay_defaults
 
     ns = argparse.Namespace(**{**replay_defaults(), **settings})
     spec = parse_policy(ns.policy)
     pool, desc = pool_for_policy(ns, spec, per_engine_rule=bool(ns.per_engine_rule))
-    if ns.mode == "concurrent":
+    if ns.mode == "concurrent" and ns.replicas is not None:  # several replicas behind a router, on one clock
         from radixkv.errors import ConfigError
-        from radixkv.replay.settings import run_concurrent_from_args
+        from radixkv.replay.overload import overload_of
+        from radixkv.replay.settings import routed, run_routed_concurrent_result
 
         tr = trace.head(ns.limit)
         if len(tr) == 0:
             raise ConfigError("no requests to replay (empty trace or limit 0)", field="limit")
-        from radixkv.replay.overload import overload_of
-
-        if ns.replicas is not None:  # several replicas behind a router, on one clock
-            from radixkv.replay.settings import routed, run_routed_concurrent_result
-
-            routed(ns)
-            res, _, compile_s, elapsed = run_routed_concurrent_result(tr, spec, pool, ns)
-            agg = res.aggregate
-        else:
-            compile_s = warmup(spec, lean=tr.unit_tokens == 1)
-            policy = build_policy(spec, pool, unit_tokens=tr.unit_tokens)
-            t0 = time.perf_counter()
-            res = agg = run_concurrent_from_args(tr, policy, ns)
-            elapsed = time.perf_counter() - t0
-        summ = {**res.summary(), **overload_of(agg)}
+        routed(ns)
+        res, _, compile_s, elapsed = run_routed_concurrent_result(tr, spec, pool, ns)
+        summ = {**res.summary(), **overload_of(res.aggregate)}
         timing = {"compile": compile_s, "replay": elapsed,
                   "prompt_tokens_per_s": summ["prompt_tokens"] / elapsed if elapsed > 0 else None}
     else:
-        options = {"verify": True} if ns.verify else {}
-        from radixkv.replay.context import resolve_max_model_len
+        res, summ = run(ReplaySpec(trace, spec, pool, mode=ns.mode, limit=ns.limit, knobs=ns,
+                                   options={"verify": True} if ns.verify else {}))
+        if ns.mode == "concurrent":
+            from radixkv.replay.overload import overload_of
 
-        _, summ = run_replay(trace, spec, pool, limit=ns.limit, quiet=True, **options,
-                             max_model_len=resolve_max_model_len(getattr(ns, "model", None),
-                                                                 getattr(ns, "max_model_len", None)))
+            summ.update(overload_of(res))
         timing = summ.pop("timing_s")
     summ.pop("policy", None)
     return {"metrics": summ, "pool": desc, "timing_s": timing}

@@ -1,0 +1,181 @@
+"""One replay on one engine, either mode: :class:`ReplaySpec` says what to replay (trace,
+policy, pool, mode, knobs) and :func:`run` runs it.
+
+What ``radixkv replay`` and ``compare``, ``radixkv check``, a sweep's cell,
+:func:`radixkv.replay` (sequential, a policy given by name or class) and
+:mod:`radixkv.testing` call for every (policy, pool) replay. The sequential mode is
+:func:`radixkv.replay.run.run_replay`; the concurrent one
+:func:`radixkv.replay.settings.run_concurrent_from_args` on the knobs.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Mapping
+
+from radixkv.metrics import fill_tier_bytes
+from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy
+from radixkv.replay.run import compile_seconds, run_replay, warmup
+from radixkv.trace.types import Trace
+
+#: the replay modes of :class:`ReplaySpec`
+MODES = ("sequential", "concurrent")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplaySpec:
+    """One replay on one engine: what :func:`run` runs.
+
+    Attributes
+    ----------
+    trace : radixkv.trace.types.Trace
+        The requests, in arrival order.
+    policy : radixkv.policies.registry.PolicySpec
+        The policy (:func:`radixkv.policies.registry.parse_policy`); a fresh one is built
+        on *pool* for the replay.
+    pool : radixkv.policies.registry.PoolSpec
+        The pool, in tokens or the engines' own terms
+        (:func:`radixkv.replay.pool_settings.pool_for_policy` sizes it from flags).
+    mode : {'sequential', 'concurrent'}
+        ``sequential``: each request alone, in trace order (the cache study).
+        ``concurrent``: arrivals, continuous batching, chunked prefill and preemption on a
+        step clock (:func:`radixkv.replay.settings.run_concurrent_from_args`).
+    limit : int or None
+        Replay only the first *limit* requests.
+    knobs : argparse.Namespace, Mapping or None
+        The replay's settings by their ``radixkv replay`` flag names (``dest``: ``model``,
+        ``gpu``, ``max_model_len``, ``max_num_seqs``, ``arrival``, ``time_scale``,
+        ``cost_model``, ...); a knob not given has its flag's default. The sequential mode
+        reads only the context length (``max_model_len``, else ``model``'s). See
+        :meth:`settings` for how a Mapping meets the pool.
+    options : Mapping
+        Keywords for the policy's constructor (``{"verify": True}``: ``--verify``).
+    miss_causes : bool or 'fix'
+        Split each prompt's misses by cause (:mod:`radixkv.replay.misses`,
+        :mod:`radixkv.replay.conc_misses`); ``'fix'`` also asks what would fix them
+        (more replays: ``summary["miss_causes"]["fix"]``).
+    measure_last : float or None
+        Sequential mode: the hit metrics over the last share F in (0, 1] of the requests
+        (``summary["measure_window"]``).
+    quiet : bool
+        No progress bar (sequential mode; the concurrent mode reports through
+        :func:`run`'s *progress*).
+    """
+
+    trace: Trace
+    policy: PolicySpec
+    pool: PoolSpec
+    mode: str = "sequential"
+    limit: int | None = None
+    knobs: object = None
+    options: Mapping = dataclasses.field(default_factory=dict)
+    miss_causes: bool | str = False
+    measure_last: float | None = None
+    quiet: bool = True
+
+    def settings(self) -> argparse.Namespace:
+        """:attr:`knobs` as the namespace the concurrent replay reads. A namespace is used as
+        given (the command line's flags, pool size flags included). A Mapping (or None) is
+        copied, and the pool size knobs it lacks (``capacity_tokens``, ``num_gpu_blocks``,
+        ``max_total_num_tokens``) are :attr:`pool`'s: the replay then sees an explicit pool,
+        as ``radixkv replay --capacity-tokens N`` does, and its step budget defaults to
+        :data:`radixkv.replay.settings.STEP_DEFAULTS` rather than the engine's on ``gpu``
+        (:func:`radixkv.replay.settings.step_defaults`)."""
+        k = self.knobs
+        if k is not None and not isinstance(k, Mapping):
+            return k
+        ns = argparse.Namespace(**(k or {}))
+        for f in ("capacity_tokens", "num_gpu_blocks", "max_total_num_tokens"):
+            if getattr(ns, f, None) is None:
+                setattr(ns, f, getattr(self.pool, f))
+        return ns
+
+
+def run(spec: ReplaySpec, *, progress=None) -> tuple:
+    """Run the replay *spec* describes: warm the policy's kernels, build a fresh policy on
+    the pool, replay, summarise.
+
+    Parameters
+    ----------
+    spec : ReplaySpec
+    progress : callable or None
+        Concurrent mode: ``progress(done, total)`` as requests finish.
+
+    Returns
+    -------
+    (result, summary)
+        ``result``: :class:`radixkv.records.Records` (sequential) or
+        :class:`radixkv.replay.conc_result.ConcurrentResult` (concurrent). ``summary``: the
+        metrics (:func:`radixkv.metrics.summarize`, :meth:`ConcurrentResult.summary`) with
+        ``policy`` (the label) and ``timing_s`` (``compile``, ``replay`` and
+        ``prompt_tokens_per_s``; seconds and tokens per second), the host-tier byte counts
+        priced at the knobs' model (:func:`kv_bytes_per_token`; None without one): what
+        ``radixkv replay --json`` writes per result.
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        An unknown mode; an empty replay (concurrent); what the policy, the pool or the
+        replay refuse (a request larger than the pool, a bad knob).
+    """
+    from radixkv.errors import ConfigError
+
+    if spec.mode not in MODES:
+        raise ConfigError(f"mode must be 'sequential' or 'concurrent', got {spec.mode!r}", field="mode")
+    knobs = spec.settings()
+    from radixkv.replay.context import resolve_max_model_len
+
+    if spec.mode == "sequential":
+        miss = {"miss_causes": spec.miss_causes} if spec.miss_causes else {}
+        rec, summ = run_replay(spec.trace, spec.policy, spec.pool, limit=spec.limit, quiet=spec.quiet,
+                               **spec.options, **miss,
+                               max_model_len=resolve_max_model_len(getattr(knobs, "model", None),
+                                                                   getattr(knobs, "max_model_len", None)),
+                               measure_last=spec.measure_last)
+        return rec, fill_tier_bytes(summ, kv_bytes_per_token(knobs))
+    if spec.measure_last is not None:
+        raise ConfigError("measure_last is a metric of the sequential replay (each request alone, in trace order)",
+                          field="measure_last")
+    from radixkv.replay.settings import run_concurrent_from_args
+
+    trace = spec.trace.head(spec.limit)
+    if len(trace) == 0:
+        raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
+    label = spec.policy.label
+    compile_s = warmup(spec.policy, lean=trace.unit_tokens == 1) or compile_seconds(spec.policy)
+    policy = build_policy(spec.policy, spec.pool, unit_tokens=trace.unit_tokens, **spec.options)
+    t0 = time.perf_counter()
+    res = run_concurrent_from_args(trace, policy, knobs, progress=progress,
+                                   miss_spec=spec.policy if spec.miss_causes else None)
+    elapsed = time.perf_counter() - t0
+    summ = {"policy": label, **res.summary()}
+    summ["timing_s"] = {"compile": compile_s, "replay": elapsed,
+                        "prompt_tokens_per_s": summ["prompt_tokens"] / elapsed if elapsed > 0 else None}
+    if spec.miss_causes == "fix" and "miss_causes" in summ:
+        from radixkv.replay.misses import what_would_fix_concurrent
+
+        def run_at(s, c):  # the same replay at capacity c tokens, with the causes and no fix
+            return run(dataclasses.replace(spec, policy=s, pool=PoolSpec(capacity_tokens=int(c)),
+                                           miss_causes=True))[1]
+
+        t0 = time.perf_counter()
+        cap = int(build_policy(spec.policy, spec.pool, unit_tokens=trace.unit_tokens).capacity_tokens)
+        summ["miss_causes"]["fix"] = what_would_fix_concurrent(spec.policy, cap, summ, run_at)
+        summ["timing_s"]["miss_fix"] = time.perf_counter() - t0
+    return res, fill_tier_bytes(summ, kv_bytes_per_token(knobs))
+
+
+def kv_bytes_per_token(knobs) -> int | None:
+    """KV bytes per token per TP rank of the knobs' ``model`` (a preset name or a
+    :class:`~radixkv.memory.specs.ModelSpec`) at their ``tp`` and ``kv_cache_dtype``
+    (:meth:`radixkv.memory.specs.ModelSpec.kv_bytes_per_token`); None without a model. What
+    the host-tier byte counts of a summary are priced at
+    (:func:`radixkv.metrics.fill_tier_bytes`)."""
+    model = getattr(knobs, "model", None)
+    if model is None:
+        return None
+    from radixkv.memory.presets import get_model
+
+    m = get_model(model) if isinstance(model, str) else model
+    return int(m.kv_bytes_per_token(int(getattr(knobs, "tp", 1) or 1), getattr(knobs, "kv_cache_dtype", None)))

@@ -1,0 +1,99 @@
+"""radixkv.ReplaySpec and radixkv.run: one replay on one engine, the call behind the CLI's
+replay and compare, checks, sweep cells and radixkv.replay's sequential mode (issue 28,
+"one way to run a replay")."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+import radixkv
+from conftest import DATA
+from radixkv.errors import ConfigError
+
+MIXED = DATA / "golden" / "traces" / "mixed200.jsonl"
+CONC = {"model": "Llama-3.1-8B", "gpu": "A100-80GB"}
+
+
+def _golden(engine, name):
+    return [json.loads(x)["hit_tokens"] for x in (DATA / "golden" / engine / f"{name}.jsonl").read_text().splitlines()
+            if x]
+
+
+def test_exported_from_radixkv():
+    for name in ("ReplaySpec", "run", "PoolSpec"):
+        assert name in radixkv.__all__
+    assert radixkv.run.__module__ == "radixkv.replay.spec"
+
+
+@pytest.mark.parametrize("policy, pool, golden", [
+    ("vllm:16", {"num_gpu_blocks": 120}, ("vllm", "vllm_mixed200_b16_n120")),
+    ("sglang:1", {"max_total_num_tokens": 1904}, ("sglang", "sglang_mixed200_p1_c1904")),
+])
+def test_sequential_run_gives_the_real_engines_hits(policy, pool, golden):
+    # the goldens are the per-request hits of the real vLLM / SGLang code on this trace
+    trace = radixkv.load_trace(str(MIXED))
+    rec, summ = radixkv.run(radixkv.ReplaySpec(trace, radixkv.parse_policy(policy), radixkv.PoolSpec(**pool)))
+    gold = _golden(*golden)
+    assert rec["hit_tokens"].tolist() == gold
+    assert summ["policy"] == policy and summ["hit_tokens"] == sum(gold)
+    assert set(summ["timing_s"]) >= {"compile", "replay", "prompt_tokens_per_s"}
+
+
+def test_limit_replays_the_head():
+    trace = radixkv.load_trace(str(MIXED))
+    rec, summ = radixkv.run(radixkv.ReplaySpec(trace, radixkv.parse_policy("vllm:16"),
+                                               radixkv.PoolSpec(num_gpu_blocks=120), limit=50))
+    assert summ["requests"] == 50 and rec["hit_tokens"].tolist() == _golden("vllm", "vllm_mixed200_b16_n120")[:50]
+
+
+def test_concurrent_run_is_the_cli_replay(tmp_path):
+    from radixkv.cli import main
+
+    trace = radixkv.load_trace(str(MIXED))
+    spec = radixkv.ReplaySpec(trace, radixkv.parse_policy("vllm:16"), radixkv.PoolSpec(capacity_tokens=8000),
+                              mode="concurrent", knobs=CONC)
+    res, summ = radixkv.run(spec)
+    out = tmp_path / "c.json"
+    assert main(["replay", str(MIXED), "--policy", "vllm:16", "--capacity-tokens", "8000", "--mode", "concurrent",
+                 "--model", "Llama-3.1-8B", "--gpu", "A100-80GB", "--quiet", "--json", str(out), "--no-timing"]) == 0
+    cli = json.loads(out.read_text())["results"][0]["summary"]
+    summ.pop("timing_s")
+    assert summ == cli
+    # a namespace is read as given (the command line's, with its pool flag): the same replay
+    _, again = radixkv.run(spec.__class__(**{**spec.__dict__,
+                                              "knobs": argparse.Namespace(**CONC, capacity_tokens=8000)}))
+    again.pop("timing_s")
+    assert again == cli
+    api = radixkv.summarize(radixkv.replay(trace, "vllm:16", capacity_tokens=8000, mode="concurrent", **CONC))
+    for k in ("hit_tokens", "preemptions", "steps", "concurrency_peak"):
+        assert api[k] == cli[k], k
+    # without the pool flag the namespace says "sized by the memory model": the engine's
+    # own step budget on an A100 (vLLM EngineArgs.get_batch_defaults: 2048 tokens)
+    _, model_sized = radixkv.run(spec.__class__(**{**spec.__dict__, "knobs": argparse.Namespace(**CONC)}))
+    assert model_sized["scheduler"]["max_num_batched_tokens"] == 2048
+    assert cli["scheduler"]["max_num_batched_tokens"] == 8192
+
+
+def test_knobs_reach_the_concurrent_replay():
+    # max_num_seqs 1: one request at a time, so the running peak is 1 (default: more)
+    trace = radixkv.load_trace(str(MIXED))
+    base = dict(policy=radixkv.parse_policy("sglang:1"), pool=radixkv.PoolSpec(capacity_tokens=20000),
+                mode="concurrent", limit=60)
+    _, one = radixkv.run(radixkv.ReplaySpec(trace, knobs={**CONC, "max_num_seqs": 1, "time_scale": 0.01}, **base))
+    _, many = radixkv.run(radixkv.ReplaySpec(trace, knobs={**CONC, "time_scale": 0.01}, **base))
+    assert one["concurrency_peak"] == 1 and many["concurrency_peak"] > 1
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"mode": "batch"}, "mode"),
+    ({"mode": "concurrent", "measure_last": 0.5, "knobs": CONC}, "measure_last"),
+    ({"mode": "concurrent", "limit": 0, "knobs": CONC}, "limit"),
+])
+def test_bad_specs_are_config_errors_naming_the_field(kw, field):
+    trace = radixkv.load_trace(str(MIXED))
+    with pytest.raises(ConfigError) as e:
+        radixkv.run(radixkv.ReplaySpec(trace, radixkv.parse_policy("vllm:16"), radixkv.PoolSpec(capacity_tokens=8000),
+                                       **kw))
+    assert e.value.field == field
