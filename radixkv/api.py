@@ -43,28 +43,6 @@ def _spec_of(policy, pool_kw: dict):
     return spec, given
 
 
-def _policy(policy, trace, pool_kw: dict, concurrent: bool = True):
-    """(a fresh policy, its label, its PolicySpec or None for a given instance) from an
-    instance, a class, a spec text or a PolicySpec; its kernels warmed
-    (:func:`radixkv.replay.run.warmup`), those of the concurrent replay only when
-    *concurrent* (a sequential replay compiles none of the batched and concurrent loops)."""
-    from radixkv.policies.base import PrefixCache
-    from radixkv.policies.registry import PoolSpec, build_policy
-
-    if isinstance(policy, PrefixCache):
-        given = {k: v for k, v in pool_kw.items() if v is not None}
-        if given:
-            raise ConfigError(f"{', '.join(given)} sizes a pool, but the policy given is already built on one",
-                              field=next(iter(given)))
-        return policy, getattr(policy, "label", None) or policy.name, None
-    spec, given = _spec_of(policy, pool_kw)
-    from radixkv.replay.run import warmup
-
-    warmup(spec, concurrent=concurrent, lean=trace.unit_tokens == 1)
-    return (build_policy(spec, PoolSpec(**given), unit_tokens=trace.unit_tokens, trace=None if concurrent else trace),
-            spec.label, spec)
-
-
 def replay(
     trace,
     policy,
@@ -158,18 +136,33 @@ def replay(
     if miss_causes and (mode != "sequential" or isinstance(policy, PrefixCache)):
         raise ConfigError("miss_causes needs the sequential mode and the policy as a class, spec text or PolicySpec "
                           "(not a built instance)", field="miss_causes")
-    if mode == "sequential" and not isinstance(policy, PrefixCache):
+    if not isinstance(policy, PrefixCache):
         # the library's one replay (radixkv.replay.spec.run), as radixkv replay runs it
         from radixkv.policies.registry import PoolSpec
         from radixkv.replay.spec import ReplaySpec, run
 
         spec, given = _spec_of(policy, sizes)
-        rec, _ = run(ReplaySpec(trace, spec, PoolSpec(**given), limit=limit, quiet=quiet,
-                                knobs={"model": model, "max_model_len": max_model_len},
-                                miss_causes=bool(miss_causes)))
-        rec.meta["kv_bytes_per_token"] = _kv_bytes_per_token(model, cost)
-        return rec
-    pol, label, spec = _policy(policy, trace, sizes, concurrent=mode == "concurrent")
+        knobs = {"model": model, "gpu": gpu, "max_model_len": max_model_len}
+        if mode == "sequential":
+            rec, _ = run(ReplaySpec(trace, spec, PoolSpec(**given), limit=limit, quiet=quiet, knobs=knobs,
+                                    miss_causes=bool(miss_causes)))
+            rec.meta["kv_bytes_per_token"] = _kv_bytes_per_token(model, cost)
+            return rec
+        cost = _cost_of(cost, model, gpu)
+        from radixkv.replay.scheduler import SchedulerConfig
+
+        res, _ = run(ReplaySpec(trace, spec, PoolSpec(**given), mode="concurrent", limit=limit, knobs=knobs,
+                                cost=cost, config=config or SchedulerConfig(knob_source="radixkv default"),
+                                arrivals=arrivals))
+        res.meta["policy"] = spec.label
+        res.meta["kv_bytes_per_token"] = _kv_bytes_per_token(model, cost)
+        return res
+    # a built instance (e.g. a policy class of one's own, configured by hand): replayed as given
+    given = [k for k, v in sizes.items() if v is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} sizes a pool, but the policy given is already built on one",
+                          field=given[0])
+    pol, label = policy, getattr(policy, "label", None) or policy.name
     from radixkv.replay.context import apply_context_limit, engine_of, record, resolve_max_model_len
 
     full = trace.head(limit)
@@ -182,15 +175,7 @@ def replay(
             arrivals = np.asarray(arrivals)[: len(full)][np.isin(full.req_id, np.asarray(ctx.rejected_ids,
                                                                                           dtype=full.req_id.dtype),
                                                                  invert=True)]
-    if spec is not None and getattr(spec.build_class, "needs_trace", False):
-        # a policy that reads the trace ahead (Belady) is built on the requests replayed:
-        # after the --limit head and the context-length cut, as the CLI builds it
-        trace = trace.head(limit)
-        limit = None
-        pol = _policy(spec, trace, {"capacity_tokens": capacity_tokens, "num_gpu_blocks": num_gpu_blocks,
-                                    "max_total_num_tokens": max_total_num_tokens},
-                      concurrent=mode == "concurrent")[0]
-    if mode == "sequential":  # a built instance
+    if mode == "sequential":
         from radixkv.replay.sequential import replay_sequential
 
         rec = replay_sequential(trace, pol, limit=limit, quiet=quiet, label=label)
@@ -200,25 +185,40 @@ def replay(
         return rec
     from radixkv.replay.concurrent import replay_concurrent
 
+    cost = _cost_of(cost, model, gpu)
+    res = replay_concurrent(trace.head(limit), pol, cost, arrivals=arrivals, config=config)
+    res.meta["policy"] = label
+    res.meta["kv_bytes_per_token"] = _kv_bytes_per_token(model, cost)
+    record(res.meta, ctx)
+    return res
+
+
+def _cost_of(cost, model, gpu):
+    """The step-time model of a concurrent :func:`replay`: *cost* when it is one; a kind
+    (``"roofline"``, ``"fitted"``, ``"profiled"``, a profile path) built on *model* and
+    *gpu* (:func:`radixkv.clock.cost_model`); None: the roofline on them
+    (:meth:`radixkv.cost.CostModel.from_specs`).
+
+    Raises
+    ------
+    radixkv.errors.ConfigError
+        A kind or None without *model* and *gpu* (field ``model`` or ``gpu``).
+    """
     if isinstance(cost, str):
         if model is None or gpu is None:
             raise ConfigError(f"cost={cost!r} is built on a model and a GPU: give model= and gpu=",
                               field="model" if model is None else "gpu")
         from radixkv.clock.calibrated import cost_model
 
-        cost = cost_model(cost, model, gpu)
+        return cost_model(cost, model, gpu)
     if cost is None:
         if model is None or gpu is None:
             raise ConfigError("the concurrent mode prices each step: give cost=CostModel(...) or model= and gpu=",
                               field="model" if model is None else "gpu")
         from radixkv.cost import CostModel
 
-        cost = CostModel.from_specs(model, gpu)
-    res = replay_concurrent(trace.head(limit), pol, cost, arrivals=arrivals, config=config)
-    res.meta["policy"] = label
-    res.meta["kv_bytes_per_token"] = _kv_bytes_per_token(model, cost)
-    record(res.meta, ctx)
-    return res
+        return CostModel.from_specs(model, gpu)
+    return cost
 
 
 def _kv_bytes_per_token(model, cost) -> int | None:

@@ -288,7 +288,8 @@ def policy_from_args(policy, args):
     return policy
 
 
-def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None, recorder_factory=None):
+def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None, recorder_factory=None, *,
+                             cost=None, config=None, arrivals=None):
     """Run the concurrent replay the flags describe.
 
     Parameters
@@ -308,6 +309,12 @@ def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None,
         With *miss_spec*: ``recorder_factory(trace, policy, config)`` builds the recorder
         instead of :class:`~radixkv.replay.conc_misses.MissRecorder` (``--explain``:
         :class:`~radixkv.replay.conc_explain.ExplainRecorder`).
+    cost, config, arrivals : objects or None
+        Given (the library's callers: :func:`radixkv.replay`), they replace what the flags
+        describe: the step-time model (:func:`cost_model_from_args`), the
+        :class:`~radixkv.replay.scheduler.SchedulerConfig`
+        (:func:`concurrent_config_from_args`) and the arrival times (float64 seconds, shape
+        (len(trace),), before the context-length step; :func:`arrival_times`).
 
     Returns
     -------
@@ -323,9 +330,9 @@ def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None,
 
     from radixkv.replay.context import engine_of, record, resolve_max_model_len, serve_with_arrivals
 
-    cost = cost_model_from_args(args)
+    cost = cost_model_from_args(args) if cost is None else cost
     pol = policy_from_args(policy, args)
-    cfg = concurrent_config_from_args(args, pol)
+    cfg = concurrent_config_from_args(args, pol) if config is None else config
     arr = arrival_times(
         trace,
         arrival=getattr(args, "arrival", "trace"),
@@ -333,7 +340,7 @@ def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None,
         request_rate=getattr(args, "request_rate", None),
         burstiness=float(getattr(args, "burstiness", 1.0)),
         seed=int(getattr(args, "seed", 0)),
-    )
+    ) if arrivals is None else arrivals
     # the engine refuses prompts past the model's context and caps outputs: a step before
     # the replay, after the arrivals are drawn for every request (so the others keep
     # theirs); nothing changes without --model or --max-model-len

@@ -23,7 +23,7 @@ from radixkv.trace.types import Trace
 MODES = ("sequential", "concurrent")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class ReplaySpec:
     """One replay on one engine: what :func:`run` runs.
 
@@ -61,6 +61,13 @@ class ReplaySpec:
     quiet : bool
         No progress bar (sequential mode; the concurrent mode reports through
         :func:`run`'s *progress*).
+    cost, config, arrivals : objects or None
+        Concurrent mode, for a library caller that holds them: a step-time model
+        (:class:`radixkv.cost.CostModel`, :class:`radixkv.clock.CalibratedCostModel`), a
+        :class:`radixkv.replay.scheduler.SchedulerConfig` and arrival times (float64
+        seconds, shape (n,) or longer: the first ``len(trace.head(limit))`` are used). Each
+        given replaces what the knobs describe (``cost_model``/``model``/``gpu``/``tp``...;
+        the scheduler knobs; ``arrival``/``time_scale``/``request_rate``...).
     """
 
     trace: Trace
@@ -73,6 +80,9 @@ class ReplaySpec:
     miss_causes: bool | str = False
     measure_last: float | None = None
     quiet: bool = True
+    cost: object = None
+    config: object = None
+    arrivals: object = None
 
     def settings(self) -> argparse.Namespace:
         """:attr:`knobs` as the namespace the concurrent replay reads. A namespace is used as
@@ -146,8 +156,14 @@ def run(spec: ReplaySpec, *, progress=None) -> tuple:
     compile_s = warmup(spec.policy, lean=trace.unit_tokens == 1) or compile_seconds(spec.policy)
     policy = build_policy(spec.policy, spec.pool, unit_tokens=trace.unit_tokens, **spec.options)
     t0 = time.perf_counter()
+    arr = None
+    if spec.arrivals is not None:
+        import numpy as np
+
+        arr = np.asarray(spec.arrivals, dtype=np.float64)[: len(trace)]
     res = run_concurrent_from_args(trace, policy, knobs, progress=progress,
-                                   miss_spec=spec.policy if spec.miss_causes else None)
+                                   miss_spec=spec.policy if spec.miss_causes else None,
+                                   cost=spec.cost, config=spec.config, arrivals=arr)
     elapsed = time.perf_counter() - t0
     summ = {"policy": label, **res.summary()}
     summ["timing_s"] = {"compile": compile_s, "replay": elapsed,
