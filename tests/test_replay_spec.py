@@ -117,3 +117,40 @@ def test_api_concurrent_with_a_context_limit_is_the_cli_replay(tmp_path):
     api = radixkv.summarize(radixkv.replay(trace, "sglang:1", capacity_tokens=8000, mode="concurrent",
                                            max_model_len=long_first, **CONC))
     assert api == cli
+
+
+def _split_hits(trace, policy, cap, n):
+    """The oracle of round-robin over *n* replicas with a pool each: request i goes to
+    replica i mod n, so each replica replays every n-th request alone, in order."""
+    import numpy as np
+
+    from radixkv.replay.routing import take
+
+    total = 0
+    for k in range(n):
+        idx = np.arange(k, len(trace), n)
+        rec, _ = radixkv.run(radixkv.ReplaySpec(take(trace, idx), radixkv.parse_policy(policy),
+                                                radixkv.PoolSpec(capacity_tokens=cap)))
+        total += int(rec["hit_tokens"].sum())
+    return total
+
+
+@pytest.mark.parametrize("policy", ["vllm:16", "sglang:1"])
+def test_sequential_replicas_are_the_replicas_replayed_apart(policy):
+    trace = radixkv.load_trace(str(MIXED))
+    res, summ = radixkv.run(radixkv.ReplaySpec(trace, radixkv.parse_policy(policy),
+                                               radixkv.PoolSpec(capacity_tokens=3000),
+                                               knobs={"replicas": 2, "router": "round-robin"}))
+    assert summ["hit_tokens"] == _split_hits(trace, policy, 3000, 2)
+    assert summ["routing"]["n_replicas"] == 2 and summ["requests"] == len(trace)
+    assert summ["policy"] == f"{policy} x2 round-robin (local)"
+
+
+def test_a_sweep_cell_with_replicas_routes_them():
+    # a sequential cell with replicas = 2 ran one pool before (the key was dropped silently)
+    from radixkv.sweep.cell import replay_cell
+
+    trace = radixkv.load_trace(str(MIXED))
+    out = replay_cell(trace, {"policy": "vllm:16", "capacity_tokens": 3000, "replicas": 2})
+    assert out["metrics"]["hit_tokens"] == _split_hits(trace, "vllm:16", 3000, 2)
+    assert out["metrics"]["routing"]["n_replicas"] == 2

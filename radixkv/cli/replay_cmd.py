@@ -130,7 +130,7 @@ def _run(trace, spec, pool, args, *, fix: bool = True):
     from radixkv.replay.spec import run
 
     rs = _replay_spec(trace, spec, pool, args, fix=fix)
-    if rs.mode != "concurrent":
+    if rs.mode != "concurrent" or _routing.routed(args):
         return run(rs)
     _warn_if_nothing_to_prioritise(trace, args)
     bar = None
@@ -216,8 +216,8 @@ def cmd_replay(args) -> int:
             raise ConfigError("--per-request and --report with --replicas need --mode concurrent (the sequential "
                               "replicas keep no per-request rows)", field="per_request" if args.per_request
                               else "report")
-        return _routing.report_replay(trace, spec, pool, args, load_s, desc, _doc, format_table,
-                                      after=lambda s: _concurrent_fix(trace, spec, pool, args, s))
+        res, summ = _run(trace, spec, pool, args)
+        return _routing.report_replay(trace, spec, res, summ, args, load_s, desc, _doc, format_table)
     if args.mode == "concurrent":
         from radixkv.replay.run import refuse_unfittable
 
@@ -283,34 +283,24 @@ def _explain_concurrent(args, spec, pool) -> int:
     :func:`~radixkv.replay.conc_explain.explain_concurrent`."""
     from radixkv.replay.conc_explain import ExplainRecorder, explain_concurrent, find_row, format_explain_concurrent
 
-    trace = t = _served(_load(args)[0], spec, args)
+    import dataclasses
+
+    from radixkv.replay.spec import run
+
+    t = _served(_load(args)[0], spec, args)
     row = find_row(t, args.explain)
     args.miss_causes = True
     made: list = []
-    if _routing.routed(args):
-        def make(tr, p, c, r):
-            made.append(ExplainRecorder(tr, p, c, replica=r, watch=row))
-            return made[-1]
+    routed = _routing.routed(args)
 
-        res, recs, _, _ = _routing.run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=make)
-        agg, replica = res.aggregate, res.replica
-    else:
-        def make(tr, p, c):
-            made.append(ExplainRecorder(tr, p, c, watch=row))
-            return made[-1]
+    def make(tr, p, c, r=None):
+        made.append(ExplainRecorder(tr, p, c, **({} if r is None else {"replica": r}), watch=row))
+        return made[-1]
 
-        from radixkv.cli.concurrent_args import run_concurrent_from_args
-        from radixkv.policies.registry import build_policy
-        from radixkv.replay.run import warmup
-
-        if len(t) == 0:
-            raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None,
-                              field="limit")
-        warmup(spec, lean=t.unit_tokens == 1)
-        agg = run_concurrent_from_args(t, build_policy(spec, pool, unit_tokens=t.unit_tokens, **_verify_option(args)),
-                                       args, miss_spec=spec,
-                                       recorder_factory=make)
-        recs, replica = made, None
+    res, _ = run(dataclasses.replace(_replay_spec(t, spec, pool, args, fix=False), miss_causes=True),
+                 recorder_factory=make)
+    agg, replica = (res.aggregate, res.replica) if routed else (res, None)
+    recs = made
     ex = explain_concurrent(t, spec, row, agg, recs, replica=replica)
     out = human(args.json)
     print(format_explain_concurrent(ex), file=out)
@@ -404,12 +394,11 @@ def cmd_compare(args) -> int:
 
     rules = [args.admission or getattr(s.build_class, "admission_rule", "vllm") for s in specs] if concurrent else []
     for i, (spec, (pool, _)) in enumerate(zip(specs, [] if remote else pools)):
-        if _routing.routed(args):
-            keep: list = []  # the concurrent multi-replica result, for --report's tables
-            rec, summ = None, _routing.run_routed(trace, spec, pool, args, keep=keep)
-            _concurrent_fix(trace, spec, pool, args, summ)
+        if _routing.routed(args):  # the replicas' result: --report's tables from the aggregate
+            res, summ = _run(trace, spec, pool, args)
+            rec = None
             if args.report:
-                tables += run_tables(summ["policy"], keep[0].aggregate)
+                tables += run_tables(summ["policy"], res.aggregate)
         else:  # each engine's scheduler knobs to its own policies
             rec, summ = _run(trace, spec, pool, args_for_rule(args, rules[i], rules) if concurrent else args)
         results.append((spec, summ))
@@ -719,25 +708,6 @@ def _check_miss_args(args):
                           "are not modelled)", field="miss_causes")
     if (getattr(args, "executor", None) is not None or getattr(args, "scheduler", None)) and _executor(args) != "local":
         raise ConfigError("--miss-causes runs on the local executor", field="miss_causes")
-
-
-def _concurrent_fix(trace, spec, pool, args, summ) -> None:
-    """``--miss-fix`` with ``--replicas --mode concurrent``: add ``summ["miss_causes"]["fix"]``
-    (:func:`radixkv.replay.misses.what_would_fix_concurrent`; every point a concurrent
-    replay of the replicas with the same flags) and ``summ["timing_s"]["miss_fix"]``. (One
-    engine's fix is :func:`radixkv.replay.spec.run`'s.)"""
-    if not getattr(args, "miss_fix", False) or "miss_causes" not in summ:
-        return
-    from radixkv.policies.registry import PoolSpec, build_policy
-    from radixkv.replay.misses import what_would_fix_concurrent
-
-    def run_at(s, c):
-        return _routing.run_routed(trace, s, PoolSpec(capacity_tokens=int(c)), args)
-
-    t0 = time.perf_counter()
-    cap = int(build_policy(spec, pool, unit_tokens=trace.unit_tokens).capacity_tokens)
-    summ["miss_causes"]["fix"] = what_would_fix_concurrent(spec, cap, summ, run_at)
-    summ.setdefault("timing_s", {})["miss_fix"] = time.perf_counter() - t0
 
 
 def _miss_options(args) -> dict:

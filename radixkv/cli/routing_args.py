@@ -28,83 +28,22 @@ there (:data:`radixkv.replay.multi_concurrent.GLOBAL_POOL_REFUSAL` says why).
 """
 from __future__ import annotations
 
-import time
-
 from radixkv.flags.routing import add_routing_args  # noqa: F401  (importable from here, as before)
 from radixkv.replay import routing as R
 # the library's (radixkv.replay.settings); the verbs call them from here
 from radixkv.replay.settings import routed, run_routed_concurrent_result  # noqa: F401
 
 
-def _run_routed_concurrent(trace, spec, pool, args, keep=None) -> dict:
-    """``--mode concurrent --replicas N``: N fresh policies (the registry's, then the
-    caching flags', :func:`radixkv.replay.settings.policy_from_args`) on one clock.
-    *keep*, a list, receives the :class:`~radixkv.replay.multi_concurrent.MultiConcurrentResult`."""
-    res, _, compile_s, el = run_routed_concurrent_result(trace, spec, pool, args)
-    if keep is not None:
-        keep.append(res)
-    summ = {"policy": f"{spec.label} x{res.n_replicas} {res.router}", **res.summary()}
-    summ["timing_s"] = {"compile": compile_s, "replay": el,
-                        "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
-    return summ
-
-
-def run_routed(trace, spec, pool, args, keep=None) -> dict:
-    """Replay per :mod:`radixkv.replay.routing`; returns a summary in the shape of
-    :func:`radixkv.replay.run.run_replay`'s (aggregate metrics; the metrics that do not add
-    up over pools are absent, so tables show n/a) plus ``replicas`` and ``routing``.
-    *keep* (concurrent mode): a list that receives the multi-replica result."""
-    if getattr(args, "mode", "sequential") == "concurrent":
-        return _run_routed_concurrent(trace, spec, pool, args, keep=keep)
-    from radixkv.replay.context import apply_context_limit, engine_of, resolve_max_model_len
-
-    # requests past the model's context: refused before routing (radixkv/replay/context.py)
-    limit = args.limit
-    trace, ctx = apply_context_limit(trace.head(limit), resolve_max_model_len(
-        getattr(args, "model", None), getattr(args, "max_model_len", None)), engine_of(spec))
-    if ctx is not None:
-        limit = None
-    t0 = time.perf_counter()
-    res = R.replay_replicas(
-        trace, spec, pool, args.replicas, args.router or "round-robin", global_pool=args.kv_pool == "global",
-        limit=limit, quiet=args.quiet, seed=args.router_seed, load_window_s=R.LOAD_WINDOW_S if args.router_load_window is None else args.router_load_window,
-        cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
-        balance_rel_threshold=args.balance_rel_threshold, max_tree_tokens=args.max_tree_tokens)
-    el = time.perf_counter() - t0
-    from radixkv.cli.host_tier_args import add_host_tier_bytes
-
-    summ = add_host_tier_bytes(dict(res["aggregate"]), args)  # host-tier totals over replicas
-    summ["policy"] = f"{spec.label} x{res['n_replicas']} {res['router']} ({res['kv_pool']})"
-    reps, rep_timing = [], []
-    for r in res["replicas"]:
-        if r is not None:
-            r = add_host_tier_bytes(dict(r), args)
-            rep_timing.append(r.pop("timing_s"))
-        reps.append(r)
-    summ["replicas"] = reps
-    summ["routing"] = {"n_replicas": res["n_replicas"], "router": res["router"], "kv_pool": res["kv_pool"],
-                       **res["routing"]}
-    summ["timing_s"] = {"compile": 0.0, "replay": el, "replicas": rep_timing,
-                        "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
-    if ctx is not None:
-        summ["rejected_requests"] = ctx.rejected_requests
-    return summ
-
-
-def report_replay(trace, spec, pool, args, load_s, desc, make_doc, format_table, after=None) -> int:
+def report_replay(trace, spec, res, summ, args, load_s, desc, make_doc, format_table) -> int:
     """``radixkv replay --replicas N``: aggregate table, per-replica table, routing line, JSON;
     with ``--mode concurrent``, ``--per-request CSV`` (a ``replica`` column names the replica
-    that served each request) and ``--report``.
-    *after*, when given, is called with the summary before it is printed (``--miss-fix``)."""
+    that served each request) and ``--report``. *res*, *summ*: the replay's result and
+    summary (:func:`radixkv.replay.spec.run`)."""
     from radixkv.cli._output import emit, human
     from radixkv.util import dumps_json
 
     from radixkv.report import CONCURRENT_ROWS
 
-    keep = []
-    summ = run_routed(trace, spec, pool, args, keep=keep)
-    if after is not None:
-        after(summ)
     conc = getattr(args, "mode", "sequential") == "concurrent"
     rows = CONCURRENT_ROWS if conc else None
     out = human(args.json)
@@ -124,9 +63,9 @@ def report_replay(trace, spec, pool, args, load_s, desc, make_doc, format_table,
     if args.report:
         from radixkv.cli.report_cmd import run_tables, write_run_report
 
-        write_run_report(args.report, doc, run_tables(summ["policy"], keep[0].aggregate), stream=out)
+        write_run_report(args.report, doc, run_tables(summ["policy"], res.aggregate), stream=out)
     if args.per_request:
-        keep[0].write_csv(args.per_request)
+        res.write_csv(args.per_request)
         print(f"wrote {args.per_request}", file=out)
     return 0
 

@@ -372,35 +372,54 @@ def run_concurrent_from_args(trace, policy, args, progress=None, miss_spec=None,
 
 def routed(args) -> bool:
     """True when the flags ask for the multi-replica replay; refuses combinations it does not model."""
-    if args.replicas is None:
-        if args.router is not None or args.kv_pool != "local":
+    if getattr(args, "replicas", None) is None:
+        if getattr(args, "router", None) is not None or getattr(args, "kv_pool", "local") != "local":
             raise ConfigError("--router and --kv-pool need --replicas N", field="replicas")
         return False
     if args.replicas < 1:
         raise ConfigError(f"--replicas must be ≥ 1, got {args.replicas}", field="replicas")
-    if getattr(args, "mode", "sequential") == "concurrent" and args.router_load_window is not None:
+    if getattr(args, "mode", "sequential") == "concurrent" and getattr(args, "router_load_window", None) is not None:
         raise ConfigError("--router-load-window applies to the sequential replicas only: with --mode concurrent a "
                           "replica's load is its requests in flight at the arrival", field="router_load_window")
-    if getattr(args, "mode", "sequential") == "concurrent" and args.kv_pool == "global":
+    if getattr(args, "mode", "sequential") == "concurrent" and getattr(args, "kv_pool", "local") == "global":
         from radixkv.replay.multi_concurrent import GLOBAL_POOL_REFUSAL
 
         raise ConfigError(GLOBAL_POOL_REFUSAL, field="kv_pool")
     return True
 
 
-def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None):
+def routing_knobs(args) -> dict:
+    """The router's knobs of *args* (``--router`` and the prefix-aware router's thresholds),
+    a knob not given at its flag's default (the constants of :mod:`radixkv.replay.routing`):
+    ``router``, ``seed``, ``cache_threshold``, ``balance_abs_threshold``,
+    ``balance_rel_threshold``, ``max_tree_tokens``."""
+    import radixkv.replay.routing as R
+
+    def get(name, default):
+        v = getattr(args, name, None)
+        return default if v is None else v
+
+    return {"router": get("router", "round-robin"), "seed": int(get("router_seed", 0)),
+            "cache_threshold": get("cache_threshold", R.CACHE_THRESHOLD),
+            "balance_abs_threshold": get("balance_abs_threshold", R.BALANCE_ABS_THRESHOLD),
+            "balance_rel_threshold": get("balance_rel_threshold", R.BALANCE_REL_THRESHOLD),
+            "max_tree_tokens": getattr(args, "max_tree_tokens", None)}
+
+
+def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None, *, miss_causes=None):
     """The concurrent replay of ``replicas`` replicas behind ``router`` on one clock
     (:func:`radixkv.replay.multi_concurrent.replay_multi_concurrent`), each a fresh policy
     of *spec* on *pool* (then :func:`policy_from_args`): returns ``(MultiConcurrentResult,
     recorders or None, compile seconds, replay seconds)``. *recorder_factory*
     (``factory(trace, policy, config, replica)``; with ``--miss-causes``) builds each
-    replica's recorder instead of :class:`~radixkv.replay.conc_misses.MissRecorder`."""
+    replica's recorder instead of :class:`~radixkv.replay.conc_misses.MissRecorder`.
+    *miss_causes* (None: ``args.miss_causes``) records the concurrent miss causes."""
     from radixkv.policies.registry import build_policy
     from radixkv.replay.arrivals import arrival_times
     from radixkv.replay.multi_concurrent import replay_multi_concurrent
     from radixkv.replay.run import warmup
 
-    t = trace.head(args.limit)
+    t = trace.head(getattr(args, "limit", None))
     if len(t) == 0:
         raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
     compile_s = warmup(spec, lean=t.unit_tokens == 1)
@@ -417,7 +436,7 @@ def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None)
                                       engine_of(spec))
     cfg = concurrent_config_from_args(args, pols[0])
     recs = None
-    if getattr(args, "miss_causes", False):
+    if getattr(args, "miss_causes", False) if miss_causes is None else miss_causes:
         from radixkv.replay.conc_misses import MissRecorder, check_policy
 
         check_policy(pols[0], build_policy(spec, pool, unit_tokens=t.unit_tokens))
@@ -429,11 +448,12 @@ def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None)
     # the replicas' compiled engines may compile kernels the single-engine warm-up does not
     # (a priority pool's replica loop: 30+ s cold); say so, as the warm-up does
     with compile_notice(spec.label):
+        rk = routing_knobs(args)
         res = replay_multi_concurrent(
-            t, pols, cost, args.router or "round-robin", arrivals=arr, config=cfg,
-            seed=args.router_seed, cache_threshold=args.cache_threshold,
-            balance_abs_threshold=args.balance_abs_threshold, balance_rel_threshold=args.balance_rel_threshold,
-            max_tree_tokens=args.max_tree_tokens, recorders=recs)
+            t, pols, cost, rk["router"], arrivals=arr, config=cfg, seed=rk["seed"],
+            cache_threshold=rk["cache_threshold"], balance_abs_threshold=rk["balance_abs_threshold"],
+            balance_rel_threshold=rk["balance_rel_threshold"], max_tree_tokens=rk["max_tree_tokens"],
+            recorders=recs)
     if recs is not None:
         from radixkv.replay.conc_misses import attach_concurrent_causes
 

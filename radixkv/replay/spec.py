@@ -14,6 +14,7 @@ import dataclasses
 import time
 from collections.abc import Mapping
 
+from radixkv.errors import ConfigError
 from radixkv.metrics import fill_tier_bytes
 from radixkv.policies.registry import PolicySpec, PoolSpec, build_policy
 from radixkv.replay.run import compile_seconds, run_replay, warmup
@@ -87,7 +88,7 @@ class ReplaySpec:
     def settings(self) -> argparse.Namespace:
         """:attr:`knobs` as the namespace the concurrent replay reads. A namespace is used as
         given (the command line's flags, pool size flags included). A Mapping (or None) is
-        copied, and the pool size knobs it lacks (``capacity_tokens``, ``num_gpu_blocks``,
+        copied, with ``mode`` the spec's unless it says, and the pool size knobs it lacks (``capacity_tokens``, ``num_gpu_blocks``,
         ``max_total_num_tokens``) are :attr:`pool`'s: the replay then sees an explicit pool,
         as ``radixkv replay --capacity-tokens N`` does, and its step budget defaults to
         :data:`radixkv.replay.settings.STEP_DEFAULTS` rather than the engine's on ``gpu``
@@ -95,14 +96,14 @@ class ReplaySpec:
         k = self.knobs
         if k is not None and not isinstance(k, Mapping):
             return k
-        ns = argparse.Namespace(**(k or {}))
+        ns = argparse.Namespace(**{"mode": self.mode, **(k or {})})
         for f in ("capacity_tokens", "num_gpu_blocks", "max_total_num_tokens"):
             if getattr(ns, f, None) is None:
                 setattr(ns, f, getattr(self.pool, f))
         return ns
 
 
-def run(spec: ReplaySpec, *, progress=None) -> tuple:
+def run(spec: ReplaySpec, *, progress=None, recorder_factory=None) -> tuple:
     """Run the replay *spec* describes: warm the policy's kernels, build a fresh policy on
     the pool, replay, summarise.
 
@@ -111,6 +112,12 @@ def run(spec: ReplaySpec, *, progress=None) -> tuple:
     spec : ReplaySpec
     progress : callable or None
         Concurrent mode: ``progress(done, total)`` as requests finish.
+    recorder_factory : callable or None
+        Concurrent mode with :attr:`ReplaySpec.miss_causes`: builds each engine's miss
+        recorder instead of :class:`~radixkv.replay.conc_misses.MissRecorder`,
+        ``factory(trace, policy, config)`` on one engine and ``factory(trace, policy,
+        config, replica)`` for replicas (``--explain``:
+        :class:`~radixkv.replay.conc_explain.ExplainRecorder`).
 
     Returns
     -------
@@ -129,14 +136,12 @@ def run(spec: ReplaySpec, *, progress=None) -> tuple:
         An unknown mode; an empty replay (concurrent); what the policy, the pool or the
         replay refuse (a request larger than the pool, a bad knob).
     """
-    from radixkv.errors import ConfigError
-
     if spec.mode not in MODES:
         raise ConfigError(f"mode must be 'sequential' or 'concurrent', got {spec.mode!r}", field="mode")
     knobs = spec.settings()
     from radixkv.replay.context import resolve_max_model_len
 
-    if spec.mode == "sequential":
+    if spec.mode == "sequential" and getattr(knobs, "replicas", None) is None:
         miss = {"miss_causes": spec.miss_causes} if spec.miss_causes else {}
         rec, summ = run_replay(spec.trace, spec.policy, spec.pool, limit=spec.limit, quiet=spec.quiet,
                                **spec.options, **miss,
@@ -147,27 +152,13 @@ def run(spec: ReplaySpec, *, progress=None) -> tuple:
     if spec.measure_last is not None:
         raise ConfigError("measure_last is a metric of the sequential replay (each request alone, in trace order)",
                           field="measure_last")
-    from radixkv.replay.settings import run_concurrent_from_args
-
     trace = spec.trace.head(spec.limit)
     if len(trace) == 0:
         raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
-    label = spec.policy.label
-    compile_s = warmup(spec.policy, lean=trace.unit_tokens == 1) or compile_seconds(spec.policy)
-    policy = build_policy(spec.policy, spec.pool, unit_tokens=trace.unit_tokens, **spec.options)
-    t0 = time.perf_counter()
-    arr = None
-    if spec.arrivals is not None:
-        import numpy as np
-
-        arr = np.asarray(spec.arrivals, dtype=np.float64)[: len(trace)]
-    res = run_concurrent_from_args(trace, policy, knobs, progress=progress,
-                                   miss_spec=spec.policy if spec.miss_causes else None,
-                                   cost=spec.cost, config=spec.config, arrivals=arr)
-    elapsed = time.perf_counter() - t0
-    summ = {"policy": label, **res.summary()}
-    summ["timing_s"] = {"compile": compile_s, "replay": elapsed,
-                        "prompt_tokens_per_s": summ["prompt_tokens"] / elapsed if elapsed > 0 else None}
+    if getattr(knobs, "replicas", None) is not None:
+        res, summ = _routed(spec, knobs, recorder_factory)
+    else:
+        res, summ = _one_engine(spec, knobs, trace, progress, recorder_factory)
     if spec.miss_causes == "fix" and "miss_causes" in summ:
         from radixkv.replay.misses import what_would_fix_concurrent
 
@@ -180,6 +171,89 @@ def run(spec: ReplaySpec, *, progress=None) -> tuple:
         summ["miss_causes"]["fix"] = what_would_fix_concurrent(spec.policy, cap, summ, run_at)
         summ["timing_s"]["miss_fix"] = time.perf_counter() - t0
     return res, fill_tier_bytes(summ, kv_bytes_per_token(knobs))
+
+
+def _one_engine(spec: ReplaySpec, knobs, trace: Trace, progress, recorder_factory=None) -> tuple:
+    """The concurrent replay on one engine: (ConcurrentResult, summary without host-tier bytes)."""
+    from radixkv.replay.settings import run_concurrent_from_args
+
+    compile_s = warmup(spec.policy, lean=trace.unit_tokens == 1) or compile_seconds(spec.policy)
+    policy = build_policy(spec.policy, spec.pool, unit_tokens=trace.unit_tokens, **spec.options)
+    t0 = time.perf_counter()
+    arr = None
+    if spec.arrivals is not None:
+        import numpy as np
+
+        arr = np.asarray(spec.arrivals, dtype=np.float64)[: len(trace)]
+    res = run_concurrent_from_args(trace, policy, knobs, progress=progress,
+                                   miss_spec=spec.policy if spec.miss_causes else None,
+                                   recorder_factory=recorder_factory, cost=spec.cost, config=spec.config,
+                                   arrivals=arr)
+    elapsed = time.perf_counter() - t0
+    summ = {"policy": spec.policy.label, **res.summary()}
+    summ["timing_s"] = {"compile": compile_s, "replay": elapsed,
+                        "prompt_tokens_per_s": summ["prompt_tokens"] / elapsed if elapsed > 0 else None}
+    return res, summ
+
+
+def _routed(spec: ReplaySpec, knobs, recorder_factory=None) -> tuple:
+    """The knobs' ``replicas`` replicas behind their ``router``, each a fresh policy on the
+    pool (:func:`radixkv.replay.settings.routed` checks the routing knobs first).
+
+    Concurrent mode: the replicas on one clock
+    (:func:`radixkv.replay.settings.run_routed_concurrent_result`); result the
+    :class:`~radixkv.replay.multi_concurrent.MultiConcurrentResult`, summary its aggregate.
+    Sequential mode: :func:`radixkv.replay.routing.replay_replicas` (``kv_pool`` local or
+    global); result its dict, summary the aggregate metrics (those that do not add up over
+    pools absent) with ``replicas`` (each replica's summary, host-tier bytes priced) and
+    ``routing``. Both summaries' ``policy`` is ``"<label> x<N> <router>"``."""
+    from radixkv.replay.settings import routed, routing_knobs, run_routed_concurrent_result
+
+    routed(knobs)
+    label = spec.policy.label
+    if spec.mode == "concurrent":
+        res, _, compile_s, el = run_routed_concurrent_result(spec.trace.head(spec.limit), spec.policy, spec.pool,
+                                                             knobs, recorder_factory=recorder_factory,
+                                                             miss_causes=bool(spec.miss_causes))
+        summ = {"policy": f"{label} x{res.n_replicas} {res.router}", **res.summary()}
+        summ["timing_s"] = {"compile": compile_s, "replay": el,
+                            "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
+        return res, summ
+    import radixkv.replay.routing as R
+    from radixkv.replay.context import apply_context_limit, engine_of, resolve_max_model_len
+
+    # requests past the model's context: refused before routing (radixkv/replay/context.py)
+    limit = spec.limit
+    trace, ctx = apply_context_limit(spec.trace.head(limit), resolve_max_model_len(
+        getattr(knobs, "model", None), getattr(knobs, "max_model_len", None)), engine_of(spec.policy))
+    if ctx is not None:
+        limit = None
+    rk = routing_knobs(knobs)
+    window = getattr(knobs, "router_load_window", None)
+    t0 = time.perf_counter()
+    res = R.replay_replicas(trace, spec.policy, spec.pool, int(knobs.replicas), rk["router"],
+                            global_pool=getattr(knobs, "kv_pool", "local") == "global", limit=limit, quiet=spec.quiet,
+                            seed=rk["seed"], load_window_s=R.LOAD_WINDOW_S if window is None else window,
+                            cache_threshold=rk["cache_threshold"], balance_abs_threshold=rk["balance_abs_threshold"],
+                            balance_rel_threshold=rk["balance_rel_threshold"], max_tree_tokens=rk["max_tree_tokens"])
+    el = time.perf_counter() - t0
+    bpt = kv_bytes_per_token(knobs)
+    summ = dict(res["aggregate"])  # host-tier totals over replicas: priced by run()
+    summ["policy"] = f"{label} x{res['n_replicas']} {res['router']} ({res['kv_pool']})"
+    reps, rep_timing = [], []
+    for r in res["replicas"]:
+        if r is not None:
+            r = fill_tier_bytes(dict(r), bpt)
+            rep_timing.append(r.pop("timing_s"))
+        reps.append(r)
+    summ["replicas"] = reps
+    summ["routing"] = {"n_replicas": res["n_replicas"], "router": res["router"], "kv_pool": res["kv_pool"],
+                       **res["routing"]}
+    summ["timing_s"] = {"compile": 0.0, "replay": el, "replicas": rep_timing,
+                        "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
+    if ctx is not None:
+        summ["rejected_requests"] = ctx.rejected_requests
+    return res, summ
 
 
 def kv_bytes_per_token(knobs) -> int | None:

@@ -131,8 +131,8 @@ def replay_cell(trace, settings: dict) -> dict:
     """Replay *trace* as ``radixkv replay`` would with *settings* (flag destinations →
     values; ``policy`` required; missing flags take the command line's defaults).
 
-    A concurrent cell with ``replicas`` runs them behind ``router`` on one clock
-    (:func:`radixkv.replay.settings.run_routed_concurrent_result`); a concurrent cell's
+    The replay is :func:`radixkv.replay.spec.run`'s (the cell's settings its knobs); a cell
+    with ``replicas`` runs them behind ``router`` (on one clock when concurrent); a concurrent cell's
     metrics add ``overloaded``, ``queue_growth_s_per_s`` and ``queue_tail_mean_s``
     (:func:`radixkv.replay.overload.overload_metrics`).
 
@@ -155,27 +155,13 @@ def replay_cell(trace, settings: dict) -> dict:
     ns = argparse.Namespace(**{**replay_defaults(), **settings})
     spec = parse_policy(ns.policy)
     pool, desc = pool_for_policy(ns, spec, per_engine_rule=bool(ns.per_engine_rule))
-    if ns.mode == "concurrent" and ns.replicas is not None:  # several replicas behind a router, on one clock
-        from radixkv.errors import ConfigError
+    res, summ = run(ReplaySpec(trace, spec, pool, mode=ns.mode, limit=ns.limit, knobs=ns,
+                               options={"verify": True} if ns.verify else {}))
+    if ns.mode == "concurrent":  # several replicas: their aggregate
         from radixkv.replay.overload import overload_of
-        from radixkv.replay.settings import routed, run_routed_concurrent_result
 
-        tr = trace.head(ns.limit)
-        if len(tr) == 0:
-            raise ConfigError("no requests to replay (empty trace or limit 0)", field="limit")
-        routed(ns)
-        res, _, compile_s, elapsed = run_routed_concurrent_result(tr, spec, pool, ns)
-        summ = {**res.summary(), **overload_of(res.aggregate)}
-        timing = {"compile": compile_s, "replay": elapsed,
-                  "prompt_tokens_per_s": summ["prompt_tokens"] / elapsed if elapsed > 0 else None}
-    else:
-        res, summ = run(ReplaySpec(trace, spec, pool, mode=ns.mode, limit=ns.limit, knobs=ns,
-                                   options={"verify": True} if ns.verify else {}))
-        if ns.mode == "concurrent":
-            from radixkv.replay.overload import overload_of
-
-            summ.update(overload_of(res))
-        timing = summ.pop("timing_s")
+        summ.update(overload_of(getattr(res, "aggregate", res)))
+    timing = summ.pop("timing_s")
     summ.pop("policy", None)
     return {"metrics": summ, "pool": desc, "timing_s": timing}
 
