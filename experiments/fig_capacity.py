@@ -16,9 +16,10 @@ import _common as C  # noqa: I001
 
 import numpy as np
 
+import radixkv
 from radixkv.memory import pool_for
 from radixkv.policies.registry import PoolSpec, parse_policy
-from radixkv.replay.run import run_replay, warmup_many
+from radixkv.replay.run import warmup_many
 
 POLICIES = ["vllm:16", "vllm:32", "sglang:1", "unit-lru"]
 FULL = {
@@ -59,14 +60,14 @@ def main() -> None:
         for pol in POLICIES:
             pts = []
             for cap in c["caps"]:
-                _, s = run_replay(tr, parse_policy(pol), PoolSpec(capacity_tokens=cap))
+                _, s = radixkv.run(radixkv.ReplaySpec(tr, parse_policy(pol), PoolSpec(capacity_tokens=cap)))
                 pts.append(_point(s))
                 print(f"{name:>9} {pol:>9} {cap:>12,}: {s['token_hit_rate']:.4f}", flush=True)
             t["curves"][pol] = pts
         cap = int(min(tr.prompt_len.sum() + tr.output_len.sum(), NO_EVICT_MAX))
         t["no_evict_capacity_tokens"] = cap
         for pol in ["sglang:1"] + [f"vllm:{b}" for b in BLOCKS]:
-            _, s = run_replay(tr, parse_policy(pol), PoolSpec(capacity_tokens=cap))
+            _, s = radixkv.run(radixkv.ReplaySpec(tr, parse_policy(pol), PoolSpec(capacity_tokens=cap)))
             t["alignment"][pol] = {**_point(s), "hit_length_histogram": s["hit_length_histogram"]}
         need = int((tr.prompt_len + np.maximum(tr.output_len - 1, 0)).max())
         for model, gpu, tp in FP8_SETUPS:
@@ -77,7 +78,8 @@ def main() -> None:
                 p = pool_for("vllm", model, gpu, tp=tp, kv_cache_dtype=None if dt == "bf16" else "fp8")
                 row[f"pool_tokens_{dt}"] = p.capacity_tokens
                 for pol in ("vllm:16", "sglang:1"):
-                    _, s = run_replay(tr, parse_policy(pol), PoolSpec(capacity_tokens=p.capacity_tokens))
+                    _, s = radixkv.run(radixkv.ReplaySpec(tr, parse_policy(pol),
+                                                          PoolSpec(capacity_tokens=p.capacity_tokens)))
                     row[f"{pol}_{dt}"] = s["token_hit_rate"]
             for pol in ("vllm:16", "sglang:1"):
                 row[f"{pol}_gain"] = row[f"{pol}_fp8"] - row[f"{pol}_bf16"]

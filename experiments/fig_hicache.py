@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import _common as C  # noqa: I001
 
+import radixkv
 from radixkv.cost import CostModel, HostLink
 from radixkv.memory.presets import get_model
 from radixkv.policies.hicache import HiCacheRadixCache
 from radixkv.policies.registry import PoolSpec, parse_policy
-from radixkv.replay.run import run_replay
 
 GPU_TOKENS = 1_000_000
 PAGE = 1
@@ -76,7 +76,7 @@ def _concurrent(trace) -> list:
 
 
 def _sglang(trace, tokens):
-    _, s = run_replay(trace, parse_policy(f"sglang:{PAGE}"), PoolSpec(max_total_num_tokens=tokens))
+    _, s = radixkv.run(radixkv.ReplaySpec(trace, parse_policy(f"sglang:{PAGE}"), PoolSpec(max_total_num_tokens=tokens)))
     return s
 
 
@@ -96,7 +96,7 @@ def main() -> None:
         pts = []
         for h in hosts:
             spec = parse_policy(f"sglang-hicache:{PAGE}@host_tokens={h},write_policy={wp}")
-            _, s = run_replay(trace, spec, PoolSpec(max_total_num_tokens=GPU_TOKENS))
+            _, s = radixkv.run(radixkv.ReplaySpec(trace, spec, PoolSpec(max_total_num_tokens=GPU_TOKENS)))
             p = s["prompt_tokens"]
             pts.append({"host_tokens": h, "host_capacity_tokens": s["host_capacity_tokens"],
                         "hit_rate": s["token_hit_rate"], "device_hit_rate": s["device_hit_tokens"] / p,

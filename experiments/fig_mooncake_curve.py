@@ -20,8 +20,9 @@ import _common as C  # noqa: I001
 
 import numpy as np
 
+import radixkv
 from radixkv.policies.registry import PoolSpec, parse_policy
-from radixkv.replay.run import run_replay, warmup_many
+from radixkv.replay.run import warmup_many
 from radixkv.trace.stats import infinite_cache_hits
 
 #: Mooncake FAST'25, Figure 9 (Conversation), read off the plot (±0.02)
@@ -47,7 +48,7 @@ def main() -> None:
     for label, caps in policies:
         pts = []
         for cap in caps:
-            _, s = run_replay(tr, parse_policy(label), PoolSpec(capacity_tokens=cap))
+            _, s = radixkv.run(radixkv.ReplaySpec(tr, parse_policy(label), PoolSpec(capacity_tokens=cap)))
             pts.append({"capacity_tokens": cap, "token_hit_rate": s["token_hit_rate"],
                         "mean_request_hit_ratio": s["mean_request_hit_ratio"], "evicted_tokens": s["evicted_tokens"]})
             print(f"{label:>9} {cap:>11,}: token {s['token_hit_rate']:.4f}  per-request "

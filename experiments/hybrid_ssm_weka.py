@@ -40,11 +40,11 @@ import dataclasses
 import json
 import time
 
+import radixkv
 from radixkv.memory import get_gpu, get_model, vllm_pool_size
 from radixkv.memory.hybrid import (mamba_page_bytes, vllm_hybrid_block_size, vllm_hybrid_num_gpu_blocks,
                                    vllm_hybrid_policy_option, vllm_kv_cache_groups)
 from radixkv.policies.registry import PoolSpec, parse_policy
-from radixkv.replay.run import run_replay
 from radixkv.trace.load import load_trace
 from radixkv.trace.weka import read_weka_files
 
@@ -64,7 +64,7 @@ def _pools():
 
 def _run(t, spec, pool):
     t0 = time.process_time()
-    _, s = run_replay(t, spec, pool)
+    _, s = radixkv.run(radixkv.ReplaySpec(t, spec, pool))
     return s, time.process_time() - t0
 
 

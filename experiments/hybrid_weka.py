@@ -35,10 +35,10 @@ import _common as C  # noqa: I001
 import dataclasses
 import json
 
+import radixkv
 from radixkv.memory import get_gpu, get_model, vllm_pool_size
 from radixkv.memory.hybrid import vllm_hybrid_policy_option, vllm_kv_cache_groups
 from radixkv.policies.registry import PoolSpec, parse_policy
-from radixkv.replay.run import run_replay
 from radixkv.trace.load import load_trace
 from radixkv.trace.weka import read_weka_files
 
@@ -70,8 +70,8 @@ def main() -> None:
     tot = {"prompt": 0, "full_hit": 0, "hyb_hit": 0, "hyb_full_group_hit": 0}
     for f in files:
         t = load_trace(f)
-        _, sf = run_replay(t, full_spec, PoolSpec(num_gpu_blocks=pf.num_gpu_blocks))
-        _, sh = run_replay(t, hyb_spec, PoolSpec(num_gpu_blocks=h_blocks))
+        _, sf = radixkv.run(radixkv.ReplaySpec(t, full_spec, PoolSpec(num_gpu_blocks=pf.num_gpu_blocks)))
+        _, sh = radixkv.run(radixkv.ReplaySpec(t, hyb_spec, PoolSpec(num_gpu_blocks=h_blocks)))
         g = sh["kv_cache_groups"]
         row = {"trace": f.name, "requests": sf["requests"], "prompt_tokens": sf["prompt_tokens"],
                "full_attention_hit_rate": sf["token_hit_rate"], "hybrid_hit_rate": sh["token_hit_rate"],
@@ -89,8 +89,8 @@ def main() -> None:
     # the same sessions as one trace, all users starting together (radixkv.trace.weka:
     # conversation_spacing_s = 0, stable sort by arrival): they compete for one pool
     t = read_weka_files(files, name="weka-selected")
-    _, sf = run_replay(t, full_spec, PoolSpec(num_gpu_blocks=pf.num_gpu_blocks))
-    _, sh = run_replay(t, hyb_spec, PoolSpec(num_gpu_blocks=h_blocks))
+    _, sf = radixkv.run(radixkv.ReplaySpec(t, full_spec, PoolSpec(num_gpu_blocks=pf.num_gpu_blocks)))
+    _, sh = radixkv.run(radixkv.ReplaySpec(t, hyb_spec, PoolSpec(num_gpu_blocks=h_blocks)))
     g = sh["kv_cache_groups"]
     together = {"requests": sf["requests"], "prompt_tokens": sf["prompt_tokens"],
                 "full_attention_hit_rate": sf["token_hit_rate"], "hybrid_hit_rate": sh["token_hit_rate"],

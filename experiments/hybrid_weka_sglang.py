@@ -43,9 +43,9 @@ import _common as C  # noqa: I001
 import dataclasses
 import json
 
+import radixkv
 from radixkv.memory import get_gpu, get_model, sglang_pool_size
 from radixkv.policies.registry import PoolSpec, parse_policy
-from radixkv.replay.run import run_replay
 from radixkv.trace.load import load_trace
 from radixkv.trace.weka import read_weka_files
 
@@ -102,10 +102,10 @@ def compare(pools):
     files = C.weka_session_files(model.max_position_embeddings)
     for f in files:
         t = load_trace(f)
-        _, sf = run_replay(t, full_spec, PoolSpec(max_total_num_tokens=pools["all_full_tokens"]),
-                           chunked_prefill_size=CHUNK)
-        _, sh = run_replay(t, hyb_spec, PoolSpec(max_total_num_tokens=pools["hybrid_full_tokens"]),
-                           chunked_prefill_size=CHUNK)
+        _, sf = radixkv.run(radixkv.ReplaySpec(t, full_spec, PoolSpec(max_total_num_tokens=pools["all_full_tokens"]),
+                                                options={"chunked_prefill_size": CHUNK}))
+        _, sh = radixkv.run(radixkv.ReplaySpec(t, hyb_spec, PoolSpec(max_total_num_tokens=pools["hybrid_full_tokens"]),
+                                                options={"chunked_prefill_size": CHUNK}))
         g = sh["kv_cache_groups"]
         rows.append({"trace": f.name, "requests": sf["requests"], "prompt_tokens": sf["prompt_tokens"],
                      "full_attention_hit_rate": sf["token_hit_rate"], "hybrid_hit_rate": sh["token_hit_rate"],
@@ -126,10 +126,10 @@ def compare(pools):
     # the same sessions as one trace, every user starting at time 0 (read_weka_files):
     # they compete for one pool, which is where the pools' sizes matter
     t = read_weka_files(files, name="weka-selected")
-    _, sf = run_replay(t, full_spec, PoolSpec(max_total_num_tokens=pools["all_full_tokens"]),
-                       chunked_prefill_size=CHUNK)
-    _, sh = run_replay(t, hyb_spec, PoolSpec(max_total_num_tokens=pools["hybrid_full_tokens"]),
-                       chunked_prefill_size=CHUNK)
+    _, sf = radixkv.run(radixkv.ReplaySpec(t, full_spec, PoolSpec(max_total_num_tokens=pools["all_full_tokens"]),
+                                            options={"chunked_prefill_size": CHUNK}))
+    _, sh = radixkv.run(radixkv.ReplaySpec(t, hyb_spec, PoolSpec(max_total_num_tokens=pools["hybrid_full_tokens"]),
+                                            options={"chunked_prefill_size": CHUNK}))
     g = sh["kv_cache_groups"]
     together = {"requests": sf["requests"], "prompt_tokens": sf["prompt_tokens"],
                 "full_attention_hit_rate": sf["token_hit_rate"], "hybrid_hit_rate": sh["token_hit_rate"],

@@ -27,8 +27,9 @@ import _common as C  # noqa: I001
 
 import numpy as np
 
+import radixkv
 from radixkv.policies.registry import PoolSpec, parse_policy
-from radixkv.replay.run import run_replay, warmup_many
+from radixkv.replay.run import warmup_many
 from radixkv.synth.registry import generate
 
 CHUNK = 8192
@@ -45,7 +46,7 @@ def sweep(tr, caps) -> dict:
     for label, (pol, opts) in POLICIES.items():
         rows = []
         for cap in caps:
-            _, s = run_replay(tr, parse_policy(pol), PoolSpec(capacity_tokens=cap), **opts)
+            _, s = radixkv.run(radixkv.ReplaySpec(tr, parse_policy(pol), PoolSpec(capacity_tokens=cap), options=opts))
             rows.append({"pool_tokens": cap, **{k: s[k] for k in KEYS}})
         out[label] = rows
     return out

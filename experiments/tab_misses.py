@@ -1,7 +1,7 @@
 """Table: why prompt tokens miss — the miss-cause breakdown on the public traces (claims C3, C6, C10, C13).
 
 Each prompt token of a sequential replay is a hit or a miss with one cause
-(``radixkv.replay.misses``, ``run_replay(miss_causes=True)``): *compulsory* (no earlier
+(``radixkv.replay.misses``, ``radixkv.run`` with ``miss_causes=True``): *compulsory* (no earlier
 request computed it: an infinite token-level cache misses it too), *capacity* (the same
 policy on an unbounded pool hits it: evicted), *alignment* (held at token level but not in
 a whole block/page), *last-token cap* (whole blocks lost only to the engines' rule that the
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import _common as C  # noqa: I001
 
+import radixkv
 from radixkv.policies.registry import PoolSpec, parse_policy
-from radixkv.replay.run import run_replay, warmup_many
+from radixkv.replay.run import warmup_many
 
 POLICIES = ("vllm:16", "vllm:256", "sglang:1")
 CAUSES = ("hit", "compulsory", "capacity", "alignment", "last_token_cap", "not_cached")
@@ -46,7 +47,8 @@ def main() -> None:
             if pol == "vllm:256" and tr.unit_tokens % 256 == 0:
                 continue  # 256 divides the trace's hash block: alignment is 0 by construction
             for cap in caps:
-                _, s = run_replay(tr, parse_policy(pol), PoolSpec(capacity_tokens=cap), miss_causes=True)
+                _, s = radixkv.run(radixkv.ReplaySpec(tr, parse_policy(pol), PoolSpec(capacity_tokens=cap),
+                                                      miss_causes=True))
                 mc = s["miss_causes"]
                 rows.append({"policy": pol, "pool_tokens": cap, "token_hit_rate": s["token_hit_rate"],
                              "share": {c: mc["share"][c] for c in CAUSES},

@@ -13,8 +13,8 @@ import argparse
 
 from _common import REPO, result
 
+import radixkv
 from radixkv.policies.registry import PoolSpec, parse_policy
-from radixkv.replay.run import run_replay
 from radixkv.trace.load import load_trace
 from radixkv.util import atomic_write_text, dumps_json
 
@@ -32,7 +32,7 @@ def main() -> None:
         path = REPO / "traces" / f"{name}.jsonl"
         trace = load_trace(path if path.exists() else path.with_suffix(".npz"))
         for label in POLICIES:
-            _, s = run_replay(trace, parse_policy(label), pool)
+            _, s = radixkv.run(radixkv.ReplaySpec(trace, parse_policy(label), pool))
             rows.append({"scenario": name, "policy": label, "requests": s["requests"],
                          "token_hit_rate": s["token_hit_rate"], "alignment_loss_tokens": s["alignment_loss_tokens"],
                          "alignment_loss_share": s["alignment_loss_share"],

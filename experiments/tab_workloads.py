@@ -28,9 +28,10 @@ import _common as C  # noqa: I001
 
 import numpy as np
 
+import radixkv
 from radixkv.cost import CostModel
 from radixkv.policies.registry import PoolSpec, parse_policy
-from radixkv.replay.run import run_replay, warmup_many
+from radixkv.replay.run import warmup_many
 from radixkv.synth.registry import generate
 from radixkv.trace.stats import infinite_cache_hits
 
@@ -163,7 +164,7 @@ def synthetic(n: int) -> dict:
             P = np.asarray(tr.prompt_len, dtype=np.int64)
             for pool_name, cap in POOLS.items():
                 for pol in POLICIES:
-                    rec, s = run_replay(tr, parse_policy(pol), PoolSpec(capacity_tokens=cap))
+                    rec, s = radixkv.run(radixkv.ReplaySpec(tr, parse_policy(pol), PoolSpec(capacity_tokens=cap)))
                     hit = np.asarray(rec["hit_tokens"], dtype=np.int64)
                     for key, val in (("token_hit_rate", s["token_hit_rate"]),
                                      ("alignment_loss_share", s["alignment_loss_share"]),
