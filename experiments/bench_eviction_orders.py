@@ -7,7 +7,8 @@ trace timestamps), Llama-3.1-8B on one A100-80GB: with the pool of radixkv's mem
 (``--pool model``: nothing is evicted on this trace) and with a tight pool
 (``--capacity-tokens``, default 8,000 tokens: the eviction order decides). In this one
 process, with the trace loaded and the kernels compiled (or loaded) before the timings,
-each timing the best of ``--repeat`` (wall, and CPU time of this process), it prints the
+each timing the best of ``--repeat`` (wall, and CPU time of this process; the two policies of
+a pair take turns, run by run), it prints the
 concurrent replay of each policy of ``--pairs`` (``BASE/ORDERED`` pairs), which loop ran
 it (compiled or Python), and the ratio of the ordered policy to its base. The load average
 is printed before and after: wall times on a shared machine are noisy, the CPU ratio less so.
@@ -69,7 +70,7 @@ def main() -> None:
                                   kv_cache_dtype=None, gpu_memory_utilization=None, mem_fraction_static=None,
                                   max_num_batched_tokens=None)
         for pair in a.pairs.split(","):
-            rows = []
+            runs = []
             for label in pair.split("/"):
                 spec = parse_policy(label)
                 pool, _ = pool_for_policy(args, spec)
@@ -77,13 +78,25 @@ def main() -> None:
 
                 def run(spec=spec, pool=pool):
                     which.compiled = False
-                    return replay_concurrent(trace, build_policy(spec, pool, unit_tokens=trace.unit_tokens), cost,
-                                             arrivals=arr)
+                    res = replay_concurrent(trace, build_policy(spec, pool, unit_tokens=trace.unit_tokens), cost,
+                                            arrivals=arr)
+                    return res, which.compiled
 
                 run()  # compile (or load) outside the timings
-                t, c, res = _best(run, a.repeat)
+                runs.append((label, run))
+            # the policies of a pair take turns, repeat by repeat (ABAB...): a slow stretch of
+            # the machine, or this process's first runs, then weigh on both alike
+            best = {label: (None, None, None) for label, _ in runs}
+            for _ in range(a.repeat):
+                for label, run in runs:
+                    t, c, out = _best(run, 1)
+                    bt, bc, _ = best[label]
+                    best[label] = (t if bt is None else min(bt, t), c if bc is None else min(bc, c), out)
+            rows = []
+            for label, _ in runs:
+                t, c, (res, comp) = best[label]
                 ev = res.columns["evicted_tokens"]  # NaN under SGLang's rule: not charged to requests
-                rows.append((label, t, c, which.compiled, res.summary()["token_hit_rate"],
+                rows.append((label, t, c, comp, res.summary()["token_hit_rate"],
                              None if ev.dtype.kind == "f" and np.isnan(ev).any() else int(ev.sum())))
             b_label, bt, bc = rows[0][:3]
             for label, t, c, comp, hit, ev in rows:
