@@ -112,7 +112,7 @@ def _arrays(pool):
 def _admit(pool, ps, ls, tr, i, sl, m, n_tok, asked):
     """``BlockHashCache.admit`` of request *i* into slot *sl* (``pool_admit``)."""
     blk, b32, kt, k32, pcid, pcs, st, stk = _arrays(pool)
-    keys2d, tbl2d, s_nblk, s_tag = ps
+    s_nblk, s_tag = ps[2], ps[3]
     sid2d = ls[0]
     send2d = ls[1]
     prompt_len = tr[5]
@@ -139,7 +139,7 @@ def _admit(pool, ps, ls, tr, i, sl, m, n_tok, asked):
 @njit(cache=True)
 def _extend(pool, ps, ls, sl, n0, n):
     """``BlockHashCache.extend`` of slot *sl* by *n* tokens (``pool_extend``)."""
-    keys2d, tbl2d, s_nblk, s_tag = ps
+    s_nblk, s_tag = ps[2], ps[3]
     B = pool.block_size
     t = n0 + n
     if (t + B - 1) // B == s_nblk[sl] and t // B == n0 // B:
