@@ -109,8 +109,8 @@ def test_api_concurrent_with_a_context_limit_is_the_cli_replay(tmp_path):
     trace = radixkv.load_trace(str(path)).head(200)
     long_first = int(trace.prompt_len[0]) - 1  # the first request is refused
     out = tmp_path / "c.json"
-    assert main(["replay", str(path), "--limit", "200", "--policy", "sglang:1", "--capacity-tokens", "8000", "--mode", "concurrent",
-                 "--model", "Llama-3.1-8B", "--gpu", "A100-80GB", "--max-model-len", str(long_first), "--quiet",
+    assert main(["replay", str(path), "--limit", "200", "--policy", "sglang:1", "--capacity-tokens", "8000",
+                 "--mode", "concurrent", "--model", "Llama-3.1-8B", "--gpu", "A100-80GB", "--max-model-len", str(long_first), "--quiet",
                  "--json", str(out), "--no-timing"]) == 0
     cli = json.loads(out.read_text())["results"][0]["summary"]
     assert cli["rejected_requests"] >= 1
@@ -154,3 +154,18 @@ def test_a_sweep_cell_with_replicas_routes_them():
     out = replay_cell(trace, {"policy": "vllm:16", "capacity_tokens": 3000, "replicas": 2})
     assert out["metrics"]["hit_tokens"] == _split_hits(trace, "vllm:16", 3000, 2)
     assert out["metrics"]["routing"]["n_replicas"] == 2
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"knobs": {"mode": "concurrent"}}, "mode"),  # the mode is said once, in the spec
+    ({"knobs": {"replicas": 2}, "miss_causes": True}, "miss_causes"),  # sequential replicas: not modelled
+    ({"knobs": {"replicas": 2}, "measure_last": 0.5}, "measure_last"),
+    ({"knobs": {"replicas": 0}}, "replicas"),
+    ({"knobs": {"router": "random"}}, "replicas"),  # a router without replicas
+])
+def test_bad_routing_specs_are_config_errors(kw, field):
+    trace = radixkv.load_trace(str(MIXED))
+    with pytest.raises(ConfigError) as e:
+        radixkv.run(radixkv.ReplaySpec(trace, radixkv.parse_policy("vllm:16"), radixkv.PoolSpec(capacity_tokens=8000),
+                                       **kw))
+    assert e.value.field == field

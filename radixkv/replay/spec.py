@@ -1,11 +1,13 @@
-"""One replay on one engine, either mode: :class:`ReplaySpec` says what to replay (trace,
-policy, pool, mode, knobs) and :func:`run` runs it.
+"""One replay, either mode, on one engine or on replicas: :class:`ReplaySpec` says what to
+replay (trace, policy, pool, mode, knobs) and :func:`run` runs it.
 
-What ``radixkv replay`` and ``compare``, ``radixkv check``, a sweep's cell,
-:func:`radixkv.replay` (sequential, a policy given by name or class) and
-:mod:`radixkv.testing` call for every (policy, pool) replay. The sequential mode is
-:func:`radixkv.replay.run.run_replay`; the concurrent one
-:func:`radixkv.replay.settings.run_concurrent_from_args` on the knobs.
+What ``radixkv replay`` and ``compare`` (``--replicas`` and ``--explain`` too),
+``radixkv check``, a sweep's cell, the plan's hit bound, :func:`radixkv.replay` (a policy by
+name or class) and :mod:`radixkv.testing` call for every (policy, pool) replay. On one
+engine the sequential mode is :func:`radixkv.replay.run.run_replay` and the concurrent one
+:func:`radixkv.replay.settings.run_concurrent_from_args` on the knobs; the replicas are
+:func:`radixkv.replay.routing.replay_replicas` (sequential) and
+:func:`radixkv.replay.settings.run_routed_concurrent_result` (concurrent).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ MODES = ("sequential", "concurrent")
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ReplaySpec:
-    """One replay on one engine: what :func:`run` runs.
+    """One replay: what :func:`run` runs (on the knobs' ``replicas`` when they name some).
 
     Attributes
     ----------
@@ -51,7 +53,8 @@ class ReplaySpec:
         reads only the context length (``max_model_len``, else ``model``'s). See
         :meth:`settings` for how a Mapping meets the pool.
     options : Mapping
-        Keywords for the policy's constructor (``{"verify": True}``: ``--verify``).
+        Keywords for the policy's constructor (``{"verify": True}``: ``--verify``; one
+        engine only: the replicas build their policies from *policy* alone).
     miss_causes : bool or 'fix'
         Split each prompt's misses by cause (:mod:`radixkv.replay.misses`,
         :mod:`radixkv.replay.conc_misses`); ``'fix'`` also asks what would fix them
@@ -86,17 +89,26 @@ class ReplaySpec:
     arrivals: object = None
 
     def settings(self) -> argparse.Namespace:
-        """:attr:`knobs` as the namespace the concurrent replay reads. A namespace is used as
-        given (the command line's flags, pool size flags included). A Mapping (or None) is
-        copied, with ``mode`` the spec's unless it says, and the pool size knobs it lacks (``capacity_tokens``, ``num_gpu_blocks``,
-        ``max_total_num_tokens``) are :attr:`pool`'s: the replay then sees an explicit pool,
-        as ``radixkv replay --capacity-tokens N`` does, and its step budget defaults to
+        """:attr:`knobs` as the namespace the replay reads. A namespace is used as given (the
+        command line's flags, ``mode`` and the pool size flags included). A Mapping (or None)
+        is copied with :attr:`mode` as its ``mode``, and the pool size knobs it lacks
+        (``capacity_tokens``, ``num_gpu_blocks``, ``max_total_num_tokens``) are
+        :attr:`pool`'s: the replay then sees an explicit pool, as ``radixkv replay
+        --capacity-tokens N`` does, and its step budget defaults to
         :data:`radixkv.replay.settings.STEP_DEFAULTS` rather than the engine's on ``gpu``
-        (:func:`radixkv.replay.settings.step_defaults`)."""
+        (:func:`radixkv.replay.settings.step_defaults`).
+
+        Raises
+        ------
+        radixkv.errors.ConfigError
+            A Mapping whose ``mode`` is not :attr:`mode` (field ``mode``)."""
         k = self.knobs
         if k is not None and not isinstance(k, Mapping):
             return k
-        ns = argparse.Namespace(**{"mode": self.mode, **(k or {})})
+        if k and k.get("mode", self.mode) != self.mode:
+            raise ConfigError(f"knobs give mode {k['mode']!r} but the ReplaySpec's mode is {self.mode!r}: "
+                              "set the mode once, as ReplaySpec(mode=...)", field="mode")
+        ns = argparse.Namespace(**{**(k or {}), "mode": self.mode})
         for f in ("capacity_tokens", "num_gpu_blocks", "max_total_num_tokens"):
             if getattr(ns, f, None) is None:
                 setattr(ns, f, getattr(self.pool, f))
@@ -133,15 +145,18 @@ def run(spec: ReplaySpec, *, progress=None, recorder_factory=None) -> tuple:
     Raises
     ------
     radixkv.errors.ConfigError
-        An unknown mode; an empty replay (concurrent); what the policy, the pool or the
-        replay refuse (a request larger than the pool, a bad knob).
+        An unknown mode; an empty replay (concurrent, replicas); routing knobs without
+        ``replicas``; miss causes or *measure_last* on the sequential replicas; what the
+        policy, the pool or the replay refuse (a request larger than the pool, a bad knob).
     """
     if spec.mode not in MODES:
         raise ConfigError(f"mode must be 'sequential' or 'concurrent', got {spec.mode!r}", field="mode")
     knobs = spec.settings()
     from radixkv.replay.context import resolve_max_model_len
+    from radixkv.replay.settings import routed
 
-    if spec.mode == "sequential" and getattr(knobs, "replicas", None) is None:
+    on_replicas = routed(knobs)  # also refuses routing knobs without replicas
+    if spec.mode == "sequential" and not on_replicas:
         miss = {"miss_causes": spec.miss_causes} if spec.miss_causes else {}
         rec, summ = run_replay(spec.trace, spec.policy, spec.pool, limit=spec.limit, quiet=spec.quiet,
                                **spec.options, **miss,
@@ -150,12 +165,15 @@ def run(spec: ReplaySpec, *, progress=None, recorder_factory=None) -> tuple:
                                measure_last=spec.measure_last)
         return rec, fill_tier_bytes(summ, kv_bytes_per_token(knobs))
     if spec.measure_last is not None:
-        raise ConfigError("measure_last is a metric of the sequential replay (each request alone, in trace order)",
-                          field="measure_last")
+        raise ConfigError("measure_last is a metric of the one-pool sequential replay (each request alone, in trace "
+                          "order)", field="measure_last")
+    if spec.miss_causes and spec.mode == "sequential":
+        raise ConfigError("miss causes with replicas need mode 'concurrent' (the sequential replicas' causes are not "
+                          "modelled)", field="miss_causes")
     trace = spec.trace.head(spec.limit)
     if len(trace) == 0:
         raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
-    if getattr(knobs, "replicas", None) is not None:
+    if on_replicas:
         res, summ = _routed(spec, knobs, recorder_factory)
     else:
         res, summ = _one_engine(spec, knobs, trace, progress, recorder_factory)
@@ -198,7 +216,7 @@ def _one_engine(spec: ReplaySpec, knobs, trace: Trace, progress, recorder_factor
 
 def _routed(spec: ReplaySpec, knobs, recorder_factory=None) -> tuple:
     """The knobs' ``replicas`` replicas behind their ``router``, each a fresh policy on the
-    pool (:func:`radixkv.replay.settings.routed` checks the routing knobs first).
+    pool (:func:`run` has checked the routing knobs: :func:`radixkv.replay.settings.routed`).
 
     Concurrent mode: the replicas on one clock
     (:func:`radixkv.replay.settings.run_routed_concurrent_result`); result the
@@ -207,9 +225,8 @@ def _routed(spec: ReplaySpec, knobs, recorder_factory=None) -> tuple:
     global); result its dict, summary the aggregate metrics (those that do not add up over
     pools absent) with ``replicas`` (each replica's summary, host-tier bytes priced) and
     ``routing``. Both summaries' ``policy`` is ``"<label> x<N> <router>"``."""
-    from radixkv.replay.settings import routed, routing_knobs, run_routed_concurrent_result
+    from radixkv.replay.settings import routing_knobs, run_routed_concurrent_result
 
-    routed(knobs)
     label = spec.policy.label
     if spec.mode == "concurrent":
         res, _, compile_s, el = run_routed_concurrent_result(spec.trace.head(spec.limit), spec.policy, spec.pool,
