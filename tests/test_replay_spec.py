@@ -169,3 +169,63 @@ def test_bad_routing_specs_are_config_errors(kw, field):
         radixkv.run(radixkv.ReplaySpec(trace, radixkv.parse_policy("vllm:16"), radixkv.PoolSpec(capacity_tokens=8000),
                                        **kw))
     assert e.value.field == field
+
+
+def test_knob_names_are_the_replay_flags_and_a_typo_is_refused():
+    # every knob a Mapping may hold is a flag destination of `radixkv replay` (the parser the
+    # command line and sweep grids build from radixkv.flags)
+    from radixkv.replay.settings import KNOBS
+    from radixkv.sweep.grid import _replay_parser
+
+    assert KNOBS <= {a.dest for a in _replay_parser()._actions}
+    trace = radixkv.load_trace(str(MIXED))
+    base = dict(trace=trace, policy=radixkv.parse_policy("vllm:16"), pool=radixkv.PoolSpec(capacity_tokens=8000),
+                mode="concurrent")
+    with pytest.raises(ConfigError, match="max_num_seqs") as e:
+        radixkv.run(radixkv.ReplaySpec(knobs={**CONC, "max_num_seq": 4}, **base))
+    assert e.value.field == "max_num_seq"
+    with pytest.raises(ConfigError, match=r"ReplaySpec\(limit=") as e:
+        radixkv.run(radixkv.ReplaySpec(knobs={**CONC, "limit": 4}, **base))
+
+
+def test_objects_reach_the_replicas_and_the_sequential_mode_refuses_them():
+    # arrival times given as an array reach the replicas' clock as they reach one engine's:
+    # every request arriving at once queues more than the trace's spread-out arrivals
+    import numpy as np
+
+    path = Path(__file__).parents[1] / "traces" / "customer_service.jsonl"  # arrivals spread over ~10 min
+    trace = radixkv.load_trace(str(path))
+    base = dict(trace=trace, policy=radixkv.parse_policy("vllm:16"), pool=radixkv.PoolSpec(capacity_tokens=20000),
+                mode="concurrent", limit=150, knobs={**CONC, "replicas": 2})
+    _, spread = radixkv.run(radixkv.ReplaySpec(**base))
+    _, burst = radixkv.run(radixkv.ReplaySpec(**base, arrivals=np.zeros(150)))
+    assert burst["queue_mean_s"] > spread["queue_mean_s"]
+    with pytest.raises(ConfigError) as e:
+        radixkv.run(radixkv.ReplaySpec(**base, arrivals=np.zeros(3)))
+    assert e.value.field == "arrivals"
+    with pytest.raises(ConfigError) as e:
+        radixkv.run(radixkv.ReplaySpec(**{**base, "mode": "sequential", "knobs": None}, arrivals=np.zeros(150)))
+    assert e.value.field == "arrivals"
+
+
+def test_spec_fields_are_checked_and_texts_are_read():
+    spec = radixkv.ReplaySpec(str(MIXED), "vllm:16", radixkv.PoolSpec(num_gpu_blocks=120))  # a path, a spec text
+    rec, _ = radixkv.run(spec)
+    assert rec["hit_tokens"].tolist() == _golden("vllm", "vllm_mixed200_b16_n120")
+    trace = radixkv.load_trace(str(MIXED))
+    with pytest.raises(TypeError, match="pool"):
+        radixkv.ReplaySpec(trace, "vllm:16", 8000)
+    with pytest.raises(TypeError, match="knobs"):
+        radixkv.ReplaySpec(trace, "vllm:16", radixkv.PoolSpec(capacity_tokens=8000), knobs=[("model", "x")])
+    for bad in (-1, 2.5, True, "50"):
+        with pytest.raises(ConfigError) as e:
+            radixkv.ReplaySpec(trace, "vllm:16", radixkv.PoolSpec(capacity_tokens=8000), limit=bad)
+        assert e.value.field == "limit"
+    with pytest.raises(ConfigError) as e:  # a namespace's mode must agree too
+        radixkv.run(radixkv.ReplaySpec(trace, "vllm:16", radixkv.PoolSpec(capacity_tokens=8000), mode="concurrent",
+                                       knobs=argparse.Namespace(**CONC, mode="sequential")))
+    assert e.value.field == "mode"
+    with pytest.raises(ConfigError) as e:  # a misspelt kv_pool is not read as "local"
+        radixkv.run(radixkv.ReplaySpec(trace, "vllm:16", radixkv.PoolSpec(capacity_tokens=8000),
+                                       knobs={"replicas": 2, "kv_pool": "globl"}))
+    assert e.value.field == "kv_pool"

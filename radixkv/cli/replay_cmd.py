@@ -112,7 +112,7 @@ def _doc(trace, args, load_s, results, pools):
 
 
 def _replay_spec(trace, spec, pool, args, *, fix: bool = True):
-    """The :class:`~radixkv.replay.run.ReplaySpec` of the flags: *spec* on *pool* over
+    """The :class:`~radixkv.replay.spec.ReplaySpec` of the flags: *spec* on *pool* over
     *trace* (``--limit`` applied by the replay), the flags as its knobs; ``--verify``,
     ``--miss-causes``/``--miss-fix`` (*fix* False: the causes without the fix, for a
     replay that is one point of a fix or a rerun) and ``--measure-last``."""
@@ -729,7 +729,7 @@ def _check_window_arg(args) -> None:
     window_start(0, f)
     if getattr(args, "mode", "sequential") == "concurrent":
         raise ConfigError("--measure-last is a metric of the sequential replay (each request alone, in trace order): "
-                          "drop it or --mode concurrent", field="measure_last")
+                          "drop it, or drop --mode concurrent", field="measure_last")
     if getattr(args, "replicas", None) is not None and _routing.routed(args):
         raise ConfigError("--measure-last is a metric of the one-pool sequential replay: drop it or --replicas",
                           field="measure_last")

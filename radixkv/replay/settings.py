@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from radixkv.errors import ConfigError
 from radixkv.replay.scheduler import SchedulerConfig
 
@@ -32,6 +34,29 @@ from radixkv.replay.scheduler import SchedulerConfig
 #: ``--num-gpu-blocks``, ``--max-total-num-tokens``, ``--pool-from-log``):
 #: ``(max_num_batched_tokens, max_num_seqs)``: :class:`SchedulerConfig`'s own (8192, 256)
 STEP_DEFAULTS = (SchedulerConfig.max_num_batched_tokens, SchedulerConfig.max_num_seqs)
+
+
+#: the knobs a replay reads from its settings (``radixkv replay``'s flag destinations), what
+#: :class:`radixkv.replay.spec.ReplaySpec` accepts as a Mapping's keys: the concurrent
+#: replay's (scheduler, arrivals, step time, caching), the model and GPU it is priced on,
+#: the pool size flags the step defaults read, and the replicas' routing
+KNOBS = frozenset({
+    # model, GPU, context (radixkv.cost, radixkv.replay.context)
+    "model", "gpu", "tp", "kv_cache_dtype", "max_model_len",
+    # the pool as the flags gave it (step_defaults: a pool sized on the GPU or an explicit one)
+    "capacity_tokens", "num_gpu_blocks", "max_total_num_tokens", "pool_from_log",
+    # the scheduler (concurrent_config_from_args)
+    "admission", "max_num_batched_tokens", "max_num_seqs", "schedule_policy", "enable_chunked_prefill",
+    "long_prefill_token_threshold", "watermark", "scheduling_policy", "enable_priority_scheduling",
+    "schedule_low_priority_values_first", "disable_priority_preemption", "retraction_policy",
+    # arrivals (radixkv.replay.arrivals), step time (cost_model_from_args), caching (policy_from_args)
+    "arrival", "time_scale", "request_rate", "burstiness", "seed", "cost_model", "mfu", "mbu", "step_overhead_s",
+    "request_intake_s", "host_link", "enable_prefix_caching", "static_reserved_fraction", "timeline",
+    # replicas (routed, routing_knobs)
+    "replicas", "router", "kv_pool", "router_seed", "router_load_window", "cache_threshold",
+    "balance_abs_threshold", "balance_rel_threshold", "max_tree_tokens",
+    "mode",
+})
 
 
 def _rule_of_policy(policy) -> str:
@@ -378,6 +403,8 @@ def routed(args) -> bool:
         return False
     if args.replicas < 1:
         raise ConfigError(f"--replicas must be ≥ 1, got {args.replicas}", field="replicas")
+    if getattr(args, "kv_pool", "local") not in ("local", "global"):
+        raise ConfigError(f"--kv-pool must be local or global, got {args.kv_pool!r}", field="kv_pool")
     if getattr(args, "mode", "sequential") == "concurrent" and getattr(args, "router_load_window", None) is not None:
         raise ConfigError("--router-load-window applies to the sequential replicas only: with --mode concurrent a "
                           "replica's load is its requests in flight at the arrival", field="router_load_window")
@@ -406,14 +433,17 @@ def routing_knobs(args) -> dict:
             "max_tree_tokens": getattr(args, "max_tree_tokens", None)}
 
 
-def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None, *, miss_causes=None):
+def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None, *, miss_causes=None, cost=None,
+                                 config=None, arrivals=None):
     """The concurrent replay of ``replicas`` replicas behind ``router`` on one clock
     (:func:`radixkv.replay.multi_concurrent.replay_multi_concurrent`), each a fresh policy
     of *spec* on *pool* (then :func:`policy_from_args`): returns ``(MultiConcurrentResult,
     recorders or None, compile seconds, replay seconds)``. *recorder_factory*
     (``factory(trace, policy, config, replica)``; with ``--miss-causes``) builds each
     replica's recorder instead of :class:`~radixkv.replay.conc_misses.MissRecorder`.
-    *miss_causes* (None: ``args.miss_causes``) records the concurrent miss causes."""
+    *miss_causes* (None: ``args.miss_causes``) records the concurrent miss causes. *cost*,
+    *config*, *arrivals*: as :func:`run_concurrent_from_args`'s (given, they replace what
+    the flags describe; *arrivals* one per request of ``trace.head(limit)``)."""
     from radixkv.policies.registry import build_policy
     from radixkv.replay.arrivals import arrival_times
     from radixkv.replay.multi_concurrent import replay_multi_concurrent
@@ -423,18 +453,25 @@ def run_routed_concurrent_result(trace, spec, pool, args, recorder_factory=None,
     if len(t) == 0:
         raise ConfigError("no requests to replay (empty trace or --limit 0)", path=trace.name or None, field="limit")
     compile_s = warmup(spec, lean=t.unit_tokens == 1)
-    cost = cost_model_from_args(args)
+    cost = cost_model_from_args(args) if cost is None else cost
     pols = [policy_from_args(build_policy(spec, pool, unit_tokens=t.unit_tokens), args) for _ in range(args.replicas)]
-    arr = arrival_times(t, arrival=getattr(args, "arrival", "trace"), time_scale=float(getattr(args, "time_scale", 1.0)),
-                        request_rate=getattr(args, "request_rate", None),
-                        burstiness=float(getattr(args, "burstiness", 1.0)), seed=int(getattr(args, "seed", 0)))
+    if arrivals is None:
+        arr = arrival_times(t, arrival=getattr(args, "arrival", "trace"),
+                            time_scale=float(getattr(args, "time_scale", 1.0)),
+                            request_rate=getattr(args, "request_rate", None),
+                            burstiness=float(getattr(args, "burstiness", 1.0)), seed=int(getattr(args, "seed", 0)))
+    else:
+        arr = np.asarray(arrivals, dtype=np.float64)
+        if arr.shape != (len(t),):
+            raise ConfigError(f"arrivals: {arr.shape[0] if arr.ndim == 1 else arr.shape} times for {len(t)} "
+                              "requests (one per request, in replay order)", field="arrivals")
     from radixkv.replay.context import engine_of, record, resolve_max_model_len, serve_with_arrivals
 
     # requests past the model's context: refused before routing (radixkv/replay/context.py)
     t, arr, ctx = serve_with_arrivals(t, arr, resolve_max_model_len(getattr(args, "model", None),
                                                                     getattr(args, "max_model_len", None)),
                                       engine_of(spec))
-    cfg = concurrent_config_from_args(args, pols[0])
+    cfg = concurrent_config_from_args(args, pols[0]) if config is None else config
     recs = None
     if getattr(args, "miss_causes", False) if miss_causes is None else miss_causes:
         from radixkv.replay.conc_misses import MissRecorder, check_policy

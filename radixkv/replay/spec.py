@@ -15,6 +15,9 @@ import argparse
 import dataclasses
 import time
 from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
 
 from radixkv.errors import ConfigError
 from radixkv.metrics import fill_tier_bytes
@@ -32,11 +35,11 @@ class ReplaySpec:
 
     Attributes
     ----------
-    trace : radixkv.trace.types.Trace
-        The requests, in arrival order.
-    policy : radixkv.policies.registry.PolicySpec
-        The policy (:func:`radixkv.policies.registry.parse_policy`); a fresh one is built
-        on *pool* for the replay.
+    trace : radixkv.trace.types.Trace, str or Path
+        The requests, in arrival order (a path is read, format detected).
+    policy : radixkv.policies.registry.PolicySpec or str
+        The policy (a spec text is parsed: :func:`radixkv.policies.registry.parse_policy`);
+        a fresh one is built on *pool* for the replay.
     pool : radixkv.policies.registry.PoolSpec
         The pool, in tokens or the engines' own terms
         (:func:`radixkv.replay.pool_settings.pool_for_policy` sizes it from flags).
@@ -49,9 +52,12 @@ class ReplaySpec:
     knobs : argparse.Namespace, Mapping or None
         The replay's settings by their ``radixkv replay`` flag names (``dest``: ``model``,
         ``gpu``, ``max_model_len``, ``max_num_seqs``, ``arrival``, ``time_scale``,
-        ``cost_model``, ...); a knob not given has its flag's default. The sequential mode
-        reads only the context length (``max_model_len``, else ``model``'s). See
-        :meth:`settings` for how a Mapping meets the pool.
+        ``cost_model``, ...: the flags' destinations, ``max_num_seqs`` for
+        ``--max-num-seqs``; :data:`radixkv.replay.settings.KNOBS`); a knob not given has its
+        flag's default. On one engine the sequential mode reads the context length
+        (``max_model_len``, else ``model``'s) and prices host-tier bytes on ``model``,
+        ``tp``, ``kv_cache_dtype``; the routing knobs (``replicas``, ``router``, ...) apply
+        to both modes. See :meth:`settings` for how a Mapping meets the pool.
     options : Mapping
         Keywords for the policy's constructor (``{"verify": True}``: ``--verify``; one
         engine only: the replicas build their policies from *policy* alone).
@@ -60,13 +66,14 @@ class ReplaySpec:
         :mod:`radixkv.replay.conc_misses`); ``'fix'`` also asks what would fix them
         (more replays: ``summary["miss_causes"]["fix"]``).
     measure_last : float or None
-        Sequential mode: the hit metrics over the last share F in (0, 1] of the requests
-        (``summary["measure_window"]``).
+        Sequential mode on one engine: the hit metrics over the last share F in (0, 1] of
+        the requests (``summary["measure_window"]``).
     quiet : bool
         No progress bar (sequential mode; the concurrent mode reports through
         :func:`run`'s *progress*).
     cost, config, arrivals : objects or None
-        Concurrent mode, for a library caller that holds them: a step-time model
+        Concurrent mode (one engine or replicas; refused in the sequential one), for a
+        library caller that holds them: a step-time model
         (:class:`radixkv.cost.CostModel`, :class:`radixkv.clock.CalibratedCostModel`), a
         :class:`radixkv.replay.scheduler.SchedulerConfig` and arrival times (float64
         seconds, shape (n,) or longer: the first ``len(trace.head(limit))`` are used). Each
@@ -88,6 +95,38 @@ class ReplaySpec:
     config: object = None
     arrivals: object = None
 
+    def __post_init__(self):
+        """A trace path is read (:func:`radixkv.trace.load.load_trace`), a policy text parsed
+        (:func:`radixkv.policies.registry.parse_policy`); the other fields are checked.
+
+        Raises
+        ------
+        TypeError
+            A trace, policy, pool or knobs of another kind.
+        radixkv.errors.ConfigError
+            A *limit* that is not an int ≥ 0 (field ``limit``), a *mode* not in
+            :data:`MODES` (field ``mode``)."""
+        if isinstance(self.trace, (str, Path)):
+            from radixkv.trace.load import load_trace
+
+            object.__setattr__(self, "trace", load_trace(self.trace))
+        if isinstance(self.policy, str):
+            from radixkv.policies.registry import parse_policy
+
+            object.__setattr__(self, "policy", parse_policy(self.policy))
+        for name, kind in (("trace", Trace), ("policy", PolicySpec), ("pool", PoolSpec)):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"ReplaySpec.{name} must be a {kind.__name__}, got "
+                                f"{type(getattr(self, name)).__name__}")
+        if self.knobs is not None and not isinstance(self.knobs, (Mapping, argparse.Namespace)):
+            raise TypeError(f"ReplaySpec.knobs must be a Mapping or an argparse.Namespace, got "
+                            f"{type(self.knobs).__name__}")
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, (int, np.integer))
+                                       or self.limit < 0):
+            raise ConfigError(f"limit must be an int ≥ 0 or None, got {self.limit!r}", field="limit")
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be 'sequential' or 'concurrent', got {self.mode!r}", field="mode")
+
     def settings(self) -> argparse.Namespace:
         """:attr:`knobs` as the namespace the replay reads. A namespace is used as given (the
         command line's flags, ``mode`` and the pool size flags included). A Mapping (or None)
@@ -101,10 +140,27 @@ class ReplaySpec:
         Raises
         ------
         radixkv.errors.ConfigError
-            A Mapping whose ``mode`` is not :attr:`mode` (field ``mode``)."""
+            A Mapping key that is no knob of the replay
+            (:data:`radixkv.replay.settings.KNOBS`; a misspelt knob would otherwise be
+            ignored), or knobs whose ``mode`` is not :attr:`mode` (field ``mode``)."""
         k = self.knobs
         if k is not None and not isinstance(k, Mapping):
+            if getattr(k, "mode", self.mode) != self.mode:
+                raise ConfigError(f"knobs give mode {k.mode!r} but the ReplaySpec's mode is {self.mode!r}",
+                                  field="mode")
             return k
+        from radixkv.replay.settings import KNOBS
+
+        for name in (k or {}):
+            if name not in KNOBS:
+                import difflib
+
+                near = difflib.get_close_matches(str(name), sorted(KNOBS), n=3)
+                hint = f"; did you mean {' or '.join(near)}?" if near else ""
+                own = " (a ReplaySpec field: give it as ReplaySpec(" + str(name) + "=...))" if name in {
+                    f.name for f in dataclasses.fields(self)} else ""
+                raise ConfigError(f"knobs: {name!r} is not a knob of the replay{own}{hint} (the knobs are radixkv "
+                                  "replay's flag names: radixkv.replay.settings.KNOBS)", field=str(name))
         if k and k.get("mode", self.mode) != self.mode:
             raise ConfigError(f"knobs give mode {k['mode']!r} but the ReplaySpec's mode is {self.mode!r}: "
                               "set the mode once, as ReplaySpec(mode=...)", field="mode")
@@ -149,13 +205,16 @@ def run(spec: ReplaySpec, *, progress=None, recorder_factory=None) -> tuple:
         ``replicas``; miss causes or *measure_last* on the sequential replicas; what the
         policy, the pool or the replay refuse (a request larger than the pool, a bad knob).
     """
-    if spec.mode not in MODES:
-        raise ConfigError(f"mode must be 'sequential' or 'concurrent', got {spec.mode!r}", field="mode")
     knobs = spec.settings()
     from radixkv.replay.context import resolve_max_model_len
     from radixkv.replay.settings import routed
 
     on_replicas = routed(knobs)  # also refuses routing knobs without replicas
+    if spec.mode == "sequential":
+        given = [f for f in ("cost", "config", "arrivals") if getattr(spec, f) is not None]
+        if given:
+            raise ConfigError(f"{given[0]} prices or schedules the concurrent replay: the sequential one has no "
+                              "clock (drop it, or mode='concurrent')", field=given[0])
     if spec.mode == "sequential" and not on_replicas:
         miss = {"miss_causes": spec.miss_causes} if spec.miss_causes else {}
         rec, summ = run_replay(spec.trace, spec.policy, spec.pool, limit=spec.limit, quiet=spec.quiet,
@@ -198,11 +257,7 @@ def _one_engine(spec: ReplaySpec, knobs, trace: Trace, progress, recorder_factor
     compile_s = warmup(spec.policy, lean=trace.unit_tokens == 1) or compile_seconds(spec.policy)
     policy = build_policy(spec.policy, spec.pool, unit_tokens=trace.unit_tokens, **spec.options)
     t0 = time.perf_counter()
-    arr = None
-    if spec.arrivals is not None:
-        import numpy as np
-
-        arr = np.asarray(spec.arrivals, dtype=np.float64)[: len(trace)]
+    arr = None if spec.arrivals is None else np.asarray(spec.arrivals, dtype=np.float64)[: len(trace)]
     res = run_concurrent_from_args(trace, policy, knobs, progress=progress,
                                    miss_spec=spec.policy if spec.miss_causes else None,
                                    recorder_factory=recorder_factory, cost=spec.cost, config=spec.config,
@@ -229,9 +284,11 @@ def _routed(spec: ReplaySpec, knobs, recorder_factory=None) -> tuple:
 
     label = spec.policy.label
     if spec.mode == "concurrent":
-        res, _, compile_s, el = run_routed_concurrent_result(spec.trace.head(spec.limit), spec.policy, spec.pool,
-                                                             knobs, recorder_factory=recorder_factory,
-                                                             miss_causes=bool(spec.miss_causes))
+        t = spec.trace.head(spec.limit)
+        res, _, compile_s, el = run_routed_concurrent_result(
+            t, spec.policy, spec.pool, knobs, recorder_factory=recorder_factory, miss_causes=bool(spec.miss_causes),
+            cost=spec.cost, config=spec.config,
+            arrivals=None if spec.arrivals is None else np.asarray(spec.arrivals, dtype=np.float64)[: len(t)])
         summ = {"policy": f"{label} x{res.n_replicas} {res.router}", **res.summary()}
         summ["timing_s"] = {"compile": compile_s, "replay": el,
                             "prompt_tokens_per_s": summ["prompt_tokens"] / el if el > 0 else None}
