@@ -116,20 +116,3 @@ def host_tier_spec(spec, args):
         opts["host_tokens"] = int(given["host_cache_tokens"])
     opts.update(dict(spec.option or ()))  # the spec's own options win
     return replace(spec, option=tuple(sorted(opts.items())))
-
-
-def add_host_tier_bytes(summary: dict, args) -> dict:
-    """Fill ``gpu_to_host_bytes`` / ``host_to_gpu_bytes`` (and, with an L3 tier,
-    ``host_to_storage_bytes`` / ``storage_to_host_bytes``) of a replay *summary* in place.
-
-    Bytes = tokens copied × the model's KV bytes per token per TP rank
-    (:meth:`radixkv.memory.specs.ModelSpec.kv_bytes_per_token` at ``--tp`` and
-    ``--kv-cache-dtype``; SGLang sizes its host pool with the same per-token size,
-    ``pool_host/base.py :: HostKVCache.__init__``). They stay None (``n/a``) when the
-    policy models no host tier (its token counts are None) or no ``--model`` is given.
-    Returns *summary*.
-    """
-    from radixkv.metrics import fill_tier_bytes
-    from radixkv.replay.spec import kv_bytes_per_token
-
-    return fill_tier_bytes(summary, kv_bytes_per_token(args))

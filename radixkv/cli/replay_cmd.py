@@ -23,7 +23,7 @@ from radixkv.flags.moot import refuse_moot_flags, refuse_moot_policy_flags
 from radixkv.cli.report_cmd import run_tables, write_run_report
 from radixkv.cli import traffic_args as _traffic
 from radixkv.errors import ConfigError
-from radixkv.cli.host_tier_args import add_host_tier_bytes, host_tier_spec
+from radixkv.cli.host_tier_args import host_tier_spec
 from radixkv.flags.concurrent import add_concurrent_args, refuse_concurrent_only_flags
 from radixkv.flags.executor import add_executor_args
 from radixkv.flags.output import add_json_arg, add_report_arg
@@ -119,8 +119,10 @@ def _replay_spec(trace, spec, pool, args, *, fix: bool = True):
     from radixkv.replay.spec import ReplaySpec
 
     miss = _miss_options(args).get("miss_causes", False)
+    if miss and not fix:
+        miss = True
     return ReplaySpec(trace, spec, pool, mode=getattr(args, "mode", "sequential"), limit=args.limit, knobs=args,
-                      options=_verify_option(args), miss_causes=miss if fix or not miss else True,
+                      options=_verify_option(args), miss_causes=miss,
                       measure_last=getattr(args, "measure_last", None), quiet=args.quiet)
 
 
@@ -222,8 +224,7 @@ def cmd_replay(args) -> int:
         from radixkv.replay.run import refuse_unfittable
 
         refuse_unfittable(trace, spec, pool, limit=args.limit, max_model_len=_context(args), **_verify_option(args))
-    rec, summ = _run(trace, spec, pool, args)
-    add_host_tier_bytes(summ, args)
+    rec, summ = _run(trace, spec, pool, args)  # host-tier bytes priced by run() on --model
     out = human(*outs)
     print(f"trace {args.trace}: {summ['requests']:,} requests, unit_tokens={trace.unit_tokens}; {args.mode} replay; "
           f"load {load_s:.2f} s, compile {summ['timing_s']['compile']:.2f} s", file=out)
@@ -405,8 +406,6 @@ def cmd_compare(args) -> int:
         recs.append((spec, pool, rec))
         if args.report and rec is not None:
             tables += run_tables(spec.label, rec)
-    for _, s in results:
-        add_host_tier_bytes(s, args)
     n = results[0][1]["requests"]
     mode = "concurrent replay" if concurrent else "sequential replay"
     out = human(args.json, args.report)
@@ -711,7 +710,8 @@ def _check_miss_args(args):
 
 
 def _miss_options(args) -> dict:
-    """``run_replay`` keywords of the miss-cause flags (none when both are off)."""
+    """The miss-cause flags as keywords: ``{"miss_causes": True or "fix"}``, or ``{}`` when
+    both are off (:attr:`radixkv.replay.spec.ReplaySpec.miss_causes`)."""
     fix = bool(getattr(args, "miss_fix", False))
     if not (fix or getattr(args, "miss_causes", False)):
         return {}

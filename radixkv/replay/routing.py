@@ -437,7 +437,7 @@ def tier_totals(replicas: list, prompt_tokens: int) -> dict:
     counts and capacities summed, ``host_hit_rate`` / ``storage_hit_rate`` over all
     *prompt_tokens*; a key the replicas report as None (no such tier) stays None, and
     ``storage_capacity_tokens`` is None (unbounded) when any replica's is. Bytes are
-    filled later from the model (``add_host_tier_bytes``)."""
+    filled later from the model (:func:`radixkv.replay.spec.run`)."""
     from radixkv.metrics import HOST_TIER_KEYS, STORAGE_TIER_KEYS
 
     out = dict.fromkeys(HOST_TIER_KEYS + STORAGE_TIER_KEYS)
