@@ -158,26 +158,43 @@ def pytest_sessionfinish(session):
             f.write(json.dumps(rec) + "\n")
 
 
-#: the policies whose kernels are the bulk of a cold cache's compile (docs/performance.md,
-#: "Compile time on a cold cache"): the concurrent loops of both SGLang orders and of vLLM's
-#: pools, with the CPU seconds each took to warm on a cold cache (2026-12-03, 2 idle cores,
-#: one after the other in this order: a later one loads what it shares with an earlier one);
-#: dealt out to the xdist workers by :func:`warmup_shares`
-WARMUP_SHARES = (("vllm:16", 213.0), ("sglang:1", 92.0), ("vllm:16@lfu", 81.0), ("sglang:1@lfu", 79.0))
+#: the parts of a cold cache's compile dealt out to the xdist workers up front
+#: (docs/performance.md, "Compile time on a cold cache"), with the wall seconds each took to
+#: warm on a cold cache (2026-12-03, 2 cores, both workers warming): a policy (the kernels of
+#: its replays, ``radixkv.replay.warm``; every eviction order shares its engine's, so
+#: ``vllm:16@lfu`` and ``sglang:1@lfu`` load what these compile) or ``units:B`` (the
+#: unit-keyed pool of hash-id traces at block size B, ``_hash_unit_kernels.warm``: 37 s of
+#: ``vllm:16``'s 209 s, moved to the other worker). Dealt out by :func:`warmup_shares`.
+WARMUP_SHARES = (("vllm:16", 172.0), ("sglang:1", 131.0), ("units:16", 37.0))
 
 
 def warmup_shares(n: int) -> list:
-    """The policies of :data:`WARMUP_SHARES` each of *n* workers warms, in the order it warms
-    them: heaviest first, each to the worker with the least CPU seconds so far (the longest
-    processing time rule; ties to the lower worker). With 2 workers ``vllm:16`` alone on
-    one, the other three on the other (213 s against 252 s)."""
+    """The parts of :data:`WARMUP_SHARES` each of *n* workers warms, in the order it warms
+    them. Dealt heaviest first, each to the worker with the least seconds so far (the longest
+    processing time rule; ties to the lower worker); each worker then warms its share
+    lightest first, so that a part another worker's share also reaches (``vllm:16`` reaches
+    the unit-keyed pool ~50 s in) is in the cache by then. With 2 workers: ``vllm:16`` on one
+    (172 s), ``units:16`` then ``sglang:1`` on the other (168 s)."""
     load = [0.0] * n
     out: list = [[] for _ in range(n)]
-    for spec, cpu in sorted(WARMUP_SHARES, key=lambda x: -x[1]):
+    for part, sec in sorted(WARMUP_SHARES, key=lambda x: -x[1]):
         k = min(range(n), key=lambda j: (load[j], j))
-        out[k].append(spec)
-        load[k] += cpu
-    return out
+        out[k].append((sec, part))
+        load[k] += sec
+    return [[part for _, part in sorted(share)] for share in out]
+
+
+def _warm_part(part: str) -> None:
+    """Compile (or load) the kernels of one part of :data:`WARMUP_SHARES`."""
+    if part.startswith("units:"):
+        from radixkv.policies._hash_unit_kernels import warm as warm_units
+
+        warm_units(int(part.split(":")[1]))
+        return
+    from radixkv.policies.registry import parse_policy
+    from radixkv.replay import warm
+
+    warm._tiny_run(parse_policy(part))
 
 
 #: the smallest run (tests collected) for which the workers warm WARMUP_SHARES up front
@@ -200,11 +217,8 @@ def _split_warmup(request):
     if (n < 2 or not wid.startswith("gw") or os.environ.get("RADIXKV_TEST_WARMUP", "1") == "0"
             or os.environ.get("RADIXKV_JIT") == "interpret" or len(request.session.items) < WARMUP_MIN_TESTS):
         return
-    from radixkv.policies.registry import parse_policy
-    from radixkv.replay import warm
-
-    for spec in warmup_shares(n)[int(wid[2:]) % n]:
+    for part in warmup_shares(n)[int(wid[2:]) % n]:
         try:
-            warm._tiny_run(parse_policy(spec))
+            _warm_part(part)
         except Exception:  # noqa: BLE001 - the tests of that policy report it
             pass

@@ -117,9 +117,8 @@ def borrow_py(arr):
 
 
 def borrow_each(t):
-    """A tuple of 1 or 4 arrays (an eviction order of
-    :mod:`radixkv.policies._radix_kernels`) with each array view (:func:`borrow`), under the
-    same rules; plain Python: *t* itself."""
+    """A tuple of 5 arrays (an eviction order of :mod:`radixkv.policies._radix_kernels`)
+    with each array viewed (:func:`borrow`), under the same rules; plain Python: *t* itself."""
     return t
 
 
@@ -127,10 +126,8 @@ def borrow_each(t):
 def _ov_borrow_each(t):
     if not isinstance(t, types.BaseTuple) or not all(isinstance(a, types.Array) for a in t):
         return None
-    if len(t) == 1:
-        return lambda t: (borrow(t[0]),)
-    if len(t) == 4:
-        return lambda t: (borrow(t[0]), borrow(t[1]), borrow(t[2]), borrow(t[3]))
+    if len(t) == 5:
+        return lambda t: (borrow(t[0]), borrow(t[1]), borrow(t[2]), borrow(t[3]), borrow(t[4]))
     return None
 
 

@@ -56,7 +56,7 @@ def lazy_order_into(kv0, n, B, cnt, order, fill):
 
 @njit(cache=True)
 def decode_run_slot_local(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l, segid_l, segend_l, tbl_l, at,
-                          nblk, ntok, kvlen, kv0, block_size, k, out, partial):
+                          nblk, ntok, kvlen, kv0, block_size, k, out, partial, fo):
     """Steps 2 … k of a run of k decode steps of every request (step 1 already applied).
 
     The lazy schedule of ``Scheduler._lazy_slot_local`` (``decode_slot_local``): at step
@@ -82,6 +82,9 @@ def decode_run_slot_local(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l, segid_l
         blocks, valid tokens, as ``stats`` would report after each step.
     partial : int
         Filled tokens of the partial blocks of all running requests before the call.
+    fo : PrioOrder
+        The free order: :data:`radixkv.policies._hash_kernels.FREE_QUEUE` (the batched
+        decode serves vLLM's free queue only).
 
     Returns
     -------
@@ -126,11 +129,11 @@ def decode_run_slot_local(blk, b32, kt, k32, pcid, pcs, st, stk, keys_l, segid_l
             if n0 + m > kvlen[i]:
                 return -2 - i, ev_total, partial
             a = at[i]
-            # borrowed views and the free order None, as the sequential replay calls it: one
-            # specialisation of the pool's kernels for both
+            # borrowed views, as the sequential replay calls it: one specialisation of the
+            # pool's kernels for both
             ok, nb, ev = K.extend(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid), borrow(pcs),
                                   borrow(st), borrow(stk), borrow(keys_l[a]), borrow(segid_l[a]),
-                                  borrow(segend_l[a]), B, borrow(tbl_l[a]), nblk[i], n0, m, None)
+                                  borrow(segend_l[a]), B, borrow(tbl_l[a]), nblk[i], n0, m, K.borrow_order(fo))
             if not ok:
                 return i, ev_total, partial
             nblk[i] = nb

@@ -50,8 +50,9 @@ rows of blocks about to be evicted or cached are prefetched a batch ahead
 The manager rules (:func:`admit`, :func:`extend`, :func:`free`, :func:`run_request`,
 :func:`run_seq`: lookup with the last-token cap :func:`hit_cap`, ``allocate_slots``,
 caching full blocks, tail-first freeing) are written once for every free order, passed
-as their last argument ``fo`` and selected by its Numba type when they compile: ``None``
-(the default) is vLLM's free queue, a :class:`PrioOrder` evicts by a priority (section
+as their last argument ``fo``, a :class:`PrioOrder` chosen at run time (one Numba type for
+every order, so ``vllm:16`` and ``vllm:16@lfu`` share one compile): :data:`FREE_QUEUE`
+(no priority function) is vLLM's free queue, any other evicts by a priority (section
 "free order: a priority" below; ``vllm:B@ORDER``).
 
 Hash function
@@ -496,9 +497,9 @@ def free_queue(b32, st):
 
 # ---------------------------------------------------------------------- free order: a priority
 # The pool's kernels (admit, extend, free, run_request, run_seq) take the free order as their
-# last argument ``fo``, selected by its Numba type when they are compiled: ``None`` (the
-# default) is vLLM's free queue above (hashed blocks appended at release, taken from the
-# head); a :class:`PrioOrder` evicts the hashed free block of smallest priority
+# last argument ``fo``, a :class:`PrioOrder` whose priority addresses ``fa`` choose the order
+# at run time: ``fa[0] == 0`` (:data:`FREE_QUEUE`) is vLLM's free queue above (hashed blocks
+# appended at release, taken from the head); any other evicts the hashed free block of smallest priority
 # (``vllm:B@ORDER``, :class:`radixkv.policies.block_priority.PriorityBlockHashCache`). vLLM's
 # queue always holds every free block *without* a key before every free block *with* one
 # (the pool starts with keyless blocks; ``free_blocks`` prepends keyless blocks and appends
@@ -537,12 +538,33 @@ NBUCKETS = 63
 #: addresses ``fa`` int64 (2,) and its parameters ``pp`` float64 (P,)
 PrioOrder = namedtuple("PrioOrder", ["E", "H", "BK", "pst", "fa", "pp"])
 
+#: vLLM's own free queue as a free order: no priority function (``fa`` is ``[0, 0]``), its
+#: other arrays empty and never written (the kernels branch on ``fa[0]`` before touching them)
+FREE_QUEUE = PrioOrder(np.zeros((0, NE), dtype=np.int64), np.zeros((0, 5), dtype=np.float64),
+                       np.zeros((0, 2), dtype=np.int64), np.zeros(NP, dtype=np.int64),
+                       np.zeros(2, dtype=np.int64), np.zeros(1, dtype=np.float64))
+
+
+@njit(cache=True, inline="always")
+def borrow_order(fo):
+    """Free order *fo* with each of its arrays a borrowed view (:mod:`radixkv.policies._borrowed`:
+    no reference counts where the kernels pass it on; inlined, so the views stay in the
+    caller, which holds *fo*). Every caller of the pool kernels passes the order this way,
+    so they compile once for it; plain Python: the same arrays."""
+    return PrioOrder(borrow(fo.E), borrow(fo.H), borrow(fo.BK), borrow(fo.pst), borrow(fo.fa), borrow(fo.pp))
+
+
+@njit(cache=True, inline="always")
+def is_free_queue(fo):
+    """Whether free order *fo* is vLLM's free queue (:data:`FREE_QUEUE`), not a priority."""
+    return fo.fa[0] == 0
+
 
 @njit(cache=True)
 def order_tag(fo, tag):
-    """The request the next kernel calls serve has tag *tag* (a :class:`PrioOrder` stores it
-    on the blocks it caches, ``E_TAG``); nothing for vLLM's free queue (``None``)."""
-    if fo is not None:
+    """The request the next kernel calls serve has tag *tag* (a priority order stores it
+    on the blocks it caches, ``E_TAG``); nothing for vLLM's free queue."""
+    if not is_free_queue(fo):
         fo.pst[P_TAG] = tag
 
 
@@ -586,7 +608,7 @@ def _sift_down(H, i, n):
 
 @njit(cache=True)
 def _fill(E, H, pst, i, b, pf, pp):
-    k1, k2 = pf(E, b, pp)
+    k1, k2 = pf(E[:], b, pp[:])  # full slices: plain arrays of the signature also for borrowed views
     pst[P_PUSH] += 1
     H[i, 0] = k1
     H[i, 1] = k2
@@ -726,7 +748,7 @@ def _prio_release(b32, st, fo, b):
     E[b, E_TIME] = pst[P_CLOCK]
     pf = _fn(fo.fa)
     if pst[P_MODE] == 1:
-        k1, _ = pf(E, b, fo.pp)
+        k1, _ = pf(E[:], b, fo.pp[:])
         k = 0 if k1 < 0 else (NBUCKETS - 1 if k1 > NBUCKETS - 1 else np.int64(k1))
         _bappend(E, fo.BK, pst, b, k)
     else:
@@ -1109,11 +1131,11 @@ def peek(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_size
 
 # ---------------------------------------------------------------------- allocate
 @njit(cache=True)
-def _take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new, fo=None):
+def _take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new, fo):
     """Take *n_new* blocks from the free order into ``tbl[at:]``; evict their keys.
 
     vLLM ``BlockPool.get_new_blocks`` → ``_maybe_evict_cached_block``: the free-queue head
-    (*fo* ``None``), or the keyless list's head and then the hashed free blocks of smallest
+    (*fo* :data:`FREE_QUEUE`), or the keyless list's head and then the hashed free blocks of smallest
     priority (a :class:`PrioOrder`). Returns the number of blocks whose key was dropped.
     The caller has checked ``n_new ≤ free blocks``. Batches of ``_PF`` blocks: first the
     blocks are taken and the table rows of their keys and parent keys are prefetched,
@@ -1126,7 +1148,7 @@ def _take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new, fo=None):
         k1 = min(k0 + _PF, n_new)
         for k in range(k0, k1):
             b = st[ST_FQH]
-            if fo is None:
+            if is_free_queue(fo):
                 _fq_remove(b32, st, b)
             elif b >= 0:
                 _fq_remove(b32, st, b)
@@ -1150,7 +1172,7 @@ def _take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new, fo=None):
 
 
 @njit(cache=True)
-def _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id, seg_end, block_size, fo=None):
+def _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id, seg_end, block_size, fo):
     """Give blocks ``tbl[lo:hi]`` their keys and content (vLLM ``BlockPool.cache_full_blocks``);
     a :class:`PrioOrder` *fo* starts their statistics."""
     s = _seg_index(seg_end, lo * block_size) if hi > lo else 0
@@ -1164,13 +1186,13 @@ def _cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id
         b = tbl[j]
         s = _store_pieces(blk, b32, pcid, pcs, b, seg_id, seg_end, j * block_size, block_size, s)
         _add_key(blk, b32, kt, k32, st, stk, b, keys[j], pkey)
-    if fo is not None:
+    if not is_free_queue(fo):
         _prio_cached(fo, tbl, lo, hi)
 
 
 @njit(cache=True)
 def admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, prompt_len, lookup_len,
-          n_tokens, verify, tbl, fo=None):
+          n_tokens, verify, tbl, fo):
     """Look up and allocate one request (vLLM ``get_computed_blocks`` + ``allocate_slots``).
 
     Parameters
@@ -1184,8 +1206,8 @@ def admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_si
         Tokens that get KV now (at least the hit): ``ceil(n_tokens / B)`` blocks are held.
     tbl : int64 (≥ ceil(kv_len / B),)
         Receives the request's block table.
-    fo : None or PrioOrder
-        The free order (section "free order: a priority"): ``None``, vLLM's free queue.
+    fo : PrioOrder
+        The free order (section "free order: a priority"): :data:`FREE_QUEUE`, vLLM's free queue.
 
     Returns
     -------
@@ -1212,11 +1234,11 @@ def admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_si
     for k in range(hcap):
         b = tbl[k]
         if b32[b, R_REF] == 0:
-            if fo is None:
+            if is_free_queue(fo):
                 _fq_remove(b32, st, b)
             st[ST_NUSED] += 1
             st[ST_NCACHED] -= 1  # a hit block always has a key
-        if fo is not None:
+        if not is_free_queue(fo):
             _prio_touch(b32, st, fo, b)
         b32[b, R_REF] += 1
     t = max(n_tokens, hcap * B)
@@ -1228,7 +1250,7 @@ def admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_si
 
 @njit(cache=True)
 def extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, tbl, n_blocks,
-           n_computed, n_more, fo=None):
+           n_computed, n_more, fo):
     """The request computes *n_more* tokens: allocate, then cache blocks that became full.
 
     vLLM ``allocate_slots`` for a decode step or a later prefill chunk, then
@@ -1249,11 +1271,11 @@ def extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_s
 
 
 @njit(cache=True)
-def free(b32, st, tbl, n_blocks, fo=None):
+def free(b32, st, tbl, n_blocks, fo):
     """Release a request's blocks tail first (vLLM ``KVCacheManager.free`` → ``BlockPool.free_blocks``).
 
     A block whose ref_cnt reaches 0 goes to the free queue: hashed blocks are appended to
-    the tail (a :class:`PrioOrder` *fo*: into its heap / bucket with a fresh release
+    the tail (a priority order *fo*: into its heap / bucket with a fresh release
     time), unhashed (partial) blocks pushed on the head, each in tail-first order.
     """
     for k in range(n_blocks - 1, -1, -1):
@@ -1262,7 +1284,7 @@ def free(b32, st, tbl, n_blocks, fo=None):
         if b32[b, R_REF] == 0:
             st[ST_NUSED] -= 1
             if b32[b, R_PCN] != 0:
-                if fo is None:
+                if is_free_queue(fo):
                     _fq_append(b32, st, b)
                 else:
                     _prio_release(b32, st, fo, b)
@@ -1273,7 +1295,7 @@ def free(b32, st, tbl, n_blocks, fo=None):
 
 @njit(cache=True)
 def run_request(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, prompt_len, kv_len,
-                verify, tbl, fo=None):
+                verify, tbl, fo):
     """Admit the prompt, decode to the KV extent in one step, free: the fused fast path.
 
     Same result as ``admit`` + ``extend(kv_len − P)`` + ``free`` (the base class's
@@ -1300,7 +1322,7 @@ NEED_PIECES = 3  # run_seq: a block has more content pieces than ``pcid`` holds 
 
 @njit(cache=True)
 def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, prompt_len, kv_len, verify,
-            key_mask, n_tok, fo=None):
+            key_mask, n_tok, fo):
     """:func:`run_request` that also hashes the sequence: one call per request.
 
     ``state`` = ``st`` followed by the cascade stack; ``scratch`` int64 (2, ≥ ceil(kv_len / B))
@@ -1326,7 +1348,8 @@ def run_seq(blk, kt, pcid, pcs, state, scratch, seg_id, seg_end, block_size, pro
         return NEED_PIECES, mp, 0, 0, False, st[ST_EVICTIONS]
     code, hcap, held, ev, ok = run_request(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid),
                                            borrow(pcs), borrow(st), borrow(stk), borrow(keys), sid, send,
-                                           block_size, prompt_len, kv_len, verify, borrow(tbl), fo)
+                                           block_size, prompt_len, kv_len, verify, borrow(tbl),
+                                           borrow_order(fo))
     return code, hcap, held, ev, ok, st[ST_EVICTIONS]
 
 
@@ -1345,40 +1368,41 @@ def py_peek(blk, b32, kt, k32, pcid, pcs, keys, n_look, seg_id, seg_end, block_s
 
 @njit(cache=True)
 def py_admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, prompt_len, lookup_len,
-             n_tokens, verify, tbl, fo=None):
+             n_tokens, verify, tbl, fo):
     """:func:`admit` on borrowed views of the arrays (same arguments and result)."""
     return admit(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid), borrow(pcs), borrow(st),
                  borrow(stk), borrow(keys), borrow(seg_id), borrow(seg_end), block_size, prompt_len, lookup_len,
-                 n_tokens, verify, borrow(tbl), fo)
+                 n_tokens, verify, borrow(tbl), borrow_order(fo))
 
 
 @njit(cache=True)
 def py_extend(blk, b32, kt, k32, pcid, pcs, st, stk, keys, seg_id, seg_end, block_size, tbl, n_blocks,
-              n_computed, n_more, fo=None):
+              n_computed, n_more, fo):
     """:func:`extend` on borrowed views of the arrays (same arguments and result)."""
     return extend(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid), borrow(pcs), borrow(st),
                   borrow(stk), borrow(keys), borrow(seg_id), borrow(seg_end), block_size, borrow(tbl), n_blocks,
-                  n_computed, n_more, fo)
+                  n_computed, n_more, borrow_order(fo))
 
 
 @njit(cache=True)
-def py_free(b32, st, tbl, n_blocks, fo=None):
+def py_free(b32, st, tbl, n_blocks, fo):
     """:func:`free` on borrowed views of the arrays (same arguments)."""
-    free(borrow(b32), borrow(st), borrow(tbl), n_blocks, fo)
+    free(borrow(b32), borrow(st), borrow(tbl), n_blocks, borrow_order(fo))
 
 
 @njit(cache=True)
-def py_take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new, fo=None):
+def py_take_new(blk, b32, kt, k32, st, stk, tbl, at, n_new, fo):
     """:func:`_take_new` on borrowed views of the arrays (same arguments and result)."""
     return _take_new(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(st), borrow(stk), borrow(tbl), at,
-                     n_new, fo)
+                     n_new, borrow_order(fo))
 
 
 @njit(cache=True)
-def py_cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id, seg_end, block_size, fo=None):
+def py_cache_full(blk, b32, kt, k32, pcid, pcs, st, stk, tbl, keys, lo, hi, seg_id, seg_end, block_size, fo):
     """:func:`_cache_full` on borrowed views of the arrays (same arguments)."""
     _cache_full(borrow(blk), borrow(b32), borrow(kt), borrow(k32), borrow(pcid), borrow(pcs), borrow(st),
-                borrow(stk), borrow(tbl), borrow(keys), lo, hi, borrow(seg_id), borrow(seg_end), block_size, fo)
+                borrow(stk), borrow(tbl), borrow(keys), lo, hi, borrow(seg_id), borrow(seg_end), block_size,
+                borrow_order(fo))
 
 
 # ---------------------------------------------------------------------- statistics

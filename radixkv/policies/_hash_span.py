@@ -30,8 +30,11 @@ NC = 12
 @nb.njit(cache=True)
 def replay_span(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
                 output_len, unit_tokens, i0, i1, num_slots, block_size, key_mask, key_bytes, dup_bytes, out, half, every,
-                n_rows):
+                n_rows, fo):
     """Replay requests ``i0 … i1−1``; returns ``(next request, status)``.
+
+    *fo*: the free order (:data:`radixkv.policies._hash_kernels.FREE_QUEUE`, vLLM's free
+    queue: a priority order replays request by request).
 
     Row ``i`` is a detail row (``cached_tokens`` and ``largest_free_run`` filled, as
     ``stats(detail=True)``; −1 otherwise) when ``i ≥ half`` and ``(i − half) % every == 0``
@@ -59,13 +62,13 @@ def replay_span(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets
     # until _loop returns (a local borrowed after its last use would be freed at once)
     return _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
                  output_len, unit_tokens, i0, i1, num_slots, B, key_mask, key_bytes, dup_bytes, out,
-                 sid, send, scratch, one_to_n, half, every, n_rows)
+                 sid, send, scratch, one_to_n, half, every, n_rows, fo)
 
 
 @nb.njit(cache=True)
 def _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_out, prompt_len,
           output_len, unit_tokens, i0, i1, num_slots, B, key_mask, key_bytes, dup_bytes, out,
-          sid, send, scratch, one_to_n, half, every, n_rows):
+          sid, send, scratch, one_to_n, half, every, n_rows, fo):
     """The loop of :func:`replay_span`, on borrowed views of its arguments; *sid*,
     *send*: scratch of length ≥ the longest request's segment count; *scratch*: int64
     (2, ≥ the most blocks of a request's KV); *one_to_n*: ``1 … n`` (n ≥ the longest
@@ -111,7 +114,7 @@ def _loop(blk, kt, pcid, pcs, state, ids, id_offsets, out_ids, out_offsets, has_
         # its ids a few pages ahead, _hash_kernels._IDS_AHEAD)
         before = st[K.ST_EVICTIONS]
         code, hit_blocks, held, ev, decoded, total_ev = K.run_seq(
-            bblk, bkt, bpcid, bpcs, bstate, bscratch, vsid, vsend, B, P, kv, np.bool_(False), key_mask, n_tok)
+            bblk, bkt, bpcid, bpcs, bstate, bscratch, vsid, vsend, B, P, kv, np.bool_(False), key_mask, n_tok, fo)
         if patched:
             bone[P] = P + 1
         if code == K.NEED_PIECES:

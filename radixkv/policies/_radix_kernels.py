@@ -14,16 +14,16 @@ when compiled; uncompiled, :func:`radixkv.policies._priority_fn.priority_at_pyth
 same compiled function from its address).
 
 The tree is written once for every eviction order: the order is a plug-in value passed
-through the tree kernels (section "Eviction orders" below), LRU for
+through the tree kernels, chosen at run time, so one compile serves every order (section
+"Eviction orders" below), LRU for
 :class:`~radixkv.policies.radix.RadixCache`, a keyed priority for
 :class:`~radixkv.policies.radix_priority.PriorityRadixCache`.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import njit
 from numba.core import config as numba_config
-from numba.extending import overload
 
 from radixkv.policies._borrowed import borrow, borrow_each, borrow_py
 from radixkv.policies._priority_fn import priority_at
@@ -344,23 +344,24 @@ def _tick(S):
 # Eviction orders
 # ---------------------------------------------------------------------------------------
 # The tree evicts whole evictable leaves (alive, unlocked, childless, not the root), the
-# smallest first in an order that is a plug-in: a tuple ``o`` that every tree kernel
-# passes through, and three operations on it below (``order_push``, ``order_victim``,
-# ``order_rebuild``), compiled per type of ``o`` (``numba.extending.overload``: one
-# machine code per order, no call through a pointer for LRU; the plain bodies are the
-# interpreted path, LRU only):
+# smallest first in an order that is a plug-in chosen at run time: a tuple
+# ``o = (HP, HK, HI, fa, pp)`` that every tree kernel passes through, of one Numba type for
+# every order (so the tree kernels and the replay loops are compiled once for all orders:
+# ``sglang:1`` and ``sglang:1@lfu`` share one machine code), and three operations on it below
+# (``order_push``, ``order_victim``, ``order_rebuild``) that branch on ``fa[0]``:
 #
-# - LRU (:func:`lru_order`), ``o = (HP,)``: HP int64 (cap, 3), a binary min-heap of
+# - LRU (:func:`lru_order`), ``fa[0] == 0``: HP int64 (cap, 3), a binary min-heap of
 #   (last access, push id, node), entries [0, S[S_HLEN]), lazily invalidated: an entry
 #   is stale when the node's last access changed since it was pushed (SGLang's
-#   ``LRUStrategy``; :class:`~radixkv.policies.radix.RadixCache`).
-# - keyed (:func:`keyed_order`), ``o = (HK, HI, fa, pp)``: HK float64 (cap, 3) and HI
-#   int64 (cap, 2), a min-heap of ((k1, k2, last access), (push id, node)) where
+#   ``LRUStrategy``; :class:`~radixkv.policies.radix.RadixCache`). HK, HI are empty.
+# - keyed (:func:`keyed_order`), ``fa[0] != 0``: HK float64 (cap, 3) and HI int64 (cap, 2),
+#   a min-heap of ((k1, k2, last access), (push id, node)) where
 #   ``(k1, k2) = priority(N, x, pp)`` is the priority function at addresses *fa*
 #   (:mod:`radixkv.policies._priority_fn`; SGLang's ``EvictionStrategy.get_priority``;
 #   ties fall to the older last access, as ``UnifiedTreeNode.__lt__`` breaks ``heapq``
 #   ties). A node's valid entry is the one whose push id equals ``N[x, F_VER]``. The
 #   tree keeps the node statistics (``F_CREATED`` … ``F_TAG``) for keyed orders only.
+#   HP is unused.
 #
 # Exactness of the lazy heaps: SGLang rebuilds its heap from all evictable leaves at each
 # eviction call (``components/full.py :: _evict_device_start``). Here every evictable leaf
@@ -372,22 +373,34 @@ def _tick(S):
 # happen in LRU order (every node's last access is a distinct stamp), so push ids, heap
 # rebuilds and repeated pushes of one node never change which node is evicted.
 
+#: an LRU order's empty keyed parts (read-only: no kernel writes them)
+_NO_HK = np.zeros((0, 3), dtype=np.float64)
+_NO_HI = np.zeros((0, 2), dtype=np.int64)
+_NO_FA = np.zeros(2, dtype=np.int64)
+_NO_PP = np.zeros(1, dtype=np.float64)
+#: a keyed order's unused LRU heap
+_NO_HP = np.zeros((1, 3), dtype=np.int64)
+
 
 def lru_order(HP):
-    """The LRU order value ``(HP,)``: HP int64 (cap, 3), the heap (module layout)."""
-    return (HP,)
+    """The LRU order value ``(HP, HK, HI, fa, pp)`` over the heap HP int64 (cap, 3) (module
+    layout); its keyed parts are empty and ``fa`` is ``[0, 0]`` (no priority function)."""
+    return (HP, _NO_HK, _NO_HI, _NO_FA, _NO_PP)
 
 
 def keyed_order(HK, HI, fa, pp):
-    """The keyed order value ``(HK, HI, fa, pp)``: heap keys float64 (cap, 3), heap ids
-    int64 (cap, 2), the priority function's addresses int64 (2,)
-    (:func:`radixkv.policies._priority_fn.function_addresses`), its parameters float64 (k,)."""
-    return (HK, HI, fa, pp)
+    """The keyed order value ``(HP, HK, HI, fa, pp)``: heap keys float64 (cap, 3), heap ids
+    int64 (cap, 2), the priority function's addresses int64 (2,), nonzero
+    (:func:`radixkv.policies._priority_fn.function_addresses`), its parameters float64 (k,);
+    HP is an unused one-row LRU heap.
 
-
-def _lru_type(o) -> bool:
-    """In an overload's typing function: whether *o* (a Numba type) is an LRU order."""
-    return isinstance(o, types.UniTuple) and o.count == 1
+    Raises
+    ------
+    ValueError
+        *fa* is not two nonzero addresses (an address of 0 means the LRU order)."""
+    if fa.shape != (2,) or fa[0] == 0:
+        raise ValueError(f"keyed_order: fa must be the two nonzero addresses of a priority function, got {fa!r}")
+    return (_NO_HP, HK, HI, fa, pp)
 
 
 # LRU heap ------------------------------------------------------------------------------
@@ -583,59 +596,36 @@ def _key_victim(S, N, HK, HI):
 
 # the operations ------------------------------------------------------------------------
 
+@njit(cache=True)
 def order_keyed(o):
     """Whether *o* is a keyed order (the tree then keeps the node statistics)."""
-    return len(o) != 1
+    return o[3][0] != 0
 
 
+@njit(cache=True)
 def order_push(S, N, o, x):
     """Push node *x* with its current key when it is an evictable leaf."""
-    if len(o) == 1:
+    if o[3][0] == 0:
         _lru_push(S, N, o[0], x)
     else:
-        _key_push(S, N, o[0], o[1], o[2], o[3], x)
+        _key_push(S, N, o[1], o[2], o[3], o[4], x)
 
 
+@njit(cache=True)
 def order_victim(S, N, o):
     """Pop the next evictable leaf (stale entries are dropped): its node, or −1 when none."""
-    if len(o) == 1:
+    if o[3][0] == 0:
         return _lru_victim(S, N, o[0])
-    return _key_victim(S, N, o[0], o[1])
+    return _key_victim(S, N, o[1], o[2])
 
 
+@njit(cache=True)
 def order_rebuild(S, N, o):
     """Replace the heap by one entry per evictable leaf (drops stale entries)."""
-    if len(o) == 1:
+    if o[3][0] == 0:
         _lru_rebuild(S, N, o[0])
     else:
-        _key_rebuild(S, N, o[0], o[1], o[2], o[3])
-
-
-@overload(order_keyed)
-def _ov_keyed(o):
-    keyed = not _lru_type(o)
-    return lambda o: keyed
-
-
-@overload(order_push)
-def _ov_push(S, N, o, x):
-    if _lru_type(o):
-        return lambda S, N, o, x: _lru_push(S, N, o[0], x)
-    return lambda S, N, o, x: _key_push(S, N, o[0], o[1], o[2], o[3], x)
-
-
-@overload(order_victim)
-def _ov_victim(S, N, o):
-    if _lru_type(o):
-        return lambda S, N, o: _lru_victim(S, N, o[0])
-    return lambda S, N, o: _key_victim(S, N, o[0], o[1])
-
-
-@overload(order_rebuild)
-def _ov_rebuild(S, N, o):
-    if _lru_type(o):
-        return lambda S, N, o: _lru_rebuild(S, N, o[0])
-    return lambda S, N, o: _key_rebuild(S, N, o[0], o[1], o[2], o[3])
+        _key_rebuild(S, N, o[1], o[2], o[3], o[4])
 
 
 @njit(cache=True)

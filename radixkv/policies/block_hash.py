@@ -288,10 +288,10 @@ class BlockHashCache(PrefixCache):
 
     def _order(self, tag: int) -> tuple:
         """The pool kernels' last arguments: the free order (``fo`` of
-        :func:`radixkv.policies._hash_kernels.admit`). Empty here: vLLM's free queue, the
-        kernels' default; a subclass evicting by a priority gives its
-        :class:`~radixkv.policies._hash_kernels.PrioOrder` for a request of *tag*."""
-        return ()
+        :func:`radixkv.policies._hash_kernels.admit`), a one-tuple. Here vLLM's free queue
+        (:data:`~radixkv.policies._hash_kernels.FREE_QUEUE`); a subclass evicting by a
+        priority gives its :class:`~radixkv.policies._hash_kernels.PrioOrder` for a request of *tag*."""
+        return (K.FREE_QUEUE,)
 
     def _keys(self, seq: KVSeq) -> np.ndarray:
         """Chained keys of every full block of *seq*'s KV extent; grows piece storage."""
@@ -578,7 +578,7 @@ class BlockHashCache(PrefixCache):
         kvlen = np.fromiter((r.seq.kv_len for r in rs), dtype=np.int64, count=n)
         status, ev, partial = kern(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st,
                                    self._stk, *lists, at, nblk, ntok, kvlen, np.asarray(kv0, dtype=np.int64),
-                                   self.block_size, int(k), out, self._partial)
+                                   self.block_size, int(k), out, self._partial, K.FREE_QUEUE)
         for r, b, t in zip(rs, nblk.tolist(), ntok.tolist()):
             r.n_blocks = b
             r.n_tokens = t
@@ -604,7 +604,7 @@ class BlockHashCache(PrefixCache):
         out = np.zeros((2, 3), dtype=np.int64)
         lists = [_typed_list([]) for _ in range(4)]
         kern(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, *lists,
-             z, z.copy(), z.copy(), z.copy(), z.copy(), self.block_size, 2, out, 0)
+             z, z.copy(), z.copy(), z.copy(), z.copy(), self.block_size, 2, out, 0, K.FREE_QUEUE)
         if type(self) is BlockHashCache and self.block_size >= 2 and self.unit_granular:
             from radixkv.policies._hash_unit_kernels import warm as warm_units
 
@@ -705,7 +705,7 @@ class BlockHashCache(PrefixCache):
             self._blk, self._kt, self._pcid, self._pcs, self._state,
             trace.ids, trace.id_offsets, oids, ooff, has_out, trace.prompt_len, trace.output_len,
             int(trace.unit_tokens), int(i0), int(i1), self.num_slots, self.block_size, self._key_mask,
-            KEY_ENTRY_BYTES, DUPLICATE_DICT_BYTES, out, *_detail_args(detail, i1))
+            KEY_ENTRY_BYTES, DUPLICATE_DICT_BYTES, out, *_detail_args(detail, i1), K.FREE_QUEUE)
         total_ev = int(self._st[K.ST_EVICTIONS])
         self.evictions = total_ev
         self.evicted_tokens_total = total_ev * self.block_size

@@ -329,7 +329,7 @@ class RadixCache(SGLangPoolTerms, PrefixCache):
     def _order(self):
         """The eviction order passed to the tree kernels (:mod:`radixkv.policies._radix_kernels`,
         "Eviction orders"): LRU over the heap ``_HP``."""
-        return (self._HP,)
+        return K.lru_order(self._HP)
 
     def _grow_heap(self, size: int) -> None:
         """Make the eviction heap hold at least *size* entries (existing ones kept)."""

@@ -564,7 +564,7 @@ class OffloadBlockHashCache(HostTierOptions, BlockHashCache):
         tbl = self._table(seq, True)
         code, hcap, held, ev, nblk = K.py_admit(
             self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk, keys,
-            seq.seg_id, seq.seg_end, B, seq.prompt_len, n_tok, 0, self.verify, tbl)
+            seq.seg_id, seq.seg_end, B, seq.prompt_len, n_tok, 0, self.verify, tbl, K.FREE_QUEUE)
         if code == K.COLLISION:
             self._collision(seq)
         if code != K.OK:
@@ -573,7 +573,7 @@ class OffloadBlockHashCache(HostTierOptions, BlockHashCache):
         end = gpu + int(ext)
         n_new = -(-end // B) - int(hcap)
         ev = int(ev) + int(K.py_take_new(self._blk, self._b32, self._kt, self._k32, self._st, self._stk, tbl,
-                                          int(hcap), n_new))
+                                          int(hcap), n_new, K.FREE_QUEUE))
         from radixkv.policies.block_hash import _Running
 
         self._running[rid] = _Running(seq, keys, tbl, int(hcap) + n_new, end)
@@ -619,7 +619,7 @@ class OffloadBlockHashCache(HostTierOptions, BlockHashCache):
         _, lo, hi = self._loading.pop(rid)
         r = self._running[rid]
         K.py_cache_full(self._blk, self._b32, self._kt, self._k32, self._pcid, self._pcs, self._st, self._stk,
-                        r.tbl, r.keys, lo, hi, r.seq.seg_id, r.seq.seg_end, self.block_size)
+                        r.tbl, r.keys, lo, hi, r.seq.seg_id, r.seq.seg_end, self.block_size, K.FREE_QUEUE)
 
     def held_blocks(self, rid: int) -> int:
         """GPU blocks *rid* holds (0 when it holds none)."""

@@ -7,9 +7,9 @@ or of its subclass :class:`radixkv.policies.block_priority.PriorityBlockHashCach
 arguments the policy passes them (``admit``, ``extend``, ``free``, ``peek``, and the
 policy's free order ``fo``): vLLM ``KVCacheManager.get_computed_blocks`` /
 ``allocate_slots`` / ``cache_blocks`` / ``free`` block by block, each block's hash kept in
-the policy's key table. The free order is part of the pool value's Numba type (``None``:
-vLLM's free queue; a ``PrioOrder``: the policy's priority, its function travelling as
-its addresses, so one compiled loop serves every priority). After the replay the
+the policy's key table. The free order is a value of one Numba type for every order (a
+``PrioOrder``: vLLM's free queue, ``FREE_QUEUE``, or the policy's priority, its function
+travelling as its addresses), so one compiled loop serves ``vllm:B`` and every ``vllm:B@ORDER``. After the replay the
 policy's state is what the Python loop would leave.
 
 Pool value :class:`BlockPool`: ``arrays`` the policy's ``blk, b32, kt, k32, pcid, pcs,
@@ -53,9 +53,8 @@ def new_pool(policy) -> BlockPool:
     """The pool value over *policy*'s (a ``BlockHashCache``) arrays; the loop changes them in place."""
     arrays = (policy._blk, policy._b32, policy._kt, policy._k32, policy._pcid, policy._pcs, policy._st,
               policy._stk)
-    fo = policy._order(0)
     return BlockPool(arrays, policy._b32, policy._st, policy._key_mask, int(policy.block_size),
-                     fo[0] if fo else None)
+                     policy._order(0)[0])
 
 
 def new_slots(n_sl: int, W: int):
@@ -125,10 +124,11 @@ def _admit(pool, ps, ls, tr, i, sl, m, n_tok, asked):
     mp = K._block_keys_into(sid, send, B, kvlen // B, pool.key_mask, keys)
     if mp - 1 > pcid.shape[1]:
         return S_PIECES, 0, 0, 0
-    K.order_tag(pool.order, i)
+    fo = K.borrow_order(pool.order)
+    K.order_tag(fo, i)
     # verify: np.bool_, not the literal False (the sequential replay's admit serves both)
     code, hb, hd, ev, nblk = K.admit(blk, b32, kt, k32, pcid, pcs, st, stk, keys, sid, send, B, n_tok, n_tok,
-                                     asked, np.bool_(False), borrow(ps[1][sl]), pool.order)
+                                     asked, np.bool_(False), borrow(ps[1][sl]), fo)
     if code != K.OK:
         return CK.ADMIT_REFUSED, hb, hd, ev
     s_nblk[sl] = nblk
@@ -148,9 +148,10 @@ def _extend(pool, ps, ls, sl, n0, n):
         return True, 0
     blk, b32, kt, k32, pcid, pcs, st, stk = _arrays(pool)
     m = ls[2][sl]
-    K.order_tag(pool.order, s_tag[sl])
+    fo = K.borrow_order(pool.order)
+    K.order_tag(fo, s_tag[sl])
     ok, nb, ev = K.extend(blk, b32, kt, k32, pcid, pcs, st, stk, borrow(ps[0][sl]), borrow(ls[0][sl, :m]),
-                          borrow(ls[1][sl, :m]), B, borrow(ps[1][sl]), s_nblk[sl], n0, n, pool.order)
+                          borrow(ls[1][sl, :m]), B, borrow(ps[1][sl]), s_nblk[sl], n0, n, fo)
     if ok:
         s_nblk[sl] = nb
     return ok, ev
@@ -196,7 +197,7 @@ def _extend_op(pool, ps, ls, sl, n0, n):
 
 @CK.pool_op(CK.pool_release, BlockPool)
 def _release(pool, ps, sl, n0):
-    K.free(borrow(pool.b32), borrow(pool.st), borrow(ps[1][sl]), ps[2][sl], pool.order)
+    K.free(borrow(pool.b32), borrow(pool.st), borrow(ps[1][sl]), ps[2][sl], K.borrow_order(pool.order))
 
 
 @CK.pool_op(CK.pool_lookup, BlockPool)

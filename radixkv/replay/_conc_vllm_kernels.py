@@ -44,7 +44,8 @@ costs, nothing for the dispatch). The pools so far:
 
 - :mod:`radixkv.replay._conc_vllm_block_kernels`: ``BlockHashCache``'s per-block pool
   (:mod:`radixkv.policies._hash_kernels`), the reference, with its free order (vLLM's
-  free queue, or ``PriorityBlockHashCache``'s priority) part of the pool value's type;
+  free queue, or ``PriorityBlockHashCache``'s priority) a run-time value in the pool value:
+  one compiled loop for every order;
 - :mod:`radixkv.replay._conc_vllm_piece_kernels`: a pool without block ids for hash-id traces.
 
 A new pool plugs in without touching this module: (1) a ``collections.namedtuple``
